@@ -1,0 +1,822 @@
+"""The segmented log: an ordered sequence of segments holding Kafka RecordBatch v2 entries.
+
+Directory layout::
+
+    00000000000000000000.log         segments, named by base offset (see eventlog.segment)
+    00000000000000000000.index       sparse offset index      (derived)
+    00000000000000000000.timeindex   sparse time index        (derived)
+    leader-epoch-checkpoint          epoch -> start offset     (see eventlog.epoch_cache)
+    log-offsets-checkpoint           "0\\n<log start offset> <recovery point>\\n"
+    preallocated.tmp                 the next segment, prepared in the background
+    .lock                            flock held while a process has the log open
+
+The log start offset is always the base offset of the first segment; the recovery point is an
+offset below which every byte is known to be on disk (it advances when a segment is sealed and on
+close). Opening scans, with CRC checks, every segment from the one holding the recovery point to
+the end; segments below it are trusted as flushed and only their indexes are validated, lazily.
+
+Durability: `append` copies the batch into the mapped active segment; when it is on disk depends on
+the flush policy (see `LogConfig`). `durable_offset` is the end of the prefix known to be on disk;
+`wait_durable` and durability listeners report its progress.
+
+Thread-safety: all public methods may be called from any thread; state is guarded by one lock.
+The group/interval flusher thread holds the lock only to take a snapshot, never while syncing.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+import time
+from bisect import bisect_right
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from eventlog.config import LogConfig
+from eventlog.epoch_cache import CHECKPOINT_NAME as EPOCH_CHECKPOINT_NAME
+from eventlog.epoch_cache import LeaderEpochCache
+from eventlog.errors import (
+    BatchTooLargeError,
+    EpochlogError,
+    InvalidBatchError,
+    LogClosedError,
+    LogCorruptionError,
+    LogError,
+    LogFailedError,
+    OffsetMismatchError,
+    OffsetOutOfRangeError,
+    StaleEpochError,
+)
+from eventlog.fileutil import atomic_write, fsync_dir, io_error
+from eventlog.preallocate import PREALLOCATED_NAME, PreparedFile, SegmentPreallocator
+from eventlog.records import LOG_OVERHEAD, RecordBatch, check_batch, read_header
+from eventlog.scan import ScanStatus, SegmentScan, scan_segment
+from eventlog.segment import INDEX_SUFFIX, TIMEINDEX_SUFFIX, Segment, parse_segment_name, prepare_file, segment_name
+
+logger = logging.getLogger(__name__)
+
+OFFSETS_CHECKPOINT_NAME = "log-offsets-checkpoint"
+LOCK_NAME = ".lock"
+
+DurabilityListener = Callable[[int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    """Where an appended batch went."""
+
+    base_offset: int
+    last_offset: int
+    position: int
+    size: int
+
+    @property
+    def next_offset(self) -> int:
+        return self.last_offset + 1
+
+
+@dataclass(frozen=True, slots=True)
+class LogRead:
+    """Whole batches read from one segment, as a zero-copy view of the mapped file.
+
+    `start_offset` is the base offset of the first batch, which may be below the offset asked for
+    (a read starts with the batch that holds it). The view is valid until the log is truncated
+    below `next_offset`; copy it (`bytes(read.data)`) to keep it longer.
+    """
+
+    data: memoryview
+    start_offset: int
+    next_offset: int
+
+    def batches(self) -> Iterator[RecordBatch]:
+        pos = 0
+        view = self.data
+        while pos < len(view):
+            h = read_header(view, pos)
+            end = pos + h.batch_length + LOG_OVERHEAD
+            yield RecordBatch(h, view[pos:end])
+            pos = end
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    """What opening the log found and did."""
+
+    segments: int
+    segments_scanned: int
+    batches_scanned: int
+    records_scanned: int
+    bytes_scanned: int
+    bytes_truncated: int
+    truncated_file: str | None
+    truncated_position: int | None
+    repaired: bool
+    problem: str | None
+    seconds: float
+
+    @property
+    def records_per_second(self) -> float:
+        return self.records_scanned / self.seconds if self.seconds > 0 else float("inf")
+
+
+class Log:
+    """A segmented, memory-mapped, CRC-checked append-only log of record batches."""
+
+    def __init__(self, directory: Path, config: LogConfig, lock_fd: int) -> None:
+        # Use Log.open(): this only sets up empty state.
+        self.directory = directory
+        self.config = config
+        self._lock_fd = lock_fd
+        self._lock = threading.RLock()
+        self._pending = threading.Condition(self._lock)   # flusher waits: data to sync
+        self._durable = threading.Condition(self._lock)   # callers wait: durability advanced
+        self._segments: list[Segment] = []
+        self._bases: list[int] = []
+        self._end_offset = 0
+        self._durable_offset = 0
+        self._log_start = 0
+        self._recovery_point = 0
+        self._epochs = LeaderEpochCache(directory / EPOCH_CHECKPOINT_NAME)
+        self._listeners: list[DurabilityListener] = []
+        self._failure: LogError | None = None
+        self._closed = False
+        self._generation = 0  # bumped by truncation: a sync that raced with one proves nothing
+        self._flusher: threading.Thread | None = None
+        self._preallocator: SegmentPreallocator | None = None
+        self.recovery: RecoveryReport | None = None
+
+    # --- opening -------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, directory: str | Path, config: LogConfig | None = None, *, repair: bool = False) -> Log:
+        """Open (creating if needed) the log in `directory`, recovering from any crash.
+
+        A torn tail (an append a crash interrupted) is cut and reported in `log.recovery`. Damage
+        with valid data after it raises `LogCorruptionError` naming file and position, unless
+        `repair` is true: then the log is cut at the damage and everything after it is dropped.
+        """
+        config = config or LogConfig()
+        config.validate()
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        lock_fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock_fd)
+            raise LogError(f"{path} is in use by another process") from None
+        log = cls(path, config, lock_fd)
+        try:
+            log._recover(repair)
+        except BaseException:
+            log._release()
+            raise
+        log._start_background()
+        return log
+
+    def _recover(self, repair: bool) -> None:
+        started = time.perf_counter()
+        self._remove_leftovers()
+        self._log_start, self._recovery_point = self._read_offsets_checkpoint()
+        bases = sorted(b for p in self.directory.iterdir() if (b := parse_segment_name(p.name)) is not None)
+        for base in [b for b in bases if b < self._log_start]:
+            # Below the log start: left over from a deletion or reset that a crash interrupted.
+            for suffix in (".log", INDEX_SUFFIX, TIMEINDEX_SUFFIX):
+                (self.directory / segment_name(base, suffix)).unlink(missing_ok=True)
+        bases = [b for b in bases if b >= self._log_start]
+        try:
+            self._epochs = LeaderEpochCache.load(self._epochs.path)
+            rp = self._recovery_point
+        except LogCorruptionError as exc:
+            logger.warning("%s; rebuilding it from the whole log", exc)
+            self._epochs = LeaderEpochCache(self._epochs.path)
+            rp = 0  # epochs are derived from the batches: rescan everything
+        stats = _ScanStats()
+        segments: list[Segment] = []
+        for i, base in enumerate(bases):
+            is_last = i == len(bases) - 1
+            next_base = None if is_last else bases[i + 1]
+            if not is_last and next_base is not None and next_base <= rp:
+                segments.append(Segment.sealed_lazy(self.directory, base, next_base,
+                                                    self.config.index_interval_bytes))
+                continue
+            seg = Segment(self.directory, base, self.config.index_interval_bytes)
+            min_epoch = stats.last_epoch if stats.last_epoch is not None else -1
+            scan = scan_segment(seg.open_for_scan(), base, index_interval_bytes=self.config.index_interval_bytes,
+                                recovery_point=rp, min_epoch=min_epoch)
+            stats.add(scan)
+            damaged = scan.status is not ScanStatus.CLEAN
+            gap = next_base is not None and not damaged and scan.next_offset != next_base
+            if gap:
+                scan.problem = f"segment ends at offset {scan.next_offset} but the next one starts at {next_base}"
+            if (damaged and (scan.status is ScanStatus.CORRUPT or not is_last)) or gap:
+                if not repair:
+                    seg.close()
+                    raise LogCorruptionError(str(seg.path), scan.valid_bytes, scan.problem or "damaged")
+                stats.repaired = True
+            seg.adopt_scan(scan.valid_bytes, scan.next_offset, scan.builder)  # type: ignore[arg-type]
+            if scan.bytes_to_cut:
+                seg.zero_range(scan.valid_bytes, scan.data_end)
+                stats.cut(seg, scan)
+            segments.append(seg)
+            if damaged or gap:
+                # Everything after the damage goes (a torn tail in the last segment, or a repair).
+                for later in bases[i + 1:]:
+                    Segment(self.directory, later, 0).delete()
+                fsync_dir(self.directory)
+                break
+            if not is_last:
+                seg.trim_file()
+        if not segments:
+            self._segments = []
+            self._adopt_new_segment(self._log_start)
+        else:
+            self._segments = segments
+            self._bases = [s.base_offset for s in segments]
+            active = segments[-1]
+            active.activate(max(self.config.segment_bytes, active.size))
+        self._end_offset = self._segments[-1].next_offset
+        self._reconcile_epochs(stats, rp)
+        # Whatever the crash left in the page cache is now made durable before anyone relies on it.
+        self._segments[-1].sync()
+        self._durable_offset = self._end_offset
+        self.recovery = stats.report(len(self._segments), time.perf_counter() - started)
+        if self.recovery.bytes_truncated or self.recovery.repaired:
+            logger.warning("log %s recovered: %s", self.directory, self.recovery)
+
+    def _reconcile_epochs(self, stats: _ScanStats, rp: int) -> None:
+        """Make the epoch cache agree with the log: entries of the scanned tail come from the scan."""
+        cache = self._epochs
+        changed = False
+        if stats.first_scanned_offset is not None:
+            changed |= cache.truncate_from_end(stats.first_scanned_offset)
+        changed |= cache.truncate_from_end(self._end_offset)
+        for epoch, start in stats.epoch_starts:
+            if start >= self._end_offset:
+                break
+            try:
+                changed |= cache.assign(epoch, start)
+            except StaleEpochError as exc:
+                raise LogCorruptionError(str(cache.path), 0, f"the log's epochs go backwards: {exc}") from None
+        changed |= cache.truncate_from_start(self._log_start)
+        if changed:
+            cache.write()
+
+    def _remove_leftovers(self) -> None:
+        for p in self.directory.iterdir():
+            name = p.name
+            if name.endswith((".tmp", ".deleted")) or name == PREALLOCATED_NAME:
+                p.unlink(missing_ok=True)
+            elif name.endswith((INDEX_SUFFIX, TIMEINDEX_SUFFIX)):
+                stem = name.rsplit(".", 1)[0]
+                if not (self.directory / (stem + ".log")).exists():
+                    p.unlink(missing_ok=True)
+
+    def _read_offsets_checkpoint(self) -> tuple[int, int]:
+        path = self.directory / OFFSETS_CHECKPOINT_NAME
+        try:
+            text = path.read_text("ascii")
+        except FileNotFoundError:
+            return 0, 0
+        try:
+            version, values = text.split("\n", 1)
+            start_s, rp_s = values.split()
+            if int(version) != 0:
+                raise ValueError(f"version {version}")
+            return int(start_s), int(rp_s)
+        except ValueError as exc:
+            # Written atomically, so this is damage, not a torn write: recover everything from 0.
+            logger.warning("%s is malformed (%s); scanning the whole log", path, exc)
+            return 0, 0
+
+    def _write_offsets_checkpoint(self) -> None:
+        data = f"0\n{self._log_start} {self._recovery_point}\n".encode("ascii")
+        atomic_write(self.directory / OFFSETS_CHECKPOINT_NAME, data)
+
+    def _start_background(self) -> None:
+        if self.config.preallocate_next_segment:
+            self._preallocator = SegmentPreallocator(self.directory, self.config.segment_bytes)
+            self._preallocator.request()
+        if self.config.flush_policy in ("group", "interval"):
+            self._flusher = threading.Thread(target=self._flush_loop, name=f"log-flusher:{self.directory.name}",
+                                             daemon=True)
+            self._flusher.start()
+
+    # --- properties ----------------------------------------------------------------------------
+
+    @property
+    def start_offset(self) -> int:
+        """The first offset held by the log."""
+        with self._lock:
+            return self._segments[0].base_offset
+
+    @property
+    def end_offset(self) -> int:
+        """The offset the next appended record will get."""
+        return self._end_offset
+
+    @property
+    def durable_offset(self) -> int:
+        """Every offset below this is on disk."""
+        return self._durable_offset
+
+    @property
+    def latest_epoch(self) -> int | None:
+        with self._lock:
+            return self._epochs.latest_epoch
+
+    @property
+    def epoch_entries(self) -> list[tuple[int, int]]:
+        with self._lock:
+            return self._epochs.entries
+
+    def segment_bases(self) -> list[int]:
+        with self._lock:
+            return list(self._bases)
+
+    # --- appending -----------------------------------------------------------------------------
+
+    def append(self, batch: bytes | bytearray | memoryview, *, epoch: int) -> AppendInfo:
+        """Append one encoded batch as the leader: the log assigns its offsets and stamps `epoch`.
+
+        The batch is checked (CRC, layout) first; nothing is written if it is invalid. Under the
+        `fsync` policy the batch is on disk when this returns; otherwise see `wait_durable`.
+        """
+        size = len(batch)
+        if size > self.config.max_batch_bytes:
+            raise BatchTooLargeError(f"batch of {size} bytes exceeds max_batch_bytes={self.config.max_batch_bytes}")
+        header = check_batch(batch, 0, size)
+        if isinstance(header, str):
+            raise InvalidBatchError(header)
+        if header.size != size:
+            raise InvalidBatchError(f"{size - header.size} bytes after the batch (append one batch at a time)")
+        if epoch < 0:
+            raise StaleEpochError(epoch, 0)
+        with self._lock:
+            self._check_writable()
+            base = self._end_offset
+            seg = self._prepare_write(size, epoch, base)
+            pos = seg.write(batch, header, base, epoch)
+            self._end_offset = seg.next_offset
+            info = AppendInfo(base, seg.next_offset - 1, pos, size)
+            notify = self._after_write()
+        if notify:
+            self._notify_listeners()
+        return info
+
+    def append_replica(self, data: bytes | bytearray | memoryview) -> AppendInfo | None:
+        """Append batches copied from a leader, keeping their offsets and epochs.
+
+        The first batch must start at `end_offset` and each next one where the previous ended; all
+        batches are checked before any is written, so a bad one leaves the log unchanged.
+        Returns where the batches went (None for empty `data`).
+        """
+        view = memoryview(data)
+        headers = []
+        pos = 0
+        expected = self._end_offset
+        while pos < len(view):
+            header = check_batch(view, pos, len(view))
+            if isinstance(header, str):
+                raise InvalidBatchError(f"batch at byte {pos}: {header}")
+            if header.size > self.config.max_batch_bytes:
+                raise BatchTooLargeError(f"batch of {header.size} bytes exceeds max_batch_bytes")
+            if header.base_offset != expected:
+                raise OffsetMismatchError(f"batch at byte {pos} starts at offset {header.base_offset}, "
+                                          f"expected {expected}")
+            headers.append((pos, header))
+            expected = header.next_offset
+            pos += header.size
+        if not headers:
+            return None
+        with self._lock:
+            self._check_writable()
+            if headers[0][1].base_offset != self._end_offset:
+                raise OffsetMismatchError(f"batches start at {headers[0][1].base_offset}, "
+                                          f"the log ends at {self._end_offset}")
+            latest = self._epochs.latest_epoch
+            for _, h in headers:
+                if latest is not None and h.leader_epoch < latest:
+                    raise StaleEpochError(h.leader_epoch, latest)
+                latest = h.leader_epoch
+            first_pos = None
+            for pos, h in headers:
+                seg = self._prepare_write(h.size, h.leader_epoch, h.base_offset)
+                written = seg.write(view[pos:pos + h.size], h)
+                first_pos = written if first_pos is None else first_pos
+                self._end_offset = seg.next_offset
+            notify = self._after_write()
+            assert first_pos is not None
+            info = AppendInfo(headers[0][1].base_offset, self._end_offset - 1, first_pos, len(view))
+        if notify:
+            self._notify_listeners()
+        return info
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise LogClosedError(f"log {self.directory} is closed")
+        if self._failure is not None:
+            raise LogFailedError(f"log {self.directory} failed earlier: {self._failure}")
+
+    def _prepare_write(self, size: int, epoch: int, base_offset: int) -> Segment:
+        """Roll if the batch does not fit; record a new epoch. Returns the segment to write to."""
+        seg = self._segments[-1]
+        if seg.size + size > seg.capacity:
+            if seg.size == 0:
+                raise BatchTooLargeError(f"batch of {size} bytes does not fit in a segment of {seg.capacity}")
+            seg = self._roll()
+        latest = self._epochs.latest_epoch
+        if latest is None or epoch > latest:
+            self._epochs.assign(epoch, base_offset)
+            self._epochs.write()  # before the batch: the scan on open fixes a crash in between
+        elif epoch < latest:
+            raise StaleEpochError(epoch, latest)
+        return seg
+
+    def _after_write(self) -> bool:
+        """Apply the flush policy after a write (lock held); True if durability advanced."""
+        policy = self.config.flush_policy
+        if policy == "fsync":
+            self._sync_active_locked()
+            return True
+        if policy == "group":
+            self._pending.notify()
+        return False
+
+    def _sync_active_locked(self) -> None:
+        target = self._end_offset
+        try:
+            self._segments[-1].sync()
+        except LogError as exc:
+            self._fail(exc)
+            raise
+        self._durable_offset = max(self._durable_offset, target)
+        self._durable.notify_all()
+
+    def _roll(self) -> Segment:
+        """Seal the full active segment and start a new one at the log end (lock held)."""
+        old = self._segments[-1]
+        new_base = self._end_offset
+        # The old segment must be complete on disk before anything in the new one can be: recovery
+        # treats damage in a segment that has a successor as corruption, never as a torn tail.
+        try:
+            old.sync()
+        except LogError as exc:
+            self._fail(exc)
+            raise
+        self._durable_offset = max(self._durable_offset, new_base)
+        new = self._new_segment(new_base)
+        try:
+            old.seal()
+        except LogError as exc:
+            self._fail(exc)
+            raise
+        self._segments.append(new)
+        self._bases.append(new_base)
+        self._recovery_point = new_base
+        self._write_offsets_checkpoint()
+        self._durable.notify_all()
+        return new
+
+    def _new_segment(self, base: int) -> Segment:
+        """Put a prepared file in place as the segment starting at `base`."""
+        prepared = self._preallocator.take() if self._preallocator else None
+        if prepared is None:
+            tmp = self.directory / PREALLOCATED_NAME
+            fd, mm = prepare_file(tmp, self.config.segment_bytes)
+            prepared = PreparedFile(tmp, fd, mm)
+        path = self.directory / segment_name(base)
+        try:
+            os.rename(prepared.path, path)
+            fsync_dir(self.directory)
+        except OSError as exc:
+            prepared.discard()
+            raise io_error(f"creating segment {path}", exc) from exc
+        if self._preallocator:
+            self._preallocator.request()
+        return Segment.from_prepared(self.directory, base, self.config.index_interval_bytes, prepared.fd, prepared.mm)
+
+    def _adopt_new_segment(self, base: int) -> None:
+        seg = self._new_segment(base)
+        self._segments.append(seg)
+        self._bases.append(base)
+
+    # --- durability ----------------------------------------------------------------------------
+
+    def _flush_loop(self) -> None:
+        """The group-commit / interval flusher thread."""
+        interval = self.config.flush_interval_ms / 1000 if self.config.flush_policy == "interval" else None
+        while True:
+            with self._lock:
+                if interval is None:
+                    while not self._closed and self._end_offset <= self._durable_offset:
+                        self._pending.wait()
+                else:
+                    self._pending.wait(interval)
+                if self._failure is not None or (self._closed and self._end_offset <= self._durable_offset):
+                    return
+                if self._end_offset <= self._durable_offset:
+                    continue
+                target = self._end_offset
+                generation = self._generation
+                seg = self._segments[-1]
+                assert seg.fd is not None
+                fd = os.dup(seg.fd)  # the segment may be sealed or deleted while we sync
+            try:
+                os.fdatasync(fd)
+            except OSError as exc:
+                with self._lock:
+                    self._fail(io_error(f"fdatasync of {seg.path}", exc))
+                return
+            finally:
+                os.close(fd)
+            with self._lock:
+                # Older segments were synced when they were sealed, so everything below `target`
+                # is on disk, unless a truncation rewrote part of it meanwhile.
+                if generation == self._generation:
+                    self._durable_offset = max(self._durable_offset, target)
+                self._durable.notify_all()
+            self._notify_listeners()
+
+    def _fail(self, error: LogError) -> None:
+        """Record a fatal write/sync failure (lock held): all later writes and waits raise it."""
+        if self._failure is None:
+            self._failure = error
+            logger.error("log %s failed: %s", self.directory, error)
+        self._durable.notify_all()
+        self._pending.notify_all()
+
+    def _notify_listeners(self) -> None:
+        offset = self._durable_offset
+        for listener in list(self._listeners):
+            listener(offset)
+
+    def add_durability_listener(self, listener: DurabilityListener) -> None:
+        """Call `listener(durable_offset)` whenever durability advances (from the thread that synced).
+
+        It runs without the log's lock and must not block (hand the value over to your own loop).
+        """
+        with self._lock:
+            self._listeners.append(listener)
+
+    def wait_durable(self, offset: int, timeout: float | None = None) -> bool:
+        """Block until `offset` is on disk; False on timeout. Raises LogFailedError after a failed sync."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self._durable_offset <= offset:
+                if self._failure is not None:
+                    raise LogFailedError(f"log {self.directory} failed: {self._failure}")
+                if offset >= self._end_offset:
+                    raise OffsetOutOfRangeError(offset, self._log_start, self._end_offset)
+                if self._closed:
+                    raise LogClosedError(f"log {self.directory} is closed")
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._durable.wait(remaining)
+            return True
+
+    def flush(self) -> None:
+        """Force everything appended so far to disk now, whatever the policy."""
+        with self._lock:
+            self._check_writable()
+            if self._durable_offset < self._end_offset:
+                self._sync_active_locked()
+        self._notify_listeners()
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int = 1 << 20, *, max_offset: int | None = None) -> LogRead:
+        """Whole batches from the one holding `offset`, up to `max_bytes` (at least one batch).
+
+        Stops at a segment boundary and before any batch reaching `max_offset` or beyond (pass the
+        commit offset to read only committed data). Reading at `end_offset` returns no data.
+        """
+        with self._lock:
+            if self._closed:
+                raise LogClosedError(f"log {self.directory} is closed")
+            if not self._bases[0] <= offset <= self._end_offset:
+                raise OffsetOutOfRangeError(offset, self._bases[0], self._end_offset)
+            limit_offset = self._end_offset if max_offset is None else min(max_offset, self._end_offset)
+            if offset >= limit_offset:
+                return LogRead(memoryview(b""), offset, offset)
+            seg = self._segments[bisect_right(self._bases, offset) - 1]
+            start, h = seg.find_batch(offset)
+            view = seg.view()
+            start_offset = next_offset = h.base_offset
+            end = start
+            while end < seg.size:
+                h = read_header(view, end)
+                batch_end = end + h.batch_length + LOG_OVERHEAD
+                if h.base_offset + h.last_offset_delta >= limit_offset:
+                    break
+                if batch_end - start > max_bytes and end > start:
+                    break
+                end = batch_end
+                next_offset = h.base_offset + h.last_offset_delta + 1
+            return LogRead(view[start:end], start_offset, next_offset)
+
+    def batches(self, start_offset: int | None = None, end_offset: int | None = None) -> Iterator[RecordBatch]:
+        """Iterate the batches holding offsets in [start_offset, end_offset) (default: all)."""
+        offset = self.start_offset if start_offset is None else start_offset
+        while True:
+            limit = self._end_offset if end_offset is None else end_offset
+            if offset >= limit:
+                return
+            chunk = self.read(offset, 1 << 20, max_offset=limit)
+            if chunk.next_offset == chunk.start_offset:
+                return
+            yield from chunk.batches()
+            offset = chunk.next_offset
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
+        """The first offset whose record timestamp is >= `timestamp_ms` (None if there is none)."""
+        with self._lock:
+            for seg in self._segments:
+                if seg.next_offset == seg.base_offset or seg.max_timestamp < timestamp_ms:
+                    continue
+                start = seg.indexes().time_index.last_offset_before(timestamp_ms)
+                pos = 0 if start is None else seg.find_batch(start)[0]
+                view = seg.view()
+                while pos < seg.size:
+                    h = read_header(view, pos)
+                    size = h.batch_length + LOG_OVERHEAD
+                    if h.max_timestamp >= timestamp_ms:
+                        for record in RecordBatch(h, view[pos:pos + size]).records():
+                            if record.timestamp >= timestamp_ms:
+                                return record.offset
+                    pos += size
+            return None
+
+    def epoch_for_offset(self, offset: int) -> int | None:
+        """The epoch that wrote `offset` (None when it is not in the log)."""
+        with self._lock:
+            if not self._bases[0] <= offset < self._end_offset:
+                return None
+            return self._epochs.epoch_for_offset(offset)
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int] | None:
+        """(largest epoch <= `epoch`, offset where its successor starts or the log end): see epoch_cache."""
+        with self._lock:
+            return self._epochs.end_offset_for_epoch(epoch, self._end_offset)
+
+    # --- truncation and retention --------------------------------------------------------------
+
+    def truncate_suffix(self, offset: int) -> None:
+        """Remove every batch at or after `offset`, which must be a batch boundary (Raft divergence).
+
+        Durable on return: a truncated entry never reappears after a crash.
+        """
+        with self._lock:
+            self._check_writable()
+            if not self._bases[0] <= offset <= self._end_offset:
+                raise OffsetOutOfRangeError(offset, self._bases[0], self._end_offset)
+            if offset == self._end_offset:
+                return
+            self._generation += 1
+            try:
+                if self._recovery_point > offset:
+                    self._recovery_point = offset
+                    self._write_offsets_checkpoint()
+                keep = bisect_right(self._bases, offset) - 1
+                if self._bases[keep] == offset and keep > 0:
+                    keep -= 1  # keep the previous segment whole and make it active again
+                for seg in reversed(self._segments[keep + 1:]):
+                    seg.delete()
+                fsync_dir(self.directory)
+                del self._segments[keep + 1:]
+                del self._bases[keep + 1:]
+                target = self._segments[keep]
+                if target.sealed:
+                    target.activate(self.config.segment_bytes)
+                target.truncate_to(offset)
+            except LogError as exc:
+                self._fail(exc)
+                raise
+            self._end_offset = offset
+            self._durable_offset = min(self._durable_offset, offset)
+            if self._epochs.truncate_from_end(offset):
+                self._epochs.write()
+
+    def delete_segments_below(self, offset: int) -> int:
+        """Delete whole segments whose offsets are all below `offset` (retention, snapshots).
+
+        The active segment is never deleted. Returns the number of segments deleted; the log then
+        starts at the first remaining segment's base offset.
+        """
+        with self._lock:
+            self._check_writable()
+            count = 0
+            while count < len(self._segments) - 1 and self._segments[count].next_offset <= offset:
+                count += 1
+            if not count:
+                return 0
+            doomed = self._segments[:count]
+            del self._segments[:count]
+            del self._bases[:count]
+            self._log_start = self._bases[0]
+            self._recovery_point = max(self._recovery_point, self._log_start)
+            self._write_offsets_checkpoint()  # first: an interrupted deletion is finished on open
+            for seg in doomed:
+                seg.delete()
+            fsync_dir(self.directory)
+            if self._epochs.truncate_from_start(self._log_start):
+                self._epochs.write()
+            return count
+
+    def reset(self, offset: int) -> None:
+        """Drop everything and continue empty at `offset` (a follower installing a snapshot)."""
+        with self._lock:
+            self._check_writable()
+            self._generation += 1
+            self._log_start = self._recovery_point = offset
+            self._write_offsets_checkpoint()
+            for seg in self._segments:
+                seg.delete()
+            fsync_dir(self.directory)
+            self._segments, self._bases = [], []
+            self._epochs.clear()
+            self._epochs.write()
+            self._adopt_new_segment(offset)
+            self._end_offset = self._durable_offset = offset
+            self._durable.notify_all()
+
+    # --- closing -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush, record the recovery point, stop background threads and release the directory."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._pending.notify_all()
+        if self._flusher is not None:
+            self._flusher.join()
+        with self._lock:
+            if self._failure is None:
+                try:
+                    if self._durable_offset < self._end_offset:
+                        self._sync_active_locked()
+                    self._recovery_point = self._end_offset
+                    self._write_offsets_checkpoint()
+                except EpochlogError as exc:
+                    logger.error("closing log %s: %s", self.directory, exc)
+            self._durable.notify_all()
+        if self._preallocator is not None:
+            self._preallocator.close()
+        self._release()
+
+    def _release(self) -> None:
+        for seg in self._segments:
+            seg.close()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = -1
+
+    def __enter__(self) -> Log:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Log({str(self.directory)!r}, [{self.start_offset}, {self._end_offset}))"
+
+
+class _ScanStats:
+    """Totals of the segments scanned during recovery."""
+
+    def __init__(self) -> None:
+        self.scanned = self.batches = self.records = self.bytes = self.truncated = 0
+        self.truncated_file: str | None = None
+        self.truncated_position: int | None = None
+        self.problem: str | None = None
+        self.repaired = False
+        self.epoch_starts: list[tuple[int, int]] = []
+        self.first_scanned_offset: int | None = None
+        self.last_epoch: int | None = None
+
+    def add(self, scan: SegmentScan) -> None:
+        if self.first_scanned_offset is None:
+            self.first_scanned_offset = scan.base_offset
+        self.scanned += 1
+        self.batches += scan.batches
+        self.records += scan.records
+        self.bytes += scan.valid_bytes
+        self.epoch_starts += scan.epoch_starts
+        if scan.last_epoch is not None:
+            self.last_epoch = scan.last_epoch
+        if scan.problem:
+            self.problem = scan.problem
+
+    def cut(self, seg: Segment, scan: SegmentScan) -> None:
+        self.truncated += scan.bytes_to_cut
+        self.truncated_file = str(seg.path)
+        self.truncated_position = scan.valid_bytes
+
+    def report(self, segments: int, seconds: float) -> RecoveryReport:
+        return RecoveryReport(segments, self.scanned, self.batches, self.records, self.bytes, self.truncated,
+                              self.truncated_file, self.truncated_position, self.repaired, self.problem, seconds)

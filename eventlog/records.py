@@ -1,0 +1,447 @@
+"""Kafka RecordBatch v2 (magic 2): the byte format of every log entry.
+
+Byte layout of one batch (big-endian; Kafka's `DefaultRecordBatch`)::
+
+    offset  size  field
+         0     8  baseOffset            \\  outside the CRC: the log assigns them at append
+         8     4  batchLength           |  (bytes after this field)
+        12     4  partitionLeaderEpoch  /  the Raft term that wrote the batch
+        16     1  magic (= 2)
+        17     4  crc                   CRC32C of bytes 21..end
+        21     2  attributes            bits 0-2 compression, 3 timestamp type, 4 transactional, 5 control
+        23     4  lastOffsetDelta
+        27     8  baseTimestamp
+        35     8  maxTimestamp
+        43     8  producerId            -1 when not idempotent
+        51     2  producerEpoch
+        53     4  baseSequence
+        57     4  recordsCount
+        61     .  records
+
+Each record: varint length, int8 attributes, varlong timestampDelta, varint offsetDelta, varint key
+length (-1 = null) + key, varint value length + value, varint header count, then per header varint
+key length + UTF-8 key, varint value length + value. Varints are zigzag-encoded (protobuf style).
+
+baseOffset and partitionLeaderEpoch sit outside the CRC, so a batch can be encoded once and
+stamped with its offset and epoch by the log without recomputing the checksum (`stamp`).
+
+This module is pure (bytes in, bytes out). Encoding is hand-written with `struct` and `crc32c`
+because it is the append hot path; it is byte-identical to kafka-python's builder (tested).
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Final, NamedTuple
+
+import crc32c as _crc32c
+
+from eventlog.errors import InvalidBatchError, UnsupportedCompressionError
+
+MAGIC: Final = 2
+HEADER: Final = struct.Struct(">qiibIhiqqqhii")
+HEADER_SIZE: Final = HEADER.size  # 61
+LOG_OVERHEAD: Final = 12  # baseOffset + batchLength: bytes not counted in batchLength
+LENGTH_OFFSET: Final = 8
+EPOCH_OFFSET: Final = 12
+MAGIC_OFFSET: Final = 16
+CRC_OFFSET: Final = 17
+ATTRIBUTES_OFFSET: Final = 21
+# Smallest legal batchLength: the header after the length field, with zero records.
+MIN_BATCH_LENGTH: Final = HEADER_SIZE - LOG_OVERHEAD
+
+COMPRESSION_MASK: Final = 0x07
+TIMESTAMP_TYPE_MASK: Final = 0x08
+TRANSACTIONAL_MASK: Final = 0x10
+CONTROL_MASK: Final = 0x20
+COMPRESSION_NAMES: Final = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+
+NO_PRODUCER_ID: Final = -1
+
+_PREFIX = struct.Struct(">qiibI")  # baseOffset, batchLength, epoch, magic, crc
+_TAIL = struct.Struct(">hiqqqhii")  # attributes .. recordsCount (40 bytes, inside the CRC)
+_OFFSET_AND_LENGTH = struct.Struct(">qi")
+_INT32 = struct.Struct(">i")
+_INT64 = struct.Struct(">q")
+_crc = _crc32c.crc32c
+
+
+def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
+    """CRC32C (Castagnoli), continuing from `value`."""
+    return _crc(data, value)
+
+
+# --- varints -------------------------------------------------------------------------------------
+
+def _encode_zigzag(n: int) -> bytes:
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+# Pre-encoded zigzag varints for -1..16383: record lengths, deltas and key/value lengths of
+# metadata events almost always fall here, so encoding is a list lookup.
+_SMALL_LIMIT = 16384
+_SMALL: Final = [_encode_zigzag(n) for n in range(-1, _SMALL_LIMIT)]
+
+
+def encode_varint(n: int) -> bytes:
+    """Zigzag varint (Kafka's `ByteUtils.writeVarint` / `writeVarlong`)."""
+    if -1 <= n < _SMALL_LIMIT:
+        return _SMALL[n + 1]
+    return _encode_zigzag(n)
+
+
+def decode_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """Decode a zigzag varint at `pos`; returns (value, next position)."""
+    try:
+        b = buf[pos]
+        if b < 0x80:
+            return (b >> 1) ^ -(b & 1), pos + 1
+        z = b & 0x7F
+        shift = 7
+        pos += 1
+        while True:
+            b = buf[pos]
+            pos += 1
+            z |= (b & 0x7F) << shift
+            if b < 0x80:
+                break
+            shift += 7
+            if shift > 63:
+                raise InvalidBatchError("varint is longer than 10 bytes")
+    except IndexError:
+        raise InvalidBatchError("varint runs past the end of the batch") from None
+    return (z >> 1) ^ -(z & 1), pos
+
+
+# --- values --------------------------------------------------------------------------------------
+
+Header = tuple[str, bytes | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record of a batch, with its absolute offset and timestamp (ms)."""
+
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...] = ()
+
+
+class BatchHeader(NamedTuple):
+    """The 61-byte header of a batch, decoded."""
+
+    base_offset: int
+    batch_length: int
+    leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records_count: int
+
+    @property
+    def size(self) -> int:
+        """Total bytes of the batch on disk."""
+        return self.batch_length + LOG_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & COMPRESSION_MASK
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & TRANSACTIONAL_MASK)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & CONTROL_MASK)
+
+
+def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Decode the header at `pos` without checking anything (see `check_batch`)."""
+    return BatchHeader._make(HEADER.unpack_from(buf, pos))
+
+
+def check_batch(buf: bytes | bytearray | memoryview, pos: int, limit: int) -> BatchHeader | str:
+    """Validate the batch at `buf[pos:limit]`: the header or a reason it is not a valid batch.
+
+    Checks length bounds, magic, record count / offset delta consistency and the CRC. Returns the
+    reason as a string (not an exception) because recovery probes many positions.
+    """
+    if limit - pos < HEADER_SIZE:
+        return f"only {limit - pos} bytes left, a batch header needs {HEADER_SIZE}"
+    h = BatchHeader._make(HEADER.unpack_from(buf, pos))
+    if h.batch_length < MIN_BATCH_LENGTH:
+        return f"batch length {h.batch_length} is below the minimum {MIN_BATCH_LENGTH}"
+    end = pos + LOG_OVERHEAD + h.batch_length
+    if end > limit:
+        return f"batch length {h.batch_length} runs {end - limit} bytes past the end of the data"
+    if h.magic != MAGIC:
+        return f"magic {h.magic}, expected {MAGIC}"
+    if h.records_count < 0 or h.last_offset_delta < 0 or (
+        h.records_count > 0 and h.last_offset_delta < h.records_count - 1
+    ):
+        return f"{h.records_count} records cannot have last offset delta {h.last_offset_delta}"
+    actual = _crc(memoryview(buf)[pos + ATTRIBUTES_OFFSET:end])
+    if actual != h.crc:
+        return f"CRC mismatch (stored {h.crc:#010x}, computed {actual:#010x})"
+    return h
+
+
+# --- encoding ------------------------------------------------------------------------------------
+
+def encode_batch(
+    entries: Sequence[tuple[bytes | None, bytes | None]],
+    *,
+    timestamp_ms: int,
+    base_offset: int = 0,
+    leader_epoch: int = 0,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    transactional: bool = False,
+) -> bytes:
+    """Encode (key, value) pairs that share one timestamp as a batch: the append hot path."""
+    if not entries:
+        raise InvalidBatchError("a batch needs at least one record")
+    small = _SMALL
+    parts: list[bytes] = []
+    append = parts.append
+    for delta, (key, value) in enumerate(entries):
+        # attributes (0) and timestampDelta (0), offsetDelta, key, value, header count (0)
+        if key is None:
+            k = b"\x01"
+            klen = 0
+        else:
+            klen = len(key)
+            k = small[klen + 1] + key if klen < _SMALL_LIMIT else encode_varint(klen) + key
+        if value is None:
+            v = b"\x01"
+            vlen = 0
+        else:
+            vlen = len(value)
+            v = small[vlen + 1] + value if vlen < _SMALL_LIMIT else encode_varint(vlen) + value
+        d = small[delta + 1] if delta < _SMALL_LIMIT else encode_varint(delta)
+        body_len = 3 + len(d) + len(k) + len(v)
+        append(small[body_len + 1] if body_len < _SMALL_LIMIT else encode_varint(body_len))
+        append(b"\x00\x00")
+        append(d)
+        append(k)
+        append(v)
+        append(b"\x00")
+    attributes = TRANSACTIONAL_MASK if transactional else 0
+    count = len(entries)
+    return _finish(b"".join(parts), base_offset, leader_epoch, attributes, count - 1, timestamp_ms,
+                   timestamp_ms, producer_id, producer_epoch, base_sequence, count)
+
+
+def encode_records(
+    records: Sequence[Record],
+    *,
+    base_offset: int | None = None,
+    leader_epoch: int = 0,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    transactional: bool = False,
+    control: bool = False,
+) -> bytes:
+    """Encode records with their own offsets, timestamps and headers (offsets may have gaps).
+
+    `base_offset` defaults to the first record's offset; offsets must strictly increase.
+    """
+    if not records:
+        raise InvalidBatchError("a batch needs at least one record")
+    base = records[0].offset if base_offset is None else base_offset
+    base_ts = records[0].timestamp
+    max_ts = base_ts
+    parts: list[bytes] = []
+    previous = base - 1
+    for r in records:
+        if r.offset <= previous:
+            raise InvalidBatchError(f"record offsets must increase: {r.offset} after {previous}")
+        previous = r.offset
+        max_ts = max(max_ts, r.timestamp)
+        body = [b"\x00", encode_varint(r.timestamp - base_ts), encode_varint(r.offset - base)]
+        body += _encode_bytes(r.key)
+        body += _encode_bytes(r.value)
+        body.append(encode_varint(len(r.headers)))
+        for hkey, hvalue in r.headers:
+            body += _encode_bytes(hkey.encode("utf-8"))
+            body += _encode_bytes(hvalue)
+        raw = b"".join(body)
+        parts.append(encode_varint(len(raw)))
+        parts.append(raw)
+    attributes = (TRANSACTIONAL_MASK if transactional else 0) | (CONTROL_MASK if control else 0)
+    return _finish(b"".join(parts), base, leader_epoch, attributes, previous - base, base_ts, max_ts,
+                   producer_id, producer_epoch, base_sequence, len(records))
+
+
+def _encode_bytes(data: bytes | None) -> list[bytes]:
+    if data is None:
+        return [b"\x01"]
+    return [encode_varint(len(data)), data]
+
+
+def _finish(records: bytes, base_offset: int, leader_epoch: int, attributes: int,
+            last_offset_delta: int, base_ts: int, max_ts: int, producer_id: int,
+            producer_epoch: int, base_sequence: int, count: int) -> bytes:
+    tail = _TAIL.pack(attributes, last_offset_delta, base_ts, max_ts, producer_id, producer_epoch,
+                      base_sequence, count)
+    crc = _crc(records, _crc(tail))
+    batch_length = HEADER_SIZE - LOG_OVERHEAD + len(records)
+    prefix = _PREFIX.pack(base_offset, batch_length, leader_epoch, MAGIC, crc)
+    return b"".join((prefix, tail, records))
+
+
+def stamp(batch: bytearray | memoryview, base_offset: int, leader_epoch: int) -> None:
+    """Write baseOffset and partitionLeaderEpoch into an encoded batch (both outside the CRC)."""
+    _INT64.pack_into(batch, 0, base_offset)
+    _INT32.pack_into(batch, EPOCH_OFFSET, leader_epoch)
+
+
+# --- decoding ------------------------------------------------------------------------------------
+
+class RecordBatch:
+    """A decoded view of one batch; records are decoded lazily by `records()`.
+
+    Holds a reference to the buffer it was read from (often a view of a mapped segment).
+    """
+
+    __slots__ = ("header", "_buf")
+
+    def __init__(self, header: BatchHeader, buf: memoryview) -> None:
+        self.header = header
+        self._buf = buf
+
+    @classmethod
+    def parse(cls, data: bytes | bytearray | memoryview, *, verify_crc: bool = True) -> RecordBatch:
+        """Parse exactly one batch from `data` (which may hold more bytes after it)."""
+        view = memoryview(data)
+        if verify_crc:
+            checked = check_batch(view, 0, len(view))
+            if isinstance(checked, str):
+                raise InvalidBatchError(checked)
+            header = checked
+        else:
+            if len(view) < HEADER_SIZE:
+                raise InvalidBatchError(f"{len(view)} bytes cannot hold a batch header")
+            header = read_header(view)
+        return cls(header, view[: header.size])
+
+    @property
+    def raw(self) -> memoryview:
+        """The batch bytes as stored."""
+        return self._buf
+
+    def records(self) -> Iterator[Record]:
+        """Decode the records (decompressing gzip; other codecs raise UnsupportedCompressionError)."""
+        h = self.header
+        codec = h.compression
+        if codec == 0:
+            data: bytes | memoryview = self._buf[HEADER_SIZE:]
+        elif codec == 1:
+            try:
+                data = gzip.decompress(self._buf[HEADER_SIZE:])
+            except (OSError, EOFError) as exc:
+                raise InvalidBatchError(f"gzip payload does not decompress: {exc}") from None
+        else:
+            raise UnsupportedCompressionError(
+                f"compression {COMPRESSION_NAMES.get(codec, codec)!s} is not supported (only none and gzip)")
+        return _iter_records(data, h)
+
+    def __iter__(self) -> Iterator[Record]:
+        return self.records()
+
+    def __repr__(self) -> str:
+        h = self.header
+        return (f"RecordBatch(base_offset={h.base_offset}, records={h.records_count}, "
+                f"epoch={h.leader_epoch}, size={h.size})")
+
+
+def _iter_records(data: bytes | memoryview, h: BatchHeader) -> Iterator[Record]:
+    pos = 0
+    end = len(data)
+    dv = decode_varint
+    base_offset = h.base_offset
+    base_ts = h.base_timestamp
+    for _ in range(h.records_count):
+        length, pos = dv(data, pos)
+        record_end = pos + length
+        if length < 0 or record_end > end:
+            raise InvalidBatchError(f"record length {length} runs past the end of the batch")
+        pos += 1  # record attributes (unused in v2)
+        ts_delta, pos = dv(data, pos)
+        offset_delta, pos = dv(data, pos)
+        klen, pos = dv(data, pos)
+        if klen >= 0:
+            key: bytes | None = bytes(data[pos:pos + klen])
+            pos += klen
+        else:
+            key = None
+        vlen, pos = dv(data, pos)
+        if vlen >= 0:
+            value: bytes | None = bytes(data[pos:pos + vlen])
+            pos += vlen
+        else:
+            value = None
+        nheaders, pos = dv(data, pos)
+        headers: list[Header] = []
+        for _h in range(nheaders):
+            hklen, pos = dv(data, pos)
+            if hklen < 0:
+                raise InvalidBatchError("a header key cannot be null")
+            hkey = bytes(data[pos:pos + hklen]).decode("utf-8", errors="replace")
+            pos += hklen
+            hvlen, pos = dv(data, pos)
+            if hvlen >= 0:
+                hvalue: bytes | None = bytes(data[pos:pos + hvlen])
+                pos += hvlen
+            else:
+                hvalue = None
+            headers.append((hkey, hvalue))
+        if pos != record_end:
+            raise InvalidBatchError(f"record declares {length} bytes but its fields take {pos - record_end + length}")
+        yield Record(base_offset + offset_delta, base_ts + ts_delta, key, value, tuple(headers))
+    if pos != end:
+        raise InvalidBatchError(f"{end - pos} bytes left over after {h.records_count} records")
+
+
+def iter_batches(data: bytes | bytearray | memoryview, *, verify_crc: bool = True) -> Iterator[RecordBatch]:
+    """Iterate the batches laid end to end in `data` (for example the result of a log read)."""
+    view = memoryview(data)
+    pos = 0
+    while pos < len(view):
+        batch = RecordBatch.parse(view[pos:], verify_crc=verify_crc)
+        yield batch
+        pos += batch.header.size
+
+
+def batch_size_at(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
+    """(base offset, total size) of the batch at `pos`, read from its first 12 bytes only."""
+    base, length = _OFFSET_AND_LENGTH.unpack_from(buf, pos)
+    return base, length + LOG_OVERHEAD

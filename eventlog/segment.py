@@ -1,0 +1,381 @@
+"""One segment of the log: a preallocated, memory-mapped file of record batches (CommitLog style).
+
+File `<20-digit base offset>.log`: batches laid end to end from byte 0; the rest of the file is
+zeros. The active (last) segment is preallocated to `segment_bytes`, zero-filled and synced before
+its first append, so appends are memory copies into the mapping and never extend the file (no
+metadata to sync, no ENOSPC mid-log). When a segment is sealed it is trimmed to its data, so a
+sealed segment's file size is its data size. Its `.index` and `.timeindex` are written next to it
+(see `eventlog.index`); they are derived data, validated on first use and rebuilt when wrong.
+
+Concurrency contract: a segment is mutated only by its `Log`, under the log's lock. Views handed
+out by `view()` alias the mapping: they stay readable after the segment is sealed or deleted (the
+mapping lives as long as a view does) but show zeros after a truncation below them.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+from pathlib import Path
+
+from eventlog.errors import LogCorruptionError, OffsetMismatchError
+from eventlog.fileutil import io_error
+from eventlog.index import IndexBuilder, OffsetIndex, TimeIndex
+from eventlog.records import LOG_OVERHEAD, HEADER, BatchHeader, read_header, stamp
+from eventlog.scan import ScanStatus, scan_segment
+
+log = logging.getLogger(__name__)
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIMEINDEX_SUFFIX = ".timeindex"
+_ZEROS = bytes(1 << 20)
+_PAGE = mmap.PAGESIZE
+
+
+def segment_name(base_offset: int, suffix: str = LOG_SUFFIX) -> str:
+    return f"{base_offset:020d}{suffix}"
+
+
+def parse_segment_name(name: str) -> int | None:
+    """Base offset of a `<20 digits>.log` file name, or None for any other name."""
+    stem, dot, suffix = name.partition(".")
+    if dot and "." + suffix == LOG_SUFFIX and len(stem) == 20 and stem.isdigit():
+        return int(stem)
+    return None
+
+
+def prepare_file(path: Path, size: int) -> tuple[int, mmap.mmap]:
+    """Create `path` as `size` zero bytes that are really allocated and on disk, and map it.
+
+    posix_fallocate reserves the blocks (a full disk fails here, not in the middle of an append);
+    writing zeros turns them into written extents so a later fdatasync has no extent metadata to
+    commit; the sync makes the file's size durable. Returns (fd, writable shared mapping).
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, size)
+        for start in range(0, size, len(_ZEROS)):
+            os.pwrite(fd, _ZEROS[: min(len(_ZEROS), size - start)], start)
+        os.fdatasync(fd)
+        mm = mmap.mmap(fd, size)
+    except OSError as exc:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        raise io_error(f"preparing segment file {path}", exc) from exc
+    mm.madvise(mmap.MADV_WILLNEED)
+    for page in range(0, size, _PAGE):  # fault the pages in now rather than on the append path
+        mm[page]
+    return fd, mm
+
+
+class Segment:
+    """A segment file, its mapping and its indexes."""
+
+    def __init__(self, directory: Path, base_offset: int, index_interval_bytes: int) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.index_interval_bytes = index_interval_bytes
+        self.size = 0                # bytes of batches (write position)
+        self.capacity = 0            # bytes mapped and writable
+        self.next_offset = base_offset
+        self.sealed = False
+        self.fd: int | None = None   # open only while active
+        self._mm: mmap.mmap | None = None
+        self._view: memoryview | None = None
+        self._indexes: IndexBuilder | None = None
+
+    # --- paths ---------------------------------------------------------------------------------
+
+    @property
+    def path(self) -> Path:
+        return self.directory / segment_name(self.base_offset)
+
+    @property
+    def index_path(self) -> Path:
+        return self.directory / segment_name(self.base_offset, INDEX_SUFFIX)
+
+    @property
+    def timeindex_path(self) -> Path:
+        return self.directory / segment_name(self.base_offset, TIMEINDEX_SUFFIX)
+
+    # --- construction --------------------------------------------------------------------------
+
+    @classmethod
+    def from_prepared(cls, directory: Path, base_offset: int, index_interval_bytes: int,
+                      fd: int, mm: mmap.mmap) -> Segment:
+        """An empty active segment over a file made by `prepare_file` (already renamed in place)."""
+        seg = cls(directory, base_offset, index_interval_bytes)
+        seg.fd, seg._mm = fd, mm
+        seg._view = memoryview(mm)
+        seg.capacity = len(mm)
+        seg._indexes = IndexBuilder(base_offset, index_interval_bytes)
+        return seg
+
+    @classmethod
+    def sealed_lazy(cls, directory: Path, base_offset: int, next_offset: int,
+                    index_interval_bytes: int) -> Segment:
+        """A sealed segment below the recovery point: mapped and indexed on first use."""
+        seg = cls(directory, base_offset, index_interval_bytes)
+        seg.sealed = True
+        seg.next_offset = next_offset
+        seg.size = seg.capacity = seg.path.stat().st_size
+        return seg
+
+    def open_for_scan(self) -> memoryview:
+        """Map the whole file read-write (to scan it); returns the view."""
+        self._map(writable=True)
+        assert self._view is not None
+        return self._view
+
+    def adopt_scan(self, valid_bytes: int, next_offset: int, builder: IndexBuilder) -> None:
+        """Take the results of a recovery scan as this segment's state."""
+        self.size = valid_bytes
+        self.next_offset = next_offset
+        self._indexes = builder
+
+    def activate(self, capacity: int) -> None:
+        """Make this segment the one appends go to: grow the file to `capacity` and map it."""
+        file_size = self.path.stat().st_size
+        if file_size < capacity:
+            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                os.posix_fallocate(fd, 0, capacity)
+                os.fsync(fd)
+            except OSError as exc:
+                raise io_error(f"growing {self.path}", exc) from exc
+            finally:
+                os.close(fd)
+        self._unmap()
+        self._map(writable=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+        self.sealed = False
+        self.indexes()  # the active segment keeps its indexes in memory
+
+    def _map(self, *, writable: bool) -> None:
+        if self._mm is not None:
+            return
+        fd = os.open(self.path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
+        try:
+            length = os.fstat(fd).st_size
+            self.capacity = length
+            if length == 0:
+                self._view = memoryview(b"")
+                return
+            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+            self._mm = mmap.mmap(fd, length, access=access)
+        finally:
+            os.close(fd)
+        self._view = memoryview(self._mm)
+
+    def _unmap(self) -> None:
+        """Forget the mapping; it is really unmapped once no view of it is left."""
+        self._view = None
+        self._mm = None
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def view(self) -> memoryview:
+        """The mapped bytes (map a lazily opened sealed segment on first use)."""
+        if self._view is None:
+            self._map(writable=False)
+            assert self._view is not None
+        return self._view
+
+    def indexes(self) -> IndexBuilder:
+        """The segment's indexes, loaded and validated (or rebuilt) on first use."""
+        if self._indexes is None:
+            self._indexes = self._load_indexes()
+        return self._indexes
+
+    @property
+    def max_timestamp(self) -> int:
+        return self.indexes().max_timestamp
+
+    def header_at(self, position: int) -> BatchHeader:
+        return read_header(self.view(), position)
+
+    def find_batch(self, offset: int) -> tuple[int, BatchHeader]:
+        """(position, header) of the batch holding `offset`, which must be in [base, next)."""
+        assert self.base_offset <= offset < self.next_offset, (offset, self.base_offset, self.next_offset)
+        _, pos = self.indexes().index.floor(offset)
+        view = self.view()
+        while True:
+            h = read_header(view, pos)
+            if h.base_offset + h.last_offset_delta >= offset:
+                return pos, h
+            pos += h.batch_length + LOG_OVERHEAD
+            if pos >= self.size:
+                raise LogCorruptionError(str(self.path), pos, f"offset {offset} not found in the segment")
+
+    # --- writing (active segment only) ---------------------------------------------------------
+
+    def write(self, batch: bytes | bytearray | memoryview, header: BatchHeader,
+              base_offset: int | None = None, epoch: int | None = None) -> int:
+        """Copy a batch to the end of the segment, optionally stamping offset and epoch.
+
+        Returns its position. The caller checked it fits (`size + len <= capacity`).
+        """
+        assert not self.sealed and self._view is not None
+        pos = self.size
+        end = pos + len(batch)
+        assert end <= self.capacity
+        self._view[pos:end] = batch
+        if base_offset is not None:
+            assert epoch is not None
+            stamp(self._view[pos:end], base_offset, epoch)
+        else:
+            base_offset = header.base_offset
+        assert self._indexes is not None
+        self._indexes.add(base_offset, pos, len(batch), header.max_timestamp)
+        self.size = end
+        self.next_offset = base_offset + header.last_offset_delta + 1
+        return pos
+
+    def sync(self) -> None:
+        """fdatasync the segment's data (the mapping shares the file's page cache)."""
+        assert self.fd is not None
+        try:
+            os.fdatasync(self.fd)
+        except OSError as exc:
+            raise io_error(f"fdatasync of {self.path}", exc) from exc
+
+    def seal(self) -> None:
+        """Finish a full segment: trim the file to its data, write its indexes, close the fd.
+
+        The caller has synced the data. Trimming while mapped is safe: nothing reads past `size`.
+        """
+        assert not self.sealed and self.fd is not None
+        indexes = self.indexes()
+        indexes.seal()
+        try:
+            os.ftruncate(self.fd, self.size)
+            os.fsync(self.fd)
+        except OSError as exc:
+            raise io_error(f"trimming {self.path}", exc) from exc
+        os.close(self.fd)
+        self.fd = None
+        self.sealed = True
+        self.capacity = self.size
+        self._write_indexes(indexes)
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove the batches at and after `offset` (a batch boundary) and sync the zeroed bytes."""
+        assert not self.sealed and self._view is not None
+        if offset >= self.next_offset:
+            return
+        if offset == self.base_offset:
+            pos = 0
+        else:
+            pos, h = self.find_batch(offset)
+            if h.base_offset != offset:
+                raise OffsetMismatchError(
+                    f"offset {offset} falls inside the batch [{h.base_offset}, {h.last_offset}]")
+        old_size = self.size
+        for start in range(pos, old_size, len(_ZEROS)):
+            end = min(old_size, start + len(_ZEROS))
+            self._view[start:end] = _ZEROS[: end - start]
+        self.size = pos
+        self.next_offset = offset
+        self.sync()
+        self._indexes = self._rebuild_indexes(verify=False)
+
+    def zero_range(self, start: int, end: int) -> None:
+        """Zero bytes [start, end) (cutting a torn tail) and sync them."""
+        view = self.view()
+        for s in range(start, end, len(_ZEROS)):
+            e = min(end, s + len(_ZEROS))
+            view[s:e] = _ZEROS[: e - s]
+        fd = self.fd if self.fd is not None else os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            os.fdatasync(fd)
+        except OSError as exc:
+            raise io_error(f"fdatasync of {self.path}", exc) from exc
+        finally:
+            if fd != self.fd:
+                os.close(fd)
+
+    def trim_file(self) -> None:
+        """Make the file exactly `size` bytes (a sealed segment left untrimmed by a crash)."""
+        if self.path.stat().st_size != self.size:
+            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                os.ftruncate(fd, self.size)
+                os.fsync(fd)
+            except OSError as exc:
+                raise io_error(f"trimming {self.path}", exc) from exc
+            finally:
+                os.close(fd)
+        self.capacity = self.size
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self._unmap()
+
+    def delete(self) -> None:
+        """Close and unlink the segment and its indexes (views already handed out stay valid)."""
+        self.close()
+        for p in (self.path, self.index_path, self.timeindex_path):
+            p.unlink(missing_ok=True)
+
+    # --- indexes -------------------------------------------------------------------------------
+
+    def _write_indexes(self, indexes: IndexBuilder) -> None:
+        # Derived data: written without fsync; a torn or stale file fails validation and is rebuilt.
+        try:
+            self.index_path.write_bytes(indexes.index.to_bytes())
+            self.timeindex_path.write_bytes(indexes.time_index.to_bytes())
+        except OSError as exc:
+            log.warning("could not write the indexes of %s (they will be rebuilt): %s", self.path, exc)
+
+    def _load_indexes(self) -> IndexBuilder:
+        try:
+            index = OffsetIndex.from_bytes(self.base_offset, self.index_path.read_bytes())
+            time_index = TimeIndex.from_bytes(self.base_offset, self.timeindex_path.read_bytes())
+            self._validate(index, time_index)
+        except (OSError, ValueError) as exc:
+            log.warning("rebuilding the indexes of %s: %s", self.path, exc)
+            builder = self._rebuild_indexes(verify=True)
+            builder.seal()
+            self._write_indexes(builder)
+            return builder
+        builder = IndexBuilder(self.base_offset, self.index_interval_bytes)
+        builder.index, builder.time_index = index, time_index
+        builder.max_timestamp = time_index.last_timestamp
+        builder.max_timestamp_offset = time_index.offsets[-1] if len(time_index) else self.base_offset
+        return builder
+
+    def _validate(self, index: OffsetIndex, time_index: TimeIndex) -> None:
+        """Check every entry against the data; raises ValueError at the first wrong one."""
+        view = self.view()
+        for offset, pos in zip(index.offsets, index.positions):
+            if pos + HEADER.size > self.size or read_header(view, pos).base_offset != offset:
+                raise ValueError(f".index entry ({offset}, {pos}) does not point at that batch")
+        for ts, offset in zip(time_index.timestamps, time_index.offsets):
+            if not self.base_offset <= offset < self.next_offset:
+                raise ValueError(f".timeindex offset {offset} is outside the segment")
+            _, pos = index.floor(offset)
+            h = None
+            while pos < self.size:
+                h = read_header(view, pos)
+                if h.base_offset >= offset or h.batch_length <= 0:
+                    break
+                pos += h.batch_length + LOG_OVERHEAD
+            if h is None or h.base_offset != offset or h.max_timestamp != ts:
+                raise ValueError(f".timeindex entry ({ts}, {offset}) does not match the batch there")
+
+    def _rebuild_indexes(self, *, verify: bool) -> IndexBuilder:
+        scan = scan_segment(self.view(), self.base_offset, limit=self.size,
+                            index_interval_bytes=self.index_interval_bytes)
+        if verify and (scan.status is not ScanStatus.CLEAN or scan.valid_bytes != self.size):
+            raise LogCorruptionError(str(self.path), scan.valid_bytes,
+                                     scan.problem or "data ends before the end of the file")
+        assert scan.builder is not None
+        return scan.builder
+
+    def __repr__(self) -> str:
+        state = "sealed" if self.sealed else "active"
+        return f"Segment({self.base_offset}..{self.next_offset}, {self.size} bytes, {state})"
