@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Literal
 
 from eventlog.configuration import doc, from_mapping, load_toml
-from eventlog.errors import ConfigError
 
 FlushPolicy = Literal["fsync", "group", "interval"]
 
@@ -47,7 +46,7 @@ class LogConfig:
     )
     max_batch_bytes: int = field(
         default=1 * MIB,
-        metadata=doc("Largest record batch accepted by append (must fit in a segment).",
+        metadata=doc("Largest record batch accepted by append (capped at segment_bytes).",
                      min=64, max=MAX_SEGMENT_BYTES),
     )
     flush_policy: FlushPolicy = field(
@@ -64,10 +63,10 @@ class LogConfig:
                      "never waits for it."),
     )
 
-    def validate(self, section: str = "log") -> None:
-        if self.max_batch_bytes > self.segment_bytes:
-            raise ConfigError(f"{section}.max_batch_bytes", self.max_batch_bytes,
-                              f"must be <= segment_bytes ({self.segment_bytes})")
+    @property
+    def batch_limit_bytes(self) -> int:
+        """The largest batch append accepts: `max_batch_bytes`, but never more than a segment holds."""
+        return min(self.max_batch_bytes, self.segment_bytes)
 
     @classmethod
     def from_toml(cls, path: str | Path, section: str = "log") -> LogConfig:

@@ -20,11 +20,13 @@ from eventlog.errors import ConfigError
 
 
 class ConfigObject(Protocol):
-    """What `from_mapping` needs of a config class: a dataclass with a `validate()` method."""
+    """What `from_mapping` needs of a config class: a dataclass.
+
+    A class with rules across fields also defines `validate(self, section: str) -> None`, raising
+    `ConfigError` naming the offending key; `from_mapping` calls it after building the object.
+    """
 
     __dataclass_fields__: typing.ClassVar[dict[str, Any]]
-
-    def validate(self, section: str) -> None: ...
 
 
 C = TypeVar("C", bound=ConfigObject)
@@ -65,7 +67,9 @@ def from_mapping(cls: type[C], data: Mapping[str, Any] | None, section: str) -> 
         kwargs[key] = _coerce(name, value, hints[key])
         _check_limits(name, kwargs[key], field.metadata)
     obj = cls(**kwargs)
-    obj.validate(section)
+    validate = getattr(obj, "validate", None)
+    if validate is not None:
+        validate(section)
     return obj
 
 

@@ -62,15 +62,18 @@ class LeaderEpochCache:
         return self._epochs[-1] if self._epochs else None
 
     def assign(self, epoch: int, start_offset: int) -> bool:
-        """Record that `epoch` starts at `start_offset` if it is new; True when the cache changed."""
+        """Record that `epoch` starts at `start_offset` if it is new; True when the cache changed.
+
+        Entries starting at or after `start_offset` belong to epochs that never wrote a batch (the
+        log ends at `start_offset`): they are replaced.
+        """
         if self._epochs:
             latest = self._epochs[-1]
             if epoch == latest:
                 return False
             if epoch < latest:
                 raise StaleEpochError(epoch, latest)
-            assert start_offset > self._starts[-1], (
-                f"epoch {epoch} starts at {start_offset}, not after epoch {latest} at {self._starts[-1]}")
+            self.truncate_from_end(start_offset)
         self._epochs.append(epoch)
         self._starts.append(start_offset)
         return True

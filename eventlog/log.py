@@ -121,6 +121,39 @@ class RecoveryReport:
     def records_per_second(self) -> float:
         return self.records_scanned / self.seconds if self.seconds > 0 else float("inf")
 
+    def summary(self) -> str:
+        """One human-readable line: what was scanned and what was cut."""
+        text = (f"scanned {self.segments_scanned} of {self.segments} segments ({self.records_scanned:,} records, "
+                f"{self.bytes_scanned:,} bytes) in {self.seconds * 1000:.1f} ms")
+        if self.bytes_truncated:
+            text += (f"; cut {self.bytes_truncated:,} bytes at byte {self.truncated_position} of "
+                     f"{self.truncated_file} ({self.problem})")
+        if self.repaired:
+            text += "; REPAIRED: data after the corruption was dropped"
+        return text
+
+
+def read_offsets_checkpoint(directory: Path) -> tuple[int, int]:
+    """(log start offset, recovery point) from `log-offsets-checkpoint`; (0, 0) when absent.
+
+    The file is written atomically, so a malformed one is damage, not a torn write: it is then
+    ignored (logged) and the whole log is scanned.
+    """
+    path = directory / OFFSETS_CHECKPOINT_NAME
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return 0, 0
+    try:
+        version, values = raw.decode("ascii").split("\n", 1)
+        start_s, rp_s = values.split()
+        if int(version) != 0:
+            raise ValueError(f"version {version}")
+        return int(start_s), int(rp_s)
+    except (ValueError, UnicodeDecodeError) as exc:
+        logger.warning("%s is malformed (%s); scanning the whole log", path, exc)
+        return 0, 0
+
 
 class Log:
     """A segmented, memory-mapped, CRC-checked append-only log of record batches."""
@@ -159,7 +192,6 @@ class Log:
         `repair` is true: then the log is cut at the damage and everything after it is dropped.
         """
         config = config or LogConfig()
-        config.validate()
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         lock_fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -180,20 +212,17 @@ class Log:
     def _recover(self, repair: bool) -> None:
         started = time.perf_counter()
         self._remove_leftovers()
-        self._log_start, self._recovery_point = self._read_offsets_checkpoint()
+        self._log_start, self._recovery_point = read_offsets_checkpoint(self.directory)
         bases = sorted(b for p in self.directory.iterdir() if (b := parse_segment_name(p.name)) is not None)
         for base in [b for b in bases if b < self._log_start]:
             # Below the log start: left over from a deletion or reset that a crash interrupted.
             for suffix in (".log", INDEX_SUFFIX, TIMEINDEX_SUFFIX):
                 (self.directory / segment_name(base, suffix)).unlink(missing_ok=True)
         bases = [b for b in bases if b >= self._log_start]
-        try:
-            self._epochs = LeaderEpochCache.load(self._epochs.path)
-            rp = self._recovery_point
-        except LogCorruptionError as exc:
-            logger.warning("%s; rebuilding it from the whole log", exc)
-            self._epochs = LeaderEpochCache(self._epochs.path)
-            rp = 0  # epochs are derived from the batches: rescan everything
+        epochs_trusted = self._load_epoch_cache()
+        # Without a checkpoint the epochs are derived from the batches themselves: rescan everything.
+        rp = self._recovery_point if epochs_trusted else 0
+        expected_epoch = self._epochs.epoch_for_offset if epochs_trusted else None
         stats = _ScanStats()
         segments: list[Segment] = []
         for i, base in enumerate(bases):
@@ -206,7 +235,7 @@ class Log:
             seg = Segment(self.directory, base, self.config.index_interval_bytes)
             min_epoch = stats.last_epoch if stats.last_epoch is not None else -1
             scan = scan_segment(seg.open_for_scan(), base, index_interval_bytes=self.config.index_interval_bytes,
-                                recovery_point=rp, min_epoch=min_epoch)
+                                recovery_point=rp, min_epoch=min_epoch, expected_epoch=expected_epoch)
             stats.add(scan)
             damaged = scan.status is not ScanStatus.CLEAN
             gap = next_base is not None and not damaged and scan.next_offset != next_base
@@ -239,29 +268,42 @@ class Log:
             active = segments[-1]
             active.activate(max(self.config.segment_bytes, active.size))
         self._end_offset = self._segments[-1].next_offset
-        self._reconcile_epochs(stats, rp)
+        self._reconcile_epochs(stats, epochs_trusted)
         # Whatever the crash left in the page cache is now made durable before anyone relies on it.
         self._segments[-1].sync()
         self._durable_offset = self._end_offset
         self.recovery = stats.report(len(self._segments), time.perf_counter() - started)
         if self.recovery.bytes_truncated or self.recovery.repaired:
-            logger.warning("log %s recovered: %s", self.directory, self.recovery)
+            logger.warning("log %s recovered: %s", self.directory, self.recovery.summary())
 
-    def _reconcile_epochs(self, stats: _ScanStats, rp: int) -> None:
-        """Make the epoch cache agree with the log: entries of the scanned tail come from the scan."""
+    def _load_epoch_cache(self) -> bool:
+        """Load the leader epoch checkpoint; False when it is missing or damaged (to be rebuilt)."""
+        path = self._epochs.path
+        if not path.exists():
+            return False
+        try:
+            self._epochs = LeaderEpochCache.load(path)
+        except LogCorruptionError as exc:
+            logger.warning("%s; rebuilding it from the whole log", exc)
+            return False
+        return True
+
+    def _reconcile_epochs(self, stats: _ScanStats, trusted: bool) -> None:
+        """Make the epoch cache agree with the recovered log, and persist it if it changed.
+
+        A trusted checkpoint was checked batch by batch during the scan: only entries outside the
+        recovered range go (epochs whose batches a crash cut, or below a deletion). Otherwise every
+        segment was scanned and the cache is rebuilt from the epochs the batches carry.
+        """
         cache = self._epochs
-        changed = False
-        if stats.first_scanned_offset is not None:
-            changed |= cache.truncate_from_end(stats.first_scanned_offset)
-        changed |= cache.truncate_from_end(self._end_offset)
-        for epoch, start in stats.epoch_starts:
-            if start >= self._end_offset:
-                break
-            try:
-                changed |= cache.assign(epoch, start)
-            except StaleEpochError as exc:
-                raise LogCorruptionError(str(cache.path), 0, f"the log's epochs go backwards: {exc}") from None
-        changed |= cache.truncate_from_start(self._log_start)
+        if trusted:
+            changed = cache.truncate_from_start(self._log_start)
+            changed |= cache.truncate_from_end(self._end_offset)
+        else:
+            cache.clear()
+            for epoch, start in stats.epoch_starts:
+                cache.assign(epoch, start)
+            changed = True
         if changed:
             cache.write()
 
@@ -274,23 +316,6 @@ class Log:
                 stem = name.rsplit(".", 1)[0]
                 if not (self.directory / (stem + ".log")).exists():
                     p.unlink(missing_ok=True)
-
-    def _read_offsets_checkpoint(self) -> tuple[int, int]:
-        path = self.directory / OFFSETS_CHECKPOINT_NAME
-        try:
-            text = path.read_text("ascii")
-        except FileNotFoundError:
-            return 0, 0
-        try:
-            version, values = text.split("\n", 1)
-            start_s, rp_s = values.split()
-            if int(version) != 0:
-                raise ValueError(f"version {version}")
-            return int(start_s), int(rp_s)
-        except ValueError as exc:
-            # Written atomically, so this is damage, not a torn write: recover everything from 0.
-            logger.warning("%s is malformed (%s); scanning the whole log", path, exc)
-            return 0, 0
 
     def _write_offsets_checkpoint(self) -> None:
         data = f"0\n{self._log_start} {self._recovery_point}\n".encode("ascii")
@@ -346,8 +371,8 @@ class Log:
         `fsync` policy the batch is on disk when this returns; otherwise see `wait_durable`.
         """
         size = len(batch)
-        if size > self.config.max_batch_bytes:
-            raise BatchTooLargeError(f"batch of {size} bytes exceeds max_batch_bytes={self.config.max_batch_bytes}")
+        if size > self.config.batch_limit_bytes:
+            raise BatchTooLargeError(f"batch of {size} bytes exceeds the limit of {self.config.batch_limit_bytes}")
         header = check_batch(batch, 0, size)
         if isinstance(header, str):
             raise InvalidBatchError(header)
@@ -382,8 +407,9 @@ class Log:
             header = check_batch(view, pos, len(view))
             if isinstance(header, str):
                 raise InvalidBatchError(f"batch at byte {pos}: {header}")
-            if header.size > self.config.max_batch_bytes:
-                raise BatchTooLargeError(f"batch of {header.size} bytes exceeds max_batch_bytes")
+            if header.size > self.config.batch_limit_bytes:
+                raise BatchTooLargeError(f"batch of {header.size} bytes exceeds the limit of "
+                                         f"{self.config.batch_limit_bytes}")
             if header.base_offset != expected:
                 raise OffsetMismatchError(f"batch at byte {pos} starts at offset {header.base_offset}, "
                                           f"expected {expected}")
@@ -430,8 +456,13 @@ class Log:
             seg = self._roll()
         latest = self._epochs.latest_epoch
         if latest is None or epoch > latest:
+            # Durable before the batch is written: recovery checks every batch's epoch against it.
             self._epochs.assign(epoch, base_offset)
-            self._epochs.write()  # before the batch: the scan on open fixes a crash in between
+            try:
+                self._epochs.write()
+            except LogError:
+                self._epochs.truncate_from_end(base_offset)
+                raise
         elif epoch < latest:
             raise StaleEpochError(epoch, latest)
         return seg
@@ -676,20 +707,26 @@ class Log:
                 raise OffsetOutOfRangeError(offset, self._bases[0], self._end_offset)
             if offset == self._end_offset:
                 return
+            keep = bisect_right(self._bases, offset) - 1
+            if self._bases[keep] == offset and keep > 0:
+                keep -= 1  # keep the previous segment whole and make it active again
+            target = self._segments[keep]
+            if target.base_offset < offset < target.next_offset:
+                _, h = target.find_batch(offset)
+                if h.base_offset != offset:
+                    raise OffsetMismatchError(f"offset {offset} falls inside the batch "
+                                              f"[{h.base_offset}, {h.last_offset}]")
+            # Validated; from here on a failure leaves the log half-truncated, so it is fatal.
             self._generation += 1
             try:
                 if self._recovery_point > offset:
                     self._recovery_point = offset
                     self._write_offsets_checkpoint()
-                keep = bisect_right(self._bases, offset) - 1
-                if self._bases[keep] == offset and keep > 0:
-                    keep -= 1  # keep the previous segment whole and make it active again
                 for seg in reversed(self._segments[keep + 1:]):
                     seg.delete()
                 fsync_dir(self.directory)
                 del self._segments[keep + 1:]
                 del self._bases[keep + 1:]
-                target = self._segments[keep]
                 if target.sealed:
                     target.activate(self.config.segment_bytes)
                 target.truncate_to(offset)
@@ -723,7 +760,9 @@ class Log:
             for seg in doomed:
                 seg.delete()
             fsync_dir(self.directory)
-            if self._epochs.truncate_from_start(self._log_start):
+            changed = self._epochs.truncate_from_start(self._log_start)
+            changed |= self._epochs.truncate_from_end(self._end_offset)  # nothing left of an empty tail epoch
+            if changed:
                 self._epochs.write()
             return count
 
@@ -796,12 +835,9 @@ class _ScanStats:
         self.problem: str | None = None
         self.repaired = False
         self.epoch_starts: list[tuple[int, int]] = []
-        self.first_scanned_offset: int | None = None
         self.last_epoch: int | None = None
 
     def add(self, scan: SegmentScan) -> None:
-        if self.first_scanned_offset is None:
-            self.first_scanned_offset = scan.base_offset
         self.scanned += 1
         self.batches += scan.batches
         self.records += scan.records

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import gzip
 import struct
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
@@ -351,6 +352,12 @@ class RecordBatch:
             if len(view) < HEADER_SIZE:
                 raise InvalidBatchError(f"{len(view)} bytes cannot hold a batch header")
             header = read_header(view)
+            # Skipping the CRC must not skip framing: a length below the header would make
+            # iter_batches step by zero or backwards, forever.
+            if not MIN_BATCH_LENGTH <= header.batch_length <= len(view) - LOG_OVERHEAD:
+                raise InvalidBatchError(f"batch length {header.batch_length} does not fit {len(view)} bytes")
+            if header.magic != MAGIC:
+                raise InvalidBatchError(f"magic {header.magic}, expected {MAGIC}")
         return cls(header, view[: header.size])
 
     @property
@@ -367,7 +374,7 @@ class RecordBatch:
         elif codec == 1:
             try:
                 data = gzip.decompress(self._buf[HEADER_SIZE:])
-            except (OSError, EOFError) as exc:
+            except (OSError, EOFError, zlib.error) as exc:
                 raise InvalidBatchError(f"gzip payload does not decompress: {exc}") from None
         else:
             raise UnsupportedCompressionError(
@@ -410,6 +417,8 @@ def _iter_records(data: bytes | memoryview, h: BatchHeader) -> Iterator[Record]:
         else:
             value = None
         nheaders, pos = dv(data, pos)
+        if nheaders < 0:
+            raise InvalidBatchError(f"record header count {nheaders} is negative")
         headers: list[Header] = []
         for _h in range(nheaders):
             hklen, pos = dv(data, pos)

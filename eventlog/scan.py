@@ -4,8 +4,11 @@ Pure functions over a buffer (a mapped segment or bytes read by an offline tool)
 
 A segment holds batches end to end from position 0, followed by zeros (segments are preallocated
 and zero-filled, and anything cut is zeroed again). Walking from the start, every batch must pass
-`check_batch` (length, magic, CRC32C), start at or after the offset where the previous one ended,
-and carry an epoch no lower than the previous one. At the first batch that does not:
+`check_batch` (length, magic, CRC32C), start exactly at the offset where the previous one ended,
+and carry an epoch no lower than the previous one, and, when the leader epoch checkpoint is known,
+the very epoch it records for that offset. (Kafka's CRC does not cover baseOffset and
+partitionLeaderEpoch, so these two checks are what catches damage to them.) At the first batch that
+does not pass:
 
 - if the rest of the data holds no valid batch, it is a **torn tail**: an append that did not
   complete before a crash. Recovery cuts it (zeroes it) and reports the bytes cut.
@@ -82,14 +85,16 @@ def scan_segment(
     index_interval_bytes: int | None = None,
     recovery_point: int = 0,
     min_epoch: int = -1,
+    expected_epoch: Callable[[int], int | None] | None = None,
     on_batch: Callable[[int, BatchHeader], None] | None = None,
 ) -> SegmentScan:
     """Walk the batches of one segment, verifying every CRC.
 
     `limit` bounds the bytes considered (default: all). With `index_interval_bytes` the scan also
     builds the segment's indexes (`result.builder`). Batches below `recovery_point` are known to
-    have been flushed, so damage there is corruption, never a torn tail. `on_batch(position,
-    header)` is called for every valid batch (offline tools list them).
+    have been flushed, so damage there is corruption, never a torn tail. `expected_epoch(offset)`
+    gives the epoch the leader epoch checkpoint records for an offset. `on_batch(position, header)`
+    is called for every valid batch (offline tools list them).
     """
     size = len(buf) if limit is None else limit
     result = SegmentScan(base_offset=base_offset, next_offset=base_offset)
@@ -100,7 +105,7 @@ def scan_segment(
     expected = base_offset
     last_epoch = min_epoch
     while pos < result.data_end:
-        checked = _check_at(buf, pos, size, expected, last_epoch)
+        checked = _check_at(buf, pos, size, expected, last_epoch, expected_epoch, exact=True)
         if isinstance(checked, str):
             result.problem = checked
             break
@@ -129,7 +134,7 @@ def scan_segment(
         result.corrupt_position = pos
         result.problem += f" (offset {expected} is below the recovery point {recovery_point})"
         return result
-    later = find_valid_batch(buf, pos + 1, result.data_end, size, expected, last_epoch)
+    later = find_valid_batch(buf, pos + 1, result.data_end, size, expected, last_epoch, expected_epoch)
     if later is None:
         result.status = ScanStatus.TORN_TAIL
     else:
@@ -139,20 +144,25 @@ def scan_segment(
     return result
 
 
-def _check_at(buf: bytes | memoryview, pos: int, size: int, expected: int,
-              last_epoch: int) -> BatchHeader | str:
+def _check_at(buf: bytes | memoryview, pos: int, size: int, expected: int, last_epoch: int,
+              expected_epoch: Callable[[int], int | None] | None, *, exact: bool) -> BatchHeader | str:
     checked = check_batch(buf, pos, size)
     if isinstance(checked, str):
         return checked
-    if checked.base_offset < expected:
-        return f"batch base offset {checked.base_offset} is below the expected {expected}"
+    if checked.base_offset != expected and (exact or checked.base_offset < expected):
+        return f"batch base offset {checked.base_offset}, expected {expected}"
     if checked.leader_epoch < last_epoch:
         return f"batch epoch {checked.leader_epoch} is below the previous epoch {last_epoch}"
+    if expected_epoch is not None:
+        recorded = expected_epoch(checked.base_offset)
+        if recorded != checked.leader_epoch:
+            return (f"batch epoch {checked.leader_epoch} at offset {checked.base_offset}, but the leader "
+                    f"epoch checkpoint records epoch {recorded} there")
     return checked
 
 
-def find_valid_batch(buf: bytes | memoryview, start: int, data_end: int, size: int,
-                     min_offset: int, min_epoch: int) -> int | None:
+def find_valid_batch(buf: bytes | memoryview, start: int, data_end: int, size: int, min_offset: int,
+                     min_epoch: int, expected_epoch: Callable[[int], int | None] | None = None) -> int | None:
     """Position of the first CRC-valid batch starting in [start, data_end), if any.
 
     Candidates are positions whose magic byte is 2; only a full CRC match counts (a random match is a
@@ -164,7 +174,7 @@ def find_valid_batch(buf: bytes | memoryview, start: int, data_end: int, size: i
     i = view.find(magic, start + MAGIC_OFFSET, data_end + MAGIC_OFFSET)
     while i != -1:
         candidate = i - MAGIC_OFFSET
-        checked = _check_at(view, candidate, size, min_offset, min_epoch)
+        checked = _check_at(view, candidate, size, min_offset, min_epoch, expected_epoch, exact=False)
         if not isinstance(checked, str):
             return candidate
         i = view.find(magic, i + 1, data_end + MAGIC_OFFSET)

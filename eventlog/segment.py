@@ -22,7 +22,7 @@ from pathlib import Path
 from eventlog.errors import LogCorruptionError, OffsetMismatchError
 from eventlog.fileutil import io_error
 from eventlog.index import IndexBuilder, OffsetIndex, TimeIndex
-from eventlog.records import LOG_OVERHEAD, HEADER, BatchHeader, read_header, stamp
+from eventlog.records import HEADER, LOG_OVERHEAD, MAGIC_OFFSET, BatchHeader, read_header, stamp
 from eventlog.scan import ScanStatus, scan_segment
 
 log = logging.getLogger(__name__)
@@ -221,11 +221,16 @@ class Segment:
         pos = self.size
         end = pos + len(batch)
         assert end <= self.capacity
-        self._view[pos:end] = batch
         if base_offset is not None:
+            # Stamp before copying: a crash mid-copy must never leave a CRC-valid batch that still
+            # carries the placeholder offset and epoch.
             assert epoch is not None
-            stamp(self._view[pos:end], base_offset, epoch)
+            prefix = bytearray(batch[:MAGIC_OFFSET])
+            stamp(prefix, base_offset, epoch)
+            self._view[pos:pos + MAGIC_OFFSET] = prefix
+            self._view[pos + MAGIC_OFFSET:end] = batch[MAGIC_OFFSET:]
         else:
+            self._view[pos:end] = batch
             base_offset = header.base_offset
         assert self._indexes is not None
         self._indexes.add(base_offset, pos, len(batch), header.max_timestamp)

@@ -1,0 +1,205 @@
+"""Offline, read-only inspection of a log directory: `epochlog log dump` and `epochlog log verify`.
+
+Nothing here writes to the directory or takes its lock: it can look at the log of a stopped node
+or a backup, and at a running node's log (with the caveat that the tail may be moving). It applies
+the same rules as recovery (`eventlog.scan`) to every segment, including those below the recovery
+point that `Log.open` would trust, so `verify` says exactly what `Log.open` would do.
+"""
+
+from __future__ import annotations
+
+import enum
+import mmap
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eventlog.epoch_cache import CHECKPOINT_NAME as EPOCH_CHECKPOINT_NAME
+from eventlog.epoch_cache import LeaderEpochCache
+from eventlog.errors import EpochlogError, LogError
+from eventlog.log import read_offsets_checkpoint
+from eventlog.records import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, RecordBatch, check_batch, read_header
+from eventlog.scan import ScanStatus, scan_segment
+from eventlog.segment import parse_segment_name
+
+
+class Verdict(enum.IntEnum):
+    """`epochlog log verify` exit codes."""
+
+    CLEAN = 0
+    TORN_TAIL = 1      # recovery would cut a torn tail and open normally
+    CORRUPT = 2        # recovery would refuse to open (mid-log corruption)
+
+
+@dataclass(slots=True)
+class SegmentCheck:
+    path: Path
+    base_offset: int
+    file_bytes: int
+    status: ScanStatus
+    batches: int
+    records: int
+    valid_bytes: int
+    next_offset: int
+    bytes_to_cut: int
+    problem: str | None
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    directory: Path
+    segments: list[SegmentCheck] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    verdict: Verdict = Verdict.CLEAN
+    log_start_offset: int = 0
+    recovery_point: int = 0
+    epochs: list[tuple[int, int]] = field(default_factory=list)
+
+    def _worsen(self, verdict: Verdict, problem: str) -> None:
+        self.problems.append(problem)
+        self.verdict = max(self.verdict, verdict)
+
+
+def segment_files(directory: Path) -> list[tuple[int, Path]]:
+    """(base offset, path) of every segment file, in offset order."""
+    if not directory.is_dir():
+        raise LogError(f"{directory} is not a directory")
+    found = [(base, p) for p in directory.iterdir() if (base := parse_segment_name(p.name)) is not None]
+    return sorted(found)
+
+
+@contextmanager
+def _mapped(path: Path) -> Iterator[memoryview]:
+    """A read-only view of a whole file (empty for an empty file)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            yield memoryview(b"")
+            return
+        with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            try:
+                yield view
+            finally:
+                view.release()
+    finally:
+        os.close(fd)
+
+
+def verify_log_dir(directory: str | Path) -> VerifyReport:
+    """Check every batch CRC of every segment and the links between segments."""
+    directory = Path(directory)
+    report = VerifyReport(directory)
+    report.log_start_offset, report.recovery_point = read_offsets_checkpoint(directory)
+    expected_epoch = None
+    checkpoint = directory / EPOCH_CHECKPOINT_NAME
+    if checkpoint.exists():
+        try:
+            cache = LeaderEpochCache.load(checkpoint)
+            report.epochs = cache.entries
+            expected_epoch = cache.epoch_for_offset
+        except EpochlogError as exc:
+            report.problems.append(f"{exc} (open rebuilds it from the batches)")
+    if expected_epoch is None:
+        report.recovery_point = 0  # like open: without the checkpoint every segment is rescanned
+    files = [(b, p) for b, p in segment_files(directory) if b >= report.log_start_offset]
+    if not files:
+        report.problems.append("no segment files")
+        return report
+    last_epoch = -1
+    for i, (base, path) in enumerate(files):
+        is_last = i == len(files) - 1
+        with _mapped(path) as view:
+            scan = scan_segment(view, base, recovery_point=report.recovery_point, min_epoch=last_epoch,
+                                expected_epoch=expected_epoch)
+        if scan.last_epoch is not None:
+            last_epoch = scan.last_epoch
+        report.segments.append(SegmentCheck(path, base, path.stat().st_size, scan.status, scan.batches,
+                                            scan.records, scan.valid_bytes, scan.next_offset,
+                                            scan.bytes_to_cut, scan.problem))
+        if scan.status is ScanStatus.CORRUPT:
+            report._worsen(Verdict.CORRUPT, f"{path}: byte {scan.valid_bytes}: {scan.problem}")
+        elif scan.status is ScanStatus.TORN_TAIL:
+            if is_last:
+                report._worsen(Verdict.TORN_TAIL, f"{path}: torn tail of {scan.bytes_to_cut} bytes at byte "
+                                                  f"{scan.valid_bytes}: {scan.problem}")
+            else:
+                report._worsen(Verdict.CORRUPT, f"{path}: damaged at byte {scan.valid_bytes} but later "
+                                                f"segments exist: {scan.problem}")
+        if not is_last and scan.status is ScanStatus.CLEAN and scan.next_offset != files[i + 1][0]:
+            report._worsen(Verdict.CORRUPT, f"{path}: ends at offset {scan.next_offset} but the next "
+                                            f"segment starts at {files[i + 1][0]}")
+    return report
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRow:
+    """One line of `epochlog log dump`."""
+
+    segment: str
+    position: int
+    base_offset: int
+    last_offset: int
+    epoch: int
+    max_timestamp: int
+    records: int
+    size: int
+    crc_ok: bool
+    problem: str | None
+    keys: tuple[bytes | None, ...]
+
+
+def dump_log_dir(directory: str | Path, *, start_offset: int = 0, max_keys: int = 5) -> Iterator[BatchRow]:
+    """Every batch from `start_offset` on, in order, with its CRC status and first keys.
+
+    A damaged batch is listed (crc_ok False, with the problem) and the walk of that segment stops
+    there, since its length field cannot be trusted.
+    """
+    directory = Path(directory)
+    files = segment_files(directory)
+    for i, (base, path) in enumerate(files):
+        if i + 1 < len(files) and files[i + 1][0] <= start_offset:
+            continue
+        with _mapped(path) as view:
+            yield from _dump_segment(path, view, start_offset, max_keys)
+
+
+def _dump_segment(path: Path, view: memoryview, start_offset: int, max_keys: int) -> Iterator[BatchRow]:
+    pos = 0
+    size = len(view)
+    while pos + LOG_OVERHEAD <= size:
+        checked = check_batch(view, pos, size)
+        if isinstance(checked, str):
+            if bytes(view[pos:pos + LOG_OVERHEAD]) == bytes(LOG_OVERHEAD):
+                return  # the zeroed, preallocated end of the segment
+            h = read_header(view, pos) if size - pos >= HEADER_SIZE else None
+            yield _row(path, pos, h, False, checked, ())
+            return
+        h = checked
+        if h.base_offset + h.last_offset_delta >= start_offset:
+            keys = _first_keys(view[pos:pos + h.size], h, max_keys)
+            yield _row(path, pos, h, True, None, keys)
+        pos += h.size
+
+
+def _first_keys(raw: memoryview, h: BatchHeader, max_keys: int) -> tuple[bytes | None, ...]:
+    keys: list[bytes | None] = []
+    try:
+        for record in RecordBatch(h, raw).records():
+            if len(keys) >= max_keys:
+                break
+            keys.append(record.key)
+    except EpochlogError:
+        pass  # compressed with an unsupported codec: the CRC is fine, keys are unknown
+    return tuple(keys)
+
+
+def _row(path: Path, pos: int, h: BatchHeader | None, ok: bool, problem: str | None,
+         keys: tuple[bytes | None, ...]) -> BatchRow:
+    if h is None:
+        return BatchRow(path.name, pos, -1, -1, -1, -1, 0, 0, ok, problem, keys)
+    return BatchRow(path.name, pos, h.base_offset, h.base_offset + h.last_offset_delta, h.leader_epoch,
+                    h.max_timestamp, h.records_count, h.batch_length + LOG_OVERHEAD, ok, problem, keys)
