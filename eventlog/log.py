@@ -268,6 +268,12 @@ class Log:
             active = segments[-1]
             active.activate(max(self.config.segment_bytes, active.size))
         self._end_offset = self._segments[-1].next_offset
+        if self._recovery_point > self._end_offset:
+            # A repair cut the log below the checkpointed recovery point. Left there until the next
+            # roll or close, it would make a crash's torn tail (offsets between the new end and the
+            # old point) look like flushed data: the next open would refuse it as corruption.
+            self._recovery_point = self._end_offset
+            self._write_offsets_checkpoint()
         self._reconcile_epochs(stats, epochs_trusted)
         # Whatever the crash left in the page cache is now made durable before anyone relies on it.
         self._segments[-1].sync()

@@ -311,11 +311,14 @@ def _encode_bytes(data: bytes | None) -> list[bytes]:
 def _finish(records: bytes, base_offset: int, leader_epoch: int, attributes: int,
             last_offset_delta: int, base_ts: int, max_ts: int, producer_id: int,
             producer_epoch: int, base_sequence: int, count: int) -> bytes:
-    tail = _TAIL.pack(attributes, last_offset_delta, base_ts, max_ts, producer_id, producer_epoch,
-                      base_sequence, count)
-    crc = _crc(records, _crc(tail))
-    batch_length = HEADER_SIZE - LOG_OVERHEAD + len(records)
-    prefix = _PREFIX.pack(base_offset, batch_length, leader_epoch, MAGIC, crc)
+    try:
+        tail = _TAIL.pack(attributes, last_offset_delta, base_ts, max_ts, producer_id, producer_epoch,
+                          base_sequence, count)
+        crc = _crc(records, _crc(tail))
+        batch_length = HEADER_SIZE - LOG_OVERHEAD + len(records)
+        prefix = _PREFIX.pack(base_offset, batch_length, leader_epoch, MAGIC, crc)
+    except struct.error as exc:
+        raise InvalidBatchError(f"a batch field is out of range: {exc}") from None
     return b"".join((prefix, tail, records))
 
 
@@ -396,6 +399,8 @@ def _iter_records(data: bytes | memoryview, h: BatchHeader) -> Iterator[Record]:
     dv = decode_varint
     base_offset = h.base_offset
     base_ts = h.base_timestamp
+    # LogAppendTime: every record's timestamp is the batch's max timestamp (the broker's clock).
+    log_append_time = h.max_timestamp if h.attributes & TIMESTAMP_TYPE_MASK else None
     for _ in range(h.records_count):
         length, pos = dv(data, pos)
         record_end = pos + length
@@ -435,7 +440,8 @@ def _iter_records(data: bytes | memoryview, h: BatchHeader) -> Iterator[Record]:
             headers.append((hkey, hvalue))
         if pos != record_end:
             raise InvalidBatchError(f"record declares {length} bytes but its fields take {pos - record_end + length}")
-        yield Record(base_offset + offset_delta, base_ts + ts_delta, key, value, tuple(headers))
+        timestamp = base_ts + ts_delta if log_append_time is None else log_append_time
+        yield Record(base_offset + offset_delta, timestamp, key, value, tuple(headers))
     if pos != end:
         raise InvalidBatchError(f"{end - pos} bytes left over after {h.records_count} records")
 
