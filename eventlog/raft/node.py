@@ -1,0 +1,829 @@
+"""The Raft consensus core: a sans-IO state machine (the etcd raft design).
+
+Theory of operation. A `RaftNode` holds all protocol state of one member of one Raft group and
+touches nothing outside itself: no sockets, files, clocks, threads or global randomness. It is
+driven by four inputs:
+
+- `tick()`: one unit of logical time passed (the runtime calls it every tick_interval_ms);
+- `step(message)`: a message from a peer arrived;
+- `propose(...)`, `propose_conf_change(...)`, `transfer_leadership(...)`, `read_index(...)`: local
+  requests (raising NotLeaderError with a leader hint on a non-leader);
+- `advance()`: the application finished handling the last `Ready`.
+
+and produces one output, `ready()`, the `Ready` contract (enforced: a second `ready()` before
+`advance()` is an error):
+
+1. send `send_now` at once: appends, heartbeats, snapshot chunks and TimeoutNow of a leader whose
+   term and vote are already durable; they promise nothing about this node's disk (thesis §10.2.1:
+   the leader writes its own log in parallel with replicating it);
+2. persist `entries` (replacing any stored suffix from the first one's index), `snapshot_chunks`
+   and `snapshot`, then `hard_state`, with fsync when `must_sync`;
+3. only then send `send_after` (votes, vote and append acknowledgements...);
+4. apply `committed` entries in order and answer `read_states` once applied through their index;
+5. call `advance()`.
+
+Roles are swapped step and tick functions (`_step_leader`, `_tick_heartbeat`, ...). Indexes are
+log offsets and an entry is a batch covering `count` indexes (see `eventlog.raft.types`).
+
+Safety rules implemented here, with the paper sections they come from: votes and terms are durable
+before any vote or acknowledgement leaves (§5.1, via send_after); a vote goes only to a candidate
+whose log is at least as up to date (§5.4.1); a leader commits by counting replicas only entries
+of its current term (§5.4.2), by majority of durable acknowledgements; pre-vote (thesis §9.6) and
+check-quorum with leader stickiness (§4.2.3, §6.2) keep a partitioned node from disrupting a
+healthy leader; reads are linearizable through ReadIndex (§6.4) or a leader lease (§6.4.1).
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections import deque
+from dataclasses import dataclass
+
+from eventlog.raft.config import RaftConfig
+from eventlog.raft.confchange import apply_conf_change, decode_conf_change, encode_conf_change
+from eventlog.raft.errors import CompactedError, ConfChangeError, NotLeaderError, ProposalDroppedError, RaftError
+from eventlog.raft.progress import Progress, ProgressState, committed_index, majority, vote_result
+from eventlog.raft.raft_log import RaftLog
+from eventlog.raft.storage import Storage
+from eventlog.raft.types import (
+    Append,
+    AppendResp,
+    ConfChange,
+    ConfChangeKind,
+    ConfState,
+    Entry,
+    EntryKind,
+    HardState,
+    Heartbeat,
+    HeartbeatResp,
+    InstallSnapshot,
+    InstallSnapshotResp,
+    Message,
+    PreVote,
+    PreVoteResp,
+    SnapshotMeta,
+    TimeoutNow,
+    Vote,
+    VoteResp,
+)
+
+
+class Role(enum.Enum):
+    FOLLOWER = "follower"
+    PRE_CANDIDATE = "pre-candidate"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+
+
+@dataclass(frozen=True, slots=True)
+class SoftState:
+    """Volatile state worth reporting when it changes (not persisted)."""
+
+    leader: int
+    role: Role
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadState:
+    """A linearizable read `request` may be answered once the state machine applied `index`."""
+
+    request: int
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotChunk:
+    """Bytes [offset, offset + len(data)) of an incoming snapshot: stage them."""
+
+    meta: SnapshotMeta
+    offset: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """Everything the application must do, in the order of the module docstring."""
+
+    hard_state: HardState | None
+    entries: tuple[Entry, ...]
+    snapshot_chunks: tuple[SnapshotChunk, ...]
+    snapshot: SnapshotMeta | None
+    send_now: tuple[Message, ...]
+    send_after: tuple[Message, ...]
+    committed: tuple[Entry, ...]
+    read_states: tuple[ReadState, ...]
+    dropped_reads: tuple[int, ...]
+    soft_state: SoftState | None
+    must_sync: bool
+
+    @property
+    def empty(self) -> bool:
+        return not (self.hard_state or self.entries or self.snapshot_chunks or self.snapshot or self.send_now
+                    or self.send_after or self.committed or self.read_states or self.dropped_reads
+                    or self.soft_state)
+
+
+_LEADER_MESSAGES = (Append, Heartbeat, InstallSnapshot, TimeoutNow)
+
+
+class RaftNode:
+    """One member of one Raft group. Call only from one thread (the group's loop task)."""
+
+    def __init__(self, node_id: int, storage: Storage, config: RaftConfig, rng: random.Random, *,
+                 applied: int = -1, max_apply_bytes: int = 64 << 20) -> None:
+        if node_id <= 0:
+            raise RaftError(f"node ids are positive integers, got {node_id}")
+        config.validate()
+        self.id = node_id
+        self.cfg = config
+        self._rng = rng
+        self._max_apply_bytes = max_apply_bytes
+        hard, snap = storage.initial_state()
+        self.log = RaftLog(storage, hard.commit, applied)
+        self.term = hard.term
+        self.vote = hard.vote
+        self.leader = 0
+        self.role = Role.FOLLOWER
+        self.ticks = 0                      # logical clock: ticks since this object was created
+        self._election_elapsed = 0
+        self._heartbeat_elapsed = 0
+        self._randomized_timeout = 0
+        self._votes: dict[int, bool] = {}
+        self.progress: dict[int, Progress] = {}
+        self._msgs: list[Message] = []
+        self._read_states: list[ReadState] = []
+        self._dropped_reads: list[int] = []
+        self._snapshot_chunks: list[SnapshotChunk] = []
+        self._incoming: tuple[SnapshotMeta, int] | None = None   # snapshot being received, next offset
+        self._needs_broadcast = False
+        self.lead_transferee = 0
+        self._uncommitted: deque[tuple[int, int]] = deque()        # (last index, bytes) not yet committed
+        self._uncommitted_bytes = 0
+        # heartbeat rounds confirm leadership for ReadIndex and leases
+        self._round = 0
+        self._round_sent_tick: dict[int, int] = {}
+        self._confirmed_round = 0
+        self._lease_start_tick: int | None = None
+        self._reads_for_round: deque[tuple[int, int, int]] = deque()  # (round, request, index)
+        self._reads_unassigned: list[int] = []
+        self._reads_awaiting_commit: list[int] = []
+        # membership: (index it took effect at, configuration), oldest first
+        self._confs: list[tuple[int, ConfState]] = [(snap.index, snap.conf)]
+        for e in storage.conf_entries():
+            self._confs.append((e.index, apply_conf_change(self._confs[-1][1], decode_conf_change(e.data))))
+        self._prev_hard = hard
+        self._prev_soft = SoftState(0, Role.FOLLOWER, self.term)
+        self._outstanding: Ready | None = None
+        self._step = self._step_follower
+        self._tick = self._tick_election
+        self._become_follower(self.term, 0)
+
+    # --- public inputs -------------------------------------------------------------------------
+
+    @property
+    def conf(self) -> ConfState:
+        """The membership in force: the latest one in the log, committed or not (§4.1)."""
+        return self._confs[-1][1]
+
+    def tick(self) -> None:
+        self.ticks += 1
+        self._tick()
+
+    def step(self, m: Message) -> None:
+        """Handle a message from a peer (messages for other nodes are a caller bug)."""
+        assert m.dst == self.id, f"message for {m.dst} stepped into node {self.id}"
+        if m.term > self.term:
+            if isinstance(m, Vote | PreVote) and self._in_lease() and not (isinstance(m, Vote) and m.transfer):
+                return  # we heard from a live leader recently: ignore the disruption (§4.2.3)
+            if isinstance(m, PreVote) or (isinstance(m, PreVoteResp) and m.granted):
+                pass  # pre-votes never change terms
+            else:
+                leader = m.src if isinstance(m, _LEADER_MESSAGES) and not isinstance(m, TimeoutNow) else 0
+                self._become_follower(m.term, leader)
+        elif m.term < self.term:
+            if isinstance(m, Append | Heartbeat) and (self.cfg.check_quorum or self.cfg.pre_vote):
+                # A stale leader (healed partition) learns the new term and steps down.
+                self._send(AppendResp(term=self.term, src=self.id, dst=m.src, index=-1, reject=True))
+            elif isinstance(m, PreVote):
+                self._send(PreVoteResp(term=self.term, src=self.id, dst=m.src, granted=False))
+            return
+        if isinstance(m, Vote | PreVote):
+            self._handle_vote_request(m)
+            return
+        self._step(m)
+
+    def propose(self, data: bytes, count: int = 1) -> int:
+        """Append a batch of `count` records (leader only); returns its first index."""
+        return self._append_proposal(data, count, EntryKind.NORMAL)
+
+    def propose_conf_change(self, cc: ConfChange) -> int:
+        """Propose a single-server membership change; returns its index."""
+        self._require_leader()
+        if not self._committed_in_term():
+            raise ConfChangeError("the leader has not yet committed an entry in its term; retry shortly")
+        if self._pending_conf_index() > self.log.committed:
+            raise ConfChangeError("another membership change is not yet committed")
+        apply_conf_change(self.conf, cc)  # validate before appending anything
+        return self._append_proposal(encode_conf_change(cc), 1, EntryKind.CONF_CHANGE)
+
+    def transfer_leadership(self, target: int) -> None:
+        """Hand leadership to `target` (thesis §3.10); proposals are refused until done or timed out."""
+        self._require_leader()
+        if target == self.id:
+            return
+        if target not in self.conf.voters:
+            raise ConfChangeError(f"node {target} is not a voter")
+        if self.lead_transferee == target:
+            return
+        self.lead_transferee = target
+        self._election_elapsed = 0  # the transfer times out after one election timeout
+        pr = self.progress[target]
+        if pr.match == self.log.last_index():
+            self._send(TimeoutNow(term=self.term, src=self.id, dst=target))
+        else:
+            self._send_append(target)
+
+    def read_index(self, request: int) -> None:
+        """Start a linearizable read; `ReadState(request, index)` comes in a later Ready (§6.4)."""
+        self._require_leader()
+        if self.lead_transferee:
+            raise ProposalDroppedError("leadership transfer in progress")
+        if not self._committed_in_term():
+            self._reads_awaiting_commit.append(request)
+        elif self.conf.voters == (self.id,):
+            self._read_states.append(ReadState(request, self.log.committed))
+        else:
+            self._reads_unassigned.append(request)
+
+    def lease_read_index(self) -> int | None:
+        """The commit index if this leader's lease holds (a read at it is linearizable), else None.
+
+        The lease starts when the heartbeat round a majority acknowledged was *sent*, and lasts
+        election_timeout_ticks - lease_drift_ticks. Followers refuse to vote for anyone else for an
+        election timeout after hearing from the leader, so the lease is safe as long as clocks
+        progress at rates within lease_drift_ticks / election_timeout_ticks of each other.
+        """
+        if (self.role is not Role.LEADER or not self.cfg.check_quorum or self.lead_transferee
+                or not self._committed_in_term()):
+            return None
+        if self.conf.voters == (self.id,):
+            return self.log.committed
+        start = self._lease_start_tick
+        if start is None or self.ticks >= start + self.cfg.election_timeout_ticks - self.cfg.lease_drift_ticks:
+            return None
+        return self.log.committed
+
+    def campaign(self) -> None:
+        """Start an election now (tests and tools; normally elections start on timeout)."""
+        self._campaign(transfer=False)
+
+    # --- Ready / advance -----------------------------------------------------------------------
+
+    def has_ready(self) -> bool:
+        if self._outstanding is not None:
+            return False
+        return bool(self._msgs or self.log.unstable or self._snapshot_chunks or self._read_states
+                    or self._dropped_reads or self._needs_broadcast or self._reads_unassigned
+                    or self.log.pending_snapshot is not None
+                    or self._hard_state() != self._prev_hard or self._soft_state() != self._prev_soft
+                    or (self.log.committed > self.log.applied
+                        and min(self.log.committed, self.log.stable_last_index()) > self.log.applied))
+
+    def ready(self) -> Ready:
+        if self._outstanding is not None:
+            raise RaftError("ready() called again before advance(): the Ready contract is broken")
+        if self._needs_broadcast and self.role is Role.LEADER:
+            self._broadcast_append()
+        self._needs_broadcast = False
+        if self._reads_unassigned and self.role is Role.LEADER:
+            self._broadcast_heartbeat()
+        hard = self._hard_state()
+        soft = self._soft_state()
+        durable_changed = hard.term != self._prev_hard.term or hard.vote != self._prev_hard.vote
+        send_now: list[Message] = []
+        send_after: list[Message] = []
+        for m in self._msgs:
+            if (not durable_changed and self.role is Role.LEADER and isinstance(m, _LEADER_MESSAGES)):
+                send_now.append(m)
+            else:
+                send_after.append(m)
+        pending = self.log.pending_snapshot
+        rd = Ready(
+            hard_state=hard if hard != self._prev_hard else None,
+            entries=tuple(self.log.unstable),
+            snapshot_chunks=tuple(self._snapshot_chunks),
+            snapshot=pending,
+            send_now=tuple(send_now),
+            send_after=tuple(send_after),
+            committed=tuple(self.log.next_committed(self._max_apply_bytes)),
+            read_states=tuple(self._read_states),
+            dropped_reads=tuple(self._dropped_reads),
+            soft_state=soft if soft != self._prev_soft else None,
+            must_sync=durable_changed or bool(self.log.unstable or self._snapshot_chunks or pending),
+        )
+        self._msgs = []
+        self._read_states = []
+        self._dropped_reads = []
+        self._snapshot_chunks = []
+        self._outstanding = rd
+        return rd
+
+    def advance(self) -> None:
+        """The last Ready was fully handled: persisted, sent and applied."""
+        rd = self._outstanding
+        if rd is None:
+            raise RaftError("advance() without a Ready")
+        self._outstanding = None
+        if rd.hard_state is not None:
+            self._prev_hard = rd.hard_state
+        if rd.soft_state is not None:
+            self._prev_soft = rd.soft_state
+        if rd.snapshot is not None:
+            self.log.snapshot_installed(rd.snapshot.index)
+        if rd.entries:
+            last = rd.entries[-1]
+            self.log.stable_to(last.last_index, last.term)
+            if self.role is Role.LEADER and self.id in self.progress:
+                self.progress[self.id].maybe_update(self.log.stable_last_index(), self.ticks)
+                if self._maybe_commit():
+                    self._needs_broadcast = True
+        if rd.committed:
+            self.log.applied_to(rd.committed[-1].last_index)
+
+    # --- roles ---------------------------------------------------------------------------------
+
+    def _reset(self, term: int) -> None:
+        if term != self.term:
+            self.term = term
+            self.vote = 0
+        self.leader = 0
+        self._election_elapsed = 0
+        self._heartbeat_elapsed = 0
+        self._randomized_timeout = self.cfg.election_timeout_ticks + self._rng.randrange(
+            self.cfg.election_timeout_ticks)
+        self._votes = {}
+        self.progress = {}
+        self.lead_transferee = 0
+        self._needs_broadcast = False
+        self._uncommitted.clear()
+        self._uncommitted_bytes = 0
+        self._lease_start_tick = None
+        self._confirmed_round = 0
+        self._round_sent_tick.clear()
+        self._dropped_reads += [r for _, r, _ in self._reads_for_round]
+        self._dropped_reads += self._reads_unassigned + self._reads_awaiting_commit
+        self._reads_for_round.clear()
+        self._reads_unassigned = []
+        self._reads_awaiting_commit = []
+
+    def _become_follower(self, term: int, leader: int) -> None:
+        self._reset(term)
+        self.leader = leader
+        self.role = Role.FOLLOWER
+        self._step = self._step_follower
+        self._tick = self._tick_election
+
+    def _become_pre_candidate(self) -> None:
+        # Like a candidate but without raising the term or voting: nothing to persist (§9.6).
+        self._step = self._step_candidate
+        self._tick = self._tick_election
+        self._votes = {}
+        self.leader = 0
+        self.role = Role.PRE_CANDIDATE
+
+    def _become_candidate(self) -> None:
+        assert self.role is not Role.LEADER
+        self._reset(self.term + 1)
+        self.vote = self.id
+        self.role = Role.CANDIDATE
+        self._step = self._step_candidate
+        self._tick = self._tick_election
+
+    def _become_leader(self) -> None:
+        assert self.role is Role.CANDIDATE
+        self._reset(self.term)
+        self.leader = self.id
+        self.role = Role.LEADER
+        self._step = self._step_leader
+        self._tick = self._tick_heartbeat
+        last = self.log.last_index()
+        for node in self._members():
+            self.progress[node] = Progress(last + 1, self.ticks)
+        if self.id in self.progress:
+            me = self.progress[self.id]
+            me.maybe_update(self.log.stable_last_index(), self.ticks)
+            me.become_replicate()
+            me.recent_active = True
+        # An entry of the new term commits everything before it (§5.4.2, §8).
+        self._append_proposal(b"", 1, EntryKind.NOOP)
+
+    def _promotable(self) -> bool:
+        return self.id in self.conf.voters and self.log.pending_snapshot is None
+
+    def _members(self) -> tuple[int, ...]:
+        return self.conf.voters + self.conf.learners
+
+    # --- elections -----------------------------------------------------------------------------
+
+    def _tick_election(self) -> None:
+        self._election_elapsed += 1
+        if self._promotable() and self._election_elapsed >= self._randomized_timeout:
+            self._election_elapsed = 0
+            self._campaign(transfer=False)
+
+    def _campaign(self, *, transfer: bool) -> None:
+        if not self._promotable():
+            return
+        if self.cfg.pre_vote and not transfer:
+            self._become_pre_candidate()
+            term = self.term + 1
+        else:
+            self._become_candidate()
+            term = self.term
+        self._votes[self.id] = True
+        if self._tally():
+            return
+        last_index, last_term = self.log.last_index(), self.log.last_term()
+        for voter in self.conf.voters:
+            if voter == self.id:
+                continue
+            if self.role is Role.PRE_CANDIDATE:
+                self._send(PreVote(term=term, src=self.id, dst=voter, last_index=last_index, last_term=last_term))
+            else:
+                self._send(Vote(term=term, src=self.id, dst=voter, last_index=last_index, last_term=last_term,
+                                transfer=transfer))
+
+    def _tally(self) -> bool:
+        """Act on the votes so far; True if the election is decided."""
+        result = vote_result(self.conf, self._votes)
+        if result is None:
+            return False
+        if not result:
+            self._become_follower(self.term, 0)
+        elif self.role is Role.PRE_CANDIDATE:
+            self._campaign(transfer=True)  # the real election, skipping a second pre-vote
+        else:
+            self._become_leader()
+        return True
+
+    def _in_lease(self) -> bool:
+        return (self.cfg.check_quorum and self.leader != 0
+                and self._election_elapsed < self.cfg.election_timeout_ticks)
+
+    def _handle_vote_request(self, m: Vote | PreVote) -> None:
+        pre = isinstance(m, PreVote)
+        can_vote = (self.vote == m.src or (self.vote == 0 and self.leader == 0)
+                    or (pre and m.term > self.term))
+        granted = can_vote and self.log.is_up_to_date(m.last_index, m.last_term)
+        if pre:
+            self._send(PreVoteResp(term=m.term if granted else self.term, src=self.id, dst=m.src, granted=granted))
+            return
+        if granted:
+            self.vote = m.src
+            self._election_elapsed = 0
+        self._send(VoteResp(term=self.term, src=self.id, dst=m.src, granted=granted))
+
+    def _step_candidate(self, m: Message) -> None:
+        if isinstance(m, Append | Heartbeat | InstallSnapshot):
+            self._become_follower(m.term, m.src)  # a leader of our term exists
+            self._step_follower(m)
+        elif isinstance(m, PreVoteResp) and self.role is Role.PRE_CANDIDATE:
+            if m.granted and m.term != self.term + 1:
+                return  # an answer to an older pre-election
+            self._votes[m.src] = m.granted
+            self._tally()
+        elif isinstance(m, VoteResp) and self.role is Role.CANDIDATE:
+            self._votes[m.src] = m.granted
+            self._tally()
+
+    # --- follower ------------------------------------------------------------------------------
+
+    def _step_follower(self, m: Message) -> None:
+        if isinstance(m, Append):
+            self._election_elapsed = 0
+            self.leader = m.src
+            self._handle_append(m)
+        elif isinstance(m, Heartbeat):
+            self._election_elapsed = 0
+            self.leader = m.src
+            self.log.commit_to(min(m.commit, self.log.last_index()))
+            self._send(HeartbeatResp(term=self.term, src=self.id, dst=m.src, ctx=m.ctx))
+        elif isinstance(m, InstallSnapshot):
+            self._election_elapsed = 0
+            self.leader = m.src
+            self._handle_snapshot_chunk(m)
+        elif isinstance(m, TimeoutNow):
+            self._campaign(transfer=True)
+
+    def _handle_append(self, m: Append) -> None:
+        log = self.log
+        if m.prev_index < log.committed:
+            # Everything through our commit index matches the leader's log already.
+            self._send(AppendResp(term=self.term, src=self.id, dst=m.src, index=log.committed))
+            return
+        if not log.match_term(m.prev_index, m.prev_term):
+            hint = log.last_boundary_at_or_below(m.prev_index, m.prev_term)
+            self._send(AppendResp(term=self.term, src=self.id, dst=m.src, index=m.prev_index, reject=True,
+                                  hint_index=hint, hint_term=log.term(hint) or 0))
+            return
+        entries = m.entries
+        last_new = entries[-1].last_index if entries else m.prev_index
+        pos = log.find_conflict(entries)
+        if pos is not None:
+            self._append_entries(entries[pos:])
+        log.commit_to(min(m.commit, last_new))
+        self._send(AppendResp(term=self.term, src=self.id, dst=m.src, index=last_new))
+
+    def _handle_snapshot_chunk(self, m: InstallSnapshot) -> None:
+        meta = m.meta
+        log = self.log
+        if meta.index <= log.committed or log.match_term(meta.index, meta.term):
+            # We hold everything the snapshot covers (§5.6: keep the entries that follow it).
+            log.commit_to(meta.index)
+            self._incoming = None
+            self._send(InstallSnapshotResp(term=self.term, src=self.id, dst=m.src, index=meta.index,
+                                           offset=meta.size))
+            return
+        if m.offset == 0:
+            self._incoming = (meta, 0)
+        incoming = self._incoming
+        if incoming is None or incoming[0] != meta or m.offset != incoming[1]:
+            expected = incoming[1] if incoming is not None and incoming[0] == meta else 0
+            self._send(InstallSnapshotResp(term=self.term, src=self.id, dst=m.src, index=meta.index,
+                                           offset=expected, reject=expected == 0))
+            return
+        self._snapshot_chunks.append(SnapshotChunk(meta, m.offset, m.data))
+        offset = m.offset + len(m.data)
+        self._incoming = (meta, offset)
+        if m.done:
+            if offset != meta.size:
+                raise RaftError(f"snapshot {meta.index} ended at byte {offset}, its size is {meta.size}")
+            log.restore(meta)
+            self._confs = [(meta.index, meta.conf)]
+            self._incoming = None
+        self._send(InstallSnapshotResp(term=self.term, src=self.id, dst=m.src, index=meta.index, offset=offset))
+
+    # --- leader --------------------------------------------------------------------------------
+
+    def _tick_heartbeat(self) -> None:
+        self._heartbeat_elapsed += 1
+        self._election_elapsed += 1
+        if self._election_elapsed >= self.cfg.election_timeout_ticks:
+            self._election_elapsed = 0
+            if self.cfg.check_quorum:
+                active = [v for v in self.conf.voters if v == self.id
+                          or (v in self.progress and self.progress[v].recent_active)]
+                if len(active) < majority(self.conf.voters):
+                    self._become_follower(self.term, 0)  # cut off from a majority (§6.2)
+                    return
+                for node, pr in self.progress.items():
+                    pr.recent_active = node == self.id
+            if self.lead_transferee:
+                self.lead_transferee = 0  # the transfer timed out: take proposals again
+        if self._heartbeat_elapsed >= self.cfg.heartbeat_interval_ticks:
+            self._heartbeat_elapsed = 0
+            self._broadcast_heartbeat()
+        for node, pr in self.progress.items():
+            if (pr.state is ProgressState.SNAPSHOT
+                    and self.ticks - pr.snapshot_sent_tick >= self.cfg.election_timeout_ticks):
+                self._send_snapshot_chunk(node)  # the chunk or its answer was lost
+        self._maybe_promote_learner()
+
+    def _step_leader(self, m: Message) -> None:
+        pr = self.progress.get(m.src)
+        if pr is None:
+            return  # not (or no longer) a member
+        if isinstance(m, AppendResp):
+            pr.recent_active = True
+            self._handle_append_resp(m, pr)
+        elif isinstance(m, HeartbeatResp):
+            pr.recent_active = True
+            pr.probe_sent = False
+            if m.ctx > pr.heartbeat_round:
+                pr.heartbeat_round = m.ctx
+                self._confirm_rounds()
+            if pr.match < self.log.last_index():
+                if (pr.state is ProgressState.REPLICATE
+                        and self.ticks - pr.last_progress_tick > 2 * self.cfg.heartbeat_interval_ticks):
+                    pr.become_probe(self.ticks)  # appends in flight were lost: resend from the match
+                self._send_append(m.src)
+        elif isinstance(m, InstallSnapshotResp):
+            pr.recent_active = True
+            self._handle_snapshot_resp(m, pr)
+
+    def _handle_append_resp(self, m: AppendResp, pr: Progress) -> None:
+        if m.reject:
+            if m.index < 0 or m.index <= pr.match:
+                return  # stale
+            if pr.state is ProgressState.PROBE and m.index != pr.next - 1:
+                return  # answers an older probe
+            if pr.state is ProgressState.SNAPSHOT:
+                return
+            next_index = self.log.last_boundary_at_or_below(m.hint_index, m.hint_term) + 1
+            pr.become_probe(self.ticks)
+            pr.next = max(next_index, pr.match + 1)
+            self._send_append(m.src)
+            return
+        if pr.maybe_update(m.index, self.ticks):
+            if pr.state is ProgressState.PROBE:
+                pr.become_replicate()
+            if self._maybe_commit():
+                self._needs_broadcast = True
+            if m.src == self.lead_transferee and pr.match == self.log.last_index():
+                self._send(TimeoutNow(term=self.term, src=self.id, dst=m.src))
+        while self._send_append(m.src):
+            pass
+
+    def _handle_snapshot_resp(self, m: InstallSnapshotResp, pr: Progress) -> None:
+        snap = pr.snapshot
+        if pr.state is not ProgressState.SNAPSHOT or snap is None or m.index != snap.index:
+            return
+        if m.reject:
+            pr.snapshot_offset = 0
+        elif m.offset >= snap.size:
+            pr.maybe_update(snap.index, self.ticks)
+            pr.become_replicate()
+            self._send_append(m.src)
+            return
+        else:
+            pr.snapshot_offset = m.offset
+        self._send_snapshot_chunk(m.src)
+
+    def _maybe_commit(self) -> bool:
+        """Advance the commit index to what a majority holds durably, if it is of this term (§5.4.2)."""
+        index = committed_index(self.conf, {n: p.match for n, p in self.progress.items()})
+        if index <= self.log.committed or self.log.term(index) != self.term:
+            return False
+        self.log.commit_to(index)
+        while self._uncommitted and self._uncommitted[0][0] <= index:
+            self._uncommitted_bytes -= self._uncommitted.popleft()[1]
+        if self._reads_awaiting_commit and self._committed_in_term():
+            self._reads_unassigned += self._reads_awaiting_commit
+            self._reads_awaiting_commit = []
+        if self.id not in self.conf.voters and self._pending_conf_index() <= index:
+            # Our own removal is committed: step down (thesis §4.2.2).
+            self._become_follower(self.term, 0)
+        return True
+
+    def _broadcast_append(self) -> None:
+        for node in self._members():
+            if node != self.id:
+                self._send_append(node, allow_empty=True)
+
+    def _send_append(self, to: int, *, allow_empty: bool = False) -> bool:
+        """Send the next entries to `to` if flow control allows; True if entries were sent."""
+        pr = self.progress[to]
+        if pr.is_paused(self.cfg.max_inflight_appends, self.cfg.max_inflight_bytes):
+            return False
+        log = self.log
+        prev = pr.next - 1
+        prev_term = log.term(prev)
+        if prev_term is None or pr.next < log.first_index():
+            self._start_snapshot(to)
+            return False
+        entries: list[Entry] = []
+        if pr.next <= log.last_index():
+            try:
+                entries = log.entries(pr.next, log.last_index() + 1, self.cfg.max_append_bytes)
+            except CompactedError:
+                self._start_snapshot(to)
+                return False
+        if not entries and not allow_empty and pr.state is ProgressState.REPLICATE:
+            return False
+        self._send(Append(term=self.term, src=self.id, dst=to, prev_index=prev, prev_term=prev_term,
+                          entries=tuple(entries), commit=log.committed))
+        if entries:
+            pr.sent(entries[-1].last_index, sum(e.size for e in entries))
+        elif pr.state is ProgressState.PROBE:
+            pr.probe_sent = True
+        return bool(entries)
+
+    def _start_snapshot(self, to: int) -> None:
+        meta = self.log.storage.snapshot()
+        assert meta.index >= 0, "entries are compacted but there is no snapshot"
+        self.progress[to].become_snapshot(meta, self.ticks)
+        self._send_snapshot_chunk(to)
+
+    def _send_snapshot_chunk(self, to: int) -> None:
+        pr = self.progress[to]
+        meta = pr.snapshot
+        assert meta is not None
+        try:
+            data = self.log.storage.snapshot_chunk(meta.index, pr.snapshot_offset, self.cfg.snapshot_chunk_bytes)
+        except CompactedError:
+            pr.become_probe(self.ticks)  # a newer snapshot replaced it: start over with that one
+            self._start_snapshot(to)
+            return
+        pr.snapshot_sent_tick = self.ticks
+        done = pr.snapshot_offset + len(data) >= meta.size
+        self._send(InstallSnapshot(term=self.term, src=self.id, dst=to, meta=meta, offset=pr.snapshot_offset,
+                                   data=data, done=done))
+
+    def _broadcast_heartbeat(self) -> None:
+        """A heartbeat round: carries commit, confirms leadership for reads and the lease."""
+        self._round += 1
+        self._round_sent_tick[self._round] = self.ticks
+        for request in self._reads_unassigned:
+            self._reads_for_round.append((self._round, request, self.log.committed))
+        self._reads_unassigned = []
+        for node in self._members():
+            if node == self.id:
+                continue
+            pr = self.progress[node]
+            self._send(Heartbeat(term=self.term, src=self.id, dst=node, commit=min(pr.match, self.log.committed),
+                                 ctx=self._round))
+        if self.id in self.conf.voters and len(self.conf.voters) == 1:
+            self.progress[self.id].heartbeat_round = self._round
+            self._confirm_rounds()
+        elif self.id in self.progress:
+            self.progress[self.id].heartbeat_round = self._round
+
+    def _confirm_rounds(self) -> None:
+        rounds = {n: p.heartbeat_round for n, p in self.progress.items()}
+        confirmed = committed_index(self.conf, rounds)
+        if confirmed <= self._confirmed_round:
+            return
+        self._confirmed_round = confirmed
+        sent = self._round_sent_tick.get(confirmed)
+        if sent is not None:
+            self._lease_start_tick = sent
+        for r in [r for r in self._round_sent_tick if r < confirmed]:
+            del self._round_sent_tick[r]
+        while self._reads_for_round and self._reads_for_round[0][0] <= confirmed:
+            _, request, index = self._reads_for_round.popleft()
+            self._read_states.append(ReadState(request, index))
+
+    def _maybe_promote_learner(self) -> None:
+        if not self.conf.auto_promote or not self._committed_in_term():
+            return
+        if self._pending_conf_index() > self.log.committed or self.lead_transferee:
+            return
+        for node in self.conf.auto_promote:
+            pr = self.progress.get(node)
+            if pr is not None and pr.match >= self.log.committed - self.cfg.learner_catch_up_entries:
+                self.propose_conf_change(ConfChange(ConfChangeKind.PROMOTE, node))
+                return
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def _require_leader(self) -> None:
+        if self.role is not Role.LEADER:
+            raise NotLeaderError(self.id, self.leader, self.term)
+
+    def _committed_in_term(self) -> bool:
+        return self.log.term(self.log.committed) == self.term
+
+    def _pending_conf_index(self) -> int:
+        return self._confs[-1][0]
+
+    def _append_proposal(self, data: bytes, count: int, kind: EntryKind) -> int:
+        self._require_leader()
+        if self.lead_transferee and kind is not EntryKind.NOOP:
+            raise ProposalDroppedError(f"leadership is being transferred to node {self.lead_transferee}")
+        if count < 1:
+            raise RaftError(f"an entry covers at least one index, not {count}")
+        entry = Entry(index=self.log.last_index() + 1, term=self.term, count=count, kind=kind, data=data)
+        if (kind is EntryKind.NORMAL and self._uncommitted_bytes
+                and self._uncommitted_bytes + entry.size > self.cfg.max_uncommitted_bytes):
+            raise ProposalDroppedError(f"{self._uncommitted_bytes} bytes are waiting to commit; retry later")
+        self._append_entries((entry,))
+        self._uncommitted.append((entry.last_index, entry.size))
+        self._uncommitted_bytes += entry.size
+        self._needs_broadcast = True
+        return entry.index
+
+    def _append_entries(self, entries: tuple[Entry, ...]) -> None:
+        """Append to the log (replacing any suffix) and track the membership changes they carry."""
+        first = entries[0].index
+        if self._confs[-1][0] >= first:
+            self._confs = [(i, c) for i, c in self._confs if i < first]
+        self.log.append(entries)
+        for e in entries:
+            if e.kind is EntryKind.CONF_CHANGE:
+                self._confs.append((e.index, apply_conf_change(self.conf, decode_conf_change(e.data))))
+                if self.role is Role.LEADER:
+                    self._track_members()
+
+    def _track_members(self) -> None:
+        members = set(self._members())
+        for node in list(self.progress):
+            if node not in members:
+                del self.progress[node]
+        for node in members:
+            if node not in self.progress:
+                self.progress[node] = Progress(self.log.last_index() + 1, self.ticks)
+
+    def _send(self, m: Message) -> None:
+        self._msgs.append(m)
+
+    def _hard_state(self) -> HardState:
+        return HardState(term=self.term, vote=self.vote, commit=self.log.committed)
+
+    def _soft_state(self) -> SoftState:
+        return SoftState(self.leader, self.role, self.term)
+
+    def __repr__(self) -> str:
+        return (f"RaftNode(id={self.id}, {self.role.value}, term={self.term}, leader={self.leader}, "
+                f"commit={self.log.committed}, last={self.log.last_index()})")

@@ -1,0 +1,203 @@
+"""What the Raft core reads from stable storage, and an in-memory implementation of it.
+
+The core never writes: the application persists what a `Ready` hands it (hard state, entries,
+snapshot chunks) and the core reads the durable log back through this protocol. The node runtime
+implements it over the segmented log; `MemoryStorage` serves the core's own tests and the
+simulator's fake disk.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from typing import Protocol
+
+from eventlog.raft.errors import CompactedError, UnavailableError
+from eventlog.raft.types import ConfState, Entry, EntryKind, HardState, SnapshotMeta
+
+
+class Storage(Protocol):
+    """The durable state of one Raft node, read-only for the core.
+
+    Entries are whole batches; `entries(lo, hi)` starts at the entry beginning at `lo` (callers only
+    ask at entry boundaries). Indexes at or below the snapshot index are compacted.
+    """
+
+    def initial_state(self) -> tuple[HardState, SnapshotMeta]:
+        """The persisted hard state and the latest snapshot's metadata."""
+        ...
+
+    def first_index(self) -> int:
+        """First index held in the log (the snapshot index + 1)."""
+        ...
+
+    def last_index(self) -> int:
+        """Last index held (the snapshot index when the log is empty)."""
+        ...
+
+    def term(self, index: int) -> int:
+        """Term of the entry holding `index` (or the snapshot's term at the snapshot index).
+
+        Raises CompactedError below the snapshot index, UnavailableError beyond the last index.
+        """
+        ...
+
+    def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+        """Entries from the one starting at `lo` up to index `hi` (exclusive), within `max_bytes`
+        (at least one entry)."""
+        ...
+
+    def entry_bounds(self, index: int) -> tuple[int, int]:
+        """(first, last) index of the entry holding `index`; (i, i) for the snapshot index i."""
+        ...
+
+    def conf_entries(self) -> list[Entry]:
+        """Every CONF_CHANGE entry in the log (after the snapshot), in order."""
+        ...
+
+    def snapshot(self) -> SnapshotMeta:
+        """Metadata of the latest snapshot (index -1 when there is none)."""
+        ...
+
+    def snapshot_chunk(self, index: int, offset: int, max_bytes: int) -> bytes:
+        """Bytes [offset, offset + max_bytes) of snapshot `index`; CompactedError if it is gone."""
+        ...
+
+
+class MemoryStorage:
+    """Storage held in memory, plus the write operations an application performs on a Ready.
+
+    Not thread-safe. Also used as the durable layer of the simulator's fake disk.
+    """
+
+    def __init__(self, conf: ConfState | None = None) -> None:
+        self.hard_state = HardState()
+        self._snapshot = SnapshotMeta(index=-1, term=0, conf=conf or ConfState())
+        self._snapshot_data = b""
+        self._entries: list[Entry] = []
+        self._starts: list[int] = []
+        self.staged: dict[int, bytearray] = {}  # incoming snapshot chunks by snapshot index
+
+    # --- Storage protocol ------------------------------------------------------------------------
+
+    def initial_state(self) -> tuple[HardState, SnapshotMeta]:
+        return self.hard_state, self._snapshot
+
+    def first_index(self) -> int:
+        return self._snapshot.index + 1
+
+    def last_index(self) -> int:
+        return self._entries[-1].last_index if self._entries else self._snapshot.index
+
+    def term(self, index: int) -> int:
+        if index == self._snapshot.index:
+            return self._snapshot.term
+        if index < self._snapshot.index:
+            raise CompactedError(f"index {index} is compacted (snapshot at {self._snapshot.index})")
+        if index > self.last_index():
+            raise UnavailableError(f"index {index} is beyond the last index {self.last_index()}")
+        return self._entries[bisect_right(self._starts, index) - 1].term
+
+    def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+        if lo <= self._snapshot.index:
+            raise CompactedError(f"index {lo} is compacted (snapshot at {self._snapshot.index})")
+        if lo > self.last_index():
+            raise UnavailableError(f"index {lo} is beyond the last index {self.last_index()}")
+        i = bisect_right(self._starts, lo) - 1
+        assert self._entries[i].index == lo, f"entries() asked at {lo}, inside an entry"
+        out: list[Entry] = []
+        size = 0
+        while i < len(self._entries) and self._entries[i].index < hi:
+            e = self._entries[i]
+            if out and size + e.size > max_bytes:
+                break
+            out.append(e)
+            size += e.size
+            i += 1
+        return out
+
+    def entry_bounds(self, index: int) -> tuple[int, int]:
+        if index == self._snapshot.index:
+            return index, index
+        self.term(index)  # raises for indexes out of range
+        e = self._entries[bisect_right(self._starts, index) - 1]
+        return e.index, e.last_index
+
+    def conf_entries(self) -> list[Entry]:
+        return [e for e in self._entries if e.kind == EntryKind.CONF_CHANGE]
+
+    def snapshot(self) -> SnapshotMeta:
+        return self._snapshot
+
+    def snapshot_chunk(self, index: int, offset: int, max_bytes: int) -> bytes:
+        if index != self._snapshot.index:
+            raise CompactedError(f"snapshot {index} was replaced by snapshot {self._snapshot.index}")
+        return self._snapshot_data[offset:offset + max_bytes]
+
+    # --- writes (what the application does with a Ready) -----------------------------------------
+
+    def set_hard_state(self, hs: HardState) -> None:
+        self.hard_state = hs
+
+    def append(self, entries: list[Entry] | tuple[Entry, ...]) -> None:
+        """Append entries, first dropping any stored suffix from the first one's index."""
+        if not entries:
+            return
+        first = entries[0].index
+        if first <= self._snapshot.index:
+            raise CompactedError(f"append at {first} below the snapshot at {self._snapshot.index}")
+        assert first <= self.last_index() + 1, f"gap: append at {first}, last index {self.last_index()}"
+        self.truncate_from(first)
+        for e in entries:
+            assert e.index == self.last_index() + 1, (e.index, self.last_index())
+            self._entries.append(e)
+            self._starts.append(e.index)
+
+    def truncate_from(self, index: int) -> None:
+        i = bisect_right(self._starts, index - 1)
+        if i < len(self._entries):
+            assert self._entries[i].index >= index
+            if i > 0:
+                assert self._entries[i - 1].last_index < index, f"truncation at {index} splits an entry"
+            del self._entries[i:]
+            del self._starts[i:]
+
+    def stage_snapshot_chunk(self, meta: SnapshotMeta, offset: int, data: bytes) -> None:
+        buf = self.staged.setdefault(meta.index, bytearray())
+        del buf[offset:]
+        buf += data
+
+    def install_snapshot(self, meta: SnapshotMeta) -> None:
+        """Replace the log and the snapshot with the staged snapshot `meta`."""
+        data = bytes(self.staged.pop(meta.index, b""))
+        assert len(data) == meta.size, (len(data), meta.size)
+        self.staged.clear()
+        self._snapshot, self._snapshot_data = meta, data
+        # keep entries after the snapshot only if they agree with it (thesis §5.6 / figure 13)
+        if self._entries and meta.index <= self.last_index():
+            try:
+                same = self.term(meta.index) == meta.term
+            except CompactedError:
+                same = False
+            if same:
+                self._drop_through(meta.index)
+                return
+        self._entries.clear()
+        self._starts.clear()
+
+    def create_snapshot(self, index: int, conf: ConfState, data: bytes) -> SnapshotMeta:
+        """The application took a snapshot of its state at `index` (applied): store it, drop the log."""
+        assert self._snapshot.index < index <= self.last_index()
+        i = bisect_right(self._starts, index) - 1
+        assert self._entries[i].last_index == index, "snapshots are taken at entry boundaries"
+        meta = SnapshotMeta(index=index, term=self._entries[i].term, conf=conf, size=len(data))
+        self._snapshot, self._snapshot_data = meta, data
+        self._drop_through(index)
+        return meta
+
+    def _drop_through(self, index: int) -> None:
+        i = bisect_right(self._starts, index)
+        del self._entries[:i]
+        del self._starts[:i]
+
+    def snapshot_data(self) -> bytes:
+        return self._snapshot_data
