@@ -17,12 +17,21 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+from bisect import bisect_left, bisect_right
 from pathlib import Path
 
 from eventlog.errors import LogCorruptionError, OffsetMismatchError
 from eventlog.fileutil import io_error
 from eventlog.index import IndexBuilder, OffsetIndex, TimeIndex
-from eventlog.records import HEADER, LOG_OVERHEAD, MAGIC_OFFSET, BatchHeader, read_header, stamp
+from eventlog.records import (
+    HEADER,
+    LOG_OVERHEAD,
+    MAGIC_OFFSET,
+    MIN_BATCH_LENGTH,
+    BatchHeader,
+    read_header,
+    stamp,
+)
 from eventlog.scan import ScanStatus, scan_segment
 
 log = logging.getLogger(__name__)
@@ -85,6 +94,7 @@ class Segment:
         self._mm: mmap.mmap | None = None
         self._view: memoryview | None = None
         self._indexes: IndexBuilder | None = None
+        self._indexes_exact = False  # built by appends or a scan, not loaded from the index files
 
     # --- paths ---------------------------------------------------------------------------------
 
@@ -111,6 +121,7 @@ class Segment:
         seg._view = memoryview(mm)
         seg.capacity = len(mm)
         seg._indexes = IndexBuilder(base_offset, index_interval_bytes)
+        seg._indexes_exact = True
         return seg
 
     @classmethod
@@ -134,6 +145,7 @@ class Segment:
         self.size = valid_bytes
         self.next_offset = next_offset
         self._indexes = builder
+        self._indexes_exact = True
 
     def activate(self, capacity: int) -> None:
         """Make this segment the one appends go to: grow the file to `capacity` and map it."""
@@ -151,7 +163,10 @@ class Segment:
         self._map(writable=True)
         self.fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
         self.sealed = False
-        self.indexes()  # the active segment keeps its indexes in memory
+        if not self._indexes_exact:
+            # Appends continue the indexing rule where it stopped: that state is not in the files.
+            self._indexes = self._rebuild_indexes(verify=False)
+            self._indexes_exact = True
 
     def _map(self, *, writable: bool) -> None:
         if self._mm is not None:
@@ -354,15 +369,20 @@ class Segment:
         return builder
 
     def _validate(self, index: OffsetIndex, time_index: TimeIndex) -> None:
-        """Check every entry against the data; raises ValueError at the first wrong one."""
+        """Check every entry against the data, and that none is missing at the end.
+
+        Raises ValueError at the first problem.
+        """
         view = self.view()
         for offset, pos in zip(index.offsets, index.positions):
             if pos + HEADER.size > self.size or read_header(view, pos).base_offset != offset:
                 raise ValueError(f".index entry ({offset}, {pos}) does not point at that batch")
+        pos = 0
         for ts, offset in zip(time_index.timestamps, time_index.offsets):
             if not self.base_offset <= offset < self.next_offset:
                 raise ValueError(f".timeindex offset {offset} is outside the segment")
-            _, pos = index.floor(offset)
+            # Entries increase: resume from the previous one's batch (one pass, whatever the .index).
+            pos = max(pos, index.floor(offset)[1])
             h = None
             while pos < self.size:
                 h = read_header(view, pos)
@@ -371,6 +391,44 @@ class Segment:
                 pos += h.batch_length + LOG_OVERHEAD
             if h is None or h.base_offset != offset or h.max_timestamp != ts:
                 raise ValueError(f".timeindex entry ({ts}, {offset}) does not match the batch there")
+        self._check_index_tails(view, index, time_index)
+
+    def _check_index_tails(self, view: memoryview, index: OffsetIndex, time_index: TimeIndex) -> None:
+        """Replay `IndexBuilder` over the batches from the last time entry's batch to the end: the
+        files must hold exactly the entries it adds there, `seal`'s final one included.
+
+        Entry-by-entry checks cannot see a file cut short (indexes are written without fsync, so a
+        crash can leave one empty or short): a prefix of good entries is all good entries. But a time
+        index that lost its last entries understates the segment's largest timestamp, and
+        `offset_for_timestamp` then skips the segment. No batch before the last time entry's batch
+        has a larger timestamp, so time entries lost from the end were all due at or after it (offset
+        entries lost before it only make lookups walk further). The replay is short when timestamps
+        grow with offsets: the last time entry is then the last batch or close to it.
+        """
+        if len(time_index):
+            start_offset, pos = index.floor(time_index.offsets[-1])
+        else:
+            start_offset, pos = self.base_offset, 0
+        replay = IndexBuilder(self.base_offset, self.index_interval_bytes)
+        before = bisect_left(time_index.offsets, start_offset)  # time entries added before `pos`
+        if before:
+            ts, offset = time_index.timestamps[before - 1], time_index.offsets[before - 1]
+            replay.time_index.maybe_append(ts, offset)
+            replay.max_timestamp, replay.max_timestamp_offset = ts, offset
+        seeded = len(replay.time_index)
+        while pos < self.size:
+            h = read_header(view, pos) if pos + HEADER.size <= self.size else None
+            if h is None or h.batch_length < MIN_BATCH_LENGTH or pos + h.size > self.size:
+                raise ValueError(f"no batch at byte {pos} while checking the indexes")
+            replay.add(h.base_offset, pos, h.size, h.max_timestamp)
+            pos += h.size
+        replay.seal()
+        after = bisect_right(index.offsets, start_offset)
+        if (index.offsets[after:], index.positions[after:]) != (replay.index.offsets, replay.index.positions):
+            raise ValueError(f".index entries after offset {start_offset} are missing or stale")
+        if (time_index.timestamps[before:], time_index.offsets[before:]) != (
+                replay.time_index.timestamps[seeded:], replay.time_index.offsets[seeded:]):
+            raise ValueError(f".timeindex entries from offset {start_offset} on are missing or stale")
 
     def _rebuild_indexes(self, *, verify: bool) -> IndexBuilder:
         scan = scan_segment(self.view(), self.base_offset, limit=self.size,

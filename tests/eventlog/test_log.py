@@ -321,3 +321,30 @@ def test_zero_copy_read_is_a_view_of_the_segment(log):
     assert isinstance(chunk.data, memoryview)
     parsed = RecordBatch.parse(chunk.data)
     assert parsed.header.records_count == 5
+
+
+def test_segment_reactivated_by_truncation_keeps_exact_indexes(tmp_path):
+    """Re-sealing a segment that a truncation made active again writes the same indexes a rebuild would."""
+    from eventlog.scan import scan_segment
+
+    with Log.open(tmp_path / "r", TINY) as lg:
+        while len(lg.segment_bases()) < 2:
+            lg.append(batch(2, "a", ts=lg.end_offset), epoch=1)
+        for _ in range(3):
+            lg.append(batch(2, "a", ts=lg.end_offset), epoch=1)
+        lg.append(batch(1, "big", ts=lg.end_offset, size=3500), epoch=1)  # does not fit: segment 1 seals with room
+        bases = lg.segment_bases()
+        assert len(bases) == 3
+    with Log.open(tmp_path / "r", TINY) as lg:  # segment 1's indexes now come from its files
+        lg.truncate_suffix(bases[2])   # a segment boundary: segment 1 becomes active again
+        while len(lg.segment_bases()) < 3:
+            lg.append(batch(1, "b", ts=lg.end_offset), epoch=2)
+        seg = lg._segments[1]
+        assert seg.sealed and seg.base_offset == bases[1]
+    written_index = (tmp_path / "r" / f"{bases[1]:020d}.index").read_bytes()
+    written_time = (tmp_path / "r" / f"{bases[1]:020d}.timeindex").read_bytes()
+    data = (tmp_path / "r" / f"{bases[1]:020d}.log").read_bytes()
+    scan = scan_segment(data, bases[1], index_interval_bytes=TINY.index_interval_bytes)
+    scan.builder.seal()
+    assert written_index == scan.builder.index.to_bytes()
+    assert written_time == scan.builder.time_index.to_bytes()
