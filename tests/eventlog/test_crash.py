@@ -207,7 +207,7 @@ def _verify_and_append(directory: Path, policy: str, model: _Model, rng: random.
 
 @pytest.mark.slow
 @pytest.mark.timeout(60 + 3 * ROUNDS)
-@pytest.mark.parametrize("policy", ["fsync", "group"])
+@pytest.mark.parametrize("policy", ["fsync", "group", "interval"])
 def test_sigkill_never_loses_acknowledged_batches(tmp_path: Path, policy: str) -> None:
     seed = _seed()
     print(f"\ncrash test policy={policy} seed={seed} rounds={ROUNDS} "
