@@ -1,0 +1,1 @@
+"""The Raft node runtime: IO around the sans-IO core (storage on the segmented log, transport, tasks)."""

@@ -1,0 +1,50 @@
+"""Raft entries as record batches: how the consensus log is stored in the segmented log.
+
+- A NORMAL entry's data is an encoded RecordBatch of `count` records (the leader runtime encodes
+  the proposals it coalesced); storing it only stamps baseOffset = entry index and
+  partitionLeaderEpoch = entry term.
+- NOOP and CONF_CHANGE entries, which the core creates itself, become Kafka control batches of one
+  record keyed `__raft/noop` or `__raft/conf` (value: the encoded ConfChange). Their timestamp is
+  -1 (Kafka's "no timestamp"), so the bytes are a pure function of the entry and every replica
+  writes byte-identical segments.
+"""
+
+from __future__ import annotations
+
+from eventlog.errors import InvalidBatchError
+from eventlog.raft.types import Entry, EntryKind
+from eventlog.records import RecordBatch, encode_records, read_header, stamp
+from eventlog.records import Record as LogRecord
+
+NOOP_KEY = b"__raft/noop"
+CONF_KEY = b"__raft/conf"
+_KIND_BY_KEY = {NOOP_KEY: EntryKind.NOOP, CONF_KEY: EntryKind.CONF_CHANGE}
+_KEY_BY_KIND = {EntryKind.NOOP: NOOP_KEY, EntryKind.CONF_CHANGE: CONF_KEY}
+NO_TIMESTAMP = -1
+
+
+def entry_to_batch(entry: Entry) -> bytes | bytearray:
+    """The exact bytes stored for `entry`."""
+    if entry.kind is EntryKind.NORMAL:
+        header = read_header(entry.data)
+        if header.last_offset_delta + 1 != entry.count:
+            raise InvalidBatchError(f"entry {entry.index} covers {entry.count} indexes but its batch holds "
+                                    f"{header.last_offset_delta + 1}")
+        data = bytearray(entry.data)
+        stamp(data, entry.index, entry.term)
+        return data
+    record = LogRecord(entry.index, NO_TIMESTAMP, _KEY_BY_KIND[entry.kind], entry.data)
+    return encode_records([record], leader_epoch=entry.term, control=True)
+
+
+def batch_to_entry(batch: RecordBatch) -> Entry:
+    """The entry a stored batch holds."""
+    h = batch.header
+    count = h.last_offset_delta + 1
+    if not h.is_control:
+        return Entry(index=h.base_offset, term=h.leader_epoch, count=count, data=bytes(batch.raw))
+    record = next(iter(batch.records()))
+    kind = _KIND_BY_KEY.get(record.key or b"")
+    if kind is None:
+        raise InvalidBatchError(f"control batch at {h.base_offset} has unknown key {record.key!r}")
+    return Entry(index=h.base_offset, term=h.leader_epoch, count=count, kind=kind, data=record.value or b"")
