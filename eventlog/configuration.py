@@ -112,6 +112,10 @@ def _coerce(name: str, value: Any, tp: Any) -> Any:
         if not isinstance(value, list | tuple):
             raise ConfigError(name, value, "must be a list")
         return tuple(_coerce(f"{name}[{i}]", v, item_tp) for i, v in enumerate(value))
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(name, value, "must be a table")
+        return from_mapping(tp, value, name)
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(name, value, "must be true or false")

@@ -187,6 +187,13 @@ class RaftNode:
         """The membership in force: the latest one in the log, committed or not (§4.1)."""
         return self._confs[-1][1]
 
+    def conf_at(self, index: int) -> ConfState:
+        """The membership as of `index` (for a snapshot taken there): the last change at or below it."""
+        for at, conf in reversed(self._confs):
+            if at <= index:
+                return conf
+        return self._confs[0][1]
+
     def tick(self) -> None:
         self.ticks += 1
         self._tick()
@@ -347,7 +354,7 @@ class RaftNode:
             self.log.stable_to(last.last_index, last.term)
             if self.role is Role.LEADER and self.id in self.progress:
                 self.progress[self.id].maybe_update(self.log.stable_last_index(), self.ticks)
-                if self._maybe_commit():
+                if self._maybe_commit() and self.role is Role.LEADER:
                     self._needs_broadcast = True
         if rd.committed:
             self.log.applied_to(rd.committed[-1].last_index)
@@ -631,6 +638,8 @@ class RaftNode:
                 pr.become_replicate()
             if self._maybe_commit():
                 self._needs_broadcast = True
+                if self.role is not Role.LEADER:
+                    return  # the commit included our own removal: we stepped down (thesis §4.2.2)
             if m.src == self.lead_transferee and pr.match == self.log.last_index():
                 self._send(TimeoutNow(term=self.term, src=self.id, dst=m.src))
         while self._send_append(m.src):

@@ -1,0 +1,88 @@
+"""Configuration of a cluster of nodes hosting Raft groups (`[cluster]` in the node's TOML file)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eventlog.config import LogConfig
+from eventlog.configuration import doc, from_mapping, load_toml
+from eventlog.errors import ConfigError
+from eventlog.raft.config import RaftConfig
+
+
+def parse_address(text: str, key: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(key, text, "must be host:port")
+    return host, int(port)
+
+
+@dataclass(frozen=True, slots=True)
+class MemberConfig:
+    """One node of the cluster."""
+
+    id: int = field(default=0, metadata=doc("Node id: a positive integer, unique in the cluster.", min=1))
+    peer_address: str = field(default="", metadata=doc("host:port where the node listens for its peers."))
+
+    def validate(self, section: str) -> None:
+        if self.id <= 0:
+            raise ConfigError(f"{section}.id", self.id, "is required (a positive integer)")
+        parse_address(self.peer_address, f"{section}.peer_address")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """The members, the Raft groups every node hosts, and timing."""
+
+    name: str = field(default="epochlog", metadata=doc(
+        "Cluster name; nodes refuse peers that give another one."))
+    members: tuple[MemberConfig, ...] = field(default=(), metadata=doc(
+        "The initial voters ([[cluster.members]] tables with id and peer_address)."))
+    groups: tuple[str, ...] = field(default=("metadata", "offsets", "kv-0", "kv-1"), metadata=doc(
+        "Raft groups hosted by every node, each with its own directory, leader and log."))
+    tick_interval_ms: int = field(default=50, metadata=doc(
+        "Duration of one Raft tick (election and heartbeat timeouts are counted in ticks).", min=1, max=60_000))
+    snapshot_every_entries: int = field(default=0, metadata=doc(
+        "Take a snapshot and drop the log below it every this many applied offsets (0 = never).", min=0))
+
+    def validate(self, section: str = "cluster") -> None:
+        ids = [m.id for m in self.members]
+        if not ids:
+            raise ConfigError(f"{section}.members", [], "at least one member is required")
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"{section}.members", ids, "node ids must be unique")
+        addresses = [m.peer_address for m in self.members]
+        if len(set(addresses)) != len(addresses):
+            raise ConfigError(f"{section}.members", addresses, "peer addresses must be unique")
+        if not self.groups or len(set(self.groups)) != len(self.groups):
+            raise ConfigError(f"{section}.groups", list(self.groups), "must be a non-empty list of unique names")
+        for g in self.groups:
+            if not g or "/" in g or g.startswith("."):
+                raise ConfigError(f"{section}.groups", g, "group names are plain directory names")
+
+    def member(self, node_id: int) -> MemberConfig:
+        for m in self.members:
+            if m.id == node_id:
+                return m
+        raise ConfigError("--node-id", node_id, f"is not a member (members: {[m.id for m in self.members]})")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfigs:
+    """Every component's configuration, as read from one TOML file."""
+
+    cluster: ClusterConfig
+    raft: RaftConfig
+    log: LogConfig
+
+
+def load_node_configs(path: str | Path) -> NodeConfigs:
+    data = load_toml(path)
+    known = {"cluster", "raft", "log"}
+    for key in data:
+        if key not in known:
+            raise ConfigError(key, data[key], f"unknown section (known: {', '.join(sorted(known))})")
+    return NodeConfigs(from_mapping(ClusterConfig, data.get("cluster"), "cluster"),
+                       from_mapping(RaftConfig, data.get("raft"), "raft"),
+                       from_mapping(LogConfig, data.get("log"), "log"))

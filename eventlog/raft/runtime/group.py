@@ -1,0 +1,360 @@
+"""One Raft group driven by asyncio: the core, its storage and its state machine.
+
+One task (`run`) owns the `RaftNode`: it steps arriving messages, turns queued proposals into one
+entry, and carries out each `Ready` in the contract's order: send `send_now`; persist entries
+(group commit: the segmented log's flusher syncs while this task waits on a future, so other
+groups and proposers keep running), snapshot chunks and snapshots; persist term and vote when they
+changed; send `send_after`; apply committed entries; answer waiters; `advance()`. A second task
+ticks the core every `tick_interval_ms`.
+
+Proposals from any number of coroutines are coalesced: everything queued while the previous Ready
+was being handled becomes one record batch, one entry (`propose`).
+
+The commit index is persisted lazily (it is a hint for restarts: the state machine knows what it
+applied); term and vote are persisted before any message that depends on them leaves.
+
+Call everything from the loop that runs the group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from eventlog.errors import EpochlogError
+from eventlog.raft.config import RaftConfig
+from eventlog.raft.errors import NotLeaderError, ProposalDroppedError, RaftError
+from eventlog.raft.node import RaftNode, Ready, Role
+from eventlog.raft.runtime.log_storage import LogStorage
+from eventlog.raft.types import ConfState, Entry, EntryKind, HardState, Message, SnapshotMeta
+from eventlog.records import encode_batch
+
+logger = logging.getLogger(__name__)
+
+Send = Callable[[int, str, Message], None]
+
+
+class StateMachine(Protocol):
+    """What a group applies committed entries to."""
+
+    applied_index: int
+
+    def apply(self, entries: Sequence[Entry]) -> None:
+        """Apply committed entries in order (NORMAL, NOOP and CONF_CHANGE alike)."""
+        ...
+
+    def write_snapshot(self, path: Path) -> None:
+        """Write the state as of `applied_index` to the file `path`."""
+        ...
+
+    def restore(self, path: Path, meta: SnapshotMeta) -> None:
+        """Replace the state with the snapshot in file `path` (taken at `meta.index`)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStatus:
+    group: str
+    node: int
+    role: str
+    term: int
+    leader: int
+    commit: int
+    applied: int
+    last_index: int
+    log_start: int
+    snapshot_index: int
+
+
+class _Proposal:
+    __slots__ = ("records", "future")
+
+    def __init__(self, records: list[tuple[bytes | None, bytes | None]], future: asyncio.Future[int]) -> None:
+        self.records = records
+        self.future = future
+
+
+class RaftGroup:
+    """A Raft group member running on an asyncio loop."""
+
+    def __init__(self, name: str, node_id: int, storage: LogStorage, state_machine: StateMachine,
+                 raft_config: RaftConfig, send: Send, *, tick_interval_ms: int, rng: random.Random,
+                 snapshot_every_entries: int = 0, max_batch_bytes: int = 1 << 20) -> None:
+        self.name = name
+        self.node_id = node_id
+        self.storage = storage
+        self.sm = state_machine
+        self._send = send
+        self.tick_interval = tick_interval_ms / 1000
+        self.snapshot_every_entries = snapshot_every_entries
+        self.max_batch_bytes = max_batch_bytes
+        self.node = RaftNode(node_id, storage, raft_config, rng, applied=state_machine.applied_index)
+        self.loop = asyncio.get_running_loop()
+        self._inbox: list[Message] = []
+        self._proposals: list[_Proposal] = []
+        self._waiters: dict[int, tuple[int, list[tuple[asyncio.Future[int], int]]]] = {}
+        self._wake = asyncio.Event()
+        self._durable: list[tuple[int, asyncio.Future[None]]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+        self._failure: BaseException | None = None
+        self._persisted_commit = self.node.log.committed
+        self._last_snapshot_index = storage.snapshot().index
+        storage.log.add_durability_listener(self._on_durable_threadsafe)
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._tasks = [self.loop.create_task(self._run(), name=f"raft-{self.name}"),
+                       self.loop.create_task(self._ticker(), name=f"tick-{self.name}")]
+
+    async def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - shutting down
+                pass
+        self._fail_waiters(ProposalDroppedError(f"group {self.name} on node {self.node_id} stopped"))
+        if self._failure is None:
+            try:
+                self._persist_commit(force=True)
+            except EpochlogError as exc:
+                logger.error("group %s: %s", self.name, exc)
+        self.storage.close()
+
+    @property
+    def failed(self) -> BaseException | None:
+        return self._failure
+
+    # --- inputs --------------------------------------------------------------------------------
+
+    def deliver(self, msg: Message) -> None:
+        """A message from a peer (called by the transport)."""
+        self._inbox.append(msg)
+        self._wake.set()
+
+    async def propose(self, records: list[tuple[bytes | None, bytes | None]]) -> int:
+        """Replicate `records` (key, value pairs); returns the offset of the first once committed.
+
+        Raises NotLeaderError (with a leader hint) on a follower. Concurrent calls are coalesced into
+        one batch. If leadership changes before the batch commits, the future fails with
+        ProposalDroppedError: the records may or may not have been committed.
+        """
+        self._check_open()
+        if self.node.role is not Role.LEADER:
+            raise NotLeaderError(self.node_id, self.node.leader, self.node.term)
+        future: asyncio.Future[int] = self.loop.create_future()
+        self._proposals.append(_Proposal(records, future))
+        self._wake.set()
+        return await future
+
+    def status(self) -> GroupStatus:
+        n = self.node
+        return GroupStatus(self.name, self.node_id, n.role.value, n.term, n.leader, n.log.committed,
+                           self.sm.applied_index, n.log.last_index(), self.storage.log.start_offset,
+                           self.storage.snapshot().index)
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    async def _ticker(self) -> None:
+        next_tick = self.loop.time() + self.tick_interval
+        while not self._closed:
+            await asyncio.sleep(max(0.0, next_tick - self.loop.time()))
+            next_tick += self.tick_interval
+            if self.loop.time() > next_tick + 10 * self.tick_interval:
+                next_tick = self.loop.time() + self.tick_interval  # we were stalled: do not burst
+            self.node.tick()
+            self._wake.set()
+
+    async def _run(self) -> None:
+        try:
+            while not self._closed:
+                await self._wake.wait()
+                self._wake.clear()
+                while True:
+                    self._step_inbox()
+                    self._submit_proposals()
+                    if not self.node.has_ready():
+                        break
+                    await self._handle(self.node.ready())
+                    self.node.advance()
+                self._persist_commit(force=False)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a failed fsync or a broken invariant: this node must stop
+            self._failure = exc
+            logger.critical("group %s on node %s failed: %r", self.name, self.node_id, exc)
+            self._fail_waiters(RaftError(f"group {self.name} failed: {exc}"))
+            raise
+
+    def _step_inbox(self) -> None:
+        msgs, self._inbox = self._inbox, []
+        for m in msgs:
+            self.node.step(m)
+
+    def _submit_proposals(self) -> None:
+        if not self._proposals:
+            return
+        pending, self._proposals = self._proposals, []
+        if self.node.role is not Role.LEADER:
+            error = NotLeaderError(self.node_id, self.node.leader, self.node.term)
+            for p in pending:
+                if not p.future.done():
+                    p.future.set_exception(error)
+            return
+        while pending:
+            batch: list[_Proposal] = []
+            size = 0
+            while pending and (not batch or size + _records_bytes(pending[0].records) <= self.max_batch_bytes):
+                p = pending.pop(0)
+                size += _records_bytes(p.records)
+                batch.append(p)
+            records = [r for p in batch for r in p.records]
+            data = encode_batch(records, timestamp_ms=int(time.time() * 1000))
+            try:
+                index = self.node.propose(data, count=len(records))
+            except RaftError as exc:
+                for p in batch + pending:
+                    if not p.future.done():
+                        p.future.set_exception(exc)
+                return
+            waiters = []
+            offset = index
+            for p in batch:
+                waiters.append((p.future, offset))
+                offset += len(p.records)
+            self._waiters[index] = (self.node.term, waiters)
+
+    async def _handle(self, rd: Ready) -> None:
+        for m in rd.send_now:
+            self._send(m.dst, self.name, m)
+        storage = self.storage
+        for chunk in rd.snapshot_chunks:
+            storage.stage_snapshot_chunk(chunk.meta, chunk.offset, chunk.data)
+        if rd.snapshot is not None:
+            path = storage.install_snapshot(rd.snapshot)
+            self.sm.restore(path / "data", rd.snapshot)
+            self._last_snapshot_index = rd.snapshot.index
+        if rd.entries:
+            last = storage.append(rd.entries)
+            await self._wait_durable(last)
+        if rd.hard_state is not None:
+            prev = storage.initial_state()[0]
+            if (rd.hard_state.term, rd.hard_state.vote) != (prev.term, prev.vote):
+                storage.set_hard_state(rd.hard_state)  # before any vote or ack leaves (§5.1)
+                self._persisted_commit = rd.hard_state.commit
+        for m in rd.send_after:
+            self._send(m.dst, self.name, m)
+        if rd.committed:
+            self.sm.apply(rd.committed)
+            self._resolve(rd.committed)
+            self._maybe_snapshot()
+
+    def _resolve(self, committed: tuple[Entry, ...]) -> None:
+        for e in committed:
+            waiting = self._waiters.pop(e.index, None)
+            if waiting is None:
+                continue
+            term, futures = waiting
+            for future, offset in futures:
+                if future.done():
+                    continue
+                if e.term == term and e.kind is EntryKind.NORMAL:
+                    future.set_result(offset)
+                else:
+                    future.set_exception(ProposalDroppedError(
+                        f"leadership changed: offset {offset} was committed by another leader"))
+        if committed:
+            last = committed[-1].last_index
+            for index in [i for i in self._waiters if i <= last]:
+                for future, _ in self._waiters.pop(index)[1]:
+                    if not future.done():
+                        future.set_exception(ProposalDroppedError("the proposal was overwritten"))
+
+    def _maybe_snapshot(self) -> None:
+        every = self.snapshot_every_entries
+        applied = self.sm.applied_index
+        if not every or applied - self._last_snapshot_index < every:
+            return
+        conf = self.node.conf_at(applied)
+        meta = self.storage.create_snapshot(applied, conf, self.sm.write_snapshot)
+        self.storage.compact(meta.index)
+        self._last_snapshot_index = meta.index
+
+    def _persist_commit(self, *, force: bool) -> None:
+        committed = self.node.log.committed
+        if committed == self._persisted_commit:
+            return
+        if force or committed - self._persisted_commit >= 10_000:
+            hs = HardState(term=self.node.term, vote=self.node.vote, commit=committed)
+            self.storage.set_hard_state(hs)
+            self._persisted_commit = committed
+
+    # --- durability ----------------------------------------------------------------------------
+
+    async def _wait_durable(self, offset: int) -> None:
+        log = self.storage.log
+        if log.durable_offset > offset:
+            return
+        future: asyncio.Future[None] = self.loop.create_future()
+        self._durable.append((offset, future))
+        if log.durable_offset > offset:  # it got durable between the check and the append
+            self._on_durable(log.durable_offset)
+        await future
+
+    def _on_durable_threadsafe(self, durable_offset: int) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._on_durable, durable_offset)
+        except RuntimeError:
+            pass  # the loop is closed: shutting down
+
+    def _on_durable(self, durable_offset: int) -> None:
+        if not self._durable:
+            return
+        keep = []
+        for offset, future in self._durable:
+            if offset < durable_offset:
+                if not future.done():
+                    future.set_result(None)
+            else:
+                keep.append((offset, future))
+        self._durable = keep
+
+    def _fail_waiters(self, error: BaseException) -> None:
+        for p in self._proposals:
+            if not p.future.done():
+                p.future.set_exception(error)
+        self._proposals = []
+        for _, futures in self._waiters.values():
+            for future, _ in futures:
+                if not future.done():
+                    future.set_exception(error)
+        self._waiters.clear()
+        for _, future in self._durable:
+            if not future.done():
+                future.set_exception(error)
+        self._durable = []
+
+    def _check_open(self) -> None:
+        if self._failure is not None:
+            raise RaftError(f"group {self.name} failed: {self._failure}")
+        if self._closed:
+            raise ProposalDroppedError(f"group {self.name} is stopped")
+
+
+def _records_bytes(records: list[tuple[bytes | None, bytes | None]]) -> int:
+    return sum(len(k or b"") + len(v or b"") + 8 for k, v in records)
+
+
+def initial_conf(members: Sequence[int]) -> ConfState:
+    return ConfState(voters=tuple(sorted(members)))

@@ -1,0 +1,90 @@
+"""A node hosting several Raft groups (multi-raft) over one peer transport.
+
+Each group (`metadata`, `offsets`, `kv-0`, ...) has its own directory `<data_dir>/groups/<name>/`,
+its own log, leader and state machine, and its own task; all share the node's connections.
+The node's copy of its effective configuration is written to `<data_dir>/node.toml`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+from eventlog.errors import ConfigError
+from eventlog.raft.runtime.config import NodeConfigs, parse_address
+from eventlog.raft.runtime.group import RaftGroup, StateMachine, initial_conf
+from eventlog.raft.runtime.log_storage import LogStorage
+from eventlog.raft.runtime.transport import PeerTransport
+from eventlog.raft.types import Message
+
+logger = logging.getLogger(__name__)
+
+StateMachineFactory = Callable[[str, Path], StateMachine]
+
+
+class NodeHost:
+    """All groups of one node. Create and use on one asyncio loop."""
+
+    def __init__(self, node_id: int, data_dir: str | Path, configs: NodeConfigs,
+                 state_machine: StateMachineFactory, *, seed: int | None = None) -> None:
+        self.node_id = node_id
+        self.data_dir = Path(data_dir)
+        self.configs = configs
+        self._factory = state_machine
+        self._rng = random.Random(seed)
+        self.member = configs.cluster.member(node_id)
+        self.groups: dict[str, RaftGroup] = {}
+        self.transport: PeerTransport | None = None
+
+    async def start(self) -> None:
+        cluster = self.configs.cluster
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._check_cluster_id()
+        peers = {m.id: parse_address(m.peer_address, f"cluster.members[{m.id}].peer_address")
+                 for m in cluster.members}
+        self.transport = PeerTransport(self.node_id, cluster.name, peers, peers[self.node_id], self._deliver)
+        conf = initial_conf([m.id for m in cluster.members])
+        for name in cluster.groups:
+            directory = self.data_dir / "groups" / name
+            storage = LogStorage.open(directory, self.configs.log, conf)
+            sm = self._factory(name, directory)
+            group = RaftGroup(name, self.node_id, storage, sm, self.configs.raft, self._send,
+                              tick_interval_ms=cluster.tick_interval_ms,
+                              rng=random.Random(self._rng.getrandbits(64)),
+                              snapshot_every_entries=cluster.snapshot_every_entries,
+                              max_batch_bytes=self.configs.log.batch_limit_bytes - 4096)
+            self.groups[name] = group
+        for group in self.groups.values():
+            group.start()
+        await self.transport.start()
+
+    def _check_cluster_id(self) -> None:
+        marker = self.data_dir / "cluster-id"
+        name = self.configs.cluster.name
+        if marker.exists():
+            found = marker.read_text().strip()
+            if found != name:
+                raise ConfigError("cluster.name", name, f"{self.data_dir} belongs to cluster {found!r}")
+        else:
+            marker.write_text(name + "\n")
+
+    def _deliver(self, src: int, group: str, msg: Message) -> None:
+        g = self.groups.get(group)
+        if g is not None:
+            g.deliver(msg)
+
+    def _send(self, dst: int, group: str, msg: Message) -> None:
+        assert self.transport is not None
+        self.transport.send(dst, group, msg)
+
+    def leader_of(self, group: str) -> int:
+        return self.groups[group].node.leader
+
+    async def stop(self) -> None:
+        if self.transport is not None:
+            await self.transport.close()
+        for group in self.groups.values():
+            await group.close()
