@@ -427,7 +427,17 @@ class RaftNode:
         self._append_proposal(b"", 1, EntryKind.NOOP)
 
     def _promotable(self) -> bool:
-        return self.id in self.conf.voters and self.log.pending_snapshot is None
+        if self.log.pending_snapshot is not None:
+            return False
+        if self.id in self.conf.voters:
+            return True
+        # A voter removed by a configuration entry that is not yet committed may be needed to
+        # commit it (thesis §4.2.2, figure 4.6): a leader that appended its own removal and lost
+        # leadership holds the longest log, so the remaining old-configuration voters cannot win
+        # without it. It keeps starting elections; its own vote does not count (vote_result only
+        # counts the latest configuration's voters).
+        return (self._pending_conf_index() > self.log.committed and len(self._confs) >= 2
+                and self.id in self._confs[-2][1].voters)
 
     def _members(self) -> tuple[int, ...]:
         return self.conf.voters + self.conf.learners

@@ -170,7 +170,9 @@ class MemoryStorage:
         """Replace the log and the snapshot with the staged snapshot `meta`."""
         data = bytes(self.staged.pop(meta.index, b""))
         assert len(data) == meta.size, (len(data), meta.size)
-        self.staged.clear()
+        # A newer snapshot may already be arriving (its first chunks can share a Ready with this
+        # install): keep its staged bytes, drop only what this snapshot supersedes.
+        self.staged = {i: buf for i, buf in self.staged.items() if i > meta.index}
         self._snapshot, self._snapshot_data = meta, data
         # keep entries after the snapshot only if they agree with it (thesis §5.6 / figure 13)
         if self._entries and meta.index <= self.last_index():
