@@ -5,7 +5,9 @@ Until the client API exists (the node issue), a node process can listen on a har
 msgpack). Requests carry an id and may be pipelined; replies come back as they complete.
 
 - `Propose(group, records)` -> `Committed(offset)` once the records are committed, or `Failed`.
-- `Status()` -> `StatusReply`: role, term, leader, commit, applied... of every group.
+- `Status()` -> `StatusReply`: role, term, leader, commit, applied... of every group, and the state
+  machine's `records` and `digest` when it has those attributes (the process's
+  `ChecksumStateMachine` does: two replicas at the same `applied` must show the same digest).
 - `Load(group, proposers, seconds, batch, value_bytes)`: run `proposers` coroutines on this node,
   each proposing `batch` records of `value_bytes` at a time, one proposal in flight each, for
   `seconds`; -> `LoadReply` with commit latencies. Measures the Raft path without client overhead.
@@ -69,6 +71,8 @@ class GroupState(msgspec.Struct):
     last_index: int
     log_start: int
     snapshot_index: int
+    records: int = -1   # the state machine's `records` as of `applied` (-1: it has none)
+    digest: str = ""    # the state machine's `digest` as of `applied` ("": it has none)
 
 
 class StatusReply(msgspec.Struct, tag="status_reply"):
@@ -138,8 +142,7 @@ class HarnessServer:
                 offset = await self._group(request.group).propose(request.records)
                 reply = Committed(request.req, offset)
             elif isinstance(request, Status):
-                reply = StatusReply(request.req, self.node_id, [
-                    GroupState(**dataclasses.asdict(g.status())) for g in self._groups().values()])
+                reply = StatusReply(request.req, self.node_id, [_group_state(g) for g in self._groups().values()])
             else:
                 reply = await self._load(request)
         except EpochlogError as exc:
@@ -159,11 +162,14 @@ class HarnessServer:
         errors = 0
         proposals = 0
 
+        # Values are drawn once per proposer: the load generator must not cost more than the path it measures.
+        values = [os.urandom(req.value_bytes) for _ in range(req.batch)]
+
         async def proposer(n: int) -> None:
             nonlocal errors, proposals
             i = 0
             while time.perf_counter() < deadline:
-                records = [(f"p{n}-{i}-{j}".encode(), os.urandom(req.value_bytes)) for j in range(req.batch)]
+                records = [(b"p%d-%d-%d" % (n, i, j), values[j]) for j in range(req.batch)]
                 t0 = time.perf_counter_ns()
                 try:
                     await group.propose(records)
@@ -179,6 +185,11 @@ class HarnessServer:
         await asyncio.gather(*(proposer(n) for n in range(req.proposers)))
         elapsed = time.perf_counter() - started
         return LoadReply(req.req, proposals * req.batch, proposals, errors, elapsed, latencies)
+
+
+def _group_state(group: RaftGroup) -> GroupState:
+    return GroupState(**dataclasses.asdict(group.status()), records=getattr(group.sm, "records", -1),
+                      digest=getattr(group.sm, "digest", ""))
 
 
 class HarnessClient:
@@ -241,4 +252,4 @@ class HarnessClient:
             pass
 
 
-__all__ = ["Committed", "Failed", "HarnessClient", "HarnessServer", "LoadReply", "StatusReply"]
+__all__ = ["Committed", "Failed", "GroupState", "HarnessClient", "HarnessServer", "LoadReply", "StatusReply"]

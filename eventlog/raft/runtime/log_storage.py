@@ -216,11 +216,11 @@ class LogStorage:
         os.rename(staged, target)
         fsync_dir(target.parent)
         self._snapshot = meta
-        if self._log_term(meta.index) == meta.term:
-            self.log.delete_segments_below(meta.index + 1)  # keep the entries that follow it (§5.6)
-        else:
-            self.log.reset(meta.index + 1)
-        self._conf_offsets = [o for o in self._conf_offsets if o > meta.index and o < self.log.end_offset]
+        # The whole log goes: the core asks for an install only when its log does not hold the
+        # snapshot's last entry (it keeps a matching suffix itself, §5.6), so anything stored past it
+        # would be a suffix the core no longer knows about.
+        self.log.reset(meta.index + 1)
+        self._conf_offsets = []
         self._drop_old_snapshots()
         return target
 
