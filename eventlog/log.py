@@ -575,6 +575,7 @@ class Log:
             except OSError as exc:
                 with self._lock:
                     self._fail(io_error(f"fdatasync of {seg.path}", exc))
+                self._notify_listeners()  # listeners check `failure`: nobody may wait on this log forever
                 return
             finally:
                 os.close(fd)
@@ -599,8 +600,14 @@ class Log:
         for listener in list(self._listeners):
             listener(offset)
 
+    @property
+    def failure(self) -> LogError | None:
+        """The write or sync failure that made this log refuse writes, if one happened."""
+        return self._failure
+
     def add_durability_listener(self, listener: DurabilityListener) -> None:
-        """Call `listener(durable_offset)` whenever durability advances (from the thread that synced).
+        """Call `listener(durable_offset)` whenever durability advances (from the thread that synced),
+        and once more when a background sync fails (then `failure` is set).
 
         It runs without the log's lock and must not block (hand the value over to your own loop).
         """

@@ -16,8 +16,9 @@ and produces one output, `ready()`, the `Ready` contract (enforced: a second `re
 1. send `send_now` at once: appends, heartbeats, snapshot chunks and TimeoutNow of a leader whose
    term and vote are already durable; they promise nothing about this node's disk (thesis §10.2.1:
    the leader writes its own log in parallel with replicating it);
-2. persist `entries` (replacing any stored suffix from the first one's index), `snapshot_chunks`
-   and `snapshot`, then `hard_state`, with fsync when `must_sync`;
+2. persist, in this order: stage `snapshot_chunks`, install `snapshot` (it replaces the whole log),
+   append `entries` (replacing any stored suffix from the first one's index; they may follow the
+   snapshot just installed), then `hard_state`, with fsync when `must_sync`;
 3. only then send `send_after` (votes, vote and append acknowledgements...);
 4. apply `committed` entries in order and answer `read_states` once applied through their index;
 5. call `advance()`.
@@ -36,9 +37,9 @@ healthy leader; reads are linearizable through ReadIndex (§6.4) or a leader lea
 from __future__ import annotations
 
 import enum
-import random
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from eventlog.raft.config import RaftConfig
 from eventlog.raft.confchange import apply_conf_change, decode_conf_change, encode_conf_change
@@ -67,6 +68,9 @@ from eventlog.raft.types import (
     Vote,
     VoteResp,
 )
+
+if TYPE_CHECKING:
+    import random   # only the type of the injected source: the core never draws from the global one
 
 
 class Role(enum.Enum):
@@ -166,6 +170,7 @@ class RaftNode:
         self._round_sent_tick: dict[int, int] = {}
         self._confirmed_round = 0
         self._lease_start_tick: int | None = None
+        self._lease_revoked = False         # a TimeoutNow went out in this term: no more lease reads
         self._reads_for_round: deque[tuple[int, int, int]] = deque()  # (round, request, index)
         self._reads_unassigned: list[int] = []
         self._reads_awaiting_commit: list[int] = []
@@ -174,6 +179,10 @@ class RaftNode:
         for e in storage.conf_entries():
             self._confs.append((e.index, apply_conf_change(self._confs[-1][1], decode_conf_change(e.data))))
         self._prev_hard = hard
+        # Restarted with durable state (a term): it may have acknowledged a leader's heartbeat just
+        # before the crash, backing that leader's lease, and cannot know when. Any node that ever
+        # acknowledged a leader persisted a term >= 1 first (send_after), so a fresh node is exempt.
+        self._restarted = hard.term > 0
         self._prev_soft = SoftState(0, Role.FOLLOWER, self.term)
         self._outstanding: Ready | None = None
         self._step = self._step_follower
@@ -210,8 +219,12 @@ class RaftNode:
                 leader = m.src if isinstance(m, _LEADER_MESSAGES) and not isinstance(m, TimeoutNow) else 0
                 self._become_follower(m.term, leader)
         elif m.term < self.term:
-            if isinstance(m, Append | Heartbeat) and (self.cfg.check_quorum or self.cfg.pre_vote):
-                # A stale leader (healed partition) learns the new term and steps down.
+            if isinstance(m, Append | Heartbeat) and (self.cfg.check_quorum or self.cfg.pre_vote
+                                                       or not self._promotable()):
+                # A stale leader (healed partition) learns the new term and steps down. Without
+                # check-quorum and pre-vote a node with a higher term normally corrects the leader by
+                # campaigning, but one that cannot campaign (a learner, a voter whose log does not
+                # yet say so) must answer, or neither ever hears from the other.
                 self._send(AppendResp(term=self.term, src=self.id, dst=m.src, index=-1, reject=True))
             elif isinstance(m, PreVote):
                 self._send(PreVoteResp(term=self.term, src=self.id, dst=m.src, granted=False))
@@ -248,7 +261,7 @@ class RaftNode:
         self._election_elapsed = 0  # the transfer times out after one election timeout
         pr = self.progress[target]
         if pr.match == self.log.last_index():
-            self._send(TimeoutNow(term=self.term, src=self.id, dst=target))
+            self._send_timeout_now(target)
         else:
             self._send_append(target)
 
@@ -273,7 +286,7 @@ class RaftNode:
         progress at rates within lease_drift_ticks / election_timeout_ticks of each other.
         """
         if (self.role is not Role.LEADER or not self.cfg.check_quorum or self.lead_transferee
-                or not self._committed_in_term()):
+                or self._lease_revoked or not self._committed_in_term()):
             return None
         if self.conf.voters == (self.id,):
             return self.log.committed
@@ -377,6 +390,7 @@ class RaftNode:
         self._uncommitted.clear()
         self._uncommitted_bytes = 0
         self._lease_start_tick = None
+        self._lease_revoked = False
         self._confirmed_round = 0
         self._round_sent_tick.clear()
         self._dropped_reads += [r for _, r, _ in self._reads_for_round]
@@ -450,10 +464,15 @@ class RaftNode:
             self._election_elapsed = 0
             self._campaign(transfer=False)
 
-    def _campaign(self, *, transfer: bool) -> None:
+    def _campaign(self, *, transfer: bool, pre_voted: bool = False) -> None:
+        """Start an election: a pre-vote first unless `pre_voted` (won) or `transfer` (TimeoutNow).
+
+        Only a transfer marks its Vote requests `transfer`, which makes followers ignore their
+        leader lease; an election after a won pre-vote must still respect it.
+        """
         if not self._promotable():
             return
-        if self.cfg.pre_vote and not transfer:
+        if self.cfg.pre_vote and not (transfer or pre_voted):
             self._become_pre_candidate()
             term = self.term + 1
         else:
@@ -480,14 +499,20 @@ class RaftNode:
         if not result:
             self._become_follower(self.term, 0)
         elif self.role is Role.PRE_CANDIDATE:
-            self._campaign(transfer=True)  # the real election, skipping a second pre-vote
+            self._campaign(transfer=False, pre_voted=True)  # the real election
         else:
             self._become_leader()
         return True
 
     def _in_lease(self) -> bool:
-        return (self.cfg.check_quorum and self.leader != 0
-                and self._election_elapsed < self.cfg.election_timeout_ticks)
+        """Refuse to help elect anyone else: we heard from a leader within an election timeout
+        (§4.2.3), or we restarted less than one ago and may have (the leader's lease counts on it,
+        §6.4.1, across our crash too)."""
+        if not self.cfg.check_quorum:
+            return False
+        if self.leader != 0 and self._election_elapsed < self.cfg.election_timeout_ticks:
+            return True
+        return self._restarted and self.ticks < self.cfg.election_timeout_ticks
 
     def _handle_vote_request(self, m: Vote | PreVote) -> None:
         pre = isinstance(m, PreVote)
@@ -651,7 +676,7 @@ class RaftNode:
                 if self.role is not Role.LEADER:
                     return  # the commit included our own removal: we stepped down (thesis §4.2.2)
             if m.src == self.lead_transferee and pr.match == self.log.last_index():
-                self._send(TimeoutNow(term=self.term, src=self.id, dst=m.src))
+                self._send_timeout_now(m.src)
         while self._send_append(m.src):
             pass
 
@@ -739,6 +764,14 @@ class RaftNode:
         done = pr.snapshot_offset + len(data) >= meta.size
         self._send(InstallSnapshot(term=self.term, src=self.id, dst=to, meta=meta, offset=pr.snapshot_offset,
                                    data=data, done=done))
+
+    def _send_timeout_now(self, to: int) -> None:
+        # The target's election bypasses the followers' lease (Vote.transfer), and a TimeoutNow can
+        # arrive late, after the transfer timed out and this leader took proposals again: from now
+        # on a new leader may be elected while our lease looks valid, so it never serves reads again
+        # in this term (ReadIndex still works: it does not rely on time).
+        self._lease_revoked = True
+        self._send(TimeoutNow(term=self.term, src=self.id, dst=to))
 
     def _broadcast_heartbeat(self) -> None:
         """A heartbeat round: carries commit, confirms leadership for reads and the lease."""

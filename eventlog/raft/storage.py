@@ -174,15 +174,11 @@ class MemoryStorage:
         # install): keep its staged bytes, drop only what this snapshot supersedes.
         self.staged = {i: buf for i, buf in self.staged.items() if i > meta.index}
         self._snapshot, self._snapshot_data = meta, data
-        # keep entries after the snapshot only if they agree with it (thesis §5.6 / figure 13)
-        if self._entries and meta.index <= self.last_index():
-            try:
-                same = self.term(meta.index) == meta.term
-            except CompactedError:
-                same = False
-            if same:
-                self._drop_through(meta.index)
-                return
+        # The whole log goes. Figure 13's "retain the entries following a matching last entry" is
+        # the core's job: it only asks for an install when its log does not hold (meta.index,
+        # meta.term) (node._handle_snapshot_chunk), and from then on its view of the log is the
+        # snapshot plus the entries of this and later Readys. Entries kept here would be a stale
+        # suffix the core does not know about.
         self._entries.clear()
         self._starts.clear()
 

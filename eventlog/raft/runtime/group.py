@@ -319,6 +319,14 @@ class RaftGroup:
             pass  # the loop is closed: shutting down
 
     def _on_durable(self, durable_offset: int) -> None:
+        failure = self.storage.log.failure
+        if failure is not None:
+            # A failed fsync is fatal: never wait for (or pretend) durability that will not come.
+            for _, future in self._durable:
+                if not future.done():
+                    future.set_exception(failure)
+            self._durable = []
+            return
         if not self._durable:
             return
         keep = []

@@ -216,10 +216,13 @@ class HarnessClient:
                 if future is not None and not future.done():
                     future.set_result(reply)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
-            for future in self._pending.values():
-                if not future.done():
-                    future.set_exception(ConnectionError(f"harness connection lost: {exc}"))
-            self._pending.clear()
+            self._fail_pending(ConnectionError(f"harness connection lost: {exc}"))
+
+    def _fail_pending(self, error: Exception) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
 
     async def request(self, make: Callable[[int], msgspec.Struct], timeout: float | None = None) -> Reply:
         self._next += 1
@@ -243,8 +246,16 @@ class HarnessClient:
         return await self.request(lambda r: Load(r, group, proposers, seconds, batch, value_bytes),
                                   timeout=seconds + 30)
 
+    def abort(self) -> None:
+        """Drop the connection at once (usable outside a coroutine); pending requests fail with
+        ConnectionError instead of waiting for their timeout."""
+        self._task.cancel()
+        self._writer.transport.abort()
+        self._fail_pending(ConnectionError("harness connection closed"))
+
     async def close(self) -> None:
         self._task.cancel()
+        self._fail_pending(ConnectionError("harness connection closed"))
         self._writer.close()
         try:
             await self._writer.wait_closed()

@@ -2,7 +2,7 @@
 
 Each group (`metadata`, `offsets`, `kv-0`, ...) has its own directory `<data_dir>/groups/<name>/`,
 its own log, leader and state machine, and its own task; all share the node's connections.
-The node's copy of its effective configuration is written to `<data_dir>/node.toml`.
+`<data_dir>/cluster-id` records the cluster name: a node refuses a data directory of another cluster.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@
 
 Hosts every group of the cluster with a `ChecksumStateMachine` (it counts the records applied and
 keeps a running digest, so replicas can be compared), and optionally serves the test harness.
-Prints `READY <node id>` once listening; SIGTERM or SIGINT stop it cleanly.
+Prints `READY <node id>` once listening; SIGTERM or SIGINT stop it cleanly. Exit codes: 0 after a
+clean stop, 2 when a group failed (e.g. a failed fsync: the node must not go on), 3 on a
+configuration or start-up error. Tests can break its disk with `EPOCHLOG_FAULTS` (see `faults`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from eventlog.errors import EpochlogError
+from eventlog.raft.runtime import faults
 from eventlog.raft.runtime.config import load_node_configs, parse_address
 from eventlog.raft.runtime.harness import HarnessServer
 from eventlog.raft.runtime.host import NodeHost
@@ -119,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format=f"%(asctime)s node{args.node_id} %(levelname)s %(name)s: "
                                                      "%(message)s", stream=sys.stderr)
+    try:
+        faults.install_from_env()  # test-only disk faults; a no-op unless EPOCHLOG_FAULTS is set
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
     _install_uvloop()
     try:
         return asyncio.run(run_node(args))

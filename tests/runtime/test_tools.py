@@ -1,0 +1,157 @@
+"""The test tools themselves, in process and fast: the fault spec and the frame-aware proxy.
+
+A node process refuses to start with a malformed EPOCHLOG_FAULTS. The proxy is checked against a
+plain TCP collector: frames arrive whole, a dropping direction
+loses whole frames but lets each connection's first frame (the transport's Hello) through, the
+other direction is unaffected (one-way), a delay holds frames back in order, and a severed link
+aborts its connection and refuses new ones until healed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eventlog.raft.runtime import faults
+from tests.runtime.cluster import ROOT
+from tests.runtime.proxy import ProxyNetwork
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_fault_spec_parses_and_rejects() -> None:
+    assert faults.parse("") == faults.FaultSpec()
+    assert faults.parse("fdatasync-eio-after=3, disk-full-after-segments=0") == faults.FaultSpec(3, 0)
+    for bad in ("fdatasync-eio-after", "fdatasync-eio-after=-1", "disk-full=2", "fdatasync-eio-after=x"):
+        with pytest.raises(ValueError, match="EPOCHLOG_FAULTS"):
+            faults.parse(bad)
+
+
+def test_fail_after_lets_n_calls_through_then_fails_for_good() -> None:
+    calls: list[int] = []
+    wrapped = faults._fail_after(calls.append, 2, errno.EIO, "append")
+    wrapped(1)
+    wrapped(2)
+    for i in (3, 4):
+        with pytest.raises(OSError) as info:
+            wrapped(i)
+        assert info.value.errno == errno.EIO
+    assert calls == [1, 2], "a failed call must not reach the real function"
+
+
+def test_node_refuses_to_start_with_a_bad_fault_spec(tmp_path: Path) -> None:
+    """process.py installs the faults before anything else: a typo is an error, not a healthy node."""
+    config = tmp_path / "node.toml"
+    config.write_text('[cluster]\n[[cluster.members]]\nid = 1\npeer_address = "127.0.0.1:1"\n')
+    env = {**os.environ, faults.ENV_VAR: "fdatasync-eio-afterr=3"}
+    done = subprocess.run([sys.executable, "-m", "eventlog.raft.runtime.process", "--config", str(config),
+                           "--node-id", "1", "--data-dir", str(tmp_path / "data")], check=False, cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 3, (done.returncode, done.stderr)
+    assert "EPOCHLOG_FAULTS: bad item 'fdatasync-eio-afterr=3'" in done.stderr
+    assert "READY" not in done.stdout and not (tmp_path / "data").exists()
+
+
+def _frame(payload: bytes) -> bytes:
+    return len(payload).to_bytes(4, "big") + payload
+
+
+async def _read_frames(reader: asyncio.StreamReader, n: int, timeout: float = 2.0) -> list[bytes]:
+    out = []
+    for _ in range(n):
+        header = await asyncio.wait_for(reader.readexactly(4), timeout)
+        out.append(await asyncio.wait_for(reader.readexactly(int.from_bytes(header, "big")), timeout))
+    return out
+
+
+async def _quiet(reader: asyncio.StreamReader, seconds: float) -> bool:
+    """True if nothing arrives on `reader` for `seconds`."""
+    try:
+        await asyncio.wait_for(reader.read(1), seconds)
+    except TimeoutError:
+        return True
+    return False  # data arrived, or the connection closed
+
+
+async def _closed(reader: asyncio.StreamReader) -> bool:
+    """True once the peer closed or reset the connection (within 2 s)."""
+    try:
+        return await asyncio.wait_for(reader.read(), 2.0) == b""
+    except ConnectionError:
+        return True
+
+
+def test_proxy_drops_delays_and_severs_whole_frames() -> None:
+    async def main() -> None:
+        accepted: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
+
+        async def on_accept(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            await accepted.put((r, w))
+        server = await asyncio.start_server(on_accept, "127.0.0.1", 0)
+        target = server.sockets[0].getsockname()[:2]
+        net = ProxyNetwork()
+        try:
+            port = net.add_link(1, 2, target)
+            dial_r, dial_w = await asyncio.open_connection("127.0.0.1", port)
+            acc_r, acc_w = await asyncio.wait_for(accepted.get(), 2.0)
+
+            # Frames pass whole, in order, both ways; big ones too (split across reads).
+            big = bytes(range(256)) * 1024
+            dial_w.write(_frame(b"hello-1") + _frame(big) + _frame(b"x"))
+            assert await _read_frames(acc_r, 3) == [b"hello-1", big, b"x"]
+            acc_w.write(_frame(b"hello-2") + _frame(b"y"))
+            assert await _read_frames(dial_r, 2) == [b"hello-2", b"y"]
+
+            # One way: 1 -> 2 drops whole frames; 2 -> 1 still passes.
+            net.drop(1, 2)
+            dial_w.write(_frame(b"lost-1") + _frame(b"lost-2"))
+            acc_w.write(_frame(b"still"))
+            assert await _read_frames(dial_r, 1) == [b"still"]
+            assert await _quiet(acc_r, 0.2)
+            net.heal()
+            dial_w.write(_frame(b"after-heal"))
+            assert await _read_frames(acc_r, 1) == [b"after-heal"]
+            assert net.direction(1, 2).dropped == 2
+
+            # A delay holds frames back, in order.
+            net.delay(1, 2, 0.15)
+            t0 = time.monotonic()
+            dial_w.write(_frame(b"d1"))
+            dial_w.write(_frame(b"d2"))
+            assert await _read_frames(acc_r, 2) == [b"d1", b"d2"]
+            assert time.monotonic() - t0 >= 0.14
+            net.heal()
+
+            # A new connection's first frame passes even while its direction drops (the Hello).
+            net.drop(1, 2)
+            _dial2_r, dial2_w = await asyncio.open_connection("127.0.0.1", port)
+            acc2_r, acc2_w = await asyncio.wait_for(accepted.get(), 2.0)
+            dial2_w.write(_frame(b"hello-again") + _frame(b"dropped"))
+            assert await _read_frames(acc2_r, 1) == [b"hello-again"]
+            assert await _quiet(acc2_r, 0.2)
+            net.heal()
+
+            # Sever: connections aborted, new ones refused until heal.
+            net.sever(1, 2)
+            assert await _closed(acc_r) and await _closed(dial_r)
+            refused_r, _ = await asyncio.open_connection("127.0.0.1", port)
+            assert await _closed(refused_r)
+            assert net.link(1, 2).refused >= 1
+            net.heal()
+            _dial3_r, dial3_w = await asyncio.open_connection("127.0.0.1", port)
+            acc3_r, _ = await asyncio.wait_for(accepted.get(), 2.0)
+            dial3_w.write(_frame(b"back"))
+            assert await _read_frames(acc3_r, 1) == [b"back"]
+            for w in (dial_w, acc_w, dial2_w, acc2_w, dial3_w):
+                w.transport.abort()
+        finally:
+            net.close()
+            server.close()
+    asyncio.run(main())

@@ -1,0 +1,96 @@
+"""The simulated cluster: replicas over one fake network, driven tick by tick by one clock.
+
+One tick, in this order (everything is deterministic given the seed):
+
+1. the fault injector acts (crash, restart, partition, heal, membership change, transfer);
+2. clients issue operations and give up on old ones;
+3. the network delivers every message due now; each is stepped into its live destination;
+4. every live core ticks;
+5. disk writes due now complete (send_after, apply, advance);
+6. every live replica takes Readys while its disk is free.
+
+A message sent at tick t arrives at t + 1 or later, so a round trip takes at least two ticks.
+
+Not thread-safe; one per simulation run.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from eventlog.raft.config import RaftConfig
+from eventlog.raft.node import Role
+from eventlog.raft.storage import MemoryStorage
+from eventlog.raft.types import ConfState
+from tests.sim.checkers import Hooks
+from tests.sim.history import History
+from tests.sim.network import Network, NetworkFaults
+from tests.sim.replica import Replica
+
+
+class Cluster:
+    def __init__(self, rng: random.Random, cfg: RaftConfig, *, nodes: int, net_faults: NetworkFaults,
+                 hooks: Hooks, history: History, max_disk_latency: int, torn: float, snapshot_every: int,
+                 snapshot_padding: int) -> None:
+        self.rng = rng
+        self.cfg = cfg
+        self.net = Network(random.Random(rng.getrandbits(64)), net_faults)
+        self.hooks = hooks
+        self.history = history
+        self.max_disk_latency = max_disk_latency
+        self.torn = torn
+        self.snapshot_every = snapshot_every
+        self.snapshot_padding = snapshot_padding
+        self.bootstrap = ConfState(voters=tuple(range(1, nodes + 1)))
+        self.replicas: dict[int, Replica] = {}
+        self.now = 0
+        self.before_tick: list[Callable[[int], None]] = []   # fault injector, workload
+        for node_id in range(1, nodes + 1):
+            self.add_replica(node_id)
+
+    def add_replica(self, node_id: int) -> Replica:
+        """A new server. It starts from the bootstrap membership and an empty log, like every member
+        did, and learns later changes from the log or a snapshot."""
+        assert node_id not in self.replicas
+        r = Replica(node_id, MemoryStorage(self.bootstrap), self.cfg, rng=self.rng, net=self.net,
+                    hooks=self.hooks, history=self.history, max_disk_latency=self.max_disk_latency,
+                    torn=self.torn, snapshot_every=self.snapshot_every, snapshot_padding=self.snapshot_padding)
+        self.replicas[node_id] = r
+        return r
+
+    def live_ids(self) -> list[int]:
+        return [i for i, r in self.replicas.items() if r.alive]
+
+    def leader(self, among: list[int] | None = None) -> Replica | None:
+        """The live leader with the highest term (among the given nodes)."""
+        best: Replica | None = None
+        for node_id in among if among is not None else list(self.replicas):
+            r = self.replicas[node_id]
+            if r.node is not None and r.node.role is Role.LEADER and (
+                    best is None or best.node is None or r.node.term > best.node.term):
+                best = r
+        return best
+
+    def tick(self) -> None:
+        now = self.now
+        for hook in self.before_tick:
+            hook(now)
+        replicas = self.replicas
+        for m in self.net.due(now):
+            r = replicas.get(m.dst)
+            if r is not None and r.node is not None:
+                r.step(m)
+        live = [r for r in replicas.values() if r.node is not None]
+        for r in live:
+            r.tick()
+        for r in live:
+            if r.node is not None and r.disk.pending is not None and r.disk.done_at <= now:
+                r.finish_write(now)
+        for r in live:
+            r.pump(now)
+        self.now = now + 1
+
+    def run(self, ticks: int) -> None:
+        for _ in range(ticks):
+            self.tick()

@@ -1,0 +1,224 @@
+"""One simulated server: a real RaftNode core, its fake disk, the KV state machine, and the client
+requests waiting on it. This is the application side of the Ready contract (node.py's docstring):
+
+    rd = node.ready()
+    send rd.send_now                                  -> network, at once
+    persist chunks, snapshot, entries, hard state     -> FakeDisk, takes `latency` ticks
+    ... when the write completes:
+    send rd.send_after                                -> network
+    install the snapshot / apply rd.committed         -> KV state machine, answer clients
+    queue rd.read_states, fail rd.dropped_reads
+    node.advance()
+    maybe take a KV snapshot and compact the log      -> MemoryStorage.create_snapshot
+
+While a write is in flight the node keeps ticking and stepping messages (as a real node does while
+its fsync runs); it just gets no new Ready until advance().
+
+A crash drops the core object and whatever was not durable; a restart builds a new RaftNode over
+the durable storage and rebuilds the KV state from the stored snapshot, then re-applies the
+committed log as the core hands it out (applied = the snapshot index).
+
+Every step that changes what the checkers watch calls the cluster's hooks (`Hooks`). Not
+thread-safe; owned by one Cluster.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from eventlog.raft.config import RaftConfig
+from eventlog.raft.node import RaftNode, Role
+from eventlog.raft.storage import MemoryStorage
+from eventlog.raft.types import Entry, EntryKind, Message
+from tests.sim.disk import FakeDisk
+from tests.sim.history import History, Operation
+from tests.sim.kv import KVStateMachine, decode_op
+
+if TYPE_CHECKING:
+    from tests.sim.checkers import Hooks
+    from tests.sim.network import Network
+
+
+@dataclass(slots=True)
+class Waiter:
+    """A client request waiting on this replica; `done` tells the client it is over."""
+
+    op: Operation
+    done: Callable[[Operation], None]
+    term: int = 0          # proposals: the term the entry was proposed in
+    data: bytes = b""      # proposals: the entry data
+
+
+class Replica:
+    def __init__(self, node_id: int, storage: MemoryStorage, cfg: RaftConfig, *, rng: random.Random,
+                 net: Network, hooks: Hooks, history: History, max_disk_latency: int, torn: float,
+                 snapshot_every: int, snapshot_padding: int) -> None:
+        self.id = node_id
+        self.cfg = cfg
+        self._rng = rng            # the cluster's source: derives each incarnation's own Random
+        self.net = net
+        self.hooks = hooks
+        self.history = history
+        self.disk = FakeDisk(storage, random.Random(rng.getrandbits(64)), max_disk_latency, torn)
+        self.snapshot_every = snapshot_every
+        self.snapshot_padding = snapshot_padding
+        self.node: RaftNode | None = None
+        self.kv = KVStateMachine(storage.snapshot().conf)
+        self.incarnation = 0
+        self.restart_at = -1                       # tick of the scheduled restart while crashed
+        self.proposals: dict[int, Waiter] = {}     # first index of the proposed entry -> waiter
+        self.index_reads: dict[int, Waiter] = {}   # read_index request id -> waiter
+        self.ready_reads: list[tuple[int, Waiter]] = []   # (read index, waiter): serve once applied
+        self._seen_leader_term = 0
+        self.snapshots_taken = 0
+        self.snapshots_installed = 0
+        self.boot()
+
+    @property
+    def alive(self) -> bool:
+        return self.node is not None
+
+    # --- life cycle ------------------------------------------------------------------------------
+
+    def boot(self) -> None:
+        storage = self.disk.durable
+        hard, snap = storage.initial_state()
+        self.kv = KVStateMachine.from_snapshot(snap, storage.snapshot_data())
+        self.incarnation += 1
+        self.node = RaftNode(self.id, storage, self.cfg, random.Random(self._rng.getrandbits(64)),
+                             applied=snap.index)
+        self._seen_leader_term = 0
+        self.hooks.restarted(self, hard)
+
+    def crash(self) -> None:
+        assert self.node is not None
+        applied = self.kv.applied
+        self.disk.crash()
+        self.node = None
+        for w in list(self.proposals.values()) + list(self.index_reads.values()):
+            self._unknown(w)
+        for _, w in self.ready_reads:
+            self._unknown(w)
+        self.proposals.clear()
+        self.index_reads.clear()
+        self.ready_reads.clear()
+        self.hooks.crashed(self, applied)
+
+    # --- inputs ----------------------------------------------------------------------------------
+
+    def step(self, m: Message) -> None:
+        assert self.node is not None
+        self.node.step(m)
+        self.observe()
+
+    def tick(self) -> None:
+        assert self.node is not None
+        self.node.tick()
+        self.observe()
+
+    def observe(self) -> None:
+        """Report a newly elected leader (called after every input to the core)."""
+        node = self.node
+        if node is not None and node.role is Role.LEADER and node.term != self._seen_leader_term:
+            self._seen_leader_term = node.term
+            self.hooks.became_leader(self, node.term)
+
+    # --- the Ready loop --------------------------------------------------------------------------
+
+    def pump(self, now: int) -> None:
+        """Take Readys while the disk is free; zero-latency writes complete at once."""
+        node = self.node
+        while node is not None and self.disk.pending is None and node.has_ready():
+            rd = node.ready()
+            for m in rd.send_now:
+                self.net.send(m, now)
+            if self.disk.begin(rd, now) > now:
+                return
+            self.finish_write(now)
+            node = self.node
+
+    def finish_write(self, now: int) -> None:
+        node = self.node
+        assert node is not None
+        rd = self.disk.complete()
+        storage = self.disk.durable
+        self.hooks.persisted(self, rd)
+        for m in rd.send_after:
+            self.net.send(m, now)
+        if rd.snapshot is not None:
+            self.kv = KVStateMachine.from_snapshot(rd.snapshot, storage.snapshot_data())
+            self.snapshots_installed += 1
+            for index in [i for i in self.proposals if i <= rd.snapshot.index]:
+                self._unknown(self.proposals.pop(index))   # its outcome was not observed here
+            self.hooks.snapshot_installed(self, rd.snapshot)
+        for entry in rd.committed:
+            output = self.kv.apply(entry)
+            self.hooks.applied(self, entry)
+            if self.proposals:
+                self._resolve_proposals(entry, output)
+        for rs in rd.read_states:
+            w = self.index_reads.pop(rs.request, None)
+            if w is not None:
+                self.ready_reads.append((rs.index, w))
+        for request in rd.dropped_reads:
+            w = self.index_reads.pop(request, None)
+            if w is not None:
+                self._failed(w)
+        node.advance()
+        self.observe()
+        self.serve_reads()
+        self._maybe_snapshot()
+
+    def _resolve_proposals(self, entry: Entry, output: int | bool | None) -> None:
+        for index in [i for i in self.proposals if i <= entry.last_index]:
+            w = self.proposals.pop(index)
+            if index == entry.index and w.term == entry.term:
+                assert entry.kind is EntryKind.NORMAL and entry.data == w.data, (
+                    f"node {self.id}: entry {entry.index} term {entry.term} is not the one proposed")
+                assert decode_op(entry.data)[0] == w.op.id
+                self.history.ok(w.op, output)
+                w.done(w.op)
+            else:
+                self._failed(w)  # another entry holds its index: it can never commit
+
+    def serve_reads(self) -> None:
+        if not self.ready_reads:
+            return
+        waiting = []
+        for index, w in self.ready_reads:
+            if self.kv.applied >= index:
+                self.history.ok(w.op, self.kv.get(w.op.key))
+                w.done(w.op)
+            else:
+                waiting.append((index, w))
+        self.ready_reads = waiting
+
+    def _maybe_snapshot(self) -> None:
+        storage = self.disk.durable
+        if self.snapshot_every <= 0 or self.kv.applied - storage.snapshot().index < self.snapshot_every:
+            return
+        storage.create_snapshot(self.kv.applied, self.kv.conf, self.kv.snapshot_bytes(self.snapshot_padding))
+        self.snapshots_taken += 1
+
+    # --- client requests -------------------------------------------------------------------------
+
+    def forget(self, w: Waiter) -> None:
+        """The client stopped waiting."""
+        for index, other in list(self.proposals.items()):
+            if other is w:
+                del self.proposals[index]
+        for request, other in list(self.index_reads.items()):
+            if other is w:
+                del self.index_reads[request]
+        self.ready_reads = [(i, other) for i, other in self.ready_reads if other is not w]
+
+    def _failed(self, w: Waiter) -> None:
+        self.history.failed(w.op)
+        w.done(w.op)
+
+    def _unknown(self, w: Waiter) -> None:
+        self.history.unknown(w.op)
+        w.done(w.op)
