@@ -8,10 +8,11 @@ driven by four inputs:
 - `step(message)`: a message from a peer arrived;
 - `propose(...)`, `propose_conf_change(...)`, `transfer_leadership(...)`, `read_index(...)`: local
   requests (raising NotLeaderError with a leader hint on a non-leader);
-- `advance()`: the application finished handling the last `Ready`.
+- `advance()`: the application finished handling the last `Ready` (or, pipelined, `accept()` now
+  and `persisted(ready)` once its entries are durable: see `accept`).
 
 and produces one output, `ready()`, the `Ready` contract (enforced: a second `ready()` before
-`advance()` is an error):
+`advance()` or `accept()` is an error):
 
 1. send `send_now` at once: appends, heartbeats, snapshot chunks and TimeoutNow of a leader whose
    term and vote are already durable; they promise nothing about this node's disk (thesis §10.2.1:
@@ -22,6 +23,11 @@ and produces one output, `ready()`, the `Ready` contract (enforced: a second `re
 3. only then send `send_after` (votes, vote and append acknowledgements...);
 4. apply `committed` entries in order and answer `read_states` once applied through their index;
 5. call `advance()`.
+
+A runtime that pipelines persistence does steps 1, 2 (all but waiting for the entries to be durable)
+and 4, calls `accept()`, and later, in order, sends each accepted Ready's `send_after` and calls
+`persisted(ready)` as its entries become durable; the leader counts its own copy, and a follower
+acknowledges, only then.
 
 Roles are swapped step and tick functions (`_step_leader`, `_tick_heartbeat`, ...). Indexes are
 log offsets and an entry is a batch covering `count` indexes (see `eventlog.raft.types`).
@@ -185,6 +191,7 @@ class RaftNode:
         self._restarted = hard.term > 0
         self._prev_soft = SoftState(0, Role.FOLLOWER, self.term)
         self._outstanding: Ready | None = None
+        self._handed_off = self.log.stable_last_index()  # last index handed out in an accepted Ready
         self._step = self._step_follower
         self._tick = self._tick_election
         self._become_follower(self.term, 0)
@@ -304,7 +311,7 @@ class RaftNode:
     def has_ready(self) -> bool:
         if self._outstanding is not None:
             return False
-        return bool(self._msgs or self.log.unstable or self._snapshot_chunks or self._read_states
+        return bool(self._msgs or self._unsent_entries() or self._snapshot_chunks or self._read_states
                     or self._dropped_reads or self._needs_broadcast or self._reads_unassigned
                     or self.log.pending_snapshot is not None
                     or self._hard_state() != self._prev_hard or self._soft_state() != self._prev_soft
@@ -330,9 +337,10 @@ class RaftNode:
             else:
                 send_after.append(m)
         pending = self.log.pending_snapshot
+        entries = self._unsent_entries()
         rd = Ready(
             hard_state=hard if hard != self._prev_hard else None,
-            entries=tuple(self.log.unstable),
+            entries=entries,
             snapshot_chunks=tuple(self._snapshot_chunks),
             snapshot=pending,
             send_now=tuple(send_now),
@@ -341,7 +349,7 @@ class RaftNode:
             read_states=tuple(self._read_states),
             dropped_reads=tuple(self._dropped_reads),
             soft_state=soft if soft != self._prev_soft else None,
-            must_sync=durable_changed or bool(self.log.unstable or self._snapshot_chunks or pending),
+            must_sync=durable_changed or bool(entries or self._snapshot_chunks or pending),
         )
         self._msgs = []
         self._read_states = []
@@ -351,10 +359,21 @@ class RaftNode:
         return rd
 
     def advance(self) -> None:
-        """The last Ready was fully handled: persisted, sent and applied."""
+        """The last Ready was fully handled: persisted, sent and applied. (`accept` + `persisted`.)"""
+        self._stable(self.accept())
+
+    def accept(self) -> Ready:
+        """Pipelined persistence: the last Ready was handed off, so `ready()` may be called again.
+
+        Before calling it: `send_now` went out; snapshot chunks, the snapshot and (when term or vote
+        changed) the hard state are durable; the entries are written in order but need not be durable
+        yet; `committed` was applied. Hold back `send_after` until the entries are durable, then send
+        what `persisted(ready)` returns, for Readys in the order they were accepted. Meanwhile later
+        Readys carry only entries not handed out before (etcd raft's asynchronous storage writes).
+        """
         rd = self._outstanding
         if rd is None:
-            raise RaftError("advance() without a Ready")
+            raise RaftError("accept() or advance() without a Ready")
         self._outstanding = None
         if rd.hard_state is not None:
             self._prev_hard = rd.hard_state
@@ -362,15 +381,40 @@ class RaftNode:
             self._prev_soft = rd.soft_state
         if rd.snapshot is not None:
             self.log.snapshot_installed(rd.snapshot.index)
+            self._handed_off = max(self._handed_off, rd.snapshot.index)
         if rd.entries:
-            last = rd.entries[-1]
-            self.log.stable_to(last.last_index, last.term)
-            if self.role is Role.LEADER and self.id in self.progress:
-                self.progress[self.id].maybe_update(self.log.stable_last_index(), self.ticks)
-                if self._maybe_commit() and self.role is Role.LEADER:
-                    self._needs_broadcast = True
+            self._handed_off = max(self._handed_off, rd.entries[-1].last_index)
         if rd.committed:
             self.log.applied_to(rd.committed[-1].last_index)
+        return rd
+
+    def persisted(self, rd: Ready) -> tuple[Message, ...]:
+        """The entries of an accepted Ready are durable: returns which of its `send_after` to send now.
+
+        Acknowledgements made in an older term are dropped: since then a newer leader may have
+        replaced the entries they acknowledge, and a stale leader must not count them (nor confirm
+        a read with them). Dropping a message is always safe; later Readys acknowledge afresh.
+        """
+        self._stable(rd)
+        return tuple(m for m in rd.send_after
+                     if not (isinstance(m, AppendResp | HeartbeatResp) and m.term < self.term))
+
+    def _stable(self, rd: Ready) -> None:
+        if not rd.entries:
+            return
+        last = rd.entries[-1]
+        self.log.stable_to(last.last_index, last.term)  # ignored if a later Ready replaced them
+        if self.role is Role.LEADER and self.id in self.progress:
+            self.progress[self.id].maybe_update(self.log.stable_last_index(), self.ticks)
+            if self._maybe_commit() and self.role is Role.LEADER:
+                self._needs_broadcast = True
+
+    def _unsent_entries(self) -> tuple[Entry, ...]:
+        """Unstable entries not yet handed out in an accepted Ready."""
+        unstable = self.log.unstable
+        if not unstable or unstable[-1].last_index <= self._handed_off:
+            return ()
+        return tuple(e for e in unstable if e.index > self._handed_off)
 
     # --- roles ---------------------------------------------------------------------------------
 
@@ -603,6 +647,7 @@ class RaftNode:
             if offset != meta.size:
                 raise RaftError(f"snapshot {meta.index} ended at byte {offset}, its size is {meta.size}")
             log.restore(meta)
+            self._handed_off = min(self._handed_off, meta.index)
             self._confs = [(meta.index, meta.conf)]
             self._incoming = None
         self._send(InstallSnapshotResp(term=self.term, src=self.id, dst=m.src, index=meta.index, offset=offset))
@@ -851,6 +896,7 @@ class RaftNode:
         first = entries[0].index
         if self._confs[-1][0] >= first:
             self._confs = [(i, c) for i, c in self._confs if i < first]
+        self._handed_off = min(self._handed_off, first - 1)  # replaced entries go out again, new ones too
         self.log.append(entries)
         for e in entries:
             if e.kind is EntryKind.CONF_CHANGE:

@@ -1,11 +1,13 @@
 """One Raft group driven by asyncio: the core, its storage and its state machine.
 
 One task (`run`) owns the `RaftNode`: it steps arriving messages, turns queued proposals into one
-entry, and carries out each `Ready` in the contract's order: send `send_now`; persist entries
-(group commit: the segmented log's flusher syncs while this task waits on a future, so other
-groups and proposers keep running), snapshot chunks and snapshots; persist term and vote when they
-changed; send `send_after`; apply committed entries; answer waiters; `advance()`. A second task
-ticks the core every `tick_interval_ms`.
+entry, and carries out each `Ready` with pipelined persistence (see `RaftNode.accept`): send
+`send_now`; stage snapshot chunks, install a snapshot; write the entries (group commit: the
+segmented log's flusher thread syncs them while this task goes on); persist term and vote when
+they changed; apply committed entries and answer waiters; `accept()`, and take the next Ready at
+once. Accepted Readys wait in order until the log's durable offset passes their entries; then
+their `send_after` goes out through `persisted()` (the leader counts its own copy only then). A
+second task ticks the core every `tick_interval_ms`.
 
 Proposals from any number of coroutines are coalesced: everything queued while the previous Ready
 was being handled becomes one record batch, one entry (`propose`).
@@ -22,6 +24,7 @@ import asyncio
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,11 +76,12 @@ class GroupStatus:
 
 
 class _Proposal:
-    __slots__ = ("records", "future")
+    __slots__ = ("records", "future", "size")
 
     def __init__(self, records: list[tuple[bytes | None, bytes | None]], future: asyncio.Future[int]) -> None:
         self.records = records
         self.future = future
+        self.size = sum(len(k or b"") + len(v or b"") + 8 for k, v in records)
 
 
 class RaftGroup:
@@ -100,7 +104,7 @@ class RaftGroup:
         self._proposals: list[_Proposal] = []
         self._waiters: dict[int, tuple[int, list[tuple[asyncio.Future[int], int]]]] = {}
         self._wake = asyncio.Event()
-        self._durable: list[tuple[int, asyncio.Future[None]]] = []
+        self._unpersisted: deque[tuple[int, Ready]] = deque()  # accepted Readys: (last entry index, Ready)
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
         self._failure: BaseException | None = None
@@ -181,13 +185,15 @@ class RaftGroup:
             while not self._closed:
                 await self._wake.wait()
                 self._wake.clear()
+                self._release_persisted()
                 while True:
                     self._step_inbox()
                     self._submit_proposals()
                     if not self.node.has_ready():
                         break
-                    await self._handle(self.node.ready())
-                    self.node.advance()
+                    self._handle(self.node.ready())
+                    self.node.accept()
+                    self._release_persisted()
                 self._persist_commit(force=False)
         except asyncio.CancelledError:
             raise
@@ -212,22 +218,23 @@ class RaftGroup:
                 if not p.future.done():
                     p.future.set_exception(error)
             return
-        while pending:
-            batch: list[_Proposal] = []
-            size = 0
-            while pending and (not batch or size + _records_bytes(pending[0].records) <= self.max_batch_bytes):
-                p = pending.pop(0)
-                size += _records_bytes(p.records)
-                batch.append(p)
+        start, n = 0, len(pending)
+        while start < n:
+            end, size = start, 0
+            while end < n and (end == start or size + pending[end].size <= self.max_batch_bytes):
+                size += pending[end].size
+                end += 1
+            batch = pending[start:end]
             records = [r for p in batch for r in p.records]
             data = encode_batch(records, timestamp_ms=int(time.time() * 1000))
             try:
                 index = self.node.propose(data, count=len(records))
             except RaftError as exc:
-                for p in batch + pending:
+                for p in pending[start:]:
                     if not p.future.done():
                         p.future.set_exception(exc)
                 return
+            start = end
             waiters = []
             offset = index
             for p in batch:
@@ -235,7 +242,7 @@ class RaftGroup:
                 offset += len(p.records)
             self._waiters[index] = (self.node.term, waiters)
 
-    async def _handle(self, rd: Ready) -> None:
+    def _handle(self, rd: Ready) -> None:
         for m in rd.send_now:
             self._send(m.dst, self.name, m)
         storage = self.storage
@@ -245,16 +252,13 @@ class RaftGroup:
             path = storage.install_snapshot(rd.snapshot)
             self.sm.restore(path / "data", rd.snapshot)
             self._last_snapshot_index = rd.snapshot.index
-        if rd.entries:
-            last = storage.append(rd.entries)
-            await self._wait_durable(last)
+        last = storage.append(rd.entries) if rd.entries else -1
         if rd.hard_state is not None:
             prev = storage.initial_state()[0]
             if (rd.hard_state.term, rd.hard_state.vote) != (prev.term, prev.vote):
                 storage.set_hard_state(rd.hard_state)  # before any vote or ack leaves (§5.1)
                 self._persisted_commit = rd.hard_state.commit
-        for m in rd.send_after:
-            self._send(m.dst, self.name, m)
+        self._unpersisted.append((last, rd))
         if rd.committed:
             self.sm.apply(rd.committed)
             self._resolve(rd.committed)
@@ -302,41 +306,24 @@ class RaftGroup:
 
     # --- durability ----------------------------------------------------------------------------
 
-    async def _wait_durable(self, offset: int) -> None:
+    def _release_persisted(self) -> None:
+        """Send what accepted Readys held back, in order, as far as the log is durable."""
         log = self.storage.log
-        if log.durable_offset > offset:
-            return
-        future: asyncio.Future[None] = self.loop.create_future()
-        self._durable.append((offset, future))
-        if log.durable_offset > offset:  # it got durable between the check and the append
-            self._on_durable(log.durable_offset)
-        await future
+        if log.failure is not None:
+            raise log.failure  # a failed fsync is fatal: never wait for, or pretend, durability
+        durable = log.durable_offset
+        queue = self._unpersisted
+        while queue and queue[0][0] < durable:
+            _, rd = queue.popleft()
+            for m in self.node.persisted(rd):
+                self._send(m.dst, self.name, m)
 
     def _on_durable_threadsafe(self, durable_offset: int) -> None:
+        """Durability listener (the log's flusher thread): wake the group's task."""
         try:
-            self.loop.call_soon_threadsafe(self._on_durable, durable_offset)
+            self.loop.call_soon_threadsafe(self._wake.set)
         except RuntimeError:
             pass  # the loop is closed: shutting down
-
-    def _on_durable(self, durable_offset: int) -> None:
-        failure = self.storage.log.failure
-        if failure is not None:
-            # A failed fsync is fatal: never wait for (or pretend) durability that will not come.
-            for _, future in self._durable:
-                if not future.done():
-                    future.set_exception(failure)
-            self._durable = []
-            return
-        if not self._durable:
-            return
-        keep = []
-        for offset, future in self._durable:
-            if offset < durable_offset:
-                if not future.done():
-                    future.set_result(None)
-            else:
-                keep.append((offset, future))
-        self._durable = keep
 
     def _fail_waiters(self, error: BaseException) -> None:
         for p in self._proposals:
@@ -348,20 +335,12 @@ class RaftGroup:
                 if not future.done():
                     future.set_exception(error)
         self._waiters.clear()
-        for _, future in self._durable:
-            if not future.done():
-                future.set_exception(error)
-        self._durable = []
 
     def _check_open(self) -> None:
         if self._failure is not None:
             raise RaftError(f"group {self.name} failed: {self._failure}")
         if self._closed:
             raise ProposalDroppedError(f"group {self.name} is stopped")
-
-
-def _records_bytes(records: list[tuple[bytes | None, bytes | None]]) -> int:
-    return sum(len(k or b"") + len(v or b"") + 8 for k, v in records)
 
 
 def initial_conf(members: Sequence[int]) -> ConfState:
