@@ -382,8 +382,13 @@ class RaftNode:
         if rd.snapshot is not None:
             self.log.snapshot_installed(rd.snapshot.index)
             self._handed_off = max(self._handed_off, rd.snapshot.index)
-        if rd.entries:
-            self._handed_off = max(self._handed_off, rd.entries[-1].last_index)
+        for e in reversed(rd.entries):
+            # Handed off: this Ready's entries that the log still holds. A newer leader may have
+            # replaced the ones after them since ready() (_append_entries then lowered _handed_off):
+            # the replacements go out in the next Ready.
+            if self.log.term(e.last_index) == e.term:
+                self._handed_off = max(self._handed_off, e.last_index)
+                break
         if rd.committed:
             self.log.applied_to(rd.committed[-1].last_index)
         return rd

@@ -62,6 +62,9 @@ def run_campaign(start: int, count: int, *, jobs: int = 1, verbose: bool = False
         s.ops += r.ops
         s.ticks += r.ticks
         s.inconclusive += r.inconclusive
+        if r.inconclusive and out is not None:
+            print(f"NOTE seed={r.seed}: the linearizability search ran out of budget (not a failure)  "
+                  f"(replay: {replay_hint(r.seed)})", file=out, flush=True)
         if not r.ok:
             s.failures += 1
             s.failed.append(r)

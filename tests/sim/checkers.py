@@ -19,7 +19,9 @@ Invariants (Raft paper figure 3, thesis chapter 3, and what the application reli
 - committed-prefix: every node applies the same entry at every index, in order, each index once per
   incarnation, and a snapshot installed at index i has the term of the entry applied at i;
 - commit-durability: the durable commit index never decreases, is always covered by the durable
-  log, and a restarted node knows at least as much as committed as it had applied before the crash;
+  log, and a restarted node knows at least as much as committed as it had applied before the crash
+  (pipelined replicas: the contract lets them apply before a commit-only hard state is durable, so
+  there only: the restarted node's durable log or snapshot still holds everything it had applied);
 - leader-completeness: a new leader's log holds every entry any node has applied so far;
 - lease-safety: while a leader serves reads from its lease (term t), no node has been elected in a
   term above t -- the lease's promise (thesis §6.4.1), checked directly rather than through the
@@ -198,7 +200,8 @@ class CommittedPrefix(Checker):
 
 
 class CommitDurability(Checker):
-    def __init__(self) -> None:
+    def __init__(self, pipelined: bool = False) -> None:
+        self.pipelined = pipelined
         self.commit: dict[int, int] = {}        # node -> durable commit index
         self.applied_before_crash: dict[int, int] = {}
 
@@ -224,7 +227,11 @@ class CommitDurability(Checker):
                                      f"beyond its durable log (last index {storage.last_index()})")
         before = self.applied_before_crash.get(r.id, -1)
         assert r.node is not None
-        if r.node.log.committed < before:
+        if self.pipelined:
+            if max(storage.last_index(), storage.snapshot().index) < before:
+                raise InvariantViolation("commit-durability", f"node {r.id} had applied {before} before crashing, "
+                                         f"its durable log ends at {storage.last_index()}")
+        elif r.node.log.committed < before:
             raise InvariantViolation("commit-durability", f"node {r.id} had applied {before} before crashing, "
                                      f"restarted with commit {r.node.log.committed}")
 
@@ -295,6 +302,7 @@ class Linearizability(Checker):
     def __init__(self, history: History) -> None:
         self.history = history
         self.inconclusive = False
+        self.inconclusive_detail = ""
 
     def finish(self) -> None:
         self.history.close()
@@ -302,9 +310,11 @@ class Linearizability(Checker):
         if not verdict.ok:
             raise InvariantViolation("linearizability", verdict.detail)
         self.inconclusive = verdict.inconclusive
+        if verdict.inconclusive:
+            self.inconclusive_detail = f"key {verdict.key!r}: {verdict.detail}"
 
 
-def standard_checkers(history: History) -> list[Checker]:
+def standard_checkers(history: History, *, pipelined: bool = False) -> list[Checker]:
     committed = CommittedPrefix()
-    return [ElectionSafety(), VoteDurability(), LogMatching(), committed, CommitDurability(),
+    return [ElectionSafety(), VoteDurability(), LogMatching(), committed, CommitDurability(pipelined),
             LeaderCompleteness(committed), LeaseSafety(), StateDigest(), Linearizability(history)]

@@ -6,8 +6,8 @@ One tick, in this order (everything is deterministic given the seed):
 2. clients issue operations and give up on old ones;
 3. the network delivers every message due now; each is stepped into its live destination;
 4. every live core ticks;
-5. disk writes due now complete (send_after, apply, advance);
-6. every live replica takes Readys while its disk is free.
+5. disk writes due now complete (send what waited for them, apply, advance / persisted);
+6. every live replica takes Readys while it may (one at a time, or pipelined).
 
 A message sent at tick t arrives at t + 1 or later, so a round trip takes at least two ticks.
 
@@ -32,7 +32,7 @@ from tests.sim.replica import Replica
 class Cluster:
     def __init__(self, rng: random.Random, cfg: RaftConfig, *, nodes: int, net_faults: NetworkFaults,
                  hooks: Hooks, history: History, max_disk_latency: int, torn: float, snapshot_every: int,
-                 snapshot_padding: int) -> None:
+                 snapshot_padding: int, pipelined: bool = False) -> None:
         self.rng = rng
         self.cfg = cfg
         self.net = Network(random.Random(rng.getrandbits(64)), net_faults)
@@ -42,6 +42,7 @@ class Cluster:
         self.torn = torn
         self.snapshot_every = snapshot_every
         self.snapshot_padding = snapshot_padding
+        self.pipelined = pipelined
         self.bootstrap = ConfState(voters=tuple(range(1, nodes + 1)))
         self.replicas: dict[int, Replica] = {}
         self.now = 0
@@ -55,7 +56,8 @@ class Cluster:
         assert node_id not in self.replicas
         r = Replica(node_id, MemoryStorage(self.bootstrap), self.cfg, rng=self.rng, net=self.net,
                     hooks=self.hooks, history=self.history, max_disk_latency=self.max_disk_latency,
-                    torn=self.torn, snapshot_every=self.snapshot_every, snapshot_padding=self.snapshot_padding)
+                    torn=self.torn, snapshot_every=self.snapshot_every, snapshot_padding=self.snapshot_padding,
+                    pipelined=self.pipelined)
         self.replicas[node_id] = r
         return r
 
@@ -85,8 +87,8 @@ class Cluster:
         for r in live:
             r.tick()
         for r in live:
-            if r.node is not None and r.disk.pending is not None and r.disk.done_at <= now:
-                r.finish_write(now)
+            if r.node is not None:
+                r.complete_writes(now)
         for r in live:
             r.pump(now)
         self.now = now + 1

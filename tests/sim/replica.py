@@ -14,6 +14,12 @@ requests waiting on it. This is the application side of the Ready contract (node
 While a write is in flight the node keeps ticking and stepping messages (as a real node does while
 its fsync runs); it just gets no new Ready until advance().
 
+Pipelined (`pipelined=True`, as the runtime does it): a Ready whose only durable content is entries
+(and a commit-only hard state) is handed off at once -- applied and `accept()`ed while its write is
+still in flight -- and `persisted(ready)` says which of its `send_after` to send once the write
+completes; writes complete in order. A Ready that changes the term or vote or carries snapshot
+chunks or a snapshot must be durable before `accept()`, so it waits for its write as above.
+
 A crash drops the core object and whatever was not durable; a restart builds a new RaftNode over
 the durable storage and rebuilds the KV state from the stored snapshot, then re-applies the
 committed log as the core hands it out (applied = the snapshot index).
@@ -30,7 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from eventlog.raft.config import RaftConfig
-from eventlog.raft.node import RaftNode, Role
+from eventlog.raft.node import RaftNode, Ready, Role
 from eventlog.raft.storage import MemoryStorage
 from eventlog.raft.types import Entry, EntryKind, Message
 from tests.sim.disk import FakeDisk
@@ -55,7 +61,7 @@ class Waiter:
 class Replica:
     def __init__(self, node_id: int, storage: MemoryStorage, cfg: RaftConfig, *, rng: random.Random,
                  net: Network, hooks: Hooks, history: History, max_disk_latency: int, torn: float,
-                 snapshot_every: int, snapshot_padding: int) -> None:
+                 snapshot_every: int, snapshot_padding: int, pipelined: bool = False) -> None:
         self.id = node_id
         self.cfg = cfg
         self._rng = rng            # the cluster's source: derives each incarnation's own Random
@@ -64,6 +70,9 @@ class Replica:
         self.history = history
         self.disk = FakeDisk(storage, random.Random(rng.getrandbits(64)), max_disk_latency, torn)
         self.snapshot_every = snapshot_every
+        self.pipelined = pipelined
+        self._sync: Ready | None = None     # the Ready waiting for its write before accept / advance
+        self._last_vote = (0, 0)            # (term, vote) of the last hard state handed to the disk
         self.snapshot_padding = snapshot_padding
         self.node: RaftNode | None = None
         self.kv = KVStateMachine(storage.snapshot().conf)
@@ -91,6 +100,8 @@ class Replica:
         self.node = RaftNode(self.id, storage, self.cfg, random.Random(self._rng.getrandbits(64)),
                              applied=snap.index)
         self._seen_leader_term = 0
+        self._sync = None
+        self._last_vote = (hard.term, hard.vote)
         self.hooks.restarted(self, hard)
 
     def crash(self) -> None:
@@ -129,27 +140,59 @@ class Replica:
     # --- the Ready loop --------------------------------------------------------------------------
 
     def pump(self, now: int) -> None:
-        """Take Readys while the disk is free; zero-latency writes complete at once."""
+        """Take Readys while allowed (one at a time unless pipelined); zero-latency writes complete."""
         node = self.node
-        while node is not None and self.disk.pending is None and node.has_ready():
+        while node is not None and self._sync is None and node.has_ready():
             rd = node.ready()
             for m in rd.send_now:
                 self.net.send(m, now)
-            if self.disk.begin(rd, now) > now:
-                return
-            self.finish_write(now)
+            wait = not self.pipelined or self._must_wait(rd)
+            if rd.hard_state is not None:
+                self._last_vote = (rd.hard_state.term, rd.hard_state.vote)
+            self.disk.begin(rd, now)
+            if not wait:
+                self._apply(rd)
+                node.accept()
+                self._after_apply()
+            else:
+                self._sync = rd
+            self.complete_writes(now)
             node = self.node
 
-    def finish_write(self, now: int) -> None:
+    def _must_wait(self, rd: Ready) -> bool:
+        """Must `rd` be durable before accept()? (snapshot content, or a new term or vote)"""
+        hs = rd.hard_state
+        return bool(rd.snapshot_chunks or rd.snapshot is not None
+                    or (hs is not None and (hs.term, hs.vote) != self._last_vote))
+
+    def complete_writes(self, now: int) -> None:
+        """Writes due by `now` are durable: send what waited for them, apply, advance."""
         node = self.node
-        assert node is not None
-        rd = self.disk.complete()
-        storage = self.disk.durable
-        self.hooks.persisted(self, rd)
-        for m in rd.send_after:
-            self.net.send(m, now)
+        while node is not None and self.disk.due(now):
+            rd = self.disk.complete()
+            self.hooks.persisted(self, rd)
+            if rd is self._sync:
+                self._sync = None
+                if self.pipelined:
+                    self._apply(rd)
+                    node.accept()
+                    out = node.persisted(rd)
+                else:
+                    out = rd.send_after
+                    self._apply(rd)
+                    node.advance()
+                for m in out:
+                    self.net.send(m, now)
+                self._after_apply()
+            else:
+                for m in node.persisted(rd):
+                    self.net.send(m, now)
+                self.observe()
+
+    def _apply(self, rd: Ready) -> None:
+        """Step 4 of the contract: install the snapshot into the KV state, apply, queue reads."""
         if rd.snapshot is not None:
-            self.kv = KVStateMachine.from_snapshot(rd.snapshot, storage.snapshot_data())
+            self.kv = KVStateMachine.from_snapshot(rd.snapshot, self.disk.durable.snapshot_data())
             self.snapshots_installed += 1
             for index in [i for i in self.proposals if i <= rd.snapshot.index]:
                 self._unknown(self.proposals.pop(index))   # its outcome was not observed here
@@ -167,7 +210,8 @@ class Replica:
             w = self.index_reads.pop(request, None)
             if w is not None:
                 self._failed(w)
-        node.advance()
+
+    def _after_apply(self) -> None:
         self.observe()
         self.serve_reads()
         self._maybe_snapshot()

@@ -51,6 +51,7 @@ class SimParams:
     safety_ticks: int
     liveness_ticks: int
     heal_all: bool
+    pipelined: bool              # hand Readys off before their entries are durable (accept/persisted)
 
 
 def draw_params(rng: random.Random) -> SimParams:
@@ -118,6 +119,7 @@ def draw_params(rng: random.Random) -> SimParams:
         safety_ticks=rng.randint(200, 600),
         liveness_ticks=600 + 40 * election,
         heal_all=rng.random() < 0.5,
+        pipelined=rng.random() < 0.5,   # drawn last: the other draws of a seed stay as they were
     )
 
 
@@ -149,11 +151,12 @@ class Simulation:
         rng = random.Random(seed)
         self.params = p = draw_params(rng) if tweak is None else tweak(draw_params(rng))
         self.history = History()
-        self.checkers = standard_checkers(self.history)
+        self.checkers = standard_checkers(self.history, pipelined=p.pipelined)
         self.hooks = Hooks(self.checkers)
         self.cluster = Cluster(random.Random(rng.getrandbits(64)), p.raft, nodes=p.nodes, net_faults=p.net,
                                hooks=self.hooks, history=self.history, max_disk_latency=p.max_disk_latency,
-                               torn=p.torn, snapshot_every=p.snapshot_every, snapshot_padding=p.snapshot_padding)
+                               torn=p.torn, snapshot_every=p.snapshot_every, snapshot_padding=p.snapshot_padding,
+                               pipelined=p.pipelined)
         self.faults = FaultInjector(self.cluster, random.Random(rng.getrandbits(64)), p.faults)
         self.workload = Workload(self.cluster, self.history, random.Random(rng.getrandbits(64)), p.workload)
         self.cluster.before_tick += [self.faults.step, self.workload.step]
@@ -186,6 +189,8 @@ class Simulation:
         result.faults["snapshots_installed"] = sum(r.snapshots_installed for r in c.replicas.values())
         lin = next(ch for ch in self.checkers if isinstance(ch, Linearizability))
         result.inconclusive = lin.inconclusive
+        if lin.inconclusive and not result.detail:
+            result.detail = lin.inconclusive_detail
         h = hashlib.blake2b(digest_size=8)
         for op in self.history.ops:
             h.update(op.describe().encode())
@@ -298,7 +303,8 @@ def run_seed(seed: int, verbose: bool = False, tweak: Callable[[SimParams], SimP
         result.log = [f"params: {p.nodes} nodes, raft {p.raft}", f"  net {p.net}", f"  faults {p.faults}",
                       f"  workload {p.workload}",
                       f"  disk latency <= {p.max_disk_latency}, torn {p.torn}, snapshot every {p.snapshot_every} "
-                      f"(+{p.snapshot_padding} B), safety {p.safety_ticks} ticks, heal_all {p.heal_all}"]
+                      f"(+{p.snapshot_padding} B), safety {p.safety_ticks} ticks, heal_all {p.heal_all}, "
+                      f"pipelined {p.pipelined}"]
         result.log += sim.faults.log
     return result
 

@@ -20,7 +20,7 @@ from eventlog.raft import (
     Role,
     SnapshotMeta,
 )
-from eventlog.raft.types import AppendResp, Heartbeat, TimeoutNow, Vote
+from eventlog.raft.types import Append, AppendResp, Heartbeat, TimeoutNow, Vote
 
 
 class Group:
@@ -191,3 +191,25 @@ def test_a_restarted_follower_does_not_help_elect_anyone_for_an_election_timeout
     fresh.nodes[1].campaign()
     fresh.deliver()
     assert fresh.nodes[1].role is Role.LEADER
+
+
+def test_entries_replaced_while_their_ready_is_out_are_handed_out_again() -> None:
+    """Seeds 502341, 503653, 507138 (after pipelined persistence landed): a newer leader replaced
+    entries of a Ready between ready() and accept(); accept() then marked everything through that
+    Ready's last entry as handed off, so the replacement never reached the disk -- yet was
+    acknowledged -- and the next entry was appended on top of the stale one (log-matching)."""
+    s = MemoryStorage(ConfState(voters=(1, 2, 3)))
+    n = RaftNode(2, s, RaftConfig(election_timeout_ticks=10), random.Random(2))
+    n.step(Append(term=1, src=1, dst=2, prev_index=-1, prev_term=0,
+                  entries=(Entry(index=0, term=1), Entry(index=1, term=1), Entry(index=2, term=1)), commit=-1))
+    rd = n.ready()                                           # entries 0..2 of term 1, being written
+    n.step(Append(term=2, src=3, dst=2, prev_index=0, prev_term=1, entries=(Entry(index=1, term=2),), commit=-1))
+    s.append(rd.entries)
+    assert rd.hard_state is not None
+    s.set_hard_state(rd.hard_state)
+    n.advance()
+    rd = n.ready()
+    assert [(e.index, e.term) for e in rd.entries] == [(1, 2)]
+    s.append(rd.entries)
+    n.advance()
+    assert (s.last_index(), s.term(1)) == (1, 2)

@@ -125,7 +125,7 @@ def test_keys_are_independent() -> None:
 def _harsh(p: SimParams) -> SimParams:
     """Many crashes, slow disks, at least three nodes, lots of client traffic."""
     return dataclasses.replace(
-        p, nodes=max(3, p.nodes), max_disk_latency=3, torn=0.0,
+        p, nodes=max(3, p.nodes), max_disk_latency=3, torn=0.0, pipelined=False,
         faults=dataclasses.replace(p.faults, crash_prob=0.03, max_down=2, restart_max_ticks=20),
         workload=dataclasses.replace(p.workload, clients=3, issue_prob=0.5, weights=(4, 2, 1, 2, 2)))
 
@@ -141,13 +141,13 @@ def _first_failure(tweak: Callable[[SimParams], SimParams], seeds: int) -> tuple
 def _ack_before_fsync(self: Replica, now: int) -> None:
     """pump() that sends the acknowledgements (send_after) before the write is durable."""
     node = self.node
-    while node is not None and self.disk.pending is None and node.has_ready():
+    while node is not None and self._sync is None and node.has_ready():
         rd = node.ready()
         for m in rd.send_now + rd.send_after:
             self.net.send(m, now)
-        if self.disk.begin(dataclasses.replace(rd, send_after=()), now) > now:
-            return
-        self.finish_write(now)
+        self._sync = dataclasses.replace(rd, send_after=())
+        self.disk.begin(self._sync, now)
+        self.complete_writes(now)
         node = self.node
 
 
@@ -158,10 +158,9 @@ def _stale_follower_reads(self: RaftNode) -> int | None:
 
 def _forget_votes(self: FakeDisk) -> Ready:
     """A disk that never stores the vote (the term is kept)."""
-    rd = self.pending
-    assert rd is not None
+    rd, done = self.queue[0]
     if rd.hard_state is not None and rd.hard_state.vote:
-        self.pending = dataclasses.replace(rd, hard_state=msgspec.structs.replace(rd.hard_state, vote=0))
+        self.queue[0] = (dataclasses.replace(rd, hard_state=msgspec.structs.replace(rd.hard_state, vote=0)), done)
     _real_complete(self)
     return rd  # what the node asked for: it believes its vote is stored
 
