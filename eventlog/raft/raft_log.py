@@ -28,11 +28,13 @@ class RaftLog:
         self.unstable_offset = storage.last_index() + 1
         self.pending_snapshot: SnapshotMeta | None = None
         snap = storage.snapshot()
-        # The persisted commit index is a hint: it may run ahead of entries a crash cut from the log.
-        self.committed = max(min(committed, self.last_index()), snap.index)
+        # The persisted commit index is a hint: it may run ahead of entries a crash cut from the log,
+        # or lag behind what the state machine applied (a runtime persists it lazily). Only committed
+        # entries are ever applied, so the applied index is a commit index too.
         self.applied = max(applied, snap.index)
-        assert self.applied <= self.committed, (
-            f"applied {applied} is beyond what the log holds as committed ({self.committed})")
+        assert self.applied <= self.last_index(), (
+            f"the state machine applied {applied} but the log ends at {self.last_index()}")
+        self.committed = max(min(committed, self.last_index()), self.applied)
 
     # --- indexes and terms ---------------------------------------------------------------------
 

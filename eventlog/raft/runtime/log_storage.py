@@ -145,11 +145,14 @@ class LogStorage:
         return self._snapshot
 
     def snapshot_chunk(self, index: int, offset: int, max_bytes: int) -> bytes:
-        if index != self._snapshot.index:
-            raise CompactedError(f"snapshot {index} was replaced by snapshot {self._snapshot.index}")
-        with open(self.snapshot_dir(self._snapshot) / "data", "rb") as f:
-            f.seek(offset)
-            return f.read(max_bytes)
+        """Chunk of the current snapshot or of the one before it (a transfer in progress when a new
+        snapshot is taken finishes instead of starting over, so a slow follower is not starved)."""
+        for p in (self.directory / SNAPSHOTS).glob(f"{index}-*"):
+            if p.is_dir() and not p.name.endswith(".tmp"):
+                with open(p / "data", "rb") as f:
+                    f.seek(offset)
+                    return f.read(max_bytes)
+        raise CompactedError(f"snapshot {index} was replaced by snapshot {self._snapshot.index}")
 
     # --- writes (the runtime applying a Ready) -------------------------------------------------
 
@@ -260,11 +263,16 @@ class LogStorage:
     def snapshot_dir(self, meta: SnapshotMeta) -> Path:
         return self.directory / SNAPSHOTS / f"{meta.index}-{meta.term}"
 
-    def _drop_old_snapshots(self) -> None:
-        keep = self.snapshot_dir(self._snapshot).name
+    def _drop_old_snapshots(self, keep: int = 2) -> None:
+        """Keep the newest `keep` snapshots (a transfer of the previous one may be under way)."""
+        snapshots = []
         for p in (self.directory / SNAPSHOTS).iterdir():
-            if p.name != keep and p.name != INCOMING:
-                shutil.rmtree(p, ignore_errors=True)
+            if p.name == INCOMING or p.name.endswith(".tmp"):
+                continue
+            index, _, _term = p.name.partition("-")
+            snapshots.append((int(index), p))
+        for _, p in sorted(snapshots, reverse=True)[keep:]:
+            shutil.rmtree(p, ignore_errors=True)
 
     def close(self) -> None:
         self.log.close()

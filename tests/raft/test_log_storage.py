@@ -1,0 +1,111 @@
+"""Raft storage on the segmented log (eventlog.raft.runtime.log_storage), and entries as batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from eventlog.config import LogConfig
+from eventlog.raft.confchange import encode_conf_change
+from eventlog.raft.errors import CompactedError
+from eventlog.raft.raft_log import RaftLog
+from eventlog.raft.runtime.entries import batch_to_entry, entry_to_batch
+from eventlog.raft.runtime.log_storage import LogStorage
+from eventlog.raft.storage import MemoryStorage
+from eventlog.raft.types import ConfChange, ConfChangeKind, ConfState, Entry, EntryKind, HardState
+from eventlog.records import RecordBatch, encode_batch
+
+CFG = LogConfig(segment_bytes=16 * 1024, flush_policy="fsync")
+CONF = ConfState(voters=(1, 2, 3))
+
+
+def normal(index: int, term: int, n: int = 2) -> Entry:
+    data = encode_batch([(b"k%d" % (index + i), b"v" * 50) for i in range(n)], timestamp_ms=index)
+    return Entry(index, term, n, EntryKind.NORMAL, data)
+
+
+def conf_entry(index: int, term: int, node: int) -> Entry:
+    return Entry(index, term, 1, EntryKind.CONF_CHANGE,
+                 encode_conf_change(ConfChange(ConfChangeKind.ADD_LEARNER, node)))
+
+
+def chain(start: int, term: int, count: int) -> list[Entry]:
+    out, index = [], start
+    for _ in range(count):
+        e = normal(index, term)
+        out.append(e)
+        index = e.last_index + 1
+    return out
+
+
+def test_entries_round_trip_through_batches_byte_for_byte():
+    for e in (normal(10, 3, 5), Entry(7, 2, 1, EntryKind.NOOP, b""), conf_entry(8, 2, 4)):
+        raw = entry_to_batch(e)
+        back = batch_to_entry(RecordBatch.parse(raw))
+        assert (back.index, back.term, back.count, back.kind) == (e.index, e.term, e.count, e.kind)
+        assert entry_to_batch(back) == raw, "the stored bytes are a pure function of the entry"
+
+
+def test_append_truncate_and_reopen(tmp_path: Path):
+    st = LogStorage.open(tmp_path, CFG, CONF)
+    entries = chain(0, 1, 10) + [conf_entry(20, 1, 4)] + chain(21, 1, 5)
+    assert st.append(entries) == 30
+    assert (st.first_index(), st.last_index(), st.term(5), st.entry_bounds(5)) == (0, 30, 1, (4, 5))
+    assert [e.index for e in st.entries(0, 31, 1 << 20)] == [e.index for e in entries]
+    assert [e.index for e in st.entries(4, 31, 300)][:1] == [4], "max_bytes still gives one entry"
+    # a newer leader replaces the suffix from 12 on (including the membership change at 20)
+    st.append(chain(12, 2, 3))
+    assert st.last_index() == 17 and st.term(12) == 2 and st.conf_entries() == []
+    st.set_hard_state(HardState(term=2, vote=3, commit=11))
+    st.append([conf_entry(18, 2, 5)])
+    st.close()
+    again = LogStorage.open(tmp_path, CFG, CONF)
+    hard, snap = again.initial_state()
+    assert (hard.term, hard.vote, hard.commit, snap.index) == (2, 3, 11, -1)
+    assert [e.index for e in again.conf_entries()] == [18], "found past conf_scanned_to on open"
+    again.close()
+
+
+def test_snapshots_keep_the_previous_one_readable_and_install_resets_the_log(tmp_path: Path):
+    st = LogStorage.open(tmp_path / "a", CFG, CONF)
+    st.append(chain(0, 1, 40))
+    first = st.create_snapshot(9, CONF, lambda p: p.write_bytes(b"state@9" * 100))
+    second = st.create_snapshot(19, CONF, lambda p: p.write_bytes(b"state@19" * 100))
+    assert st.snapshot() == second and st.first_index() == 20
+    assert st.log.start_offset == 0, "segments stay until compact(): a lagging follower may still read them"
+    assert st.snapshot_chunk(first.index, 0, 7) == b"state@9", "a transfer of the previous one can finish"
+    st.create_snapshot(29, CONF, lambda p: p.write_bytes(b"x"))
+    with pytest.raises(CompactedError):
+        st.snapshot_chunk(first.index, 0, 7)
+    st.compact(29)
+    assert st.first_index() == 30 and st.term(29) == 1
+    with pytest.raises(CompactedError):
+        st.term(5)
+    st.close()
+
+    follower = LogStorage.open(tmp_path / "b", CFG, CONF)
+    follower.append(chain(0, 1, 5))
+    data = b"snapshot bytes" * 50
+    meta = second.__class__(index=55, term=3, conf=CONF, size=len(data))
+    follower.stage_snapshot_chunk(meta, 0, data[:100])
+    follower.stage_snapshot_chunk(meta, 100, data[100:])
+    path = follower.install_snapshot(meta)
+    assert (path / "data").read_bytes() == data
+    assert (follower.first_index(), follower.last_index(), follower.term(55)) == (56, 55, 3)
+    follower.append(chain(56, 3, 2))
+    follower.close()
+    reopened = LogStorage.open(tmp_path / "b", CFG, CONF)
+    assert (reopened.snapshot(), reopened.first_index(), reopened.last_index()) == (meta, 56, 59)
+    reopened.close()
+
+
+def test_applied_counts_as_committed_when_the_commit_hint_lags():
+    """A runtime persists the commit lazily; a state machine that applied further proves more committed."""
+    storage = MemoryStorage(CONF)
+    storage.append(chain(0, 1, 5))
+    storage.set_hard_state(HardState(term=1, vote=1, commit=3))
+    log = RaftLog(storage, committed=3, applied=7)
+    assert (log.committed, log.applied) == (7, 7)
+    with pytest.raises(AssertionError):
+        RaftLog(storage, committed=3, applied=20)  # applied beyond the log: broken storage
