@@ -1,0 +1,525 @@
+"""Applying committed events to the views: deterministic, exactly once, all or nothing per batch.
+
+`Applier.apply_entries` turns committed Raft entries into ONE RocksDB WriteBatch holding every view
+mutation and the new applied offset, so a crash at any point neither loses nor repeats an event: on
+restart the views say which offset they reached and the log replays what follows.
+
+Per record: decode the event (a malformed one is rejected on every replica alike; one of a newer
+schema stops the node, which must be upgraded, rather than apply it differently from its peers);
+if its request id was seen within the dedupe window, return the first outcome and change nothing;
+check its conditions (epochs, expected versions) against the current state, including the writes
+of earlier records in the same batch; then write the new entity state, its history row in
+`versions`, and lease attachments. A rejected event changes nothing (savepoints).
+
+Determinism: only the events decide the mutations (no clocks, no randomness, no iteration over
+unordered sets). A running digest chains, per entry, the sorted mutations it made, so replicas that
+applied the same entries hold the same digest whatever batches they applied them in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+
+import msgspec
+
+from eventlog.raft.types import Entry, EntryKind
+from eventlog.records import RecordBatch
+from statemachines import events as ev
+from statemachines.state import (
+    BrokerState,
+    ConfigState,
+    GroupState,
+    KvState,
+    LeaseState,
+    OffsetState,
+    Outcome,
+    SessionState,
+    TopicState,
+    Version,
+    decode_outcome,
+    decode_state,
+    encode,
+)
+from statemachines.store import (
+    APPLIED,
+    DIGEST,
+    META,
+    ViewsConfig,
+    ViewStore,
+    cf_for,
+    decode_offset,
+    encode_offset,
+    prefix_upper_bound,
+    version_key,
+)
+
+DEDUPE_EVICTED = b"dedupe_evicted_to"
+
+
+class Overlay:
+    """Pending writes over the store (or a parent overlay): reads see them before they are written."""
+
+    def __init__(self, store: ViewStore, parent: Overlay | None = None) -> None:
+        self.store = store
+        self.parent = parent
+        self.writes: dict[tuple[str, bytes], bytes | None] = {}
+
+    def get(self, cf: str, key: bytes) -> bytes | None:
+        hit = self.writes.get((cf, key), _MISSING)
+        if hit is not _MISSING:
+            return hit  # type: ignore[return-value]
+        if self.parent is not None:
+            return self.parent.get(cf, key)
+        return self.store.get(cf, key)
+
+    def put(self, cf: str, key: bytes, value: bytes) -> None:
+        self.writes[(cf, key)] = value
+
+    def delete(self, cf: str, key: bytes) -> None:
+        self.writes[(cf, key)] = None
+
+    def scan(self, cf: str, start: bytes, end: bytes | None) -> list[tuple[bytes, bytes]]:
+        """Live keys in [start, end), pending writes merged over the store, in key order.
+
+        Materializes the range: used for small ranges only (one lease's keys, expired request ids).
+        """
+        merged: dict[bytes, bytes | None] = dict(self.store.scan(cf, start, end))
+        chain = []
+        layer: Overlay | None = self
+        while layer is not None:
+            chain.append(layer)
+            layer = layer.parent
+        for layer in reversed(chain):  # inner layers' writes win
+            for (c, k), v in layer.writes.items():
+                if c == cf and k >= start and (end is None or k < end):
+                    merged[k] = v
+        return [(k, v) for k, v in sorted(merged.items()) if v is not None]
+
+    def commit_to_parent(self) -> None:
+        assert self.parent is not None
+        self.parent.writes.update(self.writes)
+        self.writes = {}
+
+
+_MISSING = object()
+
+
+Handler = Callable[["Applier", Overlay, ev.Event, int], Outcome]
+
+
+class Applier:
+    """Applies committed entries of one group to its views. Call from the group's loop only."""
+
+    def __init__(self, store: ViewStore, config: ViewsConfig | None = None) -> None:
+        self.store = store
+        self.config = config or ViewsConfig()
+
+    def apply_entries(self, entries: Sequence[Entry]) -> dict[int, Outcome]:
+        """Apply entries (offset order, after the applied offset) in one WriteBatch; outcomes by offset."""
+        store = self.store
+        batch_ov = Overlay(store)
+        outcomes: dict[int, Outcome] = {}
+        digest = store.meta(DIGEST) or b""
+        applied = store.applied
+        for entry in entries:
+            if entry.last_index <= applied:
+                continue  # already in the views (a restart replays from the persisted commit)
+            assert entry.index == applied + 1, f"gap: entry {entry.index} after applied offset {applied}"
+            entry_ov = Overlay(store, batch_ov)
+            if entry.kind is EntryKind.NORMAL:
+                for record in RecordBatch.parse(entry.data, verify_crc=False).records():
+                    outcomes[record.offset] = self._apply_record(entry_ov, record.key, record.value, record.offset)
+            self._evict_dedupe(entry_ov, entry.last_index)
+            digest = _chain(digest, entry.last_index, entry_ov.writes)
+            entry_ov.commit_to_parent()
+            applied = entry.last_index
+        if not entries or applied == store.applied:
+            return outcomes
+        wb = store.new_batch()
+        for (cf, key), value in batch_ov.writes.items():
+            if cf == META:
+                store.put_meta(wb, key, value or b"")
+            elif value is None:
+                store.delete(wb, cf, key)
+            else:
+                store.put(wb, cf, key, value)
+        store.put_meta(wb, APPLIED, encode_offset(applied))
+        store.put_meta(wb, DIGEST, digest)
+        store.write(wb)
+        return outcomes
+
+    # --- one record ----------------------------------------------------------------------------
+
+    def _apply_record(self, ov: Overlay, key: bytes | None, value: bytes | None, offset: int) -> Outcome:
+        try:
+            event = ev.decode_event(value or b"")
+        except ev.EventError as exc:
+            return Outcome(False, offset, exc.code, str(exc))
+        if key != event.key().encode():
+            return Outcome(False, offset, "invalid_argument", f"record key {key!r} is not the event's key")
+        dedupe_key = None
+        if event.request_id:
+            dedupe_key = event.actor.encode() + b"\x00" + event.request_id.encode()
+            first = ov.get("dedupe", dedupe_key)
+            if first is not None:
+                o = decode_outcome(first)
+                if offset - o.offset <= self.config.dedupe_window_offsets:
+                    return Outcome(o.ok, o.offset, o.code, o.message, duplicate=True)
+        savepoint = Overlay(self.store, ov)
+        try:
+            event.validate()
+            outcome = _HANDLERS[type(event)](self, savepoint, event, offset)
+        except ev.EventError as exc:
+            outcome = Outcome(False, offset, exc.code, str(exc))
+        if outcome.ok:
+            savepoint.commit_to_parent()
+        if dedupe_key is not None:
+            ov.put("dedupe", dedupe_key, encode(outcome))
+            ov.put("dedupe_expiry", encode_offset(offset) + dedupe_key, b"")
+        return outcome
+
+    def _evict_dedupe(self, ov: Overlay, last_offset: int) -> None:
+        """Forget request ids older than the window (deterministic: by offset, not by time)."""
+        threshold = last_offset - self.config.dedupe_window_offsets
+        if threshold <= 0:
+            return
+        raw = ov.get(META, DEDUPE_EVICTED)
+        start = decode_offset(raw) if raw else 0
+        if start >= threshold:
+            return
+        for k, _ in ov.scan("dedupe_expiry", encode_offset(max(start, 0)), encode_offset(threshold)):
+            ov.delete("dedupe_expiry", k)
+            request = k[8:]
+            stored = ov.get("dedupe", request)
+            if stored is not None and decode_outcome(stored).offset < threshold:
+                ov.delete("dedupe", request)
+        ov.put(META, DEDUPE_EVICTED, encode_offset(threshold))
+
+    # --- entities ------------------------------------------------------------------------------
+
+    @staticmethod
+    def load(ov: Overlay, key: str) -> msgspec.Struct | None:
+        raw_key = key.encode()
+        raw = ov.get(cf_for(raw_key), raw_key)
+        return None if raw is None else decode_state(raw_key, raw)
+
+    @staticmethod
+    def save(ov: Overlay, key: str, state: msgspec.Struct, event: ev.Event, offset: int) -> None:
+        raw_key = key.encode()
+        data = encode(state)
+        ov.put(cf_for(raw_key), raw_key, data)
+        ov.put("versions", version_key(raw_key, offset), encode(Version(_tag(event), data)))
+
+    @staticmethod
+    def remove(ov: Overlay, key: str, event: ev.Event, offset: int) -> None:
+        raw_key = key.encode()
+        ov.delete(cf_for(raw_key), raw_key)
+        ov.put("versions", version_key(raw_key, offset), encode(Version(_tag(event), None)))
+
+
+def _tag(event: ev.Event) -> str:
+    return type(event).__struct_config__.tag  # type: ignore[return-value]
+
+
+def _chain(digest: bytes, offset: int, writes: dict[tuple[str, bytes], bytes | None]) -> bytes:
+    h = hashlib.sha256(digest)
+    h.update(encode_offset(offset))
+    for (cf, key) in sorted(writes):
+        value = writes[(cf, key)]
+        h.update(cf.encode() + b"\x00" + len(key).to_bytes(4, "big") + key)
+        h.update(b"\x01" + len(value).to_bytes(4, "big") + value if value is not None else b"\x00")
+    return h.digest()
+
+
+def _ok(offset: int) -> Outcome:
+    return Outcome(True, offset)
+
+
+def _reject(offset: int, code: str, message: str) -> Outcome:
+    return Outcome(False, offset, code, message)
+
+
+def _version_mismatch(offset: int, key: str, expected: int | None, state: msgspec.Struct | None) -> Outcome | None:
+    """Compare-and-set: None when `expected` matches the entity's version (0 = must not exist)."""
+    if expected is None:
+        return None
+    current = 0 if state is None else state.version  # type: ignore[attr-defined]
+    if current == expected:
+        return None
+    return _reject(offset, "version_mismatch", f"{key} is at version {current}, not {expected}")
+
+
+# --- handlers ------------------------------------------------------------------------------------
+
+def _broker_registered(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.BrokerRegistered)
+    current = a.load(ov, e.key())
+    if isinstance(current, BrokerState) and current.broker_epoch >= e.broker_epoch:
+        return _reject(offset, "stale_epoch", f"broker {e.name} is at epoch {current.broker_epoch}, "
+                                              f"not below {e.broker_epoch}")
+    created = current.created if isinstance(current, BrokerState) else offset
+    a.save(ov, e.key(), BrokerState(cluster=e.cluster, group=e.group, name=e.name, address=e.address,
+                                    incarnation=e.incarnation, broker_id=e.broker_id, broker_epoch=e.broker_epoch,
+                                    version=offset, created=created), e, offset)
+    group = a.load(ov, e.group_key())
+    if isinstance(group, GroupState):
+        brokers = {**group.brokers, e.name: e.broker_id}
+        group = msgspec.structs.replace(group, brokers=brokers, version=offset)
+    else:
+        group = GroupState(cluster=e.cluster, group=e.group, brokers={e.name: e.broker_id}, version=offset,
+                           created=offset)
+    a.save(ov, e.group_key(), group, e, offset)
+    return _ok(offset)
+
+
+def _broker_epoch_check(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> tuple[BrokerState | None, Outcome | None]:
+    assert isinstance(e, ev.BrokerFenced | ev.BrokerUnfenced | ev.BrokerUnregistered)
+    current = a.load(ov, e.key())
+    if not isinstance(current, BrokerState):
+        return None, _reject(offset, "not_found", f"broker {e.name} of {e.group} is not registered")
+    if current.broker_epoch != e.broker_epoch:
+        return None, _reject(offset, "stale_epoch", f"broker {e.name} is at epoch {current.broker_epoch}, "
+                                                    f"not {e.broker_epoch}")
+    return current, None
+
+
+def _broker_fenced(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    current, rejected = _broker_epoch_check(a, ov, e, offset)
+    if rejected:
+        return rejected
+    assert current is not None
+    a.save(ov, e.key(), msgspec.structs.replace(current, fenced=isinstance(e, ev.BrokerFenced), version=offset),
+           e, offset)
+    return _ok(offset)
+
+
+def _broker_unregistered(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.BrokerUnregistered)
+    current, rejected = _broker_epoch_check(a, ov, e, offset)
+    if rejected:
+        return rejected
+    a.remove(ov, e.key(), e, offset)
+    group = a.load(ov, e.group_key())
+    if isinstance(group, GroupState):
+        brokers = {n: i for n, i in group.brokers.items() if n != e.name}
+        a.save(ov, e.group_key(), msgspec.structs.replace(group, brokers=brokers, version=offset), e, offset)
+    return _ok(offset)
+
+
+def _sync_state_set_changed(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.SyncStateSetChanged)
+    group = a.load(ov, e.key())
+    if not isinstance(group, GroupState):
+        return _reject(offset, "not_found", f"broker group {e.group} has no master yet")
+    if (group.master_epoch, group.sync_state_set_epoch) != (e.master_epoch, e.sync_state_set_epoch):
+        return _reject(offset, "stale_epoch", f"group {e.group} is at master epoch {group.master_epoch} and "
+                                              f"sync-state-set epoch {group.sync_state_set_epoch}, not "
+                                              f"{e.master_epoch}/{e.sync_state_set_epoch}")
+    if group.master not in e.sync_state_set:
+        return _reject(offset, "invalid_argument", "the master must stay in its sync state set")
+    a.save(ov, e.key(), msgspec.structs.replace(group, sync_state_set=tuple(sorted(set(e.sync_state_set))),
+                                                sync_state_set_epoch=group.sync_state_set_epoch + 1,
+                                                version=offset), e, offset)
+    return _ok(offset)
+
+
+def _master_elected(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.MasterElected)
+    group = a.load(ov, e.key())
+    if not isinstance(group, GroupState):
+        group = GroupState(cluster=e.cluster, group=e.group, version=offset, created=offset)
+    if group.master_epoch != e.master_epoch:
+        return _reject(offset, "stale_epoch", f"group {e.group} is at master epoch {group.master_epoch}, "
+                                              f"not {e.master_epoch}")
+    sync = tuple(sorted(set(e.sync_state_set))) if e.sync_state_set else ((e.master,) if e.master >= 0 else ())
+    a.save(ov, e.key(), msgspec.structs.replace(group, master=e.master, master_epoch=group.master_epoch + 1,
+                                                sync_state_set=sync,
+                                                sync_state_set_epoch=group.sync_state_set_epoch + 1,
+                                                version=offset), e, offset)
+    return _ok(offset)
+
+
+def _topic_created(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.TopicCreated)
+    if a.load(ov, e.key()) is not None:
+        return _reject(offset, "already_exists", f"topic {e.name} exists")
+    a.save(ov, e.key(), TopicState(name=e.name, read_queues=e.read_queues, write_queues=e.write_queues,
+                                   perm=e.perm, broker_groups=tuple(e.broker_groups), config=dict(e.config),
+                                   version=offset, created=offset), e, offset)
+    return _ok(offset)
+
+
+def _topic_updated(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.TopicUpdated)
+    current = a.load(ov, e.key())
+    if not isinstance(current, TopicState):
+        return _reject(offset, "not_found", f"topic {e.name} does not exist")
+    mismatch = _version_mismatch(offset, e.key(), e.expected_version, current)
+    if mismatch:
+        return mismatch
+    changes = {k: getattr(e, k) for k in ("read_queues", "write_queues", "perm", "broker_groups", "config")
+               if getattr(e, k) is not None}
+    a.save(ov, e.key(), msgspec.structs.replace(current, **changes, version=offset), e, offset)
+    return _ok(offset)
+
+
+def _topic_deleted(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.TopicDeleted)
+    current = a.load(ov, e.key())
+    if current is None:
+        return _reject(offset, "not_found", f"topic {e.name} does not exist")
+    mismatch = _version_mismatch(offset, e.key(), e.expected_version, current)
+    if mismatch:
+        return mismatch
+    a.remove(ov, e.key(), e, offset)
+    return _ok(offset)
+
+
+def _offset_committed(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.OffsetCommitted)
+    current = a.load(ov, e.key())
+    created = current.created if isinstance(current, OffsetState) else offset
+    a.save(ov, e.key(), OffsetState(consumer_group=e.consumer_group, topic=e.topic, queue_id=e.queue_id,
+                                    offset=e.offset, version=offset, created=created), e, offset)
+    return _ok(offset)
+
+
+def _lease_key(lease_id: int, entity_key: str) -> bytes:
+    return f"{lease_id:020d}/{entity_key}".encode()
+
+
+def _attach(a: Applier, ov: Overlay, old_lease: int, new_lease: int, key: str, offset: int) -> Outcome | None:
+    if new_lease and not isinstance(a.load(ov, f"lease/{new_lease:020d}"), LeaseState):
+        return _reject(offset, "not_found", f"lease {new_lease} does not exist (expired or revoked?)")
+    if old_lease and old_lease != new_lease:
+        ov.delete("lease_keys", _lease_key(old_lease, key))
+    if new_lease:
+        ov.put("lease_keys", _lease_key(new_lease, key), b"")
+    return None
+
+
+def _kv_put(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.KvPut)
+    current = a.load(ov, e.key())
+    mismatch = _version_mismatch(offset, e.key(), e.expected_version, current)
+    if mismatch:
+        return mismatch
+    old_lease = current.lease if isinstance(current, KvState) else 0
+    rejected = _attach(a, ov, old_lease, e.lease, e.key(), offset)
+    if rejected:
+        return rejected
+    created = current.created if isinstance(current, KvState) else offset
+    a.save(ov, e.key(), KvState(name=e.name, value=e.value, lease=e.lease, version=offset, created=created),
+           e, offset)
+    return _ok(offset)
+
+
+def _kv_deleted(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.KvDeleted)
+    current = a.load(ov, e.key())
+    if not isinstance(current, KvState):
+        return _reject(offset, "not_found", f"key {e.name!r} does not exist")
+    mismatch = _version_mismatch(offset, e.key(), e.expected_version, current)
+    if mismatch:
+        return mismatch
+    _attach(a, ov, current.lease, 0, e.key(), offset)
+    a.remove(ov, e.key(), e, offset)
+    return _ok(offset)
+
+
+def _lease_granted(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.LeaseGranted)
+    if a.load(ov, e.key()) is not None:
+        return _reject(offset, "already_exists", f"lease {e.lease_id} exists")
+    a.save(ov, e.key(), LeaseState(lease_id=e.lease_id, ttl_ms=e.ttl_ms, version=offset, created=offset), e, offset)
+    return _ok(offset)
+
+
+def _lease_ended(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    """LeaseRevoked / LeaseExpired: the lease and every entity attached to it go."""
+    assert isinstance(e, ev.LeaseRevoked | ev.LeaseExpired)
+    if a.load(ov, e.key()) is None:
+        return _reject(offset, "not_found", f"lease {e.lease_id} does not exist")
+    prefix = f"{e.lease_id:020d}/".encode()
+    for k, _ in list(ov.scan("lease_keys", prefix, prefix_upper_bound(prefix))):
+        ov.delete("lease_keys", k)
+        entity = k[len(prefix):].decode()
+        if a.load(ov, entity) is not None:
+            a.remove(ov, entity, e, offset)
+    a.remove(ov, e.key(), e, offset)
+    return _ok(offset)
+
+
+def _session_opened(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.SessionOpened)
+    current = a.load(ov, e.key())
+    old_lease = current.lease if isinstance(current, SessionState) else 0
+    rejected = _attach(a, ov, old_lease, e.lease, e.key(), offset)
+    if rejected:
+        return rejected
+    created = current.created if isinstance(current, SessionState) and not e.clean else offset
+    a.save(ov, e.key(), SessionState(client_id=e.client_id, node=e.node, clean=e.clean, lease=e.lease,
+                                     version=offset, created=created), e, offset)
+    return _ok(offset)
+
+
+def _session_closed(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.SessionClosed)
+    current = a.load(ov, e.key())
+    if not isinstance(current, SessionState):
+        return _reject(offset, "not_found", f"session {e.client_id!r} is not open")
+    _attach(a, ov, current.lease, 0, e.key(), offset)
+    a.remove(ov, e.key(), e, offset)
+    return _ok(offset)
+
+
+def _config_changed(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.ConfigChanged)
+    current = a.load(ov, e.key())
+    if e.value is None:
+        if current is None:
+            return _reject(offset, "not_found", f"config {e.scope}/{e.name} is not set")
+        a.remove(ov, e.key(), e, offset)
+    else:
+        created = current.created if isinstance(current, ConfigState) else offset
+        a.save(ov, e.key(), ConfigState(scope=e.scope, name=e.name, value=e.value, version=offset,
+                                        created=created), e, offset)
+    return _ok(offset)
+
+
+def _txn(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.Txn)
+    for cond in e.conditions:
+        state = a.load(ov, cond.key)
+        current = 0 if state is None else state.version  # type: ignore[attr-defined]
+        if current != cond.version:
+            return _reject(offset, "condition_failed", f"{cond.key} is at version {current}, not {cond.version}")
+    for op in e.ops:
+        outcome = _HANDLERS[type(op)](a, ov, op, offset)
+        if not outcome.ok:
+            return _reject(offset, outcome.code, f"transaction aborted: {outcome.message}")
+    return _ok(offset)
+
+
+_HANDLERS: dict[type, Handler] = {
+    ev.BrokerRegistered: _broker_registered,
+    ev.BrokerFenced: _broker_fenced,
+    ev.BrokerUnfenced: _broker_fenced,
+    ev.BrokerUnregistered: _broker_unregistered,
+    ev.SyncStateSetChanged: _sync_state_set_changed,
+    ev.MasterElected: _master_elected,
+    ev.TopicCreated: _topic_created,
+    ev.TopicUpdated: _topic_updated,
+    ev.TopicDeleted: _topic_deleted,
+    ev.OffsetCommitted: _offset_committed,
+    ev.KvPut: _kv_put,
+    ev.KvDeleted: _kv_deleted,
+    ev.LeaseGranted: _lease_granted,
+    ev.LeaseRevoked: _lease_ended,
+    ev.LeaseExpired: _lease_ended,
+    ev.SessionOpened: _session_opened,
+    ev.SessionClosed: _session_closed,
+    ev.ConfigChanged: _config_changed,
+    ev.Txn: _txn,
+}

@@ -1,0 +1,419 @@
+"""Typed, versioned metadata events: the record values of the log.
+
+Every metadata change is one event: a frozen msgspec struct with a type tag, encoded as msgpack in
+the record value; the record key is the entity key (`Event.key()`). Each event carries the acting
+principal (`actor`), the client's request id (`request_id`, for idempotent retries) and the domain
+epochs or versions it is conditioned on (broker epoch, master epoch, sync-state-set epoch, expected
+version), so a stale command is rejected deterministically when it is applied, on every replica.
+
+Schema evolution: a field added later must have a default, so older readers simply ignore it (msgspec
+skips unknown fields) and newer readers fill it in. `v` is the schema version the writer used; a
+reader refuses an event of a newer version than it knows (`SchemaVersionError`) instead of
+misreading it, and an unknown event type is refused the same way.
+
+`validate()` checks names, sizes and required fields before anything is appended.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar
+
+import msgspec
+
+from eventlog.errors import EpochlogError
+
+MAX_KEY_BYTES = 1024
+MAX_VALUE_BYTES = 1 << 20
+MAX_NAME = 128
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+_ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$")
+
+
+class EventError(EpochlogError):
+    """An event (or command) is invalid; nothing was appended."""
+
+    code = "invalid_argument"
+
+
+class SchemaVersionError(EpochlogError):
+    """An event was written by a newer Epochlog than this reader understands."""
+
+    code = "schema_version"
+
+
+def _name(field: str, value: str) -> None:
+    if not _NAME.match(value):
+        raise EventError(f"{field} {value!r} must be 1-{MAX_NAME} characters of letters, digits, '.', '_', ':', '-' "
+                         f"starting with a letter or digit")
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of every event. `VERSION` is the newest schema version of the type this code knows."""
+
+    VERSION: ClassVar[int] = 1
+    v: int = 1
+    actor: str = ""
+    request_id: str = ""
+
+    def key(self) -> str:
+        raise NotImplementedError
+
+    def validate(self) -> None:
+        if len(self.actor) > 256:
+            raise EventError("actor is longer than 256 characters")
+        if len(self.request_id) > 128:
+            raise EventError("request_id is longer than 128 characters")
+        if self.v < 1:
+            raise EventError(f"schema version {self.v} is not valid")
+
+
+# --- brokers (the controller's registry) -----------------------------------------------------------
+
+class _BrokerEvent(Event, frozen=True, kw_only=True):
+    cluster: str
+    group: str       # broker group (RocketMQ broker name), e.g. "broker-a"
+    name: str        # this broker within the group
+
+    def key(self) -> str:
+        return f"broker/{self.cluster}/{self.group}/{self.name}"
+
+    def group_key(self) -> str:
+        return f"group/{self.cluster}/{self.group}"
+
+    def validate(self) -> None:
+        super().validate()
+        _name("cluster", self.cluster)
+        _name("group", self.group)
+        _name("name", self.name)
+
+
+class BrokerRegistered(_BrokerEvent, frozen=True, kw_only=True, tag="BrokerRegistered"):
+    address: str
+    incarnation: str
+    broker_id: int
+    broker_epoch: int
+
+    def validate(self) -> None:
+        super().validate()
+        if not _ADDRESS.match(self.address):
+            raise EventError(f"address {self.address!r} must be host:port")
+        if not self.incarnation or len(self.incarnation) > 128:
+            raise EventError("incarnation is required (at most 128 characters)")
+        if self.broker_id < 0 or self.broker_epoch < 1:
+            raise EventError("broker_id must be >= 0 and broker_epoch >= 1")
+
+
+class BrokerFenced(_BrokerEvent, frozen=True, kw_only=True, tag="BrokerFenced"):
+    broker_epoch: int
+    reason: str = ""
+
+
+class BrokerUnfenced(_BrokerEvent, frozen=True, kw_only=True, tag="BrokerUnfenced"):
+    broker_epoch: int
+
+
+class BrokerUnregistered(_BrokerEvent, frozen=True, kw_only=True, tag="BrokerUnregistered"):
+    broker_epoch: int
+
+
+# --- broker groups: SyncStateSet and master (RocketMQ controller mode) ------------------------------
+
+class _GroupEvent(Event, frozen=True, kw_only=True):
+    cluster: str
+    group: str
+
+    def key(self) -> str:
+        return f"group/{self.cluster}/{self.group}"
+
+    def validate(self) -> None:
+        super().validate()
+        _name("cluster", self.cluster)
+        _name("group", self.group)
+
+
+class SyncStateSetChanged(_GroupEvent, frozen=True, kw_only=True, tag="SyncStateSetChanged"):
+    """The master reports its in-sync replicas; applied only if both epochs are current."""
+
+    sync_state_set: tuple[int, ...]
+    master_epoch: int
+    sync_state_set_epoch: int
+
+
+class MasterElected(_GroupEvent, frozen=True, kw_only=True, tag="MasterElected"):
+    """A new master (-1: none eligible) in the epoch after `master_epoch`, which must be current."""
+
+    master: int
+    master_epoch: int
+    sync_state_set: tuple[int, ...] = ()
+
+
+# --- topics and routes (NameServer) --------------------------------------------------------------
+
+PERM_READ = 4
+PERM_WRITE = 2
+
+
+class _TopicEvent(Event, frozen=True, kw_only=True):
+    name: str
+
+    def key(self) -> str:
+        return f"topic/{self.name}"
+
+    def validate(self) -> None:
+        super().validate()
+        _name("topic", self.name)
+
+
+def _queues(read: int | None, write: int | None, perm: int | None, groups: tuple[str, ...] | None) -> None:
+    for label, n in (("read_queues", read), ("write_queues", write)):
+        if n is not None and not 0 <= n <= 1024:
+            raise EventError(f"{label} must be between 0 and 1024, got {n}")
+    if perm is not None and not 0 <= perm <= 7:
+        raise EventError(f"perm must be between 0 and 7, got {perm}")
+    for g in groups or ():
+        _name("broker group", g)
+
+
+class TopicCreated(_TopicEvent, frozen=True, kw_only=True, tag="TopicCreated"):
+    read_queues: int = 8
+    write_queues: int = 8
+    perm: int = PERM_READ | PERM_WRITE
+    broker_groups: tuple[str, ...] = ()
+    config: dict[str, str] = {}
+
+    def validate(self) -> None:
+        super().validate()
+        _queues(self.read_queues, self.write_queues, self.perm, self.broker_groups)
+
+
+class TopicUpdated(_TopicEvent, frozen=True, kw_only=True, tag="TopicUpdated"):
+    read_queues: int | None = None
+    write_queues: int | None = None
+    perm: int | None = None
+    broker_groups: tuple[str, ...] | None = None
+    config: dict[str, str] | None = None
+    expected_version: int | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        _queues(self.read_queues, self.write_queues, self.perm, self.broker_groups)
+
+
+class TopicDeleted(_TopicEvent, frozen=True, kw_only=True, tag="TopicDeleted"):
+    expected_version: int | None = None
+
+
+# --- consumer offsets ----------------------------------------------------------------------------
+
+class OffsetCommitted(Event, frozen=True, kw_only=True, tag="OffsetCommitted"):
+    consumer_group: str
+    topic: str
+    queue_id: int
+    offset: int
+
+    def key(self) -> str:
+        return f"offset/{self.consumer_group}/{self.topic}/{self.queue_id}"
+
+    def validate(self) -> None:
+        super().validate()
+        _name("consumer_group", self.consumer_group)
+        _name("topic", self.topic)
+        if self.queue_id < 0 or self.offset < 0:
+            raise EventError("queue_id and offset must be >= 0")
+
+
+# --- key-value data, leases and sessions ---------------------------------------------------------
+
+def _kv_key(key: str) -> None:
+    raw = key.encode()
+    if not raw or len(raw) > MAX_KEY_BYTES or "\x00" in key:
+        raise EventError(f"a key is 1-{MAX_KEY_BYTES} bytes of UTF-8 without NUL")
+
+
+class KvPut(Event, frozen=True, kw_only=True, tag="KvPut"):
+    """Set `name` (the user's key) to `value`; with `expected_version` a compare-and-set (0: must not exist)."""
+
+    name: str
+    value: bytes
+    lease: int = 0
+    expected_version: int | None = None
+
+    def key(self) -> str:
+        return f"kv/{self.name}"
+
+    def validate(self) -> None:
+        super().validate()
+        _kv_key(self.name)
+        if len(self.value) > MAX_VALUE_BYTES:
+            raise EventError(f"value of {len(self.value)} bytes exceeds {MAX_VALUE_BYTES}")
+        if self.lease < 0:
+            raise EventError("lease ids are positive (0 = no lease)")
+
+
+class KvDeleted(Event, frozen=True, kw_only=True, tag="KvDeleted"):
+    name: str
+    expected_version: int | None = None
+
+    def key(self) -> str:
+        return f"kv/{self.name}"
+
+    def validate(self) -> None:
+        super().validate()
+        _kv_key(self.name)
+
+
+class _LeaseEvent(Event, frozen=True, kw_only=True):
+    lease_id: int
+
+    def key(self) -> str:
+        return f"lease/{self.lease_id:020d}"
+
+    def validate(self) -> None:
+        super().validate()
+        if self.lease_id <= 0:
+            raise EventError("lease ids are positive integers")
+
+
+class LeaseGranted(_LeaseEvent, frozen=True, kw_only=True, tag="LeaseGranted"):
+    ttl_ms: int
+
+    def validate(self) -> None:
+        super().validate()
+        if not 100 <= self.ttl_ms <= 7 * 24 * 3600 * 1000:
+            raise EventError(f"ttl_ms must be between 100 ms and 7 days, got {self.ttl_ms}")
+
+
+class LeaseRevoked(_LeaseEvent, frozen=True, kw_only=True, tag="LeaseRevoked"):
+    pass
+
+
+class LeaseExpired(_LeaseEvent, frozen=True, kw_only=True, tag="LeaseExpired"):
+    pass
+
+
+class SessionOpened(Event, frozen=True, kw_only=True, tag="SessionOpened"):
+    """An MQTT-style client session, attached to a lease when ephemeral."""
+
+    client_id: str
+    node: str = ""
+    clean: bool = True
+    lease: int = 0
+
+    def key(self) -> str:
+        return f"session/{self.client_id}"
+
+    def validate(self) -> None:
+        super().validate()
+        _kv_key(self.client_id)
+
+
+class SessionClosed(Event, frozen=True, kw_only=True, tag="SessionClosed"):
+    client_id: str
+
+    def key(self) -> str:
+        return f"session/{self.client_id}"
+
+    def validate(self) -> None:
+        super().validate()
+        _kv_key(self.client_id)
+
+
+class ConfigChanged(Event, frozen=True, kw_only=True, tag="ConfigChanged"):
+    scope: str
+    name: str
+    value: str | None = None   # None removes the setting
+
+    def key(self) -> str:
+        return f"config/{self.scope}/{self.name}"
+
+    def validate(self) -> None:
+        super().validate()
+        _name("scope", self.scope)
+        _name("config name", self.name)
+
+
+# --- transactions ----------------------------------------------------------------------------------
+
+ENTITY_KINDS = ("broker", "group", "topic", "offset", "kv", "lease", "session", "config")
+
+
+class Condition(msgspec.Struct, frozen=True):
+    """A transaction guard on an entity: its version must equal `version` (0 = must not exist)."""
+
+    key: str
+    version: int
+
+    def validate(self) -> None:
+        if self.key.split("/", 1)[0] not in ENTITY_KINDS or "/" not in self.key:
+            raise EventError(f"condition key {self.key!r} is not an entity key ({', '.join(ENTITY_KINDS)}/...)")
+        if self.version < 0:
+            raise EventError("a condition's version is >= 0 (0: the entity must not exist)")
+
+
+class Txn(Event, frozen=True, kw_only=True, tag="Txn"):
+    """Several events applied all or nothing, if every condition holds."""
+
+    conditions: tuple[Condition, ...] = ()
+    ops: tuple[KvPut | KvDeleted | OffsetCommitted | ConfigChanged | TopicCreated | TopicUpdated
+               | TopicDeleted, ...] = ()
+
+    def key(self) -> str:
+        return f"txn/{self.ops[0].key()}" if self.ops else "txn/"
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.ops or len(self.ops) > 128:
+            raise EventError("a transaction has 1 to 128 operations")
+        for cond in self.conditions:
+            cond.validate()
+        for op in self.ops:
+            op.validate()
+        if len({op.key() for op in self.ops}) != len(self.ops):
+            raise EventError("a transaction touches each key at most once")
+
+
+AnyEvent = (BrokerRegistered | BrokerFenced | BrokerUnfenced | BrokerUnregistered | SyncStateSetChanged
+            | MasterElected | TopicCreated | TopicUpdated | TopicDeleted | OffsetCommitted | KvPut | KvDeleted
+            | LeaseGranted | LeaseRevoked | LeaseExpired | SessionOpened | SessionClosed | ConfigChanged | Txn)
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.__struct_config__.tag: cls for cls in AnyEvent.__args__  # type: ignore[attr-defined]
+}
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(AnyEvent)
+
+
+def encode_event(event: Event) -> bytes:
+    return _encoder.encode(event)
+
+
+def decode_event(data: bytes | memoryview) -> Event:
+    """Decode a record value; refuses unknown types and newer schema versions with a clear error."""
+    try:
+        event: Event = _decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        kind = _peek_type(data)
+        if kind is not None and kind not in EVENT_TYPES:
+            raise SchemaVersionError(f"unknown event type {kind!r}: written by a newer Epochlog?") from None
+        raise EventError(f"malformed event: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise EventError(f"malformed event: {exc}") from None
+    if event.v > type(event).VERSION:
+        raise SchemaVersionError(f"{type(event).__name__} version {event.v} is newer than this reader knows "
+                                 f"({type(event).VERSION}): upgrade this node")
+    return event
+
+
+def _peek_type(data: bytes | memoryview) -> str | None:
+    try:
+        raw = msgspec.msgpack.decode(data)
+    except msgspec.DecodeError:
+        return None
+    return raw.get("type") if isinstance(raw, dict) else None
+
+
+def event_record(event: Event) -> tuple[bytes, bytes]:
+    """(record key, record value) of a validated event."""
+    event.validate()
+    return event.key().encode(), encode_event(event)

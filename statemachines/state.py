@@ -1,0 +1,141 @@
+"""The state of each kind of entity, as stored in its column family, and apply outcomes.
+
+Every state carries `version` (the offset of the event that last changed it, etcd's mod_revision:
+the token for compare-and-set) and `created` (the offset that created it).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class BrokerState(msgspec.Struct, frozen=True, kw_only=True):
+    cluster: str
+    group: str
+    name: str
+    address: str
+    incarnation: str
+    broker_id: int
+    broker_epoch: int
+    fenced: bool = False
+    version: int
+    created: int
+
+
+class GroupState(msgspec.Struct, frozen=True, kw_only=True):
+    """A broker group (RocketMQ broker name): its master and SyncStateSet, both epoch-stamped."""
+
+    cluster: str
+    group: str
+    master: int = -1
+    master_epoch: int = 0
+    sync_state_set: tuple[int, ...] = ()
+    sync_state_set_epoch: int = 0
+    brokers: dict[str, int] = {}   # broker name -> broker id
+    version: int
+    created: int
+
+
+class TopicState(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    read_queues: int
+    write_queues: int
+    perm: int
+    broker_groups: tuple[str, ...]
+    config: dict[str, str]
+    version: int
+    created: int
+
+
+class OffsetState(msgspec.Struct, frozen=True, kw_only=True):
+    consumer_group: str
+    topic: str
+    queue_id: int
+    offset: int
+    version: int
+    created: int
+
+
+class KvState(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    value: bytes
+    lease: int = 0
+    version: int
+    created: int
+
+
+class LeaseState(msgspec.Struct, frozen=True, kw_only=True):
+    lease_id: int
+    ttl_ms: int
+    version: int
+    created: int
+
+
+class SessionState(msgspec.Struct, frozen=True, kw_only=True):
+    client_id: str
+    node: str
+    clean: bool
+    lease: int
+    version: int
+    created: int
+
+
+class ConfigState(msgspec.Struct, frozen=True, kw_only=True):
+    scope: str
+    name: str
+    value: str
+    version: int
+    created: int
+
+
+AnyState = (BrokerState | GroupState | TopicState | OffsetState | KvState | LeaseState | SessionState
+            | ConfigState)
+STATE_TYPES: dict[str, type[msgspec.Struct]] = {
+    "broker": BrokerState, "group": GroupState, "topic": TopicState, "offset": OffsetState, "kv": KvState,
+    "lease": LeaseState, "session": SessionState, "config": ConfigState,
+}
+
+
+class Version(msgspec.Struct, frozen=True, array_like=True):
+    """One row of the `versions` history: which event changed the entity, and its state after it."""
+
+    event: str
+    state: bytes | None   # encoded state; None = deleted
+
+
+class Outcome(msgspec.Struct, frozen=True, array_like=True):
+    """What applying one record did: `ok`, or the reason it was rejected (the event changed nothing).
+
+    `duplicate` marks a retried request id: the outcome is that of its first application, at
+    `offset`.
+    """
+
+    ok: bool
+    offset: int
+    code: str = ""
+    message: str = ""
+    duplicate: bool = False
+
+
+_encoders: dict[type, msgspec.msgpack.Encoder] = {}
+_encoder = msgspec.msgpack.Encoder()
+_decoders = {kind: msgspec.msgpack.Decoder(cls) for kind, cls in STATE_TYPES.items()}
+_version_decoder = msgspec.msgpack.Decoder(Version)
+_outcome_decoder = msgspec.msgpack.Decoder(Outcome)
+
+
+def encode(obj: msgspec.Struct) -> bytes:
+    return _encoder.encode(obj)
+
+
+def decode_state(entity_key: bytes, data: bytes) -> msgspec.Struct:
+    kind = entity_key.split(b"/", 1)[0].decode()
+    return _decoders[kind].decode(data)
+
+
+def decode_version(data: bytes) -> Version:
+    return _version_decoder.decode(data)
+
+
+def decode_outcome(data: bytes) -> Outcome:
+    return _outcome_decoder.decode(data)

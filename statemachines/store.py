@@ -1,0 +1,218 @@
+"""The RocksDB database behind a group's materialized views (rocksdict), under a memory budget.
+
+Column families:
+
+    brokers, broker_groups, topics, offsets, kv, leases, sessions, config
+                  current state of each entity, key = entity key (e.g. b"kv/a/b")
+    versions      MVCC history: entity key + b"\\0" + 8-byte big-endian offset -> the event type and
+                  the entity's state after it (or a tombstone); serves `as_of` reads and `history`
+    lease_keys    lease id (20 digits) + b"/" + attached entity key -> b""
+    dedupe        actor + b"\\0" + request id -> the offset and outcome of the first application
+    dedupe_expiry 8-byte offset + dedupe key -> b"" (evicts request ids past the dedupe window)
+    default       meta: b"applied" (8-byte offset), b"digest" (running SHA-256 over applied mutations)
+
+Memory: one LRU block cache (`block_cache_bytes`) holds data, index and filter blocks, and the
+memtables of every column family are charged to it through a write buffer manager
+(`write_buffer_bytes`), so resident memory stays bounded however many keys there are.
+
+Not thread-safe: used from the group's loop only (reads included), so a multi-key read never sees a
+half-applied batch.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rocksdict import (
+    BlockBasedOptions,
+    Cache,
+    Checkpoint,
+    Options,
+    Rdict,
+    ReadOptions,
+    WriteBatch,
+    WriteBufferManager,
+)
+
+from eventlog.configuration import doc
+
+ENTITY_CFS = {"broker": "brokers", "group": "broker_groups", "topic": "topics", "offset": "offsets", "kv": "kv",
+              "lease": "leases", "session": "sessions", "config": "config"}
+INTERNAL_CFS = ("versions", "lease_keys", "dedupe", "dedupe_expiry")
+ALL_CFS = (*ENTITY_CFS.values(), *INTERNAL_CFS)
+META = ""  # the default column family: meta keys
+APPLIED = b"applied"
+DIGEST = b"digest"
+_OFFSET = struct.Struct(">q")
+
+
+def encode_offset(offset: int) -> bytes:
+    return _OFFSET.pack(offset)
+
+
+def decode_offset(data: bytes) -> int:
+    return int(_OFFSET.unpack(data)[0])
+
+
+def cf_for(entity_key: bytes) -> str:
+    kind = entity_key.split(b"/", 1)[0].decode()
+    return ENTITY_CFS[kind]
+
+
+def version_key(entity_key: bytes, offset: int) -> bytes:
+    return entity_key + b"\x00" + _OFFSET.pack(offset)
+
+
+def prefix_upper_bound(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with `prefix` (None: no bound)."""
+    p = bytearray(prefix)
+    while p and p[-1] == 0xFF:
+        p.pop()
+    if not p:
+        return None
+    p[-1] += 1
+    return bytes(p)
+
+
+@dataclass(frozen=True, slots=True)
+class ViewsConfig:
+    """Memory and retention settings of the views (`[views]` in the node's TOML file)."""
+
+    block_cache_bytes: int = field(default=64 << 20, metadata=doc(
+        "LRU cache for data, index and filter blocks; memtables are charged to it too.", min=1 << 20))
+    write_buffer_bytes: int = field(default=32 << 20, metadata=doc(
+        "Total memtable memory of all column families (part of the block cache budget).", min=1 << 20))
+    dedupe_window_offsets: int = field(default=1_000_000, metadata=doc(
+        "A request id is remembered for this many offsets: a retry within it returns the first outcome.",
+        min=1))
+
+    def validate(self, section: str = "views") -> None:
+        from eventlog.errors import ConfigError
+
+        if self.write_buffer_bytes > self.block_cache_bytes:
+            raise ConfigError(f"{section}.write_buffer_bytes", self.write_buffer_bytes,
+                              f"must fit in block_cache_bytes ({self.block_cache_bytes})")
+
+
+class ViewStore:
+    """The views database of one group."""
+
+    def __init__(self, path: Path, db: Rdict) -> None:
+        self.path = path
+        self.db = db
+        self.cfs = {name: db.get_column_family(name) for name in ALL_CFS}
+        self.handles = {name: db.get_column_family_handle(name) for name in ALL_CFS}
+
+    @classmethod
+    def open(cls, path: str | Path, config: ViewsConfig | None = None) -> ViewStore:
+        config = config or ViewsConfig()
+        p = Path(path)
+        p.mkdir(parents=True, exist_ok=True)
+        cache = Cache(config.block_cache_bytes)
+        opts = _options(cache)
+        opts.create_if_missing(True)
+        opts.create_missing_column_families(True)
+        opts.set_write_buffer_manager(WriteBufferManager.new_write_buffer_manager_with_cache(
+            config.write_buffer_bytes, False, cache))
+        db = Rdict(str(p), opts, column_families={name: _options(cache) for name in ALL_CFS})
+        return cls(p, db)
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    def get(self, cf: str, key: bytes) -> bytes | None:
+        """A key of column family `cf` (META: the default column family, where meta keys live)."""
+        value = self.db.get(key) if cf == META else self.cfs[cf].get(key)
+        return value  # type: ignore[no-any-return]
+
+    def meta(self, key: bytes) -> bytes | None:
+        value = self.db.get(key)
+        return value  # type: ignore[no-any-return]
+
+    @property
+    def applied(self) -> int:
+        raw = self.db.get(APPLIED)
+        return -1 if raw is None else decode_offset(raw)
+
+    def scan(self, cf: str, start: bytes, end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Keys in [start, end) in order (end None: to the end of the column family)."""
+        ro = ReadOptions()
+        if end is not None:
+            ro.set_iterate_upper_bound(end)
+        it = self.cfs[cf].iter(ro)
+        it.seek(start)
+        while it.valid():
+            yield it.key(), it.value()
+            it.next()
+
+    def scan_prefix(self, cf: str, prefix: bytes, start_after: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        start = prefix if start_after is None else start_after + b"\x00"
+        return self.scan(cf, max(start, prefix), prefix_upper_bound(prefix))
+
+    def last_at_or_before(self, cf: str, key: bytes, lower: bytes) -> tuple[bytes, bytes] | None:
+        """The last entry with a key in [lower, key] (seek_for_prev).
+
+        No iterate_lower_bound: in rocksdict 0.3.29 it behaves like an upper bound (a seek inside
+        the range finds nothing), so the range is checked here instead.
+        """
+        it = self.cfs[cf].iter()
+        it.seek_for_prev(key)
+        if it.valid() and it.key() >= lower:
+            return it.key(), it.value()
+        return None
+
+    # --- writes --------------------------------------------------------------------------------
+
+    def new_batch(self) -> WriteBatch:
+        return WriteBatch(raw_mode=True)
+
+    def put(self, batch: WriteBatch, cf: str, key: bytes, value: bytes) -> None:
+        batch.put(key, value, self.handles[cf])
+
+    def delete(self, batch: WriteBatch, cf: str, key: bytes) -> None:
+        batch.delete(key, self.handles[cf])
+
+    def put_meta(self, batch: WriteBatch, key: bytes, value: bytes) -> None:
+        batch.put(key, value)
+
+    def write(self, batch: WriteBatch) -> None:
+        """Atomic across column families (checked with kill -9, see LIBRARY-FACTS)."""
+        self.db.write(batch)
+
+    # --- snapshots -----------------------------------------------------------------------------
+
+    def write_snapshot(self, target: Path) -> None:
+        """A RocksDB checkpoint of the current state, packed as one tar file at `target`."""
+        tmp = target.with_name(target.name + ".ckpt")
+        shutil.rmtree(tmp, ignore_errors=True)
+        Checkpoint(self.db).create_checkpoint(str(tmp))
+        with tarfile.open(target, "w") as tar:
+            for f in sorted(tmp.iterdir()):
+                tar.add(f, arcname=f.name)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    @staticmethod
+    def unpack_snapshot(source: Path, directory: Path) -> None:
+        """Unpack a snapshot file made by `write_snapshot` into an empty `directory`."""
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+        with tarfile.open(source, "r") as tar:
+            tar.extractall(directory, filter="data")
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def _options(cache: Cache) -> Options:
+    opts = Options(raw_mode=True)
+    table = BlockBasedOptions()
+    table.set_block_cache(cache)
+    table.set_cache_index_and_filter_blocks(True)
+    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+    table.set_bloom_filter(10, False)
+    opts.set_block_based_table_factory(table)
+    return opts
