@@ -114,10 +114,13 @@ class Applier:
     def __init__(self, store: ViewStore, config: ViewsConfig | None = None) -> None:
         self.store = store
         self.config = config or ViewsConfig()
+        # (lease id, ttl ms or 0 when it ended, offset) of the last apply call, for the leader's clocks
+        self.lease_changes: list[tuple[int, int, int]] = []
 
     def apply_entries(self, entries: Sequence[Entry]) -> dict[int, Outcome]:
         """Apply entries (offset order, after the applied offset) in one WriteBatch; outcomes by offset."""
         store = self.store
+        self.lease_changes = []
         batch_ov = Overlay(store)
         outcomes: dict[int, Outcome] = {}
         digest = store.meta(DIGEST) or b""
@@ -174,6 +177,10 @@ class Applier:
             outcome = Outcome(False, offset, exc.code, str(exc))
         if outcome.ok:
             savepoint.commit_to_parent()
+            if isinstance(event, ev.LeaseGranted):
+                self.lease_changes.append((event.lease_id, event.ttl_ms, offset))
+            elif isinstance(event, ev.LeaseRevoked | ev.LeaseExpired):
+                self.lease_changes.append((event.lease_id, 0, offset))
         if dedupe_key is not None:
             ov.put("dedupe", dedupe_key, encode(outcome))
             ov.put("dedupe_expiry", encode_offset(offset) + dedupe_key, b"")

@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from eventlog.fileutil import fsync_dir
 from eventlog.raft.types import Entry, SnapshotMeta
 from statemachines.apply import Applier
-from statemachines.state import Outcome
+from statemachines.events import LeaseExpired, event_record
+from statemachines.leases import LeaseClock
+from statemachines.state import LeaseState, Outcome, decode_state
 from statemachines.store import DIGEST, ViewsConfig, ViewStore
 
 
@@ -38,6 +41,7 @@ class ViewsStateMachine:
         self._finish_swap()
         self.store = ViewStore.open(self.path, self.config)
         self.applier = Applier(self.store, self.config)
+        self.lease_clock: LeaseClock | None = None   # only on the leader
 
     def _finish_swap(self) -> None:
         restore, old = self.base / "views.restore", self.base / "views.old"
@@ -57,7 +61,40 @@ class ViewsStateMachine:
         return self.store.meta(DIGEST) or b""
 
     def apply(self, entries: Sequence[Entry]) -> dict[int, Outcome]:
-        return self.applier.apply_entries(entries)
+        outcomes = self.applier.apply_entries(entries)
+        clock = self.lease_clock
+        if clock is not None and self.applier.lease_changes:
+            now = time.monotonic()
+            for lease_id, ttl_ms, offset in self.applier.lease_changes:
+                if ttl_ms:
+                    clock.granted(lease_id, ttl_ms, offset, now)
+                else:
+                    clock.ended(lease_id)
+        return outcomes
+
+    def on_tick(self, leader: bool) -> list[tuple[bytes, bytes]]:
+        """Called by the group every tick: on the leader, the LeaseExpired events to propose."""
+        if not leader:
+            self.lease_clock = None
+            return []
+        now = time.monotonic()
+        return [event_record(LeaseExpired(lease_id=lease_id, actor="epochlog/leader",
+                                          request_id=f"expire/{lease_id}/{version}"))
+                for lease_id, version in self._leader_clock(now).expired(now)]
+
+    def keepalive(self, lease_id: int) -> int | None:
+        """Restart a lease's clock (call on the leader); its TTL in ms, or None if there is no such lease."""
+        now = time.monotonic()
+        return self._leader_clock(now).keepalive(lease_id, now)
+
+    def _leader_clock(self, now: float) -> LeaseClock:
+        if self.lease_clock is None:
+            # A new leader restarts every lease's clock in full: it cannot know when its
+            # predecessor last heard a keepalive, and cutting a lease short is the one thing not allowed.
+            leases = [decode_state(k, v) for k, v in self.store.scan_prefix("leases", b"lease/")]
+            self.lease_clock = LeaseClock(((s.lease_id, s.ttl_ms, s.version) for s in leases
+                                           if isinstance(s, LeaseState)), now)
+        return self.lease_clock
 
     def write_snapshot(self, path: Path) -> None:
         self.store.write_snapshot(path)

@@ -30,6 +30,20 @@ class ProposalDroppedError(RaftError):
     retriable = True
 
 
+class NotCaughtUpError(RaftError):
+    """This replica has not applied far enough yet (a `local` read with `min_offset`): retry, or ask
+    another replica."""
+
+    code = "not_caught_up"
+    retriable = True
+
+
+class NotFoundError(RaftError):
+    """The named entity (lease, key...) does not exist."""
+
+    code = "not_found"
+
+
 class ConfChangeError(RaftError):
     """A membership change that is not allowed now or at all; the message says why."""
 

@@ -25,14 +25,22 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from eventlog.errors import EpochlogError
 from eventlog.raft.config import RaftConfig
-from eventlog.raft.errors import NotLeaderError, ProposalDroppedError, RaftError
+from eventlog.errors import OffsetOutOfRangeError
+from eventlog.raft.errors import (
+    CompactedError,
+    NotCaughtUpError,
+    NotFoundError,
+    NotLeaderError,
+    ProposalDroppedError,
+    RaftError,
+)
 from eventlog.raft.node import RaftNode, Ready, Role
 from eventlog.raft.runtime.log_storage import LogStorage
 from eventlog.raft.types import ConfState, Entry, EntryKind, HardState, Message, SnapshotMeta
@@ -48,8 +56,9 @@ class StateMachine(Protocol):
 
     applied_index: int
 
-    def apply(self, entries: Sequence[Entry]) -> None:
-        """Apply committed entries in order (NORMAL, NOOP and CONF_CHANGE alike)."""
+    def apply(self, entries: Sequence[Entry]) -> Mapping[int, object] | None:
+        """Apply committed entries in order (NORMAL, NOOP and CONF_CHANGE alike); optionally the
+        outcome of each record by offset (handed to whoever proposed it)."""
         ...
 
     def write_snapshot(self, path: Path) -> None:
@@ -75,10 +84,29 @@ class GroupStatus:
     snapshot_index: int
 
 
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One committed record seen by a watcher."""
+
+    offset: int
+    key: bytes
+    value: bytes | None
+    timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """Where proposed records were committed, and what applying each one did (None: no outcome)."""
+
+    offset: int
+    outcomes: tuple[object | None, ...]
+
+
 class _Proposal:
     __slots__ = ("records", "future", "size")
 
-    def __init__(self, records: list[tuple[bytes | None, bytes | None]], future: asyncio.Future[int]) -> None:
+    def __init__(self, records: list[tuple[bytes | None, bytes | None]],
+                 future: asyncio.Future[Committed]) -> None:
         self.records = records
         self.future = future
         self.size = sum(len(k or b"") + len(v or b"") + 8 for k, v in records)
@@ -102,7 +130,10 @@ class RaftGroup:
         self.loop = asyncio.get_running_loop()
         self._inbox: list[Message] = []
         self._proposals: list[_Proposal] = []
-        self._waiters: dict[int, tuple[int, list[tuple[asyncio.Future[int], int]]]] = {}
+        self._reads: dict[int, asyncio.Future[int]] = {}
+        self._read_seq = 0
+        self._applied_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._waiters: dict[int, tuple[int, list[tuple[asyncio.Future[Committed], int, int]]]] = {}
         self._wake = asyncio.Event()
         self._unpersisted: deque[tuple[int, Ready]] = deque()  # accepted Readys: (last entry index, Ready)
         self._tasks: list[asyncio.Task[None]] = []
@@ -148,7 +179,11 @@ class RaftGroup:
         self._wake.set()
 
     async def propose(self, records: list[tuple[bytes | None, bytes | None]]) -> int:
-        """Replicate `records` (key, value pairs); returns the offset of the first once committed.
+        """Replicate `records` (key, value pairs); the offset of the first once committed and applied."""
+        return (await self.submit(records)).offset
+
+    async def submit(self, records: list[tuple[bytes | None, bytes | None]]) -> Committed:
+        """Replicate `records`; once committed and applied, their offsets and apply outcomes.
 
         Raises NotLeaderError (with a leader hint) on a follower. Concurrent calls are coalesced into
         one batch. If leadership changes before the batch commits, the future fails with
@@ -157,10 +192,98 @@ class RaftGroup:
         self._check_open()
         if self.node.role is not Role.LEADER:
             raise NotLeaderError(self.node_id, self.node.leader, self.node.term)
-        future: asyncio.Future[int] = self.loop.create_future()
+        future: asyncio.Future[Committed] = self.loop.create_future()
         self._proposals.append(_Proposal(records, future))
         self._wake.set()
         return await future
+
+    async def read_barrier(self, consistency: str = "linearizable", min_offset: int = -1,
+                           timeout: float = 5.0) -> int:
+        """Wait until reading this node's state machine gives the requested consistency; returns the
+        applied offset the read may be served at.
+
+        - `linearizable`: ReadIndex (thesis §6.4) on the leader: no write committed before the call
+          is missed. Raises NotLeaderError on a follower.
+        - `lease`: the leader's lease (no round trip) when it holds, else as `linearizable`.
+        - `local`: whatever this node applied, once it reached `min_offset` (a write's offset gives
+          read-your-writes on any replica).
+        """
+        self._check_open()
+        if consistency == "local":
+            target = min_offset
+        elif consistency in ("linearizable", "lease"):
+            if self.node.role is not Role.LEADER:
+                raise NotLeaderError(self.node_id, self.node.leader, self.node.term)
+            index = self.node.lease_read_index() if consistency == "lease" else None
+            if index is None:
+                self._read_seq += 1
+                future: asyncio.Future[int] = self.loop.create_future()
+                self._reads[self._read_seq] = future
+                self.node.read_index(self._read_seq)
+                self._wake.set()
+                index = await asyncio.wait_for(future, timeout)
+            target = max(index, min_offset)
+        else:
+            raise RaftError(f"unknown consistency {consistency!r} (linearizable, lease or local)")
+        await self.wait_applied(target, timeout)
+        return self.sm.applied_index
+
+    async def watch(self, prefix: bytes, from_offset: int, *,
+                    chunk_bytes: int = 1 << 20) -> AsyncIterator[WatchEvent]:
+        """Committed records whose key starts with `prefix`, from `from_offset` on, as they are applied.
+
+        Reads the log in chunks of at most `chunk_bytes`, as fast as the consumer pulls (that is the
+        flow control). A watcher whose offset is no longer in the log gets CompactedError naming the
+        snapshot to resync from: never a silent gap.
+        """
+        offset = max(0, from_offset)
+        log = self.storage.log
+        while True:
+            self._check_open()
+            applied = self.sm.applied_index
+            if offset > applied:
+                await self.wait_applied(offset)
+                continue
+            try:
+                chunk = log.read(offset, chunk_bytes, max_offset=applied + 1)
+            except OffsetOutOfRangeError:
+                chunk = None
+            if chunk is None or offset < log.start_offset:
+                raise CompactedError(f"compacted: offset {offset} is no longer in the log (it starts at "
+                                     f"{log.start_offset}); resync from the snapshot at offset "
+                                     f"{self.storage.snapshot().index}, then watch from the offset after it")
+            for batch in chunk.batches():
+                if batch.header.is_control:
+                    continue
+                for record in batch.records():
+                    if record.offset >= offset and record.key is not None and record.key.startswith(prefix):
+                        yield WatchEvent(record.offset, record.key, record.value, record.timestamp)
+            offset = max(offset, chunk.next_offset)
+            if chunk.next_offset == chunk.start_offset:
+                await self.wait_applied(offset)
+
+    def keepalive(self, lease_id: int) -> int:
+        """Restart a lease's clock on the leader (not logged); returns its TTL in ms."""
+        self._check_open()
+        if self.node.role is not Role.LEADER:
+            raise NotLeaderError(self.node_id, self.node.leader, self.node.term)
+        keepalive = getattr(self.sm, "keepalive", None)
+        ttl = keepalive(lease_id) if keepalive is not None else None
+        if ttl is None:
+            raise NotFoundError(f"lease {lease_id} does not exist in group {self.name} (expired or revoked?)")
+        return int(ttl)
+
+    async def wait_applied(self, offset: int, timeout: float | None = None) -> None:
+        """Until this node's state machine applied `offset` (TimeoutError past `timeout`)."""
+        if self.sm.applied_index >= offset:
+            return
+        future: asyncio.Future[None] = self.loop.create_future()
+        self._applied_waiters.append((offset, future))
+        try:
+            await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise NotCaughtUpError(f"node {self.node_id} applied {self.sm.applied_index} of group {self.name}, "
+                                   f"not yet {offset}") from None
 
     def status(self) -> GroupStatus:
         n = self.node
@@ -179,6 +302,24 @@ class RaftGroup:
                 next_tick = self.loop.time() + self.tick_interval  # we were stalled: do not burst
             self.node.tick()
             self._wake.set()
+            self._state_machine_tick()
+
+    def _state_machine_tick(self) -> None:
+        """Let the state machine propose what time decides (e.g. lease expiries) on the leader."""
+        hook = getattr(self.sm, "on_tick", None)
+        if hook is None:
+            return
+        for record in hook(self.node.role is Role.LEADER and not self._proposals_blocked()):
+            self.loop.create_task(self._propose_quietly([record]))
+
+    def _proposals_blocked(self) -> bool:
+        return self.node.lead_transferee != 0
+
+    async def _propose_quietly(self, records: list[tuple[bytes | None, bytes | None]]) -> None:
+        try:
+            await self.submit(records)
+        except EpochlogError as exc:  # retried by the state machine's own schedule
+            logger.info("group %s: proposal from the state machine failed: %s", self.name, exc)
 
     async def _run(self) -> None:
         try:
@@ -238,7 +379,7 @@ class RaftGroup:
             waiters = []
             offset = index
             for p in batch:
-                waiters.append((p.future, offset))
+                waiters.append((p.future, offset, len(p.records)))
                 offset += len(p.records)
             self._waiters[index] = (self.node.term, waiters)
 
@@ -260,30 +401,52 @@ class RaftGroup:
                 self._persisted_commit = rd.hard_state.commit
         self._unpersisted.append((last, rd))
         if rd.committed:
-            self.sm.apply(rd.committed)
-            self._resolve(rd.committed)
+            outcomes = self.sm.apply(rd.committed) or {}
+            self._resolve(rd.committed, outcomes)
             self._maybe_snapshot()
+            self._wake_applied()
+        for rs in rd.read_states:
+            future = self._reads.pop(rs.request, None)
+            if future is not None and not future.done():
+                future.set_result(rs.index)
+        for request in rd.dropped_reads:
+            future = self._reads.pop(request, None)
+            if future is not None and not future.done():
+                future.set_exception(NotLeaderError(self.node_id, self.node.leader, self.node.term))
 
-    def _resolve(self, committed: tuple[Entry, ...]) -> None:
+    def _resolve(self, committed: tuple[Entry, ...], outcomes: Mapping[int, object]) -> None:
         for e in committed:
             waiting = self._waiters.pop(e.index, None)
             if waiting is None:
                 continue
             term, futures = waiting
-            for future, offset in futures:
+            for future, offset, count in futures:
                 if future.done():
                     continue
                 if e.term == term and e.kind is EntryKind.NORMAL:
-                    future.set_result(offset)
+                    future.set_result(Committed(offset, tuple(outcomes.get(o) for o in range(offset, offset + count))))
                 else:
                     future.set_exception(ProposalDroppedError(
                         f"leadership changed: offset {offset} was committed by another leader"))
         if committed:
             last = committed[-1].last_index
             for index in [i for i in self._waiters if i <= last]:
-                for future, _ in self._waiters.pop(index)[1]:
+                for future, _, _ in self._waiters.pop(index)[1]:
                     if not future.done():
                         future.set_exception(ProposalDroppedError("the proposal was overwritten"))
+
+    def _wake_applied(self) -> None:
+        if not self._applied_waiters:
+            return
+        applied = self.sm.applied_index
+        keep = []
+        for offset, future in self._applied_waiters:
+            if offset <= applied:
+                if not future.done():
+                    future.set_result(None)
+            else:
+                keep.append((offset, future))
+        self._applied_waiters = keep
 
     def _maybe_snapshot(self) -> None:
         every = self.snapshot_every_entries
@@ -331,10 +494,18 @@ class RaftGroup:
                 p.future.set_exception(error)
         self._proposals = []
         for _, futures in self._waiters.values():
-            for future, _ in futures:
+            for future, _, _ in futures:
                 if not future.done():
                     future.set_exception(error)
         self._waiters.clear()
+        for future in self._reads.values():
+            if not future.done():
+                future.set_exception(error)
+        self._reads.clear()
+        for _, applied_future in self._applied_waiters:
+            if not applied_future.done():
+                applied_future.set_exception(error)
+        self._applied_waiters = []
 
     def _check_open(self) -> None:
         if self._failure is not None:
