@@ -204,6 +204,10 @@ class ViewStore:
             tar.extractall(directory, filter="data")
 
     def close(self) -> None:
+        """Close the database. rocksdict releases the directory's lock only once no column family
+        object refers to it any more, so the store drops its own references first."""
+        self.cfs.clear()
+        self.handles.clear()
         self.db.close()
 
 

@@ -27,11 +27,12 @@ TICK_MS = 20
 
 
 class Trio:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, snapshot_every_entries: int = 0) -> None:
         ports = free_ports(3, random.Random())
         members = tuple(MemberConfig(id=i, peer_address=f"127.0.0.1:{ports[i - 1]}") for i in (1, 2, 3))
         self.configs = NodeConfigs(ClusterConfig(name="views", members=members, groups=(GROUP,),
-                                                 tick_interval_ms=TICK_MS),
+                                                 tick_interval_ms=TICK_MS,
+                                                 snapshot_every_entries=snapshot_every_entries),
                                    RaftConfig(), LogConfig(segment_bytes=64 * 1024))
         self.root = root
         self.hosts: dict[int, NodeHost] = {}
@@ -68,9 +69,9 @@ async def write(group: RaftGroup, *events: ev.Event) -> list[Outcome]:
     return list(committed.outcomes)  # type: ignore[arg-type]
 
 
-def run(coro_fn, tmp_path: Path) -> None:
+def run(coro_fn, tmp_path: Path, **trio_options: int) -> None:
     async def main() -> None:
-        trio = Trio(tmp_path)
+        trio = Trio(tmp_path, **trio_options)
         try:
             for n in (1, 2, 3):
                 await trio.start(n)
@@ -187,3 +188,27 @@ def test_leases_expire_as_events_and_survive_keepalive_and_leader_change(tmp_pat
         assert Query(sm(new_leader).store).get("kv/eph/2") is None
         assert Query(sm(new_leader).store).get("session/c2") is None
     run(scenario, tmp_path)
+
+
+def test_a_follower_behind_the_log_start_installs_the_views_checkpoint(tmp_path: Path) -> None:
+    async def scenario(trio: Trio) -> None:
+        leader = await trio.leader()
+        lagging = next(n for n in (1, 2, 3) if n != leader.node_id)
+        await trio.stop(lagging)
+        last = None
+        for i in range(60):  # 60 batches of 20 puts: the others snapshot and compact meanwhile
+            outs = await write(leader, *(ev.KvPut(name=f"s/{i}/{j}", value=b"v" * 100) for j in range(20)))
+            last = outs[-1]
+        assert last is not None and leader.storage.log.start_offset > 0, "the leader's log was not compacted"
+        await trio.start(lagging)
+        follower = trio.group(lagging)
+        await follower.wait_applied(last.offset, timeout=20)
+        assert follower.storage.snapshot().index > 0, "caught up by snapshot"
+        q = Query(sm(follower).store)
+        assert q.get("kv/s/0/0").state.value == b"v" * 100 and q.get(f"kv/s/59/19") is not None
+        assert len(q.list("kv/s/", limit=10_000).items) == 1200
+        assert q.get("kv/s/0/0", as_of=last.offset) is not None, "history came with the checkpoint"
+        await leader.wait_applied(last.offset, 5)
+        if sm(leader).applied_index == sm(follower).applied_index:
+            assert sm(leader).digest == sm(follower).digest
+    run(scenario, tmp_path, snapshot_every_entries=300)

@@ -165,6 +165,9 @@ class RaftGroup:
                 self._persist_commit(force=True)
             except EpochlogError as exc:
                 logger.error("group %s: %s", self.name, exc)
+        close = getattr(self.sm, "close", None)
+        if close is not None:
+            close()
         self.storage.close()
 
     @property
@@ -393,6 +396,7 @@ class RaftGroup:
             path = storage.install_snapshot(rd.snapshot)
             self.sm.restore(path / "data", rd.snapshot)
             self._last_snapshot_index = rd.snapshot.index
+            self._wake_applied()
         last = storage.append(rd.entries) if rd.entries else -1
         if rd.hard_state is not None:
             prev = storage.initial_state()[0]
