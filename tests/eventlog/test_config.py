@@ -66,3 +66,16 @@ def test_config_is_frozen():
     cfg = LogConfig()
     with pytest.raises(AttributeError):
         cfg.segment_bytes = 1  # type: ignore[misc]
+
+
+def test_views_section_of_the_shipped_config_documents_every_key():
+    from eventlog.configuration import load_toml
+    from statemachines.store import ViewsConfig
+
+    path = REPO / "configs" / "single.toml"
+    assert from_mapping(ViewsConfig, load_toml(path)["views"], "views") == ViewsConfig()
+    text = path.read_text()
+    for name, _type, _default, doc in describe(ViewsConfig):
+        assert f"\n{name} = " in text and doc, f"configs/single.toml does not show views.{name}"
+    with pytest.raises(ConfigError, match="views.write_buffer_bytes"):
+        from_mapping(ViewsConfig, {"block_cache_bytes": 2 << 20, "write_buffer_bytes": 4 << 20}, "views")

@@ -70,19 +70,25 @@ class ClusterConfig:
 
 @dataclass(frozen=True, slots=True)
 class NodeConfigs:
-    """Every component's configuration, as read from one TOML file."""
+    """Every component's configuration, as read from one TOML file.
+
+    `views` stays a plain table here (the `[views]` section): the runtime does not depend on the
+    state machines above it; the node validates it with `statemachines.store.ViewsConfig`.
+    """
 
     cluster: ClusterConfig
     raft: RaftConfig
     log: LogConfig
+    views: dict[str, object] | None = None
 
 
 def load_node_configs(path: str | Path) -> NodeConfigs:
     data = load_toml(path)
-    known = {"cluster", "raft", "log"}
+    known = {"cluster", "raft", "log", "views"}
     for key in data:
         if key not in known:
             raise ConfigError(key, data[key], f"unknown section (known: {', '.join(sorted(known))})")
     return NodeConfigs(from_mapping(ClusterConfig, data.get("cluster"), "cluster"),
                        from_mapping(RaftConfig, data.get("raft"), "raft"),
-                       from_mapping(LogConfig, data.get("log"), "log"))
+                       from_mapping(LogConfig, data.get("log"), "log"),
+                       data.get("views"))
