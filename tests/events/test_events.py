@@ -1,0 +1,123 @@
+"""The event schema: round trips, schema evolution, validation."""
+
+from __future__ import annotations
+
+import tempfile
+
+import msgspec
+import pytest
+
+from eventlog.raft.types import Entry, EntryKind
+from eventlog.records import encode_batch, stamp
+from statemachines import events as ev
+from statemachines.views import ViewsStateMachine
+
+EXAMPLES: list[ev.Event] = [
+    ev.BrokerRegistered(cluster="c1", group="broker-a", name="b0", address="10.0.0.1:10911", incarnation="i-1",
+                        broker_id=0, broker_epoch=1, actor="controller", request_id="r-1"),
+    ev.BrokerFenced(cluster="c1", group="broker-a", name="b0", broker_epoch=1, reason="heartbeat timeout"),
+    ev.BrokerUnfenced(cluster="c1", group="broker-a", name="b0", broker_epoch=1),
+    ev.BrokerUnregistered(cluster="c1", group="broker-a", name="b0", broker_epoch=1),
+    ev.SyncStateSetChanged(cluster="c1", group="broker-a", sync_state_set=(0, 1), master_epoch=1,
+                           sync_state_set_epoch=1),
+    ev.MasterElected(cluster="c1", group="broker-a", master=1, master_epoch=1, sync_state_set=(1,)),
+    ev.TopicCreated(name="orders", read_queues=4, write_queues=4, broker_groups=("broker-a",), config={"k": "v"}),
+    ev.TopicUpdated(name="orders", perm=4, expected_version=7),
+    ev.TopicDeleted(name="orders"),
+    ev.OffsetCommitted(consumer_group="cg", topic="orders", queue_id=3, offset=42),
+    ev.KvPut(name="app/x", value=b"\x00\xff", lease=3, expected_version=0),
+    ev.KvDeleted(name="app/x", expected_version=12),
+    ev.LeaseGranted(lease_id=3, ttl_ms=10_000),
+    ev.LeaseRevoked(lease_id=3),
+    ev.LeaseExpired(lease_id=3),
+    ev.SessionOpened(client_id="mqtt-client-1", node="n1", clean=False, lease=3),
+    ev.SessionClosed(client_id="mqtt-client-1"),
+    ev.ConfigChanged(scope="cluster", name="retention", value="7d"),
+    ev.Txn(conditions=(ev.Condition("kv/app/x", 0),),
+           ops=(ev.KvPut(name="app/x", value=b"1"), ev.OffsetCommitted(consumer_group="g", topic="t", queue_id=0,
+                                                                        offset=1))),
+]
+
+
+@pytest.mark.parametrize("event", EXAMPLES, ids=lambda e: type(e).__name__)
+def test_every_event_type_round_trips_with_its_key(event: ev.Event) -> None:
+    key, value = ev.event_record(event)
+    assert ev.decode_event(value) == event
+    assert key == event.key().encode()
+    assert type(event).__struct_config__.tag in ev.EVENT_TYPES
+
+
+def test_all_required_types_exist() -> None:
+    required = {"BrokerRegistered", "BrokerFenced", "BrokerUnfenced", "BrokerUnregistered", "TopicCreated",
+                "TopicUpdated", "TopicDeleted", "SyncStateSetChanged", "MasterElected", "OffsetCommitted", "KvPut",
+                "KvDeleted", "LeaseGranted", "LeaseRevoked", "LeaseExpired", "SessionOpened", "SessionClosed",
+                "ConfigChanged"}
+    assert required <= set(ev.EVENT_TYPES)
+
+
+def _as_newer_writer(event: ev.Event, **changes: object) -> bytes:
+    raw = msgspec.msgpack.decode(ev.encode_event(event))
+    raw.update(changes)
+    return msgspec.msgpack.encode(raw)
+
+
+def test_old_readers_ignore_optional_fields_added_later() -> None:
+    event = ev.KvPut(name="a", value=b"1")
+    decoded = ev.decode_event(_as_newer_writer(event, ttl_hint_ms=500, tags=["x"]))
+    assert decoded == event
+
+
+def test_a_newer_schema_version_or_type_is_refused_clearly() -> None:
+    with pytest.raises(ev.SchemaVersionError, match="KvPut version 2 is newer than this reader knows"):
+        ev.decode_event(_as_newer_writer(ev.KvPut(name="a", value=b"1"), v=2))
+    with pytest.raises(ev.SchemaVersionError, match="unknown event type 'QuotaChanged'"):
+        ev.decode_event(_as_newer_writer(ev.KvPut(name="a", value=b"1"), type="QuotaChanged"))
+    with pytest.raises(ev.EventError, match="malformed"):
+        ev.decode_event(b"\x93garbage")
+
+
+@pytest.mark.parametrize(("event", "message"), [
+    (ev.KvPut(name="", value=b"x"), "a key is 1-1024 bytes"),
+    (ev.KvPut(name="k" * 1025, value=b"x"), "a key is 1-1024 bytes"),
+    (ev.KvPut(name="a\x00b", value=b"x"), "without NUL"),
+    (ev.KvPut(name="a", value=b"x" * (ev.MAX_VALUE_BYTES + 1)), "exceeds"),
+    (ev.TopicCreated(name="bad name"), "topic 'bad name' must be"),
+    (ev.TopicCreated(name="t", read_queues=5000), "read_queues must be between 0 and 1024"),
+    (ev.BrokerRegistered(cluster="c", group="g", name="b", address="no-port", incarnation="i", broker_id=0,
+                         broker_epoch=1), "address 'no-port' must be host:port"),
+    (ev.LeaseGranted(lease_id=1, ttl_ms=5), "ttl_ms must be between"),
+    (ev.LeaseGranted(lease_id=0, ttl_ms=1000), "lease ids are positive"),
+    (ev.Txn(ops=()), "1 to 128 operations"),
+    (ev.Txn(ops=(ev.KvPut(name="a", value=b"1"), ev.KvDeleted(name="a"))), "each key at most once"),
+    (ev.Txn(conditions=(ev.Condition("nope", 0),), ops=(ev.KvPut(name="a", value=b"1"),)), "not an entity key"),
+    (ev.KvPut(name="a", value=b"1", request_id="r" * 129), "request_id is longer"),
+])
+def test_validation_names_the_problem_and_produces_no_record(event: ev.Event, message: str) -> None:
+    with pytest.raises(ev.EventError, match=message):
+        ev.event_record(event)
+
+
+def test_applying_an_event_of_a_newer_schema_stops_instead_of_diverging() -> None:
+    """A replica that cannot read an event must not apply it differently from one that can."""
+    raw = _as_newer_writer(ev.KvPut(name="a", value=b"1"), v=2)
+    data = bytearray(encode_batch([(b"kv/a", raw)], timestamp_ms=1))
+    stamp(data, 0, 1)
+    sm = ViewsStateMachine(tempfile.mkdtemp())
+    try:
+        with pytest.raises(ev.SchemaVersionError):
+            sm.apply([Entry(0, 1, 1, EntryKind.NORMAL, bytes(data))])
+        assert sm.applied_index == -1, "nothing was applied"
+    finally:
+        sm.close()
+
+
+def test_a_malformed_record_is_rejected_alike_on_every_replica() -> None:
+    data = bytearray(encode_batch([(b"kv/a", b"not msgpack at all")], timestamp_ms=1))
+    stamp(data, 0, 1)
+    outcomes = []
+    for _ in range(2):
+        sm = ViewsStateMachine(tempfile.mkdtemp())
+        outcomes.append((sm.apply([Entry(0, 1, 1, EntryKind.NORMAL, bytes(data))]), sm.digest))
+        sm.close()
+    assert outcomes[0] == outcomes[1]
+    assert not outcomes[0][0][0].ok and outcomes[0][0][0].code == "invalid_argument"
