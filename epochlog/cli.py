@@ -114,6 +114,36 @@ def demo(data_dir: Path, seconds: float, seed: int | None) -> None:
     sys.exit(run_demo(data_dir, seconds=seconds, seed=seed))
 
 
+@cli.command("serve")
+@click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The cluster's TOML file (e.g. configs/local-3.toml).")
+@click.option("--node-id", required=True, type=click.IntRange(min=1), help="Which member of the cluster to run.")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the node keeps its data [default: data/node-N].")
+@click.option("--seed", type=int, default=None, help="Seed for election timeouts (tests).")
+def serve_command(config_path: Path, node_id: int, data_dir: Path | None, seed: int | None) -> None:
+    """Run node N of the cluster described in the config, with all its groups, until SIGTERM/SIGINT."""
+    import asyncio
+
+    from eventlog.raft.runtime.config import load_node_configs
+    from epochlog.serve import serve
+
+    configs = load_node_configs(config_path)
+    configs.cluster.member(node_id)
+    _use_uvloop()
+    sys.exit(asyncio.run(serve(configs, node_id, data_dir or Path(f"data/node-{node_id}"), seed=seed)))
+
+
+def _use_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:
+        return
+    import asyncio
+
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: maps errors to exit codes (see the module docstring)."""
     try:

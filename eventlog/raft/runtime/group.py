@@ -276,6 +276,20 @@ class RaftGroup:
             raise NotFoundError(f"lease {lease_id} does not exist in group {self.name} (expired or revoked?)")
         return int(ttl)
 
+    def snapshot_now(self) -> int:
+        """Snapshot the state machine at its applied offset and drop the log below; the snapshot's offset."""
+        self._check_open()
+        applied = self.sm.applied_index
+        if applied > self._last_snapshot_index:
+            self._snapshot(applied)
+        return self._last_snapshot_index
+
+    def transfer_leadership(self, target: int) -> None:
+        """Hand leadership to voter `target` (leader only); proposals wait until it is done or times out."""
+        self._check_open()
+        self.node.transfer_leadership(target)
+        self._wake.set()
+
     async def wait_applied(self, offset: int, timeout: float | None = None) -> None:
         """Until this node's state machine applied `offset` (TimeoutError past `timeout`)."""
         if self.sm.applied_index >= offset:
@@ -457,6 +471,9 @@ class RaftGroup:
         applied = self.sm.applied_index
         if not every or applied - self._last_snapshot_index < every:
             return
+        self._snapshot(applied)
+
+    def _snapshot(self, applied: int) -> None:
         conf = self.node.conf_at(applied)
         meta = self.storage.create_snapshot(applied, conf, self.sm.write_snapshot)
         self.storage.compact(meta.index)

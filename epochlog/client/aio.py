@@ -1,0 +1,441 @@
+"""The asyncio client: finds each group's leader, follows leader changes, retries safely.
+
+Writes carry request ids (one per event, chosen before the first attempt), so a write retried after
+a lost reply or a leader change is applied at most once: the node answers a retry with the first
+attempt's result. Every write returns its commit offset; pass it as `min_offset` to read your own
+writes on any node with `consistency="local"`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+
+from epochlog import protocol as p
+from epochlog.client.connection import Connection
+from epochlog.client.errors import ClientError, NotLeaderError, RejectedError, UnavailableError
+from epochlog.routing import group_of_event, group_of_key
+from statemachines import events as ev
+from statemachines.state import KvState, decode_state
+
+R = TypeVar("R")
+
+_LEADER_READS = ("linearizable", "lease")
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValue:
+    name: str
+    value: bytes
+    version: int          # offset of the write that last changed it
+    lease: int
+    created: int          # offset of the write that created it
+
+
+@dataclass(frozen=True, slots=True)
+class Entity:
+    key: str
+    state: msgspec.Struct  # statemachines.state: BrokerState, TopicState, KvState...
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    items: list[Any]
+    next_after: str | None
+    applied: int
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    offset: int
+    event: str
+    state: msgspec.Struct | None
+
+
+@dataclass(frozen=True, slots=True)
+class WatchedEvent:
+    offset: int
+    key: str
+    event: ev.Event | None
+    timestamp: int
+
+
+class AsyncClient:
+    """A client of one cluster. `endpoints`: client addresses ("host:port") of some of its nodes."""
+
+    def __init__(self, endpoints: Sequence[str] | str, *, timeout: float = 10.0, actor: str = "",
+                 name: str = "epochlog-python") -> None:
+        if isinstance(endpoints, str):
+            endpoints = [e for e in endpoints.split(",") if e.strip()]
+        self.endpoints = [e.strip() for e in endpoints]
+        if not self.endpoints:
+            raise ClientError("at least one endpoint is needed", code="invalid_argument")
+        self.timeout = timeout
+        self.actor = actor
+        self.name = name
+        self._connections: dict[str, Connection] = {}
+        self._connecting: dict[str, asyncio.Future[Connection]] = {}
+        self._leaders: dict[str, str] = {}   # group -> client address of its leader
+        self._rr = random.randrange(len(self.endpoints))
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        for conn in list(self._connections.values()):
+            await conn.close()
+        self._connections.clear()
+
+    # --- kv ---------------------------------------------------------------------------------------
+
+    async def put(self, name: str, value: bytes, *, lease: int = 0, expected_version: int | None = None,
+                  request_id: str = "") -> p.WriteResult:
+        """Set `name`; with `expected_version` a compare-and-set (0: must not exist). Raises RejectedError
+        if the condition failed."""
+        return await self.command(ev.KvPut(name=name, value=value, lease=lease, expected_version=expected_version,
+                                           actor=self.actor, request_id=request_id))
+
+    async def delete(self, name: str, *, expected_version: int | None = None) -> p.WriteResult:
+        return await self.command(ev.KvDeleted(name=name, expected_version=expected_version, actor=self.actor))
+
+    async def get(self, name: str, *, consistency: str = "linearizable", min_offset: int = -1,
+                  as_of: int | None = None) -> KeyValue | None:
+        got = await self.get_entity("kv/" + name, consistency=consistency, min_offset=min_offset, as_of=as_of)
+        return None if got is None else _kv(got)
+
+    async def list(self, prefix: str = "", *, limit: int = 100, after: str | None = None,
+                   consistency: str = "linearizable", min_offset: int = -1, as_of: int | None = None) -> Page:
+        """One page of kv entries whose names start with `prefix` (`next_after` continues it)."""
+        page = await self.list_entities("kv/" + prefix, limit=limit, after=None if after is None else "kv/" + after,
+                                        consistency=consistency, min_offset=min_offset, as_of=as_of)
+        return Page([_kv(e) for e in page.items], None if page.next_after is None else page.next_after[3:],
+                    page.applied)
+
+    async def scan(self, prefix: str = "", *, page_size: int = 1000, **read: Any) -> AsyncIterator[KeyValue]:
+        """Every kv entry under `prefix`, page by page."""
+        after = None
+        while True:
+            page = await self.list(prefix, limit=page_size, after=after, **read)
+            for item in page.items:
+                yield item
+            if page.next_after is None:
+                return
+            after = page.next_after
+
+    async def history(self, name: str, *, limit: int = 1000, after_offset: int = -1,
+                      consistency: str = "linearizable", min_offset: int = -1) -> list[Change]:
+        return await self.entity_history("kv/" + name, limit=limit, after_offset=after_offset,
+                                         consistency=consistency, min_offset=min_offset)
+
+    async def txn(self, ops: Sequence[ev.Event], conditions: Iterable[tuple[str, int]] = ()) -> p.WriteResult:
+        """Apply `ops` (KvPut, KvDeleted, ...) all or nothing if every (entity key, version) condition holds."""
+        return await self.command(ev.Txn(ops=tuple(ops), conditions=tuple(ev.Condition(k, v) for k, v in conditions),  # type: ignore[arg-type]
+                                          actor=self.actor))
+
+    # --- leases -----------------------------------------------------------------------------------
+
+    async def lease_grant(self, ttl_ms: int) -> p.Lease:
+        lease_id = random.getrandbits(62) | 1
+        result = await self._call(p.LeaseGrant(ttl_ms, lease_id, _request_id()), group="kv", leader=True)
+        assert isinstance(result, p.Lease)
+        return result
+
+    async def lease_keepalive(self, lease_id: int) -> int:
+        """Restart the lease's clock; its TTL in ms."""
+        result = await self._call(p.LeaseKeepAlive(lease_id), group="kv", leader=True)
+        assert isinstance(result, p.Lease)
+        return result.ttl_ms
+
+    async def lease_revoke(self, lease_id: int) -> p.WriteResult:
+        return await self.command(ev.LeaseRevoked(lease_id=lease_id, actor=self.actor))
+
+    # --- typed commands and entities --------------------------------------------------------------
+
+    async def command(self, event: ev.Event) -> p.WriteResult:
+        """Append one event; its result (raises RejectedError if applying it changed nothing)."""
+        (result,) = await self.commands([event])
+        if not result.ok:
+            raise RejectedError(result)
+        return result
+
+    async def commands(self, events: Sequence[ev.Event]) -> list[p.WriteResult]:
+        """Append many events in one call; one result per event (rejections are results, not errors).
+        Events of one group are committed together, in order."""
+        stamped = [e if e.request_id else msgspec.structs.replace(e, request_id=_request_id()) for e in events]
+        if self.actor:
+            stamped = [e if e.actor else msgspec.structs.replace(e, actor=self.actor) for e in stamped]
+        for e in stamped:
+            e.validate()
+        groups = {group_of_event(e) for e in stamped}
+        if len(groups) == 1:
+            result = await self._call(p.Write(stamped), group=groups.pop(), leader=True)  # type: ignore[arg-type]
+            assert isinstance(result, p.Written)
+            return result.results
+        # One call per group, each to its leader, concurrently; results in the caller's order.
+        order: dict[str, list[int]] = {}
+        for i, e in enumerate(stamped):
+            order.setdefault(group_of_event(e), []).append(i)
+        parts = await asyncio.gather(*(self.commands([stamped[i] for i in idx]) for idx in order.values()))
+        results: list[p.WriteResult | None] = [None] * len(stamped)
+        for idx, part in zip(order.values(), parts):
+            for i, r in zip(idx, part):
+                results[i] = r
+        return [r for r in results if r is not None]
+
+    async def get_entity(self, key: str, *, consistency: str = "linearizable", min_offset: int = -1,
+                         as_of: int | None = None) -> Entity | None:
+        result = await self._read(p.Get(key, consistency, min_offset, as_of), group_of_key(key), consistency)
+        assert isinstance(result, p.Got)
+        return None if result.item is None else _entity(result.item)
+
+    async def get_many(self, keys: Sequence[str], *, consistency: str = "linearizable",
+                       min_offset: int = -1) -> list[Entity | None]:
+        """Many entity reads in one call (all keys must belong to one group)."""
+        groups = {group_of_key(k) for k in keys}
+        if len(groups) != 1:
+            raise ClientError("get_many reads from one group at a time", code="invalid_argument")
+        result = await self._read(p.Gets([p.Get(k, consistency, min_offset) for k in keys]), groups.pop(),
+                                  consistency)
+        assert isinstance(result, p.GotMany)
+        return [None if g.item is None else _entity(g.item) for g in result.replies]
+
+    async def list_entities(self, prefix: str, *, limit: int = 100, after: str | None = None,
+                            consistency: str = "linearizable", min_offset: int = -1,
+                            as_of: int | None = None) -> Page:
+        call = p.List(prefix=prefix, limit=limit, after=after, consistency=consistency, min_offset=min_offset,
+                      as_of=as_of)
+        result = await self._read(call, group_of_key(prefix), consistency)
+        assert isinstance(result, p.Listed)
+        return Page([_entity(i) for i in result.items], result.next_after, result.applied)
+
+    async def entity_history(self, key: str, *, limit: int = 1000, after_offset: int = -1,
+                             consistency: str = "linearizable", min_offset: int = -1) -> list[Change]:
+        result = await self._read(p.History(key, limit, after_offset, consistency, min_offset), group_of_key(key),
+                                  consistency)
+        assert isinstance(result, p.HistoryRows)
+        raw = key.encode()
+        return [Change(r.offset, r.event, None if r.state is None else decode_state(raw, r.state)) for r in result.rows]
+
+    # --- watch and events -------------------------------------------------------------------------
+
+    async def watch(self, prefix: str, *, from_offset: int = -1, window: int = 4096) -> AsyncIterator[WatchedEvent]:
+        """Events whose entity key starts with `prefix` (e.g. 'kv/app/'), from `from_offset` on, forever.
+
+        If the node serving the watch goes away, the watch resumes on another node from the offset
+        after the last event delivered: no gaps, no repeats. A watch behind the log start raises
+        CompactedError.
+        """
+        group = group_of_key(prefix if "/" in prefix else prefix + "/")
+        next_offset = from_offset
+        deadline_base = self.timeout
+        while True:
+            conn = await self._any_connection(deadline_base)
+            rid, queue = conn.open_stream(p.Watch(prefix, next_offset, group, window))
+            unacked = 0
+            try:
+                while True:
+                    reply = await queue.get()
+                    if reply.error is not None:
+                        if reply.error.code == "unavailable":
+                            break   # the connection dropped: resume elsewhere
+                        from epochlog.client.errors import from_wire
+                        raise from_wire(reply.error)
+                    result = reply.result
+                    if isinstance(result, p.WatchStarted):
+                        next_offset = result.from_offset
+                    elif isinstance(result, p.WatchEvents):
+                        for r in result.events:
+                            next_offset = r.offset + 1
+                            yield WatchedEvent(r.offset, r.key, None if r.value is None else ev.decode_event(r.value),
+                                               r.timestamp)
+                        unacked += len(result.events)
+                        if unacked * 2 >= window:
+                            conn.send_oneway(p.WatchAck(rid, unacked))
+                            unacked = 0
+            finally:
+                conn.close_stream(rid)
+                conn.send_oneway(p.CancelWatch(rid))
+
+    async def read_events(self, group: str, from_offset: int, *, max_events: int = 1000,
+                          max_bytes: int = 1 << 20) -> p.Events:
+        """Committed events of `group` from `from_offset` (from the leader, so nothing committed is missed)."""
+        result = await self._call(p.ReadEvents(group, from_offset, max_events, max_bytes), group=group, leader=True)
+        assert isinstance(result, p.Events)
+        return result
+
+    # --- cluster ----------------------------------------------------------------------------------
+
+    async def status(self, endpoint: str | None = None) -> p.StatusInfo:
+        """One node's view of every group (the first reachable endpoint unless one is named)."""
+        if endpoint is not None:
+            conn = await self._connection(endpoint, self.timeout)
+            result = await conn.call(p.Status(), self.timeout)
+        else:
+            result = await self._call(p.Status(), group=None, leader=False)
+        assert isinstance(result, p.StatusInfo)
+        return result
+
+    async def cluster_status(self) -> list[p.StatusInfo | ClientError]:
+        """Every member's status (members found through any reachable node); an error for those down."""
+        first = await self.status()
+        addresses = [m.client_address for m in first.members if m.client_address]
+
+        async def one(address: str) -> p.StatusInfo | ClientError:
+            try:
+                return await self.status(address)
+            except ClientError as exc:
+                return exc
+
+        return list(await asyncio.gather(*(one(a) for a in addresses)))
+
+    async def transfer_leader(self, group: str, to: int = 0) -> None:
+        await self._call(p.TransferLeader(group, to), group=group, leader=True)
+
+    async def snapshot(self, group: str, endpoint: str | None = None) -> int:
+        call = p.Snapshot(group)
+        if endpoint is not None:
+            result = await (await self._connection(endpoint, self.timeout)).call(call, self.timeout)
+        else:
+            result = await self._call(call, group=group, leader=True)
+        assert isinstance(result, p.Done)
+        return result.offset
+
+    async def members(self) -> p.Members:
+        result = await self._call(p.MemberList(), group="metadata", leader=True)
+        assert isinstance(result, p.Members)
+        return result
+
+    async def member_add(self, node_id: int, peer_address: str, client_address: str = "", *,
+                         auto_promote: bool = True) -> p.Members:
+        result = await self._call(p.MemberAdd(node_id, peer_address, client_address, auto_promote),
+                                  group="metadata", leader=True, timeout=max(self.timeout, 30.0))
+        assert isinstance(result, p.Members)
+        return result
+
+    async def member_promote(self, node_id: int) -> p.Members:
+        result = await self._call(p.MemberPromote(node_id), group="metadata", leader=True,
+                                  timeout=max(self.timeout, 30.0))
+        assert isinstance(result, p.Members)
+        return result
+
+    async def member_remove(self, node_id: int) -> p.Members:
+        result = await self._call(p.MemberRemove(node_id), group="metadata", leader=True,
+                                  timeout=max(self.timeout, 30.0))
+        assert isinstance(result, p.Members)
+        return result
+
+    # --- routing and retries ----------------------------------------------------------------------
+
+    async def _read(self, call: p.Call, group: str, consistency: str) -> p.Result:
+        return await self._call(call, group=group, leader=consistency in _LEADER_READS)
+
+    async def _call(self, call: p.Call, *, group: str | None, leader: bool, timeout: float | None = None) -> p.Result:
+        """Send `call` to the group's leader (or any node), retrying retriable failures until the deadline."""
+        budget = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
+        delay = 0.02
+        last: ClientError | None = None
+        tried: set[str] = set()
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise last or UnavailableError(f"no answer within {budget:.1f} s")
+            address = self._pick(group if leader else None, tried)
+            try:
+                conn = await self._connection(address, remaining)
+                return await conn.call(call, remaining)
+            except NotLeaderError as exc:
+                last = exc
+                if group is not None:
+                    if exc.leader_address and exc.leader_address != address:
+                        self._leaders[group] = exc.leader_address
+                        continue   # straight to the leader named
+                    self._leaders.pop(group, None)
+                tried.add(address)
+            except ClientError as exc:
+                if not exc.retriable:
+                    raise
+                last = exc
+                tried.add(address)
+                if group is not None and self._leaders.get(group) == address:
+                    self._leaders.pop(group, None)
+            except TimeoutError:
+                last = UnavailableError(f"{address} did not answer within {budget:.1f} s")
+                tried.add(address)
+            if len(tried) >= len(self._known_addresses()):
+                tried.clear()
+                await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay = min(delay * 2, 0.5)
+
+    def _known_addresses(self) -> list[str]:
+        known = list(self.endpoints)
+        known += [a for a in self._leaders.values() if a not in known]
+        return known
+
+    def _pick(self, group: str | None, tried: set[str]) -> str:
+        if group is not None:
+            leader = self._leaders.get(group)
+            if leader is not None and leader not in tried:
+                return leader
+        candidates = [a for a in self._known_addresses() if a not in tried] or self._known_addresses()
+        self._rr = (self._rr + 1) % len(candidates)
+        return candidates[self._rr]
+
+    async def _any_connection(self, timeout: float) -> Connection:
+        deadline = time.monotonic() + timeout
+        last: ClientError | None = None
+        while time.monotonic() < deadline:
+            for address in self._known_addresses():
+                try:
+                    return await self._connection(address, max(0.1, deadline - time.monotonic()))
+                except ClientError as exc:
+                    last = exc
+            await asyncio.sleep(0.1)
+        raise last or UnavailableError("no endpoint reachable")
+
+    async def _connection(self, address: str, timeout: float) -> Connection:
+        conn = self._connections.get(address)
+        if conn is not None and conn.open:
+            return conn
+        pending = self._connecting.get(address)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
+        self._connecting[address] = future
+        try:
+            conn = Connection(address, client_name=self.name)
+            await conn.connect(min(timeout, 5.0))
+            self._connections[address] = conn
+            future.set_result(conn)
+            return conn
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()   # retrieved: waiters re-raise it
+            raise
+        finally:
+            del self._connecting[address]
+
+
+def _request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _entity(item: p.Item) -> Entity:
+    return Entity(item.key, decode_state(item.key.encode(), item.state), item.version)
+
+
+def _kv(entity: Entity) -> KeyValue:
+    state = entity.state
+    assert isinstance(state, KvState)
+    return KeyValue(state.name, state.value, entity.version, state.lease, state.created)

@@ -1,0 +1,171 @@
+"""One long-lived connection to one node, with pipelining and frame coalescing.
+
+Every call made while the previous frame is being written joins the next frame: calls are queued
+and the queue is flushed once per turn of the event loop, so 100 concurrent calls cost one frame and
+one write, not 100. Replies are matched to calls by request id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+from epochlog import protocol as p
+from epochlog.client.errors import ClientError, UnavailableError, from_wire
+
+
+class Connection:
+    """A connection to `address` ("host:port"); use on one asyncio loop."""
+
+    def __init__(self, address: str, *, client_name: str = "epochlog-python") -> None:
+        self.address = address
+        self.client_name = client_name
+        self.node_id = 0
+        self.cluster = ""
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._streams: dict[int, asyncio.Queue[p.Reply]] = {}
+        self._queue: list[p.Request] = []
+        self._flush_scheduled = False
+        self._read_task: asyncio.Task[None] | None = None
+        self._closed_error: ClientError | None = None
+
+    @property
+    def open(self) -> bool:
+        return self._writer is not None and self._closed_error is None
+
+    async def connect(self, timeout: float) -> None:
+        host, _, port = self.address.rpartition(":")
+        try:
+            self._reader, self._writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout)
+            self._writer.write(p.encode_frame(p.ClientHello(p.PROTOCOL_VERSION, self.client_name)))
+            decoder = p.FrameDecoder(p.ServerFrame)
+            frames: list[Any] = []
+            while not frames:
+                data = await asyncio.wait_for(self._reader.read(65536), timeout)
+                if not data:
+                    raise ConnectionError("closed during hello")
+                frames = decoder.feed(data)
+        except (OSError, TimeoutError, ValueError) as exc:
+            self._abort()
+            raise UnavailableError(f"cannot connect to {self.address}: {exc}") from None
+        hello = frames[0]
+        if not isinstance(hello, p.ServerHello) or hello.error:
+            self._abort()
+            raise ClientError(f"{self.address} refused the connection: {getattr(hello, 'error', hello)}",
+                              code="protocol")
+        self.node_id, self.cluster = hello.node, hello.cluster
+        self._closed_error = None
+        self._read_task = asyncio.get_running_loop().create_task(self._read_loop(decoder, frames[1:]))
+
+    async def call(self, call: p.Call, timeout: float) -> p.Result:
+        """Send one request; its result, or raise the error it was answered with."""
+        rid, future = self._send(call, timeout)
+        try:
+            reply: p.Reply = await asyncio.wait_for(future, timeout)
+        finally:
+            self._pending.pop(rid, None)
+        if reply.error is not None:
+            raise from_wire(reply.error)
+        assert reply.result is not None
+        return reply.result
+
+    def open_stream(self, call: p.Call) -> tuple[int, asyncio.Queue[p.Reply]]:
+        """Send a request whose replies keep coming (watch): a queue receives every reply for it."""
+        self._check()
+        rid = next(self._ids)
+        queue: asyncio.Queue[p.Reply] = asyncio.Queue()
+        self._streams[rid] = queue
+        self._enqueue(p.Request(rid, call))
+        return rid, queue
+
+    def close_stream(self, rid: int) -> None:
+        self._streams.pop(rid, None)
+
+    def send_oneway(self, call: p.Call) -> None:
+        """Send a request and ignore its reply (acks, cancels)."""
+        if self.open:
+            self._enqueue(p.Request(next(self._ids), call))
+
+    def _send(self, call: p.Call, timeout: float) -> tuple[int, asyncio.Future[p.Reply]]:
+        self._check()
+        rid = next(self._ids)
+        future: asyncio.Future[p.Reply] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = future
+        self._enqueue(p.Request(rid, call, max(1, int(timeout * 1000))))
+        return rid, future
+
+    def _check(self) -> None:
+        if self._closed_error is not None:
+            raise self._closed_error
+        if self._writer is None:
+            raise UnavailableError(f"not connected to {self.address}")
+
+    def _enqueue(self, request: p.Request) -> None:
+        self._queue.append(request)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._queue or self._writer is None:
+            return
+        requests, self._queue = self._queue, []
+        self._writer.write(p.encode_frame(p.Requests(requests)))
+
+    async def _read_loop(self, decoder: p.FrameDecoder, early: list[Any]) -> None:
+        assert self._reader is not None
+        try:
+            for frame in early:
+                self._dispatch(frame)
+            while True:
+                data = await self._reader.read(1 << 18)
+                if not data:
+                    break
+                for frame in decoder.feed(data):
+                    self._dispatch(frame)
+        except (OSError, p.FrameError):
+            pass
+        finally:
+            self._fail_all(UnavailableError(f"connection to {self.address} (node {self.node_id}) closed"))
+
+    def _dispatch(self, frame: Any) -> None:
+        if not isinstance(frame, p.Replies):
+            return
+        for reply in frame.replies:
+            stream = self._streams.get(reply.id)
+            if stream is not None:
+                stream.put_nowait(reply)
+                continue
+            future = self._pending.pop(reply.id, None)
+            if future is not None and not future.done():
+                future.set_result(reply)
+
+    def _fail_all(self, error: ClientError) -> None:
+        self._closed_error = error
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(error)
+        for rid, queue in self._streams.items():
+            queue.put_nowait(p.Reply(rid, error=p.WireError(error.code, str(error), True)))
+        self._streams.clear()
+        self._abort()
+
+    def _abort(self) -> None:
+        if self._writer is not None:
+            self._writer.transport.abort()
+        self._writer = None
+
+    async def close(self) -> None:
+        if self._read_task is not None:
+            self._read_task.cancel()
+            try:
+                await self._read_task
+            except asyncio.CancelledError:
+                pass
+        self._fail_all(UnavailableError(f"connection to {self.address} closed by the client"))

@@ -1,0 +1,147 @@
+"""The blocking client: an AsyncClient driven by a private event loop on a background thread.
+
+Thread-safe: calls from many threads share the client's connections (and its frame coalescing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
+
+from epochlog import protocol as p
+from epochlog.client.aio import AsyncClient, Change, Entity, KeyValue, Page, WatchedEvent
+from epochlog.client.errors import ClientError
+
+T = TypeVar("T")
+
+
+class Client:
+    """Blocking counterpart of AsyncClient: same methods, same arguments, same results."""
+
+    def __init__(self, endpoints: Sequence[str] | str, **options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="epochlog-client", daemon=True)
+        self._thread.start()
+        self.aio = AsyncClient(endpoints, **options)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._run(self.aio.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def put(self, name: str, value: bytes, **kw: Any) -> p.WriteResult:
+        return self._run(self.aio.put(name, value, **kw))
+
+    def delete(self, name: str, **kw: Any) -> p.WriteResult:
+        return self._run(self.aio.delete(name, **kw))
+
+    def get(self, name: str, **kw: Any) -> KeyValue | None:
+        return self._run(self.aio.get(name, **kw))
+
+    def list(self, prefix: str = "", **kw: Any) -> Page:
+        return self._run(self.aio.list(prefix, **kw))
+
+    def history(self, name: str, **kw: Any) -> list[Change]:
+        return self._run(self.aio.history(name, **kw))
+
+    def txn(self, ops: Sequence[Any], conditions: Sequence[tuple[str, int]] = ()) -> p.WriteResult:
+        return self._run(self.aio.txn(ops, conditions))
+
+    def lease_grant(self, ttl_ms: int) -> p.Lease:
+        return self._run(self.aio.lease_grant(ttl_ms))
+
+    def lease_keepalive(self, lease_id: int) -> int:
+        return self._run(self.aio.lease_keepalive(lease_id))
+
+    def lease_revoke(self, lease_id: int) -> p.WriteResult:
+        return self._run(self.aio.lease_revoke(lease_id))
+
+    def command(self, event: Any) -> p.WriteResult:
+        return self._run(self.aio.command(event))
+
+    def commands(self, events: Sequence[Any]) -> list[p.WriteResult]:
+        return self._run(self.aio.commands(events))
+
+    def get_entity(self, key: str, **kw: Any) -> Entity | None:
+        return self._run(self.aio.get_entity(key, **kw))
+
+    def get_many(self, keys: Sequence[str], **kw: Any) -> list[Entity | None]:
+        return self._run(self.aio.get_many(keys, **kw))
+
+    def list_entities(self, prefix: str, **kw: Any) -> Page:
+        return self._run(self.aio.list_entities(prefix, **kw))
+
+    def entity_history(self, key: str, **kw: Any) -> list[Change]:
+        return self._run(self.aio.entity_history(key, **kw))
+
+    def read_events(self, group: str, from_offset: int, **kw: Any) -> p.Events:
+        return self._run(self.aio.read_events(group, from_offset, **kw))
+
+    def status(self, endpoint: str | None = None) -> p.StatusInfo:
+        return self._run(self.aio.status(endpoint))
+
+    def cluster_status(self) -> list[p.StatusInfo | ClientError]:
+        return self._run(self.aio.cluster_status())
+
+    def transfer_leader(self, group: str, to: int = 0) -> None:
+        self._run(self.aio.transfer_leader(group, to))
+
+    def snapshot(self, group: str, endpoint: str | None = None) -> int:
+        return self._run(self.aio.snapshot(group, endpoint))
+
+    def members(self) -> p.Members:
+        return self._run(self.aio.members())
+
+    def member_add(self, node_id: int, peer_address: str, client_address: str = "", **kw: Any) -> p.Members:
+        return self._run(self.aio.member_add(node_id, peer_address, client_address, **kw))
+
+    def member_promote(self, node_id: int) -> p.Members:
+        return self._run(self.aio.member_promote(node_id))
+
+    def member_remove(self, node_id: int) -> p.Members:
+        return self._run(self.aio.member_remove(node_id))
+
+    def watch(self, prefix: str, *, from_offset: int = -1, window: int = 4096) -> Iterator[WatchedEvent]:
+        """Events under `prefix` as they commit; stop by closing the iterator (or breaking out of a for)."""
+        items: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=window)
+        stop = threading.Event()
+
+        async def pump() -> None:
+            try:
+                async for event in self.aio.watch(prefix, from_offset=from_offset, window=window):
+                    while not stop.is_set():
+                        try:
+                            items.put_nowait(("event", event))
+                            break
+                        except queue.Full:
+                            await asyncio.sleep(0.005)
+                    if stop.is_set():
+                        return
+            except BaseException as exc:  # handed to the consuming thread
+                items.put(("error", exc))
+
+        future = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        try:
+            while True:
+                kind, value = items.get()
+                if kind == "error":
+                    raise value
+                yield value
+        finally:
+            stop.set()
+            future.cancel()

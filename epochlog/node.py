@@ -1,0 +1,302 @@
+"""An Epochlog node: its Raft groups with their views, and the operations clients call on them.
+
+`Node` is what `epochlog serve` runs. It owns a NodeHost (every group of the cluster, each with a
+ViewsStateMachine over RocksDB) and exposes the operations of the client protocol as coroutines
+returning protocol messages, so the native server and the gRPC face share one implementation.
+
+Writes go to the leader of the group that owns the entity (epochlog.routing); a follower answers
+`not_leader` with the leader's id and client address, and the SDK retries there. A Write naming
+several groups commits each group's part atomically and in order, but the groups independently:
+each event carries a request id, so retrying the whole Write after a failure never applies an event
+twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections import defaultdict
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+from eventlog.configuration import from_mapping
+from eventlog.errors import ConfigError, EpochlogError, OffsetOutOfRangeError
+from eventlog.raft.errors import CompactedError, NotFoundError, NotLeaderError, RaftError
+from eventlog.raft.runtime.config import NodeConfigs
+from eventlog.raft.runtime.group import RaftGroup
+from eventlog.raft.runtime.host import NodeHost
+from epochlog import protocol as p
+from epochlog.routing import REQUIRED_GROUPS, group_of_event, group_of_key
+from statemachines import events as ev
+from statemachines.query import MAX_LIMIT, Query
+from statemachines.state import Outcome, encode
+from statemachines.store import ViewsConfig
+from statemachines.views import ViewsStateMachine
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 10.0
+
+
+class NodeError(EpochlogError):
+    """A request the node cannot serve as asked (unknown group, bad consistency, ...)."""
+
+    code = "invalid_argument"
+
+
+class Node:
+    """One node: call everything from the loop that ran `start()`."""
+
+    def __init__(self, configs: NodeConfigs, node_id: int, data_dir: str | Path, *, seed: int | None = None) -> None:
+        self.configs = configs
+        self.node_id = node_id
+        self.data_dir = Path(data_dir)
+        self.views_config = from_mapping(ViewsConfig, configs.views, "views")
+        missing = [g for g in REQUIRED_GROUPS if g not in configs.cluster.groups]
+        if missing:
+            raise ConfigError("cluster.groups", list(configs.cluster.groups),
+                              f"must include {', '.join(REQUIRED_GROUPS)} (missing {', '.join(missing)})")
+        configs.cluster.member(node_id)
+        self.views: dict[str, ViewsStateMachine] = {}
+        self.host = NodeHost(node_id, self.data_dir, configs, self._open_views, seed=seed)
+        self.client_addresses = {m.id: m.client_address for m in configs.cluster.members}
+
+    def _open_views(self, name: str, directory: Path) -> ViewsStateMachine:
+        sm = ViewsStateMachine(directory, self.views_config)
+        self.views[name] = sm
+        return sm
+
+    async def start(self) -> None:
+        await self.host.start()
+
+    async def stop(self) -> None:
+        await self.host.stop()
+
+    @property
+    def cluster(self) -> str:
+        return self.configs.cluster.name
+
+    def failure(self) -> str | None:
+        """Why the node cannot go on (a group failed, e.g. its disk), or None."""
+        for name, group in self.host.groups.items():
+            if group.failed is not None:
+                return f"group {name} failed: {group.failed!r}"
+        return None
+
+    # --- helpers ----------------------------------------------------------------------------------
+
+    def group(self, name: str) -> RaftGroup:
+        group = self.host.groups.get(name)
+        if group is None:
+            raise NodeError(f"no group {name!r} (groups: {', '.join(self.host.groups)})")
+        return group
+
+    def leader_address(self, error: NotLeaderError) -> str:
+        return self.client_addresses.get(error.leader_hint, "")
+
+    def _query(self, group: str) -> Query:
+        return Query(self.views[group].store)
+
+    async def _barrier(self, group: str, consistency: str, min_offset: int, timeout: float) -> int:
+        if consistency not in p.CONSISTENCY:
+            raise NodeError(f"consistency {consistency!r} is not one of {', '.join(p.CONSISTENCY)}")
+        return await self.group(group).read_barrier(consistency, min_offset, timeout)
+
+    # --- writes -----------------------------------------------------------------------------------
+
+    async def write(self, events: Sequence[ev.Event]) -> list[p.WriteResult]:
+        """Validate every event first (nothing is appended if one is invalid), then commit per group."""
+        if not events:
+            raise NodeError("a write carries at least one event")
+        by_group: dict[str, list[int]] = defaultdict(list)
+        records: dict[str, list[tuple[bytes | None, bytes | None]]] = defaultdict(list)
+        for i, event in enumerate(events):
+            record = ev.event_record(event)
+            group = group_of_event(event)
+            by_group[group].append(i)
+            records[group].append(record)
+        for group in by_group:
+            self.group(group)
+        names = list(by_group)
+        committed = await asyncio.gather(*(self.group(g).submit(records[g]) for g in names))
+        results: list[p.WriteResult | None] = [None] * len(events)
+        for group, done in zip(names, committed):
+            for j, i in enumerate(by_group[group]):
+                outcome = done.outcomes[j] if j < len(done.outcomes) else None
+                results[i] = _result(group, done.offset + j, outcome)
+        return [r for r in results if r is not None]
+
+    async def lease_grant(self, call: p.LeaseGrant) -> p.Lease:
+        lease_id = call.lease_id or (secrets.randbits(62) | 1)
+        event = ev.LeaseGranted(lease_id=lease_id, ttl_ms=call.ttl_ms, request_id=call.request_id)
+        (result,) = await self.write([event])
+        if not result.ok:
+            raise _rejected(result)
+        return p.Lease(lease_id, call.ttl_ms, result.offset)
+
+    def lease_keepalive(self, call: p.LeaseKeepAlive) -> p.Lease:
+        ttl = self.group("kv").keepalive(call.lease_id)
+        return p.Lease(call.lease_id, ttl)
+
+    # --- reads ------------------------------------------------------------------------------------
+
+    async def get(self, call: p.Get, timeout: float = DEFAULT_TIMEOUT_S) -> p.Got:
+        group = group_of_key(call.key)
+        applied = await self._barrier(group, call.consistency, call.min_offset, timeout)
+        item = self._query(group).get(call.key, as_of=call.as_of)
+        return p.Got(None if item is None else p.Item(item.key, encode(item.state), item.version), applied)
+
+    async def get_many(self, call: p.Gets, timeout: float = DEFAULT_TIMEOUT_S) -> p.GotMany:
+        if len(call.gets) > MAX_LIMIT:
+            raise NodeError(f"at most {MAX_LIMIT} reads per call, got {len(call.gets)}")
+        return p.GotMany(list(await asyncio.gather(*(self.get(g, timeout) for g in call.gets))))
+
+    async def list(self, call: p.List, timeout: float = DEFAULT_TIMEOUT_S) -> p.Listed:
+        if call.end and not call.start:
+            raise NodeError("a range needs start as well as end")
+        key = call.start or call.prefix
+        group = group_of_key(key)
+        applied = await self._barrier(group, call.consistency, call.min_offset, timeout)
+        query = self._query(group)
+        if call.end:
+            page = query.range(call.start, call.end, limit=call.limit, after=call.after, as_of=call.as_of)
+        else:
+            page = query.list(call.prefix, limit=call.limit, after=call.after, as_of=call.as_of)
+        items = [p.Item(i.key, encode(i.state), i.version) for i in page.items]
+        return p.Listed(items, page.next, applied)
+
+    async def history(self, call: p.History, timeout: float = DEFAULT_TIMEOUT_S) -> p.HistoryRows:
+        group = group_of_key(call.key)
+        applied = await self._barrier(group, call.consistency, call.min_offset, timeout)
+        rows = self._query(group).history(call.key, limit=call.limit, after_offset=call.after_offset)
+        return p.HistoryRows([p.HistoryRow(r.offset, r.event, None if r.state is None else encode(r.state))
+                              for r in rows], applied)
+
+    def read_events(self, call: p.ReadEvents) -> p.Events:
+        """Committed records of a group's log from `from_offset` (what this node has applied)."""
+        group = self.group(call.group)
+        if call.max_events < 1 or call.max_bytes < 1:
+            raise NodeError("max_events and max_bytes are positive")
+        log = group.storage.log
+        applied = group.sm.applied_index
+        offset = max(call.from_offset, 0)
+        if offset < log.start_offset:
+            raise _compacted(group, offset)
+        out: list[p.EventRecord] = []
+        next_offset = offset
+        if offset <= applied:
+            try:
+                chunk = log.read(offset, call.max_bytes, max_offset=applied + 1)
+            except OffsetOutOfRangeError:
+                raise _compacted(group, offset) from None
+            if chunk is not None:
+                for batch in chunk.batches():
+                    if batch.header.is_control:
+                        continue
+                    for record in batch.records():
+                        if record.offset < offset or len(out) >= call.max_events:
+                            continue
+                        out.append(p.EventRecord(record.offset, _key_text(record.key),
+                                                 None if record.value is None else bytes(record.value),
+                                                 record.timestamp))
+                next_offset = out[-1].offset + 1 if len(out) >= call.max_events else max(offset, chunk.next_offset)
+        return p.Events(out, next_offset, log.start_offset, group.node.log.committed)
+
+    async def watch(self, call: p.Watch) -> tuple[str, int, AsyncIterator[p.EventRecord]]:
+        """(group, first offset, the records) for a watch; the iterator raises CompactedError on a gap."""
+        group_name = call.group or group_of_key(call.prefix if "/" in call.prefix else call.prefix + "/")
+        group = self.group(group_name)
+        start = call.from_offset if call.from_offset >= 0 else group.sm.applied_index + 1
+        if start < group.storage.log.start_offset:
+            raise _compacted(group, start)
+
+        async def records() -> AsyncIterator[p.EventRecord]:
+            async for e in group.watch(call.prefix.encode(), start):
+                yield p.EventRecord(e.offset, _key_text(e.key), e.value, e.timestamp)
+
+        return group_name, start, records()
+
+    # --- cluster ----------------------------------------------------------------------------------
+
+    def status(self) -> p.StatusInfo:
+        groups = []
+        for name, group in self.host.groups.items():
+            s = group.status()
+            conf = group.node.conf
+            progress = group.node.progress if s.role == "leader" else {}
+            peers = [p.PeerInfo(n, "voter" if n in conf.voters else "learner",
+                                progress[n].match if n in progress else -1)
+                     for n in (*conf.voters, *conf.learners)]
+            groups.append(p.GroupInfo(name, self.node_id, s.role, s.term, s.leader, s.commit, s.applied,
+                                      s.last_index, s.log_start, s.snapshot_index, peers))
+        return p.StatusInfo(self.cluster, self.node_id, groups, self._members())
+
+    def _members(self) -> list[p.MemberInfo]:
+        return [p.MemberInfo(m.id, m.peer_address, m.client_address) for m in self.configs.cluster.members]
+
+    def member_list(self) -> p.Members:
+        conf = self.group("metadata").node.conf
+        return p.Members(self._members(), list(conf.voters), list(conf.learners))
+
+    async def member_add(self, call: p.MemberAdd) -> p.Members:
+        raise NodeError("membership changes are not available in this version")
+
+    async def member_promote(self, call: p.MemberPromote) -> p.Members:
+        raise NodeError("membership changes are not available in this version")
+
+    async def member_remove(self, call: p.MemberRemove) -> p.Members:
+        raise NodeError("membership changes are not available in this version")
+
+    def transfer_leader(self, call: p.TransferLeader) -> p.Done:
+        group = self.group(call.group)
+        if group.node.role.value != "leader":
+            raise NotLeaderError(self.node_id, group.node.leader, group.node.term)
+        target = call.to
+        if target == 0:
+            progress = group.node.progress
+            followers = [n for n in group.node.conf.voters if n != self.node_id]
+            if not followers:
+                raise NodeError(f"group {call.group} has no other voter to hand leadership to")
+            target = max(followers, key=lambda n: progress[n].match if n in progress else -1)
+        group.transfer_leadership(target)
+        return p.Done()
+
+    def snapshot(self, call: p.Snapshot) -> p.Done:
+        return p.Done(self.group(call.group).snapshot_now())
+
+
+def _result(group: str, offset: int, outcome: object | None) -> p.WriteResult:
+    if isinstance(outcome, Outcome):
+        if outcome.duplicate:
+            return p.WriteResult(outcome.offset, group, outcome.ok, outcome.code, outcome.message, True)
+        return p.WriteResult(offset, group, outcome.ok, outcome.code, outcome.message)
+    return p.WriteResult(offset, group, True)
+
+
+class RejectedError(EpochlogError):
+    """The command was committed but applying it changed nothing (a failed condition, stale epoch...)."""
+
+    code = "rejected"
+
+    def __init__(self, result: p.WriteResult) -> None:
+        self.result = result
+        self.reason = result.code
+        super().__init__(f"{result.code}: {result.message} (offset {result.offset})")
+
+
+def _rejected(result: p.WriteResult) -> RejectedError:
+    return RejectedError(result)
+
+
+def _compacted(group: RaftGroup, offset: int) -> CompactedError:
+    return CompactedError(f"compacted: offset {offset} is no longer in the log of group {group.name} (it starts at "
+                          f"{group.storage.log.start_offset}); resync from the snapshot at offset "
+                          f"{group.storage.snapshot().index}, then read from the offset after it")
+
+
+def _key_text(key: bytes | memoryview | None) -> str:
+    return "" if key is None else bytes(key).decode("utf-8", "backslashreplace")
+
+
+__all__ = ["Node", "NodeError", "RejectedError", "RaftError", "NotFoundError"]

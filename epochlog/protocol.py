@@ -1,0 +1,370 @@
+"""The client protocol, version 1: frames and messages (sans-IO; docs/protocol.md is the spec).
+
+A connection is a stream of frames: a 4-byte big-endian length, then a msgpack payload. The first
+frame each way is a hello (`ClientHello`, `ServerHello`); after it the client sends `Requests`
+frames and the server sends `Replies` frames. A frame carries every request (or reply) that was
+queued while the previous frame was being written, so concurrent calls on one connection share
+frames and syscalls; requests carry ids, replies come back as they complete, in any order.
+
+Every write is an event (statemachines.events) or a list of them; a write's reply is its commit
+offset, which is also a read-your-writes token (`min_offset`) for reads on any node.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgspec
+
+from statemachines.events import AnyEvent
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 16 << 20
+_LENGTH = struct.Struct(">I")
+
+CONSISTENCY = ("linearizable", "lease", "local")
+
+
+# --- hello ------------------------------------------------------------------------------------------
+
+class ClientHello(msgspec.Struct, tag="client_hello"):
+    version: int
+    client: str = ""
+
+
+class ServerHello(msgspec.Struct, tag="server_hello"):
+    version: int
+    cluster: str
+    node: int
+    error: str = ""          # non-empty: the server refuses the connection (e.g. an unknown version)
+
+
+# --- requests ---------------------------------------------------------------------------------------
+
+class Write(msgspec.Struct, tag="write"):
+    """Append events; each goes to its group (the reply lists one result per event, in order).
+
+    The events of one group in one Write are committed in one batch, in order.
+    """
+
+    events: list[AnyEvent]
+
+
+class Get(msgspec.Struct, tag="get"):
+    key: str                              # an entity key such as 'kv/app/x' or 'broker/c/g/n'
+    consistency: str = "linearizable"
+    min_offset: int = -1
+    as_of: int | None = None
+
+
+class Gets(msgspec.Struct, tag="gets"):
+    """Many point reads in one call (each may name a different group)."""
+
+    gets: list[Get]
+
+
+class List(msgspec.Struct, tag="list"):
+    """Entities with keys starting with `prefix`, or in [start, end) when `end` is given."""
+
+    prefix: str = ""
+    start: str = ""
+    end: str = ""
+    limit: int = 100
+    after: str | None = None              # continuation token: the last key of the previous page
+    consistency: str = "linearizable"
+    min_offset: int = -1
+    as_of: int | None = None
+
+
+class History(msgspec.Struct, tag="history"):
+    key: str
+    limit: int = 1000
+    after_offset: int = -1
+    consistency: str = "linearizable"
+    min_offset: int = -1
+
+
+class LeaseGrant(msgspec.Struct, tag="lease_grant"):
+    ttl_ms: int
+    lease_id: int = 0                     # 0: the server picks one
+    request_id: str = ""
+
+
+class LeaseKeepAlive(msgspec.Struct, tag="lease_keepalive"):
+    lease_id: int
+
+
+class Watch(msgspec.Struct, tag="watch"):
+    """Stream committed events whose key starts with `prefix` from `from_offset` (inclusive).
+
+    The reply is `WatchStarted`; then `WatchEvents` frames carry the request's id until the watch
+    ends with an error reply (e.g. `compacted`) or the client sends `CancelWatch`. `window` is the
+    flow control: the server keeps at most that many unacknowledged events in flight and waits for
+    `WatchAck` before sending more.
+    """
+
+    prefix: str
+    from_offset: int = -1                 # -1: from the next event applied
+    group: str = ""                       # "" = the group that owns the prefix
+    window: int = 4096
+
+
+class WatchAck(msgspec.Struct, tag="watch_ack"):
+    watch_id: int
+    events: int
+
+
+class CancelWatch(msgspec.Struct, tag="cancel_watch"):
+    watch_id: int
+
+
+class ReadEvents(msgspec.Struct, tag="read_events"):
+    """Committed events of one group by offset range (for exporters)."""
+
+    group: str
+    from_offset: int
+    max_events: int = 1000
+    max_bytes: int = 1 << 20
+
+
+class Status(msgspec.Struct, tag="status"):
+    pass
+
+
+class TransferLeader(msgspec.Struct, tag="transfer_leader"):
+    group: str
+    to: int                               # 0: the most caught-up follower
+
+
+class Snapshot(msgspec.Struct, tag="snapshot"):
+    group: str
+
+
+class MemberList(msgspec.Struct, tag="member_list"):
+    pass
+
+
+class MemberAdd(msgspec.Struct, tag="member_add"):
+    """Add a node as a learner of every group; it is promoted to voter once caught up."""
+
+    node_id: int
+    peer_address: str
+    client_address: str = ""
+    auto_promote: bool = True
+
+
+class MemberPromote(msgspec.Struct, tag="member_promote"):
+    node_id: int
+
+
+class MemberRemove(msgspec.Struct, tag="member_remove"):
+    node_id: int
+
+
+Call = (Write | Get | Gets | List | History | LeaseGrant | LeaseKeepAlive | Watch | WatchAck | CancelWatch
+        | ReadEvents | Status | TransferLeader | Snapshot | MemberList | MemberAdd | MemberPromote | MemberRemove)
+
+
+class Request(msgspec.Struct, array_like=True):
+    id: int
+    call: Call
+    timeout_ms: int = 0                   # 0: the server's default deadline
+
+
+# --- replies ----------------------------------------------------------------------------------------
+
+class WriteResult(msgspec.Struct, array_like=True):
+    """One event's fate: committed at `offset`; `ok` False when applying it changed nothing
+    (`code`: version_mismatch, stale_epoch, not_found, already_exists, condition_failed, ...).
+    `duplicate`: a retry of a request id already applied; the result is the first one's."""
+
+    offset: int
+    group: str
+    ok: bool
+    code: str = ""
+    message: str = ""
+    duplicate: bool = False
+
+
+class Written(msgspec.Struct, tag="written"):
+    results: list[WriteResult]
+
+
+class Item(msgspec.Struct, array_like=True):
+    key: str
+    state: bytes                          # msgpack map: the entity's state (statemachines.state)
+    version: int                          # offset of the event that last modified it
+
+
+class Got(msgspec.Struct, tag="got"):
+    item: Item | None
+    applied: int                          # the applied offset the read was served at
+
+
+class GotMany(msgspec.Struct, tag="got_many"):
+    replies: list[Got]
+
+
+class Listed(msgspec.Struct, tag="listed"):
+    items: list[Item]
+    next_after: str | None                # pass as `after` for the next page; None: no more
+    applied: int
+
+
+class HistoryRow(msgspec.Struct, array_like=True):
+    offset: int
+    event: str
+    state: bytes | None                   # None: the event deleted the entity
+
+
+class HistoryRows(msgspec.Struct, tag="history_rows"):
+    rows: list[HistoryRow]
+    applied: int
+
+
+class Lease(msgspec.Struct, tag="lease"):
+    lease_id: int
+    ttl_ms: int
+    offset: int = -1                      # the grant's commit offset (-1 for a keepalive)
+
+
+class WatchStarted(msgspec.Struct, tag="watch_started"):
+    watch_id: int
+    group: str
+    from_offset: int
+
+
+class EventRecord(msgspec.Struct, array_like=True):
+    offset: int
+    key: str
+    value: bytes | None                   # the event, msgpack (statemachines.events.decode_event)
+    timestamp: int
+
+
+class WatchEvents(msgspec.Struct, tag="watch_events"):
+    watch_id: int
+    events: list[EventRecord]
+
+
+class Events(msgspec.Struct, tag="events"):
+    events: list[EventRecord]
+    next_offset: int
+    log_start: int
+    commit_offset: int
+
+
+class PeerInfo(msgspec.Struct, array_like=True):
+    id: int
+    role: str                             # voter | learner
+    match_offset: int                     # known on the leader only (-1 elsewhere)
+
+
+class GroupInfo(msgspec.Struct):
+    group: str
+    node: int
+    role: str
+    term: int
+    leader: int
+    commit_offset: int
+    applied_offset: int
+    last_offset: int
+    log_start: int
+    snapshot_offset: int
+    peers: list[PeerInfo]
+
+
+class MemberInfo(msgspec.Struct, array_like=True):
+    id: int
+    peer_address: str
+    client_address: str
+
+
+class StatusInfo(msgspec.Struct, tag="status_info"):
+    cluster: str
+    node: int
+    groups: list[GroupInfo]
+    members: list[MemberInfo]
+
+
+class Members(msgspec.Struct, tag="members"):
+    members: list[MemberInfo]
+    voters: list[int]
+    learners: list[int]
+
+
+class Done(msgspec.Struct, tag="done"):
+    offset: int = -1
+
+
+Result = (Written | Got | GotMany | Listed | HistoryRows | Lease | WatchStarted | WatchEvents | Events
+          | StatusInfo | Members | Done)
+
+
+class WireError(msgspec.Struct, array_like=True):
+    code: str                             # the EpochlogError code, e.g. not_leader, invalid_argument
+    message: str
+    retriable: bool = False
+    leader: int = 0                       # not_leader: the leader's node id (0: unknown)
+    leader_address: str = ""              # not_leader: the leader's client address
+
+
+class Reply(msgspec.Struct, array_like=True):
+    id: int
+    result: Result | None = None
+    error: WireError | None = None
+
+
+class Requests(msgspec.Struct, tag="requests"):
+    requests: list[Request]
+
+
+class Replies(msgspec.Struct, tag="replies"):
+    replies: list[Reply]
+
+
+ClientFrame = ClientHello | Requests
+ServerFrame = ServerHello | Replies
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def encode_frame(frame: Any) -> bytes:
+    payload = _encoder.encode(frame)
+    return _LENGTH.pack(len(payload)) + payload
+
+
+class FrameError(Exception):
+    """The peer sent something that is not a frame of this protocol; the connection must close."""
+
+
+class FrameDecoder:
+    """Splits a byte stream into decoded frames (sans-IO: feed bytes, get frames)."""
+
+    def __init__(self, frame_type: Any, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+        self._decoder = msgspec.msgpack.Decoder(frame_type)
+        self._max = max_frame_bytes
+        self._buf = bytearray()
+        self._pos = 0
+
+    def feed(self, data: bytes) -> list[Any]:
+        self._buf += data
+        frames = []
+        buf = self._buf
+        while len(buf) - self._pos >= 4:
+            (n,) = _LENGTH.unpack_from(buf, self._pos)
+            if n > self._max:
+                raise FrameError(f"frame of {n} bytes exceeds the limit of {self._max}")
+            end = self._pos + 4 + n
+            if len(buf) < end:
+                break
+            try:
+                frames.append(self._decoder.decode(memoryview(buf)[self._pos + 4:end]))
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise FrameError(f"malformed frame: {exc}") from None
+            self._pos = end
+        if self._pos and self._pos * 2 >= len(buf):
+            del buf[: self._pos]
+            self._pos = 0
+        return frames
+

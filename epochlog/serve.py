@@ -1,0 +1,87 @@
+"""Run one node of a cluster until SIGTERM/SIGINT: `epochlog serve --config FILE --node-id N`.
+
+Starts the node's groups, its client service and its admin endpoint (addresses from the member's
+entry in the config), prints `READY <node id> <client address>` on stdout once it serves, and on a
+signal stops in order: clients first, then the groups (which flush their logs). A failed group (for
+example a failed fsync) stops the node with exit code 2; a configuration error exits with 3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eventlog.raft.runtime.config import NodeConfigs, parse_address
+from epochlog.admin import AdminServer
+from epochlog.metrics import Metrics
+from epochlog.node import Node
+from epochlog.server import ClientService
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunningNode:
+    """A node with its client service and admin endpoint, started and stopped together."""
+
+    node: Node
+    metrics: Metrics
+    clients: ClientService
+    admin: AdminServer | None = None
+    addresses: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    async def start(cls, configs: NodeConfigs, node_id: int, data_dir: str | Path, *,
+                    seed: int | None = None) -> RunningNode:
+        node = Node(configs, node_id, data_dir, seed=seed)
+        member = configs.cluster.member(node_id)
+        await node.start()
+        metrics = Metrics(node)
+        clients = ClientService(node, metrics)
+        running = cls(node, metrics, clients)
+        try:
+            if member.client_address:
+                host, port = parse_address(member.client_address, f"cluster.members[{node_id}].client_address")
+                await clients.start(host, port)
+                running.addresses["client"] = f"{host}:{clients.port}"
+            if member.admin_address:
+                host, port = parse_address(member.admin_address, f"cluster.members[{node_id}].admin_address")
+                running.admin = AdminServer(node, metrics)
+                await running.admin.start(host, port)
+                running.addresses["admin"] = f"{host}:{running.admin.port}"
+        except BaseException:
+            await running.stop()
+            raise
+        return running
+
+    async def stop(self) -> None:
+        await self.clients.close()
+        if self.admin is not None:
+            await self.admin.close()
+        await self.node.stop()
+
+
+async def serve(configs: NodeConfigs, node_id: int, data_dir: str | Path, *, seed: int | None = None) -> int:
+    running = await RunningNode.start(configs, node_id, data_dir, seed=seed)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"READY {node_id} {running.addresses.get('client', '-')}", flush=True)
+    logger.info("node %s serving: %s", node_id, running.addresses)
+    code = 0
+    while not stop.is_set():
+        failure = running.node.failure()
+        if failure is not None:
+            logger.critical("node %s stops: %s", node_id, failure)
+            code = 2
+            break
+        try:
+            await asyncio.wait_for(stop.wait(), 0.1)
+        except TimeoutError:
+            pass
+    await running.stop()
+    return code

@@ -1,0 +1,317 @@
+"""The native client service: the protocol of epochlog.protocol over asyncio TCP.
+
+One `ClientConnection` per client connection. Requests of a frame are started at once (pipelining);
+replies are queued and written once per turn of the event loop, so the replies that completed
+together share one frame and one write. When the socket's send buffer fills, the connection stops
+reading requests until it drains (backpressure instead of unbounded queues).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from eventlog.errors import EpochlogError
+from eventlog.raft.errors import NotLeaderError
+from epochlog import protocol as p
+from epochlog.metrics import Metrics
+from epochlog.node import DEFAULT_TIMEOUT_S, Node
+
+logger = logging.getLogger(__name__)
+
+MAX_TIMEOUT_S = 300.0
+
+
+class DeadlineExceededError(EpochlogError):
+    code = "deadline_exceeded"
+    retriable = True
+
+
+def wire_error(exc: BaseException, node: Node | None = None) -> p.WireError:
+    """The protocol form of an error: EpochlogErrors keep their code; anything else is `internal`."""
+    if isinstance(exc, NotLeaderError):
+        address = node.leader_address(exc) if node is not None else ""
+        return p.WireError(exc.code, str(exc), True, exc.leader_hint, address)
+    if isinstance(exc, EpochlogError):
+        return p.WireError(exc.code, str(exc), exc.retriable)
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        return p.WireError("deadline_exceeded", "the request's deadline passed before it completed", True)
+    return p.WireError("internal", f"{type(exc).__name__}: {exc}", False)
+
+
+class ClientService:
+    """Listens for clients on one address and serves them from `node`."""
+
+    def __init__(self, node: Node, metrics: Metrics | None = None) -> None:
+        self.node = node
+        self.metrics = metrics
+        self._server: asyncio.Server | None = None
+        self.connections: set[ClientConnection] = set()
+
+    async def start(self, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: ClientConnection(self), host, port, reuse_address=True)
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for conn in list(self.connections):
+                conn.abort()
+            await self._server.wait_closed()
+
+
+class ClientConnection(asyncio.Protocol):
+    def __init__(self, service: ClientService) -> None:
+        self.service = service
+        self.node = service.node
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.decoder = p.FrameDecoder(p.ClientFrame)
+        self.greeted = False
+        self.pending: list[p.Reply] = []
+        self.flush_scheduled = False
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.watches: dict[int, _WatchState] = {}
+        self.can_write = asyncio.Event()
+        self.can_write.set()
+
+    # --- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio subclasses
+        self.service.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.service.connections.discard(self)
+        for task in self.tasks.values():
+            task.cancel()
+        self.tasks.clear()
+        self.can_write.set()
+
+    def pause_writing(self) -> None:
+        self.can_write.clear()
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.can_write.set()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.decoder.feed(data)
+        except p.FrameError as exc:
+            self._fail(str(exc))
+            return
+        for frame in frames:
+            if isinstance(frame, p.ClientHello):
+                self._hello(frame)
+            elif not self.greeted:
+                self._fail("the first frame must be a client hello")
+                return
+            else:
+                for request in frame.requests:
+                    self._start(request)
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def _hello(self, hello: p.ClientHello) -> None:
+        assert self.transport is not None
+        if hello.version != p.PROTOCOL_VERSION:
+            error = f"protocol version {hello.version} is not supported (this node speaks {p.PROTOCOL_VERSION})"
+            self.transport.write(p.encode_frame(p.ServerHello(p.PROTOCOL_VERSION, self.node.cluster,
+                                                              self.node.node_id, error)))
+            self.transport.close()
+            return
+        self.greeted = True
+        self.transport.write(p.encode_frame(p.ServerHello(p.PROTOCOL_VERSION, self.node.cluster, self.node.node_id)))
+
+    def _fail(self, message: str) -> None:
+        logger.warning("closing client connection: %s", message)
+        if self.transport is not None:
+            self.transport.write(p.encode_frame(p.Replies([p.Reply(0, error=p.WireError("bad_frame", message))])))
+            self.transport.close()
+
+    def _start(self, request: p.Request) -> None:
+        call = request.call
+        handler = _SYNC.get(type(call))
+        if handler is not None:
+            started = time.perf_counter()
+            try:
+                self.reply(request.id, handler(self, call))
+            except Exception as exc:  # every error becomes a reply; the connection lives on
+                self.reply_error(request.id, exc)
+            self._observe(call, started)
+            return
+        work = _watch(self, request.id, call) if isinstance(call, p.Watch) else _ASYNC[type(call)](self, call)
+        timeout = DEFAULT_TIMEOUT_S if request.timeout_ms <= 0 else min(request.timeout_ms / 1000, MAX_TIMEOUT_S)
+        task = self.loop.create_task(self._run(request.id, call, work, timeout))
+        self.tasks[request.id] = task
+
+    async def _run(self, rid: int, call: p.Call, work: Coroutine[Any, Any, Any], timeout: float) -> None:
+        started = time.perf_counter()
+        try:
+            if isinstance(call, p.Watch):
+                await work   # a watch lives until cancelled or failed; it replies by itself
+            else:
+                self.reply(rid, await asyncio.wait_for(work, timeout))
+        except Exception as exc:
+            self.reply_error(rid, exc)
+        finally:
+            self.tasks.pop(rid, None)
+            self._observe(call, started)
+
+    def _observe(self, call: p.Call, started: float) -> None:
+        if self.service.metrics is not None:
+            self.service.metrics.rpc_seconds.labels(type(call).__struct_config__.tag).observe(  # type: ignore[attr-defined]
+                time.perf_counter() - started)
+
+    # --- replies ------------------------------------------------------------------------------
+
+    def reply(self, rid: int, result: p.Result) -> None:
+        self._queue(p.Reply(rid, result=result))
+
+    def reply_error(self, rid: int, exc: BaseException) -> None:
+        error = wire_error(exc, self.node)
+        if error.code == "internal":
+            logger.exception("request %s failed", rid, exc_info=exc)
+        if self.service.metrics is not None:
+            self.service.metrics.rpc_errors.labels(error.code).inc()
+        self._queue(p.Reply(rid, error=error))
+
+    def _queue(self, reply: p.Reply) -> None:
+        self.pending.append(reply)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self.flush_scheduled = False
+        if not self.pending or self.transport is None or self.transport.is_closing():
+            self.pending.clear()
+            return
+        replies, self.pending = self.pending, []
+        self.transport.write(p.encode_frame(p.Replies(_merge_watch_events(replies))))
+
+
+def _merge_watch_events(replies: list[p.Reply]) -> list[p.Reply]:
+    """One WatchEvents reply per watch per frame, events in order, at the first one's place."""
+    merged: list[p.Reply] = []
+    first: dict[int, p.WatchEvents] = {}
+    for reply in replies:
+        result = reply.result
+        if isinstance(result, p.WatchEvents):
+            head = first.get(result.watch_id)
+            if head is not None:
+                head.events.extend(result.events)
+                continue
+            first[result.watch_id] = result
+        merged.append(reply)
+    return merged
+
+
+# --- handlers -----------------------------------------------------------------------------------
+
+class _WatchState:
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.unacked = 0
+        self.acked = asyncio.Event()
+
+
+async def _write(c: ClientConnection, call: p.Write) -> p.Result:
+    return p.Written(await c.node.write(call.events))
+
+
+async def _get(c: ClientConnection, call: p.Get) -> p.Result:
+    return await c.node.get(call)
+
+
+async def _gets(c: ClientConnection, call: p.Gets) -> p.Result:
+    return await c.node.get_many(call)
+
+
+async def _list(c: ClientConnection, call: p.List) -> p.Result:
+    return await c.node.list(call)
+
+
+async def _history(c: ClientConnection, call: p.History) -> p.Result:
+    return await c.node.history(call)
+
+
+async def _lease_grant(c: ClientConnection, call: p.LeaseGrant) -> p.Result:
+    return await c.node.lease_grant(call)
+
+
+async def _watch(c: ClientConnection, rid: int, call: p.Watch) -> None:
+    """Started, then the events (at most `window` unacknowledged); an error reply ends it."""
+    if not 1 <= call.window <= 1_000_000:
+        raise ValueError("window must be between 1 and 1000000")
+    group, start, records = await c.node.watch(call)
+    state = _WatchState(call.window)
+    c.watches[rid] = state
+    c.reply(rid, p.WatchStarted(rid, group, start))
+    try:
+        async for record in records:
+            c.reply(rid, p.WatchEvents(rid, [record]))   # merged per watch when the frame is written
+            state.unacked += 1
+            while state.unacked >= state.window or not c.can_write.is_set():
+                state.acked.clear()
+                waits = [asyncio.ensure_future(state.acked.wait()), asyncio.ensure_future(c.can_write.wait())]
+                try:
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for w in waits:
+                        w.cancel()
+                if c.transport is None or c.transport.is_closing():
+                    return
+    finally:
+        c.watches.pop(rid, None)
+
+
+def _watch_ack(c: ClientConnection, call: p.WatchAck) -> p.Result:
+    state = c.watches.get(call.watch_id)
+    if state is not None:
+        state.unacked = max(0, state.unacked - call.events)
+        state.acked.set()
+    return p.Done()
+
+
+def _cancel_watch(c: ClientConnection, call: p.CancelWatch) -> p.Result:
+    task = c.tasks.pop(call.watch_id, None)
+    if task is not None and call.watch_id in c.watches:
+        task.cancel()
+        c._queue(p.Reply(call.watch_id, error=p.WireError("cancelled", "the watch was cancelled by the client")))
+    return p.Done()
+
+
+_SYNC: dict[type, Callable[[ClientConnection, Any], p.Result]] = {
+    p.LeaseKeepAlive: lambda c, call: c.node.lease_keepalive(call),
+    p.ReadEvents: lambda c, call: c.node.read_events(call),
+    p.Status: lambda c, call: c.node.status(),
+    p.TransferLeader: lambda c, call: c.node.transfer_leader(call),
+    p.Snapshot: lambda c, call: c.node.snapshot(call),
+    p.MemberList: lambda c, call: c.node.member_list(),
+    p.WatchAck: _watch_ack,
+    p.CancelWatch: _cancel_watch,
+}
+_ASYNC: dict[type, Callable[[ClientConnection, Any], Coroutine[Any, Any, Any]]] = {
+    p.Write: _write, p.Get: _get, p.Gets: _gets, p.List: _list, p.History: _history,
+    p.LeaseGrant: _lease_grant,
+    p.MemberAdd: lambda c, call: c.node.member_add(call),
+    p.MemberPromote: lambda c, call: c.node.member_promote(call),
+    p.MemberRemove: lambda c, call: c.node.member_remove(call),
+}
