@@ -1,0 +1,212 @@
+"""Epochlog against etcd, side by side, in one run on one machine.
+
+For every case, a FRESH 3-member etcd cluster (../shared/anchors/etcd/etcd_cluster.sh) is loaded by
+the anchor's own grpc.aio generator (etcd_load.py), then a FRESH 3-node Epochlog cluster (three
+`epochlog serve` processes on 127.0.0.1) is loaded by bench/node_load.py through the SDK: same
+values (~145 bytes), same keys, same number of concurrent callers, one client process each.
+The ratio column is Epochlog / etcd (> 1: Epochlog is faster).
+
+    .venv/bin/python -m bench.vs_etcd                 # every case (~10 minutes)
+    .venv/bin/python -m bench.vs_etcd --scale 0.2     # fewer requests per case (smoke run)
+    .venv/bin/python -m bench.vs_etcd --only put-c1   # one case
+
+Needs /usr/bin/etcd (Debian: apt-get install etcd-server) and the etcd stubs/venv the anchor builds
+(first run: `--setup-etcd` creates /tmp/etcd-bench-venv and /tmp/etcd-bench-stubs as the anchor's
+run_all.sh does). Every process started here is stopped by pid; data lives under a temp dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.results import write_section
+
+ROOT = Path(__file__).resolve().parents[1]
+ANCHOR = (ROOT / ".." / "shared" / "anchors" / "etcd").resolve()
+ETCD_VENV = Path(os.environ.get("VENV", "/tmp/etcd-bench-venv"))
+ETCD_STUBS = Path(os.environ.get("ETCD_STUBS", "/tmp/etcd-bench-stubs"))
+
+# (label, workload, concurrency, requests, extra args for etcd, extra args for epochlog)
+CASES: list[tuple[str, str, int, int, list[str], list[str]]] = [
+    ("put-c1", "put", 1, 5000, [], []),
+    ("put-c16", "put", 16, 30000, [], []),
+    ("put-c64", "put", 64, 50000, [], []),
+    ("put-c256", "put", 256, 60000, [], []),
+    ("txn-b100-c16", "txn", 16, 1500, ["--batch", "100"], ["--batch", "100"]),
+    ("get-linearizable-c64", "get", 64, 60000, [], ["--consistency", "linearizable"]),
+    ("get-local-c64", "get", 64, 60000, ["--serializable"], ["--consistency", "local"]),
+]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def setup_etcd() -> None:
+    """The anchor's client venv and stubs (as run_all.sh steps 1-2 make them)."""
+    py = ETCD_VENV / "bin" / "python"
+    if not py.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(ETCD_VENV)], check=True)
+        subprocess.run([str(ETCD_VENV / "bin" / "pip"), "install", "-q", "grpcio", "grpcio-tools", "protobuf"],
+                       check=True)
+    if not (ETCD_STUBS / "rpc_pb2_grpc.py").exists():
+        deb = Path(tempfile.mkdtemp(prefix="etcd-deb-"))
+        subprocess.run(["apt-get", "download", "golang-etcd-server-dev"], cwd=deb, check=True)
+        (pkg,) = deb.glob("golang-etcd-server-dev_*.deb")
+        subprocess.run(["dpkg-deb", "-x", str(pkg), str(deb / "root")], check=True)
+        proto_root = deb / "root" / "usr" / "share" / "gocode" / "src" / "go.etcd.io" / "etcd"
+        subprocess.run([str(py), str(ANCHOR / "gen_stubs.py"), "--proto-root", str(proto_root),
+                        "--out", str(ETCD_STUBS)], check=True)
+
+
+def last_json_line(text: str) -> dict[str, object]:
+    for line in reversed(text.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)  # type: ignore[no-any-return]
+    raise RuntimeError(f"no JSON result in output:\n{text[-2000:]}")
+
+
+def run_etcd(case: tuple[str, str, int, int, list[str], list[str]], n: int, scratch: Path) -> dict[str, object]:
+    label, workload, conc, _, etcd_args, _ = case
+    data = scratch / f"etcd-{label}"
+    cluster = str(ANCHOR / "etcd_cluster.sh")
+    subprocess.run([cluster, "start", str(data)], check=True, stdout=subprocess.DEVNULL)
+    try:
+        endpoints = subprocess.run([cluster, "endpoints", str(data)], check=True, capture_output=True,
+                                   text=True).stdout.strip()
+        out = subprocess.run([str(ETCD_VENV / "bin" / "python"), str(ANCHOR / "etcd_load.py"), "--endpoints",
+                              endpoints, "--pid-dir", str(data), "--workload", workload, "-c", str(conc),
+                              "--n", str(n), "--max-seconds", "60", "--quiet-wait", "0", "--label", label,
+                              "--stubs", str(ETCD_STUBS), *etcd_args],
+                             check=True, capture_output=True, text=True, timeout=300)
+        return last_json_line(out.stdout)
+    finally:
+        subprocess.run([cluster, "stop", str(data)], check=False, stdout=subprocess.DEVNULL)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def free_ports(count: int) -> list[int]:
+    import socket
+
+    ports: list[int] = []
+    while len(ports) < count:
+        port = random.randint(20000, 40000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+def epochlog_config(path: Path, ports: list[int]) -> list[str]:
+    members = "".join(
+        f'\n[[cluster.members]]\nid = {i}\npeer_address = "127.0.0.1:{ports[i - 1]}"\n'
+        f'client_address = "127.0.0.1:{ports[i + 2]}"\n' for i in (1, 2, 3))
+    path.write_text('[cluster]\nname = "bench"\ngroups = ["metadata", "offsets", "kv"]\n' + members)
+    return [f"127.0.0.1:{ports[i + 2]}" for i in (1, 2, 3)]
+
+
+def run_epochlog(case: tuple[str, str, int, int, list[str], list[str]], n: int, scratch: Path) -> dict[str, object]:
+    label, workload, conc, _, _, our_args = case
+    data = scratch / f"epochlog-{label}"
+    data.mkdir(parents=True)
+    config = data / "cluster.toml"
+    endpoints = epochlog_config(config, free_ports(6))
+    procs: list[subprocess.Popen[bytes]] = []
+    py = sys.executable
+    try:
+        for i in (1, 2, 3):
+            procs.append(subprocess.Popen([py, "-m", "epochlog", "serve", "--config", str(config), "--node-id", str(i),
+                                           "--data-dir", str(data / f"node-{i}")], cwd=ROOT,
+                                          stdout=subprocess.PIPE, stderr=open(data / f"node-{i}.log", "wb")))
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline().decode()
+            if not line.startswith("READY"):
+                raise RuntimeError(f"a node did not start: {line!r}")
+        out = subprocess.run([py, "-m", "bench.node_load", "--endpoints", ",".join(endpoints), "--workload", workload,
+                              "-c", str(conc), "--n", str(n), "--max-seconds", "60", "--label", label,
+                              "--server-pids", ",".join(str(p.pid) for p in procs), *our_args],
+                             cwd=ROOT, check=True, capture_output=True, text=True, timeout=300)
+        return last_json_line(out.stdout)
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def table(rows: list[tuple[str, dict[str, object], dict[str, object]]]) -> str:
+    lines = ["| case | etcd ops/s | etcd p50 / p99 ms | Epochlog ops/s | Epochlog p50 / p99 ms | ratio |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for label, etcd, ours in rows:
+        el, ol = etcd["latency_ms"], ours["latency_ms"]
+        assert isinstance(el, dict) and isinstance(ol, dict)
+        e_ops, o_ops = float(etcd["ops_per_s"]), float(ours["ops_per_s"])  # type: ignore[arg-type]
+        lines.append(f"| {label} | {e_ops:,.0f} | {el.get('p50')} / {el.get('p99')} | {o_ops:,.0f} | "
+                     f"{ol.get('p50')} / {ol.get('p99')} | {o_ops / e_ops if e_ops else 0:.2f}x |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scale", type=float, default=1.0, help="multiplies every case's request count")
+    ap.add_argument("--only", default="", help="comma-separated case labels to run")
+    ap.add_argument("--setup-etcd", action="store_true", help="build the etcd client venv and stubs first")
+    ap.add_argument("--no-write", action="store_true", help="do not write bench/RESULTS.md")
+    ap.add_argument("--out", type=Path, default=None, help="also append every JSON result to this file")
+    args = ap.parse_args()
+    if not Path("/usr/bin/etcd").exists():
+        raise SystemExit("etcd is not installed (apt-get install etcd-server)")
+    if args.setup_etcd:
+        setup_etcd()
+    if not (ETCD_STUBS / "rpc_pb2_grpc.py").exists():
+        raise SystemExit(f"no etcd stubs in {ETCD_STUBS}: run with --setup-etcd once")
+    only = {s for s in args.only.split(",") if s}
+    cases = [c for c in CASES if not only or c[0] in only]
+    scratch = Path(tempfile.mkdtemp(prefix="vs-etcd-"))
+    rows = []
+    try:
+        for case in cases:
+            n = max(200, int(case[3] * args.scale))
+            etcd = run_etcd(case, n, scratch)
+            log(f"{case[0]}: etcd {etcd['ops_per_s']} ops/s p50 {etcd['latency_ms']['p50']} ms")  # type: ignore[index]
+            ours = run_epochlog(case, n, scratch)
+            log(f"{case[0]}: epochlog {ours['ops_per_s']} ops/s p50 {ours['latency_ms']['p50']} ms "  # type: ignore[index]
+                f"errors {ours['errors']}")
+            rows.append((case[0], etcd, ours))
+            if args.out is not None:
+                with args.out.open("a") as f:
+                    f.write(json.dumps(etcd) + "\n" + json.dumps(ours) + "\n")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    body = table(rows)
+    print(body)
+    if not args.no_write:
+        loadavg = Path("/proc/loadavg").read_text().split()[:3]
+        write_section("vs-etcd", body + f"\n\nFresh 3-node clusters per case and system; one client process each "
+                      f"(etcd: the anchor's grpc.aio generator; Epochlog: bench/node_load.py over the SDK); "
+                      f"requests per case scaled by {args.scale}. Load average at the end: {' '.join(loadavg)}. "
+                      f"Run-to-run spread on this shared machine is 10-25 %: compare ratios within one run.")
+
+
+if __name__ == "__main__":
+    main()
