@@ -15,6 +15,8 @@ never a mock -- as replicas of a small KV service, over fakes of everything the 
 - `workload.py`: clients issuing put / cas / get through the log, ReadIndex and lease reads to the
   node they believe leads, recording a history (`history.py`);
 - `faults.py`: crashes, partitions, membership changes and leadership transfers.
+- `views_shadow.py` (optional: `--views`): every replica also keeps real RocksDB materialized views
+  fed the same entries, and a checker holds replicas at equal offsets to equal views digests.
 
 Invariant checkers (`checkers.py`, `linearizability.py`) are separate objects hooked to replica
 events; the first violation stops the run. `swarm.py` draws each seed's own parameters and fault

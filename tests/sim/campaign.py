@@ -27,22 +27,25 @@ class Summary:
         return self.seeds / self.seconds if self.seconds else 0.0
 
 
-def replay_hint(seed: int) -> str:
-    return f"python -m tests.sim --start {seed} --seeds 1 -v"
+def replay_hint(seed: int, views: bool = False) -> str:
+    return f"python -m tests.sim --start {seed} --seeds 1 -v" + (" --views" if views else "")
 
 
 def failure_line(r: SeedResult) -> str:
     first = r.detail.splitlines()[0] if r.detail else ""
-    return f"FAIL seed={r.seed} invariant={r.invariant}: {first}  (replay: {replay_hint(r.seed)})"
+    hint = replay_hint(r.seed, bool(r.views))
+    return f"FAIL seed={r.seed} invariant={r.invariant}: {first}  (replay: {hint})"
 
 
-def _run(args: tuple[int, bool]) -> SeedResult:
-    return run_seed(*args)
+def _run(args: tuple[int, bool, bool]) -> SeedResult:
+    seed, verbose, views = args
+    return run_seed(seed, verbose, views=views)
 
 
-def results(start: int, count: int, *, jobs: int = 1, verbose: bool = False) -> Iterator[SeedResult]:
+def results(start: int, count: int, *, jobs: int = 1, verbose: bool = False,
+            views: bool = False) -> Iterator[SeedResult]:
     """Results of seeds start .. start+count-1, in completion order."""
-    work = [(seed, verbose) for seed in range(start, start + count)]
+    work = [(seed, verbose, views) for seed in range(start, start + count)]
     if jobs <= 1 or count < 2:
         for w in work:
             yield _run(w)
@@ -54,17 +57,17 @@ def results(start: int, count: int, *, jobs: int = 1, verbose: bool = False) -> 
 
 
 def run_campaign(start: int, count: int, *, jobs: int = 1, verbose: bool = False,
-                 out: TextIO | None = sys.stdout) -> Summary:
+                 out: TextIO | None = sys.stdout, views: bool = False) -> Summary:
     s = Summary()
     began = time.perf_counter()
-    for r in results(start, count, jobs=jobs, verbose=verbose):
+    for r in results(start, count, jobs=jobs, verbose=verbose, views=views):
         s.seeds += 1
         s.ops += r.ops
         s.ticks += r.ticks
         s.inconclusive += r.inconclusive
         if r.inconclusive and out is not None:
             print(f"NOTE seed={r.seed}: the linearizability search ran out of budget (not a failure)  "
-                  f"(replay: {replay_hint(r.seed)})", file=out, flush=True)
+                  f"(replay: {replay_hint(r.seed, views)})", file=out, flush=True)
         if not r.ok:
             s.failures += 1
             s.failed.append(r)

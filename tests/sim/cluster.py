@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from pathlib import Path
 
 from eventlog.raft.config import RaftConfig
 from eventlog.raft.node import Role
@@ -32,7 +33,7 @@ from tests.sim.replica import Replica
 class Cluster:
     def __init__(self, rng: random.Random, cfg: RaftConfig, *, nodes: int, net_faults: NetworkFaults,
                  hooks: Hooks, history: History, max_disk_latency: int, torn: float, snapshot_every: int,
-                 snapshot_padding: int, pipelined: bool = False) -> None:
+                 snapshot_padding: int, pipelined: bool = False, views_root: Path | None = None) -> None:
         self.rng = rng
         self.cfg = cfg
         self.net = Network(random.Random(rng.getrandbits(64)), net_faults)
@@ -43,6 +44,8 @@ class Cluster:
         self.snapshot_every = snapshot_every
         self.snapshot_padding = snapshot_padding
         self.pipelined = pipelined
+        self.views_root = views_root   # a directory: every replica keeps real views (views_shadow.py)
+        self.views_snapshots: dict[tuple[int, int], Path] = {}
         self.bootstrap = ConfState(voters=tuple(range(1, nodes + 1)))
         self.replicas: dict[int, Replica] = {}
         self.now = 0
@@ -54,10 +57,14 @@ class Cluster:
         """A new server. It starts from the bootstrap membership and an empty log, like every member
         did, and learns later changes from the log or a snapshot."""
         assert node_id not in self.replicas
+        views = None
+        if self.views_root is not None:
+            from tests.sim.views_shadow import ViewsShadow
+            views = ViewsShadow(self.views_root / f"n{node_id}" / "group", self.views_snapshots)
         r = Replica(node_id, MemoryStorage(self.bootstrap), self.cfg, rng=self.rng, net=self.net,
                     hooks=self.hooks, history=self.history, max_disk_latency=self.max_disk_latency,
                     torn=self.torn, snapshot_every=self.snapshot_every, snapshot_padding=self.snapshot_padding,
-                    pipelined=self.pipelined)
+                    pipelined=self.pipelined, views=views)
         self.replicas[node_id] = r
         return r
 

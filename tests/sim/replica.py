@@ -46,6 +46,7 @@ from tests.sim.kv import KVStateMachine, decode_op
 if TYPE_CHECKING:
     from tests.sim.checkers import Hooks
     from tests.sim.network import Network
+    from tests.sim.views_shadow import ViewsShadow
 
 
 @dataclass(slots=True)
@@ -61,7 +62,8 @@ class Waiter:
 class Replica:
     def __init__(self, node_id: int, storage: MemoryStorage, cfg: RaftConfig, *, rng: random.Random,
                  net: Network, hooks: Hooks, history: History, max_disk_latency: int, torn: float,
-                 snapshot_every: int, snapshot_padding: int, pipelined: bool = False) -> None:
+                 snapshot_every: int, snapshot_padding: int, pipelined: bool = False,
+                 views: ViewsShadow | None = None) -> None:
         self.id = node_id
         self.cfg = cfg
         self._rng = rng            # the cluster's source: derives each incarnation's own Random
@@ -84,6 +86,7 @@ class Replica:
         self._seen_leader_term = 0
         self.snapshots_taken = 0
         self.snapshots_installed = 0
+        self.views = views                         # real RocksDB views fed the same entries (views_shadow.py)
         self.boot()
 
     @property
@@ -96,6 +99,8 @@ class Replica:
         storage = self.disk.durable
         hard, snap = storage.initial_state()
         self.kv = KVStateMachine.from_snapshot(snap, storage.snapshot_data())
+        if self.views is not None:
+            self.views.boot(snap)
         self.incarnation += 1
         self.node = RaftNode(self.id, storage, self.cfg, random.Random(self._rng.getrandbits(64)),
                              applied=snap.index)
@@ -109,6 +114,8 @@ class Replica:
         applied = self.kv.applied
         self.disk.crash()
         self.node = None
+        if self.views is not None:
+            self.views.crash()
         for w in list(self.proposals.values()) + list(self.index_reads.values()):
             self._unknown(w)
         for _, w in self.ready_reads:
@@ -196,7 +203,11 @@ class Replica:
             self.snapshots_installed += 1
             for index in [i for i in self.proposals if i <= rd.snapshot.index]:
                 self._unknown(self.proposals.pop(index))   # its outcome was not observed here
+            if self.views is not None:
+                self.views.install(rd.snapshot)
             self.hooks.snapshot_installed(self, rd.snapshot)
+        if self.views is not None and rd.committed:
+            self.views.apply(rd.committed)   # one WriteBatch per Ready, as the runtime applies
         for entry in rd.committed:
             output = self.kv.apply(entry)
             self.hooks.applied(self, entry)
@@ -244,7 +255,12 @@ class Replica:
         storage = self.disk.durable
         if self.snapshot_every <= 0 or self.kv.applied - storage.snapshot().index < self.snapshot_every:
             return
-        storage.create_snapshot(self.kv.applied, self.kv.conf, self.kv.snapshot_bytes(self.snapshot_padding))
+        if self.views is not None and not self.views.can_snapshot(self.kv.applied):
+            return   # restarted with views ahead of the KV state: snapshot once the KV state caught up
+        meta = storage.create_snapshot(self.kv.applied, self.kv.conf,
+                                       self.kv.snapshot_bytes(self.snapshot_padding))
+        if self.views is not None:
+            self.views.snapshot(meta)
         self.snapshots_taken += 1
 
     # --- client requests -------------------------------------------------------------------------

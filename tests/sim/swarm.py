@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import random
+import shutil
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from eventlog.raft.config import RaftConfig
 from eventlog.raft.progress import majority
@@ -52,6 +55,7 @@ class SimParams:
     liveness_ticks: int
     heal_all: bool
     pipelined: bool              # hand Readys off before their entries are durable (accept/persisted)
+    views: bool = False          # every replica also keeps real RocksDB views (views_shadow.py)
 
 
 def draw_params(rng: random.Random) -> SimParams:
@@ -135,6 +139,7 @@ class SeedResult:
     faults: dict[str, int] = field(default_factory=dict)
     inconclusive: bool = False     # linearizability search budget ran out
     fingerprint: str = ""          # digest of the run, for determinism checks
+    views: dict[str, int] = field(default_factory=dict)   # views shadow statistics (views runs only)
     seconds: float = 0.0
     log: list[str] = field(default_factory=list)   # fault log and params (verbose runs only)
 
@@ -146,17 +151,24 @@ class SeedResult:
 class Simulation:
     """One seed's run: builds the cluster, runs both phases, reports the first violation."""
 
-    def __init__(self, seed: int, tweak: Callable[[SimParams], SimParams] | None = None) -> None:
+    def __init__(self, seed: int, tweak: Callable[[SimParams], SimParams] | None = None,
+                 views: bool = False) -> None:
         self.seed = seed
         rng = random.Random(seed)
         self.params = p = draw_params(rng) if tweak is None else tweak(draw_params(rng))
+        if views:
+            self.params = p = replace(p, views=True)
         self.history = History()
         self.checkers = standard_checkers(self.history, pipelined=p.pipelined)
         self.hooks = Hooks(self.checkers)
+        self.views_root = Path(tempfile.mkdtemp(prefix=f"sim-views-{seed}-")) if p.views else None
         self.cluster = Cluster(random.Random(rng.getrandbits(64)), p.raft, nodes=p.nodes, net_faults=p.net,
                                hooks=self.hooks, history=self.history, max_disk_latency=p.max_disk_latency,
                                torn=p.torn, snapshot_every=p.snapshot_every, snapshot_padding=p.snapshot_padding,
-                               pipelined=p.pipelined)
+                               pipelined=p.pipelined, views_root=self.views_root)
+        if p.views:
+            from tests.sim.views_shadow import ViewsDigest
+            self.checkers.insert(len(self.checkers) - 1, ViewsDigest(self.cluster.replicas))
         self.faults = FaultInjector(self.cluster, random.Random(rng.getrandbits(64)), p.faults)
         self.workload = Workload(self.cluster, self.history, random.Random(rng.getrandbits(64)), p.workload)
         self.cluster.before_tick += [self.faults.step, self.workload.step]
@@ -180,6 +192,7 @@ class Simulation:
             result.detail = f"{type(e).__name__}: {e} ({where or tb[-1].filename.rsplit('/', 1)[-1]})\n" + \
                 "".join(traceback.format_exception(e)[-6:])
         c = self.cluster
+        result.views = self._views_stats()
         result.ticks = c.now
         result.ops = len(self.history.ops)
         result.ops_ok = sum(1 for op in self.history.ops if op.status is Status.OK)
@@ -197,7 +210,27 @@ class Simulation:
         h.update(f"{c.now} {c.net.sent} {c.net.dropped}".encode())
         result.fingerprint = h.hexdigest()
         result.seconds = time.perf_counter() - started
+        self._close_views()
         return result
+
+    def _views_stats(self) -> dict[str, int]:
+        if self.views_root is None:
+            return {}
+        from tests.sim.views_shadow import ViewsDigest
+        checker = next(ch for ch in self.checkers if isinstance(ch, ViewsDigest))
+        shadows = [r.views for r in self.cluster.replicas.values() if r.views is not None]
+        return {"enabled": 1, "checks": checker.checks, "offsets": len(checker.digests),
+                "max_offset": max((s.applied for s in shadows if s.sm is not None), default=-1),
+                "checkpoints": len(self.cluster.views_snapshots),
+                "restored_on_boot": sum(s.restored_on_boot for s in shadows)}
+
+    def _close_views(self) -> None:
+        if self.views_root is None:
+            return
+        for r in self.cluster.replicas.values():
+            if r.views is not None:
+                r.views.close()
+        shutil.rmtree(self.views_root, ignore_errors=True)
 
     # --- liveness --------------------------------------------------------------------------------
 
@@ -295,8 +328,9 @@ class Simulation:
         return f"{what}: nothing applied for {idle} calm ticks (at tick {c.now}){iso} ({nodes})"
 
 
-def run_seed(seed: int, verbose: bool = False, tweak: Callable[[SimParams], SimParams] | None = None) -> SeedResult:
-    sim = Simulation(seed, tweak)
+def run_seed(seed: int, verbose: bool = False, tweak: Callable[[SimParams], SimParams] | None = None,
+             views: bool = False) -> SeedResult:
+    sim = Simulation(seed, tweak, views)
     result = sim.run()
     if verbose:
         p = sim.params
@@ -304,7 +338,7 @@ def run_seed(seed: int, verbose: bool = False, tweak: Callable[[SimParams], SimP
                       f"  workload {p.workload}",
                       f"  disk latency <= {p.max_disk_latency}, torn {p.torn}, snapshot every {p.snapshot_every} "
                       f"(+{p.snapshot_padding} B), safety {p.safety_ticks} ticks, heal_all {p.heal_all}, "
-                      f"pipelined {p.pipelined}"]
+                      f"pipelined {p.pipelined}, views {p.views}"]
         result.log += sim.faults.log
     return result
 

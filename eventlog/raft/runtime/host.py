@@ -51,6 +51,11 @@ class NodeHost:
             directory = self.data_dir / "groups" / name
             storage = LogStorage.open(directory, self.configs.log, conf)
             sm = self._factory(name, directory)
+            snap = storage.snapshot()
+            if sm.applied_index < snap.index:
+                # Killed after the log storage installed a snapshot (its log now starts after it) and
+                # before the state machine restored it: restore now, or the next entry leaves a gap.
+                sm.restore(storage.snapshot_dir(snap) / "data", snap)
             group = RaftGroup(name, self.node_id, storage, sm, self.configs.raft, self._send,
                               tick_interval_ms=cluster.tick_interval_ms,
                               rng=random.Random(self._rng.getrandbits(64)),
