@@ -114,6 +114,33 @@ def demo(data_dir: Path, seconds: float, seed: int | None) -> None:
     sys.exit(run_demo(data_dir, seconds=seconds, seed=seed))
 
 
+@cli.command("up")
+@click.option("--config", "config_path", default=None,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The cluster's TOML file [default: configs/local-3.toml].")
+@click.option("--nodes", type=click.IntRange(min=1, max=15), default=None,
+              help="Run N nodes; other than the config's member count, <data-dir>/cluster.toml is generated "
+                   "with ports following the config's scheme (port = base + node id).")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("data/local"),
+              show_default=True,
+              help="Node N keeps its data in <data-dir>/node-N and its log in <data-dir>/node-N.log.")
+@click.option("--seconds", type=click.FloatRange(min=0), default=None,
+              help="Stop S seconds after every group has a leader, printing a final status summary.")
+@click.option("--once", is_flag=True, help="Stop as soon as every group has a leader (--seconds 0).")
+@click.option("--demo-load", is_flag=True,
+              help="Write puts, offset commits, a topic, a lease and a watch through the SDK.")
+def up_command(config_path: Path | None, nodes: int | None, data_dir: Path, seconds: float | None, once: bool,
+               demo_load: bool) -> None:
+    """Run a local cluster in the foreground with a live status view; Ctrl-C stops every node (data stays).
+
+    Exit 0 after a clean run and stop, 1 if a node went down on its own or no leader came up, 3 on a
+    configuration error (checked before any node starts)."""
+    from epochlog.up import default_config, up
+
+    sys.exit(up(config_path or default_config(), nodes=nodes, data_dir=data_dir,
+                seconds=0.0 if once else seconds, demo_load=demo_load))
+
+
 @cli.command("serve")
 @click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The cluster's TOML file (e.g. configs/local-3.toml).")

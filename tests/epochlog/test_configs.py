@@ -1,0 +1,198 @@
+"""The shipped configs: every key documented, every file loads, a wrong key stops `epochlog serve`.
+
+configs/production.example.toml must show every key of every config dataclass ([cluster] and its
+members, [raft], [log], [views]) with a comment giving its meaning and `Default: <value>`; the test
+derives the list of keys from the dataclasses, so a new key without documentation fails here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import time
+import tomllib
+from typing import Any
+
+import pytest
+
+from eventlog.config import LogConfig
+from eventlog.configuration import from_mapping, load_toml
+from eventlog.raft.config import RaftConfig
+from eventlog.raft.runtime.config import ClusterConfig, MemberConfig, load_node_configs
+from epochlog.client import Client
+from statemachines.store import ViewsConfig
+from tests.epochlog.local_cluster import ROOT, cluster_document, epochlog_argv, scheme_bases, write_config
+
+CONFIGS = ROOT / "configs"
+PRODUCTION = CONFIGS / "production.example.toml"
+SHIPPED = ("single.toml", "local-3.toml", "production.example.toml")
+SECTIONS: dict[str, Any] = {"cluster": ClusterConfig, "cluster.members": MemberConfig, "raft": RaftConfig,
+                            "log": LogConfig, "views": ViewsConfig}
+KEY_LINE = re.compile(r"^(?:# )?([a-z_]+) = ")
+
+
+@pytest.fixture
+def rng() -> random.Random:
+    seed = random.SystemRandom().getrandbits(32)
+    print(f"port seed={seed}")
+    return random.Random(seed)
+
+
+def documented_keys(text: str) -> dict[tuple[str, str], str]:
+    """(section, key) -> the comment block just above the key's line (first occurrence; a key may be
+    commented out, `# key = value`, when the example leaves it unset). `[[cluster.members]]` counts
+    as the key `members` of [cluster]."""
+    found: dict[tuple[str, str], str] = {}
+    section, comments = "", []
+    for line in text.splitlines():
+        header = re.match(r"^\[\[?([a-z_.]+)\]\]?$", line)
+        if header:
+            section = header.group(1)
+            if line.startswith("[["):
+                parent, _, key = section.rpartition(".")
+                found.setdefault((parent, key), "\n".join(comments))
+            comments = []
+            continue
+        key = KEY_LINE.match(line)
+        if key and section:
+            found.setdefault((section, key.group(1)), "\n".join(comments))
+            comments = []
+        elif line.startswith("#"):
+            comments.append(line)
+        else:
+            comments = []
+    return found
+
+
+def toml_literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(toml_literal(v) for v in value) + "]"
+    return str(value)
+
+
+def test_production_example_documents_every_key_with_its_default():
+    found = documented_keys(PRODUCTION.read_text())
+    missing, undocumented, wrong_default = [], [], []
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            comment = found.get((section, f.name))
+            if comment is None:
+                missing.append(f"{section}.{f.name}")
+                continue
+            if not f.metadata.get("doc") or "Default:" not in comment:
+                undocumented.append(f"{section}.{f.name}")
+                continue
+            if section != "cluster.members" and f.name != "members":
+                expected = f"Default: {toml_literal(f.default)}"
+                if expected not in comment:
+                    wrong_default.append(f"{section}.{f.name} (expected {expected!r})")
+    assert not missing, f"production.example.toml does not show: {missing}"
+    assert not undocumented, f"keys without a comment giving their meaning and default: {undocumented}"
+    assert not wrong_default, f"comments giving another default than the dataclass: {wrong_default}"
+
+
+def test_production_example_uses_the_defaults_it_does_not_explain():
+    assert set(tomllib.loads(PRODUCTION.read_text())) == {"cluster", "raft", "log", "views"}
+    configs = load_node_configs(PRODUCTION)
+    assert configs.raft == RaftConfig() and configs.log == LogConfig()
+    assert from_mapping(ViewsConfig, configs.views, "views") == ViewsConfig()
+    assert [m.id for m in configs.cluster.members] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_configs_load(name):
+    configs = load_node_configs(CONFIGS / name)
+    from_mapping(ViewsConfig, configs.views, "views")
+    assert {"metadata", "offsets", "kv"} <= set(configs.cluster.groups), "epochlog serve needs these groups"
+    for m in configs.cluster.members:
+        assert m.client_address and m.admin_address, f"{name}: member {m.id} lacks a client or admin address"
+
+
+def test_single_toml_serves_one_node(tmp_path, rng):
+    """configs/single.toml as is, but on free ports: the node elects itself and answers a put and a get."""
+    document = load_toml(CONFIGS / "single.toml")
+    bases = scheme_bases(1, rng)
+    for kind, base in bases.items():
+        document["cluster"]["members"][0][kind] = f"127.0.0.1:{base + 1}"
+    document["log"]["segment_bytes"] = 1 << 20   # the shipped 64 MiB would preallocate 0.4 GB here
+    config = write_config(tmp_path / "single.toml", document)
+    out = tmp_path / "serve.out"
+    with out.open("wb") as sink:
+        proc = subprocess.Popen(epochlog_argv("serve", "--config", str(config), "--node-id", "1",
+                                              "--data-dir", str(tmp_path / "node-1")),
+                                stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while b"READY 1 " not in out.read_bytes():
+            assert proc.poll() is None, f"serve exited with {proc.returncode}:\n{out.read_text()}"
+            assert time.monotonic() < deadline, f"no READY within 60 s:\n{out.read_text()}"
+            time.sleep(0.05)
+        address = f"127.0.0.1:{bases['client_address'] + 1}"
+        with Client(address, timeout=20.0) as client:
+            written = client.put("single/x", b"1")
+            got = client.get("single/x")
+            assert got is not None and got.value == b"1" and got.version == written.offset
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, out.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+# One wrong key or value per section: (section path, key, value, fragment of the message).
+BAD = [
+    (("cluster",), "tick_interval_ms", 0, "cluster.tick_interval_ms = 0: must be >= 1"),
+    (("cluster",), "nmae", "x", "cluster.nmae = 'x': unknown key"),
+    (("cluster", "members", 0), "peer_address", "nowhere", "cluster.members[0].peer_address = 'nowhere': "
+                                                            "must be host:port"),
+    (("raft",), "election_timeout_ticks", 1, "raft.election_timeout_ticks = 1: must be >= 2"),
+    (("raft",), "heartbeat_interval_ticks", 10, "raft.heartbeat_interval_ticks = 10: must be below"),
+    (("log",), "flush_policy", "sometimes", "log.flush_policy = 'sometimes': must be one of"),
+    (("views",), "block_cache_byte", 1, "views.block_cache_byte = 1: unknown key"),
+    (("views",), "write_buffer_bytes", "big", "views.write_buffer_bytes = 'big': must be an integer"),
+    ((), "raft2", {}, "config raft2 = {}: unknown section"),
+]
+
+
+def test_a_wrong_key_or_value_stops_serve_with_exit_3_naming_it(tmp_path, rng):
+    base = cluster_document(1, rng)
+    base["raft"] = {}
+    procs = []
+    for i, (path, key, value, fragment) in enumerate(BAD):
+        document = json.loads(json.dumps(base))
+        table = document
+        for part in path:
+            table = table[part]
+        table[key] = value
+        config = write_config(tmp_path / f"bad-{i}.toml", document)
+        assert tomllib.loads(config.read_text())   # the file is valid TOML: the config is what is wrong
+        procs.append((fragment, subprocess.Popen(
+            epochlog_argv("serve", "--config", str(config), "--node-id", "1",
+                          "--data-dir", str(tmp_path / f"n{i}")),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"))))
+    failures = []
+    try:
+        for fragment, proc in procs:
+            out, err = proc.communicate(timeout=90)
+            if proc.returncode != 3 or fragment not in err:
+                failures.append(f"{fragment!r}: exit {proc.returncode}\nstdout: {out}\nstderr: {err}")
+            elif "READY" in out:
+                failures.append(f"{fragment!r}: the node started before refusing")
+    finally:
+        for _, proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert not failures, "\n\n".join(failures)
+
