@@ -1,7 +1,14 @@
 """The `epochlog` command line.
 
-Exit codes: 0 success; `log verify` uses 1 (torn tail that recovery would cut) and 2 (mid-log
-corruption); 3 an Epochlog error (the message says what); 64 a usage error (bad option or argument).
+Offline tools (`log dump|verify`, `demo`), `serve` (run a node), `up` (a local cluster), and the
+client commands of a running cluster (`status`, `put`, `get`, `ls`, `del`, `watch`, `history`,
+`events tail`, `leader transfer`, `snapshot`, `member ...`: epochlog/cli_client.py).
+
+Exit codes: 0 success (a stream ended by Ctrl-C included); `log verify` uses 1 (torn tail that
+recovery would cut) and 2 (mid-log corruption), `up` 1 (a node went down on its own or no leader
+came up); 3 an Epochlog error, printed as `error: <message>` (a rejected compare-and-set, a
+missing key, an unreachable cluster, a bad config...); 64 a usage error (bad option or argument,
+no cluster named); 130 interrupted (Ctrl-C outside a stream).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from pathlib import Path
 
 import click
 
+from epochlog import cli_client
 from eventlog.errors import EpochlogError
 
 EXIT_ERROR = 3
@@ -159,6 +167,9 @@ def serve_command(config_path: Path, node_id: int, data_dir: Path | None, seed: 
     configs.cluster.member(node_id)
     _use_uvloop()
     sys.exit(asyncio.run(serve(configs, node_id, data_dir or Path(f"data/node-{node_id}"), seed=seed)))
+
+
+cli_client.register(cli)
 
 
 def _use_uvloop() -> None:

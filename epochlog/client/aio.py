@@ -296,18 +296,40 @@ class AsyncClient:
                 return await self.status(address)
             except ClientError as exc:
                 return exc
+            except TimeoutError:   # connected, but no reply: a stalled node
+                return UnavailableError(f"{address} did not answer within {self.timeout:.1f} s")
 
         return list(await asyncio.gather(*(one(a) for a in addresses)))
+
+    async def _leader_address(self, group: str) -> str:
+        """The client address of `group`'s leader as a node's status names it (until the deadline)."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            info = await self.status()
+            leader = next((g.leader for g in info.groups if g.group == group), None)
+            if leader is None:
+                raise ClientError(f"no group {group!r} (groups: {', '.join(g.group for g in info.groups)})",
+                                  code="invalid_argument")
+            address = next((m.client_address for m in info.members if m.id == leader), "")
+            if address:
+                self._leaders[group] = address
+                return address
+            if time.monotonic() > deadline:
+                raise UnavailableError(f"group {group} has no leader with a client address (leader {leader})")
+            await asyncio.sleep(0.1)
 
     async def transfer_leader(self, group: str, to: int = 0) -> None:
         await self._call(p.TransferLeader(group, to), group=group, leader=True)
 
     async def snapshot(self, group: str, endpoint: str | None = None) -> int:
+        """Snapshot `group` on the node at `endpoint`, or on the group's leader; the snapshot's offset.
+
+        A node snapshots whatever it applied and never answers not_leader here, so the leader is
+        looked up first (sending it to "any node" would snapshot a follower instead)."""
         call = p.Snapshot(group)
-        if endpoint is not None:
-            result = await (await self._connection(endpoint, self.timeout)).call(call, self.timeout)
-        else:
-            result = await self._call(call, group=group, leader=True)
+        if endpoint is None:
+            endpoint = await self._leader_address(group)
+        result = await (await self._connection(endpoint, self.timeout)).call(call, self.timeout)
         assert isinstance(result, p.Done)
         return result.offset
 

@@ -1,0 +1,613 @@
+"""The client commands of the `epochlog` command line: talk to a running cluster through the SDK.
+
+Every command names the cluster with `--endpoints host:port,...`, `--config FILE` (the client
+address of every member of a cluster config such as configs/local-3.toml) or the environment
+variable EPOCHLOG_ENDPOINTS, in that order of precedence; none of them is a usage error (exit 64).
+Output is a plain table for people, or with `--json` one JSON document (one per line for the
+streaming commands) whose field names are stable: README.md, section "CLI", lists them.
+
+Keys are kv names (`app/x` is the entity `kv/app/x`). Values are given as UTF-8 text (or base64
+with `--base64`, or `-` for stdin) and printed as UTF-8 when they decode to printable text, else
+as base64 with `encoding: "base64"`. A write prints the offset it committed at (a read-your-writes
+token for `get --consistency local --min-offset`). Errors are EpochlogErrors: `error: <message>`,
+exit 3; a rejected compare-and-set is one too, its message starting with the reason
+(version_mismatch...). Ctrl-C ends `watch` and `events tail --follow` with exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import functools
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import msgspec
+
+from epochlog import protocol as p
+from epochlog.client import AsyncClient, ClientError, KeyValue, NotFoundError
+from statemachines import events as ev
+from statemachines.state import KvState
+
+T = TypeVar("T")
+
+ENDPOINTS_ENV = "EPOCHLOG_ENDPOINTS"
+DEFAULT_TIMEOUT_S = 10.0
+FOLLOW_POLL_S = 0.2
+STOP_GRACE_S = 2.0     # how long a stream may take to wind down after Ctrl-C
+
+
+# --- naming the cluster ------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The cluster a command talks to, and how long each call may take."""
+
+    endpoints: tuple[str, ...]
+    timeout: float
+    as_json: bool
+
+    @classmethod
+    def resolve(cls, endpoints: str | None, config_path: Path | None, timeout: float, as_json: bool) -> Target:
+        """--endpoints, else --config, else $EPOCHLOG_ENDPOINTS; a usage error when none names a node."""
+        from eventlog.raft.runtime.config import load_node_configs, parse_address
+
+        if endpoints and config_path is not None:
+            raise click.UsageError("give the cluster with --endpoints or --config, not both")
+        source = "--endpoints"
+        if not endpoints and config_path is not None:
+            members = load_node_configs(config_path).cluster.members
+            listed = [m.client_address for m in members if m.client_address]
+            if not listed:
+                raise click.UsageError(f"{config_path}: no member has a client_address")
+            return cls(tuple(listed), timeout, as_json)
+        if not endpoints:
+            endpoints, source = os.environ.get(ENDPOINTS_ENV, ""), ENDPOINTS_ENV
+        listed = [e.strip() for e in (endpoints or "").split(",") if e.strip()]
+        if not listed:
+            raise click.UsageError(f"no cluster given: pass --endpoints host:port,..., --config FILE "
+                                   f"or set {ENDPOINTS_ENV}")
+        for address in listed:
+            try:
+                parse_address(address, source)
+            except Exception as exc:
+                raise click.UsageError(f"{source}: {address!r} is not host:port ({exc})") from None
+        return cls(tuple(listed), timeout, as_json)
+
+    def run(self, body: Callable[[AsyncClient], Awaitable[T]]) -> T:
+        """Run `body` with a client of the cluster on a fresh event loop; the client is closed after."""
+        async def main() -> T:
+            async with AsyncClient(list(self.endpoints), timeout=self.timeout, name="epochlog-cli") as client:
+                try:
+                    return await body(client)
+                except TimeoutError:   # a call straight to one node (status, snapshot --node) got no reply
+                    raise ClientError(f"no reply within {self.timeout:.1f} s",
+                                      code="deadline_exceeded") from None
+        return asyncio.run(main())
+
+    def stream(self, body: Callable[[AsyncClient, asyncio.Event], Awaitable[None]]) -> None:
+        """Run a streaming `body(client, stop)` until it returns or Ctrl-C sets `stop` (then exit 0).
+
+        Ctrl-C is the way a stream is meant to end, so it is a signal handler setting `stop`, which the
+        body checks between events, rather than asyncio.run's cancellation of the main task: a
+        cancellation can be lost (asyncio.wait_for before Python 3.12 may swallow one that races with
+        a reply), which would leave the stream running; one such hang was seen in testing."""
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            stop = asyncio.Event()
+            loop.add_signal_handler(signal.SIGINT, stop.set)
+            try:
+                async with AsyncClient(list(self.endpoints), timeout=self.timeout, name="epochlog-cli") as client:
+                    work = asyncio.ensure_future(body(client, stop))
+                    stopped = asyncio.ensure_future(stop.wait())
+                    await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                    stopped.cancel()
+                    if not work.done():   # blocked waiting for an event: nothing to lose by cancelling
+                        work.cancel()
+                        await asyncio.wait({work}, timeout=STOP_GRACE_S)
+                    elif not work.cancelled():
+                        work.result()     # its error, if any
+            finally:
+                loop.remove_signal_handler(signal.SIGINT)
+        try:
+            asyncio.run(main())
+        except BrokenPipeError:           # e.g. `| head`: the reader is gone, nothing more to say
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so the interpreter's final flush is silent
+
+    def emit(self, document: Any, human: Callable[[], None]) -> None:
+        """Print `document` as one line of JSON with --json, else call `human`."""
+        if self.as_json:
+            click.echo(json.dumps(document))
+        else:
+            human()
+
+
+def _cluster_command(group: click.Group, name: str,
+                     **settings: Any) -> Callable[[Callable[..., None]], click.Command]:
+    """A command of `group` with the cluster options; the function receives `target: Target` instead."""
+    def decorate(f: Callable[..., None]) -> click.Command:
+        @functools.wraps(f)
+        def command(endpoints: str | None, config_path: Path | None, timeout: float, as_json: bool,
+                    **kwargs: Any) -> None:
+            f(Target.resolve(endpoints, config_path, timeout, as_json), **kwargs)
+
+        for option in reversed(_CLUSTER_OPTIONS):
+            command = option(command)
+        return group.command(name, **settings)(command)
+    return decorate
+
+
+_CLUSTER_OPTIONS = [
+    click.option("--endpoints", metavar="HOST:PORT,...",
+                 help=f"Client addresses of some nodes of the cluster [env {ENDPOINTS_ENV}]."),
+    click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                 help="A cluster config (e.g. configs/local-3.toml): use every member's client_address."),
+    click.option("--timeout", type=click.FloatRange(min=0.1), default=DEFAULT_TIMEOUT_S, show_default=True,
+                 help="Seconds each call may take, retries and leader changes included."),
+    click.option("--json", "as_json", is_flag=True,
+                 help="Print JSON (field names are stable) instead of a table."),
+]
+
+
+# --- values and tables -------------------------------------------------------------------------------
+
+def _value_fields(value: bytes | None) -> dict[str, Any]:
+    """`value` and its `encoding`: UTF-8 text when it decodes to printable text, else base64 (control
+    characters other than tab and newlines count as binary: they would garble a terminal)."""
+    if value is None:
+        return {"value": None, "encoding": None}
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and (text.isprintable() or all(c.isprintable() or c in "\t\r\n" for c in text)):
+        return {"value": text, "encoding": "utf-8"}
+    return {"value": base64.b64encode(value).decode("ascii"), "encoding": "base64"}
+
+
+def _shown(fields: dict[str, Any]) -> str:
+    if fields["value"] is None:
+        return "-"
+    return fields["value"] if fields["encoding"] == "utf-8" else f"base64:{fields['value']}"
+
+
+def _kv_document(kv: KeyValue) -> dict[str, Any]:
+    return {"key": kv.name, **_value_fields(kv.value), "offset": kv.version, "created": kv.created,
+            "lease": kv.lease}
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """Plain columns, left-aligned, two spaces apart (easy to read and to `awk`)."""
+    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    for row in cells:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def _parse_value(value: str, as_base64: bool) -> bytes:
+    raw = sys.stdin.buffer.read() if value == "-" else None
+    if as_base64:
+        try:
+            return base64.b64decode(raw if raw is not None else value.encode("ascii"), validate=True)
+        except (binascii.Error, UnicodeEncodeError) as exc:
+            raise click.BadParameter(f"not base64: {exc}", param_hint="VALUE") from None
+    return raw if raw is not None else value.encode("utf-8")
+
+
+def _written(target: Target, result: p.WriteResult) -> None:
+    target.emit({"offset": result.offset, "group": result.group},
+                lambda: click.echo(f"offset {result.offset} (group {result.group})"))
+
+
+# --- the commands ------------------------------------------------------------------------------------
+
+def register(cli: click.Group) -> None:
+    """Add the client commands to the `epochlog` group (cli.py calls this once)."""
+    for command in _COMMANDS.commands.values():
+        cli.add_command(command)
+
+
+# A holder group: the commands are defined on it and then added to the real `epochlog` group.
+_COMMANDS = click.Group("client-commands")
+
+
+@_cluster_command(_COMMANDS, "status")
+def status_command(target: Target) -> None:
+    """Every group's leader, term and commit offset, and each member's role and applied offset
+    (asked of every member, so each reports its own)."""
+    statuses, members = target.run(_gather_status)
+    document = _status_document(statuses, members)
+
+    def human() -> None:
+        rows = []
+        for g in document["groups"]:
+            for m in g["members"]:
+                mark = "*" if m["id"] == g["leader"] else ""
+                rows.append((g["group"], g["leader"] or "-", g["term"], g["commit_offset"], f"{m['id']}{mark}",
+                             m["role"], m["applied_offset"], m["match_offset"]))
+        _table(("GROUP", "LEADER", "TERM", "COMMIT", "NODE", "ROLE", "APPLIED", "MATCH"), rows)
+        for n in document["nodes"]:
+            if not n["reachable"]:
+                click.echo(f"node {n['id']} ({n['client_address']}): unreachable: {n['error']}")
+    target.emit(document, human)
+
+
+async def _gather_status(client: AsyncClient) -> tuple[list[p.StatusInfo | ClientError], list[p.MemberInfo]]:
+    """Each member's own status (as AsyncClient.cluster_status asks them), paired with the member: the
+    members are those a reachable node lists, and each reply stays with the member it came from."""
+    first = await client.status()
+    members = [m for m in first.members if m.client_address]
+
+    async def one(address: str) -> p.StatusInfo | ClientError:
+        try:
+            return await client.status(address)
+        except ClientError as exc:
+            return exc
+        except TimeoutError:
+            return ClientError(f"{address} did not answer within {client.timeout:.1f} s", code="unavailable")
+
+    return list(await asyncio.gather(*(one(m.client_address) for m in members))), members
+
+
+def _status_document(statuses: Sequence[p.StatusInfo | ClientError],
+                     members: Sequence[p.MemberInfo]) -> dict[str, Any]:
+    """The `status --json` document, from each member's own status (`statuses[i]` is `members[i]`'s)."""
+    nodes = []
+    reports: dict[int, p.StatusInfo] = {}
+    for member, reply in zip(members, statuses):
+        reachable = isinstance(reply, p.StatusInfo)
+        if reachable:
+            reports[member.id] = reply
+        nodes.append({"id": member.id, "client_address": member.client_address,
+                      "peer_address": member.peer_address, "reachable": reachable,
+                      "error": None if reachable else str(reply)})
+    group_names: list[str] = []
+    for info in reports.values():
+        group_names += [g.group for g in info.groups if g.group not in group_names]
+    groups = []
+    for name in group_names:
+        own = {node: next(g for g in info.groups if g.group == name)
+               for node, info in reports.items() if any(g.group == name for g in info.groups)}
+        leaders = [g for g in own.values() if g.role == "leader"]
+        leader = max(leaders, key=lambda g: g.term) if leaders else None
+        top = max(own.values(), key=lambda g: g.term)
+        peers = {peer.id: peer for peer in (leader or top).peers}
+        ids = list(dict.fromkeys([*peers, *(m.id for m in members)]))
+        group_members = []
+        for node in ids:
+            g = own.get(node)
+            peer = peers.get(node)
+            group_members.append({
+                "id": node, "role": g.role if g is not None else "unreachable",
+                "voter": None if peer is None else peer.role == "voter",
+                "term": None if g is None else g.term,
+                "commit_offset": None if g is None else g.commit_offset,
+                "applied_offset": None if g is None else g.applied_offset,
+                "log_start": None if g is None else g.log_start,
+                "snapshot_offset": None if g is None else g.snapshot_offset,
+                "match_offset": (None if leader is None or peer is None or peer.match_offset < 0
+                                 else peer.match_offset),
+            })
+        groups.append({"group": name, "leader": leader.node if leader else (top.leader or None),
+                       "term": (leader or top).term,
+                       "commit_offset": (leader.commit_offset if leader
+                                         else max(g.commit_offset for g in own.values())),
+                       "members": group_members})
+    return {"groups": groups, "nodes": nodes}
+
+
+@_cluster_command(_COMMANDS, "put")
+@click.argument("key")
+@click.argument("value")
+@click.option("--lease", type=click.IntRange(min=1), default=None, help="Attach the key to this lease.")
+@click.option("--expected-version", type=click.IntRange(min=0), default=None,
+              help="Compare-and-set: the offset that last modified the key (0: it must not exist).")
+@click.option("--base64", "as_base64", is_flag=True, help="VALUE is base64 (binary values).")
+def put_command(target: Target, key: str, value: str, lease: int | None, expected_version: int | None,
+                as_base64: bool) -> None:
+    """Set KEY to VALUE ('-' reads it from stdin); prints the offset it committed at."""
+    data = _parse_value(value, as_base64)
+    result = target.run(lambda c: c.put(key, data, lease=lease or 0, expected_version=expected_version))
+    _written(target, result)
+
+
+@_cluster_command(_COMMANDS, "get")
+@click.argument("key")
+@click.option("--as-of", type=click.IntRange(min=0), default=None, help="The value as it was at this offset.")
+@click.option("--consistency", type=click.Choice(p.CONSISTENCY), default="linearizable", show_default=True,
+              help="linearizable and lease read on the leader; local on any node.")
+@click.option("--min-offset", type=click.IntRange(min=0), default=None,
+              help="Wait until the node applied this offset (a write's offset: read your writes).")
+def get_command(target: Target, key: str, as_of: int | None, consistency: str, min_offset: int | None) -> None:
+    """KEY's value and the offset that last modified it (exit 3 if it does not exist)."""
+    kv = target.run(lambda c: c.get(key, consistency=consistency, as_of=as_of,
+                                    min_offset=-1 if min_offset is None else min_offset))
+    if kv is None:
+        at = "" if as_of is None else f" at offset {as_of}"
+        raise NotFoundError(f"no key {key!r}{at}")
+    document = _kv_document(kv)
+
+    def human() -> None:
+        for field in ("key", "value", "offset", "created", "lease"):
+            shown = _shown(document) if field == "value" else document[field]
+            click.echo(f"{field:<8}{shown}")
+    target.emit(document, human)
+
+
+@_cluster_command(_COMMANDS, "ls")
+@click.argument("prefix", default="")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="At most this many keys [default: all].")
+@click.option("--as-of", type=click.IntRange(min=0), default=None, help="The keys as they were at this offset.")
+@click.option("--consistency", type=click.Choice(p.CONSISTENCY), default="linearizable", show_default=True)
+def ls_command(target: Target, prefix: str, limit: int | None, as_of: int | None, consistency: str) -> None:
+    """Keys starting with PREFIX, in key order, with their values (follows pages)."""
+    async def body(client: AsyncClient) -> list[KeyValue]:
+        items: list[KeyValue] = []
+        after = None
+        while limit is None or len(items) < limit:
+            page_size = 1000 if limit is None else min(1000, limit - len(items))
+            page = await client.list(prefix, limit=page_size, after=after, as_of=as_of, consistency=consistency)
+            items += page.items
+            if page.next_after is None:
+                break
+            after = page.next_after
+        return items
+    items = target.run(body)
+    documents = [_kv_document(kv) for kv in items]
+    target.emit(documents, lambda: _table(("KEY", "VALUE", "OFFSET"),
+                                          [(d["key"], _shown(d), d["offset"]) for d in documents]))
+
+
+@_cluster_command(_COMMANDS, "del")
+@click.argument("key")
+@click.option("--expected-version", type=click.IntRange(min=0), default=None,
+              help="Delete only if this offset last modified the key.")
+def del_command(target: Target, key: str, expected_version: int | None) -> None:
+    """Delete KEY; prints the offset the deletion committed at."""
+    _written(target, target.run(lambda c: c.delete(key, expected_version=expected_version)))
+
+
+@_cluster_command(_COMMANDS, "history")
+@click.argument("key")
+@click.option("--limit", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--after", "after_offset", type=click.IntRange(min=-1), default=-1,
+              help="Only changes after this offset.")
+def history_command(target: Target, key: str, limit: int, after_offset: int) -> None:
+    """Every change of KEY, oldest first: offset, event and the value it left (none: deleted)."""
+    changes = target.run(lambda c: c.history(key, limit=limit, after_offset=after_offset))
+    documents = []
+    for change in changes:
+        state = change.state
+        value = state.value if isinstance(state, KvState) else None
+        documents.append({"offset": change.offset, "event": change.event, "deleted": state is None,
+                          **_value_fields(value)})
+    target.emit(documents, lambda: _table(("OFFSET", "EVENT", "VALUE"),
+                                          [(d["offset"], d["event"], "(deleted)" if d["deleted"] else _shown(d))
+                                           for d in documents]))
+
+
+@_cluster_command(_COMMANDS, "watch")
+@click.argument("prefix", default="")
+@click.option("--from", "from_offset", type=click.IntRange(min=0), default=None,
+              help="First offset to stream [default: the next write].")
+@click.option("--count", type=click.IntRange(min=1), default=None, help="Stop after this many events.")
+def watch_command(target: Target, prefix: str, from_offset: int | None, count: int | None) -> None:
+    """Stream the changes of keys starting with PREFIX until Ctrl-C (or --count events)."""
+    if not target.as_json:
+        click.echo(f"{'OFFSET':<10}{'EVENT':<12}{'KEY':<24}VALUE")
+
+    async def body(client: AsyncClient, stop: asyncio.Event) -> None:
+        seen = 0
+        stream = client.watch("kv/" + prefix, from_offset=-1 if from_offset is None else from_offset)
+        try:
+            async for watched in stream:
+                if stop.is_set():
+                    return
+                document = _event_document(watched.offset, watched.key, watched.event, watched.timestamp)
+                if target.as_json:
+                    click.echo(json.dumps(document))
+                else:
+                    shown = "" if document["value"] is None else _shown(document)
+                    click.echo(f"{document['offset']:<10}{document['event']:<12}{document['key']:<24}{shown}")
+                seen += 1
+                if count is not None and seen >= count:
+                    return
+        finally:
+            await stream.aclose()
+    target.stream(body)
+
+
+def _event_document(offset: int, key: str, event: ev.Event | None, timestamp: int) -> dict[str, Any]:
+    """A watched kv event: the key as a kv name, the event type and the value a put wrote."""
+    value = event.value if isinstance(event, ev.KvPut) else None
+    return {"offset": offset, "key": key[3:] if key.startswith("kv/") else key,
+            "event": type(event).__name__ if event is not None else None, "timestamp": timestamp,
+            **_value_fields(value)}
+
+
+@click.group("events")
+def events_group() -> None:
+    """The committed events of a group's log."""
+
+
+@_cluster_command(events_group, "tail")
+@click.option("--group", default="kv", show_default=True, help="Which group's log.")
+@click.option("--from", "from_offset", type=click.IntRange(min=0), default=None,
+              help="First offset [default: the log start, or --last].")
+@click.option("--last", type=click.IntRange(min=1), default=None,
+              help="Start this many offsets before the commit.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing events as they commit, until Ctrl-C.")
+@click.option("--max-events", type=click.IntRange(min=1), default=None, help="Stop after this many events.")
+def events_tail(target: Target, group: str, from_offset: int | None, last: int | None, follow: bool,
+                max_events: int | None) -> None:
+    """Print the committed events of GROUP from an offset (read from the leader, so none is missed)."""
+    if not target.as_json:
+        click.echo(f"{'OFFSET':<10}{'TIMESTAMP':<15}{'KEY':<32}EVENT")
+
+    async def body(client: AsyncClient, stop: asyncio.Event) -> None:
+        offset = from_offset
+        if offset is None:
+            probe = await client.read_events(group, 1 << 62, max_events=1)
+            offset = probe.log_start if last is None else max(probe.log_start, probe.commit_offset + 1 - last)
+        printed = 0
+        while (max_events is None or printed < max_events) and not stop.is_set():
+            batch = await client.read_events(group, offset, max_events=1000)
+            for record in batch.events:
+                _print_record(target, group, record)
+                printed += 1
+                if max_events is not None and printed >= max_events:
+                    return
+            caught_up = batch.next_offset <= offset   # nothing past what the leader applied
+            offset = max(offset, batch.next_offset)
+            if caught_up:
+                if not follow:
+                    return
+                try:
+                    await asyncio.wait_for(stop.wait(), FOLLOW_POLL_S)
+                except TimeoutError:
+                    pass
+    target.stream(body)
+
+
+def _print_record(target: Target, group: str, record: p.EventRecord) -> None:
+    event = None if record.value is None else ev.decode_event(record.value)
+    fields = None if event is None else msgspec.to_builtins(event)
+    if target.as_json:
+        click.echo(json.dumps({"group": group, "offset": record.offset, "key": record.key,
+                               "timestamp": record.timestamp,
+                               "type": None if event is None else type(event).__name__, "event": fields}))
+        return
+    summary = "-" if fields is None else " ".join(f"{k}={v}" for k, v in fields.items()
+                                                  if v not in ("", None) and k not in ("request_id",))
+    click.echo(f"{record.offset:<10}{record.timestamp:<15}{record.key:<32}{summary}")
+
+
+@click.group("leader")
+def leader_group() -> None:
+    """Leadership of the groups."""
+
+
+@_cluster_command(leader_group, "transfer")
+@click.option("--group", required=True, help="The group whose leadership moves.")
+@click.option("--to", "to", type=click.IntRange(min=0), default=0,
+              help="The node to hand it to [default: the most caught-up follower].")
+def leader_transfer(target: Target, group: str, to: int) -> None:
+    """Hand GROUP's leadership to another voter and wait until it has moved."""
+    async def body(client: AsyncClient) -> dict[str, Any]:
+        before = _group_view(await client.cluster_status(), group)
+        if before is not None and before[0] == to:
+            return {"group": group, "leader": to, "term": before[1], "previous_leader": to}
+        await client.transfer_leader(group, to)
+        deadline = time.monotonic() + target.timeout
+        while True:
+            now = _group_view(await client.cluster_status(), group)
+            if now is not None and before is not None and now[1] > before[1] and (to in (0, now[0])):
+                return {"group": group, "leader": now[0], "term": now[1], "previous_leader": before[0]}
+            if time.monotonic() > deadline:
+                raise ClientError(f"leadership of {group} did not move within {target.timeout:.1f} s "
+                                  f"(before: {before}, now: {now}; as (leader, term))",
+                                  code="deadline_exceeded")
+            await asyncio.sleep(0.05)
+    moved = target.run(body)
+    target.emit(moved, lambda: click.echo(f"group {group}: leader {moved['leader']} in term {moved['term']} "
+                                          f"(was {moved['previous_leader']})"))
+
+
+def _group_view(statuses: Sequence[p.StatusInfo | ClientError], group: str) -> tuple[int, int] | None:
+    """(leader, term) of `group` as the node leading it in the highest term says, or None."""
+    leaders = [(g.node, g.term) for s in statuses if isinstance(s, p.StatusInfo)
+               for g in s.groups if g.group == group and g.role == "leader"]
+    return max(leaders, key=lambda lt: lt[1]) if leaders else None
+
+
+@_cluster_command(_COMMANDS, "snapshot")
+@click.option("--group", required=True, help="The group to snapshot.")
+@click.option("--node", "node_id", type=click.IntRange(min=1), default=None,
+              help="Snapshot on this node [default: the group's leader].")
+def snapshot_command(target: Target, group: str, node_id: int | None) -> None:
+    """Snapshot GROUP's views at its applied offset and drop the log below; prints the offset."""
+    async def body(client: AsyncClient) -> int:
+        if node_id is None:
+            return await client.snapshot(group)
+        members = {m.id: m.client_address for m in (await client.status()).members}
+        if not members.get(node_id):
+            raise click.BadParameter(f"no member {node_id} with a client address (members: {sorted(members)})",
+                                     param_hint="--node")
+        return await client.snapshot(group, members[node_id])
+    offset = target.run(body)
+    target.emit({"group": group, "offset": offset},
+                lambda: click.echo(f"group {group}: snapshot at offset {offset}"))
+
+
+@click.group("member")
+def member_group() -> None:
+    """Members of the cluster: list, add (as a learner), promote, remove."""
+
+
+def _members(target: Target, members: p.Members) -> None:
+    def role(node: int) -> str:
+        return "voter" if node in members.voters else "learner" if node in members.learners else "-"
+    documents = [{"id": m.id, "peer_address": m.peer_address, "client_address": m.client_address,
+                  "role": role(m.id)} for m in members.members]
+    target.emit({"members": documents, "voters": members.voters, "learners": members.learners},
+                lambda: _table(("ID", "ROLE", "PEER ADDRESS", "CLIENT ADDRESS"),
+                               [(d["id"], d["role"], d["peer_address"], d["client_address"] or "-")
+                                for d in documents]))
+
+
+@_cluster_command(member_group, "list")
+def member_list(target: Target) -> None:
+    """Every member with its addresses and role (voter or learner)."""
+    _members(target, target.run(lambda c: c.members()))
+
+
+_member_group_option = click.option("--group", default=None,
+                                    help="Change this group only [default: every group].")
+
+
+def _only(group: str | None) -> dict[str, str]:
+    return {} if group is None else {"group": group}
+
+
+@_cluster_command(member_group, "add")
+@click.argument("node_id", type=click.IntRange(min=1))
+@click.argument("peer_address")
+@click.option("--client-address", default="", help="Where the new node serves clients.")
+@click.option("--no-auto-promote", is_flag=True, help="Leave it a learner (promote it with `member promote`).")
+@_member_group_option
+def member_add(target: Target, node_id: int, peer_address: str, client_address: str, no_auto_promote: bool,
+               group: str | None) -> None:
+    """Add NODE_ID (started with `epochlog serve --peer-address PEER_ADDRESS ...`) as a learner of every
+    group; it becomes a voter once caught up unless --no-auto-promote."""
+    _members(target, target.run(lambda c: c.member_add(node_id, peer_address, client_address,
+                                                       auto_promote=not no_auto_promote, **_only(group))))
+
+
+@_cluster_command(member_group, "promote")
+@click.argument("node_id", type=click.IntRange(min=1))
+@_member_group_option
+def member_promote(target: Target, node_id: int, group: str | None) -> None:
+    """Make learner NODE_ID a voter of every group."""
+    _members(target, target.run(lambda c: c.member_promote(node_id, **_only(group))))
+
+
+@_cluster_command(member_group, "remove")
+@click.argument("node_id", type=click.IntRange(min=1))
+@_member_group_option
+def member_remove(target: Target, node_id: int, group: str | None) -> None:
+    """Remove NODE_ID from every group, then forget its addresses."""
+    _members(target, target.run(lambda c: c.member_remove(node_id, **_only(group))))
+
+
+for _group in (events_group, leader_group, member_group):
+    _COMMANDS.add_command(_group)

@@ -1,0 +1,285 @@
+"""A cluster of real `epochlog serve` processes for end-to-end tests of the node, the SDK and the CLI.
+
+Theory of operation. `NodeCluster` writes one TOML config (`cluster.toml`, every member with a
+peer, client and admin address on free 127.0.0.1 ports) under the test's directory and runs each
+member as `python -m epochlog serve --config cluster.toml --node-id N --data-dir node-N`, with
+stdout and stderr in files (one pair per incarnation: `node-<id>.<n>.out/.err`). A node counts as
+started once its stdout has the `READY <id> <client address>` line.
+
+Processes are only ever signalled through the `subprocess.Popen` object that started them (its
+pid): `kill9` (SIGKILL), `stop` (SIGTERM, SIGKILL past a deadline). `close()` kills whatever still
+runs; the `node_cluster` fixture (tests/node/conftest.py) calls it in teardown, so no process
+outlives its test. A node keeps its ports and data directory across restarts. Every wait is bounded.
+
+Every method blocks (processes are watched through files and pids; `status`, `leader` and
+`wait_applied` ask the nodes through a short-lived blocking SDK client), so blocking tests call them
+directly and asyncio tests through `asyncio.to_thread` when their own clients must keep running.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from epochlog import protocol as p
+from epochlog.client import Client
+from eventlog.errors import EpochlogError
+from tests.runtime.cluster import free_ports
+
+T = TypeVar("T")
+
+ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 30.0      # process start to READY (python start-up, imports, RocksDB and logs opened)
+STOP_TIMEOUT_S = 10.0       # SIGTERM to exit
+
+
+def wait_until(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
+    """Poll `check` until it returns something other than None/False; AssertionError past `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result is not None and result is not False:
+            return result
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class ServeNode:
+    """One member: its addresses, its files and the process of its current incarnation."""
+
+    id: int
+    peer_address: str
+    client_address: str
+    admin_address: str
+    data_dir: Path
+    proc: subprocess.Popen[bytes] | None = None
+    incarnation: int = -1
+    out_path: Path | None = None
+    err_path: Path | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def stdout(self) -> str:
+        return self.out_path.read_text(errors="replace") if self.out_path and self.out_path.exists() else ""
+
+    def stderr(self) -> str:
+        return self.err_path.read_text(errors="replace") if self.err_path and self.err_path.exists() else ""
+
+
+class NodeCluster:
+    """`size` `epochlog serve` processes of one cluster (see the module docstring).
+
+    `groups`, `tick_interval_ms`, `snapshot_every_entries` go to `[cluster]`; `raft`, `log` and
+    `views` are extra keys of those sections. Logs get 1 MiB segments and the views small caches
+    unless told otherwise (the defaults would cost each node hundreds of MiB).
+    """
+
+    def __init__(self, root: Path, *, size: int = 3, seed: int = 0, name: str = "node-test",
+                 groups: tuple[str, ...] = ("metadata", "offsets", "kv"), tick_interval_ms: int = 50,
+                 snapshot_every_entries: int = 0, raft: dict[str, object] | None = None,
+                 log: dict[str, object] | None = None, views: dict[str, object] | None = None) -> None:
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.name = name
+        self.groups = groups
+        self.tick_interval_ms = tick_interval_ms
+        self.snapshot_every_entries = snapshot_every_entries
+        self.raft = dict(raft or {})
+        self.log = {"segment_bytes": 1 << 20, **(log or {})}
+        self.views = {"block_cache_bytes": 8 << 20, "write_buffer_bytes": 4 << 20, **(views or {})}
+        ports = free_ports(3 * size, random.Random(random.SystemRandom().getrandbits(64)))
+        self.nodes = {
+            i: ServeNode(i, f"127.0.0.1:{ports[3 * (i - 1)]}", f"127.0.0.1:{ports[3 * (i - 1) + 1]}",
+                         f"127.0.0.1:{ports[3 * (i - 1) + 2]}", root / f"node-{i}")
+            for i in range(1, size + 1)}
+        self.config_path = root / "cluster.toml"
+        self.config_path.write_text(self.config_text())
+
+    def config_text(self) -> str:
+        lines = ["[cluster]", f'name = "{self.name}"', "groups = [" + ", ".join(f'"{g}"' for g in self.groups) + "]",
+                 f"tick_interval_ms = {self.tick_interval_ms}",
+                 f"snapshot_every_entries = {self.snapshot_every_entries}", ""]
+        for n in self.nodes.values():
+            lines += ["[[cluster.members]]", f"id = {n.id}", f'peer_address = "{n.peer_address}"',
+                      f'client_address = "{n.client_address}"', f'admin_address = "{n.admin_address}"', ""]
+        for section, values in (("raft", self.raft), ("log", self.log), ("views", self.views)):
+            if values:
+                lines.append(f"[{section}]")
+                lines += [f"{k} = {_toml(v)}" for k, v in values.items()]
+                lines.append("")
+        return "\n".join(lines)
+
+    # --- addresses -------------------------------------------------------------------------------
+
+    @property
+    def endpoints(self) -> list[str]:
+        """Client addresses of every member (running or not), in node id order."""
+        return [n.client_address for n in self.nodes.values()]
+
+    def endpoint(self, node_id: int) -> str:
+        return self.nodes[node_id].client_address
+
+    def running(self) -> list[int]:
+        return [i for i, n in self.nodes.items() if n.running]
+
+    # --- processes -------------------------------------------------------------------------------
+
+    def start(self, nodes: Iterable[int] | None = None) -> None:
+        """Start `nodes` (default: every one not running) together and wait until each is READY."""
+        ids = [i for i in self.nodes if not self.nodes[i].running] if nodes is None else list(nodes)
+        for i in ids:
+            self._spawn(i)
+        for i in ids:
+            self.wait_ready(i)
+
+    def _spawn(self, node_id: int) -> None:
+        node = self.nodes[node_id]
+        assert not node.running, f"node {node_id} is already running"
+        node.incarnation += 1
+        node.out_path = self.root / f"node-{node_id}.{node.incarnation}.out"
+        node.err_path = self.root / f"node-{node_id}.{node.incarnation}.err"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHLOG_")}
+        with open(node.out_path, "wb") as out, open(node.err_path, "wb") as err:
+            node.proc = subprocess.Popen(
+                [sys.executable, "-m", "epochlog", "serve", "--config", str(self.config_path),
+                 "--node-id", str(node_id), "--data-dir", str(node.data_dir),
+                 "--seed", str(self.rng.getrandbits(32))],
+                cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+
+    def wait_ready(self, node_id: int, timeout: float = START_TIMEOUT_S) -> None:
+        node = self.nodes[node_id]
+        deadline = time.monotonic() + timeout
+        while f"READY {node_id} " not in node.stdout():
+            if not node.running:
+                code = None if node.proc is None else node.proc.returncode
+                raise AssertionError(f"node {node_id} exited with {code} before READY:\n{node.stderr()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"node {node_id} not READY after {timeout}s:\n{node.stderr()[-3000:]}")
+            time.sleep(0.02)
+
+    def kill9(self, node_id: int) -> float:
+        """SIGKILL the node (by the pid we started); the monotonic time of the kill."""
+        node = self.nodes[node_id]
+        assert node.proc is not None and node.running, f"node {node_id} is not running"
+        t = time.monotonic()
+        node.proc.send_signal(signal.SIGKILL)
+        node.proc.wait(STOP_TIMEOUT_S)
+        return t
+
+    def stop(self, node_id: int, timeout: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM the node and wait for it to exit; its exit code (AssertionError, after a SIGKILL,
+        if it outlives `timeout`)."""
+        node = self.nodes[node_id]
+        assert node.proc is not None, f"node {node_id} was never started"
+        if node.proc.poll() is None:
+            node.proc.send_signal(signal.SIGTERM)
+        return self._wait_exit(node_id, timeout)
+
+    def _wait_exit(self, node_id: int, timeout: float) -> int:
+        node = self.nodes[node_id]
+        assert node.proc is not None
+        try:
+            return node.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            node.proc.send_signal(signal.SIGKILL)
+            node.proc.wait(STOP_TIMEOUT_S)
+            raise AssertionError(f"node {node_id} did not stop within {timeout}s of SIGTERM (killed):\n"
+                                 f"{node.stderr()[-3000:]}") from None
+
+    def restart(self, node_id: int) -> None:
+        """Start a stopped or killed node again (same ports, same data) and wait until READY."""
+        if self.nodes[node_id].running:
+            self.stop(node_id)
+        self.start([node_id])
+
+    def stop_all(self) -> dict[int, int]:
+        """SIGTERM every running node (all at once), then wait for each; their exit codes."""
+        running = self.running()
+        for i in running:
+            proc = self.nodes[i].proc
+            assert proc is not None
+            proc.send_signal(signal.SIGTERM)
+        # Only one SIGTERM each: a second one could land after the node's loop closed (its handler gone).
+        return {i: self._wait_exit(i, STOP_TIMEOUT_S) for i in running}
+
+    def close(self) -> None:
+        """Kill every process still running (by its pid). Idempotent; teardown calls it."""
+        for node in self.nodes.values():
+            if node.proc is not None and node.proc.poll() is None:
+                node.proc.send_signal(signal.SIGKILL)
+                try:
+                    node.proc.wait(STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    pass
+
+    # --- what the nodes say (through the SDK; these block) ----------------------------------------
+
+    def status(self, node_id: int, timeout: float = 2.0) -> p.StatusInfo | None:
+        """Node `node_id`'s own status, or None when it does not answer within `timeout`."""
+        if not self.nodes[node_id].running:
+            return None
+        try:
+            with Client([self.endpoint(node_id)], timeout=timeout) as client:
+                return client.status(self.endpoint(node_id))
+        except (EpochlogError, TimeoutError, OSError):
+            return None
+
+    def group_status(self, node_id: int, group: str) -> p.GroupInfo | None:
+        info = self.status(node_id)
+        return None if info is None else next((g for g in info.groups if g.group == group), None)
+
+    def leader(self, group: str, *, among: Iterable[int] | None = None, timeout: float = 15.0) -> int:
+        """Wait until a node of `among` (default: running) says it leads `group`; the one with the highest
+        term if several do (an old leader may not know yet)."""
+        def check() -> int | None:
+            ids = self.running() if among is None else list(among)
+            leading = [g for g in (self.group_status(i, group) for i in ids) if g is not None and g.role == "leader"]
+            return max(leading, key=lambda g: g.term).node if leading else None
+        return wait_until(check, timeout, f"a leader of {group}")
+
+    def followers(self, group: str) -> list[int]:
+        """Running nodes other than `group`'s current leader."""
+        leader = self.leader(group)
+        return [i for i in self.running() if i != leader]
+
+    def wait_applied(self, node_id: int, group: str, offset: int, timeout: float = 15.0) -> p.GroupInfo:
+        """Wait until node `node_id` applied `group` through `offset` (its own status says so)."""
+        def check() -> p.GroupInfo | None:
+            g = self.group_status(node_id, group)
+            return g if g is not None and g.applied_offset >= offset else None
+        return wait_until(check, timeout, f"node {node_id} to apply {group} through offset {offset}")
+
+    def describe(self) -> str:
+        """Where to look after a failure: the directory, the seed and each node's stderr tail."""
+        parts = [f"cluster dir {self.root} (seed {self.seed})"]
+        for i, n in self.nodes.items():
+            code = None if n.proc is None else n.proc.poll()
+            parts.append(f"--- node {i} incarnation {n.incarnation} pid {n.pid} exit={code} stderr tail:\n"
+                         f"{n.stderr()[-1500:]}")
+        return "\n".join(parts)
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
