@@ -146,20 +146,27 @@ class MemberList(msgspec.Struct, tag="member_list"):
 
 
 class MemberAdd(msgspec.Struct, tag="member_add"):
-    """Add a node as a learner of every group; it is promoted to voter once caught up."""
+    """Add a node as a learner of every group; it is promoted to voter once caught up.
+
+    Membership calls go to the metadata leader, which records the node's addresses and then changes
+    every group in turn, each through that group's leader (forwarding the call with `group` set).
+    """
 
     node_id: int
     peer_address: str
     client_address: str = ""
     auto_promote: bool = True
+    group: str = ""                       # "": every group; a name: that group only (its leader serves it)
 
 
 class MemberPromote(msgspec.Struct, tag="member_promote"):
     node_id: int
+    group: str = ""
 
 
 class MemberRemove(msgspec.Struct, tag="member_remove"):
     node_id: int
+    group: str = ""
 
 
 Call = (Write | Get | Gets | List | History | LeaseGrant | LeaseKeepAlive | Watch | WatchAck | CancelWatch

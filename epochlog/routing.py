@@ -3,6 +3,7 @@
 Entities are routed by kind so that everything one command can touch atomically lives in one group:
 
     broker/ group/ topic/ config/   -> metadata   (the controller's and NameServer's state)
+    member/                         -> metadata   (node addresses: written by membership changes only)
     offset/                         -> offsets    (consumer offsets: high volume, own leader)
     kv/ lease/ session/             -> kv         (leases delete the kv entries and sessions attached)
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 from statemachines.events import Event, EventError, Txn
 
 GROUP_OF_KIND = {
-    "broker": "metadata", "group": "metadata", "topic": "metadata", "config": "metadata",
+    "broker": "metadata", "group": "metadata", "topic": "metadata", "config": "metadata", "member": "metadata",
     "offset": "offsets",
     "kv": "kv", "lease": "kv", "session": "kv",
 }

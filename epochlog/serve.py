@@ -14,7 +14,7 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eventlog.raft.runtime.config import NodeConfigs, parse_address
+from eventlog.raft.runtime.config import MemberConfig, NodeConfigs, parse_address
 from epochlog.admin import AdminServer
 from epochlog.metrics import Metrics
 from epochlog.node import Node
@@ -35,9 +35,10 @@ class RunningNode:
 
     @classmethod
     async def start(cls, configs: NodeConfigs, node_id: int, data_dir: str | Path, *,
-                    seed: int | None = None) -> RunningNode:
-        node = Node(configs, node_id, data_dir, seed=seed)
-        member = configs.cluster.member(node_id)
+                    seed: int | None = None, member: MemberConfig | None = None) -> RunningNode:
+        """`member`: this node's entry when it is not a configured member (epochlog.identity)."""
+        node = Node(configs, node_id, data_dir, seed=seed, member=member)
+        member = node.member
         await node.start()
         metrics = Metrics(node)
         clients = ClientService(node, metrics)
@@ -64,8 +65,9 @@ class RunningNode:
         await self.node.stop()
 
 
-async def serve(configs: NodeConfigs, node_id: int, data_dir: str | Path, *, seed: int | None = None) -> int:
-    running = await RunningNode.start(configs, node_id, data_dir, seed=seed)
+async def serve(configs: NodeConfigs, node_id: int, data_dir: str | Path, *, seed: int | None = None,
+                member: MemberConfig | None = None) -> int:
+    running = await RunningNode.start(configs, node_id, data_dir, seed=seed, member=member)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

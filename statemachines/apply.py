@@ -32,6 +32,7 @@ from statemachines.state import (
     GroupState,
     KvState,
     LeaseState,
+    MemberState,
     OffsetState,
     Outcome,
     SessionState,
@@ -495,6 +496,27 @@ def _config_changed(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcom
     return _ok(offset)
 
 
+def _member_added(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.MemberAdded)
+    current = a.load(ov, e.key())
+    created = current.created if isinstance(current, MemberState) and not current.removed else offset
+    a.save(ov, e.key(), MemberState(node_id=e.node_id, peer_address=e.peer_address,
+                                    client_address=e.client_address, version=offset, created=created), e, offset)
+    return _ok(offset)
+
+
+def _member_removed(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    """Always recorded (a configured member has no record before): the tombstone keeps it out."""
+    assert isinstance(e, ev.MemberRemoved)
+    current = a.load(ov, e.key())
+    if isinstance(current, MemberState):
+        state = msgspec.structs.replace(current, removed=True, version=offset)
+    else:
+        state = MemberState(node_id=e.node_id, peer_address="", removed=True, version=offset, created=offset)
+    a.save(ov, e.key(), state, e, offset)
+    return _ok(offset)
+
+
 def _txn(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     assert isinstance(e, ev.Txn)
     for cond in e.conditions:
@@ -529,4 +551,6 @@ _HANDLERS: dict[type, Handler] = {
     ev.SessionClosed: _session_closed,
     ev.ConfigChanged: _config_changed,
     ev.Txn: _txn,
+    ev.MemberAdded: _member_added,
+    ev.MemberRemoved: _member_removed,
 }

@@ -333,9 +333,41 @@ class ConfigChanged(Event, frozen=True, kw_only=True, tag="ConfigChanged"):
         _name("config name", self.name)
 
 
+# --- cluster members (written by the node's membership operations, never by clients) -----------------
+
+class _MemberEvent(Event, frozen=True, kw_only=True):
+    node_id: int
+
+    def key(self) -> str:
+        return f"member/{self.node_id}"
+
+    def validate(self) -> None:
+        super().validate()
+        if self.node_id <= 0:
+            raise EventError("node ids are positive integers")
+
+
+class MemberAdded(_MemberEvent, frozen=True, kw_only=True, tag="MemberAdded"):
+    """A node joins the cluster: where its peers and clients reach it (every node dials from this)."""
+
+    peer_address: str
+    client_address: str = ""
+
+    def validate(self) -> None:
+        super().validate()
+        if not _ADDRESS.match(self.peer_address):
+            raise EventError(f"peer_address {self.peer_address!r} must be host:port")
+        if self.client_address and not _ADDRESS.match(self.client_address):
+            raise EventError(f"client_address {self.client_address!r} must be host:port")
+
+
+class MemberRemoved(_MemberEvent, frozen=True, kw_only=True, tag="MemberRemoved"):
+    """A node left the cluster (configured members too): nodes stop dialing it and refuse it."""
+
+
 # --- transactions ----------------------------------------------------------------------------------
 
-ENTITY_KINDS = ("broker", "group", "topic", "offset", "kv", "lease", "session", "config")
+ENTITY_KINDS = ("broker", "group", "topic", "offset", "kv", "lease", "session", "config", "member")
 
 
 class Condition(msgspec.Struct, frozen=True):
@@ -375,7 +407,8 @@ class Txn(Event, frozen=True, kw_only=True, tag="Txn"):
 
 AnyEvent = (BrokerRegistered | BrokerFenced | BrokerUnfenced | BrokerUnregistered | SyncStateSetChanged
             | MasterElected | TopicCreated | TopicUpdated | TopicDeleted | OffsetCommitted | KvPut | KvDeleted
-            | LeaseGranted | LeaseRevoked | LeaseExpired | SessionOpened | SessionClosed | ConfigChanged | Txn)
+            | LeaseGranted | LeaseRevoked | LeaseExpired | SessionOpened | SessionClosed | ConfigChanged | Txn
+            | MemberAdded | MemberRemoved)
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__struct_config__.tag: cls for cls in AnyEvent.__args__  # type: ignore[attr-defined]
 }

@@ -88,11 +88,23 @@ class ConfigState(msgspec.Struct, frozen=True, kw_only=True):
     created: int
 
 
+class MemberState(msgspec.Struct, frozen=True, kw_only=True):
+    """A node's addresses; `removed` marks a node that left (a configured member too, which has no
+    record otherwise): the configured list overlaid by these records is the cluster's address book."""
+
+    node_id: int
+    peer_address: str
+    client_address: str = ""
+    removed: bool = False
+    version: int
+    created: int
+
+
 AnyState = (BrokerState | GroupState | TopicState | OffsetState | KvState | LeaseState | SessionState
-            | ConfigState)
+            | ConfigState | MemberState)
 STATE_TYPES: dict[str, type[msgspec.Struct]] = {
     "broker": BrokerState, "group": GroupState, "topic": TopicState, "offset": OffsetState, "kv": KvState,
-    "lease": LeaseState, "session": SessionState, "config": ConfigState,
+    "lease": LeaseState, "session": SessionState, "config": ConfigState, "member": MemberState,
 }
 
 

@@ -2,7 +2,7 @@
 
 Column families:
 
-    brokers, broker_groups, topics, offsets, kv, leases, sessions, config
+    brokers, broker_groups, topics, offsets, kv, leases, sessions, config, members
                   current state of each entity, key = entity key (e.g. b"kv/a/b")
     versions      MVCC history: entity key + b"\\0" + 8-byte big-endian offset -> the event type and
                   the entity's state after it (or a tombstone); serves `as_of` reads and `history`
@@ -42,7 +42,7 @@ from rocksdict import (
 from eventlog.configuration import doc
 
 ENTITY_CFS = {"broker": "brokers", "group": "broker_groups", "topic": "topics", "offset": "offsets", "kv": "kv",
-              "lease": "leases", "session": "sessions", "config": "config"}
+              "lease": "leases", "session": "sessions", "config": "config", "member": "members"}
 INTERNAL_CFS = ("versions", "lease_keys", "dedupe", "dedupe_expiry")
 ALL_CFS = (*ENTITY_CFS.values(), *INTERNAL_CFS)
 META = ""  # the default column family: meta keys

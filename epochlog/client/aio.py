@@ -339,20 +339,24 @@ class AsyncClient:
         return result
 
     async def member_add(self, node_id: int, peer_address: str, client_address: str = "", *,
-                         auto_promote: bool = True) -> p.Members:
-        result = await self._call(p.MemberAdd(node_id, peer_address, client_address, auto_promote),
-                                  group="metadata", leader=True, timeout=max(self.timeout, 30.0))
+                         auto_promote: bool = True, group: str = "") -> p.Members:
+        """Add node `node_id` (started with `epochlog serve --peer-address ...`) as a learner of every
+        group (`group`: of that one only), promoted to voter once caught up unless `auto_promote` is off.
+        Safe to retry: what is already done is skipped."""
+        result = await self._call(p.MemberAdd(node_id, peer_address, client_address, auto_promote, group),
+                                  group=group or "metadata", leader=True, timeout=max(self.timeout, 30.0))
         assert isinstance(result, p.Members)
         return result
 
-    async def member_promote(self, node_id: int) -> p.Members:
-        result = await self._call(p.MemberPromote(node_id), group="metadata", leader=True,
+    async def member_promote(self, node_id: int, *, group: str = "") -> p.Members:
+        result = await self._call(p.MemberPromote(node_id, group), group=group or "metadata", leader=True,
                                   timeout=max(self.timeout, 30.0))
         assert isinstance(result, p.Members)
         return result
 
-    async def member_remove(self, node_id: int) -> p.Members:
-        result = await self._call(p.MemberRemove(node_id), group="metadata", leader=True,
+    async def member_remove(self, node_id: int, *, group: str = "") -> p.Members:
+        """Remove node `node_id` from every group (`group`: from that one only), then forget its address."""
+        result = await self._call(p.MemberRemove(node_id, group), group=group or "metadata", leader=True,
                                   timeout=max(self.timeout, 30.0))
         assert isinstance(result, p.Members)
         return result

@@ -110,11 +110,11 @@ class Client:
     def member_add(self, node_id: int, peer_address: str, client_address: str = "", **kw: Any) -> p.Members:
         return self._run(self.aio.member_add(node_id, peer_address, client_address, **kw))
 
-    def member_promote(self, node_id: int) -> p.Members:
-        return self._run(self.aio.member_promote(node_id))
+    def member_promote(self, node_id: int, **kw: Any) -> p.Members:
+        return self._run(self.aio.member_promote(node_id, **kw))
 
-    def member_remove(self, node_id: int) -> p.Members:
-        return self._run(self.aio.member_remove(node_id))
+    def member_remove(self, node_id: int, **kw: Any) -> p.Members:
+        return self._run(self.aio.member_remove(node_id, **kw))
 
     def watch(self, prefix: str, *, from_offset: int = -1, window: int = 4096) -> Iterator[WatchedEvent]:
         """Events under `prefix` as they commit; stop by closing the iterator (or breaking out of a for)."""

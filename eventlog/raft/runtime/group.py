@@ -12,6 +12,10 @@ second task ticks the core every `tick_interval_ms`.
 Proposals from any number of coroutines are coalesced: everything queued while the previous Ready
 was being handled becomes one record batch, one entry (`propose`).
 
+A membership change (`change_membership`) is one CONF_CHANGE entry: the state machine applies it like
+any entry but it carries no records; the storage keeps the configuration (conf-change offsets in
+quorum-state, the configuration in every snapshot's meta), so restarts and snapshots preserve it.
+
 The commit index is persisted lazily (it is a hint for restarts: the state machine knows what it
 applied); term and vote are persisted before any message that depends on them leaves.
 
@@ -43,7 +47,7 @@ from eventlog.raft.errors import (
 )
 from eventlog.raft.node import RaftNode, Ready, Role
 from eventlog.raft.runtime.log_storage import LogStorage
-from eventlog.raft.types import ConfState, Entry, EntryKind, HardState, Message, SnapshotMeta
+from eventlog.raft.types import ConfChange, ConfState, Entry, EntryKind, HardState, Message, SnapshotMeta
 from eventlog.records import encode_batch
 
 logger = logging.getLogger(__name__)
@@ -134,6 +138,7 @@ class RaftGroup:
         self._read_seq = 0
         self._applied_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._waiters: dict[int, tuple[int, list[tuple[asyncio.Future[Committed], int, int]]]] = {}
+        self._conf_waiters: dict[int, tuple[int, asyncio.Future[ConfState]]] = {}  # index -> (term, future)
         self._wake = asyncio.Event()
         self._unpersisted: deque[tuple[int, Ready]] = deque()  # accepted Readys: (last entry index, Ready)
         self._tasks: list[asyncio.Task[None]] = []
@@ -290,6 +295,40 @@ class RaftGroup:
         self.node.transfer_leadership(target)
         self._wake.set()
 
+    async def change_membership(self, cc: ConfChange, timeout: float = 10.0) -> ConfState:
+        """Propose a single-server membership change (leader only); the configuration after it, once
+        its entry is committed and applied here.
+
+        Waits first (within `timeout`) while the core would refuse any change for the moment: the
+        leader has not committed an entry of its term yet, or another change (e.g. an automatic
+        promotion) is not committed yet. Then the core's verdict stands: ConfChangeError when `cc`
+        does not apply (already a member, the last voter...), NotLeaderError on a follower,
+        ProposalDroppedError if leadership changed before the entry committed (it may or may not
+        have been). The entry reaches the state machine as a CONF_CHANGE entry, never as records.
+        """
+        self._check_open()
+        deadline = self.loop.time() + timeout
+        while True:
+            n = self.node
+            if n.role is not Role.LEADER:
+                raise NotLeaderError(self.node_id, n.leader, n.term)
+            committed = n.log.committed
+            if n.log.term(committed) == n.term and n.conf_at(committed) == n.conf and not n.lead_transferee:
+                break
+            if self.loop.time() >= deadline:
+                raise ProposalDroppedError(f"group {self.name}: the leader could not take a membership change "
+                                           f"within {timeout:.1f} s (no commit in its term, or a change pending)")
+            await asyncio.sleep(self.tick_interval)
+        index = self.node.propose_conf_change(cc)
+        future: asyncio.Future[ConfState] = self.loop.create_future()
+        self._conf_waiters[index] = (self.node.term, future)
+        self._wake.set()
+        try:
+            return await asyncio.wait_for(future, max(0.0, deadline - self.loop.time()))
+        except TimeoutError:
+            raise ProposalDroppedError(f"group {self.name}: membership change at {index} not committed within "
+                                       f"{timeout:.1f} s (it may still be)") from None
+
     async def wait_applied(self, offset: int, timeout: float | None = None) -> None:
         """Until this node's state machine applied `offset` (TimeoutError past `timeout`)."""
         if self.sm.applied_index >= offset:
@@ -433,6 +472,8 @@ class RaftGroup:
                 future.set_exception(NotLeaderError(self.node_id, self.node.leader, self.node.term))
 
     def _resolve(self, committed: tuple[Entry, ...], outcomes: Mapping[int, object]) -> None:
+        if self._conf_waiters:
+            self._resolve_conf(committed)
         for e in committed:
             waiting = self._waiters.pop(e.index, None)
             if waiting is None:
@@ -452,6 +493,22 @@ class RaftGroup:
                 for future, _, _ in self._waiters.pop(index)[1]:
                     if not future.done():
                         future.set_exception(ProposalDroppedError("the proposal was overwritten"))
+
+    def _resolve_conf(self, committed: tuple[Entry, ...]) -> None:
+        for e in committed:
+            waiting = self._conf_waiters.pop(e.index, None)
+            if waiting is None or waiting[1].done():
+                continue
+            if e.term == waiting[0] and e.kind is EntryKind.CONF_CHANGE:
+                waiting[1].set_result(self.node.conf_at(e.index))
+            else:
+                waiting[1].set_exception(ProposalDroppedError(
+                    f"leadership changed: index {e.index} was committed by another leader"))
+        last = committed[-1].last_index
+        for index in [i for i in self._conf_waiters if i <= last]:
+            future = self._conf_waiters.pop(index)[1]
+            if not future.done():
+                future.set_exception(ProposalDroppedError("the membership change was overwritten"))
 
     def _wake_applied(self) -> None:
         if not self._applied_waiters:
@@ -519,6 +576,10 @@ class RaftGroup:
                 if not future.done():
                     future.set_exception(error)
         self._waiters.clear()
+        for _, conf_future in self._conf_waiters.values():
+            if not conf_future.done():
+                conf_future.set_exception(error)
+        self._conf_waiters.clear()
         for future in self._reads.values():
             if not future.done():
                 future.set_exception(error)

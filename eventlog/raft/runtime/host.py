@@ -3,6 +3,11 @@
 Each group (`metadata`, `offsets`, `kv-0`, ...) has its own directory `<data_dir>/groups/<name>/`,
 its own log, leader and state machine, and its own task; all share the node's connections.
 `<data_dir>/cluster-id` records the cluster name: a node refuses a data directory of another cluster.
+
+The configured members are every group's initial voters, on every node. A node added at runtime
+(not in the list: `member` gives its addresses) starts from that same initial configuration, which
+does not include it, so it never campaigns and cannot form a cluster of its own: it waits for the
+leaders to add it as a learner, and learns everything else (membership included) from their logs.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from eventlog.errors import ConfigError
-from eventlog.raft.runtime.config import NodeConfigs, parse_address
+from eventlog.raft.runtime.config import MemberConfig, NodeConfigs, parse_address
 from eventlog.raft.runtime.group import RaftGroup, StateMachine, initial_conf
 from eventlog.raft.runtime.log_storage import LogStorage
 from eventlog.raft.runtime.transport import PeerTransport
@@ -29,13 +34,17 @@ class NodeHost:
     """All groups of one node. Create and use on one asyncio loop."""
 
     def __init__(self, node_id: int, data_dir: str | Path, configs: NodeConfigs,
-                 state_machine: StateMachineFactory, *, seed: int | None = None) -> None:
+                 state_machine: StateMachineFactory, *, seed: int | None = None,
+                 member: MemberConfig | None = None) -> None:
         self.node_id = node_id
         self.data_dir = Path(data_dir)
         self.configs = configs
         self._factory = state_machine
         self._rng = random.Random(seed)
-        self.member = configs.cluster.member(node_id)
+        self.member = configs.cluster.member(node_id) if member is None else member
+        if self.member.id != node_id:
+            raise ConfigError("member.id", self.member.id, f"is not this node's id {node_id}")
+        self.configured = any(m.id == node_id for m in configs.cluster.members)
         self.groups: dict[str, RaftGroup] = {}
         self.transport: PeerTransport | None = None
 
@@ -44,8 +53,9 @@ class NodeHost:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._check_cluster_id()
         peers = {m.id: parse_address(m.peer_address, f"cluster.members[{m.id}].peer_address")
-                 for m in cluster.members}
-        self.transport = PeerTransport(self.node_id, cluster.name, peers, peers[self.node_id], self._deliver)
+                 for m in (*cluster.members, self.member)}
+        self.transport = PeerTransport(self.node_id, cluster.name, peers, peers[self.node_id], self._deliver,
+                                       dial_lower_ms=0 if self.configured else 1000)
         conf = initial_conf([m.id for m in cluster.members])
         for name in cluster.groups:
             directory = self.data_dir / "groups" / name
