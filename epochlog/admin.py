@@ -3,9 +3,12 @@
 A deliberately small HTTP/1.1 server on the node's event loop (one request per connection), so
 scrapes read the node's state without threads or locks.
 
-- /healthz: 200 while no group has failed (a failed fsync stops the node), else 503.
-- /readyz: 200 when every group knows a leader and this node applied what it knew to be committed
-  when it last heard from the leader (within `ready_lag` offsets), else 503 with the reason.
+- /healthz: 200 while no group has failed (a failed fsync stops the node), else 503 with the reason.
+  Liveness only: a node without a leader is healthy (restarting it would not help).
+- /readyz: 200 when every group runs, knows a leader, and this node applied what it knew to be
+  committed when it last heard from the leader (within `ready_lag` offsets), else 503 with the
+  first reason found. A follower is ready: clients it cannot serve get `not_leader` with the
+  leader's address.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class AdminServer:
         if failure:
             return failure
         for g in self.node.status().groups:
+            if self.node.host.groups[g.group].stopped:
+                return f"group {g.group} is stopped"
             if g.leader == 0:
                 return f"group {g.group} has no leader"
             if g.commit_offset - g.applied_offset > self.ready_lag:

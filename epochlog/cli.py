@@ -156,19 +156,24 @@ def up_command(config_path: Path | None, nodes: int | None, data_dir: Path, seco
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the node keeps its data [default: data/node-N].")
 @click.option("--seed", type=int, default=None, help="Seed for election timeouts (tests).")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="Log lines on stderr: text, or one JSON object per line (ts, level, node, group, term, "
+                   "logger, msg).")
 @click.option("--peer-address", default="", help="A node joining at runtime (not in the config's members): "
               "host:port for its peers. Remembered in the data dir; then add it with `member add`.")
 @click.option("--client-address", default="", help="A joining node: host:port for clients.")
 @click.option("--admin-address", default="", help="A joining node: host:port of its admin endpoint.")
 def serve_command(config_path: Path, node_id: int, data_dir: Path | None, seed: int | None,
-                  peer_address: str, client_address: str, admin_address: str) -> None:
+                  log_format: str, peer_address: str, client_address: str, admin_address: str) -> None:
     """Run node N of the cluster described in the config, with all its groups, until SIGTERM/SIGINT."""
     import asyncio
 
     from eventlog.raft.runtime.config import load_node_configs
+    from epochlog.logs import configure
     from epochlog.identity import resolve_member
     from epochlog.serve import serve
 
+    configure("json" if log_format == "json" else "text", node_id)
     configs = load_node_configs(config_path)
     data_dir = data_dir or Path(f"data/node-{node_id}")
     member = resolve_member(configs, node_id, data_dir, peer_address=peer_address, client_address=client_address,

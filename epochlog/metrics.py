@@ -1,8 +1,36 @@
 """Prometheus metrics of a node (served by the admin HTTP endpoint at /metrics).
 
-Per-request figures (RPC latency and errors) are recorded as they happen; per-group figures
-(offsets, term, leadership, follower lag) are read from the node when scraped, so they cost nothing
-between scrapes.
+Three sources, each recorded where it is cheapest:
+
+- per request (RPC latency by operation, errors by operation and code): observed by the client
+  service as requests complete;
+- per log write (append and fdatasync latency, bytes appended, by group): the log reports timings
+  through its `LogObserver` hook (eventlog.log), which this module wires to histograms, so the log
+  layer knows nothing of Prometheus; syncs are observed on the log's flusher thread (prometheus
+  histograms are thread-safe);
+- per group state (offsets, term, leadership, follower lag) and the group's own counters (elections
+  started, leader changes, proposals committed, events applied; `RaftGroup.counters`): read from the
+  node when scraped, so they cost nothing between scrapes.
+
+Families (counters get the `_total` suffix on the wire):
+
+    epochlog_rpc_seconds{op}                 histogram   client request latency (watches excluded)
+    epochlog_rpc_errors_total{op,code}       counter     requests answered with an error
+    epochlog_log_append_seconds{group}       histogram   one append of a batch to the segmented log
+    epochlog_log_fsync_seconds{group}        histogram   one fdatasync of a segment
+    epochlog_log_appended_bytes_total{group} counter
+    epochlog_commit_offset{group}            gauge       highest committed offset known here
+    epochlog_applied_offset{group}           gauge       highest offset applied to the views
+    epochlog_last_offset{group}              gauge       last offset in this node's log
+    epochlog_log_start_offset{group}         gauge       first offset still in the log
+    epochlog_term{group}                     gauge
+    epochlog_leader{group}                   gauge       leader's node id (0: none known)
+    epochlog_is_leader{group}                gauge       1 if this node leads
+    epochlog_follower_lag{group,peer}        gauge       on the leader: last offset - the peer's match
+    epochlog_elections_started_total{group}  counter     terms in which this node campaigned
+    epochlog_leader_changes_total{group}     counter     leaderships (term, leader) this node saw
+    epochlog_proposals_committed_total{group} counter    proposals this node led to commit
+    epochlog_events_applied_total{group}     counter     events applied to this node's views
 """
 
 from __future__ import annotations
@@ -18,58 +46,95 @@ if TYPE_CHECKING:
     from epochlog.node import Node
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_DISK_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                 0.05, 0.1, 0.25, 1.0)
 
 
 class Metrics:
-    """The registry of one node."""
+    """The registry of one node. Create after `node.start()` (the groups' logs must be open)."""
 
     def __init__(self, node: Node) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry = CollectorRegistry(auto_describe=True)
         self.rpc_seconds = Histogram("epochlog_rpc_seconds", "Client request latency on this node, by operation.",
-                                     ["op"], registry=self.registry, buckets=_LATENCY_BUCKETS)
-        self.rpc_errors = Counter("epochlog_rpc_errors", "Client requests answered with an error, by error code.",
-                                  ["code"], registry=self.registry)
+                                     ["op"], registry=r, buckets=_LATENCY_BUCKETS)
+        self.rpc_errors = Counter("epochlog_rpc_errors", "Client requests answered with an error, by "
+                                  "operation and error code.", ["op", "code"], registry=r)
+        self.log_append_seconds = Histogram("epochlog_log_append_seconds", "Time to append one batch to a "
+                                            "group's log (lock wait included).", ["group"], registry=r,
+                                            buckets=_DISK_BUCKETS)
+        self.log_fsync_seconds = Histogram("epochlog_log_fsync_seconds", "Time of one fdatasync of a "
+                                           "group's log segment.", ["group"], registry=r, buckets=_DISK_BUCKETS)
+        self.log_appended_bytes = Counter("epochlog_log_appended_bytes", "Bytes appended to a group's log.",
+                                          ["group"], registry=r)
         self.registry.register(_GroupCollector(node))
+        for name, group in node.host.groups.items():
+            group.storage.log.observer = _LogTimings(self, name)
+
+
+class _LogTimings:
+    """A `LogObserver` (eventlog.log) feeding one group's histograms."""
+
+    __slots__ = ("_append", "_fsync", "_bytes")
+
+    def __init__(self, metrics: Metrics, group: str) -> None:
+        self._append = metrics.log_append_seconds.labels(group)
+        self._fsync = metrics.log_fsync_seconds.labels(group)
+        self._bytes = metrics.log_appended_bytes.labels(group)
+
+    def appended(self, seconds: float, size: int) -> None:
+        self._append.observe(seconds)
+        self._bytes.inc(size)
+
+    def synced(self, seconds: float) -> None:
+        self._fsync.observe(seconds)
 
 
 class _GroupCollector(Collector):
+    """Reads every group's status and counters at scrape time (on the node's loop: the admin server's)."""
+
     def __init__(self, node: Node) -> None:
         self.node = node
-        self.leader_changes: dict[str, int] = {}
-        self.last_leader: dict[str, int] = {}
-        self.last_term: dict[str, int] = {}
-        self.elections: dict[str, int] = {}
 
     def collect(self) -> Iterator[Metric]:
-        labels = ["group"]
-        commit = GaugeMetricFamily("epochlog_commit_offset", "Highest committed offset known to this node.",
-                                   labels=labels)
-        applied = GaugeMetricFamily("epochlog_applied_offset", "Highest offset applied to this node's views.",
-                                    labels=labels)
-        last = GaugeMetricFamily("epochlog_last_offset", "Last offset in this node's log.", labels=labels)
-        term = GaugeMetricFamily("epochlog_term", "Current Raft term.", labels=labels)
-        leader = GaugeMetricFamily("epochlog_is_leader", "1 if this node leads the group.", labels=labels)
-        lag = GaugeMetricFamily("epochlog_follower_lag", "On the leader: offsets a follower's log is behind.",
-                                labels=["group", "peer"])
-        changes = CounterMetricFamily("epochlog_leader_changes", "Leader changes seen by this node.", labels=labels)
-        elections = CounterMetricFamily("epochlog_terms_started", "New terms seen by this node (elections).",
-                                        labels=labels)
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = ("group",)) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=list(labels))
+
+        def counter(name: str, doc: str) -> CounterMetricFamily:
+            return CounterMetricFamily(name, doc, labels=["group"])
+
+        commit = gauge("epochlog_commit_offset", "Highest committed offset known to this node.")
+        applied = gauge("epochlog_applied_offset", "Highest offset applied to this node's views.")
+        last = gauge("epochlog_last_offset", "Last offset in this node's log.")
+        start = gauge("epochlog_log_start_offset", "First offset still in this node's log.")
+        term = gauge("epochlog_term", "Current Raft term.")
+        leader = gauge("epochlog_leader", "Node id of the group's leader as this node knows it (0: none).")
+        is_leader = gauge("epochlog_is_leader", "1 if this node leads the group.")
+        lag = gauge("epochlog_follower_lag", "On the leader: offsets a peer's log is behind the leader's last "
+                    "offset (last offset - the peer's acknowledged match offset).", ("group", "peer"))
+        elections = counter("epochlog_elections_started", "Elections this node started (terms it "
+                            "campaigned in).")
+        changes = counter("epochlog_leader_changes", "Leader changes this node saw (new (term, leader) "
+                          "pairs).")
+        proposals = counter("epochlog_proposals_committed", "Proposals this node, as leader, saw committed.")
+        events = counter("epochlog_events_applied", "Events (records) applied to this node's views.")
+        groups = self.node.host.groups
         for info in self.node.status().groups:
             g = info.group
             commit.add_metric([g], info.commit_offset)
             applied.add_metric([g], info.applied_offset)
             last.add_metric([g], info.last_offset)
+            start.add_metric([g], info.log_start)
             term.add_metric([g], info.term)
-            leader.add_metric([g], 1 if info.role == "leader" else 0)
-            if self.last_leader.get(g, info.leader) != info.leader:
-                self.leader_changes[g] = self.leader_changes.get(g, 0) + 1
-            self.last_leader[g] = info.leader
-            if self.last_term.get(g, info.term) != info.term:
-                self.elections[g] = self.elections.get(g, 0) + info.term - self.last_term[g]
-            self.last_term[g] = info.term
-            changes.add_metric([g], self.leader_changes.get(g, 0))
-            elections.add_metric([g], self.elections.get(g, 0))
-            for peer in info.peers:
-                if info.role == "leader" and peer.id != self.node.node_id:
-                    lag.add_metric([g, str(peer.id)], max(0, info.last_offset - peer.match_offset))
-        yield from (commit, applied, last, term, leader, lag, changes, elections)
+            leader.add_metric([g], info.leader)
+            is_leader.add_metric([g], 1 if info.role == "leader" else 0)
+            if info.role == "leader":
+                for peer in info.peers:
+                    if peer.id != self.node.node_id:
+                        lag.add_metric([g, str(peer.id)], max(0, info.last_offset - peer.match_offset))
+            c = groups[g].counters
+            elections.add_metric([g], c.elections_started)
+            changes.add_metric([g], c.leader_changes)
+            proposals.add_metric([g], c.proposals_committed)
+            events.add_metric([g], c.events_applied)
+        yield from (commit, applied, last, start, term, leader, is_leader, lag,
+                    elections, changes, proposals, events)

@@ -13,6 +13,7 @@ offset, which is also a read-your-writes token (`min_offset`) for reads on any n
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -339,6 +340,28 @@ _encoder = msgspec.msgpack.Encoder()
 def encode_frame(frame: Any) -> bytes:
     payload = _encoder.encode(frame)
     return _LENGTH.pack(len(payload)) + payload
+
+
+def encode_frames(items: Sequence[Any], wrap: Callable[[list[Any]], Any], *,
+                  oversize: Callable[[Any, int], Sequence[Any]] | None = None,
+                  max_frame_bytes: int = MAX_FRAME_BYTES) -> list[bytes]:
+    """Frames `wrap(part)` carrying `items` (requests or replies) in order: one frame when it fits,
+    else as many as needed, each within `max_frame_bytes`, so coalescing never builds a frame the
+    peer must refuse. An item too large on its own goes to `oversize(item, payload_bytes)`, which
+    returns what to send instead (smaller items, or nothing); without it, FrameError.
+    """
+    items = list(items)
+    frame = encode_frame(wrap(items))
+    if len(frame) - 4 <= max_frame_bytes or not items:
+        return [frame]
+    if len(items) > 1:   # rare: halve until the parts fit (each half is encoded again)
+        half = len(items) // 2
+        return (encode_frames(items[:half], wrap, oversize=oversize, max_frame_bytes=max_frame_bytes)
+                + encode_frames(items[half:], wrap, oversize=oversize, max_frame_bytes=max_frame_bytes))
+    if oversize is None:
+        raise FrameError(f"a message of {len(frame) - 4} bytes exceeds the frame limit of {max_frame_bytes}")
+    instead = oversize(items[0], len(frame) - 4)
+    return encode_frames(instead, wrap, oversize=oversize, max_frame_bytes=max_frame_bytes) if instead else []
 
 
 class FrameError(Exception):

@@ -4,6 +4,9 @@ Starts the node's groups, its client service and its admin endpoint (addresses f
 entry in the config), prints `READY <node id> <client address>` on stdout once it serves, and on a
 signal stops in order: clients first, then the groups (which flush their logs). A failed group (for
 example a failed fsync) stops the node with exit code 2; a configuration error exits with 3.
+
+Everything a node starts runs with `epochlog.logs.NODE` set to its id, so its log records name it
+(several nodes may share one process in tests).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 
 from eventlog.raft.runtime.config import MemberConfig, NodeConfigs, parse_address
 from epochlog.admin import AdminServer
+from epochlog.logs import NODE
 from epochlog.metrics import Metrics
 from epochlog.node import Node
 from epochlog.server import ClientService
@@ -37,6 +41,15 @@ class RunningNode:
     async def start(cls, configs: NodeConfigs, node_id: int, data_dir: str | Path, *,
                     seed: int | None = None, member: MemberConfig | None = None) -> RunningNode:
         """`member`: this node's entry when it is not a configured member (epochlog.identity)."""
+        token = NODE.set(node_id)   # inherited by every task and server started below
+        try:
+            return await cls._start(configs, node_id, data_dir, seed, member)
+        finally:
+            NODE.reset(token)
+
+    @classmethod
+    async def _start(cls, configs: NodeConfigs, node_id: int, data_dir: str | Path,
+                     seed: int | None, member: MemberConfig | None = None) -> RunningNode:
         node = Node(configs, node_id, data_dir, seed=seed, member=member)
         member = node.member
         await node.start()
@@ -67,6 +80,7 @@ class RunningNode:
 
 async def serve(configs: NodeConfigs, node_id: int, data_dir: str | Path, *, seed: int | None = None,
                 member: MemberConfig | None = None) -> int:
+    NODE.set(node_id)
     running = await RunningNode.start(configs, node_id, data_dir, seed=seed, member=member)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

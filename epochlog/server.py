@@ -9,6 +9,7 @@ reading requests until it drains (backpressure instead of unbounded queues).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -18,7 +19,7 @@ from eventlog.errors import EpochlogError
 from eventlog.raft.errors import NotLeaderError
 from epochlog import protocol as p
 from epochlog.metrics import Metrics
-from epochlog.node import DEFAULT_TIMEOUT_S, Node
+from epochlog.node import DEFAULT_TIMEOUT_S, Node, NodeError
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class ClientConnection(asyncio.Protocol):
         self.pending: list[p.Reply] = []
         self.flush_scheduled = False
         self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.watch_ids: set[int] = set()      # request ids of watches not yet ended (started or not)
         self.watches: dict[int, _WatchState] = {}
         self.can_write = asyncio.Event()
         self.can_write.set()
@@ -153,43 +155,51 @@ class ClientConnection(asyncio.Protocol):
             try:
                 self.reply(request.id, handler(self, call))
             except Exception as exc:  # every error becomes a reply; the connection lives on
-                self.reply_error(request.id, exc)
+                self.reply_error(request.id, exc, call)
             self._observe(call, started)
             return
-        work = _watch(self, request.id, call) if isinstance(call, p.Watch) else _ASYNC[type(call)](self, call)
+        # The coroutine is made when the task first runs: a task cancelled before that (a watch
+        # cancelled in its own frame, a connection lost) leaves no coroutine never awaited.
+        if isinstance(call, p.Watch):
+            self.watch_ids.add(request.id)
+            work = functools.partial(_watch, self, request.id, call)
+        else:
+            work = functools.partial(_ASYNC[type(call)], self, call)
         timeout = DEFAULT_TIMEOUT_S if request.timeout_ms <= 0 else min(request.timeout_ms / 1000, MAX_TIMEOUT_S)
         task = self.loop.create_task(self._run(request.id, call, work, timeout))
         self.tasks[request.id] = task
 
-    async def _run(self, rid: int, call: p.Call, work: Coroutine[Any, Any, Any], timeout: float) -> None:
+    async def _run(self, rid: int, call: p.Call, work: Callable[[], Coroutine[Any, Any, Any]],
+                   timeout: float) -> None:
         started = time.perf_counter()
         try:
             if isinstance(call, p.Watch):
-                await work   # a watch lives until cancelled or failed; it replies by itself
+                await work()   # a watch lives until cancelled or failed; it replies by itself
             else:
-                self.reply(rid, await asyncio.wait_for(work, timeout))
+                self.reply(rid, await asyncio.wait_for(work(), timeout))
         except Exception as exc:
-            self.reply_error(rid, exc)
+            self.reply_error(rid, exc, call)
         finally:
             self.tasks.pop(rid, None)
-            self._observe(call, started)
+            self.watch_ids.discard(rid)
+            if not isinstance(call, p.Watch):   # a watch's lifetime is not a latency
+                self._observe(call, started)
 
     def _observe(self, call: p.Call, started: float) -> None:
         if self.service.metrics is not None:
-            self.service.metrics.rpc_seconds.labels(type(call).__struct_config__.tag).observe(  # type: ignore[attr-defined]
-                time.perf_counter() - started)
+            self.service.metrics.rpc_seconds.labels(_op(call)).observe(time.perf_counter() - started)
 
     # --- replies ------------------------------------------------------------------------------
 
     def reply(self, rid: int, result: p.Result) -> None:
         self._queue(p.Reply(rid, result=result))
 
-    def reply_error(self, rid: int, exc: BaseException) -> None:
+    def reply_error(self, rid: int, exc: BaseException, call: p.Call | None = None) -> None:
         error = wire_error(exc, self.node)
         if error.code == "internal":
             logger.exception("request %s failed", rid, exc_info=exc)
         if self.service.metrics is not None:
-            self.service.metrics.rpc_errors.labels(error.code).inc()
+            self.service.metrics.rpc_errors.labels(_op(call) if call is not None else "", error.code).inc()
         self._queue(p.Reply(rid, error=error))
 
     def _queue(self, reply: p.Reply) -> None:
@@ -204,7 +214,26 @@ class ClientConnection(asyncio.Protocol):
             self.pending.clear()
             return
         replies, self.pending = self.pending, []
-        self.transport.write(p.encode_frame(p.Replies(_merge_watch_events(replies))))
+        for frame in p.encode_frames(_merge_watch_events(replies), p.Replies, oversize=_oversize_reply):
+            self.transport.write(frame)
+
+
+def _op(call: p.Call) -> str:
+    """The call's wire tag (`write`, `get`, ...): the `op` label of the RPC metrics."""
+    return str(type(call).__struct_config__.tag)
+
+
+def _oversize_reply(reply: p.Reply, size: int) -> list[p.Reply]:
+    """A reply too large for one frame: a watch's merged events go out in several replies; anything
+    else is answered with an error (the request asked for too much at once)."""
+    result = reply.result
+    if isinstance(result, p.WatchEvents) and len(result.events) > 1:
+        half = len(result.events) // 2
+        return [p.Reply(reply.id, p.WatchEvents(result.watch_id, result.events[:half])),
+                p.Reply(reply.id, p.WatchEvents(result.watch_id, result.events[half:]))]
+    message = (f"the reply of {size} bytes exceeds the frame limit of {p.MAX_FRAME_BYTES} bytes: "
+               f"ask for less at once (limit, max_bytes, fewer keys)")
+    return [p.Reply(reply.id, error=p.WireError("invalid_argument", message))]
 
 
 def _merge_watch_events(replies: list[p.Reply]) -> list[p.Reply]:
@@ -259,7 +288,7 @@ async def _lease_grant(c: ClientConnection, call: p.LeaseGrant) -> p.Result:
 async def _watch(c: ClientConnection, rid: int, call: p.Watch) -> None:
     """Started, then the events (at most `window` unacknowledged); an error reply ends it."""
     if not 1 <= call.window <= 1_000_000:
-        raise ValueError("window must be between 1 and 1000000")
+        raise NodeError("window must be between 1 and 1000000")
     group, start, records = await c.node.watch(call)
     state = _WatchState(call.window)
     c.watches[rid] = state
@@ -291,8 +320,11 @@ def _watch_ack(c: ClientConnection, call: p.WatchAck) -> p.Result:
 
 
 def _cancel_watch(c: ClientConnection, call: p.CancelWatch) -> p.Result:
+    if call.watch_id not in c.watch_ids:
+        return p.Done()      # ended already (or not a watch): nothing to cancel
+    c.watch_ids.discard(call.watch_id)
     task = c.tasks.pop(call.watch_id, None)
-    if task is not None and call.watch_id in c.watches:
+    if task is not None:     # also before the watch started: its task may not have run yet
         task.cancel()
         c._queue(p.Reply(call.watch_id, error=p.WireError("cancelled", "the watch was cancelled by the client")))
     return p.Done()

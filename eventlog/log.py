@@ -34,6 +34,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from eventlog.config import LogConfig
 from eventlog.epoch_cache import CHECKPOINT_NAME as EPOCH_CHECKPOINT_NAME
@@ -62,6 +63,23 @@ OFFSETS_CHECKPOINT_NAME = "log-offsets-checkpoint"
 LOCK_NAME = ".lock"
 
 DurabilityListener = Callable[[int], None]
+
+
+class LogObserver(Protocol):
+    """Timings of the log's writes and syncs, for metrics (the log itself keeps no statistics).
+
+    Called on the thread that did the work, sometimes with the log's lock held: record the figure
+    and return; never block or call back into the log.
+    """
+
+    def appended(self, seconds: float, size: int) -> None:
+        """One `append`/`append_replica` call of `size` bytes took `seconds` (lock wait included,
+        and the sync under the `fsync` policy)."""
+        ...
+
+    def synced(self, seconds: float) -> None:
+        """One fdatasync of a segment (group commit, `flush`, `fsync` policy or roll) took `seconds`."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +198,7 @@ class Log:
         self._flusher: threading.Thread | None = None
         self._preallocator: SegmentPreallocator | None = None
         self.recovery: RecoveryReport | None = None
+        self.observer: LogObserver | None = None   # set by the owner to collect timings
 
     # --- opening -------------------------------------------------------------------------------
 
@@ -386,6 +405,7 @@ class Log:
             raise InvalidBatchError(f"{size - header.size} bytes after the batch (append one batch at a time)")
         if epoch < 0:
             raise StaleEpochError(epoch, 0)
+        started = time.perf_counter()
         with self._lock:
             self._check_writable()
             base = self._end_offset
@@ -394,6 +414,7 @@ class Log:
             self._end_offset = seg.next_offset
             info = AppendInfo(base, seg.next_offset - 1, pos, size)
             notify = self._after_write()
+        self._appended(started, size)
         if notify:
             self._notify_listeners()
         return info
@@ -424,6 +445,7 @@ class Log:
             pos += header.size
         if not headers:
             return None
+        started = time.perf_counter()
         with self._lock:
             self._check_writable()
             if headers[0][1].base_offset != self._end_offset:
@@ -443,9 +465,20 @@ class Log:
             notify = self._after_write()
             assert first_pos is not None
             info = AppendInfo(headers[0][1].base_offset, self._end_offset - 1, first_pos, len(view))
+        self._appended(started, len(view))
         if notify:
             self._notify_listeners()
         return info
+
+    def _appended(self, started: float, size: int) -> None:
+        observer = self.observer
+        if observer is not None:
+            observer.appended(time.perf_counter() - started, size)
+
+    def _synced(self, started: float) -> None:
+        observer = self.observer
+        if observer is not None:
+            observer.synced(time.perf_counter() - started)
 
     def _check_writable(self) -> None:
         if self._closed:
@@ -493,11 +526,13 @@ class Log:
 
     def _sync_active_locked(self) -> None:
         target = self._end_offset
+        started = time.perf_counter()
         try:
             self._segments[-1].sync()
         except LogError as exc:
             self._fail(exc)
             raise
+        self._synced(started)
         self._durable_offset = max(self._durable_offset, target)
         self._durable.notify_all()
 
@@ -507,11 +542,13 @@ class Log:
         new_base = self._end_offset
         # The old segment must be complete on disk before anything in the new one can be: recovery
         # treats damage in a segment that has a successor as corruption, never as a torn tail.
+        started = time.perf_counter()
         try:
             old.sync()
         except LogError as exc:
             self._fail(exc)
             raise
+        self._synced(started)
         self._durable_offset = max(self._durable_offset, new_base)
         new = self._new_segment(new_base)
         try:
@@ -570,6 +607,7 @@ class Log:
                 seg = self._segments[-1]
                 assert seg.fd is not None
                 fd = os.dup(seg.fd)  # the segment may be sealed or deleted while we sync
+            started = time.perf_counter()
             try:
                 os.fdatasync(fd)
             except OSError as exc:
@@ -579,6 +617,7 @@ class Log:
                 return
             finally:
                 os.close(fd)
+            self._synced(started)
             with self._lock:
                 # Older segments were synced when they were sealed, so everything below `target`
                 # is on disk, unless a truncation rewrote part of it meanwhile.

@@ -115,7 +115,20 @@ class Connection:
         if not self._queue or self._writer is None:
             return
         requests, self._queue = self._queue, []
-        self._writer.write(p.encode_frame(p.Requests(requests)))
+        for frame in p.encode_frames(requests, p.Requests, oversize=self._too_large):
+            self._writer.write(frame)
+
+    def _too_large(self, request: p.Request, size: int) -> list[p.Request]:
+        """A request that fits in no frame is not sent: its caller gets invalid_argument."""
+        error = p.WireError("invalid_argument", f"the request of {size} bytes exceeds the frame limit of "
+                            f"{p.MAX_FRAME_BYTES} bytes: split it")
+        future = self._pending.pop(request.id, None)
+        if future is not None and not future.done():
+            future.set_result(p.Reply(request.id, error=error))
+        stream = self._streams.pop(request.id, None)
+        if stream is not None:
+            stream.put_nowait(p.Reply(request.id, error=error))
+        return []
 
     async def _read_loop(self, decoder: p.FrameDecoder, early: list[Any]) -> None:
         assert self._reader is not None

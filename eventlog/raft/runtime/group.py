@@ -25,6 +25,7 @@ Call everything from the loop that runs the group.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import random
 import time
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from eventlog.errors import EpochlogError
+from eventlog.errors import BatchTooLargeError, EpochlogError
 from eventlog.raft.config import RaftConfig
 from eventlog.errors import OffsetOutOfRangeError
 from eventlog.raft.errors import (
@@ -45,7 +46,7 @@ from eventlog.raft.errors import (
     ProposalDroppedError,
     RaftError,
 )
-from eventlog.raft.node import RaftNode, Ready, Role
+from eventlog.raft.node import RaftNode, Ready, Role, SoftState
 from eventlog.raft.runtime.log_storage import LogStorage
 from eventlog.raft.types import ConfChange, ConfState, Entry, EntryKind, HardState, Message, SnapshotMeta
 from eventlog.records import encode_batch
@@ -53,6 +54,9 @@ from eventlog.records import encode_batch
 logger = logging.getLogger(__name__)
 
 Send = Callable[[int, str, Message], None]
+
+CURRENT_GROUP: contextvars.ContextVar[RaftGroup | None] = contextvars.ContextVar("raft_group", default=None)
+"""The group whose task (or a task it spawned) is running: lets log records name group and term."""
 
 
 class StateMachine(Protocol):
@@ -98,6 +102,16 @@ class WatchEvent:
     timestamp: int
 
 
+@dataclass(slots=True)
+class GroupCounters:
+    """What one group did on this node since it started (monotonic; read by metrics)."""
+
+    elections_started: int = 0      # terms in which this node campaigned (voted for itself)
+    leader_changes: int = 0         # leaderships (term, leader) this node learned of
+    proposals_committed: int = 0    # `submit` calls answered with their commit offset
+    events_applied: int = 0         # records of NORMAL entries applied to the state machine
+
+
 @dataclass(frozen=True, slots=True)
 class Committed:
     """Where proposed records were committed, and what applying each one did (None: no outcome)."""
@@ -113,7 +127,9 @@ class _Proposal:
                  future: asyncio.Future[Committed]) -> None:
         self.records = records
         self.future = future
-        self.size = sum(len(k or b"") + len(v or b"") + 8 for k, v in records)
+        # An upper bound of the records' encoded size (RecordBatch v2 spends under 16 bytes of framing
+        # per record), so a batch of proposals within max_batch_bytes is one the log accepts.
+        self.size = sum(len(k or b"") + len(v or b"") + 16 for k, v in records)
 
 
 class RaftGroup:
@@ -146,13 +162,18 @@ class RaftGroup:
         self._failure: BaseException | None = None
         self._persisted_commit = self.node.log.committed
         self._last_snapshot_index = storage.snapshot().index
+        self.counters = GroupCounters()
+        self._seen_term = self.node.term
+        self._seen_leadership = (self.node.term, self.node.leader)
         storage.log.add_durability_listener(self._on_durable_threadsafe)
 
     # --- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._tasks = [self.loop.create_task(self._run(), name=f"raft-{self.name}"),
-                       self.loop.create_task(self._ticker(), name=f"tick-{self.name}")]
+        context = contextvars.copy_context()
+        context.run(CURRENT_GROUP.set, self)
+        self._tasks = [self.loop.create_task(self._run(), name=f"raft-{self.name}", context=context),
+                       self.loop.create_task(self._ticker(), name=f"tick-{self.name}", context=context)]
 
     async def close(self) -> None:
         self._closed = True
@@ -179,6 +200,11 @@ class RaftGroup:
     def failed(self) -> BaseException | None:
         return self._failure
 
+    @property
+    def stopped(self) -> bool:
+        """Closed, or one of its tasks ended: the group makes no more progress on this node."""
+        return self._closed or any(task.done() for task in self._tasks)
+
     # --- inputs --------------------------------------------------------------------------------
 
     def deliver(self, msg: Message) -> None:
@@ -193,15 +219,20 @@ class RaftGroup:
     async def submit(self, records: list[tuple[bytes | None, bytes | None]]) -> Committed:
         """Replicate `records`; once committed and applied, their offsets and apply outcomes.
 
-        Raises NotLeaderError (with a leader hint) on a follower. Concurrent calls are coalesced into
-        one batch. If leadership changes before the batch commits, the future fails with
-        ProposalDroppedError: the records may or may not have been committed.
+        Raises NotLeaderError (with a leader hint) on a follower, BatchTooLargeError when the records
+        cannot fit in one batch (`max_batch_bytes`). Concurrent calls are coalesced into one batch.
+        If leadership changes before the batch commits, the future fails with ProposalDroppedError:
+        the records may or may not have been committed.
         """
         self._check_open()
         if self.node.role is not Role.LEADER:
             raise NotLeaderError(self.node_id, self.node.leader, self.node.term)
         future: asyncio.Future[Committed] = self.loop.create_future()
-        self._proposals.append(_Proposal(records, future))
+        proposal = _Proposal(records, future)
+        if proposal.size > self.max_batch_bytes:   # the log would refuse the batch, failing the group
+            raise BatchTooLargeError(f"{len(records)} records of about {proposal.size} bytes exceed the "
+                                     f"batch limit of group {self.name} ({self.max_batch_bytes} bytes)")
+        self._proposals.append(proposal)
         self._wake.set()
         return await future
 
@@ -440,6 +471,8 @@ class RaftGroup:
             self._waiters[index] = (self.node.term, waiters)
 
     def _handle(self, rd: Ready) -> None:
+        if rd.soft_state is not None:
+            self._count_soft_state(rd.soft_state)
         for m in rd.send_now:
             self._send(m.dst, self.name, m)
         storage = self.storage
@@ -459,6 +492,7 @@ class RaftGroup:
         self._unpersisted.append((last, rd))
         if rd.committed:
             outcomes = self.sm.apply(rd.committed) or {}
+            self.counters.events_applied += sum(e.count for e in rd.committed if e.kind is EntryKind.NORMAL)
             self._resolve(rd.committed, outcomes)
             self._maybe_snapshot()
             self._wake_applied()
@@ -484,6 +518,7 @@ class RaftGroup:
                     continue
                 if e.term == term and e.kind is EntryKind.NORMAL:
                     future.set_result(Committed(offset, tuple(outcomes.get(o) for o in range(offset, offset + count))))
+                    self.counters.proposals_committed += 1
                 else:
                     future.set_exception(ProposalDroppedError(
                         f"leadership changed: offset {offset} was committed by another leader"))
@@ -493,6 +528,19 @@ class RaftGroup:
                 for future, _, _ in self._waiters.pop(index)[1]:
                     if not future.done():
                         future.set_exception(ProposalDroppedError("the proposal was overwritten"))
+
+    def _count_soft_state(self, soft: SoftState) -> None:
+        """Count elections and leader changes. A Ready reports the state at its making, so changes
+        between two Readys (one loop turn) fold into one: two campaigns in one turn count once."""
+        counters = self.counters
+        if soft.term > self._seen_term and self.node.vote == self.node_id:
+            counters.elections_started += 1
+        self._seen_term = soft.term
+        if soft.leader != 0 and (soft.term, soft.leader) != self._seen_leadership:
+            counters.leader_changes += 1
+            self._seen_leadership = (soft.term, soft.leader)
+            logger.info("group %s: node %s leads in term %s%s", self.name, soft.leader, soft.term,
+                        " (this node)" if soft.leader == self.node_id else "")
 
     def _resolve_conf(self, committed: tuple[Entry, ...]) -> None:
         for e in committed:

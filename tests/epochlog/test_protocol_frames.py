@@ -1,0 +1,268 @@
+"""Frames of the client protocol: the sans-IO decoder and encoder, the server's reply merging, and
+what a real node does with hellos, bad frames, oversized messages and early cancels over a socket.
+
+The socket tests speak the protocol with a few lines of asyncio streams and `FrameDecoder`, not
+with the SDK, so they check the wire behaviour docs/protocol.md promises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eventlog.raft.runtime.config import load_node_configs
+from epochlog import protocol as p
+from epochlog.client import AsyncClient
+from epochlog.client.errors import ClientError
+from epochlog.serve import RunningNode
+from epochlog.server import _merge_watch_events, _oversize_reply
+from statemachines import events as ev
+from tests.epochlog.test_admin import write_config
+
+# --- FrameDecoder ------------------------------------------------------------------------------------
+
+def _client_stream() -> tuple[bytes, list[Any]]:
+    frames: list[Any] = [
+        p.ClientHello(1, "test"),
+        p.Requests([p.Request(1, p.Status())]),
+        p.Requests([p.Request(2, p.Write([ev.KvPut(name="a/b", value=bytes(range(256)), request_id="r1")]), 500),
+                    p.Request(3, p.Get("kv/a/b", "local", 7), 0)]),
+        p.Requests([p.Request(4, p.Watch("kv/", window=3))]),
+        p.Requests([p.Request(5, p.CancelWatch(4))]),
+    ]
+    return b"".join(p.encode_frame(f) for f in frames), frames
+
+
+def test_decoder_splits_frames_at_every_byte_boundary() -> None:
+    stream, expected = _client_stream()
+    for cut in range(len(stream) + 1):
+        decoder = p.FrameDecoder(p.ClientFrame)
+        got = decoder.feed(stream[:cut]) + decoder.feed(stream[cut:])
+        assert got == expected, f"split at byte {cut}"
+    decoder = p.FrameDecoder(p.ClientFrame)
+    got = [f for i in range(len(stream)) for f in decoder.feed(stream[i:i + 1])]
+    assert got == expected
+    assert decoder.feed(b"") == []
+
+
+def test_decoder_refuses_an_oversized_length_before_its_payload() -> None:
+    decoder = p.FrameDecoder(p.ClientFrame)
+    with pytest.raises(p.FrameError, match="exceeds the limit"):
+        decoder.feed(struct.pack(">I", p.MAX_FRAME_BYTES + 1))
+    at_limit = p.FrameDecoder(p.ClientFrame)
+    assert at_limit.feed(struct.pack(">I", p.MAX_FRAME_BYTES) + b"\x80" * 100) == []   # waits for the rest
+    small = p.FrameDecoder(p.ClientFrame, max_frame_bytes=16)
+    frame = p.encode_frame(p.ClientHello(1, "a name longer than sixteen bytes"))
+    with pytest.raises(p.FrameError):
+        small.feed(frame[:4])
+
+
+@pytest.mark.parametrize("payload", [
+    b"\xc1",                                                    # never valid msgpack
+    b"\x82\xa4type",                                            # truncated map
+    p.encode_frame(p.ClientHello(1))[4:] + b"\x00",             # trailing bytes
+    p.encode_frame(p.ServerHello(1, "c", 1))[4:],               # a server frame to the server
+    b"\x81\xa4type\xa4nope",                                    # unknown tag
+    b"\x82\xa4type\xacclient_hello\xa7version\xa11",            # version as str
+    b"\x82\xa4type\xa8requests\xa8requests\x91\x92\x01\x81\xa4type\xa4nope",   # unknown call
+    bytes(random.Random(7).randbytes(64)),                      # noise
+], ids=["c1", "truncated", "trailing", "server-frame", "unknown-tag", "wrong-type", "unknown-call", "noise"])
+def test_decoder_refuses_garbage(payload: bytes) -> None:
+    decoder = p.FrameDecoder(p.ClientFrame)
+    with pytest.raises(p.FrameError):
+        decoder.feed(struct.pack(">I", len(payload)) + payload)
+
+
+def test_decoder_accepts_missing_defaults_unknown_keys_and_extra_elements() -> None:
+    import msgspec
+
+    raw = {"requests": [[9, {"zz": 1, "type": "get", "key": "kv/x"}], [10, {"type": "status"}, 0, "future"]],
+           "type": "requests", "future": True}
+    payload = msgspec.msgpack.encode(raw)
+    (frame,) = p.FrameDecoder(p.ClientFrame).feed(struct.pack(">I", len(payload)) + payload)
+    assert frame == p.Requests([p.Request(9, p.Get("kv/x")), p.Request(10, p.Status())])
+
+
+# --- encode_frames -----------------------------------------------------------------------------------
+
+def test_encode_frames_splits_within_the_limit_and_keeps_order() -> None:
+    requests = [p.Request(i, p.Get(f"kv/{'x' * (i * 7 % 300)}")) for i in range(1, 200)]
+    (whole,) = p.encode_frames(requests, p.Requests)
+    limit = len(whole) // 5
+    frames = p.encode_frames(requests, p.Requests, max_frame_bytes=limit)
+    assert len(frames) >= 5
+    assert all(len(f) - 4 <= limit for f in frames)
+    decoder = p.FrameDecoder(p.ClientFrame)
+    decoded = [r for frame in decoder.feed(b"".join(frames)) for r in frame.requests]
+    assert decoded == requests
+
+
+def test_encode_frames_hands_an_item_too_large_alone_to_oversize() -> None:
+    big = p.Request(2, p.Write([ev.KvPut(name="big", value=b"v" * 5000)]))
+    small = [p.Request(1, p.Status()), p.Request(3, p.Status())]
+    with pytest.raises(p.FrameError):
+        p.encode_frames([small[0], big, small[1]], p.Requests, max_frame_bytes=1000)
+    seen: list[tuple[int, int]] = []
+
+    def oversize(item: p.Request, size: int) -> list[p.Request]:
+        seen.append((item.id, size))
+        return []
+
+    frames = p.encode_frames([small[0], big, small[1]], p.Requests, oversize=oversize, max_frame_bytes=1000)
+    decoded = [r for f in p.FrameDecoder(p.ClientFrame).feed(b"".join(frames)) for r in f.requests]
+    assert decoded == small and seen[0][0] == 2 and seen[0][1] > 5000
+
+
+# --- reply merging (server) --------------------------------------------------------------------------
+
+def _rec(offset: int) -> p.EventRecord:
+    return p.EventRecord(offset, f"kv/k{offset}", None, 1000 + offset)
+
+
+def _events(watch: int, *offsets: int) -> p.Reply:
+    return p.Reply(watch, p.WatchEvents(watch, [_rec(o) for o in offsets]))
+
+
+def test_merge_watch_events_one_reply_per_watch_at_the_first_place() -> None:
+    done = p.Reply(3, p.Done())
+    started = p.Reply(9, p.WatchStarted(9, "kv", 5))
+    end = p.Reply(7, error=p.WireError("cancelled", "x"))
+    replies = [started, _events(7, 1), done, _events(9, 5), _events(7, 2), _events(7, 4), _events(9, 6), end]
+    merged = _merge_watch_events(replies)
+    assert [(r.id, type(r.result).__name__ if r.result else r.error.code) for r in merged] == [  # type: ignore[union-attr]
+        (9, "WatchStarted"), (7, "WatchEvents"), (3, "Done"), (9, "WatchEvents"), (7, "cancelled")]
+    assert [e.offset for e in merged[1].result.events] == [1, 2, 4]  # type: ignore[union-attr]
+    assert [e.offset for e in merged[3].result.events] == [5, 6]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("replies", [
+    [],
+    [p.Reply(1, p.Done())],
+    [p.Reply(1, p.Done()), p.Reply(2, error=p.WireError("not_leader", "m", True, 2, "h:1"))],
+    [_events(4, 1)],
+    [_events(4, 1), _events(5, 1), p.Reply(6, p.Done())],
+], ids=["empty", "one", "no-watch", "single-event-reply", "distinct-watches"])
+def test_merge_watch_events_leaves_unmergeable_replies_alone(replies: list[p.Reply]) -> None:
+    expected = [p.Reply(r.id, r.result, r.error) for r in replies]
+    assert _merge_watch_events(replies) == expected
+
+
+def test_oversize_reply_splits_watch_events_and_refuses_the_rest() -> None:
+    parts = _oversize_reply(_events(7, 1, 2, 3, 4, 5), 1 << 25)
+    assert [[e.offset for e in r.result.events] for r in parts] == [[1, 2], [3, 4, 5]]  # type: ignore[union-attr]
+    (refused,) = _oversize_reply(p.Reply(8, p.Events([], 0, 0, 0)), 1 << 25)
+    assert refused.id == 8 and refused.error is not None and refused.error.code == "invalid_argument"
+
+
+# --- a real node over a socket -----------------------------------------------------------------------
+
+class RawConnection:
+    """The protocol by hand: asyncio streams and FrameDecoder."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.decoder = p.FrameDecoder(p.ServerFrame)
+        self.frames: list[Any] = []
+
+    @classmethod
+    async def open(cls, address: str) -> RawConnection:
+        host, _, port = address.rpartition(":")
+        return cls(*await asyncio.wait_for(asyncio.open_connection(host, int(port)), 5))
+
+    def send(self, *frames: Any) -> None:
+        self.writer.write(b"".join(p.encode_frame(f) for f in frames))
+
+    async def frame(self, timeout: float = 5.0) -> Any:
+        while not self.frames:
+            data = await asyncio.wait_for(self.reader.read(1 << 16), timeout)
+            if not data:
+                raise ConnectionError("closed")
+            self.frames += self.decoder.feed(data)
+        return self.frames.pop(0)
+
+    async def replies(self, n: int) -> list[p.Reply]:
+        out: list[p.Reply] = []
+        while len(out) < n:
+            out += (await self.frame()).replies
+        return out
+
+    async def closed(self) -> bool:
+        return await asyncio.wait_for(self.reader.read(), 5) == b""
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def test_a_node_on_the_wire(tmp_path: Path) -> None:
+    seed = int.from_bytes(os.urandom(4), "big")
+    print(f"seed={seed}")
+    configs = load_node_configs(write_config(tmp_path, 1, random.Random(seed)))
+
+    async def main() -> None:
+        running = await RunningNode.start(configs, 1, tmp_path / "n1", seed=seed)
+        address = running.addresses["client"]
+        try:
+            # Version refused: a server hello with the reason, then the connection closes.
+            c = await RawConnection.open(address)
+            c.send(p.ClientHello(2, "future"))
+            hello = await c.frame()
+            assert isinstance(hello, p.ServerHello) and hello.version == 1 and "version 2" in hello.error
+            assert await c.closed()
+
+            # A request before the hello, then garbage after one: bad_frame with id 0, closed.
+            c = await RawConnection.open(address)
+            c.send(p.Requests([p.Request(1, p.Status())]))
+            (reply,) = (await c.frame()).replies
+            assert reply.id == 0 and reply.error is not None and reply.error.code == "bad_frame"
+            assert await c.closed()
+            c = await RawConnection.open(address)
+            c.send(p.ClientHello(1))
+            assert (await c.frame()).cluster == "admin-test"
+            c.writer.write(struct.pack(">I", p.MAX_FRAME_BYTES + 1))
+            (reply,) = (await c.frame()).replies
+            assert reply.error is not None and reply.error.code == "bad_frame" and "exceeds" in reply.error.message
+            assert await c.closed()
+
+            # A watch cancelled in the very frame that starts it still ends with `cancelled`.
+            async with AsyncClient([address], timeout=10) as client:
+                await client.put("w/a", b"1")    # waits for the kv leader
+            c = await RawConnection.open(address)
+            c.send(p.ClientHello(1), p.Requests([p.Request(1, p.Watch("kv/w/", from_offset=0)),
+                                                 p.Request(2, p.CancelWatch(1))]))
+            assert isinstance(await c.frame(), p.ServerHello)
+            replies = await c.replies(2)
+            by_id = {r.id: r for r in replies}
+            assert isinstance(by_id[2].result, p.Done)
+            assert by_id[1].error is not None and by_id[1].error.code == "cancelled", replies
+            c.send(p.Requests([p.Request(3, p.CancelWatch(1)), p.Request(4, p.Watch("kv/w/", window=0))]))
+            replies = await c.replies(2)
+            by_id = {r.id: r for r in replies}
+            assert isinstance(by_id[3].result, p.Done)          # already ended: nothing to cancel
+            assert by_id[4].error is not None and by_id[4].error.code == "invalid_argument"
+            c.close()
+
+            async with AsyncClient([address], timeout=20) as client:
+                # More than a frame of concurrent writes on one connection: split into several frames.
+                value = b"v" * 950_000
+                results = await asyncio.gather(*(client.put(f"big/{i}", value) for i in range(18)))
+                assert len({r.offset for r in results}) == 18
+                # A write too large for one batch is refused; the group keeps serving.
+                with pytest.raises(ClientError) as error:
+                    await client.commands([ev.KvPut(name=f"huge/{i}", value=value) for i in range(2)])
+                assert error.value.code == "batch_too_large"
+                # A request too large for any frame is refused by the client before it is sent.
+                with pytest.raises(ClientError) as error:
+                    await client.commands([ev.KvPut(name=f"giant/{i}", value=value) for i in range(18)])
+                assert error.value.code == "invalid_argument" and "frame limit" in str(error.value)
+                assert (await client.put("after/ok", b"1")).ok
+            assert running.node.failure() is None
+        finally:
+            await running.stop()
+
+    asyncio.run(main())
