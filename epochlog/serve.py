@@ -1,9 +1,10 @@
 """Run one node of a cluster until SIGTERM/SIGINT: `epochlog serve --config FILE --node-id N`.
 
-Starts the node's groups, its client service and its admin endpoint (addresses from the member's
-entry in the config), prints `READY <node id> <client address>` on stdout once it serves, and on a
-signal stops in order: clients first, then the groups (which flush their logs). A failed group (for
-example a failed fsync) stops the node with exit code 2; a configuration error exits with 3.
+Starts the node's groups, its client service, its gRPC service and its admin endpoint (addresses
+from the member's entry in the config), prints `READY <node id> <client address>` on stdout once it
+serves, and on a signal stops in order: clients first, then the groups (which flush their logs). A
+failed group (for example a failed fsync) stops the node with exit code 2; a configuration error
+exits with 3.
 
 Everything a node starts runs with `epochlog.logs.NODE` set to its id, so its log records name it
 (several nodes may share one process in tests).
@@ -16,6 +17,7 @@ import logging
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eventlog.raft.runtime.config import MemberConfig, NodeConfigs, parse_address
 from epochlog.admin import AdminServer
@@ -23,6 +25,9 @@ from epochlog.logs import NODE
 from epochlog.metrics import Metrics
 from epochlog.node import Node
 from epochlog.server import ClientService
+
+if TYPE_CHECKING:
+    from epochlog.grpc_server import GrpcService
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +40,7 @@ class RunningNode:
     metrics: Metrics
     clients: ClientService
     admin: AdminServer | None = None
+    grpc: GrpcService | None = None
     addresses: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -66,6 +72,13 @@ class RunningNode:
                 running.admin = AdminServer(node, metrics)
                 await running.admin.start(host, port)
                 running.addresses["admin"] = f"{host}:{running.admin.port}"
+            if member.grpc_address:
+                from epochlog.grpc_server import GrpcService   # grpc is imported only where it is served
+
+                host, port = parse_address(member.grpc_address, f"cluster.members[{node_id}].grpc_address")
+                running.grpc = GrpcService(node, metrics)
+                await running.grpc.start(host, port)
+                running.addresses["grpc"] = f"{host}:{running.grpc.port}"
         except BaseException:
             await running.stop()
             raise
@@ -73,6 +86,8 @@ class RunningNode:
 
     async def stop(self) -> None:
         await self.clients.close()
+        if self.grpc is not None:
+            await self.grpc.close()
         if self.admin is not None:
             await self.admin.close()
         await self.node.stop()

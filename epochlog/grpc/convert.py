@@ -1,0 +1,344 @@
+"""Conversions between the gRPC messages (epochlog/v1) and the native protocol, events and errors.
+
+The gRPC face adds no behaviour: a request becomes the `epochlog.protocol` call or the events the
+Node takes, a result becomes its message, and an error becomes a status through one table
+(`failure`). Kept apart from the server so both the unary methods and the Session stream use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import msgspec
+from google.protobuf.message import Message
+
+from eventlog.errors import EpochlogError
+from eventlog.raft.errors import NotLeaderError
+from epochlog import protocol as p
+from epochlog.grpc.v1 import epochlog_pb2 as pb
+from epochlog.node import RejectedError
+from epochlog.server import wire_error
+from statemachines import events as ev
+from statemachines.state import KvState, decode_state
+
+# --- requests -------------------------------------------------------------------------------------
+
+
+class RequestError(EpochlogError):
+    """A gRPC request that does not translate into a valid call (a malformed event, a bad enum...)."""
+
+    code = "invalid_argument"
+
+
+_CONSISTENCY = {pb.CONSISTENCY_UNSPECIFIED: "linearizable", pb.LINEARIZABLE: "linearizable",
+                pb.LEASE: "lease", pb.LOCAL: "local"}
+
+
+def consistency(value: int) -> str:
+    try:
+        return _CONSISTENCY[value]
+    except KeyError:
+        raise RequestError(f"consistency {value} is not one of LINEARIZABLE, LEASE, LOCAL") from None
+
+
+def _opt(msg: Any, name: str, default: Any) -> Any:
+    return getattr(msg, name) if msg.HasField(name) else default
+
+
+def get_call(r: pb.GetRequest) -> p.Get:
+    return p.Get(r.key, consistency(r.consistency), _opt(r, "min_offset", -1), _opt(r, "as_of", None))
+
+
+def list_call(r: pb.ListRequest) -> p.List:
+    return p.List(prefix=r.prefix, start=r.start, end=r.end, limit=r.limit or 100,
+                  after=_opt(r, "after", None), consistency=consistency(r.consistency),
+                  min_offset=_opt(r, "min_offset", -1), as_of=_opt(r, "as_of", None))
+
+
+def history_call(r: pb.HistoryRequest) -> p.History:
+    return p.History(r.key, r.limit or 1000, _opt(r, "after_offset", -1), consistency(r.consistency),
+                     _opt(r, "min_offset", -1))
+
+
+def read_events_call(r: pb.ReadEventsRequest) -> p.ReadEvents:
+    return p.ReadEvents(r.group, r.from_offset, r.max_events or 1000, r.max_bytes or (1 << 20))
+
+
+def watch_call(r: pb.WatchRequest) -> p.Watch:
+    return p.Watch(r.prefix, _opt(r, "from_offset", -1), r.group)
+
+
+def put_event(r: pb.PutRequest) -> ev.KvPut:
+    return ev.KvPut(name=r.name, value=r.value, lease=r.lease,
+                    expected_version=_opt(r, "expected_version", None), actor=r.actor,
+                    request_id=r.request_id)
+
+
+def delete_event(r: pb.DeleteRequest) -> ev.KvDeleted:
+    return ev.KvDeleted(name=r.name, expected_version=_opt(r, "expected_version", None), actor=r.actor,
+                        request_id=r.request_id)
+
+
+def txn_event(r: pb.TxnRequest) -> ev.Txn:
+    ops: list[ev.KvPut | ev.KvDeleted] = []
+    for op in r.ops:
+        kind = op.WhichOneof("op")
+        if kind == "put":
+            ops.append(ev.KvPut(name=op.put.name, value=op.put.value, lease=op.put.lease,
+                                expected_version=_opt(op.put, "expected_version", None)))
+        elif kind == "delete":
+            ops.append(ev.KvDeleted(name=op.delete.name,
+                                    expected_version=_opt(op.delete, "expected_version", None)))
+        else:
+            raise RequestError("every transaction op is a put or a delete")
+    return ev.Txn(conditions=tuple(ev.Condition(c.key, c.version) for c in r.conditions), ops=tuple(ops),
+                  actor=r.actor, request_id=r.request_id)
+
+
+def lease_revoke_event(r: pb.LeaseRevokeRequest) -> ev.LeaseRevoked:
+    return ev.LeaseRevoked(lease_id=r.lease_id, actor=r.actor, request_id=r.request_id)
+
+
+_json_event_decoder = msgspec.json.Decoder(ev.AnyEvent)
+
+
+def command_event(r: pb.CommandRequest) -> ev.Event:
+    """The event of a Command: msgpack, JSON or a typed message (whose name is the event's type)."""
+    kind = r.WhichOneof("event")
+    if kind is None:
+        raise RequestError("a command carries an event (event_msgpack, event_json or a typed event)")
+    if kind == "event_msgpack":
+        event = ev.decode_event(r.event_msgpack)
+    elif kind == "event_json":
+        try:
+            event = _json_event_decoder.decode(r.event_json)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise RequestError(f"event_json: {exc} (event types: {', '.join(ev.EVENT_TYPES)})") from None
+        if event.v > type(event).VERSION:
+            raise ev.SchemaVersionError(f"{type(event).__name__} version {event.v} is newer than this node "
+                                        f"knows ({type(event).VERSION}): upgrade this node")
+    else:
+        event = typed_event(getattr(r, kind))
+    tag = type(event).__struct_config__.tag
+    if r.type and r.type != tag:
+        raise RequestError(f"type {r.type!r} does not match the event, a {tag}")
+    return event
+
+
+def typed_event(msg: Message) -> ev.Event:
+    """A typed event message -> its event: fields map by name; an optional field that is absent, or a
+    `set_X`-guarded field whose flag is false, takes the event's default."""
+    cls = ev.EVENT_TYPES[msg.DESCRIPTOR.name]
+    fields: dict[str, Any] = {}
+    guarded = {f.name[4:] for f in msg.DESCRIPTOR.fields if f.name.startswith("set_")}
+    for f in msg.DESCRIPTOR.fields:
+        name = f.name
+        if name.startswith("set_"):
+            continue
+        if name in guarded and not getattr(msg, "set_" + name):
+            continue
+        if f.has_presence and f.message_type is None and not msg.HasField(name):
+            continue
+        value = getattr(msg, name)
+        if f.message_type is not None and f.message_type.GetOptions().map_entry:
+            value = dict(value)
+        elif f.is_repeated:
+            value = list(value)
+        fields[name] = value
+    try:
+        return msgspec.convert(fields, cls)
+    except msgspec.ValidationError as exc:
+        raise RequestError(f"{msg.DESCRIPTOR.name}: {exc}") from None
+
+
+# --- results --------------------------------------------------------------------------------------
+
+class _Tagged(msgspec.Struct):
+    type: str = ""
+
+
+_tag_decoder = msgspec.msgpack.Decoder(_Tagged)
+_json_encoder = msgspec.json.Encoder()
+
+
+def to_json(msgpack: bytes) -> str:
+    """A msgpack document as JSON text (binary values become base64 strings)."""
+    return _json_encoder.encode(msgspec.msgpack.decode(msgpack)).decode()
+
+
+def event_type(value: bytes | None) -> str:
+    if not value:
+        return ""
+    try:
+        return _tag_decoder.decode(value).type
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return ""
+
+
+def _kv(key: str, state: bytes) -> pb.KeyValue:
+    s = decode_state(key.encode(), state)
+    assert isinstance(s, KvState)
+    return pb.KeyValue(name=s.name, value=s.value, lease=s.lease, created=s.created)
+
+
+def item(i: p.Item, json: bool) -> pb.Item:
+    out = pb.Item(key=i.key, version=i.version, state_msgpack=i.state,
+                  state_json=to_json(i.state) if json else "")
+    if i.key.startswith("kv/"):
+        out.kv.CopyFrom(_kv(i.key, i.state))
+    return out
+
+
+def got(g: p.Got, json: bool) -> pb.GetResponse:
+    out = pb.GetResponse(applied=g.applied)
+    if g.item is not None:
+        out.item.CopyFrom(item(g.item, json))
+    return out
+
+
+def listed(listed_: p.Listed, json: bool) -> pb.ListResponse:
+    out = pb.ListResponse(items=[item(i, json) for i in listed_.items], applied=listed_.applied)
+    if listed_.next_after is not None:
+        out.next_after = listed_.next_after
+    return out
+
+
+def history_rows(key: str, h: p.HistoryRows, json: bool) -> pb.HistoryResponse:
+    rows = []
+    for r in h.rows:
+        row = pb.HistoryRow(offset=r.offset, event=r.event, deleted=r.state is None)
+        if r.state is not None:
+            row.state_msgpack = r.state
+            if json:
+                row.state_json = to_json(r.state)
+            if key.startswith("kv/"):
+                row.kv.CopyFrom(_kv(key, r.state))
+        rows.append(row)
+    return pb.HistoryResponse(rows=rows, applied=h.applied)
+
+
+def write_result(r: p.WriteResult) -> pb.WriteResponse:
+    return pb.WriteResponse(offset=r.offset, group=r.group, ok=r.ok, code=r.code, message=r.message,
+                            duplicate=r.duplicate)
+
+
+def lease(lease_: p.Lease) -> pb.LeaseResponse:
+    return pb.LeaseResponse(lease_id=lease_.lease_id, ttl_ms=lease_.ttl_ms, offset=lease_.offset)
+
+
+def event(r: p.EventRecord, json: bool) -> pb.Event:
+    value = r.value or b""
+    return pb.Event(offset=r.offset, key=r.key, type=event_type(value), event_msgpack=value,
+                    timestamp=r.timestamp, event_json=to_json(value) if json and value else "")
+
+
+def events(e: p.Events, json: bool) -> pb.ReadEventsResponse:
+    return pb.ReadEventsResponse(events=[event(r, json) for r in e.events], next_offset=e.next_offset,
+                                 log_start=e.log_start, commit_offset=e.commit_offset)
+
+
+def _member(m: p.MemberInfo, grpc_addresses: Mapping[int, str]) -> pb.MemberInfo:
+    return pb.MemberInfo(id=m.id, peer_address=m.peer_address, client_address=m.client_address,
+                         grpc_address=grpc_addresses.get(m.id, ""))
+
+
+def status(s: p.StatusInfo, grpc_addresses: Mapping[int, str]) -> pb.StatusResponse:
+    groups = [pb.GroupInfo(group=g.group, node=g.node, role=g.role, term=g.term, leader=g.leader,
+                           commit_offset=g.commit_offset, applied_offset=g.applied_offset,
+                           last_offset=g.last_offset, log_start=g.log_start,
+                           snapshot_offset=g.snapshot_offset,
+                           peers=[pb.PeerInfo(id=x.id, role=x.role, match_offset=x.match_offset)
+                                  for x in g.peers])
+              for g in s.groups]
+    return pb.StatusResponse(cluster=s.cluster, node=s.node, groups=groups,
+                             members=[_member(m, grpc_addresses) for m in s.members])
+
+
+def members(m: p.Members, grpc_addresses: Mapping[int, str]) -> pb.MembersResponse:
+    return pb.MembersResponse(members=[_member(x, grpc_addresses) for x in m.members], voters=m.voters,
+                              learners=m.learners)
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+S = grpc.StatusCode
+STATUS_OF_CODE: dict[str, grpc.StatusCode] = {
+    "not_leader": S.UNAVAILABLE,
+    "invalid_argument": S.INVALID_ARGUMENT,
+    "config": S.INVALID_ARGUMENT,
+    "not_found": S.NOT_FOUND,
+    "already_exists": S.ALREADY_EXISTS,
+    "compacted": S.OUT_OF_RANGE,
+    "offset_out_of_range": S.OUT_OF_RANGE,
+    "deadline_exceeded": S.DEADLINE_EXCEEDED,
+    "schema_version": S.FAILED_PRECONDITION,
+    "conf_change": S.FAILED_PRECONDITION,
+    "disk_full": S.RESOURCE_EXHAUSTED,
+    "cancelled": S.CANCELLED,
+}
+"""Epochlog error code -> gRPC status; a code not listed is UNAVAILABLE if retriable, else INTERNAL."""
+
+STATUS_OF_REJECTION: dict[str, grpc.StatusCode] = {
+    "not_found": S.NOT_FOUND,
+    "already_exists": S.ALREADY_EXISTS,
+    "invalid_argument": S.INVALID_ARGUMENT,
+}
+"""A committed write that changed nothing, by reason; any other reason (version_mismatch,
+condition_failed, stale_epoch...) is FAILED_PRECONDITION."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """An error as gRPC reports it: the status, the message, and the Epochlog details."""
+
+    status: grpc.StatusCode
+    error: pb.Error
+
+    @property
+    def message(self) -> str:
+        return self.error.message
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        e = self.error
+        md = [("epochlog-code", e.code), ("epochlog-retriable", "true" if e.retriable else "false")]
+        if e.code == "not_leader":
+            md += [("epochlog-leader", e.leader_address), ("epochlog-leader-id", str(e.leader))]
+        if e.code == "rejected":
+            md += [("epochlog-reason", e.reason), ("epochlog-offset", str(e.offset))]
+        return tuple(md)
+
+
+def failure(exc: BaseException, grpc_addresses: Mapping[int, str], *, timeout: float | None = None,
+            deadline_passed: bool = False) -> Failure:
+    """The status of an exception. A retriable error (not caught up, no leader yet...) raised because
+    the call's deadline passed is DEADLINE_EXCEEDED, naming what it was waiting for."""
+    w = wire_error(exc)
+    reason, offset, leader_address = "", 0, ""
+    if isinstance(exc, RejectedError):
+        reason, offset = exc.result.code, exc.result.offset
+        code = STATUS_OF_REJECTION.get(reason, S.FAILED_PRECONDITION)
+    elif isinstance(exc, (TimeoutError, asyncio.TimeoutError)) or (deadline_passed and w.retriable):
+        code = S.DEADLINE_EXCEEDED
+        waited = "" if timeout is None else f" of {timeout:.3g} s"
+        detail = "" if w.code == "deadline_exceeded" else f": {w.message}"
+        w = p.WireError("deadline_exceeded", f"the deadline{waited} passed before the call completed{detail}",
+                        True)
+    else:
+        code = STATUS_OF_CODE.get(w.code, S.UNAVAILABLE if w.retriable else S.INTERNAL)
+    message = w.message
+    if isinstance(exc, NotLeaderError):
+        leader_address = grpc_addresses.get(exc.leader_hint, "")
+        if leader_address:
+            message += f"; the leader's gRPC address is {leader_address}"
+        elif exc.leader_hint:
+            message += f"; node {exc.leader_hint} serves no gRPC"
+    return Failure(code, pb.Error(status=code.value[0], code=w.code, message=message, retriable=w.retriable,
+                                  leader=w.leader, leader_address=leader_address, reason=reason,
+                                  offset=offset))
+
+
+__all__ = ["Failure", "RequestError", "failure", "STATUS_OF_CODE", "STATUS_OF_REJECTION"]

@@ -1,0 +1,481 @@
+"""The gRPC face of a node (proto/epochlog/v1/epochlog.proto), on the node's asyncio loop.
+
+A thin adapter: each method turns its request into the call the native server makes on `Node`
+(epochlog.grpc.convert), awaits it under the call's deadline, and turns the result or the error
+back into a message or a status. Nothing here decides anything the native protocol does not.
+
+Deadlines: a unary call gets the client's deadline (`context.time_remaining()`, at most
+MAX_TIMEOUT_S; the node's default when the client sets none); a Session call gets its
+`timeout_ms`, else the stream's deadline, else the default.
+
+Session: the reader task starts every call of a request message at once (as the native server
+does with a frame); replies are queued and written once per turn of the loop, so the replies that
+complete together share one response message. At most MAX_SESSION_INFLIGHT calls run per stream;
+past that the server stops reading the stream until some complete (gRPC flow control then pushes
+back on the client).
+
+Concurrency contract: create, start and close on the node's loop; every handler runs on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from epochlog import protocol as p
+from epochlog.grpc import convert as cv
+from epochlog.grpc.v1 import epochlog_pb2 as pb
+from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
+from epochlog.metrics import Metrics
+from epochlog.node import DEFAULT_TIMEOUT_S, Node, RejectedError
+from epochlog.server import MAX_TIMEOUT_S
+
+logger = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = p.MAX_FRAME_BYTES          # 16 MiB, as a native frame
+MAX_SESSION_INFLIGHT = 8192
+WATCH_BUFFER_EVENTS = 4096                     # events read ahead of a slow watcher
+WATCH_MESSAGE_EVENTS = 1024                    # at most this many events per WatchEvents message
+# The node's own waits (read barriers) get the call's timeout and fail first, saying what they waited
+# for; the whole call is cut this much later (writes have no timeout of their own).
+DEADLINE_GRACE_S = 0.05
+
+
+class GrpcService:
+    """Serves the Epochlog gRPC service of `node` on one address."""
+
+    def __init__(self, node: Node, metrics: Metrics | None = None) -> None:
+        self.node = node
+        self.servicer = EpochlogServicer(node, metrics)
+        self._server: grpc.aio.Server | None = None
+        self._port = 0
+
+    async def start(self, host: str, port: int) -> None:
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ])
+        pb_grpc.add_EpochlogServicer_to_server(self.servicer, server)
+        self._port = server.add_insecure_port(f"{host}:{port}")
+        if self._port == 0:
+            raise OSError(f"gRPC could not listen on {host}:{port}")
+        await server.start()
+        self._server = server
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    async def close(self, grace_s: float = 1.0) -> None:
+        """Stop taking calls; calls in flight get `grace_s` to finish, then are cancelled."""
+        if self._server is not None:
+            await self._server.stop(grace_s)
+            self._server = None
+
+
+Handler = Callable[["EpochlogServicer", Any, float], Awaitable[Any]]
+Ctx = grpc.aio.ServicerContext
+
+
+class EpochlogServicer(pb_grpc.EpochlogServicer):
+    """The methods of the service; `_OPS` holds the calls that unary methods and Session share."""
+
+    def __init__(self, node: Node, metrics: Metrics | None = None) -> None:
+        self.node = node
+        self.metrics = metrics
+        self.grpc_addresses = {m.id: m.grpc_address for m in node.configs.cluster.members}
+
+    # --- unary ------------------------------------------------------------------------------------
+
+    async def _unary(self, op: str, request: Any, context: Ctx) -> Any:
+        started = time.perf_counter()
+        remaining = context.time_remaining()
+        timeout = DEFAULT_TIMEOUT_S if remaining is None else max(0.0, min(remaining, MAX_TIMEOUT_S))
+        try:
+            return await _run(self, op, request, timeout)
+        except Exception as exc:
+            f = self._failure(op, exc, timeout, started)
+            await context.abort(f.status, f.message, f.metadata())
+        finally:
+            self._observe(op, started)
+
+    def _failure(self, op: str, exc: BaseException, timeout: float, started: float) -> cv.Failure:
+        f = cv.failure(exc, self.grpc_addresses, timeout=timeout,
+                       deadline_passed=time.perf_counter() - started >= timeout - 0.001)
+        if f.status == grpc.StatusCode.INTERNAL:
+            logger.error("gRPC %s failed", op, exc_info=exc)
+        if self.metrics is not None:
+            self.metrics.rpc_errors.labels("grpc_" + op, f.error.code).inc()
+        return f
+
+    def _observe(self, op: str, started: float) -> None:
+        if self.metrics is not None:
+            self.metrics.rpc_seconds.labels("grpc_" + op).observe(time.perf_counter() - started)
+
+    async def Put(self, request: pb.PutRequest, context: Ctx) -> Any:
+        return await self._unary("put", request, context)
+
+    async def Get(self, request: pb.GetRequest, context: Ctx) -> Any:
+        return await self._unary("get", request, context)
+
+    async def Delete(self, request: pb.DeleteRequest, context: Ctx) -> Any:
+        return await self._unary("delete", request, context)
+
+    async def List(self, request: pb.ListRequest, context: Ctx) -> Any:
+        return await self._unary("list", request, context)
+
+    async def History(self, request: pb.HistoryRequest, context: Ctx) -> Any:
+        return await self._unary("history", request, context)
+
+    async def Txn(self, request: pb.TxnRequest, context: Ctx) -> Any:
+        return await self._unary("txn", request, context)
+
+    async def Command(self, request: pb.CommandRequest, context: Ctx) -> Any:
+        return await self._unary("command", request, context)
+
+    async def Batch(self, request: pb.BatchRequest, context: Ctx) -> Any:
+        return await self._unary("batch", request, context)
+
+    async def LeaseGrant(self, request: pb.LeaseGrantRequest, context: Ctx) -> Any:
+        return await self._unary("lease_grant", request, context)
+
+    async def LeaseKeepAlive(self, request: pb.LeaseKeepAliveRequest, context: Ctx) -> Any:
+        return await self._unary("lease_keep_alive", request, context)
+
+    async def LeaseRevoke(self, request: pb.LeaseRevokeRequest, context: Ctx) -> Any:
+        return await self._unary("lease_revoke", request, context)
+
+    async def ReadEvents(self, request: pb.ReadEventsRequest, context: Ctx) -> Any:
+        return await self._unary("read_events", request, context)
+
+    async def Status(self, request: pb.StatusRequest, context: Ctx) -> Any:
+        return await self._unary("status", request, context)
+
+    async def TransferLeader(self, request: pb.TransferLeaderRequest, context: Ctx) -> Any:
+        return await self._unary("transfer_leader", request, context)
+
+    async def Snapshot(self, request: pb.SnapshotRequest, context: Ctx) -> Any:
+        return await self._unary("snapshot", request, context)
+
+    async def MemberList(self, request: pb.MemberListRequest, context: Ctx) -> Any:
+        return await self._unary("member_list", request, context)
+
+    async def MemberAdd(self, request: pb.MemberAddRequest, context: Ctx) -> Any:
+        return await self._unary("member_add", request, context)
+
+    async def MemberPromote(self, request: pb.MemberPromoteRequest, context: Ctx) -> Any:
+        return await self._unary("member_promote", request, context)
+
+    async def MemberRemove(self, request: pb.MemberRemoveRequest, context: Ctx) -> Any:
+        return await self._unary("member_remove", request, context)
+
+    # --- streams ----------------------------------------------------------------------------------
+
+    async def Watch(self, request: pb.WatchRequest, context: Ctx) -> None:
+        """Started, then the events in messages of what was read ahead (gRPC flow control paces it)."""
+        started = time.perf_counter()
+        try:
+            group, start, records = await self.node.watch(cv.watch_call(request))
+        except Exception as exc:
+            f = self._failure("watch", exc, DEFAULT_TIMEOUT_S, started)
+            await context.abort(f.status, f.message, f.metadata())
+        queue: asyncio.Queue[p.EventRecord | BaseException] = asyncio.Queue(WATCH_BUFFER_EVENTS)
+
+        async def read_ahead() -> None:
+            try:
+                async with contextlib.aclosing(records):  # type: ignore[type-var]
+                    async for record in records:
+                        await queue.put(record)
+            except Exception as exc:  # handed to the writer, which ends the call with its status
+                await queue.put(exc)
+
+        reader = asyncio.ensure_future(read_ahead())
+        try:
+            await context.write(pb.WatchResponse(started=pb.WatchStarted(group=group, from_offset=start)))
+            while True:
+                batch = [await queue.get()]
+                while not queue.empty() and len(batch) < WATCH_MESSAGE_EVENTS:
+                    batch.append(queue.get_nowait())
+                error = batch[-1] if isinstance(batch[-1], BaseException) else None
+                records_ = [r for r in batch if isinstance(r, p.EventRecord)]
+                if records_:
+                    await context.write(pb.WatchResponse(events=pb.WatchEvents(
+                        events=[cv.event(r, request.json) for r in records_])))
+                if error is not None:
+                    f = self._failure("watch", error, DEFAULT_TIMEOUT_S, started)
+                    await context.abort(f.status, f.message, f.metadata())
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    async def Session(self, request_iterator: AsyncIterator[pb.SessionRequest], context: Ctx) -> None:
+        await _Session(self, context).run(request_iterator)
+
+
+# --- the calls ------------------------------------------------------------------------------------
+
+async def _write_one(s: EpochlogServicer, event: Any) -> pb.WriteResponse:
+    (result,) = await s.node.write([event])
+    if not result.ok:
+        raise RejectedError(result)
+    return cv.write_result(result)
+
+
+async def _put(s: EpochlogServicer, r: pb.PutRequest, timeout: float) -> pb.WriteResponse:
+    return await _write_one(s, cv.put_event(r))
+
+
+async def _delete(s: EpochlogServicer, r: pb.DeleteRequest, timeout: float) -> pb.WriteResponse:
+    return await _write_one(s, cv.delete_event(r))
+
+
+async def _txn(s: EpochlogServicer, r: pb.TxnRequest, timeout: float) -> pb.WriteResponse:
+    return await _write_one(s, cv.txn_event(r))
+
+
+async def _command(s: EpochlogServicer, r: pb.CommandRequest, timeout: float) -> pb.WriteResponse:
+    return await _write_one(s, cv.command_event(r))
+
+
+async def _lease_revoke(s: EpochlogServicer, r: pb.LeaseRevokeRequest, timeout: float) -> pb.WriteResponse:
+    return await _write_one(s, cv.lease_revoke_event(r))
+
+
+async def _get(s: EpochlogServicer, r: pb.GetRequest, timeout: float) -> pb.GetResponse:
+    return cv.got(await s.node.get(cv.get_call(r), timeout), r.json)
+
+
+async def _list(s: EpochlogServicer, r: pb.ListRequest, timeout: float) -> pb.ListResponse:
+    return cv.listed(await s.node.list(cv.list_call(r), timeout), r.json)
+
+
+async def _history(s: EpochlogServicer, r: pb.HistoryRequest, timeout: float) -> pb.HistoryResponse:
+    return cv.history_rows(r.key, await s.node.history(cv.history_call(r), timeout), r.json)
+
+
+_BATCH_WRITES: dict[str, Callable[[Any], Any]] = {
+    "put": cv.put_event, "delete": cv.delete_event, "txn": cv.txn_event, "command": cv.command_event}
+
+
+async def _batch(s: EpochlogServicer, r: pb.BatchRequest, timeout: float) -> pb.BatchResponse:
+    """Every write in one Node.write (validated together, committed per group in order), then the reads."""
+    if not r.ops:
+        raise cv.RequestError("a batch carries at least one op")
+    events, gets, order = [], [], []
+    for op in r.ops:
+        kind = op.WhichOneof("op")
+        if kind == "get":
+            order.append(False)
+            gets.append(op.get)
+        elif kind in _BATCH_WRITES:
+            order.append(True)
+            events.append(_BATCH_WRITES[kind](getattr(op, kind)))
+        else:
+            raise cv.RequestError("every batch op is a put, delete, txn, command or get")
+    written = await s.node.write(events) if events else []
+    got = (await s.node.get_many(p.Gets([cv.get_call(g) for g in gets]), timeout)).replies if gets else []
+    results, w, g = [], iter(written), iter(zip(gets, got))
+    for is_write in order:
+        if is_write:
+            results.append(pb.BatchResult(write=cv.write_result(next(w))))
+        else:
+            request, reply = next(g)
+            results.append(pb.BatchResult(get=cv.got(reply, request.json)))
+    return pb.BatchResponse(results=results)
+
+
+async def _lease_grant(s: EpochlogServicer, r: pb.LeaseGrantRequest, timeout: float) -> pb.LeaseResponse:
+    return cv.lease(await s.node.lease_grant(p.LeaseGrant(r.ttl_ms, r.lease_id, r.request_id)))
+
+
+def _lease_keep_alive(s: EpochlogServicer, r: pb.LeaseKeepAliveRequest, timeout: float) -> pb.LeaseResponse:
+    return cv.lease(s.node.lease_keepalive(p.LeaseKeepAlive(r.lease_id)))
+
+
+def _read_events(s: EpochlogServicer, r: pb.ReadEventsRequest, timeout: float) -> pb.ReadEventsResponse:
+    return cv.events(s.node.read_events(cv.read_events_call(r)), r.json)
+
+
+def _status(s: EpochlogServicer, r: pb.StatusRequest, timeout: float) -> pb.StatusResponse:
+    return cv.status(s.node.status(), s.grpc_addresses)
+
+
+def _transfer_leader(s: EpochlogServicer, r: pb.TransferLeaderRequest, timeout: float) -> pb.DoneResponse:
+    return pb.DoneResponse(offset=s.node.transfer_leader(p.TransferLeader(r.group, r.to)).offset)
+
+
+def _snapshot(s: EpochlogServicer, r: pb.SnapshotRequest, timeout: float) -> pb.DoneResponse:
+    return pb.DoneResponse(offset=s.node.snapshot(p.Snapshot(r.group)).offset)
+
+
+def _member_list(s: EpochlogServicer, r: pb.MemberListRequest, timeout: float) -> pb.MembersResponse:
+    return cv.members(s.node.member_list(), s.grpc_addresses)
+
+
+async def _member_add(s: EpochlogServicer, r: pb.MemberAddRequest, timeout: float) -> pb.MembersResponse:
+    call = p.MemberAdd(r.node_id, r.peer_address, r.client_address, not r.manual_promote)
+    return cv.members(await s.node.member_add(call), s.grpc_addresses)
+
+
+async def _member_promote(s: EpochlogServicer, r: pb.MemberPromoteRequest,
+                          timeout: float) -> pb.MembersResponse:
+    return cv.members(await s.node.member_promote(p.MemberPromote(r.node_id)), s.grpc_addresses)
+
+
+async def _member_remove(s: EpochlogServicer, r: pb.MemberRemoveRequest,
+                         timeout: float) -> pb.MembersResponse:
+    return cv.members(await s.node.member_remove(p.MemberRemove(r.node_id)), s.grpc_addresses)
+
+
+_SYNC: dict[str, Callable[[EpochlogServicer, Any, float], Any]] = {
+    "lease_keep_alive": _lease_keep_alive, "read_events": _read_events, "status": _status,
+    "transfer_leader": _transfer_leader, "snapshot": _snapshot, "member_list": _member_list,
+}
+_ASYNC: dict[str, Handler] = {
+    "put": _put, "get": _get, "delete": _delete, "list": _list, "history": _history, "txn": _txn,
+    "command": _command, "batch": _batch, "lease_grant": _lease_grant, "lease_revoke": _lease_revoke,
+    "member_add": _member_add, "member_promote": _member_promote, "member_remove": _member_remove,
+}
+
+# The field of SessionReply that carries each Session call's result.
+_REPLY_FIELD = {
+    "put": "write", "delete": "write", "txn": "write", "command": "write", "lease_revoke": "write",
+    "get": "get", "list": "list", "history": "history", "batch": "batch", "lease_grant": "lease",
+    "lease_keep_alive": "lease", "read_events": "read_events", "status": "status",
+}
+
+
+async def _run(s: EpochlogServicer, op: str, request: Any, timeout: float) -> Any:
+    sync = _SYNC.get(op)
+    if sync is not None:
+        return sync(s, request, timeout)
+    return await asyncio.wait_for(_ASYNC[op](s, request, timeout), timeout + DEADLINE_GRACE_S)
+
+
+class _Session:
+    """One Session stream: a reader starting calls, and this task writing the coalesced replies."""
+
+    def __init__(self, servicer: EpochlogServicer, context: grpc.aio.ServicerContext) -> None:
+        self.servicer = servicer
+        self.context = context
+        self.loop = asyncio.get_running_loop()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.expired: set[asyncio.Task[None]] = set()   # cancelled by their deadline
+        self.pending: list[pb.SessionReply] = []
+        self.ready = asyncio.Event()         # replies are pending, or the reader ended
+        self.room = asyncio.Event()          # fewer than MAX_SESSION_INFLIGHT calls run
+        self.room.set()
+        self.reading = True
+        self.stream_deadline: float | None = None
+
+    async def run(self, requests: AsyncIterator[pb.SessionRequest]) -> None:
+        remaining = self.context.time_remaining()
+        if remaining is not None:
+            self.stream_deadline = self.loop.time() + remaining
+        reader = asyncio.ensure_future(self._read(requests))
+        try:
+            while True:
+                await self.ready.wait()
+                self.ready.clear()
+                if self.pending:
+                    replies, self.pending = self.pending, []
+                    await self.context.write(pb.SessionResponse(replies=replies))
+                if reader.done() and not self.tasks and not self.pending:
+                    reader.result()   # a failed read (e.g. a malformed message) fails the stream
+                    return
+        finally:
+            reader.cancel()
+            for task in self.tasks:
+                task.cancel()
+
+    async def _read(self, requests: AsyncIterator[pb.SessionRequest]) -> None:
+        try:
+            async for message in requests:
+                for call in message.calls:
+                    self._start(call)
+                while not self.room.is_set():
+                    await self.room.wait()
+        finally:
+            self.reading = False
+            self.ready.set()
+
+    def _timeout(self, call: pb.SessionCall) -> float:
+        if call.timeout_ms:
+            return min(call.timeout_ms / 1000, MAX_TIMEOUT_S)
+        if self.stream_deadline is not None:
+            return max(0.0, min(self.stream_deadline - self.loop.time(), MAX_TIMEOUT_S))
+        return DEFAULT_TIMEOUT_S
+
+    def _start(self, call: pb.SessionCall) -> None:
+        op = call.WhichOneof("call")
+        if op is None:
+            error = cv.RequestError(f"call {call.id} names no operation")
+            self._reply_error(call.id, "session", error, 0.0, 0.0)
+            return
+        request = getattr(call, op)
+        timeout = self._timeout(call)
+        sync = _SYNC.get(op)
+        if sync is not None:
+            started = time.perf_counter()
+            try:
+                self._reply(call.id, op, sync(self.servicer, request, timeout))
+            except Exception as exc:
+                self._reply_error(call.id, op, exc, timeout, started)
+            return
+        task = self.loop.create_task(self._call(call.id, op, request, timeout))
+        self.tasks.add(task)
+        if len(self.tasks) >= MAX_SESSION_INFLIGHT:
+            self.room.clear()
+
+    async def _call(self, rid: int, op: str, request: Any, timeout: float) -> None:
+        started = time.perf_counter()
+        task = asyncio.current_task()
+        assert task is not None
+        # A timer that cancels this task, not asyncio.wait_for: that would wrap every call in a
+        # second task, the largest cost of a small call here.
+        timer = self.loop.call_later(timeout + DEADLINE_GRACE_S, self._expire, task)
+        try:
+            result = await _ASYNC[op](self.servicer, request, timeout)
+        except asyncio.CancelledError:
+            if task not in self.expired:
+                raise
+            self.expired.discard(task)
+            task.uncancel()
+            self._reply_error(rid, op, TimeoutError(), timeout, started)
+        except Exception as exc:
+            self._reply_error(rid, op, exc, timeout, started)
+        else:
+            self._reply(rid, op, result)
+        finally:
+            timer.cancel()
+            self.tasks.discard(task)
+            if len(self.tasks) < MAX_SESSION_INFLIGHT:
+                self.room.set()
+            if not self.tasks and not self.reading:
+                self.ready.set()
+
+    def _expire(self, task: asyncio.Task[None]) -> None:
+        self.expired.add(task)
+        task.cancel()
+
+    def _reply(self, rid: int, op: str, result: Any) -> None:
+        reply = pb.SessionReply(id=rid)
+        getattr(reply, _REPLY_FIELD[op]).CopyFrom(result)
+        self.pending.append(reply)
+        self.ready.set()
+
+    def _reply_error(self, rid: int, op: str, exc: BaseException, timeout: float, started: float) -> None:
+        f = self.servicer._failure(op, exc, timeout, started)
+        self.pending.append(pb.SessionReply(id=rid, error=f.error))
+        self.ready.set()
+
+
+__all__ = ["GrpcService", "EpochlogServicer", "MAX_MESSAGE_BYTES"]
