@@ -51,6 +51,7 @@ class ClientService:
         self.metrics = metrics
         self._server: asyncio.Server | None = None
         self.connections: set[ClientConnection] = set()
+        self.rpc_children: dict[str, Any] = {}   # op -> its latency histogram child (labels() is not free)
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
@@ -172,22 +173,47 @@ class ClientConnection(asyncio.Protocol):
     async def _run(self, rid: int, call: p.Call, work: Callable[[], Coroutine[Any, Any, Any]],
                    timeout: float) -> None:
         started = time.perf_counter()
+        watch = isinstance(call, p.Watch)
+        # One timer per call, not asyncio.wait_for: that runs the work in a second task, which
+        # costs a task and a loop turn per request.
+        expired = False
+        task = asyncio.current_task()
+        assert task is not None
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            task.cancel()
+
+        timer = None if watch else self.loop.call_later(timeout, expire)
         try:
-            if isinstance(call, p.Watch):
+            if watch:
                 await work()   # a watch lives until cancelled or failed; it replies by itself
             else:
-                self.reply(rid, await asyncio.wait_for(work(), timeout))
+                self.reply(rid, await work())
+        except asyncio.CancelledError:
+            if not expired:
+                raise
+            self.reply_error(rid, DeadlineExceededError(
+                f"the request's deadline ({timeout:.3f} s) passed before it completed"), call)
         except Exception as exc:
             self.reply_error(rid, exc, call)
         finally:
+            if timer is not None:
+                timer.cancel()
             self.tasks.pop(rid, None)
             self.watch_ids.discard(rid)
             if not isinstance(call, p.Watch):   # a watch's lifetime is not a latency
                 self._observe(call, started)
 
     def _observe(self, call: p.Call, started: float) -> None:
-        if self.service.metrics is not None:
-            self.service.metrics.rpc_seconds.labels(_op(call)).observe(time.perf_counter() - started)
+        metrics = self.service.metrics
+        if metrics is not None:
+            op = _op(call)
+            child = self.service.rpc_children.get(op)
+            if child is None:
+                child = self.service.rpc_children[op] = metrics.rpc_seconds.labels(op)
+            child.observe(time.perf_counter() - started)
 
     # --- replies ------------------------------------------------------------------------------
 

@@ -12,7 +12,9 @@ import itertools
 from typing import Any
 
 from epochlog import protocol as p
-from epochlog.client.errors import ClientError, UnavailableError, from_wire
+from epochlog.client.errors import ClientError, DeadlineExceededError, UnavailableError, from_wire
+
+_GRACE_S = 0.25   # how much longer than the node's deadline a call waits for its answer
 
 
 class Connection:
@@ -62,10 +64,17 @@ class Connection:
         self._read_task = asyncio.get_running_loop().create_task(self._read_loop(decoder, frames[1:]))
 
     async def call(self, call: p.Call, timeout: float) -> p.Result:
-        """Send one request; its result, or raise the error it was answered with."""
+        """Send one request; its result, or raise the error it was answered with.
+
+        The node is told the deadline and answers `deadline_exceeded` when it passes; this side
+        waits a little longer (network grace) so that precise answer, not a bare timeout, arrives.
+        """
         rid, future = self._send(call, timeout)
         try:
-            reply: p.Reply = await asyncio.wait_for(future, timeout)
+            reply: p.Reply = await asyncio.wait_for(future, timeout + _GRACE_S)
+        except TimeoutError:
+            raise DeadlineExceededError(f"{self.address} (node {self.node_id}) did not answer within "
+                                        f"{timeout:.3f} s") from None
         finally:
             self._pending.pop(rid, None)
         if reply.error is not None:
