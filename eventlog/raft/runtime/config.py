@@ -50,7 +50,7 @@ class ClusterConfig:
         "Cluster name; nodes refuse peers that give another one."))
     members: tuple[MemberConfig, ...] = field(default=(), metadata=doc(
         "The initial voters ([[cluster.members]] tables with id and peer_address)."))
-    groups: tuple[str, ...] = field(default=("metadata", "offsets", "kv-0", "kv-1"), metadata=doc(
+    groups: tuple[str, ...] = field(default=("metadata", "offsets", "kv"), metadata=doc(
         "Raft groups hosted by every node, each with its own directory, leader and log."))
     tick_interval_ms: int = field(default=50, metadata=doc(
         "Duration of one Raft tick (election and heartbeat timeouts are counted in ticks).", min=1, max=60_000))

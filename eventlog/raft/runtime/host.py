@@ -1,6 +1,6 @@
 """A node hosting several Raft groups (multi-raft) over one peer transport.
 
-Each group (`metadata`, `offsets`, `kv-0`, ...) has its own directory `<data_dir>/groups/<name>/`,
+Each group (`metadata`, `offsets`, `kv`, ...) has its own directory `<data_dir>/groups/<name>/`,
 its own log, leader and state machine, and its own task; all share the node's connections.
 `<data_dir>/cluster-id` records the cluster name: a node refuses a data directory of another cluster.
 
