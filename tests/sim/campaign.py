@@ -51,7 +51,9 @@ def results(start: int, count: int, *, jobs: int = 1, verbose: bool = False,
             yield _run(w)
         return
     methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    # Views runs spawn their workers: a process forked after this one used RocksDB (whose background
+    # threads may hold locks at the fork) can hang in its first RocksDB call.
+    ctx = multiprocessing.get_context("fork" if "fork" in methods and not views else "spawn")
     with ctx.Pool(jobs) as pool:
         yield from pool.imap_unordered(_run, work, chunksize=max(1, min(16, count // (jobs * 8))))
 
