@@ -30,6 +30,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.log_bench
+	$(PY) -m bench.views_bench
 
 clean:
 	rm -rf $(VENV) data .pytest_cache .hypothesis

@@ -13,7 +13,11 @@ Column families:
 
 Memory: one LRU block cache (`block_cache_bytes`) holds data, index and filter blocks, and the
 memtables of every column family are charged to it through a write buffer manager
-(`write_buffer_bytes`), so resident memory stays bounded however many keys there are.
+(`write_buffer_bytes`), so resident memory stays bounded however many keys there are. Index and
+filter blocks are partitioned (about 4 KiB pieces under a small pinned top level): whole-file index
+and filter blocks grow to hundreds of KiB per 64 MiB SST, and the cache is split into 64 shards of
+1 MiB, so past ~1M keys they evicted each other and every lookup re-read and re-checksummed them
+(apply fell from ~20,000 to 1,000-3,000 events/s; bench/views_bench.py).
 
 Not thread-safe: used from the group's loop only (reads included), so a multi-key read never sees a
 half-applied batch.
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocksdict import (
+    BlockBasedIndexType,
     BlockBasedOptions,
     Cache,
     Checkpoint,
@@ -217,6 +222,10 @@ def _options(cache: Cache) -> Options:
     table.set_block_cache(cache)
     table.set_cache_index_and_filter_blocks(True)
     table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+    table.set_index_type(BlockBasedIndexType.two_level_index_search())
+    table.set_partition_filters(True)
+    table.set_metadata_block_size(4096)
+    table.set_pin_top_level_index_and_filter(True)
     table.set_bloom_filter(10, False)
     opts.set_block_based_table_factory(table)
     return opts
