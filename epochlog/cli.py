@@ -21,6 +21,7 @@ from pathlib import Path
 import click
 
 from epochlog import cli_client
+from spark import cli as spark_cli
 from eventlog.errors import EpochlogError
 
 EXIT_ERROR = 3
@@ -183,6 +184,7 @@ def serve_command(config_path: Path, node_id: int, data_dir: Path | None, seed: 
 
 
 cli_client.register(cli)
+spark_cli.register(cli)   # export, audit (pyspark is imported only when they run)
 
 
 def _use_uvloop() -> None:

@@ -36,6 +36,7 @@ leader). A step already done is skipped, so retrying a call that failed half way
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
 from collections import defaultdict
@@ -55,7 +56,7 @@ from epochlog.routing import REQUIRED_GROUPS, group_of_event, group_of_key
 from statemachines import events as ev
 from statemachines.query import MAX_LIMIT, Query
 from statemachines.state import MemberState, Outcome, decode_state, encode
-from statemachines.store import ViewsConfig
+from statemachines.store import ViewsConfig, ViewStore, version_key
 from statemachines.views import ViewsStateMachine
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 10.0
 MEMBERSHIP_TIMEOUT_S = 60.0   # a whole membership call (the client's deadline usually ends it first)
 MEMBERS_REFRESH_S = 0.05      # the address book is re-read at most this often under metadata writes
+EXPORT_WATERMARKS = "config/export/"   # export watermarks (see export_floor)
 
 
 class NodeError(EpochlogError):
@@ -86,7 +88,8 @@ class Node:
                               f"must include {', '.join(REQUIRED_GROUPS)} (missing {', '.join(missing)})")
         self.member = configs.cluster.member(node_id) if member is None else member
         self.views: dict[str, ViewsStateMachine] = {}
-        self.host = NodeHost(node_id, self.data_dir, configs, self._open_views, seed=seed, member=self.member)
+        self.host = NodeHost(node_id, self.data_dir, configs, self._open_views, seed=seed, member=self.member,
+                             compaction_floor=self.export_floor)
         self.members: dict[int, p.MemberInfo] = self._configured_members()   # the address book
         self.removed: set[int] = set()   # nodes removed at runtime (tombstones in the metadata views)
         self._members_task: asyncio.Task[None] | None = None
@@ -96,6 +99,24 @@ class Node:
         sm = ViewsStateMachine(directory, self.views_config)
         self.views[name] = sm
         return sm
+
+    def export_floor(self, group: str) -> int | None:
+        """The lowest export watermark recorded for `group`, or None when no exported table records one.
+
+        `epochlog export` reports the highest offset of each group its Delta table holds as a config
+        entry `config/export/<table>` of the metadata group (value: JSON {group: offset}); a group
+        compacting its log keeps every offset above the lowest of them, so no event is deleted before
+        every table has it (spark/export.py). A stale read of the local views only keeps more."""
+        views = self.views.get("metadata")
+        if views is None:
+            return None
+        floors = []
+        for item in Query(views.store).list(EXPORT_WATERMARKS, limit=MAX_LIMIT).items:
+            try:
+                floors.append(int(json.loads(item.state.value)[group]))  # type: ignore[attr-defined]
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue   # not a watermark of this group
+        return min(floors) if floors else None
 
     async def start(self) -> None:
         await self.host.start()
@@ -235,6 +256,7 @@ class Node:
             except OffsetOutOfRangeError:
                 raise _compacted(group, offset) from None
             if chunk is not None:
+                store = self.views[call.group].store
                 for batch in chunk.batches():
                     if batch.header.is_control:
                         continue
@@ -243,7 +265,8 @@ class Node:
                             continue
                         out.append(p.EventRecord(record.offset, _key_text(record.key),
                                                  None if record.value is None else bytes(record.value),
-                                                 record.timestamp))
+                                                 record.timestamp, batch.header.leader_epoch,
+                                                 _changed_views(store, record.key, record.offset)))
                 next_offset = out[-1].offset + 1 if len(out) >= call.max_events else max(offset, chunk.next_offset)
         return p.Events(out, next_offset, log.start_offset, group.node.log.committed)
 
@@ -536,6 +559,17 @@ def _compacted(group: RaftGroup, offset: int) -> CompactedError:
     return CompactedError(f"compacted: offset {offset} is no longer in the log of group {group.name} (it starts at "
                           f"{group.storage.log.start_offset}); resync from the snapshot at offset "
                           f"{group.storage.snapshot().index}, then read from the offset after it")
+
+
+def _changed_views(store: ViewStore, key: bytes | memoryview | None, offset: int) -> bool:
+    """Whether applying the record at `offset` changed the views: every applied event writes a history
+    row for its entity key (a Txn: for each op's key, the first one's is its record key after
+    `txn/`) at its own offset; a rejected event or a retry of an applied request id writes none."""
+    if not key:
+        return False
+    entity = bytes(key)
+    entity = entity[4:] if entity.startswith(b"txn/") else entity
+    return store.get("versions", version_key(entity, offset)) is not None
 
 
 def _key_text(key: bytes | memoryview | None) -> str:

@@ -162,6 +162,9 @@ class RaftGroup:
         self._failure: BaseException | None = None
         self._persisted_commit = self.node.log.committed
         self._last_snapshot_index = storage.snapshot().index
+        # Set by the node: the highest offset the log may be compacted through whatever the
+        # snapshot covers (the lowest export watermark, so unexported events stay), None: no floor.
+        self.compaction_floor: Callable[[], int | None] | None = None
         self.counters = GroupCounters()
         self._seen_term = self.node.term
         self._seen_leadership = (self.node.term, self.node.leader)
@@ -581,7 +584,8 @@ class RaftGroup:
     def _snapshot(self, applied: int) -> None:
         conf = self.node.conf_at(applied)
         meta = self.storage.create_snapshot(applied, conf, self.sm.write_snapshot)
-        self.storage.compact(meta.index)
+        floor = None if self.compaction_floor is None else self.compaction_floor()
+        self.storage.compact(meta.index if floor is None else min(meta.index, floor))
         self._last_snapshot_index = meta.index
 
     def _persist_commit(self, *, force: bool) -> None:

@@ -13,6 +13,7 @@ leaders to add it as a learner, and learns everything else (membership included)
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 from collections.abc import Callable
@@ -35,8 +36,10 @@ class NodeHost:
 
     def __init__(self, node_id: int, data_dir: str | Path, configs: NodeConfigs,
                  state_machine: StateMachineFactory, *, seed: int | None = None,
-                 member: MemberConfig | None = None) -> None:
+                 member: MemberConfig | None = None,
+                 compaction_floor: Callable[[str], int | None] | None = None) -> None:
         self.node_id = node_id
+        self._compaction_floor = compaction_floor   # group name -> RaftGroup.compaction_floor
         self.data_dir = Path(data_dir)
         self.configs = configs
         self._factory = state_machine
@@ -71,6 +74,8 @@ class NodeHost:
                               rng=random.Random(self._rng.getrandbits(64)),
                               snapshot_every_entries=cluster.snapshot_every_entries,
                               max_batch_bytes=self.configs.log.batch_limit_bytes - 4096)
+            if self._compaction_floor is not None:   # set before the group can snapshot
+                group.compaction_floor = functools.partial(self._compaction_floor, name)
             self.groups[name] = group
         for group in self.groups.values():
             group.start()

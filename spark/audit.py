@@ -1,0 +1,251 @@
+"""Audit queries over the events table, in Spark SQL, at any table version.
+
+The table is read as of a Delta version (`spark.table.resolve`: latest, `--table-version V` or
+`--table-as-of TIME`; delta-rs lists that version's files, Spark reads them as Parquet with the
+partition column from the directory names): a temp view `events`.
+
+**Effects.** An event changes one entity (its record key), except a `Txn`, whose operations each
+change their own entity (exploded from the payload, in order: `op` 1, 2...). Only events that
+changed the views count for the state: `applied` = false marks a rejected command (failed
+compare-and-set, stale epoch...) or a retry of an applied request; `applied` null (an offline export
+without views) is taken as applied.
+
+**State at a point** (`state`): per entity key, the last effect at or before the point (an offset of
+one group, or a time across groups); the entity is absent if that effect deletes it (KvDeleted,
+TopicDeleted, BrokerUnregistered, SessionClosed, LeaseRevoked/Expired, ConfigChanged with no
+value), or if its last put attached it to a lease that ended after the put and at or before the
+point. A kv entry's value comes from the event; any other entity is shown by the event that last
+changed it (its payload). The last effect is found with a grouped max over (offset, op) (partial
+aggregation, no sort of the whole history). For kv keys this is what the cluster answers to
+`get --as-of N` (tests/spark/test_export_audit.py checks it against a live cluster).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from spark.errors import AuditError
+from spark.table import SPARK_DDL, Snapshot
+from statemachines.events import ENTITY_KINDS
+
+DELETES = ("KvDeleted", "TopicDeleted", "BrokerUnregistered", "SessionClosed", "LeaseRevoked", "LeaseExpired")
+LEASE_ENDS = ("LeaseRevoked", "LeaseExpired")
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """A point in the history: offset `offset` of group `group`, or the time `time` (all groups)."""
+
+    group: str | None = None
+    offset: int | None = None
+    time: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if (self.offset is None) == (self.time is None):
+            raise AuditError("a point is an offset (with its group) or a time, not both or neither")
+        if self.offset is not None and (not self.group or self.offset < 0):
+            raise AuditError("an offset point needs a group and an offset >= 0")
+
+    def describe(self) -> str:
+        return (f"offset {self.offset} of group {self.group}" if self.offset is not None
+                else f"{self.time.isoformat() if self.time else ''}")
+
+
+def check_key(key: str) -> str:
+    """An entity key such as kv/app/x or topic/orders; AuditError otherwise."""
+    kind, sep, rest = key.partition("/")
+    if not sep or not rest or kind not in ENTITY_KINDS:
+        raise AuditError(f"malformed key {key!r}: an entity key is <kind>/<name> with kind one of "
+                         f"{', '.join(ENTITY_KINDS)} (a kv key is kv/<name>, e.g. kv/app/x)")
+    return key
+
+
+def check_prefix(prefix: str) -> str:
+    kind = prefix.split("/", 1)[0]
+    if kind and kind not in ENTITY_KINDS and not any(k.startswith(prefix) for k in ENTITY_KINDS):
+        raise AuditError(f"prefix {prefix!r} matches no entity key (keys start with "
+                         f"{', '.join(k + '/' for k in ENTITY_KINDS)})")
+    return prefix
+
+
+class Audit:
+    """Queries over one snapshot of the table (`spark.table.resolve`)."""
+
+    def __init__(self, spark: Any, snapshot: Snapshot) -> None:
+        self.spark = spark
+        self.snapshot = snapshot
+        if snapshot.files:
+            df = spark.read.schema(SPARK_DDL).option("basePath", snapshot.root).parquet(*snapshot.files)
+        else:
+            df = spark.createDataFrame([], SPARK_DDL)
+        self.view = f"events_v{snapshot.version}"
+        df.createOrReplaceTempView(self.view)
+
+    def _sql(self, text: str, **args: Any) -> list[Any]:
+        return list(self.spark.sql(text.replace("{events}", self.view), args=args).collect())
+
+    # --- the queries ----------------------------------------------------------------------------
+
+    def state(self, point: Point, prefix: str = "") -> list[dict[str, Any]]:
+        """The entities as they were at `point` (see the module docstring), in key order."""
+        where, args = _point_filter(point)
+        effects = _EFFECTS_SQL.replace("{where}", where)
+        rows = self._sql(_STATE_SQL.replace("{where}", where).replace("{effects}", effects), prefix=prefix, **args)
+        return sorted((_state_row(r) for r in rows), key=lambda row: row["key"])   # small: sorted here
+
+    def history(self, key: str) -> list[dict[str, Any]]:
+        """Every event that touched `key` (rejected ones too, `applied` false), oldest first."""
+        check_key(key)
+        rows = self._sql(_HISTORY_SQL.replace("{effects}", _EFFECTS_SQL.replace("{where}", "TRUE")), key=key)
+        return [_event_row(r) for r in rows]
+
+    def diff(self, start: Point, end: Point, prefix: str = "") -> list[dict[str, Any]]:
+        """Entities added, removed or changed between two points, in key order."""
+        before = {r["key"]: r for r in self.state(start, prefix)}
+        after = {r["key"]: r for r in self.state(end, prefix)}
+        out = []
+        for key in sorted(before.keys() | after.keys()):
+            b, a = before.get(key), after.get(key)
+            if b is not None and a is not None and b["offset"] == a["offset"] and b["group"] == a["group"]:
+                continue
+            change = "added" if b is None else "removed" if a is None else "changed"
+            out.append({"key": key, "change": change,
+                        "before_offset": None if b is None else b["offset"],
+                        "after_offset": None if a is None else a["offset"],
+                        "before": None if b is None else _shown(b), "after": None if a is None else _shown(a),
+                        "after_event": None if a is None else a["event_type"],
+                        "actor": None if a is None else a["actor"]})
+        return out
+
+    def actions(self, actor: str, *, since: datetime | None = None, until: datetime | None = None,
+                limit: int = 1000) -> list[dict[str, Any]]:
+        """What principal `actor` did (every event it wrote, rejected ones too), oldest first."""
+        conditions = ["actor = :actor"]
+        args: dict[str, Any] = {"actor": actor, "limit": limit}
+        if since is not None:
+            conditions.append("`timestamp` >= :since")
+            args["since"] = since
+        if until is not None:
+            conditions.append("`timestamp` <= :until")
+            args["until"] = until
+        rows = self._sql(f"SELECT `group`, `offset`, 0 AS op, key AS ekey, event_type AS etype, payload AS body, actor, "
+                         f"request_id, applied, `timestamp` FROM {{events}} WHERE {' AND '.join(conditions)} "
+                         f"ORDER BY `timestamp`, `group`, `offset` LIMIT :limit", **args)
+        return [_event_row(r) for r in rows]
+
+
+def _point_filter(point: Point) -> tuple[str, dict[str, Any]]:
+    if point.offset is not None:
+        return "`group` = :grp AND `offset` <= :point_offset", {"grp": point.group, "point_offset": point.offset}
+    return "`timestamp` <= :point_time", {"point_time": point.time}
+
+
+_KEY_OF_OP = """CASE get_json_object(o.col, '$.type')
+      WHEN 'KvPut' THEN concat('kv/', get_json_object(o.col, '$.name'))
+      WHEN 'KvDeleted' THEN concat('kv/', get_json_object(o.col, '$.name'))
+      WHEN 'OffsetCommitted' THEN concat('offset/', get_json_object(o.col, '$.consumer_group'), '/',
+                                         get_json_object(o.col, '$.topic'), '/', get_json_object(o.col, '$.queue_id'))
+      WHEN 'ConfigChanged' THEN concat('config/', get_json_object(o.col, '$.scope'), '/', get_json_object(o.col, '$.name'))
+      ELSE concat('topic/', get_json_object(o.col, '$.name')) END"""
+
+_EFFECTS_SQL = f"""
+  SELECT `group`, `offset`, 0 AS op, key AS ekey, event_type AS etype, payload AS body, actor, request_id,
+         applied, `timestamp`
+  FROM {{events}} WHERE event_type <> 'Txn' AND {{where}}
+  UNION ALL
+  SELECT `group`, `offset`, o.pos + 1 AS op, {_KEY_OF_OP} AS ekey, get_json_object(o.col, '$.type') AS etype,
+         o.col AS body, actor, request_id, applied, `timestamp`
+  FROM {{events}} LATERAL VIEW posexplode(from_json(get_json_object(payload, '$.ops'), 'array<string>')) o AS pos, col
+  WHERE event_type = 'Txn' AND {{where}}
+"""
+
+_DELETES = ", ".join(f"'{t}'" for t in DELETES)
+_LEASE_ENDS = ", ".join(f"'{t}'" for t in LEASE_ENDS)
+
+_STATE_SQL = f"""
+WITH effects AS ({{effects}}),
+latest AS (
+  SELECT ekey, max(named_struct('offset', `offset`, 'op', op, 'group', `group`, 'etype', etype, 'body', body,
+                                'actor', actor, 'ts', `timestamp`)) AS e
+  FROM effects
+  WHERE (applied IS NULL OR applied) AND startswith(ekey, :prefix)
+  GROUP BY ekey),
+lease_ends AS (
+  SELECT CAST(get_json_object(payload, '$.lease_id') AS BIGINT) AS lease_id, max(`offset`) AS end_offset
+  FROM {{events}}
+  WHERE event_type IN ({_LEASE_ENDS}) AND (applied IS NULL OR applied) AND {{where}}
+  GROUP BY 1)
+SELECT l.ekey AS key, l.e.group AS `group`, l.e.offset AS `offset`, l.e.etype AS event_type, l.e.body AS body,
+       l.e.actor AS actor, l.e.ts AS `timestamp`
+FROM latest l
+LEFT JOIN lease_ends x
+  ON x.lease_id = CAST(get_json_object(l.e.body, '$.lease') AS BIGINT) AND x.end_offset > l.e.offset
+WHERE l.e.etype NOT IN ({_DELETES})
+  AND NOT (l.e.etype = 'ConfigChanged' AND get_json_object(l.e.body, '$.value') IS NULL)
+  AND x.lease_id IS NULL
+"""
+
+_HISTORY_SQL = """
+SELECT * FROM ({effects}) WHERE ekey = :key ORDER BY `group`, `offset`, op
+"""
+
+
+def _ts(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return str(value)
+
+
+def value_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """A kv event's value as text when printable UTF-8, else base64 (like the client commands)."""
+    raw = body.get("value")
+    if raw is None:
+        return {"value": None, "encoding": None}
+    data = base64.b64decode(raw)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and all(c.isprintable() or c in "\t\r\n" for c in text):
+        return {"value": text, "encoding": "utf-8"}
+    return {"value": raw, "encoding": "base64"}
+
+
+def _state_row(r: Any) -> dict[str, Any]:
+    body = json.loads(r["body"])
+    row: dict[str, Any] = {"key": r["key"], "group": r["group"], "offset": int(r["offset"]),
+                           "event_type": r["event_type"], "actor": r["actor"], "timestamp": _ts(r["timestamp"])}
+    if r["key"].startswith("kv/"):
+        row.update(value_fields(body))
+        row["lease"] = int(body.get("lease") or 0)
+    else:
+        row.update({"value": None, "encoding": None})
+    row["event"] = body
+    return row
+
+
+def _event_row(r: Any) -> dict[str, Any]:
+    body = json.loads(r["body"])
+    row: dict[str, Any] = {"group": r["group"], "offset": int(r["offset"]), "op": int(r["op"]),
+                           "timestamp": _ts(r["timestamp"]), "event_type": r["etype"], "key": r["ekey"],
+                           "actor": r["actor"], "request_id": r["request_id"], "applied": r["applied"]}
+    if r["ekey"].startswith("kv/") and r["etype"] == "KvPut":
+        row.update(value_fields(body))
+    else:
+        row.update({"value": None, "encoding": None})
+    row["event"] = body
+    return row
+
+
+def _shown(row: dict[str, Any]) -> str:
+    if row.get("value") is not None:
+        return str(row["value"]) if row.get("encoding") == "utf-8" else f"base64:{row['value']}"
+    return json.dumps(row["event"], sort_keys=True)

@@ -1,0 +1,345 @@
+"""`epochlog export` and `epochlog audit ...`: the event history in a Delta table, and questions to it.
+
+pyspark is imported only when a command runs (the rest of the CLI starts fast). Spark runs in local
+mode unless `--master` names another (its executors must have the epochlog package installed).
+
+Output: a plain table for people, `--json` (one JSON document; `export --follow`: one per run) or
+`--csv` (audit). Errors are EpochlogErrors (`error: <message>`, exit 3): an unknown table version,
+a time before the table existed, a malformed key, an export that lost a race with another one.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from spark.errors import AuditError
+
+DEFAULT_MASTER = "local[*]"
+FOLLOW_INTERVAL_S = 5.0
+
+_master_option = click.option("--master", default=DEFAULT_MASTER, show_default=True,
+                              help="Spark master URL (local[N], spark://host:port, yarn...).")
+
+
+def register(cli: click.Group) -> None:
+    """Add `export` and `audit` to the `epochlog` group (cli.py calls this once)."""
+    cli.add_command(export_command)
+    cli.add_command(audit_group)
+
+
+# --- export ----------------------------------------------------------------------------------------
+
+@click.command("export")
+@click.option("--to", "table", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="The Delta table (a directory; created on the first run).")
+@click.option("--endpoints", metavar="HOST:PORT,...", help="Client addresses of some nodes [env EPOCHLOG_ENDPOINTS].")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A cluster config: use every member's client_address.")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="Seconds each call to the cluster may take.")
+@click.option("--offline", "offline_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Read the segment files of a stopped node (its data directory) instead of a cluster.")
+@click.option("--groups", default="", metavar="G1,G2", help="Export only these groups [default: all].")
+@click.option("--follow", is_flag=True, help="Keep exporting as the logs grow (a batch run every --interval s).")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=FOLLOW_INTERVAL_S, show_default=True,
+              help="Seconds between runs with --follow.")
+@click.option("--range-offsets", type=click.IntRange(min=1), default=250_000, show_default=True,
+              help="Offsets per Spark partition.")
+@click.option("--release", is_flag=True,
+              help="Delete this table's watermark from the cluster (its logs stop keeping events for it) and exit.")
+@_master_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document per run.")
+def export_command(table: Path, endpoints: str | None, config_path: Path | None, timeout: float,
+                   offline_dir: Path | None, groups: str, follow: bool, interval: float, range_offsets: int,
+                   release: bool, master: str, as_json: bool) -> None:
+    """Export committed events into the Delta table at --to, exactly once (one Delta commit per run).
+
+    On a cluster the table's watermark (the highest exported offset per group) is reported back, and
+    the groups keep their logs above it when they compact."""
+    from epochlog.cli_client import Target
+    from spark.sources import ClusterSource, OfflineSource
+
+    only = tuple(g.strip() for g in groups.split(",") if g.strip())
+    if offline_dir is not None:
+        if endpoints or config_path or release:
+            raise click.UsageError("--offline reads files: no --endpoints, --config or --release with it")
+        source: Any = OfflineSource.discover(offline_dir, only)
+        endpoints_used: tuple[str, ...] = ()
+    else:
+        target = Target.resolve(endpoints, config_path, timeout, as_json)
+        endpoints_used = target.endpoints
+        source = ClusterSource(endpoints_used, timeout, only)
+    if release:
+        from spark.export import release_watermark
+
+        released = release_watermark(endpoints_used, table, timeout_s=timeout)
+        _emit(as_json, {"released": released, "table": str(table)},
+              f"{'released' if released else 'no watermark recorded for'} {table}")
+        return
+    session = _LazySession(master)
+    try:
+        while True:
+            _one_run(session, table, source, endpoints_used, range_offsets, timeout, as_json)
+            if not follow:
+                return
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        if not follow:
+            raise click.Abort() from None
+    finally:
+        session.stop()
+
+
+class _LazySession:
+    """The SparkSession, started on first use (a run with nothing new starts no JVM)."""
+
+    def __init__(self, master: str) -> None:
+        self.master = master
+        self.session: Any = None
+
+    def __call__(self) -> Any:
+        if self.session is None:
+            from spark.session import get_session
+
+            self.session = get_session(self.master, "epochlog-export")
+        return self.session
+
+    def stop(self) -> None:
+        if self.session is not None:
+            self.session.stop()
+
+
+def _one_run(spark: Any, table: Path, source: Any, endpoints: tuple[str, ...], range_offsets: int,
+             timeout: float, as_json: bool) -> None:
+    from spark.export import export_once, report_watermark
+
+    with _progress_bar(as_json) as progress:
+        result = export_once(spark, table, source, range_offsets=range_offsets, progress=progress.update,
+                             on_plan=progress.plan)
+    if endpoints and result.table_version is not None:
+        result.watermark_reported = report_watermark(endpoints, table, result.exported_through, timeout_s=timeout)
+    for warning in result.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    document = {
+        "table": str(table), "table_version": result.table_version, "rows": result.rows,
+        "seconds": round(result.seconds, 3),
+        "events_per_second": round(result.rows / result.seconds) if result.seconds > 0 and result.rows else 0,
+        "groups": [{"group": g.group, "from": g.start, "to": g.end - 1 if g.offsets else None,
+                    "exported_through": result.exported_through.get(g.group, -1), "skipped": g.skipped}
+                   for g in result.plan.groups],
+        "watermark_reported": result.watermark_reported}
+    if result.table_version is None:
+        text = f"nothing new to export (table {table} has every committed event)"
+    else:
+        ranges = ", ".join(f"{g.group} {g.start}..{g.end - 1}" for g in result.plan.active())
+        text = (f"exported {result.rows} events ({ranges}) in {result.seconds:.1f} s "
+                f"({document['events_per_second']}/s): table version {result.table_version}")
+    _emit(as_json, document, text)
+
+
+class _progress_bar:
+    """A rich progress bar of the run's Spark tasks on a terminal (nothing when piped or with --json)."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.enabled = not quiet and sys.stderr.isatty()
+        self._progress: Any = None
+        self._task: Any = None
+        self._events = 0
+
+    def __enter__(self) -> _progress_bar:
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                      TextColumn("ranges"), TimeElapsedColumn(), console=Console(stderr=True),
+                                      transient=True)
+            self._progress.start()
+        return self
+
+    def plan(self, plan: Any) -> None:
+        self._events = plan.offsets
+
+    def update(self, done: int, total: int) -> None:
+        if self._progress is None:
+            return
+        if self._task is None:
+            self._task = self._progress.add_task(f"exporting up to {self._events} offsets", total=total)
+        self._progress.update(self._task, completed=done, total=total)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+def _emit(as_json: bool, document: Any, text: str) -> None:
+    click.echo(json.dumps(document) if as_json else text)
+
+
+# --- audit -----------------------------------------------------------------------------------------
+
+@click.group("audit")
+def audit_group() -> None:
+    """Questions to an exported events table (Spark SQL), at any table version (Delta time travel)."""
+
+
+def _audit_options(f: Callable[..., None]) -> Callable[..., None]:
+    options = [
+        click.option("--table", required=True, type=click.Path(file_okay=False, path_type=Path),
+                     help="The Delta table written by `epochlog export`."),
+        click.option("--table-version", type=int, default=None,
+                     help="Read the table as of this Delta version (time travel)."),
+        click.option("--table-as-of", default=None, metavar="TIME",
+                     help="Read the table as of this time (ISO 8601 or epoch ms): the last version committed then."),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON document."),
+        click.option("--csv", "as_csv", is_flag=True, help="Print CSV (a header line, then one line per row)."),
+        _master_option,
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+class _AuditRun:
+    """The session and snapshot of one audit command."""
+
+    def __init__(self, table: Path, table_version: int | None, table_as_of: str | None, master: str) -> None:
+        from spark.table import resolve
+
+        if table_version is not None and table_as_of is not None:
+            raise click.UsageError("give --table-version or --table-as-of, not both")
+        self.snapshot = resolve(table, version=table_version, as_of=table_as_of)   # errors before Spark starts
+        self.master = master
+
+    def __enter__(self) -> Any:
+        from spark.audit import Audit
+        from spark.session import get_session
+
+        self.spark = get_session(self.master, "epochlog-audit")
+        return Audit(self.spark, self.snapshot)
+
+    def __exit__(self, *exc: object) -> None:
+        self.spark.stop()
+
+
+def _point(at: str | None, offset: int | None, group: str | None, prefix: str, flag: str) -> Any:
+    from spark.audit import Point
+    from spark.table import parse_time
+
+    if (at is None) == (offset is None):
+        raise click.UsageError(f"give {flag}TIME or --offset N (one of them)")
+    if at is not None:
+        return Point(time=parse_time(at))
+    if group is None:
+        from epochlog.routing import group_of_key
+        from statemachines.events import EventError
+
+        try:
+            group = group_of_key(prefix)
+        except EventError:
+            raise click.UsageError("an offset belongs to one group: name it with --group (or give a --prefix "
+                                   "such as kv/...)") from None
+    return Point(group=group, offset=offset)
+
+
+@audit_group.command("state")
+@click.option("--at", default=None, metavar="TIME", help="The state at this time (ISO 8601 or epoch ms).")
+@click.option("--offset", type=int, default=None, help="The state at this offset of --group.")
+@click.option("--group", default=None, help="The group of --offset [default: the group of --prefix].")
+@click.option("--prefix", default="", help="Only entity keys starting with this (kv/app/, topic/...).")
+@_audit_options
+def audit_state(at: str | None, offset: int | None, group: str | None, prefix: str, table: Path,
+                table_version: int | None, table_as_of: str | None, as_json: bool, as_csv: bool, master: str) -> None:
+    """The entities as they were at a time or an offset (the views replayed from the history)."""
+    from spark.audit import check_prefix
+
+    check_prefix(prefix)
+    point = _point(at, offset, group, prefix, "--at ")
+    with _AuditRun(table, table_version, table_as_of, master) as audit:
+        rows = audit.state(point, prefix)
+    _rows(rows, as_json, as_csv, ("key", "group", "offset", "event_type", "value", "timestamp", "actor"))
+
+
+@audit_group.command("history")
+@click.argument("key")
+@_audit_options
+def audit_history(key: str, table: Path, table_version: int | None, table_as_of: str | None, as_json: bool,
+                  as_csv: bool, master: str) -> None:
+    """Every event that touched KEY (an entity key: kv/app/x, topic/orders...), rejected ones included."""
+    from spark.audit import check_key
+
+    check_key(key)
+    with _AuditRun(table, table_version, table_as_of, master) as audit:
+        rows = audit.history(key)
+    _rows(rows, as_json, as_csv, ("group", "offset", "timestamp", "event_type", "applied", "value", "actor",
+                                  "request_id"))
+
+
+@audit_group.command("diff")
+@click.option("--from", "start", required=True, metavar="TIME", help="The earlier time.")
+@click.option("--to", "end", required=True, metavar="TIME", help="The later time.")
+@click.option("--prefix", default="", help="Only entity keys starting with this.")
+@_audit_options
+def audit_diff(start: str, end: str, prefix: str, table: Path, table_version: int | None, table_as_of: str | None,
+               as_json: bool, as_csv: bool, master: str) -> None:
+    """What changed between two times: entities added, removed or changed."""
+    from spark.audit import Point, check_prefix
+    from spark.table import parse_time
+
+    check_prefix(prefix)
+    t1, t2 = parse_time(start), parse_time(end)
+    if t2 < t1:
+        raise AuditError(f"--to {end} is before --from {start}")
+    with _AuditRun(table, table_version, table_as_of, master) as audit:
+        rows = audit.diff(Point(time=t1), Point(time=t2), prefix)
+    _rows(rows, as_json, as_csv, ("key", "change", "before_offset", "after_offset", "before", "after", "actor"))
+
+
+@audit_group.command("actions")
+@click.option("--actor", required=True, help="The principal whose actions to list.")
+@click.option("--since", default=None, metavar="TIME", help="Only from this time on.")
+@click.option("--until", default=None, metavar="TIME", help="Only up to this time.")
+@click.option("--limit", type=click.IntRange(min=1), default=1000, show_default=True)
+@_audit_options
+def audit_actions(actor: str, since: str | None, until: str | None, limit: int, table: Path,
+                  table_version: int | None, table_as_of: str | None, as_json: bool, as_csv: bool, master: str) -> None:
+    """Every event a principal wrote (accepted or rejected), oldest first."""
+    from spark.table import parse_time
+
+    s = None if since is None else parse_time(since)
+    u = None if until is None else parse_time(until)
+    with _AuditRun(table, table_version, table_as_of, master) as audit:
+        rows = audit.actions(actor, since=s, until=u, limit=limit)
+    _rows(rows, as_json, as_csv, ("timestamp", "group", "offset", "event_type", "key", "applied", "request_id"))
+
+
+def _rows(rows: list[dict[str, Any]], as_json: bool, as_csv: bool, columns: Sequence[str]) -> None:
+    if as_json and as_csv:
+        raise click.UsageError("give --json or --csv, not both")
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    if as_csv:
+        fields = list(rows[0].keys()) if rows else list(columns)
+        writer = csv.DictWriter(sys.stdout, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in row.items()})
+        return
+    from epochlog.cli_client import _table
+
+    _table(columns, [[_cell(row.get(c)) for c in columns] for row in rows])
+    click.echo(f"({len(rows)} rows)")
+
+
+def _cell(value: Any) -> str:
+    text = "-" if value is None else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."

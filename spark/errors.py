@@ -1,0 +1,26 @@
+"""Errors of the export and audit pipeline (all under EpochlogError)."""
+
+from __future__ import annotations
+
+from eventlog.errors import EpochlogError
+
+
+class ExportError(EpochlogError):
+    """An export run cannot go on as asked (nothing was committed to the table by it)."""
+
+    code = "export"
+
+
+class ExportConflictError(ExportError):
+    """Another export committed offsets this run was about to commit: this run's files were deleted.
+    Run the export again: it starts after what the other run exported."""
+
+    code = "export_conflict"
+    retriable = True
+
+
+class AuditError(EpochlogError):
+    """An audit question that cannot be answered as asked (unknown table version, a time before the
+    table existed, a malformed key...)."""
+
+    code = "invalid_argument"

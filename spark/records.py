@@ -1,0 +1,109 @@
+"""Committed records -> Arrow rows of the `events` table (pure: no IO, no Spark).
+
+A record is what a source read for one offset (control batches are never passed on). Its value is
+decoded with `statemachines.events.decode_event`; the payload column is the event as JSON (bytes
+in base64, msgspec's JSON encoding). A value that does not decode is still a committed record that
+every replica rejected alike: it becomes a row of type `_malformed` (payload: the error and the
+raw value in base64), never a reason to stop. An event of a NEWER schema version than this code
+knows stops the export instead (SchemaVersionError): upgrade the exporter rather than misread it.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable
+from typing import NamedTuple
+
+import msgspec
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark.table import FILE_SCHEMA, PARTITION_COLUMN, ROW_SCHEMA
+from statemachines import events as ev
+
+MALFORMED = "_malformed"
+
+
+class SourceRecord(NamedTuple):
+    offset: int
+    key: str
+    value: bytes | memoryview | None
+    timestamp: int           # ms since the epoch
+    term: int                # the batch's partitionLeaderEpoch
+    applied: bool | None     # None: the source cannot tell
+
+
+_json = msgspec.json.Encoder()
+
+
+def to_batch(group: str, records: Iterable[SourceRecord]) -> pa.RecordBatch:
+    """The table rows (ROW_SCHEMA, date included) of `records`, all of group `group`."""
+    offsets: list[int] = []
+    terms: list[int] = []
+    stamps: list[int] = []
+    types: list[str] = []
+    keys: list[str] = []
+    actors: list[str] = []
+    rids: list[str] = []
+    versions: list[int] = []
+    payloads: list[str] = []
+    applied: list[bool | None] = []
+    decode = ev.decode_event
+    encode = _json.encode
+    for r in records:
+        try:
+            event = decode(r.value or b"")
+        except ev.SchemaVersionError:
+            raise
+        except ev.EventError as exc:
+            types.append(MALFORMED)
+            actors.append("")
+            rids.append("")
+            versions.append(0)
+            raw = base64.b64encode(bytes(r.value or b"")).decode()
+            payloads.append(encode({"error": str(exc), "value": raw}).decode())
+        else:
+            types.append(event.__struct_config__.tag)  # type: ignore[arg-type]
+            actors.append(event.actor)
+            rids.append(event.request_id)
+            versions.append(event.v)
+            payloads.append(encode(event).decode())
+        offsets.append(r.offset)
+        terms.append(r.term)
+        stamps.append(r.timestamp * 1000)
+        keys.append(r.key)
+        applied.append(r.applied)
+    n = len(offsets)
+    ts = pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    columns = [
+        pa.array(offsets, pa.int64()),
+        pa.array([group] * n, pa.string()) if n else pa.array([], pa.string()),
+        pa.array(terms, pa.int64()),
+        ts,
+        pa.array(types, pa.string()),
+        pa.array(keys, pa.string()),
+        pa.array(actors, pa.string()),
+        pa.array(rids, pa.string()),
+        pa.array(versions, pa.int32()),
+        pa.array(payloads, pa.string()),
+        pa.array(applied, pa.bool_()),
+        day_of(ts),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=ROW_SCHEMA)
+
+
+def day_of(timestamps: pa.Array) -> pa.Array:
+    """The partition value of each timestamp: its UTC day, YYYY-MM-DD."""
+    if len(timestamps) == 0:
+        return pa.array([], pa.string())
+    return pc.strftime(timestamps, format="%Y-%m-%d")
+
+
+def split_by_day(batch: pa.RecordBatch) -> dict[str, pa.RecordBatch]:
+    """`batch` (table columns) as FILE_SCHEMA-named batches keyed by partition value."""
+    days = batch.column(PARTITION_COLUMN)
+    data = batch.select(FILE_SCHEMA.names)
+    unique = pc.unique(days).to_pylist()
+    if len(unique) == 1:
+        return {unique[0]: data}
+    return {day: data.filter(pc.equal(days, day)) for day in unique}

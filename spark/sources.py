@@ -1,0 +1,293 @@
+"""Reading committed records by offset range: from a running cluster, or offline from segment files.
+
+Both sources yield lists of `SourceRecord` for offsets [lo, hi) of one group, skipping control
+batches (Raft no-ops and membership changes: not events), and both fail rather than return fewer
+offsets than asked: an export must never commit a range it did not read completely.
+
+- `ClusterSource`: the SDK's `read_events` (served by the group's leader from what it applied). A
+  node that has not applied through `hi` yet is waited for (bounded); a range below the log start
+  is an ExportError (the export watermark exists so that compaction does not do that).
+- `OfflineSource`: the segment files of a stopped node (or a copy of its data directory), read
+  without taking the log's lock, every batch CRC-checked. The commit bound comes from the group's
+  `quorum-state` (the commit index, persisted lazily, so a lower bound) and from the views' applied
+  offset when the views can be opened read-only; nothing past it is read, so a tail that a new
+  leader could still truncate is never exported. With the views, each record also says whether
+  applying it changed them (`applied`, as the node reports it online).
+
+Layout read offline (eventlog/raft/runtime/log_storage.py): `<data dir>/groups/<group>/log/` (the
+segments), `quorum-state`, `views/` (RocksDB).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from eventlog.log import read_offsets_checkpoint
+from eventlog.offline import segment_files
+from eventlog.records import HEADER_SIZE, LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH, RecordBatch, check_batch, read_header
+from spark.errors import ExportError
+from spark.records import SourceRecord
+
+READ_MAX_EVENTS = 5000
+READ_MAX_BYTES = 4 << 20
+APPLY_WAIT_S = 30.0      # how long a range waits for the serving node to apply through its end
+
+
+# --- a running cluster -----------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ClusterSource:
+    endpoints: tuple[str, ...]
+    timeout_s: float = 10.0
+    only: tuple[str, ...] = ()    # these groups only (default: every group)
+
+    def bounds(self) -> dict[str, tuple[int, int]]:
+        """Per group (log start, commit offset), as each group's leader reports them."""
+        from epochlog.client import Client
+
+        with Client(list(self.endpoints), timeout=self.timeout_s, name="epochlog-export") as client:
+            groups = [g.group for g in client.status().groups]
+            unknown = set(self.only) - set(groups)
+            if unknown:
+                raise ExportError(f"no group {', '.join(sorted(unknown))} (groups: {', '.join(groups)})")
+            out = {}
+            for g in groups:
+                if self.only and g not in self.only:
+                    continue
+                probe = client.read_events(g, 1 << 62, max_events=1)
+                out[g] = (probe.log_start, probe.commit_offset)
+            return out
+
+    def read(self, group: str, lo: int, hi: int) -> Iterator[list[SourceRecord]]:
+        from epochlog.client import Client, CompactedError
+
+        with Client(list(self.endpoints), timeout=self.timeout_s, name="epochlog-export") as client:
+            offset = lo
+            stalled_since: float | None = None
+            while offset < hi:
+                try:
+                    got = client.read_events(group, offset, max_events=min(READ_MAX_EVENTS, hi - offset),
+                                             max_bytes=READ_MAX_BYTES)
+                except CompactedError as exc:
+                    raise ExportError(f"group {group}: offsets from {offset} were compacted before they were "
+                                      f"exported ({exc})") from None
+                records = [SourceRecord(e.offset, e.key, e.value, e.timestamp, e.term, e.applied)
+                           for e in got.events if e.offset < hi]
+                if records:
+                    yield records
+                if got.next_offset > offset:
+                    offset = got.next_offset
+                    stalled_since = None
+                    continue
+                # The serving node has not applied `offset` yet (a new leader catching up): wait.
+                now = time.monotonic()
+                stalled_since = stalled_since or now
+                if now - stalled_since > APPLY_WAIT_S:
+                    raise ExportError(f"group {group}: offset {offset} was not served within {APPLY_WAIT_S:.0f} s "
+                                      f"(commit offset {got.commit_offset})")
+                time.sleep(0.05)
+
+
+# --- segment files of a stopped node -------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class OfflineGroup:
+    group: str
+    directory: str        # the group directory (log/, quorum-state, views/)
+
+    @property
+    def log_dir(self) -> Path:
+        return Path(self.directory) / "log"
+
+    @property
+    def views_dir(self) -> Path:
+        return Path(self.directory) / "views"
+
+
+@dataclass(frozen=True, slots=True)
+class OfflineSource:
+    groups: tuple[OfflineGroup, ...] = field(default=())
+
+    @classmethod
+    def discover(cls, directory: str | Path, only: tuple[str, ...] = ()) -> OfflineSource:
+        """The groups under a node's data directory (`groups/<name>/log`), or the one group directory
+        given (`<dir>/log`)."""
+        root = Path(directory)
+        if (root / "groups").is_dir():
+            found = [OfflineGroup(p.name, str(p.resolve())) for p in sorted((root / "groups").iterdir())
+                     if (p / "log").is_dir()]
+        elif (root / "log").is_dir():
+            found = [OfflineGroup(root.name, str(root.resolve()))]
+        else:
+            raise ExportError(f"{root} holds no group logs: give a node's data directory (with groups/<name>/log) "
+                              f"or one group's directory (with log/)")
+        if only:
+            unknown = set(only) - {g.group for g in found}
+            if unknown:
+                raise ExportError(f"no group {', '.join(sorted(unknown))} under {root} "
+                                  f"(found {', '.join(g.group for g in found)})")
+            found = [g for g in found if g.group in only]
+        return cls(tuple(found))
+
+    def group(self, name: str) -> OfflineGroup:
+        for g in self.groups:
+            if g.group == name:
+                return g
+        raise ExportError(f"no group {name!r} in the offline source")
+
+    def bounds(self) -> dict[str, tuple[int, int]]:
+        return {g.group: (log_start(g.log_dir), commit_bound(g)) for g in self.groups}
+
+    def read(self, group: str, lo: int, hi: int) -> Iterator[list[SourceRecord]]:
+        g = self.group(group)
+        views = ViewsLookup.open(g.views_dir)
+        try:
+            yield from read_segments(g.log_dir, lo, hi, views)
+        finally:
+            if views is not None:
+                views.close()
+
+
+def log_start(log_dir: Path) -> int:
+    start, _ = read_offsets_checkpoint(log_dir)
+    files = segment_files(log_dir)
+    return max(start, files[0][0]) if files else start
+
+
+def commit_bound(g: OfflineGroup) -> int:
+    """The highest offset known committed: max of quorum-state's commit and the views' applied offset."""
+    commit = -1
+    qs = Path(g.directory) / "quorum-state"
+    if qs.exists():
+        try:
+            commit = int(msgspec.json.decode(qs.read_bytes()).get("commit", -1))
+        except (msgspec.DecodeError, AttributeError, ValueError) as exc:
+            raise ExportError(f"{qs} is malformed: {exc}") from None
+    views = ViewsLookup.open(g.views_dir)
+    if views is not None:
+        try:
+            commit = max(commit, views.applied())
+        finally:
+            views.close()
+    return commit
+
+
+def read_segments(log_dir: Path, lo: int, hi: int, views: ViewsLookup | None = None,
+                  chunk: int = 10_000) -> Iterator[list[SourceRecord]]:
+    """Records of offsets [lo, hi) from the segment files in `log_dir` (read-only, every CRC checked)."""
+    files = segment_files(log_dir)
+    out: list[SourceRecord] = []
+    offset = lo
+    for i, (base, path) in enumerate(files):
+        seg_end = files[i + 1][0] if i + 1 < len(files) else None
+        if seg_end is not None and seg_end <= lo:
+            continue
+        if base >= hi:
+            break
+        if base > offset:
+            raise ExportError(f"{log_dir}: offsets {offset}..{base - 1} are missing (segment {path.name})")
+        for header, batch_view in _batches(path, lo):
+            if header.base_offset >= hi:
+                break
+            offset = header.base_offset + header.last_offset_delta + 1
+            if header.is_control:
+                continue
+            term = header.leader_epoch
+            for record in RecordBatch(header, batch_view).records():
+                o = record.offset
+                if o < lo or o >= hi:
+                    continue
+                key = "" if record.key is None else record.key.decode("utf-8", "backslashreplace")
+                applied = None if views is None else views.applied_at(key, o)
+                out.append(SourceRecord(o, key, record.value, record.timestamp, term, applied))
+            if len(out) >= chunk:
+                yield out
+                out = []
+        if offset >= hi:
+            break
+    if out:
+        yield out
+    if offset < hi:
+        raise ExportError(f"{log_dir}: the log ends at offset {offset}, before {hi} (the commit bound)")
+
+
+def _batches(path: Path, lo: int) -> Iterator[tuple[Any, memoryview]]:
+    """(header, bytes) of each valid batch of a segment file holding offsets at or above `lo`, up to
+    the first invalid one (the zeroed, preallocated end, or a torn tail past the commit bound).
+    Batches below `lo` are stepped over by their headers (no CRC: they are not read)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return
+        with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            try:
+                pos = 0
+                while pos + HEADER_SIZE <= size:
+                    h = read_header(view, pos)
+                    if h.magic != MAGIC or h.batch_length < MIN_BATCH_LENGTH or pos + h.size > size:
+                        return
+                    if h.base_offset + h.last_offset_delta < lo:
+                        pos += h.size
+                        continue
+                    checked = check_batch(view, pos, size)
+                    if isinstance(checked, str):
+                        return
+                    end = pos + checked.size
+                    # Records are decoded from a copy so no view of the mapping outlives it.
+                    yield checked, memoryview(bytes(view[pos:end]))
+                    pos = end
+            finally:
+                view.release()
+    finally:
+        os.close(fd)
+
+
+class ViewsLookup:
+    """Read-only access to a stopped group's views (RocksDB): applied offset, and whether an event
+    changed them (a `versions` row at its offset for its entity key, as the node checks online)."""
+
+    def __init__(self, db: object, versions: object) -> None:
+        self._db = db
+        self._versions = versions
+
+    @classmethod
+    def open(cls, path: Path) -> ViewsLookup | None:
+        if not (path / "CURRENT").exists():
+            return None
+        from rocksdict import AccessType, Options, Rdict
+
+        from statemachines.store import ALL_CFS
+
+        try:
+            db = Rdict(str(path), Options(raw_mode=True),
+                       column_families={name: Options(raw_mode=True) for name in ALL_CFS},
+                       access_type=AccessType.read_only())
+        except Exception:   # noqa: BLE001 - no views is an answer too: records then say "unknown"
+            return None
+        return cls(db, db.get_column_family("versions"))
+
+    def applied(self) -> int:
+        from statemachines.store import APPLIED, decode_offset
+
+        raw = self._db.get(APPLIED)  # type: ignore[attr-defined]
+        return -1 if raw is None else decode_offset(raw)
+
+    def applied_at(self, record_key: str, offset: int) -> bool:
+        from statemachines.store import version_key
+
+        entity = record_key[4:] if record_key.startswith("txn/") else record_key
+        return self._versions.get(version_key(entity.encode(), offset)) is not None  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self._versions = None
+        self._db.close()  # type: ignore[attr-defined]

@@ -1,0 +1,210 @@
+"""The Delta table `events` (through delta-rs): schema, creation, app transactions, versions, files.
+
+One row per committed event of every group:
+
+    offset          int64      the event's offset in its group's log (unique per group)
+    group           string     the Raft group (metadata, offsets, kv...)
+    term            int64      the Raft term that wrote it (the batch's partitionLeaderEpoch)
+    timestamp       timestamp  when the leader appended it (UTC, ms precision)
+    event_type      string     KvPut, TopicCreated, Txn... (statemachines.events)
+    key             string     the record key: the entity key (kv/app/x; txn/<first op's key> for a Txn)
+    actor           string     the acting principal ("" when none)
+    request_id      string     the client's request id ("" when none)
+    schema_version  int32      the event's schema version
+    payload         string     the event as JSON (bytes in base64)
+    applied         boolean    whether applying it changed the views (false: rejected, or a retry of
+                               an earlier request); null when the source could not tell
+    date            string     partition column: the UTC day of `timestamp`, YYYY-MM-DD (ASCII, so
+                               every reader parses the directory names alike)
+
+Table properties: `delta.appendOnly=true`. Exactly once: per group an app transaction
+`exporter/<group>` whose version is the highest offset exported (every event of the group at or
+below it is in the table, or was not an event: control batches, compacted ranges).
+
+Time travel: `resolve(root, version=, as_of=)` opens the table as it was, and refuses what delta-rs
+would answer silently or obscurely (a missing version, a time before the table existed).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow as pa
+
+from spark.errors import AuditError, ExportError
+
+TABLE_NAME = "events"
+PARTITION_COLUMN = "date"
+APP_ID_PREFIX = "exporter/"
+TABLE_CONFIGURATION = {"delta.appendOnly": "true"}
+
+FILE_SCHEMA = pa.schema([
+    pa.field("offset", pa.int64(), nullable=False),
+    pa.field("group", pa.string(), nullable=False),
+    pa.field("term", pa.int64(), nullable=False),
+    pa.field("timestamp", pa.timestamp("us", tz="UTC"), nullable=False),
+    pa.field("event_type", pa.string(), nullable=False),
+    pa.field("key", pa.string(), nullable=False),
+    pa.field("actor", pa.string(), nullable=False),
+    pa.field("request_id", pa.string(), nullable=False),
+    pa.field("schema_version", pa.int32(), nullable=False),
+    pa.field("payload", pa.string(), nullable=False),
+    pa.field("applied", pa.bool_(), nullable=True),
+])
+"""Columns stored in the Parquet files (the partition column lives in the directory names)."""
+
+TABLE_SCHEMA = FILE_SCHEMA.append(pa.field(PARTITION_COLUMN, pa.string(), nullable=False))
+
+ROW_SCHEMA = pa.schema([f.with_nullable(True) for f in TABLE_SCHEMA])
+"""Rows as Spark exchanges them (its Python data sources declare every column nullable)."""
+
+SPARK_DDL = ("`offset` BIGINT, `group` STRING, `term` BIGINT, `timestamp` TIMESTAMP, `event_type` STRING, "
+             "`key` STRING, `actor` STRING, `request_id` STRING, `schema_version` INT, `payload` STRING, "
+             "`applied` BOOLEAN, `date` STRING")
+"""The table's schema for Spark readers (spark.read.schema(SPARK_DDL))."""
+
+
+def app_id(group: str) -> str:
+    return APP_ID_PREFIX + group
+
+
+def is_table(root: str | Path) -> bool:
+    from deltalake import DeltaTable
+
+    return bool(DeltaTable.is_deltatable(str(root)))
+
+
+def open_table(root: str | Path) -> object:
+    """The table at `root` (a deltalake.DeltaTable), checked to be an events table."""
+    from deltalake import DeltaTable
+
+    if not is_table(root):
+        raise ExportError(f"{root} is not a Delta table")
+    dt = DeltaTable(str(root))
+    _check_schema(dt, root)
+    return dt
+
+
+def open_or_create(root: str | Path) -> object:
+    """The events table at `root`, created (version 0, empty) if there is none.
+
+    Creation races with another exporter are harmless: mode "ignore" keeps whichever came first."""
+    from deltalake import DeltaTable
+
+    root = Path(root)
+    if not is_table(root):
+        if root.exists() and not root.is_dir():
+            raise ExportError(f"{root} exists and is not a directory")
+        root.mkdir(parents=True, exist_ok=True)
+        DeltaTable.create(str(root), TABLE_SCHEMA, mode="ignore", partition_by=[PARTITION_COLUMN],
+                          name=TABLE_NAME, description="Epochlog committed events, one row per event",
+                          configuration=TABLE_CONFIGURATION)
+    return open_table(root)
+
+
+def _check_schema(dt: object, root: str | Path) -> None:
+    names = {f.name for f in dt.schema().fields}  # type: ignore[attr-defined]
+    missing = [n for n in TABLE_SCHEMA.names if n not in names]
+    if missing:
+        raise ExportError(f"{root} is a Delta table but not an Epochlog events table (no column "
+                          f"{', '.join(missing)})")
+
+
+def exported_through(dt: object, groups: list[str]) -> dict[str, int]:
+    """Per group, the highest offset exported so far (-1: nothing yet), from the app transactions."""
+    out = {}
+    for g in groups:
+        version = dt.transaction_version(app_id(g))  # type: ignore[attr-defined]
+        out[g] = -1 if version is None else int(version)
+    return out
+
+
+def referenced_paths(dt: object) -> set[str]:
+    """Relative paths of every data file the table's current version references."""
+    actions = dt.get_add_actions(flatten=True)  # type: ignore[attr-defined]
+    table = pa.table(actions) if not isinstance(actions, pa.Table) else actions
+    return set(table.column("path").to_pylist()) if table.num_rows else set()
+
+
+# --- time travel ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The table as of one version: its files (absolute URIs) and when that version was committed."""
+
+    root: str
+    version: int
+    committed_ms: int
+    files: list[str]
+
+
+def parse_time(text: str) -> datetime:
+    """An ISO 8601 / RFC 3339 time (a trailing Z allowed; a time without an offset is UTC), or epoch
+    milliseconds."""
+    raw = text.strip()
+    if re.fullmatch(r"-?\d{10,}", raw):
+        return datetime.fromtimestamp(int(raw) / 1000, tz=timezone.utc)
+    try:
+        value = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise AuditError(f"{text!r} is not a time: use ISO 8601 (2026-11-03T12:00:00Z) or epoch "
+                         f"milliseconds") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+
+
+def _history(dt: object) -> list[tuple[int, int]]:
+    """(version, commit timestamp ms) of every version still in the log, oldest first."""
+    rows = [(int(h["version"]), int(h["timestamp"])) for h in dt.history()  # type: ignore[attr-defined]
+            if "version" in h and "timestamp" in h]
+    return sorted(rows)
+
+
+def resolve(root: str | Path, *, version: int | None = None, as_of: str | datetime | None = None) -> Snapshot:
+    """The table at `root` as of `version`, or as of the time `as_of` (the last version committed at
+    or before it), or its latest version. AuditError for a version that does not exist, a time
+    before the table's first version, or a path that is no events table."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError
+
+    if version is not None and as_of is not None:
+        raise AuditError("give a table version or a time, not both")
+    if not is_table(root):
+        raise AuditError(f"{root} is not a Delta table (export to it first: epochlog export --to {root})")
+    latest = DeltaTable(str(root))
+    try:
+        _check_schema(latest, root)
+    except ExportError as exc:
+        raise AuditError(str(exc)) from None
+    history = _history(latest)
+    if version is not None:
+        if version < 0 or version > latest.version():
+            raise AuditError(f"table version {version} does not exist: {root} has versions "
+                             f"{history[0][0] if history else 0}..{latest.version()}")
+        try:
+            dt = DeltaTable(str(root), version=version)
+        except DeltaError as exc:
+            raise AuditError(f"table version {version} of {root} cannot be read (its log entry may have "
+                             f"been cleaned up): {exc}") from None
+    elif as_of is not None:
+        when = parse_time(as_of) if isinstance(as_of, str) else as_of
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        when_ms = int(when.timestamp() * 1000)
+        first = history[0] if history else (0, 0)
+        if when_ms < first[1]:
+            # delta-rs would silently answer version 0 here
+            raise AuditError(f"{when.isoformat()} is before the table existed: its first version "
+                             f"({first[0]}) was committed at {_iso(first[1])}")
+        chosen = max(v for v, ts in history if ts <= when_ms)
+        dt = DeltaTable(str(root), version=chosen)
+    else:
+        dt = latest
+    ts = dict(history).get(dt.version(), 0)
+    return Snapshot(str(Path(root).resolve()), dt.version(), ts, list(dt.file_uris()))
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
