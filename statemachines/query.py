@@ -77,6 +77,8 @@ class Query:
             state = decode_state(raw_key, raw)
             return Item(key, state, state.version)  # type: ignore[attr-defined]
         self._check_as_of(as_of)
+        if as_of < 0:
+            return None  # before the first offset; and -1 would pack as the largest offset
         row = self.store.last_at_or_before("versions", version_key(raw_key, as_of), raw_key + b"\x00")
         if row is None:
             return None
@@ -119,7 +121,11 @@ class Query:
             raise EventError(f"as_of {as_of} is beyond the applied offset {applied}")
 
     def _page(self, start: bytes, end: bytes | None, limit: int, after: str | None, as_of: int | None) -> Page:
-        begin = start if after is None else max(start, after.encode() + b"\x00")
+        # The first key past `after`: entity key + b"\0" in an entity's column family; in `versions`
+        # (keys are entity key + b"\0" + offset) the rows of `after` itself sort from after + b"\0",
+        # so the next entity starts at after + b"\1" (entity keys hold no NUL).
+        past = b"\x00" if as_of is None else b"\x01"
+        begin = start if after is None else max(start, after.encode() + past)
         items = []
         source = (self._current(begin, end) if as_of is None else self._as_of(begin, end, as_of))
         for item in source:
