@@ -48,7 +48,7 @@ SECTIONS = ("messages", "events", "errors", "examples")
 
 # Modules whose EpochlogError subclasses can reach a client as a wire error code.
 ERROR_MODULES = ("eventlog.errors", "eventlog.raft.errors", "statemachines.events", "epochlog.node",
-                 "epochlog.server")
+                 "epochlog.server", "controller.errors")
 # Codes produced by the protocol layer itself rather than by an error class.
 PROTOCOL_CODES = {
     "bad_frame": (False, "The connection sent something that is not a frame of this protocol (or a request "

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import click
 
-from epochlog import cli_client
+from epochlog import cli_brokers, cli_client
 from spark import cli as spark_cli
 from eventlog.errors import EpochlogError
 
@@ -184,6 +184,7 @@ def serve_command(config_path: Path, node_id: int, data_dir: Path | None, seed: 
 
 
 cli_client.register(cli)
+cli_brokers.register(cli)   # brokers, routes, topic create, broker run, sim brokers (the controller)
 spark_cli.register(cli)   # export, audit (pyspark is imported only when they run)
 
 

@@ -52,6 +52,8 @@ from eventlog.raft.runtime.group import RaftGroup
 from eventlog.raft.runtime.host import NodeHost
 from eventlog.raft.types import ConfChange, ConfChangeKind, ConfState
 from epochlog import protocol as p
+from controller.config import controller_config
+from controller.runtime import ControllerRuntime
 from epochlog.routing import REQUIRED_GROUPS, group_of_event, group_of_key
 from statemachines import events as ev
 from statemachines.query import MAX_LIMIT, Query
@@ -82,6 +84,7 @@ class Node:
         self.node_id = node_id
         self.data_dir = Path(data_dir)
         self.views_config = from_mapping(ViewsConfig, configs.views, "views")
+        self.controller = ControllerRuntime(self, controller_config(configs.controller))  # on the metadata leader
         missing = [g for g in REQUIRED_GROUPS if g not in configs.cluster.groups]
         if missing:
             raise ConfigError("cluster.groups", list(configs.cluster.groups),
@@ -122,6 +125,7 @@ class Node:
         await self.host.start()
         self._refresh_members()
         self._members_task = asyncio.get_running_loop().create_task(self._follow_members(), name="members")
+        self.controller.start()
 
     async def stop(self) -> None:
         if self._members_task is not None:
@@ -130,6 +134,7 @@ class Node:
                 await self._members_task
             except (asyncio.CancelledError, EpochlogError):
                 pass
+        await self.controller.stop()
         await self.host.stop()
 
     @property
@@ -513,6 +518,26 @@ class Node:
             target = max(followers, key=lambda n: progress[n].match if n in progress else -1)
         group.transfer_leadership(target)
         return p.Done()
+
+    # --- the controller (controller/runtime.py): brokers, their groups, topic routes ---------------------
+
+    def broker_heartbeats(self, call: p.BrokerHeartbeats) -> p.HeartbeatsAck:
+        return self.controller.heartbeats(call)
+
+    async def broker_register(self, call: p.BrokerRegister) -> p.Registered:
+        return await self.controller.register(call)
+
+    async def sync_state_set_report(self, call: p.SyncStateSetReport) -> p.BrokerGroup:
+        return await self.controller.report_sync_state_set(call)
+
+    async def broker_shutdown(self, call: p.BrokerShutdown) -> p.BrokerGroup:
+        return await self.controller.shutdown(call)
+
+    async def route(self, call: p.RouteQuery, timeout: float = DEFAULT_TIMEOUT_S) -> p.TopicRoute:
+        return await self.controller.route(call, timeout)
+
+    async def brokers(self, call: p.BrokerList, timeout: float = DEFAULT_TIMEOUT_S) -> p.Brokers:
+        return await self.controller.brokers(call, timeout)
 
     def snapshot(self, call: p.Snapshot) -> p.Done:
         return p.Done(self.group(call.group).snapshot_now())

@@ -170,8 +170,79 @@ class MemberRemove(msgspec.Struct, tag="member_remove"):
     group: str = ""
 
 
+# The controller (controller/): served by the metadata group's leader, except the reads (RouteQuery,
+# BrokerList), which any node serves at the consistency asked.
+
+class BrokerIdentity(msgspec.Struct, array_like=True):
+    cluster: str
+    group: str                            # broker group (RocketMQ broker name)
+    name: str                             # the broker within its group
+    address: str                          # host:port where it serves
+    incarnation: str                      # this process run; sorts by start time (controller.decisions)
+
+
+class BrokerRegister(msgspec.Struct, tag="broker_register"):
+    """Register brokers (a fleet registers many in one call); one Registration per broker, in order."""
+
+    brokers: list[BrokerIdentity]
+
+
+class Heartbeat(msgspec.Struct, array_like=True):
+    cluster: str
+    group: str
+    name: str
+    broker_epoch: int
+    offset: int = -1                      # the broker's replicated offset (-1: not reported)
+
+
+class BrokerHeartbeats(msgspec.Struct, tag="broker_heartbeats"):
+    """Heartbeats of many brokers in one call; never logged (only a fence or unfence is an event)."""
+
+    heartbeats: list[Heartbeat]
+
+
+class SyncStateSetReport(msgspec.Struct, tag="sync_state_set_report"):
+    """The master's new SyncStateSet (shrink or expand), under the epochs it was decided in."""
+
+    cluster: str
+    group: str
+    name: str
+    broker_epoch: int
+    master_epoch: int
+    sync_state_set_epoch: int
+    sync_state_set: list[int]
+
+
+class BrokerShutdown(msgspec.Struct, tag="broker_shutdown"):
+    """Controlled shutdown: a master hands mastership over, then the broker is fenced."""
+
+    cluster: str
+    group: str
+    name: str
+    broker_epoch: int
+
+
+class RouteQuery(msgspec.Struct, tag="route_query"):
+    """Where a topic lives: the live master and replicas of each of its broker groups."""
+
+    topic: str
+    cluster: str = ""                     # "": broker groups of every cluster
+    consistency: str = "linearizable"
+    min_offset: int = -1
+
+
+class BrokerList(msgspec.Struct, tag="broker_list"):
+    """Every registered broker and broker group (of one cluster or group when given)."""
+
+    cluster: str = ""
+    group: str = ""
+    consistency: str = "linearizable"
+    min_offset: int = -1
+
+
 Call = (Write | Get | Gets | List | History | LeaseGrant | LeaseKeepAlive | Watch | WatchAck | CancelWatch
-        | ReadEvents | Status | TransferLeader | Snapshot | MemberList | MemberAdd | MemberPromote | MemberRemove)
+        | ReadEvents | Status | TransferLeader | Snapshot | MemberList | MemberAdd | MemberPromote | MemberRemove
+        | BrokerRegister | BrokerHeartbeats | SyncStateSetReport | BrokerShutdown | RouteQuery | BrokerList)
 
 
 class Request(msgspec.Struct, array_like=True):
@@ -307,8 +378,93 @@ class Done(msgspec.Struct, tag="done"):
     offset: int = -1
 
 
+class BrokerGroupInfo(msgspec.Struct, array_like=True):
+    cluster: str
+    group: str
+    master: int                           # broker id of the master (-1: none)
+    master_epoch: int
+    sync_state_set: list[int]
+    sync_state_set_epoch: int
+    status: str                           # "ok", or why the group has no usable master
+
+
+class Registration(msgspec.Struct, array_like=True):
+    broker_id: int                        # -1 when refused
+    broker_epoch: int                     # heartbeats and reports carry it
+    group: BrokerGroupInfo | None         # the group after the registration
+    code: str = ""                        # non-empty: refused (fenced: an older incarnation; invalid_argument)
+    message: str = ""
+
+
+class Registered(msgspec.Struct, tag="registered"):
+    results: list[Registration]
+    heartbeat_interval_ms: int            # how often to heartbeat
+    heartbeat_timeout_ms: int             # silent this long: fenced
+    applied: int                          # the metadata offset the groups are described at (watch from the next)
+
+
+class HeartbeatRejected(msgspec.Struct, array_like=True):
+    index: int                            # position in BrokerHeartbeats.heartbeats
+    code: str                             # fenced (another incarnation holds the name: stop) or not_found (register)
+
+
+class HeartbeatsAck(msgspec.Struct, tag="heartbeats_ack"):
+    rejected: list[HeartbeatRejected]     # only the heartbeats not accepted
+
+
+class BrokerGroup(msgspec.Struct, tag="broker_group"):
+    group: BrokerGroupInfo
+
+
+class RouteBroker(msgspec.Struct, array_like=True):
+    id: int
+    name: str
+    address: str
+
+
+class GroupRoute(msgspec.Struct, array_like=True):
+    cluster: str
+    group: str
+    master: RouteBroker | None            # None: no live master (writes cannot go to this group)
+    master_epoch: int
+    replicas: list[RouteBroker]           # live (unfenced) brokers other than the master
+    status: str
+
+
+class TopicRoute(msgspec.Struct, tag="topic_route"):
+    topic: str
+    read_queues: int
+    write_queues: int
+    perm: int
+    groups: list[GroupRoute]
+    version: int                          # offset of the topic's last change
+    applied: int
+
+
+class BrokerInfo(msgspec.Struct, array_like=True):
+    cluster: str
+    group: str
+    name: str
+    id: int
+    address: str
+    role: str                             # master | slave
+    broker_epoch: int
+    master_epoch: int                     # of its group
+    fenced: bool
+    incarnation: str
+    offset: int = -1                      # last reported replicated offset (the controller's node only, else -1)
+    heartbeat_age_ms: int = -1            # since its last heartbeat (the controller's node only, else -1)
+
+
+class Brokers(msgspec.Struct, tag="brokers"):
+    brokers: list[BrokerInfo]
+    groups: list[BrokerGroupInfo]
+    applied: int
+    controller: bool                      # served by the controller: offsets and heartbeat ages are known
+
+
 Result = (Written | Got | GotMany | Listed | HistoryRows | Lease | WatchStarted | WatchEvents | Events
-          | StatusInfo | Members | Done)
+          | StatusInfo | Members | Done | Registered | HeartbeatsAck | BrokerGroup | TopicRoute | Brokers)
 
 
 class WireError(msgspec.Struct, array_like=True):

@@ -363,6 +363,7 @@ _SYNC: dict[type, Callable[[ClientConnection, Any], p.Result]] = {
     p.TransferLeader: lambda c, call: c.node.transfer_leader(call),
     p.Snapshot: lambda c, call: c.node.snapshot(call),
     p.MemberList: lambda c, call: c.node.member_list(),
+    p.BrokerHeartbeats: lambda c, call: c.node.broker_heartbeats(call),   # from memory: no log write
     p.WatchAck: _watch_ack,
     p.CancelWatch: _cancel_watch,
 }
@@ -372,4 +373,9 @@ _ASYNC: dict[type, Callable[[ClientConnection, Any], Coroutine[Any, Any, Any]]] 
     p.MemberAdd: lambda c, call: c.node.member_add(call),
     p.MemberPromote: lambda c, call: c.node.member_promote(call),
     p.MemberRemove: lambda c, call: c.node.member_remove(call),
+    p.BrokerRegister: lambda c, call: c.node.broker_register(call),
+    p.SyncStateSetReport: lambda c, call: c.node.sync_state_set_report(call),
+    p.BrokerShutdown: lambda c, call: c.node.broker_shutdown(call),
+    p.RouteQuery: lambda c, call: c.node.route(call),
+    p.BrokerList: lambda c, call: c.node.brokers(call),
 }

@@ -1,7 +1,7 @@
 """The shipped configs: every key documented, every file loads, a wrong key stops `epochlog serve`.
 
 configs/production.example.toml must show every key of every config dataclass ([cluster] and its
-members, [raft], [log], [views]) with a comment giving its meaning and `Default: <value>`; the test
+members, [raft], [log], [views], [controller]) with a comment giving its meaning and `Default: <value>`; the test
 derives the list of keys from the dataclasses, so a new key without documentation fails here.
 """
 
@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from controller.config import ControllerConfig, controller_config
 from eventlog.config import LogConfig
 from eventlog.configuration import from_mapping, load_toml
 from eventlog.raft.config import RaftConfig
@@ -32,7 +33,7 @@ CONFIGS = ROOT / "configs"
 PRODUCTION = CONFIGS / "production.example.toml"
 SHIPPED = ("single.toml", "local-3.toml", "production.example.toml")
 SECTIONS: dict[str, Any] = {"cluster": ClusterConfig, "cluster.members": MemberConfig, "raft": RaftConfig,
-                            "log": LogConfig, "views": ViewsConfig}
+                            "log": LogConfig, "views": ViewsConfig, "controller": ControllerConfig}
 KEY_LINE = re.compile(r"^(?:# )?([a-z_]+) = ")
 
 
@@ -101,9 +102,10 @@ def test_production_example_documents_every_key_with_its_default():
 
 
 def test_production_example_uses_the_defaults_it_does_not_explain():
-    assert set(tomllib.loads(PRODUCTION.read_text())) == {"cluster", "raft", "log", "views"}
+    assert set(tomllib.loads(PRODUCTION.read_text())) == {"cluster", "raft", "log", "views", "controller"}
     configs = load_node_configs(PRODUCTION)
     assert configs.raft == RaftConfig() and configs.log == LogConfig()
+    assert controller_config(configs.controller) == ControllerConfig()
     assert from_mapping(ViewsConfig, configs.views, "views") == ViewsConfig()
     assert [m.id for m in configs.cluster.members] == [1, 2, 3]
 
@@ -160,6 +162,7 @@ BAD = [
     (("log",), "flush_policy", "sometimes", "log.flush_policy = 'sometimes': must be one of"),
     (("views",), "block_cache_byte", 1, "views.block_cache_byte = 1: unknown key"),
     (("views",), "write_buffer_bytes", "big", "views.write_buffer_bytes = 'big': must be an integer"),
+    (("controller",), "heartbeat_timeout_ms", 500, "controller.heartbeat_timeout_ms = 500: must be above"),
     ((), "raft2", {}, "config raft2 = {}: unknown section"),
 ]
 
@@ -167,6 +170,7 @@ BAD = [
 def test_a_wrong_key_or_value_stops_serve_with_exit_3_naming_it(tmp_path, rng):
     base = cluster_document(1, rng)
     base["raft"] = {}
+    base["controller"] = {}
     procs = []
     for i, (path, key, value, fragment) in enumerate(BAD):
         document = json.loads(json.dumps(base))

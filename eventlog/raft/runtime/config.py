@@ -85,23 +85,25 @@ class ClusterConfig:
 class NodeConfigs:
     """Every component's configuration, as read from one TOML file.
 
-    `views` stays a plain table here (the `[views]` section): the runtime does not depend on the
-    state machines above it; the node validates it with `statemachines.store.ViewsConfig`.
+    `views` and `controller` stay plain tables here (the `[views]` and `[controller]` sections): the
+    runtime does not depend on the layers above it; the node validates them with
+    `statemachines.store.ViewsConfig` and `controller.config.controller_config`.
     """
 
     cluster: ClusterConfig
     raft: RaftConfig
     log: LogConfig
     views: dict[str, object] | None = None
+    controller: dict[str, object] | None = None
 
 
 def load_node_configs(path: str | Path) -> NodeConfigs:
     data = load_toml(path)
-    known = {"cluster", "raft", "log", "views"}
+    known = {"cluster", "raft", "log", "views", "controller"}
     for key in data:
         if key not in known:
             raise ConfigError(key, data[key], f"unknown section (known: {', '.join(sorted(known))})")
     return NodeConfigs(from_mapping(ClusterConfig, data.get("cluster"), "cluster"),
                        from_mapping(RaftConfig, data.get("raft"), "raft"),
                        from_mapping(LogConfig, data.get("log"), "log"),
-                       data.get("views"))
+                       data.get("views"), data.get("controller"))

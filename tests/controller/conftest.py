@@ -1,0 +1,112 @@
+"""Fixtures of the controller's end-to-end tests: a node cluster with fast controller timing, and
+`epochlog broker run` processes (each stopped by its pid in teardown)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.node.cluster import ROOT, NodeCluster
+
+HEARTBEAT_INTERVAL_MS = 250
+HEARTBEAT_TIMEOUT_MS = 2500
+CLUSTER = "e2e"
+
+
+class ControllerCluster(NodeCluster):
+    """A NodeCluster whose config has a [controller] section (fast heartbeats for tests)."""
+
+    def config_text(self) -> str:
+        return (super().config_text() + "\n[controller]\n"
+                f"heartbeat_interval_ms = {HEARTBEAT_INTERVAL_MS}\nheartbeat_timeout_ms = {HEARTBEAT_TIMEOUT_MS}\n"
+                "check_interval_ms = 25\n")
+
+
+@dataclass
+class BrokerProcess:
+    group: str
+    name: str
+    proc: subprocess.Popen[bytes]
+    out: Path
+
+    def stdout(self) -> str:
+        return self.out.read_text(errors="replace") if self.out.exists() else ""
+
+    @property
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill9(self) -> float:
+        t = time.monotonic()
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        return t
+
+
+class Brokers:
+    """Starts `epochlog broker run` processes against a cluster; kills them all (by pid) on close."""
+
+    def __init__(self, cluster: NodeCluster, root: Path) -> None:
+        self.cluster = cluster
+        self.root = root
+        self.procs: list[BrokerProcess] = []
+
+    def start(self, group: str, name: str, port: int, timeout: float = 30.0) -> BrokerProcess:
+        out = self.root / f"broker-{group}-{name}.out"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHLOG_")}
+        with open(out, "wb") as sink:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "epochlog", "broker", "run", "--endpoints", ",".join(self.cluster.endpoints),
+                 "--cluster", CLUSTER, "--group", group, "--name", name, "--address", f"127.0.0.1:{port}",
+                 "--offset-rate", "200"],
+                cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
+        broker = BrokerProcess(group, name, proc, out)
+        self.procs.append(broker)
+        deadline = time.monotonic() + timeout
+        while "REGISTERED" not in broker.stdout():
+            assert broker.running, f"broker {name} exited with {proc.returncode}:\n{broker.stdout()[-3000:]}"
+            assert time.monotonic() < deadline, f"broker {name} did not register:\n{broker.stdout()[-3000:]}"
+            time.sleep(0.05)
+        return broker
+
+    def close(self) -> None:
+        for b in self.procs:
+            if b.running:
+                b.proc.send_signal(signal.SIGKILL)
+                try:
+                    b.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    pass
+
+
+@pytest.fixture(scope="module")
+def controller_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerCluster]:
+    seed = int(os.environ.get("EPOCHLOG_NODE_SEED") or random.SystemRandom().getrandbits(32))
+    print(f"controller cluster seed={seed}")
+    cluster = ControllerCluster(tmp_path_factory.mktemp("controller"), seed=seed, name="controller-test")
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
+        print(cluster.describe())
+
+
+@pytest.fixture
+def brokers(controller_cluster: ControllerCluster, tmp_path: Path) -> Iterator[Brokers]:
+    fleet = Brokers(controller_cluster, tmp_path)
+    try:
+        yield fleet
+    finally:
+        fleet.close()
+        for b in fleet.procs:
+            print(f"--- broker {b.group}/{b.name} (pid {b.proc.pid}) output tail:\n{b.stdout()[-1500:]}")
