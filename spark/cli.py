@@ -141,7 +141,8 @@ def _one_run(spark: Any, table: Path, source: Any, endpoints: tuple[str, ...], r
     else:
         ranges = ", ".join(f"{g.group} {g.start}..{g.end - 1}" for g in result.plan.active())
         text = (f"exported {result.rows} events ({ranges}) in {result.seconds:.1f} s "
-                f"({document['events_per_second']}/s): table version {result.table_version}")
+                f"({document['events_per_second']}/s): table version {result.table_version}"
+                + ("; watermark reported to the cluster" if result.watermark_reported else ""))
     _emit(as_json, document, text)
 
 

@@ -11,7 +11,7 @@ knows stops the export instead (SchemaVersionError): upgrade the exporter rather
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import msgspec
@@ -36,48 +36,27 @@ class SourceRecord(NamedTuple):
 _json = msgspec.json.Encoder()
 
 
-def to_batch(group: str, records: Iterable[SourceRecord]) -> pa.RecordBatch:
+def to_batch(group: str, records: Sequence[SourceRecord]) -> pa.RecordBatch:
     """The table rows (ROW_SCHEMA, date included) of `records`, all of group `group`."""
-    offsets: list[int] = []
-    terms: list[int] = []
-    stamps: list[int] = []
-    types: list[str] = []
-    keys: list[str] = []
-    actors: list[str] = []
-    rids: list[str] = []
-    versions: list[int] = []
-    payloads: list[str] = []
-    applied: list[bool | None] = []
-    decode = ev.decode_event
-    encode = _json.encode
-    for r in records:
-        try:
-            event = decode(r.value or b"")
-        except ev.SchemaVersionError:
-            raise
-        except ev.EventError as exc:
-            types.append(MALFORMED)
-            actors.append("")
-            rids.append("")
-            versions.append(0)
-            raw = base64.b64encode(bytes(r.value or b"")).decode()
-            payloads.append(encode({"error": str(exc), "value": raw}).decode())
-        else:
-            types.append(event.__struct_config__.tag)  # type: ignore[arg-type]
-            actors.append(event.actor)
-            rids.append(event.request_id)
-            versions.append(event.v)
-            payloads.append(encode(event).decode())
-        offsets.append(r.offset)
-        terms.append(r.term)
-        stamps.append(r.timestamp * 1000)
-        keys.append(r.key)
-        applied.append(r.applied)
-    n = len(offsets)
-    ts = pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    n = len(records)
+    if n == 0:
+        return pa.RecordBatch.from_pylist([], schema=ROW_SCHEMA)
+    offsets, keys, values, stamps, terms, applied = zip(*records)
+    try:
+        events = [_decode(v) for v in values]      # the fast path: every value decodes
+        types = [e.__struct_config__.tag for e in events]
+        actors = [e.actor for e in events]
+        rids = [e.request_id for e in events]
+        versions = [e.v for e in events]
+        payloads = [_encode(e).decode() for e in events]
+    except ev.SchemaVersionError:
+        raise
+    except ev.EventError:
+        types, actors, rids, versions, payloads = _one_by_one(values)
+    ts = pa.array(stamps, pa.int64()).cast(pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC"))
     columns = [
         pa.array(offsets, pa.int64()),
-        pa.array([group] * n, pa.string()) if n else pa.array([], pa.string()),
+        pa.array([group] * n, pa.string()),
         pa.array(terms, pa.int64()),
         ts,
         pa.array(types, pa.string()),
@@ -92,11 +71,42 @@ def to_batch(group: str, records: Iterable[SourceRecord]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=ROW_SCHEMA)
 
 
+def _decode(value: bytes | memoryview | None) -> ev.Event:
+    return ev.decode_event(value or b"")
+
+
+def _encode(event: ev.Event) -> bytes:
+    return _json.encode(event)
+
+
+def _one_by_one(values: Sequence[bytes | memoryview | None]) -> tuple[list[str], list[str], list[str], list[int],
+                                                                     list[str]]:
+    """The event columns when some value does not decode: those become `_malformed` rows."""
+    types, actors, rids, versions, payloads = [], [], [], [], []
+    for value in values:
+        try:
+            event = _decode(value)
+        except ev.SchemaVersionError:
+            raise
+        except ev.EventError as exc:
+            types.append(MALFORMED)
+            actors.append("")
+            rids.append("")
+            versions.append(0)
+            raw = base64.b64encode(bytes(value or b"")).decode()
+            payloads.append(_json.encode({"error": str(exc), "value": raw}).decode())
+        else:
+            types.append(event.__struct_config__.tag)  # type: ignore[arg-type]
+            actors.append(event.actor)
+            rids.append(event.request_id)
+            versions.append(event.v)
+            payloads.append(_encode(event).decode())
+    return types, actors, rids, versions, payloads
+
+
 def day_of(timestamps: pa.Array) -> pa.Array:
     """The partition value of each timestamp: its UTC day, YYYY-MM-DD."""
-    if len(timestamps) == 0:
-        return pa.array([], pa.string())
-    return pc.strftime(timestamps, format="%Y-%m-%d")
+    return timestamps.cast(pa.date32()).cast(pa.string())
 
 
 def split_by_day(batch: pa.RecordBatch) -> dict[str, pa.RecordBatch]:

@@ -32,7 +32,8 @@ import msgspec
 
 from eventlog.log import read_offsets_checkpoint
 from eventlog.offline import segment_files
-from eventlog.records import HEADER_SIZE, LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH, RecordBatch, check_batch, read_header
+from eventlog.records import (HEADER_SIZE, LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH, RecordBatch, check_batch,
+                              TIMESTAMP_TYPE_MASK, decode_varint, read_header)
 from spark.errors import ExportError
 from spark.records import SourceRecord
 
@@ -201,13 +202,12 @@ def read_segments(log_dir: Path, lo: int, hi: int, views: ViewsLookup | None = N
             if header.is_control:
                 continue
             term = header.leader_epoch
-            for record in RecordBatch(header, batch_view).records():
-                o = record.offset
+            for o, ts, raw_key, value in _records(header, batch_view):
                 if o < lo or o >= hi:
                     continue
-                key = "" if record.key is None else record.key.decode("utf-8", "backslashreplace")
+                key = "" if raw_key is None else raw_key.decode("utf-8", "backslashreplace")
                 applied = None if views is None else views.applied_at(key, o)
-                out.append(SourceRecord(o, key, record.value, record.timestamp, term, applied))
+                out.append(SourceRecord(o, key, value, ts, term, applied))
             if len(out) >= chunk:
                 yield out
                 out = []
@@ -250,6 +250,66 @@ def _batches(path: Path, lo: int) -> Iterator[tuple[Any, memoryview]]:
                 view.release()
     finally:
         os.close(fd)
+
+
+def _records(header: Any, raw: memoryview) -> Iterator[tuple[int, int, bytes | None, bytes | None]]:
+    """(offset, timestamp, key, value) of each record of a CRC-checked batch.
+
+    The export's hot loop: uncompressed batches without record headers (what Epochlog writes) are
+    parsed here with the one-byte varint case inlined, about 2x faster than `RecordBatch.records()`,
+    which handles everything else (compression, headers, LogAppendTime)."""
+    if header.compression != 0 or header.attributes & TIMESTAMP_TYPE_MASK:
+        for r in RecordBatch(header, raw).records():
+            yield r.offset, r.timestamp, r.key, r.value
+        return
+    data = bytes(raw[HEADER_SIZE:])
+    base_offset = header.base_offset
+    base_ts = header.base_timestamp
+    pos = 0
+    for _ in range(header.records_count):
+        b = data[pos]
+        if b < 0x80:
+            length, pos = (b >> 1) ^ -(b & 1), pos + 1
+        else:
+            length, pos = decode_varint(data, pos)
+        end = pos + length
+        pos += 1                                    # record attributes
+        b = data[pos]
+        if b < 0x80:
+            ts_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+        else:
+            ts_delta, pos = decode_varint(data, pos)
+        b = data[pos]
+        if b < 0x80:
+            offset_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+        else:
+            offset_delta, pos = decode_varint(data, pos)
+        b = data[pos]
+        if b < 0x80:
+            klen, pos = (b >> 1) ^ -(b & 1), pos + 1
+        else:
+            klen, pos = decode_varint(data, pos)
+        key = None
+        if klen >= 0:
+            key = data[pos:pos + klen]
+            pos += klen
+        b = data[pos]
+        if b < 0x80:
+            vlen, pos = (b >> 1) ^ -(b & 1), pos + 1
+        else:
+            vlen, pos = decode_varint(data, pos)
+        value = None
+        if vlen >= 0:
+            value = data[pos:pos + vlen]
+            pos += vlen
+        if data[pos] != 0:                          # record headers: let the general decoder do it
+            yield from ((r.offset, r.timestamp, r.key, r.value) for r in RecordBatch(header, raw).records()
+                        if r.offset >= base_offset + offset_delta)
+            return
+        if pos + 1 != end:
+            raise ExportError(f"record at offset {base_offset + offset_delta} is malformed")
+        pos = end
+        yield base_offset + offset_delta, base_ts + ts_delta, key, value
 
 
 class ViewsLookup:
