@@ -1,7 +1,7 @@
 """The controller's commands of the `epochlog` command line.
 
     epochlog brokers [--cluster C] [--group G] [--json]       every broker, its role and epochs
-    epochlog routes TOPIC [--cluster C] [--json]              the live master and replicas per group
+    epochlog routes TOPIC [--cluster C] [--watch] [--json]    the live master and replicas per group
     epochlog topic create NAME [--groups a,b] [--read-queues N] [--write-queues N] [--perm rw]
     epochlog broker run --group G --name NAME --address HOST:PORT [--offset-rate N]
     epochlog sim brokers --groups 3 --replicas 3 --topics 100 [--offset-rate N] [--kill-master-after S]
@@ -25,6 +25,7 @@ import asyncio
 import os
 import random
 import signal
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -89,9 +90,47 @@ def brokers_command(target: Target, cluster: str, group: str) -> None:
 @_cluster_command(_COMMANDS, "routes")
 @click.argument("topic")
 @click.option("--cluster", default="", help="Only the broker groups of this cluster.")
-def routes_command(target: Target, topic: str, cluster: str) -> None:
+@click.option("--watch", "follow", is_flag=True,
+              help="Print the route again at every change (pushed by watches of topic/, group/ and broker/) "
+                   "until Ctrl-C.")
+def routes_command(target: Target, topic: str, cluster: str, follow: bool) -> None:
     """Where TOPIC lives: each broker group's live master and replicas (fenced brokers are left out)."""
-    route = target.run(lambda c: ControllerClient(c).route(topic, cluster=cluster))
+    if not follow:
+        target.emit(*_route_output(target.run(lambda c: ControllerClient(c).route(topic, cluster=cluster))))
+        return
+
+    async def body(client: AsyncClient, stop: asyncio.Event) -> None:
+        ctl = ControllerClient(client)
+        route = await ctl.route(topic, cluster=cluster)
+        document, human = _route_output(route)
+        target.emit(document, human)
+        shown = {k: v for k, v in document.items() if k != "applied"}
+        changed = asyncio.Event()
+
+        async def follow_prefix(prefix: str) -> None:
+            async for _ in client.watch(prefix, from_offset=route.applied + 1):
+                changed.set()
+
+        watches = [asyncio.ensure_future(follow_prefix(x)) for x in (f"topic/{topic}", "group/", "broker/")]
+        try:
+            while not stop.is_set():
+                await changed.wait()
+                changed.clear()
+                await asyncio.sleep(0.05)   # let a burst of events (a fence and its election) settle
+                changed.clear()
+                document, human = _route_output(await ctl.route(topic, cluster=cluster))
+                now = {k: v for k, v in document.items() if k != "applied"}
+                if now != shown:   # a SyncStateSet change, say, moves no route
+                    shown = now
+                    target.emit(document, human)
+        finally:
+            for w in watches:
+                w.cancel()
+            await asyncio.gather(*watches, return_exceptions=True)
+    target.stream(body)
+
+
+def _route_output(route: p.TopicRoute) -> tuple[dict[str, Any], Callable[[], None]]:
     document = {"topic": route.topic, "read_queues": route.read_queues, "write_queues": route.write_queues,
                 "perm": route.perm, "version": route.version, "applied": route.applied,
                 "groups": [{"cluster": g.cluster, "group": g.group, "master": _route_broker(g.master),
@@ -100,13 +139,13 @@ def routes_command(target: Target, topic: str, cluster: str) -> None:
                            for g in route.groups]}
 
     def human() -> None:
-        click.echo(f"topic {route.topic}: {route.read_queues} read / {route.write_queues} write queues, "
-                   f"perm {route.perm}")
+        click.echo(f"topic {route.topic} at offset {route.applied}: {route.read_queues} read / "
+                   f"{route.write_queues} write queues, perm {route.perm}")
         _table(("CLUSTER", "GROUP", "MASTER", "ADDRESS", "MASTER_EPOCH", "REPLICAS", "STATUS"),
                [(g.cluster, g.group, None if g.master is None else f"{g.master.id} ({g.master.name})",
                  None if g.master is None else g.master.address, g.master_epoch,
                  ", ".join(f"{r.id}@{r.address}" for r in g.replicas) or None, g.status) for g in route.groups])
-    target.emit(document, human)
+    return document, human
 
 
 @click.group("topic")

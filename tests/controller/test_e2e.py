@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -156,3 +157,54 @@ def test_controller_failover_in_the_middle_of_an_election_fences_nobody_else(
             assert survivors and not any(b.fenced for b in survivors)
         finally:
             c.restart(controller)
+
+
+def test_sim_brokers_and_a_route_watch_see_a_killed_master_replaced(controller_cluster: ControllerCluster,
+                                                                   tmp_path) -> None:
+    """`epochlog sim brokers` kills one of its masters; `epochlog routes --watch --json` is pushed the
+    new route (the killed broker gone, another master) without polling."""
+    c = controller_cluster
+    endpoints = ",".join(c.endpoints)
+    base = [sys.executable, "-m", "epochlog"]
+    sim_out, watch_out = tmp_path / "sim.out", tmp_path / "watch.out"
+    with open(sim_out, "wb") as sink:
+        sim = subprocess.Popen([*base, "sim", "brokers", "--endpoints", endpoints, "--cluster", "simc", "--groups", "2",
+                                "--replicas", "2", "--topics", "3", "--kill-master-after", "3", "--seconds", "9",
+                                "--seed", "7"], cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
+    watch = None
+    try:
+        wait_until(lambda: "SIM 4 brokers" in sim_out.read_text(), 30, "the simulated brokers to start")
+        with open(watch_out, "wb") as sink:
+            watch = subprocess.Popen([*base, "routes", "topic-001", "--watch", "--json", "--cluster", "simc",
+                                      "--endpoints", endpoints], cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
+        killed = wait_until(lambda: next((line.split()[2] for line in sim_out.read_text().splitlines()
+                                          if line.startswith("KILL master")), None), 15, "a master to be killed")
+        group, name = killed.split("/")
+
+        def replaced() -> dict | None:
+            for line in watch_out.read_text().splitlines():
+                doc = json.loads(line)
+                g = next(x for x in doc["groups"] if x["group"] == group)
+                names = {r["name"] for r in g["replicas"]} | ({g["master"]["name"]} if g["master"] else set())
+                if g["master"] is not None and g["master"]["name"] != name and name not in names:
+                    return doc
+            return None
+        wait_until(replaced, TIMEOUT_S + 10, "the route watch to show the new master")
+        survivor = f"{group}-1" if name.endswith("-0") else f"{group}-0"
+        wait_until(lambda: f"{group}/{survivor} id" in sim_out.read_text()
+                   and ": master (master" in sim_out.read_text().split("KILL master", 1)[1], 5,
+                   "the surviving broker to print its new role")
+    finally:
+        codes = {}
+        for proc, signum, what in ((watch, signal.SIGINT, "watch"), (sim, None, "sim")):
+            if proc is None:
+                continue
+            if signum is not None:
+                proc.send_signal(signum)
+            try:
+                codes[what] = proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes[what] = proc.wait(10)
+        print(sim_out.read_text()[-3000:])
+    assert codes == {"watch": 0, "sim": 0}, (codes, watch_out.read_text()[-2000:])
