@@ -33,6 +33,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.results import write_section
@@ -186,7 +187,8 @@ async def latency_phase(endpoints: list[str], trials: int, interval_ms: int, tim
 # --- 2 and 3: registration storm, heartbeat throughput -----------------------------------------------
 
 async def storm_and_throughput(endpoints: list[str], brokers: int, seconds: float, pipelines: int,
-                               leader_pid: int) -> tuple[dict[str, float], dict[str, float], Fleet, AsyncClient]:
+                               leader_pid: Callable[[], int]) -> tuple[dict[str, float], dict[str, float], Fleet,
+                                                                      AsyncClient]:
     client = AsyncClient(endpoints, timeout=120.0)
     fleet = Fleet(ControllerClient(client))
     groups = [f"g{i:05d}" for i in range((brokers + 2) // 3)]
@@ -218,10 +220,12 @@ async def storm_and_throughput(endpoints: list[str], brokers: int, seconds: floa
 
     # the leader's applied offset (a linearizable read of nothing)
     commit0 = (await fleet.ctl.brokers(cluster="no-such-cluster")).applied
-    cpu0, t0 = cpu_seconds(leader_pid), time.perf_counter()
+    pid = await asyncio.to_thread(leader_pid)    # the controller's node (leadership may have moved)
+    cpu0, t0 = cpu_seconds(pid), time.perf_counter()
     await asyncio.gather(*(pipeline(k) for k in range(pipelines)))
     wall = time.perf_counter() - t0
-    cpu = cpu_seconds(leader_pid) - cpu0
+    cpu = cpu_seconds(pid) - cpu0
+    assert await asyncio.to_thread(leader_pid) == pid, "the metadata leadership moved during the measurement"
     grew = (await fleet.ctl.brokers(cluster="no-such-cluster")).applied - commit0
     rate = {"heartbeats": sent, "seconds": wall, "per_s": sent / wall, "leader_cpu_s": cpu,
             "cpu_per_100k_s": cpu / sent * 100_000, "log_growth": grew}
@@ -259,9 +263,13 @@ def main() -> None:
                          views={"block_cache_bytes": 64 << 20, "write_buffer_bytes": 32 << 20})
         try:
             b.start()
-            leader = b.leader("metadata")
-            leader_pid = b.nodes[leader].pid
-            assert leader_pid is not None
+
+            def leader_pid() -> int:
+                pid = b.nodes[b.leader("metadata")].pid
+                assert pid is not None
+                return pid
+
+            leader_pid()   # a leader exists before the storm starts
 
             async def phase_b() -> tuple[dict[str, float], dict[str, float], list[dict[str, float]]]:
                 storm, rate, fleet, client = await storm_and_throughput(b.endpoints, args.brokers, args.seconds,

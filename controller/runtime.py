@@ -72,6 +72,12 @@ logger = logging.getLogger(__name__)
 
 GROUP = "metadata"
 ACTIVATE_TIMEOUT_S = 5.0
+SLOW_PASS_S = 0.2        # a batch of decisions slower than this is logged with its timings
+# Commands decided and committed together at most: a pass runs on the node's loop, and so does the
+# apply of its events; 1000 registrations (~1300 events) keep either well under the Raft election
+# timeout (a 10,000-broker storm in one pass held the loop long enough to lose the leadership).
+MAX_PASS_COMMANDS = 1000
+LOGGED_ELECTIONS = 10    # per batch; a mass failure logs a count of the rest
 _REJECTED: dict[str, type[ControllerError]] = {"stale_epoch": StaleEpochError, "not_found": UnknownBrokerError,
                                                "fenced": FencedError}
 
@@ -223,7 +229,9 @@ class ControllerRuntime:
                 self._dirty = set()
             if not self._inbox:
                 continue
-            self._inflight, self._inbox = self._inbox, []
+            self._inflight, self._inbox = self._inbox[:MAX_PASS_COMMANDS], self._inbox[MAX_PASS_COMMANDS:]
+            if self._inbox:
+                self._wake.set()   # the rest in the next pass
             try:
                 await self._pass(core, self._inflight)
             except asyncio.CancelledError:
@@ -256,17 +264,25 @@ class ControllerRuntime:
         c.commands += len(batch)
         c.last_pass_events = len(events)
         outcomes: list[Outcome | None] = []
+        decided = time.monotonic()
         if events:
             outcomes = await self._commit(group, events)
+            committed = time.monotonic()
             c.events += len(events)
-            for e in events:
-                if isinstance(e, ev.BrokerFenced):
-                    c.fenced += 1
-                elif isinstance(e, ev.MasterElected):
-                    c.elections += 1
-                    logger.info("controller: %s of %s: master %s in epoch %s", e.group, e.cluster, e.master,
-                                e.master_epoch + 1)
+            elections = [e for e in events if isinstance(e, ev.MasterElected)]
+            c.elections += len(elections)
+            c.fenced += sum(1 for e in events if isinstance(e, ev.BrokerFenced))
+            changes = [e for e in elections if e.master_epoch > 0]   # not a new group's first master
+            for e in changes[:LOGGED_ELECTIONS]:
+                logger.info("controller: %s of %s: master %s in epoch %s", e.group, e.cluster, e.master,
+                            e.master_epoch + 1)
+            if len(changes) > LOGGED_ELECTIONS:
+                logger.info("controller: ... and %d more elections", len(changes) - LOGGED_ELECTIONS)
             self._refresh(core, {e.key() for e in events}, time.monotonic())
+            if committed - now > SLOW_PASS_S:
+                logger.info("controller: %d commands, %d events: decided in %.0f ms, committed in %.0f ms, "
+                            "re-read in %.0f ms", len(batch), len(events), (decided - now) * 1000,
+                            (committed - decided) * 1000, (time.monotonic() - committed) * 1000)
         for item, error, start, end in spans:
             if item.future is None or item.future.done():
                 continue
@@ -317,17 +333,23 @@ class ControllerRuntime:
     async def _follow(self, group: RaftGroup, start: int) -> None:
         """Mark broker and group entities changed by someone else's events for re-reading."""
         ranges = self.counters.own_ranges
-        async for record in group.watch(b"", start):
-            key = bytes(record.key)
-            if not (key.startswith(b"broker/") or key.startswith(b"group/")):
-                continue
-            while ranges and ranges[0][1] <= record.offset - 100_000:
-                ranges.popleft()
-            if any(lo <= record.offset < hi for lo, hi in ranges):
-                continue
-            self._dirty.add(key.decode())
-            assert self._wake is not None
-            self._wake.set()
+        try:
+            async for record in group.watch(b"", start):
+                key = bytes(record.key)
+                if not (key.startswith(b"broker/") or key.startswith(b"group/")):
+                    continue
+                while ranges and ranges[0][1] <= record.offset - 100_000:
+                    ranges.popleft()
+                if any(lo <= record.offset < hi for lo, hi in ranges):
+                    continue
+                self._dirty.add(key.decode())
+                assert self._wake is not None
+                self._wake.set()
+        except EpochlogError as exc:
+            # E.g. the log was compacted past this follower: start over from the views (the clocks
+            # restart in full, as after a failover).
+            logger.warning("controller: following the metadata log failed (%s); reloading the registry", exc)
+            asyncio.get_running_loop().create_task(self._deactivate(ControllerStartingError(str(exc))))
 
     # --- calls from brokers -----------------------------------------------------------------------------
 
