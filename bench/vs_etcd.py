@@ -166,6 +166,17 @@ def table(rows: list[tuple[str, dict[str, object], dict[str, object]]]) -> str:
     return "\n".join(lines)
 
 
+def targets(rows: list[tuple[str, dict[str, object], dict[str, object]]]) -> str:
+    """The issue's targets: Epochlog >= etcd on every row, >= 2x etcd for batched writes."""
+    lines = ["| case | target | ratio | met? |", "|---|---|---:|---|"]
+    for label, etcd, ours in rows:
+        want = 2.0 if label.startswith("txn") else 1.0
+        e_ops, o_ops = float(etcd["ops_per_s"]), float(ours["ops_per_s"])  # type: ignore[arg-type]
+        ratio = o_ops / e_ops if e_ops else 0.0
+        lines.append(f"| {label} | >= {want:g}x etcd | {ratio:.2f}x | {'met' if ratio >= want else '**not met**'} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies every case's request count")
@@ -173,7 +184,14 @@ def main() -> None:
     ap.add_argument("--setup-etcd", action="store_true", help="build the etcd client venv and stubs first")
     ap.add_argument("--no-write", action="store_true", help="do not write bench/RESULTS.md")
     ap.add_argument("--out", type=Path, default=None, help="also append every JSON result to this file")
+    ap.add_argument("--from-jsonl", type=Path, default=None,
+                    help="render the results of an earlier run (its --out file) instead of running")
     args = ap.parse_args()
+    if args.from_jsonl is not None:
+        results = [json.loads(line) for line in args.from_jsonl.read_text().splitlines() if line.strip()]
+        pairs = [(results[i]["label"], results[i], results[i + 1]) for i in range(0, len(results) - 1, 2)]
+        report(pairs, args, command=f"python -m bench.vs_etcd --scale {args.scale} (rendered from --out)")
+        return
     if not Path("/usr/bin/etcd").exists():
         raise SystemExit("etcd is not installed (apt-get install etcd-server)")
     if args.setup_etcd:
@@ -198,14 +216,28 @@ def main() -> None:
                     f.write(json.dumps(etcd) + "\n" + json.dumps(ours) + "\n")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    body = table(rows)
+    report(rows, args)
+
+
+def report(rows: list[tuple[str, dict[str, object], dict[str, object]]], args: argparse.Namespace,
+           command: str | None = None) -> None:
+    body = table(rows) + "\n\n" + targets(rows)
     print(body)
-    if not args.no_write:
-        loadavg = Path("/proc/loadavg").read_text().split()[:3]
-        write_section("vs-etcd", body + f"\n\nFresh 3-node clusters per case and system; one client process each "
-                      f"(etcd: the anchor's grpc.aio generator; Epochlog: bench/node_load.py over the SDK); "
-                      f"requests per case scaled by {args.scale}. Load average at the end: {' '.join(loadavg)}. "
-                      f"Run-to-run spread on this shared machine is 10-25 %: compare ratios within one run.")
+    if args.no_write:
+        return
+    cpu = ["| case | etcd client / server CPU us per call | Epochlog client / server CPU us per call |",
+           "|---|---:|---:|"]
+    for label, etcd, ours in rows:
+        cpu.append(f"| {label} | {etcd.get('client_cpu_us_per_rpc')} / {etcd.get('server_cpu_us_per_rpc')} | "
+                   f"{ours.get('client_cpu_us_per_rpc')} / {ours.get('server_cpu_us_per_rpc')} |")
+    loadavg = Path("/proc/loadavg").read_text().split()[:3]
+    write_section("vs-etcd", body + "\n\n" + "\n".join(cpu) +
+                  f"\n\nFresh 3-node clusters per case and system; one client process each "
+                  f"(etcd: the anchor's grpc.aio generator; Epochlog: bench/node_load.py over the SDK); "
+                  f"requests per case scaled by {args.scale}. Server CPU is the sum over the three nodes. "
+                  f"Load average when rendered: {' '.join(loadavg)}. "
+                  f"Run-to-run spread on this shared machine is 10-25 %: compare ratios within one run.",
+                  command=command)
 
 
 if __name__ == "__main__":
