@@ -16,7 +16,9 @@ TopicDeleted, BrokerUnregistered, SessionClosed, LeaseRevoked/Expired, ConfigCha
 value), or if its last put attached it to a lease that ended after the put and at or before the
 point. A kv entry's value comes from the event; any other entity is shown by the event that last
 changed it (its payload). The last effect is found with a grouped max over (offset, op) (partial
-aggregation, no sort of the whole history). For kv keys this is what the cluster answers to
+aggregation, no sort of the whole history); the key prefix is applied in the scan of the table.
+(Measured: a two-step variant, a max over narrow columns then a join fetching the winners'
+payloads, was no faster here: the second scan cost what the payload copies saved.) For kv keys this is what the cluster answers to
 `get --as-of N` (tests/spark/test_export_audit.py checks it against a live cluster).
 """
 
@@ -93,14 +95,15 @@ class Audit:
     def state(self, point: Point, prefix: str = "") -> list[dict[str, Any]]:
         """The entities as they were at `point` (see the module docstring), in key order."""
         where, args = _point_filter(point)
-        effects = _EFFECTS_SQL.replace("{where}", where)
+        effects = _EFFECTS_SQL.replace("{where}", where).replace("{keyfilter}", "startswith(key, :prefix)")
         rows = self._sql(_STATE_SQL.replace("{where}", where).replace("{effects}", effects), prefix=prefix, **args)
         return sorted((_state_row(r) for r in rows), key=lambda row: row["key"])   # small: sorted here
 
     def history(self, key: str) -> list[dict[str, Any]]:
         """Every event that touched `key` (rejected ones too, `applied` false), oldest first."""
         check_key(key)
-        rows = self._sql(_HISTORY_SQL.replace("{effects}", _EFFECTS_SQL.replace("{where}", "TRUE")), key=key)
+        effects = _EFFECTS_SQL.replace("{where}", "TRUE").replace("{keyfilter}", "key = :key")
+        rows = self._sql(_HISTORY_SQL.replace("{effects}", effects), key=key)
         return [_event_row(r) for r in rows]
 
     def diff(self, start: Point, end: Point, prefix: str = "") -> list[dict[str, Any]]:
@@ -155,7 +158,7 @@ _KEY_OF_OP = """CASE get_json_object(o.col, '$.type')
 _EFFECTS_SQL = f"""
   SELECT `group`, `offset`, 0 AS op, key AS ekey, event_type AS etype, payload AS body, actor, request_id,
          applied, `timestamp`
-  FROM {{events}} WHERE event_type <> 'Txn' AND {{where}}
+  FROM {{events}} WHERE event_type <> 'Txn' AND {{where}} AND {{keyfilter}}
   UNION ALL
   SELECT `group`, `offset`, o.pos + 1 AS op, {_KEY_OF_OP} AS ekey, get_json_object(o.col, '$.type') AS etype,
          o.col AS body, actor, request_id, applied, `timestamp`
