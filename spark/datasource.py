@@ -43,7 +43,7 @@ WRITER_NAME = "epochlog_delta"
 def source_json(source: ClusterSource | OfflineSource) -> str:
     if isinstance(source, ClusterSource):
         return msgspec.json.encode({"kind": "cluster", "endpoints": list(source.endpoints),
-                                    "timeout_s": source.timeout_s}).decode()
+                                    "timeout_s": source.timeout_s, "readers": list(source.readers)}).decode()
     return msgspec.json.encode({"kind": "offline",
                                 "groups": [[g.group, g.directory] for g in source.groups]}).decode()
 
@@ -51,16 +51,17 @@ def source_json(source: ClusterSource | OfflineSource) -> str:
 def source_from_json(text: str) -> ClusterSource | OfflineSource:
     raw = msgspec.json.decode(text)
     if raw["kind"] == "cluster":
-        return ClusterSource(tuple(raw["endpoints"]), float(raw["timeout_s"]))
+        return ClusterSource(tuple(raw["endpoints"]), float(raw["timeout_s"]), readers=tuple(raw.get("readers", ())))
     return OfflineSource(tuple(OfflineGroup(name, directory) for name, directory in raw["groups"]))
 
 
 class RangePartition(InputPartition):
-    def __init__(self, group: str, lo: int, hi: int) -> None:
+    def __init__(self, group: str, lo: int, hi: int, slot: int) -> None:
         super().__init__((group, lo, hi))
         self.group = group
         self.lo = lo
         self.hi = hi
+        self.slot = slot      # which member serves it (ClusterSource.readers)
 
 
 class EventsReader(DataSourceReader):
@@ -69,12 +70,12 @@ class EventsReader(DataSourceReader):
         self.source_text = options["source"]
 
     def partitions(self) -> list[InputPartition]:
-        return [RangePartition(r.group, r.lo, r.hi) for r in self.plan.ranges()]
+        return [RangePartition(r.group, r.lo, r.hi, i) for i, r in enumerate(self.plan.ranges())]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
         source = source_from_json(self.source_text)
-        for chunk in source.read(partition.group, partition.lo, partition.hi):
+        for chunk in source.read(partition.group, partition.lo, partition.hi, partition.slot):
             yield to_batch(partition.group, chunk)
 
 

@@ -72,6 +72,7 @@ def export_once(spark: Any | Callable[[], Any], table_root: str | Path, source: 
                 f"they were exported (the table has a gap there)" for g in plan.groups if g.skipped]
     if plan.empty:
         return RunResult(plan, None, 0, exported, time.monotonic() - started, warnings=warnings)
+    source = source.prepared()   # a cluster's readers: every member serves some ranges
     if callable(spark):
         spark = spark()   # a factory: the session starts only when there is something to export
     df = (spark.read.format(READER_NAME).option("plan", plan.to_json()).option("source", source_json(source))

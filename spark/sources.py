@@ -4,9 +4,11 @@ Both sources yield lists of `SourceRecord` for offsets [lo, hi) of one group, sk
 batches (Raft no-ops and membership changes: not events), and both fail rather than return fewer
 offsets than asked: an export must never commit a range it did not read completely.
 
-- `ClusterSource`: the SDK's `read_events` (served by the group's leader from what it applied). A
-  node that has not applied through `hi` yet is waited for (bounded); a range below the log start
-  is an ExportError (the export watermark exists so that compaction does not do that).
+- `ClusterSource`: the SDK's `read_events`. Every node serves the committed records it applied, so
+  the ranges are spread over all members (range i from member i mod n); a member that fails, lags
+  or no longer holds the range hands it to the leader. A node that has not applied through `hi` yet
+  is waited for (bounded); a range below the leader's log start is an ExportError (the export
+  watermark exists so that compaction does not do that).
 - `OfflineSource`: the segment files of a stopped node (or a copy of its data directory), read
   without taking the log's lock, every batch CRC-checked. The commit bound comes from the group's
   `quorum-state` (the commit index, persisted lazily, so a lower bound) and from the views' applied
@@ -39,7 +41,8 @@ from spark.records import SourceRecord
 
 READ_MAX_EVENTS = 5000
 READ_MAX_BYTES = 4 << 20
-APPLY_WAIT_S = 30.0      # how long a range waits for the serving node to apply through its end
+APPLY_WAIT_S = 30.0      # how long a range waits for the leader to apply through its end
+FOLLOWER_WAIT_S = 5.0    # how long it waits for a lagging follower before asking the leader
 
 
 # --- a running cluster -----------------------------------------------------------------------------
@@ -49,6 +52,7 @@ class ClusterSource:
     endpoints: tuple[str, ...]
     timeout_s: float = 10.0
     only: tuple[str, ...] = ()    # these groups only (default: every group)
+    readers: tuple[str, ...] = ()  # client addresses of every member: range i is read from readers[i % n]
 
     def bounds(self) -> dict[str, tuple[int, int]]:
         """Per group (log start, commit offset), as each group's leader reports them."""
@@ -67,19 +71,39 @@ class ClusterSource:
                 out[g] = (probe.log_start, probe.commit_offset)
             return out
 
-    def read(self, group: str, lo: int, hi: int) -> Iterator[list[SourceRecord]]:
-        from epochlog.client import Client, CompactedError
+    def prepared(self) -> ClusterSource:
+        """This source with every member as a reader: the ranges are spread over the nodes (followers
+        serve committed ranges too), so an export does not load the leaders alone."""
+        from epochlog.client import Client
 
+        with Client(list(self.endpoints), timeout=self.timeout_s, name="epochlog-export") as client:
+            members = sorted((m.id, m.client_address) for m in client.status().members if m.client_address)
+        return ClusterSource(self.endpoints, self.timeout_s, self.only, tuple(a for _, a in members))
+
+    def read(self, group: str, lo: int, hi: int, slot: int = 0) -> Iterator[list[SourceRecord]]:
+        """Offsets [lo, hi) of `group`, from the member `slot` picks (the leader if that one fails, lags
+        more than FOLLOWER_WAIT_S or no longer holds the range)."""
+        from epochlog.client import Client, ClientError, CompactedError
+
+        endpoint = self.readers[slot % len(self.readers)] if self.readers else None
         with Client(list(self.endpoints), timeout=self.timeout_s, name="epochlog-export") as client:
             offset = lo
             stalled_since: float | None = None
             while offset < hi:
                 try:
                     got = client.read_events(group, offset, max_events=min(READ_MAX_EVENTS, hi - offset),
-                                             max_bytes=READ_MAX_BYTES)
+                                             max_bytes=READ_MAX_BYTES, endpoint=endpoint)
                 except CompactedError as exc:
+                    if endpoint is not None:
+                        endpoint = None   # that member compacted (or installed a snapshot): the leader
+                        continue
                     raise ExportError(f"group {group}: offsets from {offset} were compacted before they were "
                                       f"exported ({exc})") from None
+                except (ClientError, TimeoutError):
+                    if endpoint is None:
+                        raise
+                    endpoint = None
+                    continue
                 records = [SourceRecord(e.offset, e.key, e.value, e.timestamp, e.term, e.applied)
                            for e in got.events if e.offset < hi]
                 if records:
@@ -88,10 +112,13 @@ class ClusterSource:
                     offset = got.next_offset
                     stalled_since = None
                     continue
-                # The serving node has not applied `offset` yet (a new leader catching up): wait.
+                # The serving node has not applied `offset` yet (a follower behind, a new leader catching
+                # up): wait, then ask the leader.
                 now = time.monotonic()
                 stalled_since = stalled_since or now
-                if now - stalled_since > APPLY_WAIT_S:
+                if endpoint is not None and now - stalled_since > FOLLOWER_WAIT_S:
+                    endpoint, stalled_since = None, None
+                elif now - stalled_since > APPLY_WAIT_S:
                     raise ExportError(f"group {group}: offset {offset} was not served within {APPLY_WAIT_S:.0f} s "
                                       f"(commit offset {got.commit_offset})")
                 time.sleep(0.05)
@@ -147,7 +174,10 @@ class OfflineSource:
     def bounds(self) -> dict[str, tuple[int, int]]:
         return {g.group: (log_start(g.log_dir), commit_bound(g)) for g in self.groups}
 
-    def read(self, group: str, lo: int, hi: int) -> Iterator[list[SourceRecord]]:
+    def prepared(self) -> OfflineSource:
+        return self
+
+    def read(self, group: str, lo: int, hi: int, slot: int = 0) -> Iterator[list[SourceRecord]]:
         g = self.group(group)
         views = ViewsLookup.open(g.views_dir)
         try:

@@ -268,9 +268,17 @@ class AsyncClient:
                 conn.send_oneway(p.CancelWatch(rid))
 
     async def read_events(self, group: str, from_offset: int, *, max_events: int = 1000,
-                          max_bytes: int = 1 << 20) -> p.Events:
-        """Committed events of `group` from `from_offset` (from the leader, so nothing committed is missed)."""
-        result = await self._call(p.ReadEvents(group, from_offset, max_events, max_bytes), group=group, leader=True)
+                          max_bytes: int = 1 << 20, endpoint: str | None = None) -> p.Events:
+        """Committed events of `group` from `from_offset` (from the leader, so nothing committed is missed).
+
+        With `endpoint`, from that node, leader or not: a node serves what it has applied, so a
+        follower may return fewer events (an exporter reading a range planned up to the leader's
+        commit offset waits for it, and spares the leader)."""
+        call = p.ReadEvents(group, from_offset, max_events, max_bytes)
+        if endpoint is not None:
+            result = await (await self._connection(endpoint, self.timeout)).call(call, self.timeout)
+        else:
+            result = await self._call(call, group=group, leader=True)
         assert isinstance(result, p.Events)
         return result
 

@@ -1,9 +1,8 @@
 """Export from a real `epochlog serve` process: exactly once across a killed run, audit = the live views,
 and the export watermark holding back log compaction.
 
-One node (the reads, the commit bound and the watermark do not depend on the cluster size; the
-multi-node behaviour of read_events is the node tests' business), 64 KiB segments so compaction has
-whole segments to drop. The workload (seeded, printed) mixes puts, overwrites, deletes, a failed
+Three nodes (an export spreads its ranges over every member: followers serve committed ranges
+too), 64 KiB segments so compaction has whole segments to drop. The workload (seeded, printed) mixes puts, overwrites, deletes, a failed
 compare-and-set, a transaction and a lease whose revocation deletes its key: the audit must agree
 with `get --as-of N` on all of them.
 """
@@ -73,7 +72,7 @@ def test_killed_export_rerun_audit_and_watermark(tmp_path: Path, spark_session: 
     seed = random.SystemRandom().getrandbits(32)
     print(f"seed={seed}")
     rng = random.Random(seed)
-    cluster = NodeCluster(tmp_path / "cluster", size=1, seed=seed, log={"segment_bytes": 64 << 10})
+    cluster = NodeCluster(tmp_path / "cluster", size=3, seed=seed, log={"segment_bytes": 64 << 10})
     export: subprocess.Popen[bytes] | None = None
     try:
         cluster.start()
@@ -101,8 +100,15 @@ def test_killed_export_rerun_audit_and_watermark(tmp_path: Path, spark_session: 
             orphans = list(table.glob("date=*/*.parquet"))
             assert orphans
 
-            # 2. The re-run exports every committed event exactly once.
+            # 2. The re-run exports every committed event exactly once, its ranges read from every node.
             source = ClusterSource(endpoints)
+            readers = source.prepared().readers
+            assert sorted(readers) == sorted(endpoints)
+            kv_end = client.read_events("kv", 1 << 62, max_events=1).commit_offset + 1
+            for node in range(3):      # each member (two of them followers) serves the same records
+                cluster.wait_applied(node + 1, "kv", kv_end - 1)
+                served = [r.offset for chunk in source.prepared().read("kv", 0, kv_end, slot=node) for r in chunk]
+                assert served == _committed_events(client, "kv"), f"node {node + 1}"
             run = export_once(spark_session, table, source, range_offsets=200)
             assert run.table_version == 1
             rows = open_table(table).to_pyarrow_table(columns=["group", "offset", "applied"]).to_pylist()
