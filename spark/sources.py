@@ -34,7 +34,7 @@ import msgspec
 
 from eventlog.log import read_offsets_checkpoint
 from eventlog.offline import segment_files
-from eventlog.records import (HEADER_SIZE, LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH, RecordBatch, check_batch,
+from eventlog.records import (HEADER_SIZE, MAGIC, MIN_BATCH_LENGTH, RecordBatch, check_batch,
                               TIMESTAMP_TYPE_MASK, decode_varint, read_header)
 from spark.errors import ExportError
 from spark.records import SourceRecord

@@ -14,7 +14,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 

@@ -17,8 +17,6 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from spark.audit import Audit, Point
 from spark.export import export_once
 from spark.sources import OfflineSource
