@@ -47,7 +47,7 @@ DOC = ROOT / "docs" / "protocol.md"
 SECTIONS = ("messages", "events", "errors", "examples")
 
 # Modules whose EpochlogError subclasses can reach a client as a wire error code.
-ERROR_MODULES = ("eventlog.errors", "eventlog.raft.errors", "statemachines.events", "epochlog.node",
+ERROR_MODULES = ("eventlog.errors", "eventlog.raft.errors", "statemachines.events", "epochlog.errors",
                  "epochlog.server", "controller.errors")
 # Codes produced by the protocol layer itself rather than by an error class.
 PROTOCOL_CODES = {

@@ -10,27 +10,7 @@ several groups commits each group's part atomically and in order, but the groups
 each event carries a request id, so retrying the whole Write after a failure never applies an event
 twice.
 
-Membership. The configured members are every group's initial voters. The address book (peer and
-client address of every member) is that list overlaid by the `member/<id>` records of the metadata
-group's views (MemberAdded / MemberRemoved), so every node learns a member added at runtime as it
-applies the record, durably, and keeps it across restarts and snapshots; the node follows the
-metadata group and tells its peer transport (add_peer / remove_peer). A node outside the configured
-list starts with its own addresses (`epochlog serve --peer-address ...`) and the configured initial
-voters, so it never campaigns: it waits to be added.
-
-Membership calls are served by the metadata leader, one node and one group at a time:
-
-- add: record the node's addresses, then add it as a learner (auto-promoted to voter once caught up
-  unless told otherwise) to the metadata group, then to every other group;
-- promote: make the learner a voter in every group;
-- remove: take it out of every group, the metadata group last, then record its removal (nodes stop
-  dialing it and refuse it). The metadata leader removing itself first hands leadership over and
-  answers not_leader, so the client retries at the new leader. Refused if the node is the last
-  voter of a group; a removed group leader steps down once its removal commits.
-
-Each group's change is made by that group's leader: the metadata leader makes the ones it leads and
-forwards the others through the SDK with the call's `group` set (the SDK follows the group's
-leader). A step already done is skipped, so retrying a call that failed half way finishes it.
+Membership changes and the address book are epochlog/membership.py's.
 """
 
 from __future__ import annotations
@@ -44,35 +24,27 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from eventlog.configuration import from_mapping
-from eventlog.errors import ConfigError, EpochlogError, OffsetOutOfRangeError
-from eventlog.raft.errors import CompactedError, ConfChangeError, NotFoundError, NotLeaderError, RaftError
-from eventlog.raft.node import Role
-from eventlog.raft.runtime.config import MemberConfig, NodeConfigs, parse_address
+from eventlog.errors import ConfigError, OffsetOutOfRangeError
+from eventlog.raft.errors import CompactedError, NotFoundError, NotLeaderError, RaftError
+from eventlog.raft.runtime.config import MemberConfig, NodeConfigs
 from eventlog.raft.runtime.group import RaftGroup
 from eventlog.raft.runtime.host import NodeHost
-from eventlog.raft.types import ConfChange, ConfChangeKind, ConfState
-from epochlog import protocol as p
 from controller.config import controller_config
 from controller.runtime import ControllerRuntime
+from epochlog import protocol as p
+from epochlog.errors import NodeError, RejectedError
+from epochlog.membership import Membership
 from epochlog.routing import REQUIRED_GROUPS, group_of_event, group_of_key
 from statemachines import events as ev
 from statemachines.query import MAX_LIMIT, Query
-from statemachines.state import MemberState, Outcome, decode_state, encode
+from statemachines.state import Outcome, encode
 from statemachines.store import ViewsConfig, ViewStore, version_key
 from statemachines.views import ViewsStateMachine
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 10.0
-MEMBERSHIP_TIMEOUT_S = 60.0   # a whole membership call (the client's deadline usually ends it first)
-MEMBERS_REFRESH_S = 0.05      # the address book is re-read at most this often under metadata writes
 EXPORT_WATERMARKS = "config/export/"   # export watermarks (see export_floor)
-
-
-class NodeError(EpochlogError):
-    """A request the node cannot serve as asked (unknown group, bad consistency, ...)."""
-
-    code = "invalid_argument"
 
 
 class Node:
@@ -93,10 +65,7 @@ class Node:
         self.views: dict[str, ViewsStateMachine] = {}
         self.host = NodeHost(node_id, self.data_dir, configs, self._open_views, seed=seed, member=self.member,
                              compaction_floor=self.export_floor)
-        self.members: dict[int, p.MemberInfo] = self._configured_members()   # the address book
-        self.removed: set[int] = set()   # nodes removed at runtime (tombstones in the metadata views)
-        self._members_task: asyncio.Task[None] | None = None
-        self._membership_lock: asyncio.Lock | None = None
+        self.membership = Membership(self)
 
     def _open_views(self, name: str, directory: Path) -> ViewsStateMachine:
         sm = ViewsStateMachine(directory, self.views_config)
@@ -123,17 +92,11 @@ class Node:
 
     async def start(self) -> None:
         await self.host.start()
-        self._refresh_members()
-        self._members_task = asyncio.get_running_loop().create_task(self._follow_members(), name="members")
+        self.membership.start()
         self.controller.start()
 
     async def stop(self) -> None:
-        if self._members_task is not None:
-            self._members_task.cancel()
-            try:
-                await self._members_task
-            except (asyncio.CancelledError, EpochlogError):
-                pass
+        await self.membership.stop()
         await self.controller.stop()
         await self.host.stop()
 
@@ -155,6 +118,11 @@ class Node:
         if group is None:
             raise NodeError(f"no group {name!r} (groups: {', '.join(self.host.groups)})")
         return group
+
+    @property
+    def members(self) -> dict[int, p.MemberInfo]:
+        """The address book (configured members overlaid by the metadata group's member records)."""
+        return self.membership.members
 
     @property
     def client_addresses(self) -> dict[int, str]:
@@ -302,208 +270,20 @@ class Node:
                      for n in (*conf.voters, *conf.learners)]
             groups.append(p.GroupInfo(name, self.node_id, s.role, s.term, s.leader, s.commit, s.applied,
                                       s.last_index, s.log_start, s.snapshot_index, peers))
-        return p.StatusInfo(self.cluster, self.node_id, groups, self._members())
-
-    def _members(self) -> list[p.MemberInfo]:
-        return [self.members[i] for i in sorted(self.members)]
+        return p.StatusInfo(self.cluster, self.node_id, groups, self.membership.sorted())
 
     def member_list(self) -> p.Members:
-        """The address book, and the voters and learners of the metadata group as this node sees them."""
-        conf = self.group("metadata").node.conf
-        return p.Members(self._members(), list(conf.voters), list(conf.learners))
-
-    # --- membership (see the module docstring) -----------------------------------------------------
-
-    def _configured_members(self) -> dict[int, p.MemberInfo]:
-        book = {m.id: p.MemberInfo(m.id, m.peer_address, m.client_address) for m in self.configs.cluster.members}
-        me = self.member
-        book[me.id] = p.MemberInfo(me.id, me.peer_address, me.client_address)
-        return book
-
-    def _refresh_members(self) -> None:
-        """Rebuild the address book from the config and the metadata views; sync the peer transport."""
-        book = self._configured_members()
-        removed: set[int] = set()
-        for key, raw in self.views["metadata"].store.scan_prefix("members", b"member/"):
-            state = decode_state(key, raw)
-            assert isinstance(state, MemberState)
-            if state.removed:
-                book.pop(state.node_id, None)
-                removed.add(state.node_id)
-            elif state.node_id != self.node_id:   # this node's own addresses are those it was started with
-                book[state.node_id] = p.MemberInfo(state.node_id, state.peer_address, state.client_address)
-        self.members = book
-        self.removed = removed
-        transport = self.host.transport
-        if transport is None:
-            return
-        for node_id, info in book.items():
-            if node_id != self.node_id:
-                try:
-                    transport.add_peer(node_id, parse_address(info.peer_address, f"member/{node_id}.peer_address"))
-                except ConfigError as exc:
-                    logger.error("cannot dial node %s: %s", node_id, exc)
-        for node_id in removed:
-            transport.remove_peer(node_id)
-
-    async def _follow_members(self) -> None:
-        group = self.group("metadata")
-        while True:
-            seen = group.sm.applied_index
-            try:
-                await group.wait_applied(seen + 1)
-            except EpochlogError:
-                return   # the group stopped
-            self._refresh_members()
-            await asyncio.sleep(MEMBERS_REFRESH_S)
-
-    def _group_order(self, *, metadata_last: bool = False) -> tuple[str, ...]:
-        others = tuple(g for g in self.host.groups if g != "metadata")
-        return (*others, "metadata") if metadata_last else ("metadata", *others)
-
-    def _require_leader(self, name: str) -> RaftGroup:
-        group = self.group(name)
-        if group.node.role is not Role.LEADER:
-            raise NotLeaderError(self.node_id, group.node.leader, group.node.term)
-        return group
-
-    async def _change_group(self, name: str, cc: ConfChange, timeout: float) -> ConfState:
-        """One group's change, on its leader; a change already made is not an error (retries are safe)."""
-        group = self._require_leader(name)
-        if _done(group.node.conf, cc):
-            return group.node.conf
-        try:
-            return await group.change_membership(cc, timeout)
-        except ConfChangeError:
-            if _done(group.node.conf, cc):   # e.g. an automatic promotion got there first
-                return group.node.conf
-            raise
-
-    async def _change_everywhere(self, cc: ConfChange, call: p.MemberAdd | p.MemberPromote | p.MemberRemove,
-                                 names: Sequence[str], deadline: float) -> None:
-        """`cc` in each group of `names` in turn: here if this node leads it, else forwarded to its leader."""
-        loop = asyncio.get_running_loop()
-        client = None
-        try:
-            for name in names:
-                group = self.group(name)
-                if group.node.role is Role.LEADER:
-                    try:
-                        await self._change_group(name, cc, max(0.1, deadline - loop.time()))
-                        continue
-                    except NotLeaderError:
-                        pass   # lost the leadership meanwhile: ask the new leader
-                if client is None:
-                    from epochlog.client.aio import AsyncClient
-
-                    endpoints = [m.client_address for m in self.members.values() if m.client_address]
-                    if not endpoints:
-                        raise NodeError(f"group {name} is led by another node and no client address is known")
-                    client = AsyncClient(endpoints, timeout=max(1.0, deadline - loop.time()),
-                                         name=f"epochlog-node-{self.node_id}")
-                if isinstance(call, p.MemberAdd):
-                    await client.member_add(call.node_id, call.peer_address, call.client_address,
-                                            auto_promote=call.auto_promote, group=name)
-                elif isinstance(call, p.MemberPromote):
-                    await client.member_promote(call.node_id, group=name)
-                else:
-                    await client.member_remove(call.node_id, group=name)
-        finally:
-            if client is not None:
-                await client.close()
-
-    async def _record(self, event: ev.Event) -> None:
-        """Commit a member record in the metadata group (this node leads it) and use it at once."""
-        done = await self.group("metadata").submit([ev.event_record(event)])
-        outcome = done.outcomes[0] if done.outcomes else None
-        if isinstance(outcome, Outcome) and not outcome.ok:
-            raise RejectedError(_result("metadata", done.offset, outcome))
-        self._refresh_members()
-
-    def _lock(self) -> asyncio.Lock:
-        if self._membership_lock is None:
-            self._membership_lock = asyncio.Lock()
-        return self._membership_lock
+        return self.membership.list()
 
     async def member_add(self, call: p.MemberAdd) -> p.Members:
-        _check_node_id(call.node_id)
-        cc = ConfChange(ConfChangeKind.ADD_LEARNER, call.node_id, call.auto_promote)
-        if call.group:
-            await self._change_group(call.group, cc, MEMBERSHIP_TIMEOUT_S)
-            return self.member_list()
-        parse_address(call.peer_address, "peer_address")
-        if call.client_address:
-            parse_address(call.client_address, "client_address")
-        self._require_leader("metadata")
-        deadline = asyncio.get_running_loop().time() + MEMBERSHIP_TIMEOUT_S
-        async with self._lock():
-            known = self.members.get(call.node_id)
-            wanted = p.MemberInfo(call.node_id, call.peer_address, call.client_address)
-            if known != wanted:
-                if known is not None and any(g.node.conf.contains(call.node_id) for g in self.host.groups.values()):
-                    raise NodeError(f"node {call.node_id} is a member at {known.peer_address}: remove it before "
-                                    f"adding it with other addresses")
-                taken = {a: m.id for m in self.members.values() if m.id != call.node_id
-                         for a in (m.peer_address, m.client_address) if a}
-                for address in (call.peer_address, call.client_address):
-                    if address in taken:
-                        raise NodeError(f"{address} is an address of node {taken[address]}")
-                await self._record(ev.MemberAdded(node_id=call.node_id, peer_address=call.peer_address,
-                                                  client_address=call.client_address, actor="epochlog/membership"))
-            await self._change_everywhere(cc, call, self._group_order(), deadline)
-        return self.member_list()
+        return await self.membership.add(call)
 
     async def member_promote(self, call: p.MemberPromote) -> p.Members:
-        _check_node_id(call.node_id)
-        cc = ConfChange(ConfChangeKind.PROMOTE, call.node_id)
-        if call.group:
-            await self._change_group(call.group, cc, MEMBERSHIP_TIMEOUT_S)
-            return self.member_list()
-        self._require_leader("metadata")
-        deadline = asyncio.get_running_loop().time() + MEMBERSHIP_TIMEOUT_S
-        async with self._lock():
-            await self._change_everywhere(cc, call, self._group_order(), deadline)
-        return self.member_list()
+        return await self.membership.promote(call)
 
     async def member_remove(self, call: p.MemberRemove) -> p.Members:
-        _check_node_id(call.node_id)
-        cc = ConfChange(ConfChangeKind.REMOVE, call.node_id)
-        if call.group:
-            await self._change_group(call.group, cc, MEMBERSHIP_TIMEOUT_S)
-            return self.member_list()
-        metadata = self._require_leader("metadata")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + MEMBERSHIP_TIMEOUT_S
-        if call.node_id not in self.members and not any(g.node.conf.contains(call.node_id)
-                                                         for g in self.host.groups.values()):
-            if call.node_id in self.removed:
-                return self.member_list()   # a retry of a removal that completed
-            raise NotFoundError(f"node {call.node_id} is not a member")
-        for name, group in self.host.groups.items():
-            if group.node.conf.voters == (call.node_id,):
-                raise NodeError(f"node {call.node_id} is the last voter of group {name}: add another first")
-        if call.node_id == self.node_id:
-            # Removing the metadata group's leader while it coordinates would cut it off from the rest of
-            # the work: hand the leadership over first; the client retries at the new leader.
-            await self._hand_off(metadata, deadline)
-        async with self._lock():
-            await self._change_everywhere(cc, call, self._group_order(metadata_last=True), deadline)
-            await self._record(ev.MemberRemoved(node_id=call.node_id, actor="epochlog/membership"))
-        return self.member_list()
+        return await self.membership.remove(call)
 
-    async def _hand_off(self, group: RaftGroup, deadline: float) -> None:
-        """Transfer `group`'s leadership to its most caught-up other voter, then raise NotLeaderError."""
-        n = group.node
-        others = [v for v in n.conf.voters if v != self.node_id]
-        if not others:
-            raise NodeError(f"node {self.node_id} is the last voter of group {group.name}")
-        target = max(others, key=lambda v: n.progress[v].match if v in n.progress else -1)
-        group.transfer_leadership(target)
-        loop = asyncio.get_running_loop()
-        give_up = min(deadline, loop.time() + 5.0)
-        while group.node.role is Role.LEADER and loop.time() < give_up:
-            await asyncio.sleep(group.tick_interval)
-        raise NotLeaderError(self.node_id, group.node.leader or target, group.node.term)
 
     def transfer_leader(self, call: p.TransferLeader) -> p.Done:
         group = self.group(call.group)
@@ -551,33 +331,8 @@ def _result(group: str, offset: int, outcome: object | None) -> p.WriteResult:
     return p.WriteResult(offset, group, True)
 
 
-class RejectedError(EpochlogError):
-    """The command was committed but applying it changed nothing (a failed condition, stale epoch...)."""
-
-    code = "rejected"
-
-    def __init__(self, result: p.WriteResult) -> None:
-        self.result = result
-        self.reason = result.code
-        super().__init__(f"{result.code}: {result.message} (offset {result.offset})")
-
-
 def _rejected(result: p.WriteResult) -> RejectedError:
     return RejectedError(result)
-
-
-def _done(conf: ConfState, cc: ConfChange) -> bool:
-    """Whether `conf` already has what `cc` asks for."""
-    if cc.kind in (ConfChangeKind.ADD_LEARNER, ConfChangeKind.ADD_VOTER):
-        return conf.contains(cc.node)
-    if cc.kind is ConfChangeKind.PROMOTE:
-        return cc.node in conf.voters
-    return not conf.contains(cc.node)
-
-
-def _check_node_id(node_id: int) -> None:
-    if node_id <= 0:
-        raise NodeError(f"node ids are positive integers, got {node_id}")
 
 
 def _compacted(group: RaftGroup, offset: int) -> CompactedError:
