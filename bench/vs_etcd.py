@@ -140,7 +140,9 @@ def run_epochlog(case: tuple[str, str, int, int, list[str], list[str]], n: int, 
         out = subprocess.run([py, "-m", "bench.node_load", "--endpoints", ",".join(endpoints), "--workload", workload,
                               "-c", str(conc), "--n", str(n), "--max-seconds", "60", "--label", label,
                               "--server-pids", ",".join(str(p.pid) for p in procs), *our_args],
-                             cwd=ROOT, check=True, capture_output=True, text=True, timeout=300)
+                             cwd=ROOT, capture_output=True, text=True, timeout=300)
+        if out.returncode != 0:
+            raise RuntimeError(f"bench.node_load failed ({out.returncode}):\n{out.stderr[-3000:]}")
         return last_json_line(out.stdout)
     finally:
         for proc in procs:
