@@ -33,7 +33,8 @@ from epochlog.grpc import convert as cv
 from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
 from epochlog.metrics import Metrics
-from epochlog.node import DEFAULT_TIMEOUT_S, Node, RejectedError
+from epochlog.errors import RejectedError
+from epochlog.node import DEFAULT_TIMEOUT_S, Node
 from epochlog.server import MAX_TIMEOUT_S
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from eventlog.configuration import from_mapping
 from eventlog.errors import ConfigError, OffsetOutOfRangeError
-from eventlog.raft.errors import CompactedError, NotFoundError, NotLeaderError, RaftError
+from eventlog.raft.errors import CompactedError, NotLeaderError
 from eventlog.raft.runtime.config import MemberConfig, NodeConfigs
 from eventlog.raft.runtime.group import RaftGroup
 from eventlog.raft.runtime.host import NodeHost
@@ -170,7 +170,7 @@ class Node:
         event = ev.LeaseGranted(lease_id=lease_id, ttl_ms=call.ttl_ms, request_id=call.request_id)
         (result,) = await self.write([event])
         if not result.ok:
-            raise _rejected(result)
+            raise RejectedError(result)
         return p.Lease(lease_id, call.ttl_ms, result.offset)
 
     def lease_keepalive(self, call: p.LeaseKeepAlive) -> p.Lease:
@@ -331,10 +331,6 @@ def _result(group: str, offset: int, outcome: object | None) -> p.WriteResult:
     return p.WriteResult(offset, group, True)
 
 
-def _rejected(result: p.WriteResult) -> RejectedError:
-    return RejectedError(result)
-
-
 def _compacted(group: RaftGroup, offset: int) -> CompactedError:
     return CompactedError(f"compacted: offset {offset} is no longer in the log of group {group.name} (it starts at "
                           f"{group.storage.log.start_offset}); resync from the snapshot at offset "
@@ -355,5 +351,3 @@ def _changed_views(store: ViewStore, key: bytes | memoryview | None, offset: int
 def _key_text(key: bytes | memoryview | None) -> str:
     return "" if key is None else bytes(key).decode("utf-8", "backslashreplace")
 
-
-__all__ = ["Node", "NodeError", "RejectedError", "RaftError", "NotFoundError"]

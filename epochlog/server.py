@@ -19,7 +19,8 @@ from eventlog.errors import EpochlogError
 from eventlog.raft.errors import NotLeaderError
 from epochlog import protocol as p
 from epochlog.metrics import Metrics
-from epochlog.node import DEFAULT_TIMEOUT_S, Node, NodeError
+from epochlog.errors import NodeError
+from epochlog.node import DEFAULT_TIMEOUT_S, Node
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import msgspec
 
 from epochlog import protocol as p
 from epochlog.client.connection import Connection
-from epochlog.client.errors import ClientError, NotLeaderError, RejectedError, UnavailableError
+from epochlog.client.errors import ClientError, NotLeaderError, RejectedError, UnavailableError, from_wire
 from epochlog.routing import group_of_event, group_of_key
 from statemachines import events as ev
 from statemachines.state import KvState, decode_state
@@ -249,7 +249,6 @@ class AsyncClient:
                     if reply.error is not None:
                         if reply.error.code == "unavailable":
                             break   # the connection dropped: resume elsewhere
-                        from epochlog.client.errors import from_wire
                         raise from_wire(reply.error)
                     result = reply.result
                     if isinstance(result, p.WatchStarted):

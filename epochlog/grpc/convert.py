@@ -20,7 +20,7 @@ from eventlog.errors import EpochlogError
 from eventlog.raft.errors import NotLeaderError
 from epochlog import protocol as p
 from epochlog.grpc.v1 import epochlog_pb2 as pb
-from epochlog.node import RejectedError
+from epochlog.errors import RejectedError
 from epochlog.server import wire_error
 from statemachines import events as ev
 from statemachines.state import KvState, decode_state

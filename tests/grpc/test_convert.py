@@ -20,7 +20,7 @@ from eventlog.raft.runtime.config import ClusterConfig, MemberConfig
 from epochlog import protocol as p
 from epochlog.grpc import convert as cv
 from epochlog.grpc.v1 import epochlog_pb2 as pb
-from epochlog.node import RejectedError
+from epochlog.errors import RejectedError
 from statemachines import events as ev
 
 ROOT = Path(__file__).resolve().parents[2]
