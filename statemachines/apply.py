@@ -4,12 +4,27 @@
 mutation and the new applied offset, so a crash at any point neither loses nor repeats an event: on
 restart the views say which offset they reached and the log replays what follows.
 
-Per record: decode the event (a malformed one is rejected on every replica alike; one of a newer
-schema stops the node, which must be upgraded, rather than apply it differently from its peers);
-if its request id was seen within the dedupe window, return the first outcome and change nothing;
-check its conditions (epochs, expected versions) against the current state, including the writes
-of earlier records in the same batch; then write the new entity state, its history row in
-`versions`, and lease attachments. A rejected event changes nothing (savepoints).
+Per record: decode the event with `events.applicable` (the test the leader also runs before
+proposing); if its request id was seen within the dedupe window, return the first outcome and
+change nothing; check its conditions (epochs, expected versions) against the current state,
+including the writes of earlier records in the same batch; then write the new entity state, its
+history row in `versions`, and lease attachments. A rejected event changes nothing (savepoints).
+
+A record this code cannot apply, two cases:
+
+- No version applies it (not msgpack, a field of the wrong type, invalid fields): it is REJECTED,
+  alike on every replica (same bytes, same code, same outcome; the digest stays equal).
+- This node cannot apply it but another may (a newer schema version or an unknown type, written by
+  a newer Epochlog in a mixed-version cluster or by an older one that did not check; an event
+  nested deeper than this process decodes; a handler failing unexpectedly, i.e. a bug): the group
+  HALTS on this node before the entry holding it (`Applier.halt`). Nothing of that entry is
+  applied, later entries are not applied either (their outcome is `group_halted`), and nothing
+  raises: the node and its other groups go on. Applying it differently from a peer that can is
+  never an option. A restart replays up to the same entry and halts again, so the node never
+  crash-loops; a restart of an upgraded node applies it. When no version will ever apply it, the
+  operator skips it on every node (`skip(offset)`, `epochlog group skip`): the record is then
+  recorded as `skipped` (changing nothing, like a rejection) and the skip is remembered in the
+  views, so a replay skips it again.
 
 Determinism: only the events decide the mutations (no clocks, no randomness, no iteration over
 unordered sets). A running digest chains, per entry, the sorted mutations it made, so replicas that
@@ -20,11 +35,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import msgspec
 
+from eventlog.errors import InvalidBatchError
 from eventlog.raft.types import Entry, EntryKind
-from eventlog.records import RecordBatch
+from eventlog.records import Record, RecordBatch
 from statemachines import events as ev
 from statemachines.state import (
     BrokerState,
@@ -56,6 +73,36 @@ from statemachines.store import (
 )
 
 DEDUPE_EVICTED = b"dedupe_evicted_to"
+SKIPPED = b"skipped_offsets"    # meta: msgpack list of the offsets the operator skipped (`Applier.skip`)
+HALTED = "group_halted"         # outcome code of records not applied because the group halted before them
+SKIPPED_CODE = "skipped"        # outcome code of a record the operator skipped
+UPGRADE = "upgrade this node: a restart of a newer Epochlog applies it"
+_SKIP_HINT = ("if no Epochlog version can apply it (e.g. a node before the leader check accepted it), "
+              "skip it on every node: epochlog group skip --group {group} --offset {offset}")
+
+
+@dataclass(frozen=True, slots=True)
+class Halt:
+    """Why applying stopped on this node: the record at `offset` cannot be applied by this code.
+
+    The views end just before the entry holding it. `fix` says what the operator does about it.
+    """
+
+    offset: int
+    reason: str
+    fix: str
+
+    def describe(self, group: str) -> str:
+        return (f"group {group} halted at offset {self.offset}: {self.reason}; {self.fix}; "
+                + _SKIP_HINT.format(group=group, offset=self.offset))
+
+
+class _CannotApply(Exception):
+    """Raised inside `apply_entries` for a record this node cannot apply (becomes `Applier.halt`)."""
+
+    def __init__(self, offset: int, reason: str, fix: str) -> None:
+        super().__init__(reason)
+        self.halt = Halt(offset, reason, fix)
 
 
 class Overlay:
@@ -117,23 +164,56 @@ class Applier:
         self.config = config or ViewsConfig()
         # (lease id, ttl ms or 0 when it ended, offset) of the last apply call, for the leader's clocks
         self.lease_changes: list[tuple[int, int, int]] = []
+        self.halt: Halt | None = None      # set when a record cannot be applied here (see the module doc)
+        raw = store.meta(SKIPPED)
+        self.skipped: frozenset[int] = frozenset(msgspec.msgpack.decode(raw, type=list[int]) if raw else ())
 
-    def apply_entries(self, entries: Sequence[Entry]) -> dict[int, Outcome]:
-        """Apply entries (offset order, after the applied offset) in one WriteBatch; outcomes by offset."""
+    def skip(self, offset: int) -> None:
+        """Record, durably, that the record at `offset` (where this applier halted) is skipped: applied
+        as a rejection that changes nothing. The halt stays until `apply_entries(..., resume=True)`
+        got past it; the operator's command does that (epochlog.halts)."""
+        if self.halt is None or self.halt.offset != offset:
+            where = "is not halted" if self.halt is None else f"is halted at offset {self.halt.offset}"
+            raise ev.EventError(f"cannot skip offset {offset}: this group {where} (only the record it halted "
+                                f"at can be skipped)")
+        skipped = sorted(self.skipped | {offset})
+        wb = self.store.new_batch()
+        self.store.put_meta(wb, SKIPPED, msgspec.msgpack.encode(skipped))
+        self.store.write(wb)
+        self.skipped = frozenset(skipped)
+
+    def apply_entries(self, entries: Sequence[Entry], *, resume: bool = False) -> dict[int, Outcome]:
+        """Apply entries (offset order, after the applied offset) in one WriteBatch; outcomes by offset.
+
+        While halted, entries are not applied (outcome `group_halted`); `resume=True` applies them
+        anyway (the caller re-reads them from the log after a skip or an upgrade) and halts again only
+        on another record it cannot apply."""
         store = self.store
         self.lease_changes = []
         batch_ov = Overlay(store)
         outcomes: dict[int, Outcome] = {}
         digest = store.meta(DIGEST) or b""
         applied = store.applied
+        halted = None if resume else self.halt
         for entry in entries:
             if entry.last_index <= applied:
                 continue  # already in the views (a restart replays from the persisted commit)
+            if halted is not None:
+                _not_applied(outcomes, entry, halted)
+                continue
             assert entry.index == applied + 1, f"gap: entry {entry.index} after applied offset {applied}"
             entry_ov = Overlay(store, batch_ov)
-            if entry.kind is EntryKind.NORMAL:
-                for record in RecordBatch.parse(entry.data, verify_crc=False).records():
-                    outcomes[record.offset] = self._apply_record(entry_ov, record.key, record.value, record.offset)
+            leases_before = len(self.lease_changes)
+            try:
+                if entry.kind is EntryKind.NORMAL:
+                    for record in _records(entry):
+                        outcomes[record.offset] = self._apply_record(entry_ov, record.key, record.value,
+                                                                     record.offset)
+            except _CannotApply as stop:   # nothing of this entry is applied: the views end before it
+                halted = self.halt = stop.halt
+                del self.lease_changes[leases_before:]
+                _not_applied(outcomes, entry, halted)
+                continue
             self._evict_dedupe(entry_ov, entry.last_index)
             digest = _chain(digest, entry.last_index, entry_ov.writes)
             entry_ov.commit_to_parent()
@@ -156,10 +236,19 @@ class Applier:
     # --- one record ----------------------------------------------------------------------------
 
     def _apply_record(self, ov: Overlay, key: bytes | None, value: bytes | None, offset: int) -> Outcome:
+        if offset in self.skipped:
+            return Outcome(False, offset, SKIPPED_CODE, "skipped by the operator: no node could apply it")
+        invalid: ev.InvalidEventError | None = None
         try:
-            event = ev.decode_event(value or b"")
+            event = ev.applicable(value or b"")
+        except ev.InvalidEventError as exc:   # decoded: its key and request id still count, as they always did
+            event, invalid = exc.event, exc
         except ev.EventError as exc:
             return Outcome(False, offset, exc.code, str(exc))
+        except ev.SchemaVersionError as exc:
+            raise _CannotApply(offset, str(exc), UPGRADE) from None
+        except RecursionError as exc:
+            raise _CannotApply(offset, f"{exc} in this process", "a node with a deeper stack may apply it") from None
         if key != event.key().encode():
             return Outcome(False, offset, "invalid_argument", f"record key {key!r} is not the event's key")
         dedupe_key = None
@@ -172,10 +261,16 @@ class Applier:
                     return Outcome(o.ok, o.offset, o.code, o.message, duplicate=True)
         savepoint = Overlay(self.store, ov)
         try:
-            event.validate()
+            if invalid is not None:
+                raise invalid
             outcome = _HANDLERS[type(event)](self, savepoint, event, offset)
         except ev.EventError as exc:
             outcome = Outcome(False, offset, exc.code, str(exc))
+        except AssertionError:
+            raise   # a broken invariant is never hidden
+        except Exception as exc:   # a handler bug: halting keeps the replicas from diverging
+            raise _CannotApply(offset, f"applying {type(event).__name__} failed: {exc!r}",
+                               "a bug: report it with this log line") from exc
         if outcome.ok:
             savepoint.commit_to_parent()
             if isinstance(event, ev.LeaseGranted):
@@ -224,6 +319,25 @@ class Applier:
         raw_key = key.encode()
         ov.delete(cf_for(raw_key), raw_key)
         ov.put("versions", version_key(raw_key, offset), encode(Version(_tag(event), None)))
+
+
+def _records(entry: Entry) -> list[Record]:
+    """The records of a NORMAL entry. Its CRC was checked when it was stored; a batch that still does
+    not parse (a writer's bug) halts the group like any entry this code cannot apply."""
+    try:
+        return list(RecordBatch.parse(entry.data, verify_crc=False).records())
+    except InvalidBatchError as exc:
+        raise _CannotApply(entry.index, f"the record batch of entry {entry.index} does not parse: {exc}",
+                           "a bug or a damaged log: report it with this log line") from None
+
+
+def _not_applied(outcomes: dict[int, Outcome], entry: Entry, halt: Halt) -> None:
+    """Outcomes of an entry left unapplied by a halt (for whoever waits on it: not a rejection, not done)."""
+    if entry.kind is not EntryKind.NORMAL:
+        return
+    message = f"committed, but this node halted before applying it (at offset {halt.offset}: {halt.reason})"
+    for offset in range(entry.index, entry.last_index + 1):
+        outcomes[offset] = Outcome(False, offset, HALTED, message)
 
 
 def _tag(event: ev.Event) -> str:

@@ -11,7 +11,11 @@ skips unknown fields) and newer readers fill it in. `v` is the schema version th
 reader refuses an event of a newer version than it knows (`SchemaVersionError`) instead of
 misreading it, and an unknown event type is refused the same way.
 
-`validate()` checks names, sizes and required fields before anything is appended.
+`validate()` checks names, sizes and required fields. Whether this code can apply a record at all is
+ONE function, `applicable(value)`: decode (known type, known schema version, every operation of a
+`Txn` included) and validate. The applier (statemachines/apply.py) calls it on every committed
+record, and the leader calls it (through `event_record`) on the very bytes it is about to propose,
+so a leader never proposes a record its own version could not apply: the two checks cannot drift.
 """
 
 from __future__ import annotations
@@ -34,6 +38,14 @@ class EventError(EpochlogError):
     """An event (or command) is invalid; nothing was appended."""
 
     code = "invalid_argument"
+
+
+class InvalidEventError(EventError):
+    """A record that decodes but whose fields are invalid (`event` is what it decoded to)."""
+
+    def __init__(self, event: Event, message: str) -> None:
+        super().__init__(message)
+        self.event = event
 
 
 class SchemaVersionError(EpochlogError):
@@ -422,7 +434,11 @@ def encode_event(event: Event) -> bytes:
 
 
 def decode_event(data: bytes | memoryview) -> Event:
-    """Decode a record value; refuses unknown types and newer schema versions with a clear error."""
+    """Decode a record value; refuses unknown types and newer schema versions with a clear error.
+
+    SchemaVersionError: a type or version this code does not know (a newer Epochlog wrote it).
+    EventError: bytes that are no event (not msgpack, a field of the wrong type, nested too deeply).
+    """
     try:
         event: Event = _decoder.decode(data)
     except msgspec.ValidationError as exc:
@@ -432,21 +448,56 @@ def decode_event(data: bytes | memoryview) -> Event:
         raise EventError(f"malformed event: {exc}") from None
     except msgspec.DecodeError as exc:
         raise EventError(f"malformed event: {exc}") from None
-    if event.v > type(event).VERSION:
-        raise SchemaVersionError(f"{type(event).__name__} version {event.v} is newer than this reader knows "
-                                 f"({type(event).VERSION}): upgrade this node")
+    except RecursionError:
+        # Only an unknown field can nest without bound (every known field has a bounded shape);
+        # how deep this process can decode depends on its stack, so this is not "malformed" alike
+        # on every replica: the applier halts on it instead of rejecting it (statemachines/apply.py).
+        raise RecursionError("event nested too deeply to decode") from None
+    check_versions(event)
+    return event
+
+
+def check_versions(event: Event) -> None:
+    """SchemaVersionError when `event`, or an operation of a `Txn`, has a newer schema version than this code."""
+    for e in (event, *event.ops) if isinstance(event, Txn) else (event,):
+        known = type(e).VERSION
+        if e.v > known:
+            raise SchemaVersionError(f"{type(e).__name__} version {e.v} is newer than this Epochlog knows ({known})")
+
+
+def applicable(value: bytes | memoryview) -> Event:
+    """The event of a record value when this code can apply it: THE test shared by the applier and the
+    leader's check before proposing (`event_record`).
+
+    SchemaVersionError: this code is too old for it (a newer schema version or an unknown type);
+    upgrading the node helps. InvalidEventError (an EventError): it decodes, but its fields are invalid;
+    EventError: it does not decode. Neither is applied by any version of this code.
+    """
+    event = decode_event(value)
+    try:
+        event.validate()
+    except EventError as exc:
+        raise InvalidEventError(event, str(exc)) from None
     return event
 
 
 def _peek_type(data: bytes | memoryview) -> str | None:
     try:
         raw = msgspec.msgpack.decode(data)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     return raw.get("type") if isinstance(raw, dict) else None
 
 
 def event_record(event: Event) -> tuple[bytes, bytes]:
-    """(record key, record value) of a validated event."""
-    event.validate()
-    return event.key().encode(), encode_event(event)
+    """(record key, record value) of an event this code can apply; else EventError (invalid_argument):
+    nothing is appended. The encoded value goes through `applicable`, the applier's own test, so no
+    record a leader proposes can stop its replicas of the same version."""
+    value = encode_event(event)
+    try:
+        applicable(value)
+    except SchemaVersionError as exc:
+        raise EventError(f"{exc}: refused, nothing was written (a node writes only what it can apply)") from None
+    except RecursionError as exc:
+        raise EventError(str(exc)) from None
+    return event.key().encode(), value

@@ -12,30 +12,38 @@ Restoring unpacks the checkpoint next to the live views and swaps directories:
 
 A crash in the middle of a swap is finished on open: `views.restore` without `views` is moved into
 place, and leftovers are removed.
+
+A record this node cannot apply halts the views before it (`halt`, statemachines/apply.py): the
+group keeps replicating, nothing raises, and this class logs it once and stops proposing lease
+expiries (its clocks would be stale). `resume` applies again from the log after an operator's skip.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from eventlog.fileutil import fsync_dir
 from eventlog.raft.types import Entry, SnapshotMeta
-from statemachines.apply import Applier
+from statemachines.apply import Applier, Halt
 from statemachines.events import LeaseExpired, event_record
 from statemachines.leases import LeaseClock
 from statemachines.state import LeaseState, Outcome, decode_state
 from statemachines.store import DIGEST, ViewsConfig, ViewStore
 
+logger = logging.getLogger(__name__)
+
 
 class ViewsStateMachine:
     """The views of one group. Call from the group's loop only."""
 
-    def __init__(self, group_dir: str | Path, config: ViewsConfig | None = None) -> None:
+    def __init__(self, group_dir: str | Path, config: ViewsConfig | None = None, *, name: str = "") -> None:
         self.config = config or ViewsConfig()
+        self.name = name or Path(group_dir).name
         self.base = Path(group_dir)
         self.path = self.base / "views"
         self._finish_swap()
@@ -60,8 +68,18 @@ class ViewsStateMachine:
         """Running digest of every mutation applied so far (equal on replicas at equal offsets)."""
         return self.store.meta(DIGEST) or b""
 
-    def apply(self, entries: Sequence[Entry]) -> dict[int, Outcome]:
-        outcomes = self.applier.apply_entries(entries)
+    @property
+    def halt(self) -> Halt | None:
+        """Why applying stopped on this node (None: it did not)."""
+        return self.applier.halt
+
+    def apply(self, entries: Sequence[Entry], *, resume: bool = False) -> dict[int, Outcome]:
+        before = self.applier.halt
+        outcomes = self.applier.apply_entries(entries, resume=resume)
+        halt = self.applier.halt
+        if halt is not None and halt is not before:
+            self.lease_clock = None
+            logger.critical("%s", halt.describe(self.name))
         clock = self.lease_clock
         if clock is not None and self.applier.lease_changes:
             now = time.monotonic()
@@ -74,7 +92,7 @@ class ViewsStateMachine:
 
     def on_tick(self, leader: bool) -> list[tuple[bytes, bytes]]:
         """Called by the group every tick: on the leader, the LeaseExpired events to propose."""
-        if not leader:
+        if not leader or self.applier.halt is not None:
             self.lease_clock = None
             return []
         now = time.monotonic()
@@ -95,6 +113,30 @@ class ViewsStateMachine:
             self.lease_clock = LeaseClock(((s.lease_id, s.ttl_ms, s.version) for s in leases
                                            if isinstance(s, LeaseState)), now)
         return self.lease_clock
+
+    def skip(self, offset: int) -> None:
+        """Skip the record this group halted at (durably); `resume` then applies past it."""
+        self.applier.skip(offset)
+        logger.warning("group %s: the record at offset %s is skipped by the operator", self.name, offset)
+
+    def resume(self, read: Callable[[int], Sequence[Entry]], handed_out: Callable[[], int]) -> Halt | None:
+        """Apply, from the log, what the group handed over while this was halted; clear the halt once
+        caught up. `read(offset)` gives entries from `offset` on (some, not necessarily all), and
+        `handed_out()` the last offset the group handed over. Returns the halt still in force (None:
+        applying goes on), e.g. at a later record this code cannot apply either.
+
+        Synchronous in chunks of what `read` returns; call it again while it returns the same halt
+        with `applied_index < handed_out()` (the caller may yield to the loop between calls)."""
+        halt = self.applier.halt
+        if halt is None:
+            return None
+        target = handed_out()
+        if self.applied_index < target:
+            self.apply(read(self.applied_index + 1), resume=True)
+        if self.applier.halt is halt and self.applied_index >= handed_out():
+            self.applier.halt = None
+            logger.warning("group %s: applying again from offset %s", self.name, self.applied_index + 1)
+        return self.applier.halt
 
     def write_snapshot(self, path: Path) -> None:
         self.store.write_snapshot(path)

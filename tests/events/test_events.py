@@ -68,7 +68,7 @@ def test_old_readers_ignore_optional_fields_added_later() -> None:
 
 
 def test_a_newer_schema_version_or_type_is_refused_clearly() -> None:
-    with pytest.raises(ev.SchemaVersionError, match="KvPut version 2 is newer than this reader knows"):
+    with pytest.raises(ev.SchemaVersionError, match="KvPut version 2 is newer than this Epochlog knows"):
         ev.decode_event(_as_newer_writer(ev.KvPut(name="a", value=b"1"), v=2))
     with pytest.raises(ev.SchemaVersionError, match="unknown event type 'QuotaChanged'"):
         ev.decode_event(_as_newer_writer(ev.KvPut(name="a", value=b"1"), type="QuotaChanged"))
@@ -97,18 +97,35 @@ def test_validation_names_the_problem_and_produces_no_record(event: ev.Event, me
         ev.event_record(event)
 
 
-def test_applying_an_event_of_a_newer_schema_stops_instead_of_diverging() -> None:
-    """A replica that cannot read an event must not apply it differently from one that can."""
+def test_applying_an_event_of_a_newer_schema_halts_instead_of_diverging() -> None:
+    """A replica that cannot read an event must not apply it differently from one that can: it halts
+    before it, without raising (the node and its other groups go on)."""
     raw = _as_newer_writer(ev.KvPut(name="a", value=b"1"), v=2)
     data = bytearray(encode_batch([(b"kv/a", raw)], timestamp_ms=1))
     stamp(data, 0, 1)
     sm = ViewsStateMachine(tempfile.mkdtemp())
     try:
-        with pytest.raises(ev.SchemaVersionError):
-            sm.apply([Entry(0, 1, 1, EntryKind.NORMAL, bytes(data))])
+        outcomes = sm.apply([Entry(0, 1, 1, EntryKind.NORMAL, bytes(data))])
         assert sm.applied_index == -1, "nothing was applied"
+        assert sm.halt is not None and sm.halt.offset == 0 and "KvPut version 2" in sm.halt.reason
+        assert outcomes[0].code == "group_halted" and not outcomes[0].ok
     finally:
         sm.close()
+
+
+def test_the_leader_refuses_what_the_applier_could_not_apply() -> None:
+    """`event_record` (the leader's check) refuses a newer schema version, in a Txn's operations too, with
+    invalid_argument: nothing is proposed that would halt the group."""
+    with pytest.raises(ev.EventError, match="KvPut version 2 is newer than this Epochlog knows .1.: refused") as e:
+        ev.event_record(ev.KvPut(name="a", value=b"1", v=2))
+    assert e.value.code == "invalid_argument"
+    txn = ev.Txn(ops=(ev.KvPut(name="a", value=b"1"), ev.KvDeleted(name="b", v=3)))
+    with pytest.raises(ev.EventError, match="KvDeleted version 3"):
+        ev.event_record(txn)
+    with pytest.raises(ev.SchemaVersionError, match="KvDeleted version 3"):
+        ev.applicable(ev.encode_event(txn))
+    key, value = ev.event_record(ev.KvPut(name="a", value=b"1"))
+    assert ev.applicable(value) == ev.KvPut(name="a", value=b"1") and key == b"kv/a"
 
 
 def test_a_malformed_record_is_rejected_alike_on_every_replica() -> None:
