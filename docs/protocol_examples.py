@@ -82,9 +82,19 @@ def _union_name(types: tuple[Any, ...]) -> str | None:
     return " or ".join(sorted(c.__name__ for c in classes))
 
 
+def _bounds(low: int | None, high: int | None) -> str:
+    if low is not None and high is not None:
+        return f" {low}..{high}"
+    if low is not None:
+        return f" ≥ {low}"
+    return "" if high is None else f" ≤ {high}"
+
+
 def type_name(t: mi.Type) -> str:
     if isinstance(t, mi.IntType):
-        return "int"
+        low = t.ge if t.ge is not None else (None if t.gt is None else t.gt + 1)
+        high = t.le if t.le is not None else (None if t.lt is None else t.lt - 1)
+        return "int" + _bounds(low, high)
     if isinstance(t, mi.StrType):
         return "str"
     if isinstance(t, mi.BytesType):
@@ -96,7 +106,8 @@ def type_name(t: mi.Type) -> str:
     if isinstance(t, mi.FloatType):
         return "float"
     if isinstance(t, (mi.ListType, mi.VarTupleType)):
-        return f"array<{type_name(t.item_type)}>"
+        length = _bounds(t.min_length, t.max_length)
+        return f"array<{type_name(t.item_type)}>" + (f" (length{length})" if length else "")
     if isinstance(t, mi.DictType):
         return f"map<{type_name(t.key_type)}, {type_name(t.value_type)}>"
     if isinstance(t, mi.StructType):
@@ -270,7 +281,9 @@ def errors_section() -> list[str]:
         classes.sort(key=lambda c: (c.__module__, c.__name__))
         flags = {c.retriable for c in classes}
         assert len(flags) == 1, f"classes of code {code} disagree on retriable: {classes}"
-        texts = [doc_text(c) for c in classes if c is not EpochlogError]
+        # A subclass keeping its parent's code refines it (e.g. for one caller): the parent says what the code means.
+        texts = [doc_text(c) for c in classes if c is not EpochlogError
+                 and not any(getattr(b, "code", None) == code for b in c.__bases__)]
         rows[code] = (flags.pop(), CODE_NOTES.get(code) or " ".join(dict.fromkeys(t for t in texts if t)))
     for code, row in PROTOCOL_CODES.items():
         if code not in rows:

@@ -5,10 +5,14 @@ scrapes read the node's state without threads or locks.
 
 - /healthz: 200 while no group has failed (a failed fsync stops the node), else 503 with the reason.
   Liveness only: a node without a leader is healthy (restarting it would not help).
-- /readyz: 200 when every group runs, knows a leader, and this node applied what it knew to be
-  committed when it last heard from the leader (within `ready_lag` offsets), else 503 with the
-  first reason found. A follower is ready: clients it cannot serve get `not_leader` with the
-  leader's address.
+- /readyz: 200 when every group runs, is not halted on this node, knows a leader, and this node
+  applied what it knew to be committed when it last heard from the leader (within `ready_lag`
+  offsets), else 503 with the first reason found. A follower is ready: clients it cannot serve get
+  `not_leader` with the leader's address.
+
+A group halted on this node (a record its code cannot apply, epochlog/halts.py) makes it unready,
+not unhealthy: a restart does not help (it halts again at the same record) and a liveness probe
+that restarted it would only crash-loop it; /readyz says the offset, the reason and the fix.
 """
 
 from __future__ import annotations
@@ -52,6 +56,10 @@ class AdminServer:
         for g in self.node.status().groups:
             if self.node.host.groups[g.group].stopped:
                 return f"group {g.group} is stopped"
+            if g.halted is not None:
+                return (f"group {g.group} halted at offset {g.halted.offset}: {g.halted.reason}; {g.halted.fix} "
+                        f"(or epochlog group skip --group {g.group} --offset {g.halted.offset} if no version "
+                        f"can apply it)")
             if g.leader == 0:
                 return f"group {g.group} has no leader"
             if g.commit_offset - g.applied_offset > self.ready_lag:

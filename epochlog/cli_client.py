@@ -235,6 +235,12 @@ def status_command(target: Target) -> None:
                 rows.append((g["group"], g["leader"] or "-", g["term"], g["commit_offset"], f"{m['id']}{mark}",
                              m["role"], m["applied_offset"], m["match_offset"]))
         _table(("GROUP", "LEADER", "TERM", "COMMIT", "NODE", "ROLE", "APPLIED", "MATCH"), rows)
+        for g in document["groups"]:
+            for m in g["members"]:
+                if m["halted"] is not None:
+                    h = m["halted"]
+                    click.echo(f"group {g['group']} HALTED on node {m['id']} at offset {h['offset']}: "
+                               f"{h['reason']}; {h['fix']}")
         for n in document["nodes"]:
             if not n["reachable"]:
                 click.echo(f"node {n['id']} ({n['client_address']}): unreachable: {n['error']}")
@@ -296,6 +302,9 @@ def _status_document(statuses: Sequence[p.StatusInfo | ClientError],
                 "snapshot_offset": None if g is None else g.snapshot_offset,
                 "match_offset": (None if leader is None or peer is None or peer.match_offset < 0
                                  else peer.match_offset),
+                "halted": (None if g is None or g.halted is None
+                           else {"offset": g.halted.offset, "reason": g.halted.reason, "fix": g.halted.fix}),
+                "skipped": None if g is None else list(g.skipped),
             })
         groups.append({"group": name, "leader": leader.node if leader else (top.leader or None),
                        "term": (leader or top).term,
@@ -609,5 +618,48 @@ def member_remove(target: Target, node_id: int, group: str | None) -> None:
     _members(target, target.run(lambda c: c.member_remove(node_id, **_only(group))))
 
 
-for _group in (events_group, leader_group, member_group):
+@click.group("group")
+def group_group() -> None:
+    """Operator recovery of a group halted at a record no node can apply."""
+
+
+@_cluster_command(group_group, "skip")
+@click.option("--group", required=True, help="The halted group.")
+@click.option("--offset", type=click.IntRange(min=0), required=True,
+              help="The offset it halted at (as `epochlog status` shows it).")
+def group_skip(target: Target, group: str, offset: int) -> None:
+    """Skip the record at OFFSET of GROUP on every member halted there, and apply on.
+
+    Only for a record no Epochlog version can apply (e.g. one a node without the leader's check
+    accepted): a newer schema version is applied by upgrading the nodes instead. Refused unless every
+    member answers and each is halted at OFFSET or skipped it already, so no member applied it: the
+    record is then `skipped` (it changes nothing) on every replica alike."""
+    async def body(client: AsyncClient) -> dict[str, Any]:
+        statuses, members = await _gather_status(client)
+        halted: list[p.MemberInfo] = []
+        for member, reply in zip(members, statuses):
+            if not isinstance(reply, p.StatusInfo):
+                raise ClientError(f"node {member.id} did not answer ({reply}): every member must be halted at "
+                                  f"offset {offset} before it is skipped", code="unavailable")
+            info = next((g for g in reply.groups if g.group == group), None)
+            if info is None:
+                raise ClientError(f"node {member.id} has no group {group!r}", code="invalid_argument")
+            if info.halted is not None and info.halted.offset == offset:
+                halted.append(member)
+            elif offset not in info.skipped:
+                state = (f"is halted at offset {info.halted.offset}" if info.halted is not None
+                         else f"is not halted (applied offset {info.applied_offset})")
+                raise ClientError(f"node {member.id} {state}: skip only a record every member is halted at "
+                                  f"(one that applied it would diverge from those that skip it; upgrade the "
+                                  f"halted nodes instead)", code="invalid_argument")
+        applied = {m.id: await client.group_skip(group, offset, m.client_address) for m in halted}
+        return {"group": group, "offset": offset, "skipped_on": sorted(applied), "applied": applied}
+
+    done = target.run(body)
+    target.emit(done, lambda: click.echo(
+        f"group {group}: offset {offset} skipped on node(s) {', '.join(map(str, done['skipped_on'])) or '-'}; "
+        + ", ".join(f"node {n} applied through {a}" for n, a in done["applied"].items())))
+
+
+for _group in (events_group, leader_group, member_group, group_group):
     _COMMANDS.add_command(_group)

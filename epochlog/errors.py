@@ -12,6 +12,14 @@ class NodeError(EpochlogError):
     code = "invalid_argument"
 
 
+class GroupHaltedError(EpochlogError):
+    """The group halted on this node at a record its code cannot apply (the message names the offset, why,
+    and the fix: upgrade the node, or `epochlog group skip`); another member may serve the call."""
+
+    code = "group_halted"
+    retriable = True
+
+
 class RejectedError(EpochlogError):
     """The command was committed but applying it changed nothing (a failed condition, stale epoch...)."""
 

@@ -14,6 +14,12 @@ complete together share one response message. At most MAX_SESSION_INFLIGHT calls
 past that the server stops reading the stream until some complete (gRPC flow control then pushes
 back on the client).
 
+Bad input: a request message that does not parse is answered INVALID_ARGUMENT (the handlers are
+registered with deserializers that hand over `convert.Undecodable` instead of raising, which grpc
+would report as UNKNOWN); values out of range (negative offsets, limits...) are INVALID_ARGUMENT
+naming the field and the range, as on the native face (`convert.checked`). A Session message that
+does not parse ends the stream with INVALID_ARGUMENT (its calls' ids cannot be known).
+
 Concurrency contract: create, start and close on the node's loop; every handler runs on it.
 """
 
@@ -63,7 +69,7 @@ class GrpcService:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
         ])
-        pb_grpc.add_EpochlogServicer_to_server(self.servicer, server)
+        _add_servicer(self.servicer, server)
         self._port = server.add_insecure_port(f"{host}:{port}")
         if self._port == 0:
             raise OSError(f"gRPC could not listen on {host}:{port}")
@@ -354,7 +360,29 @@ _REPLY_FIELD = {
 }
 
 
+def _add_servicer(servicer: EpochlogServicer, server: grpc.aio.Server) -> None:
+    """What `add_EpochlogServicer_to_server` does, with deserializers that never raise (`cv.lenient`)."""
+    service = pb.DESCRIPTOR.services_by_name["Epochlog"]
+    handlers = {}
+    for method in service.methods:
+        request_class = getattr(pb, method.input_type.name)
+        response_class = getattr(pb, method.output_type.name)
+        if method.client_streaming and method.server_streaming:
+            make = grpc.stream_stream_rpc_method_handler
+        elif method.server_streaming:
+            make = grpc.unary_stream_rpc_method_handler
+        elif method.client_streaming:
+            make = grpc.stream_unary_rpc_method_handler
+        else:
+            make = grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make(getattr(servicer, method.name), request_deserializer=cv.lenient(request_class),
+                                     response_serializer=response_class.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)
+
+
 async def _run(s: EpochlogServicer, op: str, request: Any, timeout: float) -> Any:
+    cv.decoded(request)
     sync = _SYNC.get(op)
     if sync is not None:
         return sync(s, request, timeout)
@@ -390,7 +418,10 @@ class _Session:
                     replies, self.pending = self.pending, []
                     await self.context.write(pb.SessionResponse(replies=replies))
                 if reader.done() and not self.tasks and not self.pending:
-                    reader.result()   # a failed read (e.g. a malformed message) fails the stream
+                    try:
+                        reader.result()   # a failed read fails the stream
+                    except cv.RequestError as exc:   # a message that did not parse
+                        await self.context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
                     return
         finally:
             reader.cancel()
@@ -400,7 +431,7 @@ class _Session:
     async def _read(self, requests: AsyncIterator[pb.SessionRequest]) -> None:
         try:
             async for message in requests:
-                for call in message.calls:
+                for call in cv.decoded(message).calls:
                     self._start(call)
                 while not self.room.is_set():
                     await self.room.wait()

@@ -31,6 +31,8 @@ Families (counters get the `_total` suffix on the wire):
     epochlog_leader_changes_total{group}     counter     leaderships (term, leader) this node saw
     epochlog_proposals_committed_total{group} counter    proposals this node led to commit
     epochlog_events_applied_total{group}     counter     events applied to this node's views
+    epochlog_apply_halted{group}             gauge       1 while the group is halted on this node (a record
+                                                         it cannot apply; offset and fix in status, /readyz)
 """
 
 from __future__ import annotations
@@ -117,6 +119,8 @@ class _GroupCollector(Collector):
                           "pairs).")
         proposals = counter("epochlog_proposals_committed", "Proposals this node, as leader, saw committed.")
         events = counter("epochlog_events_applied", "Events (records) applied to this node's views.")
+        halted = gauge("epochlog_apply_halted", "1 while the group is halted on this node at a record its code "
+                       "cannot apply (status and /readyz name the offset, the reason and the fix).")
         groups = self.node.host.groups
         for info in self.node.status().groups:
             g = info.group
@@ -127,6 +131,7 @@ class _GroupCollector(Collector):
             term.add_metric([g], info.term)
             leader.add_metric([g], info.leader)
             is_leader.add_metric([g], 1 if info.role == "leader" else 0)
+            halted.add_metric([g], 0 if info.halted is None else 1)
             if info.role == "leader":
                 for peer in info.peers:
                     if peer.id != self.node.node_id:
@@ -137,4 +142,4 @@ class _GroupCollector(Collector):
             proposals.add_metric([g], c.proposals_committed)
             events.add_metric([g], c.events_applied)
         yield from (commit, applied, last, start, term, leader, is_leader, lag,
-                    elections, changes, proposals, events)
+                    elections, changes, proposals, events, halted)

@@ -32,10 +32,12 @@ from eventlog.raft.runtime.host import NodeHost
 from controller.config import controller_config
 from controller.runtime import ControllerRuntime
 from epochlog import protocol as p
-from epochlog.errors import NodeError, RejectedError
+from epochlog.errors import GroupHaltedError, NodeError, RejectedError
+from epochlog.halts import Halts
 from epochlog.membership import Membership
 from epochlog.routing import REQUIRED_GROUPS, group_of_event, group_of_key
 from statemachines import events as ev
+from statemachines.apply import HALTED
 from statemachines.query import MAX_LIMIT, Query
 from statemachines.state import Outcome, encode
 from statemachines.store import ViewsConfig, ViewStore, version_key
@@ -66,9 +68,10 @@ class Node:
         self.host = NodeHost(node_id, self.data_dir, configs, self._open_views, seed=seed, member=self.member,
                              compaction_floor=self.export_floor)
         self.membership = Membership(self)
+        self.halts = Halts(self)
 
     def _open_views(self, name: str, directory: Path) -> ViewsStateMachine:
-        sm = ViewsStateMachine(directory, self.views_config)
+        sm = ViewsStateMachine(directory, self.views_config, name=name)
         self.views[name] = sm
         return sm
 
@@ -94,8 +97,10 @@ class Node:
         await self.host.start()
         self.membership.start()
         self.controller.start()
+        self.halts.start()
 
     async def stop(self) -> None:
+        await self.halts.stop()
         await self.membership.stop()
         await self.controller.stop()
         await self.host.stop()
@@ -131,13 +136,21 @@ class Node:
     def leader_address(self, error: NotLeaderError) -> str:
         return self.client_addresses.get(error.leader_hint, "")
 
+    def serving(self, name: str) -> RaftGroup:
+        """The group, if its views can serve on this node (GroupHaltedError when it halted here)."""
+        group = self.group(name)
+        self.halts.check(name)
+        return group
+
     def _query(self, group: str) -> Query:
         return Query(self.views[group].store)
 
     async def _barrier(self, group: str, consistency: str, min_offset: int, timeout: float) -> int:
         if consistency not in p.CONSISTENCY:
             raise NodeError(f"consistency {consistency!r} is not one of {', '.join(p.CONSISTENCY)}")
-        return await self.group(group).read_barrier(consistency, min_offset, timeout)
+        applied = await self.serving(group).read_barrier(consistency, min_offset, timeout)
+        self.halts.check(group)   # it may have halted while the read waited
+        return applied
 
     # --- writes -----------------------------------------------------------------------------------
 
@@ -155,13 +168,18 @@ class Node:
             by_group[group].append(i)
             records[group].append(record)
         for group in by_group:
-            self.group(group)
+            self.serving(group)
         names = list(by_group)
         committed = await asyncio.gather(*(self.group(g).submit(records[g]) for g in names))
         results: list[p.WriteResult | None] = [None] * len(events)
         for group, done in zip(names, committed):
             for j, i in enumerate(by_group[group]):
                 outcome = done.outcomes[j] if j < len(done.outcomes) else None
+                if isinstance(outcome, Outcome) and outcome.code == HALTED:
+                    # Committed, but this node (its leader then) halted before applying it: the outcome is
+                    # another member's to give. A retry with the same request ids gets it there.
+                    raise GroupHaltedError(f"group {group}: offset {done.offset + j} was {outcome.message}; "
+                                           f"retry (request ids make it safe) on a member that applies it")
                 results[i] = _result(group, done.offset + j, outcome)
         return [r for r in results if r is not None]
 
@@ -174,7 +192,7 @@ class Node:
         return p.Lease(lease_id, call.ttl_ms, result.offset)
 
     def lease_keepalive(self, call: p.LeaseKeepAlive) -> p.Lease:
-        ttl = self.group("kv").keepalive(call.lease_id)
+        ttl = self.serving("kv").keepalive(call.lease_id)
         return p.Lease(call.lease_id, ttl)
 
     # --- reads ------------------------------------------------------------------------------------
@@ -246,7 +264,7 @@ class Node:
     async def watch(self, call: p.Watch) -> tuple[str, int, AsyncIterator[p.EventRecord]]:
         """(group, first offset, the records) for a watch; the iterator raises CompactedError on a gap."""
         group_name = call.group or group_of_key(call.prefix if "/" in call.prefix else call.prefix + "/")
-        group = self.group(group_name)
+        group = self.serving(group_name)
         start = call.from_offset if call.from_offset >= 0 else group.sm.applied_index + 1
         if start < group.storage.log.start_offset:
             raise _compacted(group, start)
@@ -268,8 +286,10 @@ class Node:
             peers = [p.PeerInfo(n, "voter" if n in conf.voters else "learner",
                                 progress[n].match if n in progress else -1)
                      for n in (*conf.voters, *conf.learners)]
+            views = self.views.get(name)
             groups.append(p.GroupInfo(name, self.node_id, s.role, s.term, s.leader, s.commit, s.applied,
-                                      s.last_index, s.log_start, s.snapshot_index, peers))
+                                      s.last_index, s.log_start, s.snapshot_index, peers, self.halts.info(name),
+                                      sorted(views.applier.skipped) if views is not None else []))
         return p.StatusInfo(self.cluster, self.node_id, groups, self.membership.sorted())
 
     def member_list(self) -> p.Members:
@@ -321,6 +341,9 @@ class Node:
 
     def snapshot(self, call: p.Snapshot) -> p.Done:
         return p.Done(self.group(call.group).snapshot_now())
+
+    async def group_skip(self, call: p.GroupSkip) -> p.Done:
+        return await self.halts.skip(call)
 
 
 def _result(group: str, offset: int, outcome: object | None) -> p.WriteResult:

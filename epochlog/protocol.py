@@ -8,13 +8,21 @@ frames and syscalls; requests carry ids, replies come back as they complete, in 
 
 Every write is an event (statemachines.events) or a list of them; a write's reply is its commit
 offset, which is also a read-your-writes token (`min_offset`) for reads on any node.
+
+Ranges are part of the types (`Offset`, `Limit`... below: msgspec constraints), so decoding a frame
+checks them; a request that does not decode (a wrong type, a value out of range, an unknown event
+type) is answered on its own with `invalid_argument` naming the field, the valid range and the
+value (`salvage_requests`), and the other requests of its frame go on. Only a frame that yields no
+request id to answer is a `bad_frame` that closes the connection. `problem(call)` applies the same
+checks to a call built in code (the gRPC face builds them).
 """
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -25,6 +33,18 @@ MAX_FRAME_BYTES = 16 << 20
 _LENGTH = struct.Struct(">I")
 
 CONSISTENCY = ("linearizable", "lease", "local")
+MAX_LIMIT = 10_000                         # items per list/history page, reads per Gets (= statemachines.query's)
+MAX_TIMEOUT_MS = 300_000                   # a request's deadline is capped here
+
+# The ranges of the fields (checked when a frame is decoded; shown in docs/protocol.md §12).
+RequestId = Annotated[int, msgspec.Meta(ge=1)]
+Offset = Annotated[int, msgspec.Meta(ge=0)]                 # a position in a group's log
+OffsetOrNone = Annotated[int, msgspec.Meta(ge=-1)]          # -1: none (no minimum, from the next...)
+Limit = Annotated[int, msgspec.Meta(ge=1, le=MAX_LIMIT)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+TimeoutMs = Annotated[int, msgspec.Meta(ge=0)]              # 0: the server's default; capped at MAX_TIMEOUT_MS
+NodeId = Annotated[int, msgspec.Meta(ge=1)]
 
 
 # --- hello ------------------------------------------------------------------------------------------
@@ -49,20 +69,20 @@ class Write(msgspec.Struct, tag="write"):
     The events of one group in one Write are committed in one batch, in order.
     """
 
-    events: list[AnyEvent]
+    events: Annotated[list[AnyEvent], msgspec.Meta(min_length=1)]
 
 
 class Get(msgspec.Struct, tag="get"):
     key: str                              # an entity key such as 'kv/app/x' or 'broker/c/g/n'
     consistency: str = "linearizable"
-    min_offset: int = -1
-    as_of: int | None = None
+    min_offset: OffsetOrNone = -1
+    as_of: Offset | None = None
 
 
 class Gets(msgspec.Struct, tag="gets"):
     """Many point reads in one call (each may name a different group)."""
 
-    gets: list[Get]
+    gets: Annotated[list[Get], msgspec.Meta(max_length=MAX_LIMIT)]
 
 
 class List(msgspec.Struct, tag="list"):
@@ -71,29 +91,29 @@ class List(msgspec.Struct, tag="list"):
     prefix: str = ""
     start: str = ""
     end: str = ""
-    limit: int = 100
+    limit: Limit = 100
     after: str | None = None              # continuation token: the last key of the previous page
     consistency: str = "linearizable"
-    min_offset: int = -1
-    as_of: int | None = None
+    min_offset: OffsetOrNone = -1
+    as_of: Offset | None = None
 
 
 class History(msgspec.Struct, tag="history"):
     key: str
-    limit: int = 1000
-    after_offset: int = -1
+    limit: Limit = 1000
+    after_offset: OffsetOrNone = -1
     consistency: str = "linearizable"
-    min_offset: int = -1
+    min_offset: OffsetOrNone = -1
 
 
 class LeaseGrant(msgspec.Struct, tag="lease_grant"):
     ttl_ms: int
-    lease_id: int = 0                     # 0: the server picks one
+    lease_id: Count = 0                   # 0: the server picks one
     request_id: str = ""
 
 
 class LeaseKeepAlive(msgspec.Struct, tag="lease_keepalive"):
-    lease_id: int
+    lease_id: Positive
 
 
 class Watch(msgspec.Struct, tag="watch"):
@@ -106,14 +126,14 @@ class Watch(msgspec.Struct, tag="watch"):
     """
 
     prefix: str
-    from_offset: int = -1                 # -1: from the next event applied
+    from_offset: OffsetOrNone = -1        # -1: from the next event applied
     group: str = ""                       # "" = the group that owns the prefix
-    window: int = 4096
+    window: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 4096
 
 
 class WatchAck(msgspec.Struct, tag="watch_ack"):
     watch_id: int
-    events: int
+    events: Count
 
 
 class CancelWatch(msgspec.Struct, tag="cancel_watch"):
@@ -124,9 +144,9 @@ class ReadEvents(msgspec.Struct, tag="read_events"):
     """Committed events of one group by offset range (for exporters)."""
 
     group: str
-    from_offset: int
-    max_events: int = 1000
-    max_bytes: int = 1 << 20
+    from_offset: Offset
+    max_events: Positive = 1000
+    max_bytes: Positive = 1 << 20
 
 
 class Status(msgspec.Struct, tag="status"):
@@ -135,11 +155,23 @@ class Status(msgspec.Struct, tag="status"):
 
 class TransferLeader(msgspec.Struct, tag="transfer_leader"):
     group: str
-    to: int                               # 0: the most caught-up follower
+    to: Count                             # 0: the most caught-up follower
 
 
 class Snapshot(msgspec.Struct, tag="snapshot"):
     group: str
+
+
+class GroupSkip(msgspec.Struct, tag="group_skip"):
+    """Skip the record `group` halted at on THIS node (`offset`, as its status shows) and apply on.
+
+    Operator recovery from a record no Epochlog version can apply: run it on every member (the CLI's
+    `epochlog group skip` checks that every member is halted at that offset first). Refused when the
+    group is not halted at exactly `offset` on this node.
+    """
+
+    group: str
+    offset: Offset
 
 
 class MemberList(msgspec.Struct, tag="member_list"):
@@ -153,7 +185,7 @@ class MemberAdd(msgspec.Struct, tag="member_add"):
     every group in turn, each through that group's leader (forwarding the call with `group` set).
     """
 
-    node_id: int
+    node_id: NodeId
     peer_address: str
     client_address: str = ""
     auto_promote: bool = True
@@ -161,12 +193,12 @@ class MemberAdd(msgspec.Struct, tag="member_add"):
 
 
 class MemberPromote(msgspec.Struct, tag="member_promote"):
-    node_id: int
+    node_id: NodeId
     group: str = ""
 
 
 class MemberRemove(msgspec.Struct, tag="member_remove"):
-    node_id: int
+    node_id: NodeId
     group: str = ""
 
 
@@ -192,7 +224,7 @@ class Heartbeat(msgspec.Struct, array_like=True):
     group: str
     name: str
     broker_epoch: int
-    offset: int = -1                      # the broker's replicated offset (-1: not reported)
+    offset: OffsetOrNone = -1             # the broker's replicated offset (-1: not reported)
 
 
 class BrokerHeartbeats(msgspec.Struct, tag="broker_heartbeats"):
@@ -228,7 +260,7 @@ class RouteQuery(msgspec.Struct, tag="route_query"):
     topic: str
     cluster: str = ""                     # "": broker groups of every cluster
     consistency: str = "linearizable"
-    min_offset: int = -1
+    min_offset: OffsetOrNone = -1
 
 
 class BrokerList(msgspec.Struct, tag="broker_list"):
@@ -237,18 +269,19 @@ class BrokerList(msgspec.Struct, tag="broker_list"):
     cluster: str = ""
     group: str = ""
     consistency: str = "linearizable"
-    min_offset: int = -1
+    min_offset: OffsetOrNone = -1
 
 
 Call = (Write | Get | Gets | List | History | LeaseGrant | LeaseKeepAlive | Watch | WatchAck | CancelWatch
         | ReadEvents | Status | TransferLeader | Snapshot | MemberList | MemberAdd | MemberPromote | MemberRemove
-        | BrokerRegister | BrokerHeartbeats | SyncStateSetReport | BrokerShutdown | RouteQuery | BrokerList)
+        | BrokerRegister | BrokerHeartbeats | SyncStateSetReport | BrokerShutdown | RouteQuery | BrokerList
+        | GroupSkip)
 
 
 class Request(msgspec.Struct, array_like=True):
-    id: int
+    id: RequestId
     call: Call
-    timeout_ms: int = 0                   # 0: the server's default deadline
+    timeout_ms: TimeoutMs = 0             # 0: the server's default deadline (capped at 300000)
 
 
 # --- replies ----------------------------------------------------------------------------------------
@@ -341,6 +374,14 @@ class PeerInfo(msgspec.Struct, array_like=True):
     match_offset: int                     # known on the leader only (-1 elsewhere)
 
 
+class HaltInfo(msgspec.Struct, array_like=True):
+    """Why a group stopped applying on this node (epochlog/halts.py)."""
+
+    offset: int                           # the record it cannot apply; the views end before its entry
+    reason: str                           # e.g. "KvPut version 2 is newer than this Epochlog knows (1)"
+    fix: str                              # what to do: upgrade this node, or report a bug
+
+
 class GroupInfo(msgspec.Struct):
     group: str
     node: int
@@ -353,6 +394,8 @@ class GroupInfo(msgspec.Struct):
     log_start: int
     snapshot_offset: int
     peers: list[PeerInfo]
+    halted: HaltInfo | None = None        # not nil: applying stopped on this node (group_halted)
+    skipped: list[int] = []               # offsets the operator skipped on this node (`group_skip`)
 
 
 class MemberInfo(msgspec.Struct, array_like=True):
@@ -526,18 +569,37 @@ class FrameError(Exception):
     """The peer sent something that is not a frame of this protocol; the connection must close."""
 
 
-class FrameDecoder:
-    """Splits a byte stream into decoded frames (sans-IO: feed bytes, get frames)."""
+class BadRequest(msgspec.Struct, frozen=True):
+    """Not on the wire: what `FrameDecoder` yields for a request of a frame that does not decode but
+    whose id is known, so it can be answered (`invalid_argument`, `problem` says why)."""
 
-    def __init__(self, frame_type: Any, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+    id: int
+    problem: str
+
+
+class FrameDecoder:
+    """Splits a byte stream into decoded frames (sans-IO: feed bytes, get frames).
+
+    `salvage(payload, error)`: called for a payload that does not decode as `frame_type`; returns what
+    can still be answered (e.g. `salvage_requests`) or raises FrameError. Without it, FrameError.
+    `pending_bytes` is what the decoder holds of frames not complete yet (the server budgets it).
+    """
+
+    def __init__(self, frame_type: Any, max_frame_bytes: int = MAX_FRAME_BYTES, *,
+                 salvage: Callable[[bytes, Exception], list[Any]] | None = None) -> None:
         self._decoder = msgspec.msgpack.Decoder(frame_type)
         self._max = max_frame_bytes
+        self._salvage = salvage
         self._buf = bytearray()
         self._pos = 0
 
+    @property
+    def pending_bytes(self) -> int:
+        return len(self._buf) - self._pos
+
     def feed(self, data: bytes) -> list[Any]:
         self._buf += data
-        frames = []
+        frames: list[Any] = []
         buf = self._buf
         while len(buf) - self._pos >= 4:
             (n,) = _LENGTH.unpack_from(buf, self._pos)
@@ -546,13 +608,113 @@ class FrameDecoder:
             end = self._pos + 4 + n
             if len(buf) < end:
                 break
+            payload = memoryview(buf)[self._pos + 4:end]
             try:
-                frames.append(self._decoder.decode(memoryview(buf)[self._pos + 4:end]))
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise FrameError(f"malformed frame: {exc}") from None
+                try:
+                    frames.append(self._decoder.decode(payload))
+                except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+                    if self._salvage is None:
+                        raise FrameError(f"malformed frame: {_reason(exc)}") from None
+                    frames.extend(self._salvage(bytes(payload), exc))   # a copy: Raw values keep their buffer
+            finally:
+                payload.release()   # else the bytearray cannot be resized while a view exists
             self._pos = end
         if self._pos and self._pos * 2 >= len(buf):
             del buf[: self._pos]
             self._pos = 0
+        if not buf and buf.__sizeof__() > 1 << 16:
+            self._buf = bytearray()   # give a large frame's memory back
         return frames
 
+
+class _RawRequests(msgspec.Struct, tag="requests"):
+    requests: list[msgspec.Raw]
+
+
+class _RequestId(msgspec.Struct, array_like=True):
+    id: int
+
+
+_raw_requests_decoder = msgspec.msgpack.Decoder(_RawRequests)
+_request_decoder = msgspec.msgpack.Decoder(Request)
+_request_id_decoder = msgspec.msgpack.Decoder(_RequestId)
+_REQUEST_FIELDS = {"[0]": "id", "[1]": "call", "[2]": "timeout_ms"}
+_AT = re.compile(r"^(?P<what>.*) - at `\$(?P<path>[^`]*)`$", re.S)
+_STEP = re.compile(r"\[(\d+)\]|\.(\w+)")
+
+
+def salvage_requests(payload: bytes, error: Exception) -> list[Any]:
+    """A `Requests` frame one of whose requests does not decode: the others (one `Requests`) and a
+    `BadRequest` for each one that does not, naming its field, the valid range and the value.
+    FrameError when the frame is no `Requests` frame at all or a request's id cannot be read."""
+    try:
+        raw = _raw_requests_decoder.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        raise FrameError(f"malformed frame: {_reason(error)}") from None
+    good: list[Request] = []
+    bad: list[Any] = []
+    for item in raw.requests:
+        try:
+            good.append(_request_decoder.decode(item))
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+            try:
+                rid = _request_id_decoder.decode(item).id
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+                raise FrameError(f"malformed request without a readable id: {_reason(exc)}") from None
+            bad.append(BadRequest(rid, _describe(exc, item)))
+    return ([Requests(good)] if good else []) + bad
+
+
+def problem(call: Any) -> str | None:
+    """What is wrong with a call built in code (not decoded from a frame), as a frame's decoding would
+    say it, or None. The gRPC face checks the calls it builds with it."""
+    try:
+        _call_decoder.decode(_encoder.encode(call))
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        return _describe(exc, _encoder.encode(call), request=False)
+    return None
+
+
+_call_decoder = msgspec.msgpack.Decoder(Call)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return str(exc)
+
+
+def _describe(exc: BaseException, item: bytes | msgspec.Raw, *, request: bool = True) -> str:
+    """`exc` (msgspec's "Expected `int` >= 0 - at `$[1].as_of`") as "get.as_of: expected `int` >= 0, got -5"."""
+    text = _reason(exc)
+    m = _AT.match(text)
+    if m is None:
+        return f"invalid request: {text}"
+    what, path = m.group("what"), m.group("path")
+    try:
+        value: Any = msgspec.msgpack.decode(item)
+    except (msgspec.DecodeError, RecursionError):
+        value = None
+    field, got, found = [], value, value is not None
+    steps = [(int(i) if i else k) for i, k in _STEP.findall(path)]
+    for n, step in enumerate(steps):
+        if request and n == 0:
+            field.append(_REQUEST_FIELDS.get(f"[{step}]", f"[{step}]"))
+            if step == 1 and isinstance(got, list) and len(got) > 1 and isinstance(got[1], dict):
+                field[-1] = str(got[1].get("type", "call"))
+        else:
+            field.append(f"[{step}]" if isinstance(step, int) else f".{step}")
+        try:
+            got = got[step]   # type: ignore[index]
+        except (KeyError, IndexError, TypeError):
+            found = False
+    if request and steps[:2] == [1, "type"]:
+        field = ["call", ".type"]
+    name = "".join(field).lstrip(".").replace(".[", "[") or "the request"
+    if not request and isinstance(value, dict) and "type" in value:
+        name = f"{value['type']}.{name}" if steps else str(value["type"])
+    if what.startswith("Invalid value") and steps and steps[-1] == "type":
+        return f"{name}: unknown type {got!r}" if found else f"{name}: {what}"
+    ranged = re.search(r"[<>]=?|length", what) is not None
+    shown = f", got {got!r}" if ranged and found and not isinstance(got, (dict, list)) and len(repr(got)) <= 64 else ""
+    return f"{name}: {what[:1].lower()}{what[1:]}{shown}"

@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from eventlog.configuration import from_mapping
 from eventlog.raft.runtime.config import MemberConfig, NodeConfigs, parse_address
 from epochlog.admin import AdminServer
 from epochlog.logs import NODE
 from epochlog.metrics import Metrics
 from epochlog.node import Node
-from epochlog.server import ClientService
+from epochlog.server import ClientService, ClientServiceConfig
 
 if TYPE_CHECKING:
     from epochlog.grpc_server import GrpcService
@@ -56,11 +57,12 @@ class RunningNode:
     @classmethod
     async def _start(cls, configs: NodeConfigs, node_id: int, data_dir: str | Path,
                      seed: int | None, member: MemberConfig | None = None) -> RunningNode:
+        client_config = from_mapping(ClientServiceConfig, configs.clients, "clients")
         node = Node(configs, node_id, data_dir, seed=seed, member=member)
         member = node.member
         await node.start()
         metrics = Metrics(node)
-        clients = ClientService(node, metrics)
+        clients = ClientService(node, metrics, client_config)
         running = cls(node, metrics, clients)
         try:
             if member.client_address:

@@ -4,6 +4,19 @@ One `ClientConnection` per client connection. Requests of a frame are started at
 replies are queued and written once per turn of the event loop, so the replies that completed
 together share one frame and one write. When the socket's send buffer fills, the connection stops
 reading requests until it drains (backpressure instead of unbounded queues).
+
+Hostile or broken input (docs/protocol.md §1, §11):
+
+- a request that does not decode (a wrong type, a value out of range, an unknown call or event
+  type) is answered on its own with `invalid_argument`; a frame that yields no request id to
+  answer gets one `bad_frame` reply (id 0) with the reason, which is also logged, and the
+  connection closes. No decoding error (RecursionError included) escapes the connection handler.
+- Memory: the bytes of frames not yet complete, summed over every connection, stay within
+  `[clients] partial_frames_bytes`; a connection whose bytes would take the sum past it is closed
+  with `connection_limit` (retriable: connect again). Time: a frame (the hello included) must be
+  complete within `frame_timeout_ms` of its first byte (of the connection, for the hello), else the
+  connection is closed the same way. So stalled or trickling connections neither hold memory nor
+  stay forever.
 """
 
 from __future__ import annotations
@@ -13,8 +26,10 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any
 
+from eventlog.configuration import doc
 from eventlog.errors import EpochlogError
 from eventlog.raft.errors import NotLeaderError
 from epochlog import protocol as p
@@ -24,11 +39,33 @@ from epochlog.node import DEFAULT_TIMEOUT_S, Node
 
 logger = logging.getLogger(__name__)
 
-MAX_TIMEOUT_S = 300.0
+MAX_TIMEOUT_S = p.MAX_TIMEOUT_MS / 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ClientServiceConfig:
+    """Limits of the native client service (`[clients]` in the node's TOML file)."""
+
+    partial_frames_bytes: int = field(default=64 << 20, metadata=doc(
+        "Memory for frames being received, summed over every client connection of the node: a connection "
+        "whose partly received frame would take the sum past it is closed (connection_limit, retriable). At "
+        "least one frame of the maximum size (16 MiB).", min=p.MAX_FRAME_BYTES + 4))
+    frame_timeout_ms: int = field(default=30_000, metadata=doc(
+        "A frame must be received in full within this many ms of its first byte, and the hello within this "
+        "many ms of the connection; else the connection is closed (connection_limit).", min=100,
+        max=3_600_000))
 
 
 class DeadlineExceededError(EpochlogError):
     code = "deadline_exceeded"
+    retriable = True
+
+
+class ConnectionLimitError(EpochlogError):
+    """The connection broke a limit of the node (memory for partly received frames, time to complete a
+    frame) and is closed; connect again (with less in flight)."""
+
+    code = "connection_limit"
     retriable = True
 
 
@@ -45,18 +82,36 @@ def wire_error(exc: BaseException, node: Node | None = None) -> p.WireError:
 
 
 class ClientService:
-    """Listens for clients on one address and serves them from `node`."""
+    """Listens for clients on one address and serves them from `node`. Use on the node's loop."""
 
-    def __init__(self, node: Node, metrics: Metrics | None = None) -> None:
+    def __init__(self, node: Node, metrics: Metrics | None = None, config: ClientServiceConfig | None = None) -> None:
         self.node = node
         self.metrics = metrics
+        self.config = config or ClientServiceConfig()
         self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self.connections: set[ClientConnection] = set()
         self.rpc_children: dict[str, Any] = {}   # op -> its latency histogram child (labels() is not free)
+        self.partial_bytes = 0                    # sum of every connection's `decoder.pending_bytes`
+        self.limit_closes = 0                     # connections closed for a limit (budget or frame timeout)
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: ClientConnection(self), host, port, reuse_address=True)
+        self._sweeper = loop.create_task(self._sweep(), name="client-frame-timeouts")
+
+    async def _sweep(self) -> None:
+        """Close connections whose frame (or hello) is overdue: one pass per quarter of the timeout."""
+        timeout = self.config.frame_timeout_ms / 1000
+        while True:
+            await asyncio.sleep(min(1.0, timeout / 4))
+            now = time.monotonic()
+            for conn in list(self.connections):
+                since = conn.waiting_since
+                if since is not None and now - since > timeout:
+                    what = "its hello" if not conn.greeted else f"a frame ({conn.decoder.pending_bytes} bytes so far)"
+                    conn.close_for_limit(f"{what} did not arrive in full within frame_timeout_ms "
+                                         f"({self.config.frame_timeout_ms} ms)")
 
     @property
     def port(self) -> int:
@@ -64,6 +119,10 @@ class ClientService:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+            self._sweeper = None
         if self._server is not None:
             self._server.close()
             for conn in list(self.connections):
@@ -77,7 +136,9 @@ class ClientConnection(asyncio.Protocol):
         self.node = service.node
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self.decoder = p.FrameDecoder(p.ClientFrame)
+        self.decoder = p.FrameDecoder(p.ClientFrame, salvage=p.salvage_requests)
+        self.counted = 0                      # this connection's part of service.partial_bytes
+        self.waiting_since: float | None = time.monotonic()   # a frame (or the hello) is due since then
         self.greeted = False
         self.pending: list[p.Reply] = []
         self.flush_scheduled = False
@@ -95,6 +156,7 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.service.connections.discard(self)
+        self._release_partial()
         for task in self.tasks.values():
             task.cancel()
         self.tasks.clear()
@@ -111,10 +173,18 @@ class ClientConnection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
         try:
             frames = self.decoder.feed(data)
         except p.FrameError as exc:
             self._fail(str(exc))
+            return
+        except Exception as exc:   # never leave a connection without its reason (a bug if it happens)
+            logger.exception("client frame could not be handled")
+            self._fail(f"the frame could not be handled: {type(exc).__name__}: {exc}")
+            return
+        if not self._within_budget():
             return
         for frame in frames:
             if isinstance(frame, p.ClientHello):
@@ -122,9 +192,61 @@ class ClientConnection(asyncio.Protocol):
             elif not self.greeted:
                 self._fail("the first frame must be a client hello")
                 return
+            elif isinstance(frame, p.BadRequest):
+                self.reply_error(frame.id, NodeError(frame.problem))
             else:
                 for request in frame.requests:
                     self._start(request)
+        self._frame_due(bool(frames))
+
+    def _within_budget(self) -> bool:
+        """Count the bytes held for incomplete frames against the node's budget; False when the connection
+        was closed for needing more than the budget leaves."""
+        pending = self.decoder.pending_bytes
+        service = self.service
+        grown = pending - self.counted
+        if grown > 0 and service.partial_bytes + grown > service.config.partial_frames_bytes:
+            self.close_for_limit(f"the node's memory for partly received frames (partial_frames_bytes = "
+                                 f"{service.config.partial_frames_bytes}) is in use: {service.partial_bytes} bytes "
+                                 f"held over {len(service.connections)} connections; this one needs {pending}")
+            return False
+        service.partial_bytes += grown
+        self.counted = pending
+        return True
+
+    def _frame_due(self, completed: bool) -> None:
+        """When the frame being received started (the sweeper closes it past frame_timeout_ms). Before
+        the hello: since the connection was made."""
+        if not self.greeted:
+            return
+        if self.decoder.pending_bytes == 0:
+            self.waiting_since = None
+        elif completed or self.waiting_since is None:
+            self.waiting_since = time.monotonic()
+
+    def _release_partial(self) -> None:
+        """Give back this connection's part of the budget, and the memory behind it."""
+        self.service.partial_bytes -= self.counted
+        self.counted = 0
+        self.waiting_since = None
+        if self.decoder.pending_bytes:
+            self.decoder = p.FrameDecoder(p.ClientFrame, salvage=p.salvage_requests)
+
+    def close_for_limit(self, message: str) -> None:
+        """Close the connection for breaking a limit: one `connection_limit` reply (id 0), then close."""
+        self.service.limit_closes += 1
+        logger.warning("closing client connection %s: %s", self._peer(), message)
+        self._release_partial()
+        if self.transport is not None and not self.transport.is_closing():
+            error = p.WireError(ConnectionLimitError.code, message, ConnectionLimitError.retriable)
+            self.transport.write(p.encode_frame(p.Replies([p.Reply(0, error=error)])))
+            self.transport.close()
+
+    def _peer(self) -> str:
+        if self.transport is None:
+            return "?"
+        peer = self.transport.get_extra_info("peername")
+        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
 
     def abort(self) -> None:
         if self.transport is not None:
@@ -144,8 +266,9 @@ class ClientConnection(asyncio.Protocol):
         self.transport.write(p.encode_frame(p.ServerHello(p.PROTOCOL_VERSION, self.node.cluster, self.node.node_id)))
 
     def _fail(self, message: str) -> None:
-        logger.warning("closing client connection: %s", message)
-        if self.transport is not None:
+        logger.warning("closing client connection %s: %s", self._peer(), message)
+        self._release_partial()
+        if self.transport is not None and not self.transport.is_closing():
             self.transport.write(p.encode_frame(p.Replies([p.Reply(0, error=p.WireError("bad_frame", message))])))
             self.transport.close()
 
@@ -167,7 +290,7 @@ class ClientConnection(asyncio.Protocol):
             work = functools.partial(_watch, self, request.id, call)
         else:
             work = functools.partial(_ASYNC[type(call)], self, call)
-        timeout = DEFAULT_TIMEOUT_S if request.timeout_ms <= 0 else min(request.timeout_ms / 1000, MAX_TIMEOUT_S)
+        timeout = DEFAULT_TIMEOUT_S if request.timeout_ms == 0 else min(request.timeout_ms / 1000, MAX_TIMEOUT_S)
         task = self.loop.create_task(self._run(request.id, call, work, timeout))
         self.tasks[request.id] = task
 
@@ -379,4 +502,5 @@ _ASYNC: dict[type, Callable[[ClientConnection, Any], Coroutine[Any, Any, Any]]] 
     p.BrokerShutdown: lambda c, call: c.node.broker_shutdown(call),
     p.RouteQuery: lambda c, call: c.node.route(call),
     p.BrokerList: lambda c, call: c.node.brokers(call),
+    p.GroupSkip: lambda c, call: c.node.group_skip(call),
 }

@@ -239,8 +239,9 @@ class AsyncClient:
         group = group_of_key(prefix if "/" in prefix else prefix + "/")
         next_offset = from_offset
         deadline_base = self.timeout
+        avoid: set[str] = set()    # nodes that just answered a retriable error (e.g. group_halted)
         while True:
-            conn = await self._any_connection(deadline_base)
+            conn = await self._any_connection(deadline_base, avoid)
             rid, queue = conn.open_stream(p.Watch(prefix, next_offset, group, window))
             unacked = 0
             try:
@@ -249,6 +250,10 @@ class AsyncClient:
                     if reply.error is not None:
                         if reply.error.code == "unavailable":
                             break   # the connection dropped: resume elsewhere
+                        if reply.error.retriable:
+                            avoid.add(conn.address)
+                            await asyncio.sleep(0.05)
+                            break   # this node cannot serve it now: resume on another one
                         raise from_wire(reply.error)
                     result = reply.result
                     if isinstance(result, p.WatchStarted):
@@ -340,6 +345,16 @@ class AsyncClient:
         assert isinstance(result, p.Done)
         return result.offset
 
+    async def group_skip(self, group: str, offset: int, endpoint: str) -> int:
+        """Skip the record `group` halted at (`offset`) on the node at `endpoint`; its applied offset after.
+
+        Operator recovery (README "Events"): only when no Epochlog version can apply the record, on
+        every member halted there (`epochlog group skip` checks every member first)."""
+        result = await (await self._connection(endpoint, self.timeout)).call(p.GroupSkip(group, offset),
+                                                                             self.timeout)
+        assert isinstance(result, p.Done)
+        return result.offset
+
     async def members(self) -> p.Members:
         result = await self._call(p.MemberList(), group="metadata", leader=True)
         assert isinstance(result, p.Members)
@@ -425,11 +440,15 @@ class AsyncClient:
         self._rr = (self._rr + 1) % len(candidates)
         return candidates[self._rr]
 
-    async def _any_connection(self, timeout: float) -> Connection:
+    async def _any_connection(self, timeout: float, avoid: set[str] | None = None) -> Connection:
+        """A connection to a reachable node, preferring those not in `avoid` (emptied once all were)."""
         deadline = time.monotonic() + timeout
         last: ClientError | None = None
+        if avoid is not None and not set(self._known_addresses()) - avoid:
+            avoid.clear()
         while time.monotonic() < deadline:
-            for address in self._known_addresses():
+            known = self._known_addresses()
+            for address in [a for a in known if a not in (avoid or ())] + [a for a in known if a in (avoid or ())]:
                 try:
                     return await self._connection(address, max(0.1, deadline - time.monotonic()))
                 except ClientError as exc:

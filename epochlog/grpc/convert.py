@@ -34,6 +34,42 @@ class RequestError(EpochlogError):
     code = "invalid_argument"
 
 
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """What the server's deserializers hand over instead of raising for bytes that are not the method's
+    message, so the call is answered INVALID_ARGUMENT (grpc would answer UNKNOWN for a deserializer's
+    exception)."""
+
+    message_type: str
+    error: str
+
+
+def lenient(message_class: Any) -> Any:
+    """A request deserializer for `message_class` that returns `Undecodable` instead of raising."""
+    def parse(data: bytes) -> Any:
+        try:
+            return message_class.FromString(data)
+        except Exception as exc:   # DecodeError, or any other refusal of the parser (nesting...)
+            return Undecodable(message_class.DESCRIPTOR.name, f"{type(exc).__name__}: {exc}")
+    return parse
+
+
+def decoded(request: Any) -> Any:
+    """`request`, or RequestError (invalid_argument) when it did not parse."""
+    if isinstance(request, Undecodable):
+        raise RequestError(f"the request is not a valid {request.message_type} message ({request.error})")
+    return request
+
+
+def checked(call: Any) -> Any:
+    """A native call built from a request, once its values are in range (the ranges of epochlog.protocol,
+    which frames are checked against when decoded); else RequestError naming the field and the range."""
+    problem = p.problem(call)
+    if problem is not None:
+        raise RequestError(problem)
+    return call
+
+
 _CONSISTENCY = {pb.CONSISTENCY_UNSPECIFIED: "linearizable", pb.LINEARIZABLE: "linearizable",
                 pb.LEASE: "lease", pb.LOCAL: "local"}
 
@@ -50,26 +86,26 @@ def _opt(msg: Any, name: str, default: Any) -> Any:
 
 
 def get_call(r: pb.GetRequest) -> p.Get:
-    return p.Get(r.key, consistency(r.consistency), _opt(r, "min_offset", -1), _opt(r, "as_of", None))
+    return checked(p.Get(r.key, consistency(r.consistency), _opt(r, "min_offset", -1), _opt(r, "as_of", None)))
 
 
 def list_call(r: pb.ListRequest) -> p.List:
-    return p.List(prefix=r.prefix, start=r.start, end=r.end, limit=r.limit or 100,
-                  after=_opt(r, "after", None), consistency=consistency(r.consistency),
-                  min_offset=_opt(r, "min_offset", -1), as_of=_opt(r, "as_of", None))
+    return checked(p.List(prefix=r.prefix, start=r.start, end=r.end, limit=r.limit or 100,
+                          after=_opt(r, "after", None), consistency=consistency(r.consistency),
+                          min_offset=_opt(r, "min_offset", -1), as_of=_opt(r, "as_of", None)))
 
 
 def history_call(r: pb.HistoryRequest) -> p.History:
-    return p.History(r.key, r.limit or 1000, _opt(r, "after_offset", -1), consistency(r.consistency),
-                     _opt(r, "min_offset", -1))
+    return checked(p.History(r.key, r.limit or 1000, _opt(r, "after_offset", -1), consistency(r.consistency),
+                             _opt(r, "min_offset", -1)))
 
 
 def read_events_call(r: pb.ReadEventsRequest) -> p.ReadEvents:
-    return p.ReadEvents(r.group, r.from_offset, r.max_events or 1000, r.max_bytes or (1 << 20))
+    return checked(p.ReadEvents(r.group, r.from_offset, r.max_events or 1000, r.max_bytes or (1 << 20)))
 
 
 def watch_call(r: pb.WatchRequest) -> p.Watch:
-    return p.Watch(r.prefix, _opt(r, "from_offset", -1), r.group)
+    return checked(p.Watch(decoded(r).prefix, _opt(r, "from_offset", -1), r.group))
 
 
 def put_event(r: pb.PutRequest) -> ev.KvPut:
@@ -104,6 +140,7 @@ def lease_revoke_event(r: pb.LeaseRevokeRequest) -> ev.LeaseRevoked:
 
 
 _json_event_decoder = msgspec.json.Decoder(ev.AnyEvent)
+_msgpack_event_decoder = msgspec.msgpack.Decoder(ev.AnyEvent)
 
 
 def command_event(r: pb.CommandRequest) -> ev.Event:
@@ -112,15 +149,20 @@ def command_event(r: pb.CommandRequest) -> ev.Event:
     if kind is None:
         raise RequestError("a command carries an event (event_msgpack, event_json or a typed event)")
     if kind == "event_msgpack":
-        event = ev.decode_event(r.event_msgpack)
+        # Versions are not checked here: the node refuses what it could not apply (events.event_record).
+        try:
+            event = _msgpack_event_decoder.decode(r.event_msgpack)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise RequestError(f"event_msgpack: {exc} (event types: {', '.join(ev.EVENT_TYPES)})") from None
+        except RecursionError:
+            raise RequestError("event_msgpack: nested too deeply") from None
     elif kind == "event_json":
         try:
             event = _json_event_decoder.decode(r.event_json)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise RequestError(f"event_json: {exc} (event types: {', '.join(ev.EVENT_TYPES)})") from None
-        if event.v > type(event).VERSION:
-            raise ev.SchemaVersionError(f"{type(event).__name__} version {event.v} is newer than this node "
-                                        f"knows ({type(event).VERSION}): upgrade this node")
+        except RecursionError:
+            raise RequestError("event_json: nested too deeply") from None
     else:
         event = typed_event(getattr(r, kind))
     tag = type(event).__struct_config__.tag
@@ -276,6 +318,7 @@ STATUS_OF_CODE: dict[str, grpc.StatusCode] = {
     "offset_out_of_range": S.OUT_OF_RANGE,
     "deadline_exceeded": S.DEADLINE_EXCEEDED,
     "schema_version": S.FAILED_PRECONDITION,
+    "group_halted": S.UNAVAILABLE,
     "conf_change": S.FAILED_PRECONDITION,
     "disk_full": S.RESOURCE_EXHAUSTED,
     "cancelled": S.CANCELLED,

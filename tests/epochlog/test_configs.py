@@ -1,7 +1,7 @@
 """The shipped configs: every key documented, every file loads, a wrong key stops `epochlog serve`.
 
 configs/production.example.toml must show every key of every config dataclass ([cluster] and its
-members, [raft], [log], [views], [controller]) with a comment giving its meaning and `Default: <value>`; the test
+members, [raft], [log], [views], [controller], [clients]) with a comment giving its meaning and `Default: <value>`; the test
 derives the list of keys from the dataclasses, so a new key without documentation fails here.
 """
 
@@ -26,6 +26,7 @@ from eventlog.configuration import from_mapping, load_toml
 from eventlog.raft.config import RaftConfig
 from eventlog.raft.runtime.config import ClusterConfig, MemberConfig, load_node_configs
 from epochlog.client import Client
+from epochlog.server import ClientServiceConfig
 from statemachines.store import ViewsConfig
 from tests.epochlog.local_cluster import ROOT, cluster_document, epochlog_argv, scheme_bases, write_config
 
@@ -33,7 +34,8 @@ CONFIGS = ROOT / "configs"
 PRODUCTION = CONFIGS / "production.example.toml"
 SHIPPED = ("single.toml", "local-3.toml", "production.example.toml")
 SECTIONS: dict[str, Any] = {"cluster": ClusterConfig, "cluster.members": MemberConfig, "raft": RaftConfig,
-                            "log": LogConfig, "views": ViewsConfig, "controller": ControllerConfig}
+                            "log": LogConfig, "views": ViewsConfig, "controller": ControllerConfig,
+                            "clients": ClientServiceConfig}
 KEY_LINE = re.compile(r"^(?:# )?([a-z_]+) = ")
 
 
@@ -102,11 +104,13 @@ def test_production_example_documents_every_key_with_its_default():
 
 
 def test_production_example_uses_the_defaults_it_does_not_explain():
-    assert set(tomllib.loads(PRODUCTION.read_text())) == {"cluster", "raft", "log", "views", "controller"}
+    assert set(tomllib.loads(PRODUCTION.read_text())) == {"cluster", "raft", "log", "views", "controller",
+                                                          "clients"}
     configs = load_node_configs(PRODUCTION)
     assert configs.raft == RaftConfig() and configs.log == LogConfig()
     assert controller_config(configs.controller) == ControllerConfig()
     assert from_mapping(ViewsConfig, configs.views, "views") == ViewsConfig()
+    assert from_mapping(ClientServiceConfig, configs.clients, "clients") == ClientServiceConfig()
     assert [m.id for m in configs.cluster.members] == [1, 2, 3]
 
 
@@ -163,6 +167,7 @@ BAD = [
     (("views",), "block_cache_byte", 1, "views.block_cache_byte = 1: unknown key"),
     (("views",), "write_buffer_bytes", "big", "views.write_buffer_bytes = 'big': must be an integer"),
     (("controller",), "heartbeat_timeout_ms", 500, "controller.heartbeat_timeout_ms = 500: must be above"),
+    (("clients",), "frame_timeout_ms", 10, "clients.frame_timeout_ms = 10: must be >= 100"),
     ((), "raft2", {}, "config raft2 = {}: unknown section"),
 ]
 
@@ -171,6 +176,7 @@ def test_a_wrong_key_or_value_stops_serve_with_exit_3_naming_it(tmp_path, rng):
     base = cluster_document(1, rng)
     base["raft"] = {}
     base["controller"] = {}
+    base["clients"] = {}
     procs = []
     for i, (path, key, value, fragment) in enumerate(BAD):
         document = json.loads(json.dumps(base))

@@ -20,7 +20,7 @@ from eventlog.raft.runtime.config import ClusterConfig, MemberConfig
 from epochlog import protocol as p
 from epochlog.grpc import convert as cv
 from epochlog.grpc.v1 import epochlog_pb2 as pb
-from epochlog.errors import RejectedError
+from epochlog.errors import GroupHaltedError, RejectedError
 from statemachines import events as ev
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,9 +70,18 @@ def test_command_forms_agree() -> None:
     put = ev.KvPut(name="a", value=b"\x00\xff")
     as_json = cv.to_json(ev.encode_event(put))            # bytes become base64, and back
     assert cv.command_event(pb.CommandRequest(event_json=as_json)) == put
-    with pytest.raises(ev.SchemaVersionError):
-        newer = json.dumps({"type": "KvPut", "name": "a", "value": "", "v": 9})
-        cv.command_event(pb.CommandRequest(event_json=newer))
+    # A newer schema version converts, and the node refuses it (invalid_argument) like any event it
+    # could not apply: the one check of statemachines.events.event_record, whatever the face.
+    newer_json = json.dumps({"type": "KvPut", "name": "a", "value": "", "v": 9})
+    newer_msgpack = msgspec.msgpack.encode({"type": "KvPut", "name": "a", "value": b"", "v": 9})
+    for request in (pb.CommandRequest(event_json=newer_json), pb.CommandRequest(event_msgpack=newer_msgpack)):
+        newer = cv.command_event(request)
+        assert newer.v == 9
+        with pytest.raises(ev.EventError, match="KvPut version 9 is newer") as refused:
+            ev.event_record(newer)
+        assert refused.value.code == "invalid_argument"
+    with pytest.raises(cv.RequestError, match="nested too deeply"):
+        cv.command_event(pb.CommandRequest(event_msgpack=b"\x82\xa4type\xa5KvPut\xa1x" + b"\x91" * 100_000 + b"\x00"))
     with pytest.raises(cv.RequestError, match="does not match"):
         cv.command_event(pb.CommandRequest(type="KvPut", event_msgpack=ev.encode_event(event)))
     assert cv.event_type(ev.encode_event(event)) == "OffsetCommitted" and cv.event_type(b"\x01") == ""
@@ -94,6 +103,7 @@ def test_error_table() -> None:
         (ProposalDroppedError("transfer"), S.UNAVAILABLE, "proposal_dropped"),
         (NotCaughtUpError("behind"), S.UNAVAILABLE, "not_caught_up"),
         (ev.SchemaVersionError("newer"), S.FAILED_PRECONDITION, "schema_version"),
+        (GroupHaltedError("halted at 5"), S.UNAVAILABLE, "group_halted"),
         (ValueError("bug"), S.INTERNAL, "internal"),
         (rejected("version_mismatch"), S.FAILED_PRECONDITION, "rejected"),
         (rejected("condition_failed"), S.FAILED_PRECONDITION, "rejected"),
@@ -120,6 +130,29 @@ def test_error_table() -> None:
     late = cv.failure(NotCaughtUpError("applied 5, not yet 9"), addresses, timeout=0.5, deadline_passed=True)
     assert late.status == S.DEADLINE_EXCEEDED and "0.5 s" in late.message and "not yet 9" in late.message
     assert cv.failure(ev.EventError("bad"), addresses, deadline_passed=True).status == S.INVALID_ARGUMENT
+
+
+def test_undecodable_messages_and_out_of_range_values_are_invalid_arguments() -> None:
+    parse = cv.lenient(pb.GetRequest)
+    assert parse(pb.GetRequest(key="kv/a").SerializeToString()) == pb.GetRequest(key="kv/a")
+    broken = parse(b"\x0a\xff\xff\xff\xff")          # field 1, a length running past the end
+    assert isinstance(broken, cv.Undecodable) and broken.message_type == "GetRequest"
+    with pytest.raises(cv.RequestError, match="not a valid GetRequest message"):
+        cv.decoded(broken)
+    assert cv.failure(cv.RequestError("x"), {}).status == S.INVALID_ARGUMENT
+    cases = [
+        (lambda: cv.get_call(pb.GetRequest(key="kv/a", as_of=-5)), "get.as_of: expected `int` >= 0, got -5"),
+        (lambda: cv.get_call(pb.GetRequest(key="kv/a", min_offset=-2)), "get.min_offset: expected `int` >= -1"),
+        (lambda: cv.list_call(pb.ListRequest(prefix="kv/", limit=20_000)), "list.limit: expected `int` <= 10000"),
+        (lambda: cv.history_call(pb.HistoryRequest(key="kv/a", after_offset=-7)), "history.after_offset"),
+        (lambda: cv.read_events_call(pb.ReadEventsRequest(group="kv", from_offset=-1)), "read_events.from_offset"),
+        (lambda: cv.watch_call(pb.WatchRequest(prefix="kv/", from_offset=-3)), "watch.from_offset"),
+    ]
+    for make, message in cases:
+        with pytest.raises(cv.RequestError) as error:
+            make()
+        assert message in str(error.value)
+    assert cv.get_call(pb.GetRequest(key="kv/a", as_of=0)).as_of == 0
 
 
 def test_grpc_address_config() -> None:
