@@ -6,6 +6,9 @@ member as `python -m epochlog serve --config cluster.toml --node-id N --data-dir
 stdout and stderr in files (one pair per incarnation: `node-<id>.<n>.out/.err`). A node counts as
 started once its stdout has the `READY <id> <client address>` line.
 
+A node can run another build of Epochlog (`ServeNode.build`, tests/node/builds.py: an older one
+without the leader's check, a newer one knowing a newer schema) for mixed-version tests.
+
 Processes are only ever signalled through the `subprocess.Popen` object that started them (its
 pid): `kill9` (SIGKILL), `stop` (SIGTERM, SIGKILL past a deadline). `close()` kills whatever still
 runs; the `node_cluster` fixture (tests/node/conftest.py) calls it in teardown, so no process
@@ -62,6 +65,7 @@ class ServeNode:
     client_address: str
     admin_address: str
     data_dir: Path
+    build: str | None = None              # another build of Epochlog (tests/node/builds.py) from the next start
     proc: subprocess.Popen[bytes] | None = None
     incarnation: int = -1
     out_path: Path | None = None
@@ -157,9 +161,10 @@ class NodeCluster:
         node.out_path = self.root / f"node-{node_id}.{node.incarnation}.out"
         node.err_path = self.root / f"node-{node_id}.{node.incarnation}.err"
         env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHLOG_")}
+        program = ["-m", "epochlog"] if node.build is None else ["-m", "tests.node.builds", node.build]
         with open(node.out_path, "wb") as out, open(node.err_path, "wb") as err:
             node.proc = subprocess.Popen(
-                [sys.executable, "-m", "epochlog", "serve", "--config", str(self.config_path),
+                [sys.executable, *program, "serve", "--config", str(self.config_path),
                  "--node-id", str(node_id), "--data-dir", str(node.data_dir),
                  "--seed", str(self.rng.getrandbits(32))],
                 cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)

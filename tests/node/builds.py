@@ -1,0 +1,40 @@
+"""`epochlog serve` as other builds of Epochlog, for mixed-version and poison tests (real processes).
+
+    python -m tests.node.builds BUILD serve --config ... --node-id N ...
+
+- `unchecked`: a node from before the leader's check: it proposes any event that decodes, a newer
+  schema version included (what wrote the poison record of issue 11);
+- `kvput-v2`: a newer Epochlog that knows KvPut schema version 2 (same fields: it applies a v2 put
+  as it applies a v1 one).
+
+Everything else is the code of this tree; the build is changed before the CLI starts.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from statemachines import events as ev
+
+BUILDS = ("unchecked", "kvput-v2")
+
+
+def _unchecked_record(event: ev.Event) -> tuple[bytes, bytes]:
+    return event.key().encode(), ev.encode_event(event)
+
+
+def main(argv: list[str]) -> None:
+    build, args = argv[0], argv[1:]
+    if build == "unchecked":
+        ev.event_record = _unchecked_record   # Node.write calls ev.event_record
+    elif build == "kvput-v2":
+        ev.KvPut.VERSION = 2
+    else:
+        raise SystemExit(f"unknown build {build!r} (builds: {', '.join(BUILDS)})")
+    from epochlog.cli import main as cli_main
+
+    cli_main(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
