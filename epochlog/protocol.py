@@ -37,14 +37,19 @@ MAX_LIMIT = 10_000                         # items per list/history page, reads 
 MAX_TIMEOUT_MS = 300_000                   # a request's deadline is capped here
 
 # The ranges of the fields (checked when a frame is decoded; shown in docs/protocol.md §12).
+MAX_OFFSET = 2**63 - 1                     # offsets are int64 on disk and in keys
 RequestId = Annotated[int, msgspec.Meta(ge=1)]
-Offset = Annotated[int, msgspec.Meta(ge=0)]                 # a position in a group's log
-OffsetOrNone = Annotated[int, msgspec.Meta(ge=-1)]          # -1: none (no minimum, from the next...)
+Offset = Annotated[int, msgspec.Meta(ge=0, le=MAX_OFFSET)]          # a position in a group's log
+OffsetOrNone = Annotated[int, msgspec.Meta(ge=-1, le=MAX_OFFSET)]   # -1: none (no minimum, from the next...)
 Limit = Annotated[int, msgspec.Meta(ge=1, le=MAX_LIMIT)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 TimeoutMs = Annotated[int, msgspec.Meta(ge=0)]              # 0: the server's default; capped at MAX_TIMEOUT_MS
 NodeId = Annotated[int, msgspec.Meta(ge=1)]
+
+# What decoding untrusted msgpack may raise: msgspec's errors, RecursionError (nesting deeper than
+# this process decodes) and UnicodeDecodeError (msgspec raises it for a str that is not UTF-8).
+DECODE_ERRORS = (msgspec.DecodeError, RecursionError, UnicodeDecodeError)
 
 
 # --- hello ------------------------------------------------------------------------------------------
@@ -101,7 +106,7 @@ class List(msgspec.Struct, tag="list"):
 class History(msgspec.Struct, tag="history"):
     key: str
     limit: Limit = 1000
-    after_offset: OffsetOrNone = -1
+    after_offset: Annotated[int, msgspec.Meta(ge=-1, le=MAX_OFFSET - 1)] = -1
     consistency: str = "linearizable"
     min_offset: OffsetOrNone = -1
 
@@ -612,7 +617,7 @@ class FrameDecoder:
             try:
                 try:
                     frames.append(self._decoder.decode(payload))
-                except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+                except DECODE_ERRORS as exc:
                     if self._salvage is None:
                         raise FrameError(f"malformed frame: {_reason(exc)}") from None
                     frames.extend(self._salvage(bytes(payload), exc))   # a copy: Raw values keep their buffer
@@ -649,17 +654,17 @@ def salvage_requests(payload: bytes, error: Exception) -> list[Any]:
     FrameError when the frame is no `Requests` frame at all or a request's id cannot be read."""
     try:
         raw = _raw_requests_decoder.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+    except DECODE_ERRORS:
         raise FrameError(f"malformed frame: {_reason(error)}") from None
     good: list[Request] = []
     bad: list[Any] = []
     for item in raw.requests:
         try:
             good.append(_request_decoder.decode(item))
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+        except DECODE_ERRORS as exc:
             try:
                 rid = _request_id_decoder.decode(item).id
-            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            except DECODE_ERRORS:
                 raise FrameError(f"malformed request without a readable id: {_reason(exc)}") from None
             bad.append(BadRequest(rid, _describe(exc, item)))
     return ([Requests(good)] if good else []) + bad
@@ -670,7 +675,7 @@ def problem(call: Any) -> str | None:
     say it, or None. The gRPC face checks the calls it builds with it."""
     try:
         _call_decoder.decode(_encoder.encode(call))
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+    except DECODE_ERRORS as exc:
         return _describe(exc, _encoder.encode(call), request=False)
     return None
 
@@ -681,6 +686,8 @@ _call_decoder = msgspec.msgpack.Decoder(Call)
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, RecursionError):
         return "nested too deeply"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"a string is not UTF-8 ({exc.reason} at byte {exc.start} of it)"
     return str(exc)
 
 
@@ -693,7 +700,7 @@ def _describe(exc: BaseException, item: bytes | msgspec.Raw, *, request: bool = 
     what, path = m.group("what"), m.group("path")
     try:
         value: Any = msgspec.msgpack.decode(item)
-    except (msgspec.DecodeError, RecursionError):
+    except DECODE_ERRORS:
         value = None
     field, got, found = [], value, value is not None
     steps = [(int(i) if i else k) for i, k in _STEP.findall(path)]

@@ -448,6 +448,8 @@ def decode_event(data: bytes | memoryview) -> Event:
         raise EventError(f"malformed event: {exc}") from None
     except msgspec.DecodeError as exc:
         raise EventError(f"malformed event: {exc}") from None
+    except UnicodeDecodeError as exc:   # msgspec raises it for a str that is not UTF-8: alike everywhere
+        raise EventError(f"malformed event: a string is not UTF-8 ({exc.reason})") from None
     except RecursionError:
         # Only an unknown field can nest without bound (every known field has a bounded shape);
         # how deep this process can decode depends on its stack, so this is not "malformed" alike
@@ -484,7 +486,7 @@ def applicable(value: bytes | memoryview) -> Event:
 def _peek_type(data: bytes | memoryview) -> str | None:
     try:
         raw = msgspec.msgpack.decode(data)
-    except (msgspec.DecodeError, RecursionError):
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         return None
     return raw.get("type") if isinstance(raw, dict) else None
 

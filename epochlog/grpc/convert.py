@@ -156,6 +156,8 @@ def command_event(r: pb.CommandRequest) -> ev.Event:
             raise RequestError(f"event_msgpack: {exc} (event types: {', '.join(ev.EVENT_TYPES)})") from None
         except RecursionError:
             raise RequestError("event_msgpack: nested too deeply") from None
+        except UnicodeDecodeError as exc:
+            raise RequestError(f"event_msgpack: a string is not UTF-8 ({exc.reason})") from None
     elif kind == "event_json":
         try:
             event = _json_event_decoder.decode(r.event_json)
@@ -208,8 +210,12 @@ _json_encoder = msgspec.json.Encoder()
 
 
 def to_json(msgpack: bytes) -> str:
-    """A msgpack document as JSON text (binary values become base64 strings)."""
-    return _json_encoder.encode(msgspec.msgpack.decode(msgpack)).decode()
+    """A msgpack document as JSON text (binary values become base64 strings); "" for one that does not
+    decode (a committed record no version applies may be anything)."""
+    try:
+        return _json_encoder.encode(msgspec.msgpack.decode(msgpack)).decode()
+    except p.DECODE_ERRORS:
+        return ""
 
 
 def event_type(value: bytes | None) -> str:
@@ -217,7 +223,7 @@ def event_type(value: bytes | None) -> str:
         return ""
     try:
         return _tag_decoder.decode(value).type
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except p.DECODE_ERRORS:
         return ""
 
 

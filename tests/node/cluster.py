@@ -65,6 +65,7 @@ class ServeNode:
     client_address: str
     admin_address: str
     data_dir: Path
+    grpc_address: str = ""
     build: str | None = None              # another build of Epochlog (tests/node/builds.py) from the next start
     proc: subprocess.Popen[bytes] | None = None
     incarnation: int = -1
@@ -89,15 +90,16 @@ class ServeNode:
 class NodeCluster:
     """`size` `epochlog serve` processes of one cluster (see the module docstring).
 
-    `groups`, `tick_interval_ms`, `snapshot_every_entries` go to `[cluster]`; `raft`, `log` and
-    `views` are extra keys of those sections. Logs get 1 MiB segments and the views small caches
+    `groups`, `tick_interval_ms`, `snapshot_every_entries` go to `[cluster]`; `raft`, `log`, `views`
+    and `clients` are extra keys of those sections; `grpc` gives every member a gRPC address too. Logs get 1 MiB segments and the views small caches
     unless told otherwise (the defaults would cost each node hundreds of MiB).
     """
 
     def __init__(self, root: Path, *, size: int = 3, seed: int = 0, name: str = "node-test",
                  groups: tuple[str, ...] = ("metadata", "offsets", "kv"), tick_interval_ms: int = 50,
                  snapshot_every_entries: int = 0, raft: dict[str, object] | None = None,
-                 log: dict[str, object] | None = None, views: dict[str, object] | None = None) -> None:
+                 log: dict[str, object] | None = None, views: dict[str, object] | None = None,
+                 clients: dict[str, object] | None = None, grpc: bool = False) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.seed = seed
@@ -109,10 +111,13 @@ class NodeCluster:
         self.raft = dict(raft or {})
         self.log = {"segment_bytes": 1 << 20, **(log or {})}
         self.views = {"block_cache_bytes": 8 << 20, "write_buffer_bytes": 4 << 20, **(views or {})}
-        ports = free_ports(3 * size, random.Random(random.SystemRandom().getrandbits(64)))
+        self.clients = dict(clients or {})
+        per = 4 if grpc else 3
+        ports = free_ports(per * size, random.Random(random.SystemRandom().getrandbits(64)))
         self.nodes = {
-            i: ServeNode(i, f"127.0.0.1:{ports[3 * (i - 1)]}", f"127.0.0.1:{ports[3 * (i - 1) + 1]}",
-                         f"127.0.0.1:{ports[3 * (i - 1) + 2]}", root / f"node-{i}")
+            i: ServeNode(i, f"127.0.0.1:{ports[per * (i - 1)]}", f"127.0.0.1:{ports[per * (i - 1) + 1]}",
+                         f"127.0.0.1:{ports[per * (i - 1) + 2]}", root / f"node-{i}",
+                         f"127.0.0.1:{ports[per * (i - 1) + 3]}" if grpc else "")
             for i in range(1, size + 1)}
         self.config_path = root / "cluster.toml"
         self.config_path.write_text(self.config_text())
@@ -123,8 +128,10 @@ class NodeCluster:
                  f"snapshot_every_entries = {self.snapshot_every_entries}", ""]
         for n in self.nodes.values():
             lines += ["[[cluster.members]]", f"id = {n.id}", f'peer_address = "{n.peer_address}"',
-                      f'client_address = "{n.client_address}"', f'admin_address = "{n.admin_address}"', ""]
-        for section, values in (("raft", self.raft), ("log", self.log), ("views", self.views)):
+                      f'client_address = "{n.client_address}"', f'admin_address = "{n.admin_address}"']
+            lines += [f'grpc_address = "{n.grpc_address}"', ""] if n.grpc_address else [""]
+        for section, values in (("raft", self.raft), ("log", self.log), ("views", self.views),
+                                ("clients", self.clients)):
             if values:
                 lines.append(f"[{section}]")
                 lines += [f"{k} = {_toml(v)}" for k, v in values.items()]

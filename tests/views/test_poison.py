@@ -174,6 +174,8 @@ def test_an_unknown_type_or_a_newer_txn_operation_halts_a_malformed_record_is_re
         (b"\x93not an event", None),
         (_raw(ev.KvPut(name="x", value=b"1"), lease=-4), None),                 # invalid field: rejected
         (_raw(ev.KvPut(name="x", value=b"1"), value="a str, not bin"), None),   # wrong type: rejected
+        (b"\x83\xa4type\xa5KvPut\xa4name\xa2\xff\xfe\xa5value\xc4\x01c", None),     # not UTF-8: rejected
+        (b"\x83\xa4type\xa5Kv\x8eut\xa4name\xa1x\xa5value\xc4\x01c", None),         # a type tag not UTF-8
     ]
     for i, (value, halts) in enumerate(cases):
         log = LogBuilder()
