@@ -89,6 +89,77 @@ def test_decoder_accepts_missing_defaults_unknown_keys_and_extra_elements() -> N
     assert frame == p.Requests([p.Request(9, p.Get("kv/x")), p.Request(10, p.Status())])
 
 
+def _framed(raw: Any) -> bytes:
+    import msgspec
+
+    payload = raw if isinstance(raw, bytes) else msgspec.msgpack.encode(raw)
+    return struct.pack(">I", len(payload)) + payload
+
+
+def test_a_request_that_does_not_decode_is_answered_alone_naming_field_range_and_value() -> None:
+    """Issue 11: ranges are part of the types; one bad request does not take its frame down."""
+    decoder = p.FrameDecoder(p.ClientFrame, salvage=p.salvage_requests)
+    frames = decoder.feed(_framed({"type": "requests", "requests": [
+        [1, {"type": "get", "key": "kv/a", "as_of": -5}, 0],
+        [2, {"type": "status"}, -3],
+        [3, {"type": "list", "prefix": "kv/", "limit": -1}, 0],
+        [4, {"type": "status"}, 0],
+        [5, {"type": "write", "events": [{"type": "QuotaChanged", "name": "x"}]}, 0],
+        [6, {"type": "history", "key": "kv/a", "after_offset": 2**63 - 1}, 0],
+        [7, {"type": "nope"}, 0],
+        [8, {"type": "watch_ack", "watch_id": 1, "events": -2}, 0],
+        [9, {"type": "read_events", "group": "kv", "from_offset": -1}, 0],
+        [10, {"type": "write", "events": []}, 0],
+    ]}))
+    assert frames[0] == p.Requests([p.Request(4, p.Status())])
+    problems = {f.id: f.problem for f in frames[1:]}
+    assert problems == {
+        1: "get.as_of: expected `int` >= 0, got -5",
+        2: "timeout_ms: expected `int` >= 0, got -3",
+        3: "list.limit: expected `int` >= 1, got -1",
+        5: "write.events[0].type: unknown type 'QuotaChanged'",
+        6: f"history.after_offset: expected `int` <= {2**63 - 2}, got {2**63 - 1}",
+        7: "call.type: unknown type 'nope'",
+        8: "watch_ack.events: expected `int` >= 0, got -2",
+        9: "read_events.from_offset: expected `int` >= 0, got -1",
+        10: "write.events: expected `array` of length >= 1",
+    }
+    assert p.problem(p.Get("kv/a", as_of=-5)) == "get.as_of: expected `int` >= 0, got -5"
+    assert p.problem(p.List(prefix="kv/", limit=20_000)) == "list.limit: expected `int` <= 10000, got 20000"
+    assert p.problem(p.Get("kv/a", min_offset=-1)) is None
+
+
+@pytest.mark.parametrize(("payload", "message"), [
+    (b"\x83\xa4type\xacclient_hello\xa7version\x01\xa1x" + b"\x91" * 200_000 + b"\x00", "nested too deeply"),
+    (b"\x91" * 200_000 + b"\x00", "malformed frame"),
+    (b"\x82\xa4type\xa8requests\xa8requests\x91\x93\x01" + b"\x91" * 200_000 + b"\x00\x00",
+     "malformed frame"),
+    (b"\x82\xa4type\xa8requests\xa8requests\x91\x93\xa1x\x81\xa4type\xa6status\x00", "without a readable id"),
+    (b"\x82\xa4type\xa8re\xffuests\xa8requests\x90", "not UTF-8"),
+], ids=["deep-unknown-key", "deep-frame", "deep-request", "no-id", "not-utf8"])
+def test_a_frame_with_no_answerable_request_is_a_frame_error_never_another_exception(payload: bytes,
+                                                                                    message: str) -> None:
+    decoder = p.FrameDecoder(p.ClientFrame, salvage=p.salvage_requests)
+    with pytest.raises(p.FrameError, match=message):
+        decoder.feed(_framed(payload))
+
+
+def test_a_request_whose_strings_are_not_utf8_is_answered_with_its_id() -> None:
+    import msgspec
+
+    good = msgspec.msgpack.encode({"type": "requests", "requests": [[7, {"type": "get", "key": "kv/aa"}, 0]]})
+    bad = good.replace(b"kv/aa", b"kv/\xff\xfe")
+    (frame,) = p.FrameDecoder(p.ClientFrame, salvage=p.salvage_requests).feed(_framed(bad))
+    assert frame == p.BadRequest(7, frame.problem) and "not UTF-8" in frame.problem
+
+
+def test_pending_bytes_count_the_frame_being_received_and_are_given_back() -> None:
+    decoder = p.FrameDecoder(p.ClientFrame)
+    frame = p.encode_frame(p.Requests([p.Request(1, p.Write([ev.KvPut(name="a", value=b"x" * 300_000)]))]))
+    assert decoder.feed(frame[:200_000]) == [] and decoder.pending_bytes == 200_000
+    assert len(decoder.feed(frame[200_000:] + frame[:10])) == 1 and decoder.pending_bytes == 10
+
+
 # --- encode_frames -----------------------------------------------------------------------------------
 
 def test_encode_frames_splits_within_the_limit_and_keeps_order() -> None:
@@ -228,6 +299,33 @@ def test_a_node_on_the_wire(tmp_path: Path) -> None:
             (reply,) = (await c.frame()).replies
             assert reply.error is not None and reply.error.code == "bad_frame" and "exceeds" in reply.error.message
             assert await c.closed()
+
+            # Issue 11: a frame nested too deeply gets its bad_frame reply before the close (it used to
+            # get nothing: the RecursionError escaped the connection handler).
+            c = await RawConnection.open(address)
+            c.send(p.ClientHello(1))
+            assert isinstance(await c.frame(), p.ServerHello)
+            deep = b"\x83\xa4type\xacclient_hello\xa7version\x01\xa1x" + b"\x91" * 200_000 + b"\x00"
+            c.writer.write(struct.pack(">I", len(deep)) + deep)
+            (reply,) = (await c.frame()).replies
+            assert reply.id == 0 and reply.error is not None and reply.error.code == "bad_frame"
+            assert "nested too deeply" in reply.error.message
+            assert await c.closed()
+            # A request out of range is answered alone; the connection and its other requests go on.
+            c = await RawConnection.open(address)
+            c.send(p.ClientHello(1))
+            assert isinstance(await c.frame(), p.ServerHello)
+            bad = _framed({"type": "requests", "requests": [[1, {"type": "get", "key": "kv/a", "as_of": -5}, 0],
+                                                            [2, {"type": "status"}, -1], [3, {"type": "status"}, 0]]})
+            c.writer.write(bad)
+            by_id = {r.id: r for r in await c.replies(3)}
+            assert by_id[1].error is not None and by_id[1].error.code == "invalid_argument"
+            assert by_id[1].error.message == "get.as_of: expected `int` >= 0, got -5"
+            assert by_id[2].error is not None and "timeout_ms: expected `int` >= 0, got -1" in by_id[2].error.message
+            assert isinstance(by_id[3].result, p.StatusInfo)
+            c.send(p.Requests([p.Request(4, p.Status())]))
+            assert isinstance((await c.replies(1))[0].result, p.StatusInfo)
+            c.close()
 
             # A watch cancelled in the very frame that starts it still ends with `cancelled`.
             async with AsyncClient([address], timeout=10) as client:
