@@ -33,6 +33,7 @@ from epochlog.errors import GroupHaltedError, NodeError
 
 if TYPE_CHECKING:
     from eventlog.raft.runtime.group import RaftGroup
+    from eventlog.raft.types import Entry
     from epochlog.node import Node
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ class Halts:
         views = self.node.views[group.name]
         log = group.node.log
 
-        def read(offset: int) -> list:   # type: ignore[type-arg]
+        def read(offset: int) -> list[Entry]:
             return log.entries(offset, log.applied + 1, RESUME_CHUNK_BYTES)
 
         while True:

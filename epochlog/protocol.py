@@ -712,7 +712,7 @@ def _describe(exc: BaseException, item: bytes | msgspec.Raw, *, request: bool = 
         else:
             field.append(f"[{step}]" if isinstance(step, int) else f".{step}")
         try:
-            got = got[step]   # type: ignore[index]
+            got = got[step]
         except (KeyError, IndexError, TypeError):
             found = False
     if request and steps[:2] == [1, "type"]:

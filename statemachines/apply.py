@@ -206,7 +206,7 @@ class Applier:
             leases_before = len(self.lease_changes)
             try:
                 if entry.kind is EntryKind.NORMAL:
-                    for record in _records(entry):
+                    for record in _records(entry, self.skipped):
                         outcomes[record.offset] = self._apply_record(entry_ov, record.key, record.value,
                                                                      record.offset)
             except _CannotApply as stop:   # nothing of this entry is applied: the views end before it
@@ -321,12 +321,15 @@ class Applier:
         ov.put("versions", version_key(raw_key, offset), encode(Version(_tag(event), None)))
 
 
-def _records(entry: Entry) -> list[Record]:
+def _records(entry: Entry, skipped: frozenset[int]) -> list[Record]:
     """The records of a NORMAL entry. Its CRC was checked when it was stored; a batch that still does
-    not parse (a writer's bug) halts the group like any entry this code cannot apply."""
+    not parse (a writer's bug) halts the group like any entry this code cannot apply (at its first
+    offset: skipping that offset skips the whole entry)."""
     try:
         return list(RecordBatch.parse(entry.data, verify_crc=False).records())
     except InvalidBatchError as exc:
+        if entry.index in skipped:
+            return []
         raise _CannotApply(entry.index, f"the record batch of entry {entry.index} does not parse: {exc}",
                            "a bug or a damaged log: report it with this log line") from None
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import msgspec
@@ -61,7 +61,10 @@ def decoded(request: Any) -> Any:
     return request
 
 
-def checked(call: Any) -> Any:
+C = TypeVar("C")
+
+
+def checked(call: C) -> C:
     """A native call built from a request, once its values are in range (the ranges of epochlog.protocol,
     which frames are checked against when decoded); else RequestError naming the field and the range."""
     problem = p.problem(call)
@@ -146,6 +149,7 @@ _msgpack_event_decoder = msgspec.msgpack.Decoder(ev.AnyEvent)
 def command_event(r: pb.CommandRequest) -> ev.Event:
     """The event of a Command: msgpack, JSON or a typed message (whose name is the event's type)."""
     kind = r.WhichOneof("event")
+    event: ev.Event
     if kind is None:
         raise RequestError("a command carries an event (event_msgpack, event_json or a typed event)")
     if kind == "event_msgpack":

@@ -1,8 +1,9 @@
 """The shipped configs: every key documented, every file loads, a wrong key stops `epochlog serve`.
 
 configs/production.example.toml must show every key of every config dataclass ([cluster] and its
-members, [raft], [log], [views], [controller], [clients]) with a comment giving its meaning and `Default: <value>`; the test
-derives the list of keys from the dataclasses, so a new key without documentation fails here.
+members, [raft], [log], [views], [controller], [clients]) with a comment giving its meaning and
+`Default: <value>`; the test derives the list of keys from the dataclasses, so a new key without
+documentation fails here.
 """
 
 from __future__ import annotations

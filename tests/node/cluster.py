@@ -91,8 +91,9 @@ class NodeCluster:
     """`size` `epochlog serve` processes of one cluster (see the module docstring).
 
     `groups`, `tick_interval_ms`, `snapshot_every_entries` go to `[cluster]`; `raft`, `log`, `views`
-    and `clients` are extra keys of those sections; `grpc` gives every member a gRPC address too. Logs get 1 MiB segments and the views small caches
-    unless told otherwise (the defaults would cost each node hundreds of MiB).
+    and `clients` are extra keys of those sections; `grpc` gives every member a gRPC address too.
+    Logs get 1 MiB segments and the views small caches unless told otherwise (the defaults would cost
+    each node hundreds of MiB).
     """
 
     def __init__(self, root: Path, *, size: int = 3, seed: int = 0, name: str = "node-test",

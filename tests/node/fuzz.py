@@ -535,8 +535,8 @@ class GrpcFuzzer:
             self._check(method, grpc.StatusCode.OK, data, undecodable, "ok")
             self._record(response_cls.FromString(response))
         elif kind <= 8:   # Watch: random or mutated request; a stream that starts is cut by its deadline
-            data = mutate_bytes(rng, pb.WatchRequest(prefix="kv/fuzz/", from_offset=rng.choice([-9, 0])).SerializeToString()) \
-                if kind == 7 else rng.randbytes(rng.randrange(1, 40))
+            watch = pb.WatchRequest(prefix="kv/fuzz/", from_offset=rng.choice([-9, 0]))
+            data = mutate_bytes(rng, watch.SerializeToString()) if kind == 7 else rng.randbytes(rng.randrange(1, 40))
             undecodable = not parses(pb.WatchRequest, data)
             try:
                 for _ in channel.unary_stream(SERVICE + "Watch")(data, timeout=0.5):
@@ -546,7 +546,8 @@ class GrpcFuzzer:
                 self._check("Watch", exc.code(), data, undecodable, exc.details() or "")
         else:   # Session: one message, random bytes or a mutated one
             good = pb.SessionRequest(calls=[pb.SessionCall(id=1, get=pb.GetRequest(key="kv/fuzz/1", consistency=3))])
-            data = mutate_bytes(rng, good.SerializeToString()) if rng.random() < 0.5 else rng.randbytes(rng.randrange(1, 40))
+            data = (mutate_bytes(rng, good.SerializeToString()) if rng.random() < 0.5
+                    else rng.randbytes(rng.randrange(1, 40)))
             undecodable = not parses(pb.SessionRequest, data)
             answered: set[int] = set()
             try:

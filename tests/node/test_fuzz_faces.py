@@ -134,7 +134,8 @@ def test_fuzz_native_and_grpc_faces(node_cluster_factory: Callable[..., NodeClus
                        and not (e is not None and e.actor == "epochlog/leader")]
         assert len(unexplained) <= tally.unknown_writes, (
             f"seed {seed}: records committed without an answer saying so: {unexplained} "
-            f"(writes of unknown outcome: {tally.unknown_writes}): {[r for r in records if (r[0], r[1]) in set(unexplained)]}")
+            f"(writes of unknown outcome: {tally.unknown_writes}): "
+            f"{[r for r in records if (r[0], r[1]) in set(unexplained)]}")
         assert tally.committed <= {(g, o) for g, o, _ in records}, "an answered offset is not in the log"
         touched = set().union(*(_keys(e) for _, _, e in records)) if records else set()
         now = _entities(client)

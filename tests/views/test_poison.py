@@ -204,6 +204,21 @@ def test_deep_nesting_in_an_unknown_field_halts_instead_of_crashing(views_dir: A
     assert sm.halt is not None and "nested too deeply" in sm.halt.reason
 
 
+def test_an_entry_whose_batch_does_not_parse_halts_and_can_be_skipped_whole(views_dir: Any) -> None:
+    log = LogBuilder()
+    log.put("a")
+    broken = Entry(log.next, 1, 2, EntryKind.NORMAL, b"\x00" * 70)    # what a writer's bug could leave
+    log.entries.append(broken)
+    log.next += 2
+    log.put("b")
+    sm = views_dir("batch")
+    sm.apply(log.entries)
+    assert sm.halt is not None and sm.halt.offset == broken.index and "does not parse" in sm.halt.reason
+    sm.skip(broken.index)
+    assert sm.resume(lambda offset: [e for e in log.entries if e.last_index >= offset], lambda: log.next - 1) is None
+    assert sm.applied_index == log.next - 1 and sm.store.get("kv", b"kv/b") is not None
+
+
 def test_a_handler_bug_halts_and_is_not_hidden_as_a_rejection(views_dir: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*args: object) -> None:
         raise KeyError("a bug")
