@@ -5,9 +5,10 @@ entry, and carries out each `Ready` with pipelined persistence (see `RaftNode.ac
 `send_now`; stage snapshot chunks, install a snapshot; write the entries (group commit: the
 segmented log's flusher thread syncs them while this task goes on); persist term and vote when
 they changed; apply committed entries and answer waiters; `accept()`, and take the next Ready at
-once. Accepted Readys wait in order until the log's durable offset passes their entries; then
-their `send_after` goes out through `persisted()` (the leader counts its own copy only then). A
-second task ticks the core every `tick_interval_ms`.
+once. Accepted Readys wait in order (`PersistQueue`) until the log's durable offset passes their
+entries, or what is left of them once a later Ready replaced a suffix; then their `send_after`
+goes out through `persisted()` (the leader counts its own copy only then). A second task ticks the
+core every `tick_interval_ms`.
 
 Proposals from any number of coroutines are coalesced: everything queued while the previous Ready
 was being handled becomes one record batch, one entry (`propose`).
@@ -29,7 +30,6 @@ import contextvars
 import logging
 import random
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +47,7 @@ from eventlog.raft.errors import (
     RaftError,
 )
 from eventlog.raft.node import RaftNode, Ready, Role, SoftState
+from eventlog.raft.persist_queue import PersistQueue
 from eventlog.raft.runtime.log_storage import LogStorage
 from eventlog.raft.types import ConfChange, ConfState, Entry, EntryKind, HardState, Message, SnapshotMeta
 from eventlog.records import encode_batch
@@ -156,7 +157,7 @@ class RaftGroup:
         self._waiters: dict[int, tuple[int, list[tuple[asyncio.Future[Committed], int, int]]]] = {}
         self._conf_waiters: dict[int, tuple[int, asyncio.Future[ConfState]]] = {}  # index -> (term, future)
         self._wake = asyncio.Event()
-        self._unpersisted: deque[tuple[int, Ready]] = deque()  # accepted Readys: (last entry index, Ready)
+        self._held = PersistQueue()   # accepted Readys whose send_after waits for their entries' fsync
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
         self._failure: BaseException | None = None
@@ -482,17 +483,22 @@ class RaftGroup:
         for chunk in rd.snapshot_chunks:
             storage.stage_snapshot_chunk(chunk.meta, chunk.offset, chunk.data)
         if rd.snapshot is not None:
+            self._held.discard_from(rd.snapshot.index + 1)   # the log is reset behind the snapshot
             path = storage.install_snapshot(rd.snapshot)
             self.sm.restore(path / "data", rd.snapshot)
             self._last_snapshot_index = rd.snapshot.index
             self._wake_applied()
-        last = storage.append(rd.entries) if rd.entries else -1
+        if rd.entries:
+            # Entries from here on replace any stored suffix: earlier Readys no longer wait for the
+            # replaced ones (they will never be durable; see eventlog/raft/persist_queue.py).
+            self._held.discard_from(rd.entries[0].index)
+            storage.append(rd.entries)
         if rd.hard_state is not None:
             prev = storage.initial_state()[0]
             if (rd.hard_state.term, rd.hard_state.vote) != (prev.term, prev.vote):
                 storage.set_hard_state(rd.hard_state)  # before any vote or ack leaves (§5.1)
                 self._persisted_commit = rd.hard_state.commit
-        self._unpersisted.append((last, rd))
+        self._held.push(rd)
         if rd.committed:
             outcomes = self.sm.apply(rd.committed) or {}
             self.counters.events_applied += sum(e.count for e in rd.committed if e.kind is EntryKind.NORMAL)
@@ -604,10 +610,7 @@ class RaftGroup:
         log = self.storage.log
         if log.failure is not None:
             raise log.failure  # a failed fsync is fatal: never wait for, or pretend, durability
-        durable = log.durable_offset
-        queue = self._unpersisted
-        while queue and queue[0][0] < durable:
-            _, rd = queue.popleft()
+        for rd in self._held.pop_durable(log.durable_offset):
             for m in self.node.persisted(rd):
                 self._send(m.dst, self.name, m)
 
