@@ -708,6 +708,13 @@ def cmd_lease_read(env: Env, a: Args) -> None:
     env.say("no lease" if index is None else f"lease read at index {index}")
 
 
+def cmd_clock_jumped(env: Env, a: Args) -> None:
+    """clock-jumped ids: time passed that the node did not count (a pause): its lease is void."""
+    for nid in a.ids():
+        env.node(nid).clock_jumped()
+        env.say(f"{nid}: no lease from before now")
+
+
 def cmd_crash(env: Env, a: Args) -> None:
     """crash ids: lose all volatile state; what the app persisted stays; queued messages to it are lost."""
     for nid in a.ids():
@@ -828,6 +835,7 @@ _COMMANDS: dict[str, Callable[[Env, Args], None]] = {
     "transfer-leadership": cmd_transfer_leadership,
     "read-index": cmd_read_index,
     "lease-read": cmd_lease_read,
+    "clock-jumped": cmd_clock_jumped,
     "crash": cmd_crash,
     "restart": cmd_restart,
     "partition": cmd_partition,

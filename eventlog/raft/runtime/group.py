@@ -111,6 +111,7 @@ class GroupCounters:
     leader_changes: int = 0         # leaderships (term, leader) this node learned of
     proposals_committed: int = 0    # `submit` calls answered with their commit offset
     events_applied: int = 0         # records of NORMAL entries applied to the state machine
+    clock_stalls: int = 0           # times the tick clock lagged real time and the lease was voided
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +170,7 @@ class RaftGroup:
         self.counters = GroupCounters()
         self._seen_term = self.node.term
         self._seen_leadership = (self.node.term, self.node.leader)
+        self._last_tick_at = self.loop.time()   # when the core last ticked (see _check_clock)
         storage.log.add_durability_listener(self._on_durable_threadsafe)
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -257,7 +259,10 @@ class RaftGroup:
         elif consistency in ("linearizable", "lease"):
             if self.node.role is not Role.LEADER:
                 raise NotLeaderError(self.node_id, self.node.leader, self.node.term)
-            index = self.node.lease_read_index() if consistency == "lease" else None
+            index = None
+            if consistency == "lease":
+                self._check_clock()
+                index = self.node.lease_read_index()
             if index is None:
                 self._read_seq += 1
                 future: asyncio.Future[int] = self.loop.create_future()
@@ -389,11 +394,30 @@ class RaftGroup:
         while not self._closed:
             await asyncio.sleep(max(0.0, next_tick - self.loop.time()))
             next_tick += self.tick_interval
+            self._check_clock()
             if self.loop.time() > next_tick + 10 * self.tick_interval:
                 next_tick = self.loop.time() + self.tick_interval  # we were stalled: do not burst
             self.node.tick()
+            self._last_tick_at = self.loop.time()
             self._wake.set()
             self._state_machine_tick()
+
+    def _check_clock(self) -> None:
+        """Void the leader lease when the core's tick clock lags real time.
+
+        The lease is counted in ticks (`RaftNode.lease_read_index`) and is safe only while this
+        clock keeps pace with the followers' (within lease_drift_ticks). A stalled loop or a
+        stopped process (SIGSTOP) stops it: after a pause of seconds the node would still count its
+        old lease as valid while the others, whose clocks ran, elected a new leader. So when the
+        last tick is older than one interval plus the drift allowance (at least half an interval),
+        no lease from before now is trusted: the next heartbeat round a majority acknowledges
+        starts a new one, and meanwhile lease reads go through ReadIndex. Called by the ticker, and
+        by lease reads, which may run before the ticker does after a stall.
+        """
+        limit = (1 + max(0.5, self.node.cfg.lease_drift_ticks)) * self.tick_interval
+        if self.loop.time() - self._last_tick_at > limit:
+            self.node.clock_jumped()
+            self.counters.clock_stalls += 1
 
     def _state_machine_tick(self) -> None:
         """Let the state machine propose what time decides (e.g. lease expiries) on the leader."""
