@@ -8,7 +8,8 @@ they changed; apply committed entries and answer waiters; `accept()`, and take t
 once. Accepted Readys wait in order (`PersistQueue`) until the log's durable offset passes their
 entries, or what is left of them once a later Ready replaced a suffix; then their `send_after`
 goes out through `persisted()` (the leader counts its own copy only then). A second task ticks the
-core every `tick_interval_ms`.
+core every `tick_interval_ms`; on the leader it also measures how far behind each member is
+(`LagMonitor`: /metrics, and a warning about a member that stays behind).
 
 Proposals from any number of coroutines are coalesced: everything queued while the previous Ready
 was being handled becomes one record batch, one entry (`propose`).
@@ -48,6 +49,7 @@ from eventlog.raft.errors import (
 )
 from eventlog.raft.node import RaftNode, Ready, Role, SoftState
 from eventlog.raft.persist_queue import PersistQueue
+from eventlog.raft.runtime.lag import Behind, LagMonitor
 from eventlog.raft.runtime.log_storage import LogStorage
 from eventlog.raft.types import ConfChange, ConfState, Entry, EntryKind, HardState, Message, SnapshotMeta
 from eventlog.records import encode_batch
@@ -139,7 +141,8 @@ class RaftGroup:
 
     def __init__(self, name: str, node_id: int, storage: LogStorage, state_machine: StateMachine,
                  raft_config: RaftConfig, send: Send, *, tick_interval_ms: int, rng: random.Random,
-                 snapshot_every_entries: int = 0, max_batch_bytes: int = 1 << 20) -> None:
+                 snapshot_every_entries: int = 0, max_batch_bytes: int = 1 << 20,
+                 lag: LagMonitor | None = None) -> None:
         self.name = name
         self.node_id = node_id
         self.storage = storage
@@ -171,6 +174,9 @@ class RaftGroup:
         self._seen_term = self.node.term
         self._seen_leadership = (self.node.term, self.node.leader)
         self._last_tick_at = self.loop.time()   # when the core last ticked (see _check_clock)
+        # The leader's view of how far behind each member is (logged, and read by metrics).
+        self.lag = lag if lag is not None else LagMonitor(warn_after_s=10.0)
+        self._lag_term = 0      # the term the monitor watches as leader (0: not leading)
         storage.log.add_durability_listener(self._on_durable_threadsafe)
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -399,8 +405,31 @@ class RaftGroup:
                 next_tick = self.loop.time() + self.tick_interval  # we were stalled: do not burst
             self.node.tick()
             self._last_tick_at = self.loop.time()
+            self._observe_lag()
             self._wake.set()
             self._state_machine_tick()
+
+    def _observe_lag(self) -> None:
+        """On the leader: measure each member's lag; warn about a member that stays behind."""
+        n = self.node
+        if n.role is not Role.LEADER:
+            if self._lag_term:
+                self.lag.reset()
+                self._lag_term = 0
+            return
+        if self._lag_term != n.term:
+            self.lag.reset()
+            self._lag_term = n.term
+        matches = {m: p.match for m, p in n.progress.items() if m != self.node_id}
+        for event in self.lag.observe(self.loop.time(), n.log.committed, matches):
+            if isinstance(event, Behind):
+                lag = event.lag
+                logger.warning("group %s: member %s is %d offsets behind the commit offset %d (its match %d) "
+                               "and has lacked committed offsets for %.1f s", self.name, lag.member, lag.offsets,
+                               lag.commit, lag.match, lag.seconds)
+            else:
+                logger.info("group %s: member %s caught up (%d offsets behind) after %.1f s behind", self.name,
+                            event.member, event.offsets, event.late_for + self.lag.warn_after)
 
     def _check_clock(self) -> None:
         """Void the leader lease when the core's tick clock lags real time.
