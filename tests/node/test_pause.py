@@ -2,7 +2,8 @@
 
 - The kv leader paused for 1-3 s, several times, under 8 writer threads: every member's applied
   offset converges to the leader's commit offset within a bounded time, and the leader knows it
-  (its match offset for each member). Before the fix, a resumed leader whose last writes a new
+  (its match offset for each member); each paused node noticed its tick clock stalled (and so
+  voided any lease it held: epochlog_clock_stalls_total). Before the fix, a resumed leader whose last writes a new
   leader replaced could stay a follower whose log never advanced (match -1 on the leader) until it
   restarted.
 - A paused follower: the leader measures its lag (/metrics epochlog_member_lag_offsets and
@@ -117,6 +118,9 @@ def test_sigstop_of_the_kv_leader_under_writes_every_member_converges(node_clust
     leader = cluster.leader("kv")
     info = cluster.group_status(leader, "kv")
     assert info is not None and info.commit_offset >= writers.last_offset
+    for victim in {v for v, _ in paused}:   # each saw its clock stall, and voided any lease it held
+        stalls = cluster.metrics(victim).get(("epochlog_clock_stalls_total", (("group", "kv"),)), 0)
+        assert stalls >= 1, f"node {victim} was stopped for seconds and did not notice its clock stalled"
     for i in cluster.nodes:   # nobody was stuck long enough to be warned about, or it recovered
         err = cluster.nodes[i].stderr()
         for m in re.finditer(r"group kv: member (\d+) is \d+ offsets behind", err):
