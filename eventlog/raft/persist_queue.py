@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 
 class _Held:
-    __slots__ = ("wait", "ready")
+    __slots__ = ("ready", "wait")
 
     def __init__(self, wait: int, ready: Ready) -> None:
         self.wait = wait      # the index that must be durable before `ready` is released

@@ -9,11 +9,12 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, cast
 
-from epochlog.client import AsyncClient, ClientError, InvalidArgumentError, RejectedError
+from epochlog.client import AsyncClient, Change, ClientError, InvalidArgumentError, RejectedError
 from eventlog.errors import EpochlogError
 from statemachines.events import KvPut, decode_event
 from tests.node.cluster import NodeCluster
@@ -51,7 +52,7 @@ class Outcome:
         return 1 if self.violations else 2 if self.inconclusive else 0
 
 
-def cas_expected(seen: list[tuple[int | None, int]], rng: random.Random) -> tuple[int | None, int]:
+def cas_expected(seen: Sequence[tuple[int | None, int]], rng: random.Random) -> tuple[int | None, int]:
     """What a client's compare-and-set expects: (the value it saw, that value's version), mostly the
     latest it saw, sometimes an older one; (None, 0) -- "must not exist" -- when it saw nothing."""
     if not seen:
@@ -353,7 +354,8 @@ async def _history(client: AsyncClient, key: str, commit: int) -> dict[int, int 
     out: dict[int, int | None] = {}
     after = -1
     while True:
-        changes = await client.history(key, limit=1000, after_offset=after, consistency="local", min_offset=commit)
+        changes = cast("list[Change]", await client.history(key, limit=1000, after_offset=after,
+                                                            consistency="local", min_offset=commit))
         for ch in changes:
             value = getattr(ch.state, "value", None)
             out[ch.offset] = None if value is None else int(value)

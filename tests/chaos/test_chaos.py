@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import os
 import random
+from pathlib import Path
 
 from tests.chaos.run import ChaosParams, ChaosRun, cas_expected
 from tests.sim.history import History
@@ -17,7 +18,7 @@ from tests.sim.linearizability import check_history
 SECONDS = 20.0
 
 
-def test_a_short_chaos_run_finds_no_violation(tmp_path) -> None:
+def test_a_short_chaos_run_finds_no_violation(tmp_path: Path) -> None:
     seed = int(os.environ.get("EPOCHLOG_CHAOS_SEED") or random.SystemRandom().getrandbits(32))
     out = io.StringIO()
     outcome = ChaosRun(ChaosParams(seconds=SECONDS, seed=seed), tmp_path / "chaos", out).run()

@@ -19,6 +19,7 @@ import random
 import re
 import threading
 import time
+from collections.abc import Callable
 
 from epochlog.client import Client, ClientError
 from eventlog.errors import EpochlogError
@@ -81,7 +82,8 @@ def _converged(cluster: NodeCluster, group: str) -> str | None:
     return f"commit {leader.commit_offset} (leader {leader.node}, term {leader.term}): " + "; ".join(behind)
 
 
-def test_sigstop_of_the_kv_leader_under_writes_every_member_converges(node_cluster_factory, seed: int) -> None:
+def test_sigstop_of_the_kv_leader_under_writes_every_member_converges(
+        node_cluster_factory: Callable[..., NodeCluster], seed: int) -> None:
     cluster: NodeCluster = node_cluster_factory()
     cluster.start()
     rng = random.Random(seed)
@@ -98,8 +100,9 @@ def test_sigstop_of_the_kv_leader_under_writes_every_member_converges(node_clust
                 time.sleep(pause)
             finally:
                 cluster.resume(victim)
-            before = sum(writers.acks)
-            wait_until(lambda before=before: sum(writers.acks) >= before + 50, 30, "writes going on after SIGCONT")
+            def resumed(target: int = sum(writers.acks) + 50) -> bool:
+                return sum(writers.acks) >= target
+            wait_until(resumed, 30, "writes going on after SIGCONT")
     finally:
         writers.finish()
     print(f"paused (node, seconds): {paused}; {sum(writers.acks)} acks, {sum(writers.errors)} errors, "
@@ -128,7 +131,7 @@ def test_sigstop_of_the_kv_leader_under_writes_every_member_converges(node_clust
                 f"node {i} warned that member {m.group(1)} lagged and never saw it catch up")
 
 
-def test_a_paused_follower_is_reported_lagging_then_caught_up(node_cluster_factory) -> None:
+def test_a_paused_follower_is_reported_lagging_then_caught_up(node_cluster_factory: Callable[..., NodeCluster]) -> None:
     cluster: NodeCluster = node_cluster_factory(cluster={"lag_warning_ms": 1000, "lag_warning_repeat_ms": 1000})
     cluster.start()
     leader = cluster.leader("kv")

@@ -6,9 +6,9 @@ import pytest
 
 from eventlog.raft import CompactedError, ConfChange, ConfChangeError, ConfChangeKind, ConfState, Entry
 from eventlog.raft.confchange import apply_conf_change, decode_conf_change, encode_conf_change
-from eventlog.raft.progress import Progress, ProgressState, committed_index, majority, vote_result
 from eventlog.raft.node import Ready
 from eventlog.raft.persist_queue import PersistQueue
+from eventlog.raft.progress import Progress, ProgressState, committed_index, majority, vote_result
 from eventlog.raft.raft_log import RaftLog
 from eventlog.raft.types import AppendResp, SnapshotMeta
 from tests.raft.paper import log_of, storage

@@ -92,19 +92,19 @@ class Cluster:
         for hook in self.before_tick:
             hook(now)
         replicas = self.replicas
-        for r in replicas.values():   # a node resumed from a pause steps its backlog first
-            if r.inbox and r.node is not None and not r.paused:
-                backlog, r.inbox = r.inbox, []
+        for resumed in replicas.values():   # a node resumed from a pause steps its backlog first
+            if resumed.inbox and resumed.node is not None and not resumed.paused:
+                backlog, resumed.inbox = resumed.inbox, []
                 for m in backlog:
-                    if r.node is not None:
-                        r.step(m)
+                    if resumed.node is not None:
+                        resumed.step(m)
         for m in self.net.due(now):
-            r = replicas.get(m.dst)
-            if r is not None and r.node is not None:
-                if r.paused:
-                    r.inbox.append(m)
+            dst = replicas.get(m.dst)
+            if dst is not None and dst.node is not None:
+                if dst.paused:
+                    dst.inbox.append(m)
                 else:
-                    r.step(m)
+                    dst.step(m)
         live = [r for r in replicas.values() if r.node is not None and not r.paused]
         for r in live:
             r.tick()

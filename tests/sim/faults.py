@@ -128,6 +128,7 @@ class FaultInjector:
         self._pause_node(c.replicas[rng.choice(reachable)], now)
 
     def _armed_pause_step(self, now: int) -> None:
+        assert self._armed_pause is not None
         victim, deadline = self._armed_pause
         r = self.cluster.replicas[victim]
         if not r.reachable or r.node is None or r.node.role is not Role.LEADER:

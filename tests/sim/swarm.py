@@ -346,8 +346,8 @@ class Simulation:
             what = "no leader" if c.leader() is None else "the probe did not commit"
         else:
             leader = c.leader([i for i in c.replicas if i != self.isolated])
-            matches = "" if leader is None or leader.node is None else ", leader n%d's matches %s" % (
-                leader.id, {n: p.match for n, p in leader.node.progress.items()})
+            matches = "" if leader is None or leader.node is None else (
+                f", leader n{leader.id}'s matches {({n: p.match for n, p in leader.node.progress.items()})}")
             what = f"nodes {self._lagging()} did not converge on the probe (index {self._probe_index}){matches}"
         return f"{what}: nothing applied for {idle} calm ticks (at tick {c.now}){iso} ({nodes})"
 

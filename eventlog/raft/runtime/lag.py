@@ -22,7 +22,6 @@ from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
 
-
 _HISTORY_S = 60.0   # `seconds` is exact up to this age (beyond, a lower bound)
 
 
@@ -61,7 +60,7 @@ class LagMonitor:
         self.repeat = repeat_s
         self._samples: deque[tuple[float, int]] = deque()   # (time, commit) when the commit changed
         self._late_since: dict[int, float] = {}             # member -> when it became late
-        self._warned_at: dict[int, float] = {}              # member -> when it was last reported late
+        self._warned_at: dict[int, float | None] = {}       # member -> when it was last reported late
         self._lags: dict[int, MemberLag] = {}
 
     def reset(self) -> None:
@@ -97,9 +96,10 @@ class LagMonitor:
                     events.append(Behind(lag))
             else:
                 lag = MemberLag(member, match, commit, offsets, seconds, 0.0)
-                since = self._late_since.pop(member, None)
-                if since is not None and self._warned_at.pop(member, None) is not None:
-                    events.append(CaughtUp(member, now - since, offsets))
+                if member in self._late_since:
+                    since = self._late_since.pop(member)
+                    if self._warned_at.pop(member, None) is not None:
+                        events.append(CaughtUp(member, now - since, offsets))
             lags[member] = lag
         for gone in set(self._late_since) - set(matches):   # removed from the group
             del self._late_since[gone]
