@@ -27,6 +27,10 @@ Families (counters get the `_total` suffix on the wire):
     epochlog_leader{group}                   gauge       leader's node id (0: none known)
     epochlog_is_leader{group}                gauge       1 if this node leads
     epochlog_follower_lag{group,peer}        gauge       on the leader: last offset - the peer's match
+    epochlog_member_lag_offsets{group,member} gauge      on the leader: commit offset - the member's match
+    epochlog_member_lag_seconds{group,member} gauge      on the leader: age of the oldest committed offset
+                                                         the member lacks (0: it holds the commit offset)
+    epochlog_clock_stalls_total{group}       counter     times the tick clock lagged real time (lease voided)
     epochlog_elections_started_total{group}  counter     terms in which this node campaigned
     epochlog_leader_changes_total{group}     counter     leaderships (term, leader) this node saw
     epochlog_proposals_committed_total{group} counter    proposals this node led to commit
@@ -113,6 +117,14 @@ class _GroupCollector(Collector):
         is_leader = gauge("epochlog_is_leader", "1 if this node leads the group.")
         lag = gauge("epochlog_follower_lag", "On the leader: offsets a peer's log is behind the leader's last "
                     "offset (last offset - the peer's acknowledged match offset).", ("group", "peer"))
+        member_lag = gauge("epochlog_member_lag_offsets", "On the leader: offsets a member is behind the commit "
+                           "offset (commit offset - its acknowledged match offset).", ("group", "member"))
+        member_lag_s = gauge("epochlog_member_lag_seconds", "On the leader: age in seconds of the oldest "
+                             "committed offset a member has not acknowledged (0 when it holds the commit "
+                             "offset); above [cluster] lag_warning_ms the leader logs a warning.",
+                             ("group", "member"))
+        stalls = counter("epochlog_clock_stalls", "Times the group's tick clock lagged real time (a stalled "
+                         "loop, a stopped process) and the leader lease was voided.")
         elections = counter("epochlog_elections_started", "Elections this node started (terms it "
                             "campaigned in).")
         changes = counter("epochlog_leader_changes", "Leader changes this node saw (new (term, leader) "
@@ -136,10 +148,14 @@ class _GroupCollector(Collector):
                 for peer in info.peers:
                     if peer.id != self.node.node_id:
                         lag.add_metric([g, str(peer.id)], max(0, info.last_offset - peer.match_offset))
+                for lag_info in groups[g].lag.snapshot().values():
+                    member_lag.add_metric([g, str(lag_info.member)], lag_info.offsets)
+                    member_lag_s.add_metric([g, str(lag_info.member)], round(lag_info.seconds, 3))
             c = groups[g].counters
+            stalls.add_metric([g], c.clock_stalls)
             elections.add_metric([g], c.elections_started)
             changes.add_metric([g], c.leader_changes)
             proposals.add_metric([g], c.proposals_committed)
             events.add_metric([g], c.events_applied)
-        yield from (commit, applied, last, start, term, leader, is_leader, lag,
-                    elections, changes, proposals, events, halted)
+        yield from (commit, applied, last, start, term, leader, is_leader, lag, member_lag, member_lag_s,
+                    stalls, elections, changes, proposals, events, halted)

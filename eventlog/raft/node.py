@@ -306,6 +306,19 @@ class RaftNode:
         """Start an election now (tests and tools; normally elections start on timeout)."""
         self._campaign(transfer=False)
 
+    def clock_jumped(self) -> None:
+        """Time passed that this node did not count in ticks (its process was stopped, its loop
+        stalled): no lease from before now holds.
+
+        A lease is safe only while this node's clock runs at about the rate of the followers'
+        (§6.4.1); a stopped clock is unbounded drift. The followers kept counting and may have
+        elected another leader meanwhile, so neither the current lease nor a heartbeat round sent
+        before now (acknowledged later) may start one. ReadIndex does not rely on time and keeps
+        its rounds. Call it before serving any read after such a gap.
+        """
+        self._lease_start_tick = None
+        self._round_sent_tick.clear()
+
     # --- Ready / advance -----------------------------------------------------------------------
 
     def has_ready(self) -> bool:

@@ -10,7 +10,8 @@ A node can run another build of Epochlog (`ServeNode.build`, tests/node/builds.p
 without the leader's check, a newer one knowing a newer schema) for mixed-version tests.
 
 Processes are only ever signalled through the `subprocess.Popen` object that started them (its
-pid): `kill9` (SIGKILL), `stop` (SIGTERM, SIGKILL past a deadline). `close()` kills whatever still
+pid): `kill9` (SIGKILL), `stop` (SIGTERM, SIGKILL past a deadline), `pause` and `resume` (SIGSTOP,
+SIGCONT: the process keeps its memory, sockets and disk; it just stops running). `close()` kills whatever still
 runs; the `node_cluster` fixture (tests/node/conftest.py) calls it in teardown, so no process
 outlives its test. A node keeps its ports and data directory across restarts. Every wait is bounded.
 
@@ -27,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,17 +92,18 @@ class ServeNode:
 class NodeCluster:
     """`size` `epochlog serve` processes of one cluster (see the module docstring).
 
-    `groups`, `tick_interval_ms`, `snapshot_every_entries` go to `[cluster]`; `raft`, `log`, `views`
-    and `clients` are extra keys of those sections; `grpc` gives every member a gRPC address too.
-    Logs get 1 MiB segments and the views small caches unless told otherwise (the defaults would cost
-    each node hundreds of MiB).
+    `groups`, `tick_interval_ms`, `snapshot_every_entries` go to `[cluster]`; `cluster`, `raft`, `log`,
+    `views` and `clients` are extra keys of those sections; `grpc` gives every member a gRPC address
+    too. Logs get 1 MiB segments and the views small caches unless told otherwise (the defaults would
+    cost each node hundreds of MiB).
     """
 
     def __init__(self, root: Path, *, size: int = 3, seed: int = 0, name: str = "node-test",
                  groups: tuple[str, ...] = ("metadata", "offsets", "kv"), tick_interval_ms: int = 50,
                  snapshot_every_entries: int = 0, raft: dict[str, object] | None = None,
                  log: dict[str, object] | None = None, views: dict[str, object] | None = None,
-                 clients: dict[str, object] | None = None, grpc: bool = False) -> None:
+                 clients: dict[str, object] | None = None, grpc: bool = False,
+                 cluster: dict[str, object] | None = None) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.seed = seed
@@ -109,6 +112,7 @@ class NodeCluster:
         self.groups = groups
         self.tick_interval_ms = tick_interval_ms
         self.snapshot_every_entries = snapshot_every_entries
+        self.cluster_extra = dict(cluster or {})
         self.raft = dict(raft or {})
         self.log = {"segment_bytes": 1 << 20, **(log or {})}
         self.views = {"block_cache_bytes": 8 << 20, "write_buffer_bytes": 4 << 20, **(views or {})}
@@ -126,7 +130,8 @@ class NodeCluster:
     def config_text(self) -> str:
         lines = ["[cluster]", f'name = "{self.name}"', "groups = [" + ", ".join(f'"{g}"' for g in self.groups) + "]",
                  f"tick_interval_ms = {self.tick_interval_ms}",
-                 f"snapshot_every_entries = {self.snapshot_every_entries}", ""]
+                 f"snapshot_every_entries = {self.snapshot_every_entries}",
+                 *(f"{k} = {_toml(v)}" for k, v in self.cluster_extra.items()), ""]
         for n in self.nodes.values():
             lines += ["[[cluster.members]]", f"id = {n.id}", f'peer_address = "{n.peer_address}"',
                       f'client_address = "{n.client_address}"', f'admin_address = "{n.admin_address}"']
@@ -197,12 +202,27 @@ class NodeCluster:
         node.proc.wait(STOP_TIMEOUT_S)
         return t
 
+    def pause(self, node_id: int) -> float:
+        """SIGSTOP the node (by the pid we started); the monotonic time of the signal."""
+        node = self.nodes[node_id]
+        assert node.proc is not None and node.running, f"node {node_id} is not running"
+        node.proc.send_signal(signal.SIGSTOP)
+        return time.monotonic()
+
+    def resume(self, node_id: int) -> float:
+        """SIGCONT the node (a no-op for one that is not stopped); the monotonic time of the signal."""
+        node = self.nodes[node_id]
+        if node.proc is not None and node.proc.poll() is None:
+            node.proc.send_signal(signal.SIGCONT)
+        return time.monotonic()
+
     def stop(self, node_id: int, timeout: float = STOP_TIMEOUT_S) -> int:
         """SIGTERM the node and wait for it to exit; its exit code (AssertionError, after a SIGKILL,
         if it outlives `timeout`)."""
         node = self.nodes[node_id]
         assert node.proc is not None, f"node {node_id} was never started"
         if node.proc.poll() is None:
+            node.proc.send_signal(signal.SIGCONT)   # a stopped process handles SIGTERM only once resumed
             node.proc.send_signal(signal.SIGTERM)
         return self._wait_exit(node_id, timeout)
 
@@ -229,6 +249,7 @@ class NodeCluster:
         for i in running:
             proc = self.nodes[i].proc
             assert proc is not None
+            proc.send_signal(signal.SIGCONT)
             proc.send_signal(signal.SIGTERM)
         # Only one SIGTERM each: a second one could land after the node's loop closed (its handler gone).
         return {i: self._wait_exit(i, STOP_TIMEOUT_S) for i in running}
@@ -279,6 +300,17 @@ class NodeCluster:
             g = self.group_status(node_id, group)
             return g if g is not None and g.applied_offset >= offset else None
         return wait_until(check, timeout, f"node {node_id} to apply {group} through offset {offset}")
+
+    def metrics(self, node_id: int, timeout: float = 2.0) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Node `node_id`'s /metrics as {(family, ((label, value), ...)): value} ({} when it does not answer)."""
+        from prometheus_client.parser import text_string_to_metric_families
+        try:
+            with urllib.request.urlopen(f"http://{self.nodes[node_id].admin_address}/metrics", timeout=timeout) as r:
+                text = r.read().decode()
+        except OSError:
+            return {}
+        return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+                for family in text_string_to_metric_families(text) for sample in family.samples}
 
     def describe(self) -> str:
         """Where to look after a failure: the directory, the seed and each node's stderr tail."""

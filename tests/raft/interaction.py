@@ -12,6 +12,12 @@ The application side is played by `Env.process_ready`, in the order of the Ready
 `send_now`, persist snapshot chunks / snapshot / entries / hard state, send `send_after`, apply
 `committed` entries to a toy state machine (the list of applied data), then `advance()`.
 
+A node added with `pipelined=true` plays the node runtime's pipelined persistence instead
+(eventlog/raft/runtime/group.py): its entries are written at once but become durable only on
+`sync` (its disk's durable end, kept by the segmented log's rules: a truncation lowers it); it
+`accept()`s each Ready at once and holds its `send_after` in the runtime's own `PersistQueue`
+until the durable end passes its entries, then sends what `persisted()` returns.
+
 A script may start with `# xfail: <reason>`: its expected output then describes the correct
 behaviour that the core does not show yet, and `--rewrite` leaves it alone.
 
@@ -44,6 +50,7 @@ from eventlog.raft import (
     SnapshotMeta,
 )
 from eventlog.raft.confchange import apply_conf_change, decode_conf_change
+from eventlog.raft.persist_queue import PersistQueue
 from eventlog.raft.progress import ProgressState
 from eventlog.raft.types import (
     Append,
@@ -166,11 +173,17 @@ class Peer:
     applied: list[str] = field(default_factory=list)   # the toy state machine: applied data, in order
     applied_index: int = -1
     conf: ConfState = field(default_factory=ConfState)  # configuration as of applied_index
+    pipelined: bool = False                             # accept() at once, acks wait for `sync`
+    held: PersistQueue = field(default_factory=PersistQueue)
+    written_end: int = 0                                # pipelined: the log end, written or not
+    durable_end: int = 0                                # pipelined: every index below it is durable
 
     def start(self) -> None:
         snap = self.storage.snapshot()
         self.raft = RaftNode(self.id, self.storage, self.cfg, random.Random(self.id), applied=snap.index)
         self.load_snapshot(snap, self.storage.snapshot_data())
+        self.held.clear()
+        self.written_end = self.durable_end = self.storage.last_index() + 1
 
     def load_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
         self.applied = [d for d in data.decode().split(";") if d] if data else []
@@ -245,6 +258,9 @@ class Env:
         rd = node.ready()
         self.say(f"> {nid} handling Ready")
         self.print_ready(rd)
+        if peer.pipelined:
+            self._process_ready_pipelined(peer, node, rd)
+            return True
         # 1. leader messages that promise nothing about our disk
         notes_now = [self.send(m) for m in rd.send_now]
         # 2. persist
@@ -261,18 +277,90 @@ class Env:
         # 3. messages that may only leave once that is durable
         notes_after = [self.send(m) for m in rd.send_after]
         # 4. apply
+        self._apply(peer, rd)
+        node.advance()
+        self._print_sent("send-now", rd.send_now, notes_now)
+        self._print_sent("send-after", rd.send_after, notes_after)
+        self._print_applied(rd)
+        return True
+
+    def _process_ready_pipelined(self, peer: Peer, node: RaftNode, rd: Ready) -> None:
+        """As the runtime: send now, write (entries not durable yet), apply, accept, hold send_after."""
+        notes_now = [self.send(m) for m in rd.send_now]
+        st = peer.storage
+        for chunk in rd.snapshot_chunks:
+            st.stage_snapshot_chunk(chunk.meta, chunk.offset, chunk.data)
+        if rd.snapshot is not None:
+            peer.held.discard_from(rd.snapshot.index + 1)
+            st.install_snapshot(rd.snapshot)
+            peer.load_snapshot(rd.snapshot, st.snapshot_data())
+            peer.written_end = peer.durable_end = rd.snapshot.index + 1   # installed durably
+        if rd.entries:
+            first = rd.entries[0].index
+            peer.held.discard_from(first)
+            if first < peer.written_end:
+                peer.durable_end = min(peer.durable_end, first)   # a truncation is durable at once
+            st.append(rd.entries)
+            peer.written_end = rd.entries[-1].last_index + 1
+        if rd.hard_state is not None:
+            st.set_hard_state(rd.hard_state)
+        self._apply(peer, rd)
+        node.accept()
+        peer.held.push(rd)
+        self._print_sent("send-now", rd.send_now, notes_now)
+        if not self.release(peer, current=rd) and rd.send_after:
+            wait = rd.entries[-1].last_index if rd.entries else -1
+            earlier = len(peer.held) - 1
+            behind = f" (behind {earlier} earlier Ready(s), the oldest waiting for index " \
+                     f"{peer.held.oldest_wait()})" if earlier else ""
+            self.say(f"  send-after held until index {wait} is durable{behind}:")
+            for m in rd.send_after:
+                self.say(f"    {fmt_msg(m)}")
+        self._print_applied(rd)
+
+    def release(self, peer: Peer, current: Ready | None = None) -> bool:
+        """Pipelined: send what accepted Readys held, in order, as far as the disk is durable. True if
+        `current` (the Ready being handled) went too; it prints as plain `send-after`."""
+        node = peer.raft
+        assert node is not None
+        released = False
+        for rd in peer.held.pop_durable(peer.durable_end):
+            released |= rd is current
+            sent = node.persisted(rd)
+            if not rd.send_after:
+                if rd is not current:
+                    self.say(f"  released (durable end {peer.durable_end}): a Ready with nothing to send")
+                continue
+            self.say("  send-after:" if rd is current else f"  released (durable end {peer.durable_end}):")
+            for m in rd.send_after:
+                note = self.send(m) if any(m is x for x in sent) else "  [dropped: acknowledges an older term]"
+                self.say(f"    {fmt_msg(m)}{note}")
+        return released
+
+    def sync(self, nid: int) -> None:
+        """Pipelined: the disk catches up (an fsync completes) and held acknowledgements go out."""
+        peer = self.peers[nid]
+        if not peer.pipelined:
+            raise ScriptError(f"node {nid} is not pipelined")
+        peer.durable_end = peer.written_end
+        self.say(f"> {nid} durable through {peer.durable_end - 1}")
+        self.release(peer)
+        waiting = peer.held.oldest_wait()
+        if waiting is not None:
+            self.say(f"  still held: {len(peer.held)} Ready(s), the oldest waiting for index {waiting}")
+
+    def _apply(self, peer: Peer, rd: Ready) -> None:
         for e in rd.committed:
-            assert e.index == peer.applied_index + 1, (nid, e, peer.applied_index)
+            assert e.index == peer.applied_index + 1, (peer.id, e, peer.applied_index)
             first = self.applied_anywhere.setdefault(e.index, e)
-            assert first == e, f"State Machine Safety violated at {e.index}: node {nid} applies {e}, another {first}"
+            assert first == e, f"State Machine Safety violated at {e.index}: node {peer.id} applies {e}, another {first}"
             if e.kind is EntryKind.NORMAL:
                 peer.applied.append(e.data.decode())
             elif e.kind is EntryKind.CONF_CHANGE:
                 peer.conf = apply_conf_change(peer.conf, decode_conf_change(e.data))
             peer.applied_index = e.last_index
-        node.advance()
-        self._print_sent("send-now", rd.send_now, notes_now)
-        self._print_sent("send-after", rd.send_after, notes_after)
+
+    def _print_applied(self, rd: Ready) -> None:
         if rd.committed:
             self.say("  committed:")
             for e in rd.committed:
@@ -281,7 +369,6 @@ class Env:
             self.say("  read-states: " + ", ".join(f"req={r.request} index={r.index}" for r in rd.read_states))
         if rd.dropped_reads:
             self.say(f"  dropped-reads: {fmt_ids(rd.dropped_reads)}")
-        return True
 
     def print_ready(self, rd: Ready) -> None:
         self.say(f"  Ready must_sync={str(rd.must_sync).lower()}:")
@@ -329,6 +416,11 @@ class Env:
             busy = False
             for nid in ids:
                 if self.peers[nid].raft is not None and self.process_ready(nid):
+                    busy = True
+            for nid in ids:   # pipelined disks keep up
+                peer = self.peers[nid]
+                if peer.raft is not None and peer.pipelined and peer.durable_end < peer.written_end:
+                    self.sync(nid)
                     busy = True
             for nid in ids:
                 if self.peers[nid].raft is not None and self.deliver(nid):
@@ -423,13 +515,14 @@ def cmd_add_nodes(env: Env, a: Args) -> None:
     voters = parse_ids(a.get("voters") or "()")
     learners = parse_ids(a.get("learners") or "()")
     cfg = _config(a)
+    pipelined = a.get("pipelined") == "true"
     conf = ConfState(voters=tuple(sorted(voters)), learners=tuple(sorted(learners)))
     first = max(env.peers, default=0) + 1
     for nid in range(first, first + count):
-        peer = Peer(nid, MemoryStorage(conf), cfg)
+        peer = Peer(nid, MemoryStorage(conf), cfg, pipelined=pipelined)
         env.peers[nid] = peer
         peer.start()
-        env.say(f"{nid}: follower term=0 {fmt_conf(conf)}")
+        env.say(f"{nid}: follower term=0 {fmt_conf(conf)}" + (" pipelined" if pipelined else ""))
     env.say(f"config: election={cfg.election_timeout_ticks} heartbeat={cfg.heartbeat_interval_ticks} "
             f"pre-vote={str(cfg.pre_vote).lower()} check-quorum={str(cfg.check_quorum).lower()} "
             f"max-inflight={cfg.max_inflight_appends} max-append-bytes={cfg.max_append_bytes} "
@@ -459,6 +552,13 @@ def cmd_process_ready(env: Env, a: Args) -> None:
         env.node(nid)
         if not env.process_ready(nid):
             env.say(f"> {nid} has no Ready")
+
+
+def cmd_sync(env: Env, a: Args) -> None:
+    """sync ids: a pipelined node's disk catches up (fsync); its held acknowledgements go out."""
+    for nid in a.ids():
+        env.node(nid)
+        env.sync(nid)
 
 
 def cmd_deliver_msgs(env: Env, a: Args) -> None:
@@ -608,6 +708,13 @@ def cmd_lease_read(env: Env, a: Args) -> None:
     env.say("no lease" if index is None else f"lease read at index {index}")
 
 
+def cmd_clock_jumped(env: Env, a: Args) -> None:
+    """clock-jumped ids: time passed that the node did not count (a pause): its lease is void."""
+    for nid in a.ids():
+        env.node(nid).clock_jumped()
+        env.say(f"{nid}: no lease from before now")
+
+
 def cmd_crash(env: Env, a: Args) -> None:
     """crash ids: lose all volatile state; what the app persisted stays; queued messages to it are lost."""
     for nid in a.ids():
@@ -716,6 +823,7 @@ _COMMANDS: dict[str, Callable[[Env, Args], None]] = {
     "campaign": cmd_campaign,
     "stabilize": cmd_stabilize,
     "process-ready": cmd_process_ready,
+    "sync": cmd_sync,
     "deliver-msgs": cmd_deliver_msgs,
     "msgs": cmd_msgs,
     "msg-counts": cmd_msg_counts,
@@ -727,6 +835,7 @@ _COMMANDS: dict[str, Callable[[Env, Args], None]] = {
     "transfer-leadership": cmd_transfer_leadership,
     "read-index": cmd_read_index,
     "lease-read": cmd_lease_read,
+    "clock-jumped": cmd_clock_jumped,
     "crash": cmd_crash,
     "restart": cmd_restart,
     "partition": cmd_partition,

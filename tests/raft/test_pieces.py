@@ -6,9 +6,11 @@ import pytest
 
 from eventlog.raft import CompactedError, ConfChange, ConfChangeError, ConfChangeKind, ConfState, Entry
 from eventlog.raft.confchange import apply_conf_change, decode_conf_change, encode_conf_change
+from eventlog.raft.node import Ready
+from eventlog.raft.persist_queue import PersistQueue
 from eventlog.raft.progress import Progress, ProgressState, committed_index, majority, vote_result
 from eventlog.raft.raft_log import RaftLog
-from eventlog.raft.types import SnapshotMeta
+from eventlog.raft.types import AppendResp, SnapshotMeta
 from tests.raft.paper import log_of, storage
 
 # --- RaftLog -------------------------------------------------------------------------------------
@@ -238,3 +240,53 @@ def test_single_server_changes_keep_majorities_overlapping() -> None:
         for old_q in combinations(conf.voters, majority(conf.voters)):
             for new_q in combinations(new.voters, majority(new.voters)):
                 assert set(old_q) & set(new_q), (old_q, new_q)
+
+
+# --- PersistQueue (pipelined acknowledgements) ----------------------------------------------------
+
+def _ready(*entries: Entry, tag: str = "") -> Ready:
+    """A Ready that wrote `entries` and holds one acknowledgement (tagged, to tell Readys apart)."""
+    ack = AppendResp(term=len(tag) + 1, src=1, dst=2, index=entries[-1].last_index if entries else -1)
+    return Ready(hard_state=None, entries=tuple(entries), snapshot_chunks=(), snapshot=None, send_now=(),
+                 send_after=(ack,), committed=(), read_states=(), dropped_reads=(), soft_state=None,
+                 must_sync=bool(entries))
+
+
+def test_persist_queue_releases_in_order_as_the_durable_end_passes() -> None:
+    q = PersistQueue()
+    a, b, c = _ready(Entry(index=0, term=1)), _ready(), _ready(Entry(index=1, term=1, count=3))
+    for rd in (a, b, c):
+        q.push(rd)
+    assert q.pop_durable(0) == [] and q.oldest_wait() == 0
+    assert q.pop_durable(1) == [a, b], "a Ready without entries goes with the one before it"
+    assert q.pop_durable(3) == [] and q.oldest_wait() == 3
+    assert q.pop_durable(4) == [c] and len(q) == 0 and q.oldest_wait() is None
+
+
+def test_persist_queue_after_a_truncation_waits_only_for_what_is_left() -> None:
+    """Issue 11: a stale leader wrote 2..4, a new leader's entry at 2 replaced them. The log's durable
+    end falls back to 2 and reaches 3 once the new entry is synced: the old Ready must not wait for 4
+    (the log might never get there: nothing else is acknowledged meanwhile)."""
+    q = PersistQueue()
+    old = _ready(Entry(index=2, term=1, count=3), tag="old")
+    q.push(old)
+    q.discard_from(2)                         # the next Ready's entries start at 2
+    new = _ready(Entry(index=2, term=2))
+    q.push(new)
+    assert q.oldest_wait() == 1
+    assert q.pop_durable(2) == [old], "indexes 0..1 were durable before the truncation"
+    assert q.pop_durable(2) == [] and q.pop_durable(3) == [new]
+
+
+def test_persist_queue_discard_leaves_lower_waits_and_later_pushes_alone() -> None:
+    q = PersistQueue()
+    low, high = _ready(Entry(index=0, term=1)), _ready(Entry(index=5, term=1, count=2))
+    q.push(low)
+    q.push(high)
+    q.discard_from(9)                         # nothing held waits for 9 or more: no change
+    assert q.oldest_wait() == 0
+    q.discard_from(6)                         # a snapshot installed at 5, or a truncation at 6
+    q.push(_ready(Entry(index=6, term=2)))
+    assert q.pop_durable(1) == [low] and q.oldest_wait() == 5
+    q.discard_from(3)
+    assert q.oldest_wait() == 2 and [len(q.pop_durable(3)), len(q)] == [2, 0]

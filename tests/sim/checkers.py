@@ -5,8 +5,8 @@ each event out to every checker. A checker keeps its own record of what it has s
 `InvariantViolation` (naming the invariant) the moment one breaks, so the run stops at the first
 violation with the state still there to inspect.
 
-Events: a node became leader (seen after every input to its core), a Ready was persisted, an entry
-was applied, a snapshot was installed, a node crashed, a node (re)started, the run ended.
+Events: a node became leader (seen after every input to its core), a leader advanced its commit
+index, a Ready was persisted, an entry was applied, a snapshot was installed, a node crashed, a node (re)started, the run ended.
 
 Invariants (Raft paper figure 3, thesis chapter 3, and what the application relies on):
 
@@ -22,7 +22,12 @@ Invariants (Raft paper figure 3, thesis chapter 3, and what the application reli
   log, and a restarted node knows at least as much as committed as it had applied before the crash
   (pipelined replicas: the contract lets them apply before a commit-only hard state is durable, so
   there only: the restarted node's durable log or snapshot still holds everything it had applied);
-- leader-completeness: a new leader's log holds every entry any node has applied so far;
+- leader-completeness: a new leader of term t holds every entry committed in a term below t (the
+  paper's wording: "if a log entry is committed in a given term, then that entry will be present
+  in the logs of the leaders for all higher-numbered terms"). An entry's commit term is the lowest
+  term of a leader seen committing it. Not every entry applied so far: a candidate paused with
+  its election undecided may step the granted votes of its old term after a later term committed
+  more, and legitimately lead that old term until it hears of the new one;
 - lease-safety: while a leader serves reads from its lease (term t), no node has been elected in a
   term above t -- the lease's promise (thesis §6.4.1), checked directly rather than through the
   rare client history that would expose a stale read;
@@ -56,6 +61,7 @@ class Checker:
     """Base: every hook is a no-op."""
 
     def became_leader(self, r: Replica, term: int) -> None: ...
+    def leader_committed(self, r: Replica, term: int, index: int) -> None: ...
     def persisted(self, r: Replica, rd: Ready) -> None: ...
     def applied(self, r: Replica, entry: Entry) -> None: ...
     def snapshot_installed(self, r: Replica, meta: SnapshotMeta) -> None: ...
@@ -74,6 +80,10 @@ class Hooks:
     def became_leader(self, r: Replica, term: int) -> None:
         for c in self.checkers:
             c.became_leader(r, term)
+
+    def leader_committed(self, r: Replica, term: int, index: int) -> None:
+        for c in self.checkers:
+            c.leader_committed(r, term, index)
 
     def persisted(self, r: Replica, rd: Ready) -> None:
         for c in self.checkers:
@@ -241,6 +251,15 @@ class LeaderCompleteness(Checker):
 
     def __init__(self, committed: CommittedPrefix) -> None:
         self.committed = committed
+        self.commit_by_term: dict[int, int] = {}   # term -> highest index a leader of it committed
+
+    def leader_committed(self, r: Replica, term: int, index: int) -> None:
+        self.commit_by_term[term] = max(index, self.commit_by_term.get(term, -1))
+
+    def _committed_before(self, term: int) -> int:
+        """The highest index committed in a term below `term` (a leader committing an index commits
+        every index below it too); -1: none."""
+        return max((i for t, i in self.commit_by_term.items() if t < term), default=-1)
 
     def became_leader(self, r: Replica, term: int) -> None:
         node = r.node
@@ -249,6 +268,9 @@ class LeaderCompleteness(Checker):
         snap = log.snapshot_index()
         at = self.committed.at
         i = self.committed.last.last_index if self.committed.last is not None else -1
+        i = min(i, self._committed_before(term))
+        if i in at:
+            i = at[i].last_index   # an entry commits whole
         while i > snap and i in at:
             e = at[i]
             if log.term(i) != e.term or log.entry_bounds(i) != (e.index, e.last_index):

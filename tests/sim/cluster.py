@@ -4,10 +4,12 @@ One tick, in this order (everything is deterministic given the seed):
 
 1. the fault injector acts (crash, restart, partition, heal, membership change, transfer);
 2. clients issue operations and give up on old ones;
-3. the network delivers every message due now; each is stepped into its live destination;
-4. every live core ticks;
+3. a node resumed from a pause steps the messages that arrived while it was paused; then the
+   network delivers every message due now: each is stepped into its live destination (held in
+   the inbox of a paused one);
+4. every live core that is not paused ticks;
 5. disk writes due now complete (send what waited for them, apply, advance / persisted);
-6. every live replica takes Readys while it may (one at a time, or pipelined).
+6. every live replica that is not paused takes Readys while it may (one at a time, or pipelined).
 
 A message sent at tick t arrives at t + 1 or later, so a round trip takes at least two ticks.
 
@@ -71,12 +73,16 @@ class Cluster:
     def live_ids(self) -> list[int]:
         return [i for i, r in self.replicas.items() if r.alive]
 
+    def reachable_ids(self) -> list[int]:
+        """Live and not paused: the nodes a client (or an operator) can talk to."""
+        return [i for i, r in self.replicas.items() if r.reachable]
+
     def leader(self, among: list[int] | None = None) -> Replica | None:
-        """The live leader with the highest term (among the given nodes)."""
+        """The reachable leader with the highest term (among the given nodes)."""
         best: Replica | None = None
         for node_id in among if among is not None else list(self.replicas):
             r = self.replicas[node_id]
-            if r.node is not None and r.node.role is Role.LEADER and (
+            if r.reachable and r.node is not None and r.node.role is Role.LEADER and (
                     best is None or best.node is None or r.node.term > best.node.term):
                 best = r
         return best
@@ -86,11 +92,20 @@ class Cluster:
         for hook in self.before_tick:
             hook(now)
         replicas = self.replicas
+        for resumed in replicas.values():   # a node resumed from a pause steps its backlog first
+            if resumed.inbox and resumed.node is not None and not resumed.paused:
+                backlog, resumed.inbox = resumed.inbox, []
+                for m in backlog:
+                    if resumed.node is not None:
+                        resumed.step(m)
         for m in self.net.due(now):
-            r = replicas.get(m.dst)
-            if r is not None and r.node is not None:
-                r.step(m)
-        live = [r for r in replicas.values() if r.node is not None]
+            dst = replicas.get(m.dst)
+            if dst is not None and dst.node is not None:
+                if dst.paused:
+                    dst.inbox.append(m)
+                else:
+                    dst.step(m)
+        live = [r for r in replicas.values() if r.node is not None and not r.paused]
         for r in live:
             r.tick()
         for r in live:

@@ -14,6 +14,15 @@ back with part of its log, a staged but not installed snapshot, an old term and 
 the new entries -- everything the Ready contract promises must still hold, because nothing that
 depended on the write (acks, votes) was sent.
 
+The durable end. A pipelined replica releases acknowledgements through the node runtime's own
+`PersistQueue`, which needs what the runtime's log reports: a durable end, every index below it on
+disk. The disk keeps one by the segmented log's rules (eventlog/log.py): a write that truncates
+the log (entries replacing a stored suffix, a snapshot resetting the log) lowers it to the
+truncation point at once, when the write *begins* (the runtime truncates in the page cache before
+the next fsync); a completed write raises it to the log end as of its start, unless a truncation
+began since (the log's generation check: the flusher's sync then covered a log that has changed).
+A write in flight stays in flight while its node is paused (`delay`): the flusher is stopped too.
+
 Not thread-safe; owned by one Replica.
 """
 
@@ -33,17 +42,39 @@ class FakeDisk:
         self._rng = rng
         self.max_latency = max_latency
         self.torn = torn
-        self.queue: deque[tuple[Ready, int]] = deque()   # writes in flight, oldest first: (Ready, done at)
+        # writes in flight, oldest first: (Ready, done at, log end once written, generation)
+        self.queue: deque[tuple[Ready, int, int, int]] = deque()
         self.writes = 0
         self.torn_writes = 0
+        self._reset_ends()
+
+    def _reset_ends(self) -> None:
+        self.written_end = self.durable.last_index() + 1   # the log end, written or not
+        self.durable_end = self.written_end                # every index below it is durable
+        self._generation = 0                               # bumped by every truncation
 
     def begin(self, rd: Ready, now: int) -> int:
         """Start persisting `rd` (after the writes already in flight); returns when it completes."""
         done = now + (self._rng.randint(0, self.max_latency) if self.max_latency else 0)
         if self.queue:
             done = max(done, self.queue[-1][1])
-        self.queue.append((rd, done))
+        if rd.snapshot is not None:
+            self._truncate(rd.snapshot.index + 1)
+        if rd.entries:
+            if rd.entries[0].index < self.written_end:
+                self._truncate(rd.entries[0].index)
+            self.written_end = rd.entries[-1].last_index + 1
+        self.queue.append((rd, done, self.written_end, self._generation))
         return done
+
+    def _truncate(self, end: int) -> None:
+        self._generation += 1
+        self.written_end = end
+        self.durable_end = min(self.durable_end, end)
+
+    def delay(self, ticks: int) -> None:
+        """The node was paused for `ticks`: nothing in flight completed meanwhile."""
+        self.queue = deque((rd, done + ticks, end, gen) for rd, done, end, gen in self.queue)
 
     def due(self, now: int) -> bool:
         """Has the oldest write in flight completed by tick `now`?"""
@@ -51,23 +82,26 @@ class FakeDisk:
 
     def complete(self) -> Ready:
         """The oldest write in flight is durable now."""
-        rd, _ = self.queue.popleft()
+        rd, _, end, generation = self.queue.popleft()
         for step in _steps(rd, self.durable):
             step()
         self.writes += 1
+        if generation == self._generation:
+            self.durable_end = max(self.durable_end, end)
         return rd
 
     def crash(self) -> int:
         """Power loss: the writes in flight are lost, or the oldest ones reach the disk up to a torn
         point. Returns how many of their steps survived."""
-        steps = [step for rd, _ in self.queue for step in _steps(rd, self.durable)]
+        steps = [step for rd, *_ in self.queue for step in _steps(rd, self.durable)]
         self.queue.clear()
-        if len(steps) <= 1 or not (self.torn and self._rng.random() < self.torn):
-            return 0
-        survived = self._rng.randrange(1, len(steps))  # never all of it
-        for step in steps[:survived]:
-            step()
-        self.torn_writes += 1
+        survived = 0
+        if len(steps) > 1 and self.torn and self._rng.random() < self.torn:
+            survived = self._rng.randrange(1, len(steps))  # never all of it
+            for step in steps[:survived]:
+                step()
+            self.torn_writes += 1
+        self._reset_ends()
         return survived
 
 

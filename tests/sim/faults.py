@@ -12,7 +12,13 @@ What each may break:
 - membership churn (add a learner that is auto-promoted once caught up, add a voter, remove a
   member, possibly the leader): configurations changing while replicating, new nodes catching up
   from snapshots, leaders stepping down when their removal commits;
-- leadership transfer: TimeoutNow elections that bypass the followers' leader stickiness.
+- leadership transfer: TimeoutNow elections that bypass the followers' leader stickiness;
+- pause (SIGSTOP for a while, then SIGCONT; the leader more often than not): not a crash -- the
+  node keeps its memory and disk, but its clock stops, messages queue up for it and its disk
+  writes in flight wait. It resumes with stale timers (a stale leader that still believes it
+  leads, its lease included), a backlog of messages from older terms, and writes of entries a new
+  leader has already replaced (issue 11: a follower whose acknowledgements waited forever for
+  replaced entries to become durable, stuck until restarted).
 
 Not thread-safe; one per simulation run.
 """
@@ -23,8 +29,10 @@ import random
 from dataclasses import dataclass
 
 from eventlog.raft.errors import RaftError
+from eventlog.raft.node import Role
 from eventlog.raft.types import ConfChange, ConfChangeKind
 from tests.sim.cluster import Cluster
+from tests.sim.replica import Replica
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +48,9 @@ class FaultParams:
     max_members: int = 5
     max_new_nodes: int = 3
     transfer_prob: float = 0.0     # per tick: the leader transfers leadership
+    pause_prob: float = 0.0        # per tick without a paused node: pause one (the leader more often)
+    pause_min_ticks: int = 1
+    pause_max_ticks: int = 60
 
 
 class FaultInjector:
@@ -52,25 +63,32 @@ class FaultInjector:
         self.next_id = max(cluster.replicas) + 1
         self.new_nodes = 0
         self.log: list[str] = []      # what it did, for --verbose replays
-        self.counts = {"crash": 0, "partition": 0, "conf_change": 0, "transfer": 0}
+        self.counts = {"crash": 0, "partition": 0, "conf_change": 0, "transfer": 0, "pause": 0}
+        self._armed_pause: tuple[int, int] | None = None   # (leader to pause, pause anyway at this tick)
 
     def step(self, now: int) -> None:
         c = self.cluster
-        for r in c.replicas.values():   # scheduled restarts happen even after faults stop
+        for r in c.replicas.values():   # scheduled restarts and resumes happen even after faults stop
             if r.node is None and 0 <= r.restart_at <= now:
                 r.restart_at = -1
                 r.boot()
                 self.note(now, f"restart n{r.id}")
+            elif r.paused and r.resume_at <= now:
+                self.resume(r, now)
         if not self.enabled:
             return
         rng, p = self.rng, self.p
+        if self._armed_pause:
+            self._armed_pause_step(now)
+        elif p.pause_prob and rng.random() < p.pause_prob and not any(r.paused for r in c.replicas.values()):
+            self._pause(now)
         if self.heal_at >= 0 and now >= self.heal_at:
             c.net.heal()
             self.heal_at = -1
             self.note(now, "heal")
         if p.crash_prob and rng.random() < p.crash_prob:
             down = sum(1 for r in c.replicas.values() if r.node is None)
-            live = c.live_ids()
+            live = c.live_ids()   # a paused node may be killed too (kill -9 of a stopped process)
             if down < p.max_down and live:
                 r = c.replicas[rng.choice(live)]
                 r.crash()
@@ -94,6 +112,45 @@ class FaultInjector:
                     except RaftError:
                         pass
                     leader.observe()
+
+    def _pause(self, now: int) -> None:
+        c, rng = self.cluster, self.rng
+        reachable = c.reachable_ids()
+        if not reachable:
+            return
+        leader = c.leader()
+        if leader is not None and rng.random() < 0.7:
+            # The leader, once it has disk writes in flight (within a few election timeouts), as
+            # under the issue's write load: that is what a new leader's entries may replace.
+            self._armed_pause = (leader.id, now + 3 * self.cluster.cfg.election_timeout_ticks)
+            self._armed_pause_step(now)
+            return
+        self._pause_node(c.replicas[rng.choice(reachable)], now)
+
+    def _armed_pause_step(self, now: int) -> None:
+        assert self._armed_pause is not None
+        victim, deadline = self._armed_pause
+        r = self.cluster.replicas[victim]
+        if not r.reachable or r.node is None or r.node.role is not Role.LEADER:
+            self._armed_pause = None    # it lost office meanwhile
+        elif r.disk.queue or now >= deadline:
+            self._armed_pause = None
+            self._pause_node(r, now)
+
+    def _pause_node(self, r: Replica, now: int) -> None:
+        rng = self.rng
+        until = now + rng.randint(self.p.pause_min_ticks, self.p.pause_max_ticks)
+        victim = r.id
+        mid_turn = rng.random() < 0.8   # a busy node is mid-turn most of the time
+        r.pause(now, until, mid_turn=mid_turn)
+        self.counts["pause"] += 1
+        role = r.node.role.value if r.node is not None else "?"
+        self.note(now, f"pause n{victim} ({role}) until {until}"
+                       + (f", {len(r.outbox)} messages unsent" if mid_turn else ""))
+
+    def resume(self, r: Replica, now: int) -> None:
+        r.resume(now)
+        self.note(now, f"resume n{r.id} ({len(r.inbox)} messages waiting)")
 
     def _partition(self, now: int) -> None:
         c, rng = self.cluster, self.rng

@@ -7,11 +7,13 @@ Faults, each drawn per message from the cluster's one random source, and what th
 - delay and reordering: each copy takes `min_delay..max_delay` ticks, and with probability
   `reorder` up to `reorder_ticks` more, so messages overtake each other (stale appends and acks
   from old terms, a TimeoutNow arriving after the transfer was abandoned);
+- a paused sender (SIGSTOP mid-turn): what it sent in its last tick and is not delivered yet is
+  taken back (`take_sent`) and sent again when it resumes, as its transport flushes it then;
 - partitions: a set of blocked (src, dst) pairs; blocking both directions is a symmetric
   partition, one direction an asymmetric one (a leader that can send but not hear, a follower that
   hears but cannot answer). Checked at delivery: a message in flight when the link is cut is lost.
 
-Messages to a crashed node are dropped by the cluster at delivery. Time is ticks; a message sent at
+Messages to a crashed node are dropped by the cluster at delivery; a paused node's wait in its inbox. Time is ticks; a message sent at
 tick t arrives at t + 1 or later. Not thread-safe; one per simulated cluster.
 """
 
@@ -40,7 +42,7 @@ class Network:
         self._rng = rng
         self.faults = faults
         self.blocked: set[tuple[int, int]] = set()
-        self._queue: list[tuple[int, int, Message]] = []
+        self._queue: list[tuple[int, int, Message, int]] = []   # (arrival tick, seq, message, sent at)
         self._seq = 0
         self.sent = 0
         self.dropped = 0
@@ -59,7 +61,7 @@ class Network:
             if f.reorder and rng.random() < f.reorder:
                 delay += rng.randint(1, f.reorder_ticks)
             self._seq += 1
-            heapq.heappush(self._queue, (now + delay, self._seq, m))
+            heapq.heappush(self._queue, (now + delay, self._seq, m, now))
 
     def due(self, now: int) -> list[Message]:
         """Messages arriving at tick `now`, in arrival order (partitioned links drop theirs)."""
@@ -72,6 +74,21 @@ class Network:
             else:
                 out.append(m)
         self.delivered += len(out)
+        return out
+
+    def take_sent(self, src: int, since: int) -> list[Message]:
+        """Take back what `src` sent from tick `since` on and is not delivered yet (in send order,
+        one copy each): it was still in the sender's buffers when its process was stopped."""
+        taken = sorted((e for e in self._queue if e[2].src == src and e[3] >= since), key=lambda e: e[1])
+        if not taken:
+            return []
+        gone = {id(e) for e in taken}
+        self._queue = [e for e in self._queue if id(e) not in gone]
+        heapq.heapify(self._queue)
+        out: list[Message] = []
+        for e in taken:
+            if not out or out[-1] is not e[2]:
+                out.append(e[2])
         return out
 
     # --- partitions ------------------------------------------------------------------------------

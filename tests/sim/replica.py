@@ -16,13 +16,25 @@ its fsync runs); it just gets no new Ready until advance().
 
 Pipelined (`pipelined=True`, as the runtime does it): a Ready whose only durable content is entries
 (and a commit-only hard state) is handed off at once -- applied and `accept()`ed while its write is
-still in flight -- and `persisted(ready)` says which of its `send_after` to send once the write
-completes; writes complete in order. A Ready that changes the term or vote or carries snapshot
-chunks or a snapshot must be durable before `accept()`, so it waits for its write as above.
+still in flight. A Ready that changes the term or vote or carries snapshot chunks or a snapshot must
+be durable before `accept()`, so it waits for its write as above. Either way the accepted Ready
+goes into the runtime's own `PersistQueue` (eventlog/raft/persist_queue.py), which releases it --
+`persisted(ready)` says which of its `send_after` to send -- once the disk's durable end (kept by
+the segmented log's rules, see disk.py) passes its entries: the very code the runtime runs,
+truncations included.
 
 A crash drops the core object and whatever was not durable; a restart builds a new RaftNode over
 the durable storage and rebuilds the KV state from the stored snapshot, then re-applies the
 committed log as the core hands it out (applied = the snapshot index).
+
+A pause (`pause`, `resume`: SIGSTOP and SIGCONT of a real node) is not a crash: nothing is lost.
+While paused the node neither ticks nor steps messages (they wait in `inbox`, as in its socket
+buffers) nor completes disk writes (the flusher thread is stopped too), and clients cannot reach
+it. On resume its logical clock goes on from where it stopped (its timers are stale), the backlog
+is stepped before anything newer, and writes that were in flight complete only afterwards. Time
+that passed unseen voids its leader lease (`RaftNode.clock_jumped`, as the runtime does when its
+ticker finds it was stalled), or it would serve reads from a lease that other nodes' clocks let
+expire long ago.
 
 Every step that changes what the checkers watch calls the cluster's hooks (`Hooks`). Not
 thread-safe; owned by one Cluster.
@@ -37,6 +49,7 @@ from typing import TYPE_CHECKING
 
 from eventlog.raft.config import RaftConfig
 from eventlog.raft.node import RaftNode, Ready, Role
+from eventlog.raft.persist_queue import PersistQueue
 from eventlog.raft.storage import MemoryStorage
 from eventlog.raft.types import Entry, EntryKind, Message
 from tests.sim.disk import FakeDisk
@@ -74,6 +87,11 @@ class Replica:
         self.snapshot_every = snapshot_every
         self.pipelined = pipelined
         self._sync: Ready | None = None     # the Ready waiting for its write before accept / advance
+        self._held = PersistQueue()         # pipelined: accepted Readys waiting for the durable end
+        self.paused_at = -1                 # tick the node was paused at (-1: running)
+        self.resume_at = -1                 # tick it resumes at
+        self.inbox: list[Message] = []      # messages that arrived while paused
+        self.outbox: list[Message] = []     # messages it had not flushed to its sockets when paused
         self._last_vote = (0, 0)            # (term, vote) of the last hard state handed to the disk
         self.snapshot_padding = snapshot_padding
         self.node: RaftNode | None = None
@@ -84,6 +102,7 @@ class Replica:
         self.index_reads: dict[int, Waiter] = {}   # read_index request id -> waiter
         self.ready_reads: list[tuple[int, Waiter]] = []   # (read index, waiter): serve once applied
         self._seen_leader_term = 0
+        self._seen_commit = -1
         self.snapshots_taken = 0
         self.snapshots_installed = 0
         self.views = views                         # real RocksDB views fed the same entries (views_shadow.py)
@@ -92,6 +111,15 @@ class Replica:
     @property
     def alive(self) -> bool:
         return self.node is not None
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at >= 0
+
+    @property
+    def reachable(self) -> bool:
+        """Running and not paused: it takes client requests."""
+        return self.node is not None and not self.paused
 
     # --- life cycle ------------------------------------------------------------------------------
 
@@ -105,7 +133,9 @@ class Replica:
         self.node = RaftNode(self.id, storage, self.cfg, random.Random(self._rng.getrandbits(64)),
                              applied=snap.index)
         self._seen_leader_term = 0
+        self._seen_commit = -1
         self._sync = None
+        self._held.clear()
         self._last_vote = (hard.term, hard.vote)
         self.hooks.restarted(self, hard)
 
@@ -114,6 +144,9 @@ class Replica:
         applied = self.kv.applied
         self.disk.crash()
         self.node = None
+        self.paused_at = self.resume_at = -1
+        self.inbox.clear()
+        self.outbox.clear()
         if self.views is not None:
             self.views.crash()
         for w in list(self.proposals.values()) + list(self.index_reads.values()):
@@ -124,6 +157,27 @@ class Replica:
         self.index_reads.clear()
         self.ready_reads.clear()
         self.hooks.crashed(self, applied)
+
+    def pause(self, now: int, until: int, *, mid_turn: bool) -> None:
+        """SIGSTOP: the process stops where it is (see the module docstring). `mid_turn`: it stops in
+        the middle of a loop turn, after writing its last Readys' entries but before its transport
+        flushed the messages of that turn (they leave only when it resumes)."""
+        assert self.node is not None and not self.paused
+        self.paused_at, self.resume_at = now, until
+        if mid_turn:
+            self.outbox = self.net.take_sent(self.id, now - 1)
+
+    def resume(self, now: int) -> None:
+        """SIGCONT: what it had not flushed goes out, the backlog in `inbox` is stepped first (the
+        cluster delivers it), writes in flight complete only from now on, and the lease from before
+        the pause is void."""
+        assert self.node is not None and self.paused
+        self.disk.delay(now - self.paused_at)
+        self.paused_at = self.resume_at = -1
+        for m in self.outbox:
+            self.net.send(m, now)
+        self.outbox = []
+        self.node.clock_jumped()
 
     # --- inputs ----------------------------------------------------------------------------------
 
@@ -138,11 +192,16 @@ class Replica:
         self.observe()
 
     def observe(self) -> None:
-        """Report a newly elected leader (called after every input to the core)."""
+        """Report a newly elected leader, and how far a leader committed (called after every input to
+        the core)."""
         node = self.node
-        if node is not None and node.role is Role.LEADER and node.term != self._seen_leader_term:
-            self._seen_leader_term = node.term
-            self.hooks.became_leader(self, node.term)
+        if node is not None and node.role is Role.LEADER:
+            if node.term != self._seen_leader_term:
+                self._seen_leader_term = node.term
+                self.hooks.became_leader(self, node.term)
+            if node.log.committed > self._seen_commit:
+                self._seen_commit = node.log.committed
+                self.hooks.leader_committed(self, node.term, node.log.committed)
 
     # --- the Ready loop --------------------------------------------------------------------------
 
@@ -156,10 +215,17 @@ class Replica:
             wait = not self.pipelined or self._must_wait(rd)
             if rd.hard_state is not None:
                 self._last_vote = (rd.hard_state.term, rd.hard_state.vote)
+            if self.pipelined:   # as the runtime does before it writes (eventlog/raft/runtime/group.py)
+                if rd.snapshot is not None:
+                    self._held.discard_from(rd.snapshot.index + 1)
+                if rd.entries:
+                    self._held.discard_from(rd.entries[0].index)
             self.disk.begin(rd, now)
             if not wait:
                 self._apply(rd)
                 node.accept()
+                self._held.push(rd)
+                self._release(now)
                 self._after_apply()
             else:
                 self._sync = rd
@@ -183,18 +249,25 @@ class Replica:
                 if self.pipelined:
                     self._apply(rd)
                     node.accept()
-                    out = node.persisted(rd)
+                    self._held.push(rd)
                 else:
                     out = rd.send_after
                     self._apply(rd)
                     node.advance()
-                for m in out:
-                    self.net.send(m, now)
+                    for m in out:
+                        self.net.send(m, now)
                 self._after_apply()
-            else:
-                for m in node.persisted(rd):
-                    self.net.send(m, now)
+            if self.pipelined:
+                self._release(now)
                 self.observe()
+
+    def _release(self, now: int) -> None:
+        """Pipelined: send what accepted Readys held back, in order, as far as the disk is durable."""
+        node = self.node
+        assert node is not None
+        for rd in self._held.pop_durable(self.disk.durable_end):
+            for m in node.persisted(rd):
+                self.net.send(m, now)
 
     def _apply(self, rd: Ready) -> None:
         """Step 4 of the contract: install the snapshot into the KV state, apply, queue reads."""

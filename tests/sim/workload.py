@@ -89,7 +89,7 @@ class Workload:
     def issue(self, c: Client, now: int, kind: str | None = None, key: str | None = None) -> Operation | None:
         """Try one operation; returns it if it was invoked (the core accepted it)."""
         rng = self.rng
-        live = self.cluster.live_ids()
+        live = self.cluster.reachable_ids()
         if not live:
             return None
         target = c.leader_guess if c.leader_guess in live else rng.choice(live)

@@ -56,6 +56,14 @@ class ClusterConfig:
         "Duration of one Raft tick (election and heartbeat timeouts are counted in ticks).", min=1, max=60_000))
     snapshot_every_entries: int = field(default=0, metadata=doc(
         "Take a snapshot and drop the log below it every this many applied offsets (0 = never).", min=0))
+    lag_warning_ms: int = field(default=10_000, metadata=doc(
+        "A group's leader logs a warning when a member has not acknowledged an offset committed this "
+        "long ago (stuck, cut off or catching up slowly); 0 = never.", min=0, max=86_400_000))
+    lag_warning_offsets: int = field(default=1, metadata=doc(
+        "... and is at least this many offsets behind the commit offset.", min=1))
+    lag_warning_repeat_ms: int = field(default=30_000, metadata=doc(
+        "How often the warning repeats while the member stays behind (an info line says when it caught "
+        "up).", min=100, max=86_400_000))
 
     def validate(self, section: str = "cluster") -> None:
         ids = [m.id for m in self.members]

@@ -5,9 +5,11 @@ entry, and carries out each `Ready` with pipelined persistence (see `RaftNode.ac
 `send_now`; stage snapshot chunks, install a snapshot; write the entries (group commit: the
 segmented log's flusher thread syncs them while this task goes on); persist term and vote when
 they changed; apply committed entries and answer waiters; `accept()`, and take the next Ready at
-once. Accepted Readys wait in order until the log's durable offset passes their entries; then
-their `send_after` goes out through `persisted()` (the leader counts its own copy only then). A
-second task ticks the core every `tick_interval_ms`.
+once. Accepted Readys wait in order (`PersistQueue`) until the log's durable offset passes their
+entries, or what is left of them once a later Ready replaced a suffix; then their `send_after`
+goes out through `persisted()` (the leader counts its own copy only then). A second task ticks the
+core every `tick_interval_ms`; on the leader it also measures how far behind each member is
+(`LagMonitor`: /metrics, and a warning about a member that stays behind).
 
 Proposals from any number of coroutines are coalesced: everything queued while the previous Ready
 was being handled becomes one record batch, one entry (`propose`).
@@ -29,7 +31,6 @@ import contextvars
 import logging
 import random
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,8 @@ from eventlog.raft.errors import (
     RaftError,
 )
 from eventlog.raft.node import RaftNode, Ready, Role, SoftState
+from eventlog.raft.persist_queue import PersistQueue
+from eventlog.raft.runtime.lag import Behind, LagMonitor
 from eventlog.raft.runtime.log_storage import LogStorage
 from eventlog.raft.types import ConfChange, ConfState, Entry, EntryKind, HardState, Message, SnapshotMeta
 from eventlog.records import encode_batch
@@ -110,6 +113,7 @@ class GroupCounters:
     leader_changes: int = 0         # leaderships (term, leader) this node learned of
     proposals_committed: int = 0    # `submit` calls answered with their commit offset
     events_applied: int = 0         # records of NORMAL entries applied to the state machine
+    clock_stalls: int = 0           # times the tick clock lagged real time and the lease was voided
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +141,8 @@ class RaftGroup:
 
     def __init__(self, name: str, node_id: int, storage: LogStorage, state_machine: StateMachine,
                  raft_config: RaftConfig, send: Send, *, tick_interval_ms: int, rng: random.Random,
-                 snapshot_every_entries: int = 0, max_batch_bytes: int = 1 << 20) -> None:
+                 snapshot_every_entries: int = 0, max_batch_bytes: int = 1 << 20,
+                 lag: LagMonitor | None = None) -> None:
         self.name = name
         self.node_id = node_id
         self.storage = storage
@@ -156,7 +161,7 @@ class RaftGroup:
         self._waiters: dict[int, tuple[int, list[tuple[asyncio.Future[Committed], int, int]]]] = {}
         self._conf_waiters: dict[int, tuple[int, asyncio.Future[ConfState]]] = {}  # index -> (term, future)
         self._wake = asyncio.Event()
-        self._unpersisted: deque[tuple[int, Ready]] = deque()  # accepted Readys: (last entry index, Ready)
+        self._held = PersistQueue()   # accepted Readys whose send_after waits for their entries' fsync
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
         self._failure: BaseException | None = None
@@ -168,6 +173,10 @@ class RaftGroup:
         self.counters = GroupCounters()
         self._seen_term = self.node.term
         self._seen_leadership = (self.node.term, self.node.leader)
+        self._last_tick_at = self.loop.time()   # when the core last ticked (see _check_clock)
+        # The leader's view of how far behind each member is (logged, and read by metrics).
+        self.lag = lag if lag is not None else LagMonitor(warn_after_s=10.0)
+        self._lag_term = 0      # the term the monitor watches as leader (0: not leading)
         storage.log.add_durability_listener(self._on_durable_threadsafe)
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -256,7 +265,10 @@ class RaftGroup:
         elif consistency in ("linearizable", "lease"):
             if self.node.role is not Role.LEADER:
                 raise NotLeaderError(self.node_id, self.node.leader, self.node.term)
-            index = self.node.lease_read_index() if consistency == "lease" else None
+            index = None
+            if consistency == "lease":
+                self._check_clock()
+                index = self.node.lease_read_index()
             if index is None:
                 self._read_seq += 1
                 future: asyncio.Future[int] = self.loop.create_future()
@@ -388,11 +400,53 @@ class RaftGroup:
         while not self._closed:
             await asyncio.sleep(max(0.0, next_tick - self.loop.time()))
             next_tick += self.tick_interval
+            self._check_clock()
             if self.loop.time() > next_tick + 10 * self.tick_interval:
                 next_tick = self.loop.time() + self.tick_interval  # we were stalled: do not burst
             self.node.tick()
+            self._last_tick_at = self.loop.time()
+            self._observe_lag()
             self._wake.set()
             self._state_machine_tick()
+
+    def _observe_lag(self) -> None:
+        """On the leader: measure each member's lag; warn about a member that stays behind."""
+        n = self.node
+        if n.role is not Role.LEADER:
+            if self._lag_term:
+                self.lag.reset()
+                self._lag_term = 0
+            return
+        if self._lag_term != n.term:
+            self.lag.reset()
+            self._lag_term = n.term
+        matches = {m: p.match for m, p in n.progress.items() if m != self.node_id}
+        for event in self.lag.observe(self.loop.time(), n.log.committed, matches):
+            if isinstance(event, Behind):
+                lag = event.lag
+                logger.warning("group %s: member %s is %d offsets behind the commit offset %d (its match %d) "
+                               "and has lacked committed offsets for %.1f s", self.name, lag.member, lag.offsets,
+                               lag.commit, lag.match, lag.seconds)
+            else:
+                logger.info("group %s: member %s caught up (%d offsets behind) after %.1f s behind", self.name,
+                            event.member, event.offsets, event.late_for + self.lag.warn_after)
+
+    def _check_clock(self) -> None:
+        """Void the leader lease when the core's tick clock lags real time.
+
+        The lease is counted in ticks (`RaftNode.lease_read_index`) and is safe only while this
+        clock keeps pace with the followers' (within lease_drift_ticks). A stalled loop or a
+        stopped process (SIGSTOP) stops it: after a pause of seconds the node would still count its
+        old lease as valid while the others, whose clocks ran, elected a new leader. So when the
+        last tick is older than one interval plus the drift allowance (at least half an interval),
+        no lease from before now is trusted: the next heartbeat round a majority acknowledges
+        starts a new one, and meanwhile lease reads go through ReadIndex. Called by the ticker, and
+        by lease reads, which may run before the ticker does after a stall.
+        """
+        limit = (1 + max(0.5, self.node.cfg.lease_drift_ticks)) * self.tick_interval
+        if self.loop.time() - self._last_tick_at > limit:
+            self.node.clock_jumped()
+            self.counters.clock_stalls += 1
 
     def _state_machine_tick(self) -> None:
         """Let the state machine propose what time decides (e.g. lease expiries) on the leader."""
@@ -482,17 +536,22 @@ class RaftGroup:
         for chunk in rd.snapshot_chunks:
             storage.stage_snapshot_chunk(chunk.meta, chunk.offset, chunk.data)
         if rd.snapshot is not None:
+            self._held.discard_from(rd.snapshot.index + 1)   # the log is reset behind the snapshot
             path = storage.install_snapshot(rd.snapshot)
             self.sm.restore(path / "data", rd.snapshot)
             self._last_snapshot_index = rd.snapshot.index
             self._wake_applied()
-        last = storage.append(rd.entries) if rd.entries else -1
+        if rd.entries:
+            # Entries from here on replace any stored suffix: earlier Readys no longer wait for the
+            # replaced ones (they will never be durable; see eventlog/raft/persist_queue.py).
+            self._held.discard_from(rd.entries[0].index)
+            storage.append(rd.entries)
         if rd.hard_state is not None:
             prev = storage.initial_state()[0]
             if (rd.hard_state.term, rd.hard_state.vote) != (prev.term, prev.vote):
                 storage.set_hard_state(rd.hard_state)  # before any vote or ack leaves (§5.1)
                 self._persisted_commit = rd.hard_state.commit
-        self._unpersisted.append((last, rd))
+        self._held.push(rd)
         if rd.committed:
             outcomes = self.sm.apply(rd.committed) or {}
             self.counters.events_applied += sum(e.count for e in rd.committed if e.kind is EntryKind.NORMAL)
@@ -604,10 +663,7 @@ class RaftGroup:
         log = self.storage.log
         if log.failure is not None:
             raise log.failure  # a failed fsync is fatal: never wait for, or pretend, durability
-        durable = log.durable_offset
-        queue = self._unpersisted
-        while queue and queue[0][0] < durable:
-            _, rd = queue.popleft()
+        for rd in self._held.pop_durable(log.durable_offset):
             for m in self.node.persisted(rd):
                 self._send(m.dst, self.name, m)
 

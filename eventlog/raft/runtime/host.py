@@ -22,6 +22,7 @@ from pathlib import Path
 from eventlog.errors import ConfigError
 from eventlog.raft.runtime.config import MemberConfig, NodeConfigs, parse_address
 from eventlog.raft.runtime.group import RaftGroup, StateMachine, initial_conf
+from eventlog.raft.runtime.lag import LagMonitor
 from eventlog.raft.runtime.log_storage import LogStorage
 from eventlog.raft.runtime.transport import PeerTransport
 from eventlog.raft.types import Message
@@ -73,7 +74,10 @@ class NodeHost:
                               tick_interval_ms=cluster.tick_interval_ms,
                               rng=random.Random(self._rng.getrandbits(64)),
                               snapshot_every_entries=cluster.snapshot_every_entries,
-                              max_batch_bytes=self.configs.log.batch_limit_bytes - 4096)
+                              max_batch_bytes=self.configs.log.batch_limit_bytes - 4096,
+                              lag=LagMonitor(warn_after_s=cluster.lag_warning_ms / 1000,
+                                             min_offsets=cluster.lag_warning_offsets,
+                                             repeat_s=cluster.lag_warning_repeat_ms / 1000))
             if self._compaction_floor is not None:   # set before the group can snapshot
                 group.compaction_floor = functools.partial(self._compaction_floor, name)
             self.groups[name] = group

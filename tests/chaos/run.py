@@ -1,0 +1,365 @@
+"""One chaos run: the cluster, the clients, the nemesis, the heal and the checks (see __init__)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import shutil
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO, cast
+
+from epochlog.client import AsyncClient, Change, ClientError, InvalidArgumentError, RejectedError
+from eventlog.errors import EpochlogError
+from statemachines.events import KvPut, decode_event
+from tests.node.cluster import NodeCluster
+from tests.sim.history import History
+from tests.sim.linearizability import check_history
+
+GROUPS = ("metadata", "offsets", "kv")
+CONVERGE_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosParams:
+    seconds: float
+    seed: int
+    clients: int = 6
+    keys: int = 5
+    op_timeout_s: float = 3.0
+    nemesis_gap_s: tuple[float, float] = (1.0, 3.0)     # quiet time between two faults
+    pause_s: tuple[float, float] = (0.5, 4.0)           # SIGSTOP length
+    down_s: tuple[float, float] = (0.5, 3.0)            # kill -9 to restart
+
+
+@dataclass
+class Outcome:
+    violations: list[str] = field(default_factory=list)
+    inconclusive: str = ""
+    faults: Counter[str] = field(default_factory=Counter)
+    ops: Counter[str] = field(default_factory=Counter)
+    acked_writes: int = 0
+    converged_s: float = -1.0
+    commit: int = -1
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.violations else 2 if self.inconclusive else 0
+
+
+def cas_expected(seen: Sequence[tuple[int | None, int]], rng: random.Random) -> tuple[int | None, int]:
+    """What a client's compare-and-set expects: (the value it saw, that value's version), mostly the
+    latest it saw, sometimes an older one; (None, 0) -- "must not exist" -- when it saw nothing."""
+    if not seen:
+        return None, 0
+    return seen[-1] if rng.random() < 0.8 else rng.choice(seen)
+
+
+class Clients:
+    """The workload: `clients` coroutines, one operation at a time each, recorded in `history`."""
+
+    def __init__(self, endpoints: list[str], params: ChaosParams, rng: random.Random) -> None:
+        self.endpoints = endpoints
+        self.p = params
+        self.rngs = [random.Random(rng.getrandbits(64)) for _ in range(params.clients)]
+        self.keys = [f"chaos/k{i}" for i in range(params.keys)]
+        self.history = History()
+        self.stop = asyncio.Event()
+        self.acked: list[tuple[str, int, int]] = []    # (key, value, offset) of acknowledged writes
+        self._value = 0
+
+    def _next_value(self) -> int:
+        self._value += 1
+        return self._value
+
+    async def run(self) -> None:
+        await asyncio.gather(*(self._client(i) for i in range(self.p.clients)))
+
+    async def _client(self, cid: int) -> None:
+        rng = self.rngs[cid]
+        seen: dict[str, list[tuple[int | None, int]]] = {k: [] for k in self.keys}   # (value, version)
+        async with AsyncClient(rng.sample(self.endpoints, len(self.endpoints)), timeout=self.p.op_timeout_s,
+                               actor=f"chaos-{cid}") as client:
+            while not self.stop.is_set():
+                key = rng.choice(self.keys)
+                kind = rng.choices(("put", "cas", "get"), weights=(3, 2, 3))[0]
+                if kind == "get":
+                    await self._get(client, cid, key, seen[key], "lease" if rng.random() < 0.25 else "linearizable")
+                else:
+                    await self._write(client, cid, key, kind, seen[key], rng)
+                del seen[key][:-8]
+                if rng.random() < 0.3:
+                    await asyncio.sleep(rng.random() * 0.02)
+
+    async def _get(self, client: AsyncClient, cid: int, key: str, seen: list[tuple[int | None, int]],
+                   consistency: str) -> None:
+        op = self.history.invoke(cid, "get", key, None, None, via=consistency, node=0)
+        try:
+            kv = await client.get(key, consistency=consistency)
+        except InvalidArgumentError:
+            raise
+        except (ClientError, EpochlogError, TimeoutError, OSError):
+            self.history.unknown(op)
+            return
+        value = None if kv is None else int(kv.value)
+        self.history.ok(op, value)
+        if kv is not None:
+            seen.append((value, kv.version))
+
+    async def _write(self, client: AsyncClient, cid: int, key: str, kind: str, seen: list[tuple[int | None, int]],
+                     rng: random.Random) -> None:
+        value = self._next_value()
+        expected_value, expected_version = cas_expected(seen, rng) if kind == "cas" else (None, None)
+        op = (self.history.invoke(cid, "put", key, value, None, via="log", node=0) if kind == "put" else
+              self.history.invoke(cid, "cas", key, expected_value, value, via="log", node=0))
+        try:
+            result = await client.put(key, b"%d" % value, expected_version=expected_version)
+        except RejectedError:
+            if kind != "cas":
+                raise
+            self.history.ok(op, False)    # committed, changed nothing: the version did not match
+            return
+        except InvalidArgumentError:
+            raise
+        except (ClientError, EpochlogError, TimeoutError, OSError):
+            self.history.unknown(op)
+            return
+        self.history.ok(op, True if kind == "cas" else None)
+        self.acked.append((key, value, result.offset))
+        seen.append((value, result.offset))
+
+
+class Nemesis:
+    """Faults drawn from the seed, one node at a time (a majority always stays up), in a thread."""
+
+    def __init__(self, cluster: NodeCluster, params: ChaosParams, rng: random.Random, out: TextIO) -> None:
+        self.cluster = cluster
+        self.p = params
+        self.rng = rng
+        self.out = out
+        self.stop = threading.Event()
+        self.faults: Counter[str] = Counter()
+        self.started = time.monotonic()
+
+    def note(self, what: str) -> None:
+        print(f"  [{time.monotonic() - self.started:6.2f}s] {what}", file=self.out, flush=True)
+
+    def run(self) -> None:
+        rng = self.rng
+        while not self.stop.wait(rng.uniform(*self.p.nemesis_gap_s)):
+            kind = rng.choices(("pause", "kill"), weights=(3, 2))[0]
+            role = rng.choices(("leader", "follower"), weights=(3, 1))[0]
+            group = rng.choices(GROUPS, weights=(1, 1, 4))[0]
+            victim = self._pick(role, group)
+            if victim is None:
+                continue
+            if kind == "pause":
+                seconds = rng.uniform(*self.p.pause_s)
+                self.note(f"SIGSTOP node {victim} ({group} {role}) for {seconds:.2f}s")
+                self.cluster.pause(victim)
+                try:
+                    self.stop.wait(seconds)
+                finally:
+                    self.cluster.resume(victim)
+                self.note(f"SIGCONT node {victim}")
+            else:
+                seconds = rng.uniform(*self.p.down_s)
+                self.note(f"kill -9 node {victim} ({group} {role}), restart after {seconds:.2f}s")
+                self.cluster.kill9(victim)
+                self.stop.wait(seconds)
+                self.cluster.restart(victim)
+                self.note(f"node {victim} restarted (READY)")
+            self.faults[f"{kind} {role}"] += 1
+
+    def _pick(self, role: str, group: str) -> int | None:
+        try:
+            leader = self.cluster.leader(group, timeout=3.0)
+        except AssertionError:
+            return self.rng.choice(self.cluster.running()) if self.cluster.running() else None
+        if role == "leader":
+            return leader
+        followers = [i for i in self.cluster.running() if i != leader]
+        return self.rng.choice(followers) if followers else None
+
+
+class ChaosRun:
+    def __init__(self, params: ChaosParams, root: Path | None = None, out: TextIO | None = None) -> None:
+        import sys
+        self.p = params
+        self.out = out or sys.stdout
+        self.keep = root is not None
+        self.root = root or Path(tempfile.mkdtemp(prefix=f"chaos-{params.seed}-"))
+        self.rng = random.Random(params.seed)
+
+    def say(self, line: str) -> None:
+        print(line, file=self.out, flush=True)
+
+    def run(self) -> Outcome:
+        p = self.p
+        self.say(f"chaos: seed={p.seed} seconds={p.seconds} clients={p.clients} keys={p.keys} dir={self.root} "
+                 f"(replay: python -m tests.chaos --seconds {p.seconds:g} --seed {p.seed})")
+        cluster = NodeCluster(self.root / "cluster", seed=p.seed, name="chaos")
+        outcome = Outcome()
+        try:
+            cluster.start()
+            for g in GROUPS:
+                cluster.leader(g, timeout=30)
+            asyncio.run(self._run(cluster, outcome))
+        finally:
+            cluster.close()
+        self._summary(outcome)
+        if outcome.exit_code == 0 and not self.keep:
+            shutil.rmtree(self.root, ignore_errors=True)
+        else:
+            self.say(f"data kept in {self.root}")
+        return outcome
+
+    async def _run(self, cluster: NodeCluster, outcome: Outcome) -> None:
+        p = self.p
+        clients = Clients(cluster.endpoints, p, random.Random(self.rng.getrandbits(64)))
+        nemesis = Nemesis(cluster, p, random.Random(self.rng.getrandbits(64)), self.out)
+        self.say("nemesis:")
+        workload = asyncio.ensure_future(clients.run())
+        faults = asyncio.ensure_future(asyncio.to_thread(nemesis.run))
+        try:
+            await asyncio.sleep(p.seconds)
+        finally:
+            nemesis.stop.set()
+            clients.stop.set()
+            await faults
+            await asyncio.wait_for(workload, p.op_timeout_s * 3 + 10)
+        outcome.faults = nemesis.faults
+        # Heal: every node runs and none is stopped.
+        for i in cluster.nodes:
+            if cluster.nodes[i].running:
+                cluster.resume(i)
+            else:
+                await asyncio.to_thread(cluster.restart, i)
+        started = time.monotonic()
+        stuck = await asyncio.to_thread(self._converge, cluster)
+        if stuck:
+            outcome.violations.append(f"no convergence within {CONVERGE_S:.0f}s: {stuck}")
+        else:
+            outcome.converged_s = time.monotonic() - started
+        clients.history.close()
+        self._count_ops(clients.history, outcome)
+        verdict = check_history(clients.history.checked_ops())
+        if not verdict.ok:
+            outcome.violations.append(f"linearizability: {verdict.detail}")
+        elif verdict.inconclusive:
+            outcome.inconclusive = f"key {verdict.key}: {verdict.detail}"
+        outcome.acked_writes = len(clients.acked)
+        if not stuck:
+            await self._check_replicas(cluster, clients, outcome)
+
+    def _converge(self, cluster: NodeCluster) -> str:
+        """Wait until every member of every group applied its leader's commit offset and the leader
+        knows it; what is still behind at the deadline ("" once converged)."""
+        deadline = time.monotonic() + CONVERGE_S
+        while True:
+            behind = []
+            for g in GROUPS:
+                infos = {i: cluster.group_status(i, g) for i in cluster.nodes}
+                leaders = [x for x in infos.values() if x is not None and x.role == "leader"]
+                if not leaders:
+                    behind.append(f"{g}: no leader")
+                    continue
+                lead = max(leaders, key=lambda x: x.term)
+                behind += [f"{g}: node {i} " + ("unreachable" if x is None else f"applied {x.applied_offset}")
+                           + f" < commit {lead.commit_offset}"
+                           for i, x in infos.items() if x is None or x.applied_offset < lead.commit_offset]
+                behind += [f"{g}: leader {lead.node}'s match for node {pe.id} is {pe.match_offset} < commit "
+                           f"{lead.commit_offset}" for pe in lead.peers if pe.match_offset < lead.commit_offset]
+            if not behind:
+                return ""
+            if time.monotonic() > deadline:
+                return "; ".join(behind)
+            time.sleep(0.2)
+
+    @staticmethod
+    def _count_ops(history: History, outcome: Outcome) -> None:
+        for op in history.ops:
+            label = op.kind if op.kind != "get" else f"get/{op.via}"
+            outcome.ops[f"{label} {op.status.value}"] += 1
+
+    async def _check_replicas(self, cluster: NodeCluster, clients: Clients, outcome: Outcome) -> None:
+        """Every acknowledged write on every replica, at its offset, with its value; logs identical."""
+        leader = await asyncio.to_thread(cluster.leader, "kv")
+        info = await asyncio.to_thread(cluster.group_status, leader, "kv")
+        assert info is not None, f"the kv leader {leader} does not answer"
+        kv_commit = info.commit_offset
+        outcome.commit = kv_commit
+        logs: dict[int, dict[int, tuple[str, bytes | None, bool | None]]] = {}
+        for i in cluster.nodes:
+            async with AsyncClient([cluster.endpoint(i)], timeout=10) as client:
+                logs[i] = await _read_log(client, cluster.endpoint(i), kv_commit)
+                for key in clients.keys:
+                    changes = await _history(client, key, kv_commit)
+                    for k, value, offset in clients.acked:
+                        if k == key and changes.get(offset) != value:
+                            outcome.violations.append(
+                                f"node {i}: the history of {key} lacks the acknowledged write of {value} at "
+                                f"offset {offset} (it has {changes.get(offset)!r} there)")
+        for i, log in logs.items():
+            for key, value, offset in clients.acked:
+                record = log.get(offset)
+                event = decode_event(record[1]) if record is not None and record[1] is not None else None
+                if record is None or record[0] != "kv/" + key or not isinstance(event, KvPut) \
+                        or event.value != b"%d" % value or record[2] is False:
+                    outcome.violations.append(f"node {i}: acknowledged write {key}={value} at offset {offset} "
+                                              f"is not in its log (found {record!r:.120})")
+            if log != logs[1]:
+                diff = sorted(o for o in set(log) | set(logs[1]) if log.get(o) != logs[1].get(o))
+                outcome.violations.append(f"node {i}'s kv log differs from node 1's at offsets {diff[:10]}")
+        del outcome.violations[20:]
+
+    def _summary(self, o: Outcome) -> None:
+        self.say("summary:")
+        self.say(f"  faults: {dict(sorted(o.faults.items())) or 'none'}")
+        self.say(f"  operations: {dict(sorted(o.ops.items()))}")
+        self.say(f"  acknowledged writes: {o.acked_writes}; kv commit offset {o.commit}; "
+                 + (f"converged {o.converged_s:.2f}s after healing" if o.converged_s >= 0 else "did not converge"))
+        if o.inconclusive:
+            self.say(f"  linearizability search inconclusive: {o.inconclusive}")
+        for v in o.violations:
+            self.say(f"VIOLATION {v}")
+        verdict = {0: "OK", 1: "VIOLATIONS", 2: "INCONCLUSIVE"}[o.exit_code]
+        self.say(f"chaos seed={self.p.seed}: {verdict}")
+
+
+async def _read_log(client: AsyncClient, endpoint: str, through: int) -> dict[int, tuple[str, bytes | None, bool | None]]:
+    """Node `endpoint`'s kv records through offset `through`: offset -> (key, event bytes, applied)."""
+    out: dict[int, tuple[str, bytes | None, bool | None]] = {}
+    offset = 0
+    while offset <= through:
+        events = await client.read_events("kv", offset, max_events=1000, endpoint=endpoint)
+        for r in events.events:
+            if r.offset <= through:
+                out[r.offset] = (r.key, r.value, r.applied)
+        if events.next_offset <= offset:
+            raise AssertionError(f"{endpoint}: read_events made no progress at offset {offset} (commit "
+                                 f"{events.commit_offset})")
+        offset = events.next_offset
+    return out
+
+
+async def _history(client: AsyncClient, key: str, commit: int) -> dict[int, int | None]:
+    """`key`'s history on the node `client` talks to, at local consistency once it applied `commit`:
+    offset -> value."""
+    out: dict[int, int | None] = {}
+    after = -1
+    while True:
+        changes = cast("list[Change]", await client.history(key, limit=1000, after_offset=after,
+                                                            consistency="local", min_offset=commit))
+        for ch in changes:
+            value = getattr(ch.state, "value", None)
+            out[ch.offset] = None if value is None else int(value)
+        if len(changes) < 1000:
+            return out
+        after = changes[-1].offset
+
