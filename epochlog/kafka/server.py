@@ -15,6 +15,7 @@ import struct
 from collections import deque
 from typing import Any
 
+from epochlog.kafka.groups import GroupCoordinator
 from epochlog.kafka.handler import Broker, KafkaHandler, UnsupportedRequest
 
 logger = logging.getLogger(__name__)
@@ -29,12 +30,14 @@ class KafkaService:
     def __init__(self, node: Any, brokers: dict[int, Broker]) -> None:
         self.node = node
         self.handler = KafkaHandler(node, brokers, node.node_id)
+        self.groups = GroupCoordinator(self.handler)
         self._server: asyncio.Server | None = None
         self.connections: set[KafkaConnection] = set()
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: KafkaConnection(self), host, port, reuse_address=True)
+        self.groups.start()
 
     @property
     def port(self) -> int:
@@ -47,6 +50,7 @@ class KafkaService:
             for conn in list(self.connections):
                 conn.abort()
             await self._server.wait_closed()
+        await self.groups.close()
         await self.handler.close()
 
 
