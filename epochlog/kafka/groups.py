@@ -208,15 +208,13 @@ class GroupCoordinator:
         if group.leader not in group.members:
             group.leader = next(iter(group.members))
         group.state = COMPLETING
+        logger.info("Kafka group %s: generation %d, protocol %s, leader %s, %d members", group.group_id,
+                    group.generation, group.protocol, group.leader, len(group.members))
         for m in group.members.values():
             assert m.join is not None
             m.last_seen = time.monotonic()
-            members = ([(o.member_id, o.group_instance_id, o.metadata(group.protocol)) for o in group.members.values()]
-                       if m.member_id == group.leader else [])
             if not m.join.done():
-                m.join.set_result({"error_code": 0, "generation_id": group.generation,
-                                   "protocol_type": group.protocol_type, "protocol_name": group.protocol,
-                                   "leader": group.leader, "member_id": m.member_id, "members": members})
+                m.join.set_result(_join_result(group, m))
             m.join = None
 
     async def _store(self, group: Group) -> None:
@@ -335,9 +333,14 @@ class GroupCoordinator:
                             request.session_timeout_ms, rebalance_ms, request.protocol_type, protocols, now)
             group.members[member_id] = member
         else:
+            member.last_seen = now
+            unchanged = protocols == member.protocols
+            # Kafka's rule: a known member rejoining with the same protocols gets the current
+            # generation back (no rebalance), unless it leads a stable group (it may want a new plan).
+            if unchanged and (group.state == COMPLETING or (group.state == STABLE and member_id != group.leader)):
+                return _join_result(group, member)
             member.protocols, member.session_timeout_ms, member.rebalance_timeout_ms = protocols, \
                 request.session_timeout_ms, rebalance_ms
-            member.last_seen = now
             _fail_join(member.join, ke.UNKNOWN_MEMBER_ID)   # a second join replaces the first
         group.protocol_type = request.protocol_type
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
@@ -533,6 +536,15 @@ def _code(exc: BaseException) -> int:
     """Kafka code for a coordinator API: losing the offsets leadership means NOT_COORDINATOR."""
     code = kafka_code(exc)
     return ke.NOT_COORDINATOR if code == ke.NOT_LEADER_OR_FOLLOWER else code
+
+
+def _join_result(group: Group, member: Member) -> dict[str, Any]:
+    """The JoinGroup answer of the group's current generation (the leader gets every subscription)."""
+    members = ([(o.member_id, o.group_instance_id, o.metadata(group.protocol)) for o in group.members.values()]
+               if member.member_id == group.leader else [])
+    return {"error_code": 0, "generation_id": group.generation, "protocol_type": group.protocol_type,
+            "protocol_name": group.protocol, "leader": group.leader, "member_id": member.member_id,
+            "members": members}
 
 
 def _shares_protocol(group: Group, protocols: list[tuple[str, bytes]]) -> bool:
