@@ -66,6 +66,8 @@ TOPIC_PREFIX = "__"
 MAX_WAIT_MS = 30_000          # a Fetch long-poll waits at most this long, whatever it asks
 PRODUCER_ID_SCOPE = "kafka"   # InitProducerId: ConfigChanged(scope, name) in the metadata group
 PRODUCER_ID_NAME = "producer-ids"
+FORWARD_TIMEOUT_S = 2.0       # InitProducerId answers COORDINATOR_NOT_AVAILABLE (retriable) past this:
+                              # kafka-python treats a timed-out InitProducerId as fatal
 
 # What this node serves: api key -> (min version, max version). Versions are capped where
 # kafka-python's classes or this adapter stop (Fetch v13+ names topics by id, not served).
@@ -418,6 +420,8 @@ class KafkaHandler:
             code = kafka_code(exc)
             if code == ke.UNKNOWN_SERVER_ERROR:
                 logger.exception("produce to %s-%s failed", topic, partition)
+            elif code in (ke.OUT_OF_ORDER_SEQUENCE_NUMBER, ke.INVALID_PRODUCER_EPOCH):
+                logger.warning("produce to %s-%s refused: %s", topic, partition, exc)
             return code, -1, f"{type(exc).__name__}: {exc}", -1
 
     @staticmethod
@@ -521,8 +525,17 @@ class KafkaHandler:
         if request.transactional_id is not None:
             response.error_code = ke.TRANSACTIONAL_ID_AUTHORIZATION_FAILED   # transactions: not supported
             return response
+        producer_id = getattr(request, "producer_id", -1)
+        epoch = getattr(request, "producer_epoch", -1)
+        if producer_id >= 0 and 0 <= epoch < 32766:
+            # KIP-360 epoch bump of an idempotent producer: the id stays its own, the new epoch fences
+            # its older batches (producers.py); nothing to store, so a bump never waits for the
+            # metadata group (e.g. while it elects a leader after a failover).
+            response.producer_id, response.producer_epoch = producer_id, epoch + 1
+            logger.info("producer %s bumps its epoch to %s", producer_id, epoch + 1)
+            return response
         try:
-            response.producer_id = await self._allocate_producer_id()
+            response.producer_id = await asyncio.wait_for(self._allocate_producer_id(), FORWARD_TIMEOUT_S)
             response.producer_epoch = 0
         except Exception as exc:  # noqa: BLE001
             response.error_code = ke.COORDINATOR_NOT_AVAILABLE if isinstance(exc, NotLeaderError) else kafka_code(exc)
@@ -547,7 +560,7 @@ class KafkaHandler:
         addresses = [a for i, a in self.node.client_addresses.items() if a and i != self.node_id]
         if not addresses:
             raise KafkaError(ke.COORDINATOR_NOT_AVAILABLE, "no other node to write through")
-        async with AsyncClient(addresses, timeout=5.0) as client:
+        async with AsyncClient(addresses, timeout=FORWARD_TIMEOUT_S) as client:
             result = await client.command(event)
         return int(result.offset)
 

@@ -249,8 +249,9 @@ def test_a_consumer_group_rebalances_commits_and_resumes(kafka_cluster: KafkaClu
     b = KafkaConsumer(*topics, **settings)
     try:
         def assigned() -> tuple[set[str], set[str]]:
-            a.poll(timeout_ms=100)
-            b.poll(timeout_ms=100)
+            # Long polls: see tests/kafka/test_failover.py (a kafka-python race with short ones).
+            a.poll(timeout_ms=1000)
+            b.poll(timeout_ms=1000)
             return {tp.topic for tp in a.assignment()}, {tp.topic for tp in b.assignment()}
 
         deadline = time.monotonic() + 30
@@ -264,7 +265,7 @@ def test_a_consumer_group_rebalances_commits_and_resumes(kafka_cluster: KafkaClu
         b.close()
         deadline = time.monotonic() + 30
         while {tp.topic for tp in a.assignment()} != set(topics):
-            a.poll(timeout_ms=200)
+            a.poll(timeout_ms=1000)
             assert time.monotonic() < deadline, f"the remaining member did not take over: {a.assignment()}"
         (owned_by_a, committed), = ends.items()
         assert a.committed(owned_by_a) == committed
@@ -274,7 +275,7 @@ def test_a_consumer_group_rebalances_commits_and_resumes(kafka_cluster: KafkaClu
     try:
         deadline = time.monotonic() + 30
         while owned_by_a not in c.assignment():
-            c.poll(timeout_ms=200)
+            c.poll(timeout_ms=1000)
             assert time.monotonic() < deadline
         assert c.committed(owned_by_a) == committed
         assert c.position(owned_by_a) >= committed          # resumed there, not from the beginning
