@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kafka.protocol.admin.topics import CreateTopicsRequest, CreateTopicsResponse
 from kafka.protocol.consumer.fetch import FetchRequest
 from kafka.protocol.consumer.offsets import (
     ListOffsetsRequest,
@@ -54,6 +55,7 @@ from eventlog.raft.node import Role
 from eventlog.raft.runtime.group import Committed, ProducerStamp, RaftGroup
 from eventlog.records import NO_PRODUCER_ID, iter_batches
 from epochlog.kafka import errors as ke
+from epochlog.kafka import hosted
 from epochlog.kafka.errors import KafkaError, kafka_code
 from epochlog.kafka.producers import ProducerStateTable
 from epochlog.kafka.wire import Buffer, FetchPartitionOut, encode_fetch_response, response_frame
@@ -79,9 +81,25 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     18: (0, 4),    # ApiVersions
     22: (0, 4),    # InitProducerId
     23: (0, 4),    # OffsetForLeaderEpoch
+    19: (0, 3),    # CreateTopics (hosted topics, epochlog/kafka/hosted.py)
 }
 
 _ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRef:
+    """A topic partition and the Raft group whose log holds it."""
+
+    topic: str
+    partition: int
+    group: RaftGroup
+    hosted: bool
+
+    @property
+    def key(self) -> str:
+        """Producer-state key (producers.py): "" for a group's own topic, "topic/partition" if hosted."""
+        return f"{self.topic}/{self.partition}" if self.hosted else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +139,10 @@ class KafkaHandler:
             18: (ApiVersionsRequest, self.api_versions),
             22: (InitProducerIdRequest, self.init_producer_id),
             23: (OffsetForLeaderEpochRequest, self.offset_for_leader_epoch),
+            19: (CreateTopicsRequest, self.create_topics),
         }
+        self._hosted: dict[str, hosted.HostedTopic] = {}
+        self._hosted_at = -2   # metadata applied offset the cache was read at
         self.supported = dict(SUPPORTED)
 
     def register(self, api_key: int, versions: tuple[int, int], request_class: type, handler: Handler) -> None:
@@ -174,31 +195,49 @@ class KafkaHandler:
 
     # --- topics -----------------------------------------------------------------------------------
 
-    def topics(self) -> dict[str, str]:
-        """Topic name -> group name for every group of the node."""
-        return {TOPIC_PREFIX + name: name for name in self.node.host.groups}
+    def hosted_topics(self) -> dict[str, hosted.HostedTopic]:
+        """Topics created with CreateTopics (read again whenever the metadata views moved)."""
+        views = self.node.views.get("metadata")
+        if views is None or hosted.HOST_GROUP not in self.node.host.groups:
+            return {}
+        if views.applied_index != self._hosted_at:
+            self._hosted = hosted.hosted_topics(views)
+            self._hosted_at = views.applied_index
+        return self._hosted
+
+    def topics(self) -> dict[str, int]:
+        """Topic name -> partition count: every group's own topic, then the hosted topics."""
+        found = {TOPIC_PREFIX + name: 1 for name in self.node.host.groups}
+        found.update({t.name: t.partitions for t in self.hosted_topics().values()})
+        return found
 
     def group_of_topic(self, topic: str) -> RaftGroup | None:
-        if not topic.startswith(TOPIC_PREFIX):
-            return None
-        return self.node.host.groups.get(topic[len(TOPIC_PREFIX):])
+        if topic.startswith(TOPIC_PREFIX):
+            own = self.node.host.groups.get(topic[len(TOPIC_PREFIX):])
+            if own is not None:
+                return own
+        if topic in self.hosted_topics():
+            return self.node.host.groups[hosted.HOST_GROUP]
+        return None
 
-    def _partition(self, topic: str, partition: int) -> RaftGroup:
+    def _partition(self, topic: str, partition: int) -> PartitionRef:
         group = self.group_of_topic(topic)
-        if group is None or partition != 0:
+        count = self.topics().get(topic, 0)
+        if group is None or not 0 <= partition < count:
             raise KafkaError(ke.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition} does not exist")
-        return group
+        own = topic.startswith(TOPIC_PREFIX) and topic[len(TOPIC_PREFIX):] in self.node.host.groups
+        return PartitionRef(topic, partition, group, not own)
 
-    def _leader_group(self, topic: str, partition: int, current_leader_epoch: int = -1) -> RaftGroup:
-        group = self._partition(topic, partition)
-        n = group.node
+    def _leader(self, topic: str, partition: int, current_leader_epoch: int = -1) -> PartitionRef:
+        ref = self._partition(topic, partition)
+        n = ref.group.node
         if n.role is not Role.LEADER:
             raise KafkaError(ke.NOT_LEADER_OR_FOLLOWER, f"node {self.node_id} does not lead {topic} "
                                                         f"(leader: {n.leader or 'unknown'})")
         if current_leader_epoch >= 0 and current_leader_epoch != n.term:
             code = ke.FENCED_LEADER_EPOCH if current_leader_epoch < n.term else ke.UNKNOWN_LEADER_EPOCH
             raise KafkaError(code, f"leader epoch {current_leader_epoch}, this leader's is {n.term}")
-        return group
+        return ref
 
     @staticmethod
     def high_watermark(group: RaftGroup) -> int:
@@ -218,8 +257,8 @@ class KafkaHandler:
     # --- Metadata ---------------------------------------------------------------------------------
 
     def _fingerprint(self) -> object:
-        return tuple((name, g.node.leader, g.node.term, g.node.conf.voters, g.node.conf.learners)
-                     for name, g in self.node.host.groups.items())
+        return (tuple((name, g.node.leader, g.node.term, g.node.conf.voters, g.node.conf.learners)
+                      for name, g in self.node.host.groups.items()), tuple(sorted(self.topics().items())))
 
     async def metadata(self, request: Any, version: int) -> list[Buffer]:
         """Encoded once per (version, topics) until a leader, term or membership changes."""
@@ -241,7 +280,8 @@ class KafkaHandler:
         brokers = [MetadataResponse.MetadataResponseBroker(node_id=b.node_id, host=b.host, port=b.port, rack=None)
                    for b in self.brokers.values()]
         topics = []
-        for name in (sorted(self.topics()) if names is None else names):
+        counts = self.topics()
+        for name in (sorted(counts) if names is None else names):
             group = self.group_of_topic(name or "")
             if group is None:
                 topics.append(MetadataResponse.MetadataResponseTopic(
@@ -251,12 +291,12 @@ class KafkaHandler:
             n = group.node
             leader = n.leader if n.leader in self.brokers else -1
             replicas = [*n.conf.voters, *n.conf.learners]
-            partition = MetadataResponse.MetadataResponseTopic.MetadataResponsePartition(
-                error_code=ke.NONE if leader > 0 else ke.LEADER_NOT_AVAILABLE, partition_index=0,
+            partitions = [MetadataResponse.MetadataResponseTopic.MetadataResponsePartition(
+                error_code=ke.NONE if leader > 0 else ke.LEADER_NOT_AVAILABLE, partition_index=i,
                 leader_id=leader, leader_epoch=n.term, replica_nodes=replicas, isr_nodes=list(n.conf.voters),
-                offline_replicas=[])
+                offline_replicas=[]) for i in range(counts[name])]
             topics.append(MetadataResponse.MetadataResponseTopic(
-                error_code=ke.NONE, name=name, topic_id=_ZERO_UUID, is_internal=False, partitions=[partition]))
+                error_code=ke.NONE, name=name, topic_id=_ZERO_UUID, is_internal=False, partitions=partitions))
         metadata_group = self.node.host.groups.get("metadata")
         controller = metadata_group.node.leader if metadata_group is not None and metadata_group.node.leader else -1
         return MetadataResponse(throttle_time_ms=0, brokers=brokers, cluster_id=self.node.cluster,
@@ -272,8 +312,8 @@ class KafkaHandler:
                 out = ListOffsetsResponse.ListOffsetsTopicResponse.ListOffsetsPartitionResponse(
                     partition_index=p.partition_index, error_code=0, timestamp=-1, offset=-1, leader_epoch=-1)
                 try:
-                    group = self._leader_group(t.name, p.partition_index, getattr(p, "current_leader_epoch", -1))
-                    out.offset, out.timestamp, out.leader_epoch = self._offset_for(group, p.timestamp)
+                    ref = self._leader(t.name, p.partition_index, getattr(p, "current_leader_epoch", -1))
+                    out.offset, out.timestamp, out.leader_epoch = self._offset_for(ref.group, p.timestamp)
                 except Exception as exc:  # noqa: BLE001 - answered as a Kafka error code
                     out.error_code = kafka_code(exc)
                 parts.append(out)
@@ -318,8 +358,8 @@ class KafkaHandler:
                 out = OffsetForLeaderEpochResponse.OffsetForLeaderTopicResult.EpochEndOffset(
                     error_code=0, partition=p.partition, leader_epoch=-1, end_offset=-1)
                 try:
-                    group = self._leader_group(t.topic, p.partition, getattr(p, "current_leader_epoch", -1))
-                    found = group.storage.log.end_offset_for_epoch(p.leader_epoch)
+                    ref = self._leader(t.topic, p.partition, getattr(p, "current_leader_epoch", -1))
+                    found = ref.group.storage.log.end_offset_for_epoch(p.leader_epoch)
                     if found is not None:
                         out.leader_epoch, out.end_offset = found
                 except Exception as exc:  # noqa: BLE001
@@ -352,7 +392,8 @@ class KafkaHandler:
             for p in t.partitions:
                 po = FetchPartitionOut(p.partition)
                 try:
-                    group = self._leader_group(t.topic, p.partition, getattr(p, "current_leader_epoch", -1))
+                    ref = self._leader(t.topic, p.partition, getattr(p, "current_leader_epoch", -1))
+                    group = ref.group
                     log = group.storage.log
                     po.high_watermark = self.high_watermark(group)
                     po.log_start_offset = log.start_offset
@@ -362,7 +403,10 @@ class KafkaHandler:
                                                                  f"[{log.start_offset}, {log.end_offset}]")
                     limit = min(p.partition_max_bytes, budget - total)
                     if offset < po.high_watermark and (limit > 0 or total == 0):
-                        po.records = _read_committed(group, offset, po.high_watermark, max(limit, 1))
+                        if ref.hosted:
+                            po.records = _read_hosted(ref, offset, po.high_watermark, max(limit, 1))
+                        else:
+                            po.records = _read_committed(group, offset, po.high_watermark, max(limit, 1))
                         total += po.records_bytes
                     if offset >= po.high_watermark:
                         waits.append((group, offset))
@@ -412,10 +456,10 @@ class KafkaHandler:
                                  timeout: float) -> tuple[int, int, str | None, int]:
         """(error code, base offset, error message, log start offset) for one partition's batch."""
         try:
-            group = self._leader_group(topic, partition)
-            header, records = self._decode_batch(group.name, data)
-            committed = await self._append(group, header, records, acks, timeout)
-            return ke.NONE, committed, None, group.storage.log.start_offset
+            ref = self._leader(topic, partition)
+            header, records = self._decode_batch(ref, data)
+            committed = await self._append(ref, header, records, acks, timeout)
+            return ke.NONE, committed, None, ref.group.storage.log.start_offset
         except Exception as exc:  # noqa: BLE001 - every failure is a Kafka error code
             code = kafka_code(exc)
             if code == ke.UNKNOWN_SERVER_ERROR:
@@ -425,9 +469,11 @@ class KafkaHandler:
             return code, -1, f"{type(exc).__name__}: {exc}", -1
 
     @staticmethod
-    def _decode_batch(group: str, data: bytes | None) -> tuple[Any, list[tuple[bytes, bytes]]]:
+    def _decode_batch(ref: PartitionRef, data: bytes | None) -> tuple[Any, list[tuple[bytes, bytes]]]:
         """The batch's header and its records as validated (entity key, event) pairs; nothing is
-        appended unless every record is a valid event of `group`."""
+        appended unless every record is a valid event of the partition's group (for a hosted topic:
+        every record wraps as a valid kv event, hosted.wrap)."""
+        group = ref.group.name
         if not data:
             raise KafkaError(ke.INVALID_RECORD, "the produce request carries no record batch")
         try:
@@ -447,6 +493,12 @@ class KafkaHandler:
         for i, record in enumerate(batch.records()):   # UnsupportedCompressionError: snappy, lz4, zstd
             if record.headers:
                 raise KafkaError(ke.INVALID_RECORD, f"record {i}: record headers are not stored; send none")
+            if ref.hosted:
+                try:
+                    records.append(ev.event_record(hosted.wrap(ref.topic, ref.partition, record.key, record.value)))
+                except EpochlogError as exc:
+                    raise KafkaError(ke.INVALID_RECORD, f"record {i}: {exc}") from None
+                continue
             if record.value is None:
                 raise KafkaError(ke.INVALID_RECORD, f"record {i}: the value must be an event, not null")
             try:
@@ -468,9 +520,10 @@ class KafkaHandler:
             raise KafkaError(ke.INVALID_RECORD, "the batch holds no record")
         return h, records
 
-    async def _append(self, group: RaftGroup, h: Any, records: list[tuple[bytes, bytes]], acks: int,
+    async def _append(self, ref: PartitionRef, h: Any, records: list[tuple[bytes, bytes]], acks: int,
                       timeout: float) -> int:
         """Propose the records; their first offset, once committed (acks=-1) or in the log (acks 0/1)."""
+        group = ref.group
         idempotent = h.producer_id != NO_PRODUCER_ID and h.base_sequence >= 0
         if not idempotent:
             return await self._submit(group, records, None, acks, timeout)
@@ -479,7 +532,7 @@ class KafkaHandler:
             await asyncio.wait_for(lock.acquire(), timeout)
             table = self.producer_tables.setdefault(group.name, ProducerStateTable())
             table.sync(group.storage.log, group.node.term)
-            duplicate = table.check(h.producer_id, h.producer_epoch, h.base_sequence, len(records))
+            duplicate = table.check(h.producer_id, h.producer_epoch, h.base_sequence, len(records), ref.key)
             if duplicate is not None:
                 lock.release()
                 if acks == -1:
@@ -514,6 +567,51 @@ class KafkaHandler:
             if not f.cancelled() and f.exception() is not None:
                 logger.info("an acks=0/1 produce did not commit: %s", f.exception())
         submit.add_done_callback(done)
+
+    # --- CreateTopics -----------------------------------------------------------------------------
+
+    async def create_topics(self, request: Any, version: int) -> Any:
+        """Declare hosted topics (hosted.py) in the metadata group; replication is the kv group's, so
+        the replication factor and replica assignments asked for are not used; topic configs neither."""
+        results = []
+        for t in request.topics:
+            code, message = ke.NONE, None
+            try:
+                await self._create_topic(t.name, t.num_partitions, getattr(request, "validate_only", False))
+            except Exception as exc:  # noqa: BLE001
+                code, message = kafka_code(exc), str(exc)
+                if code in (ke.NOT_LEADER_OR_FOLLOWER, ke.UNKNOWN_SERVER_ERROR, ke.REQUEST_TIMED_OUT):
+                    code = ke.REQUEST_TIMED_OUT if code == ke.REQUEST_TIMED_OUT else ke.NOT_CONTROLLER
+            results.append(CreateTopicsResponse.CreatableTopicResult(
+                name=t.name, error_code=code, error_message=message))
+        return CreateTopicsResponse(throttle_time_ms=0, topics=results, version=version)
+
+    async def _create_topic(self, name: str, partitions: int, validate_only: bool) -> None:
+        if not hosted.TOPIC_NAME.match(name or "") or name.startswith(TOPIC_PREFIX):
+            raise KafkaError(ke.INVALID_TOPIC_EXCEPTION, f"topic {name!r}: 1-128 letters, digits, '.', '_', '-', "
+                                                         f"starting with a letter or digit")
+        if partitions == -1:
+            partitions = 1
+        if not 1 <= partitions <= hosted.MAX_PARTITIONS:
+            raise KafkaError(ke.INVALID_PARTITIONS, f"{partitions} partitions (1-{hosted.MAX_PARTITIONS})")
+        if hosted.HOST_GROUP not in self.node.host.groups:
+            raise KafkaError(ke.POLICY_VIOLATION, f"no {hosted.HOST_GROUP} group to host topics")
+        if name in self.topics():
+            raise KafkaError(ke.TOPIC_ALREADY_EXISTS, f"topic {name} exists")
+        if validate_only:
+            return
+        declared = hosted.declaration(name, partitions)
+        # Created once: the declaration's key must not exist yet (two concurrent creates: one wins).
+        event = ev.Txn(conditions=(ev.Condition(declared.key(), 0),), ops=(declared,), actor="kafka")
+        event.validate()
+        group = self.node.group("metadata")
+        if group.node.role is Role.LEADER:
+            (result,) = await self.node.write([event])
+        else:
+            result = await asyncio.wait_for(self._forward(event), FORWARD_TIMEOUT_S)
+            await group.wait_applied(result.offset, FORWARD_TIMEOUT_S)   # this node's Metadata lists it at once
+        if not result.ok:
+            raise KafkaError(ke.TOPIC_ALREADY_EXISTS, f"topic {name} exists ({result.code})")
 
     # --- InitProducerId ---------------------------------------------------------------------------
 
@@ -555,14 +653,16 @@ class KafkaHandler:
 
     async def forward_write(self, event: ev.Event) -> int:
         """Write `event` through its group's leader on another node (the native protocol); its offset."""
+        return int((await self._forward(event)).offset)
+
+    async def _forward(self, event: ev.Event) -> Any:
         from epochlog.client import AsyncClient   # only when this node does not lead the group
 
         addresses = [a for i, a in self.node.client_addresses.items() if a and i != self.node_id]
         if not addresses:
             raise KafkaError(ke.COORDINATOR_NOT_AVAILABLE, "no other node to write through")
         async with AsyncClient(addresses, timeout=FORWARD_TIMEOUT_S) as client:
-            result = await client.command(event)
-        return int(result.offset)
+            return (await client.commands([event]))[0]
 
 
 class _Held:
@@ -582,6 +682,16 @@ class _Held:
         if self.held:
             self.held = False
             self.lock.release()
+
+
+def _read_hosted(ref: PartitionRef, offset: int, high_watermark: int, max_bytes: int) -> list[Buffer]:
+    """The hosted partition's records from `offset` below the high watermark, re-encoded (hosted.py);
+    reads at most about `max_bytes` of the kv log."""
+    log = ref.group.storage.log
+    chunk = log.read(offset, max_bytes, max_offset=high_watermark)
+    if chunk.next_offset <= offset:
+        return []
+    return list(hosted.filter_batches(chunk.batches(), hosted.entity_prefix(ref.topic, ref.partition), offset))
 
 
 def _read_committed(group: RaftGroup, offset: int, high_watermark: int, max_bytes: int) -> list[Buffer]:

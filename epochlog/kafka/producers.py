@@ -28,6 +28,7 @@ from eventlog.log import Log
 from eventlog.records import NO_PRODUCER_ID, BatchHeader
 from epochlog.kafka import errors as ke
 from epochlog.kafka.errors import KafkaError
+from epochlog.kafka.hosted import partition_key_of
 
 CACHED_BATCHES: Final = 5          # Kafka keeps the last 5 batches per producer (max in-flight requests)
 SEQUENCE_MODULUS: Final = 1 << 31  # sequences wrap at Int32.MAX_VALUE
@@ -56,29 +57,32 @@ def last_sequence(first_seq: int, count: int) -> int:
 
 
 class ProducerStateTable:
-    """The producers of one partition (one Raft group's log)."""
+    """The producers of the partitions one Raft group's log holds: its own topic (partition key "")
+    and the hosted partitions (epochlog/kafka/hosted.py: partition key "topic/partition", from the
+    first record key of a batch). Sequences are per (partition, producer), as in Kafka."""
 
     def __init__(self) -> None:
-        self.producers: dict[int, ProducerEntry] = {}
+        self.producers: dict[tuple[str, int], ProducerEntry] = {}
         self.scanned_to = -1      # next offset to read; -1: never scanned
         self.term = -1            # the leader term the scan belongs to
 
-    def observe(self, h: BatchHeader) -> None:
-        """Account for a batch stored in the log."""
+    def observe(self, h: BatchHeader, partition: str = "") -> None:
+        """Account for a batch stored in the log (of `partition`)."""
         if h.producer_id == NO_PRODUCER_ID or h.base_sequence < 0 or h.is_control:
             return
-        entry = self.producers.get(h.producer_id)
+        entry = self.producers.get((partition, h.producer_id))
         if entry is None or h.producer_epoch > entry.epoch:
-            entry = self.producers[h.producer_id] = ProducerEntry(h.producer_epoch)
+            entry = self.producers[(partition, h.producer_id)] = ProducerEntry(h.producer_epoch)
         elif h.producer_epoch < entry.epoch:
             return   # a fenced epoch's batch (cannot be appended by this code; ignore it)
         entry.batches.append(BatchMeta(h.base_sequence, last_sequence(h.base_sequence, h.records_count),
                                        h.base_offset, h.base_offset + h.last_offset_delta))
 
-    def check(self, producer_id: int, epoch: int, first_seq: int, count: int) -> BatchMeta | None:
+    def check(self, producer_id: int, epoch: int, first_seq: int, count: int,
+              partition: str = "") -> BatchMeta | None:
         """None: append the batch. A BatchMeta: it is a retry of that stored batch (answer its offsets).
         Raises KafkaError OUT_OF_ORDER_SEQUENCE_NUMBER or INVALID_PRODUCER_EPOCH."""
-        entry = self.producers.get(producer_id)
+        entry = self.producers.get((partition, producer_id))
         if entry is None:
             return None
         if epoch < entry.epoch:
@@ -111,5 +115,8 @@ class ProducerStateTable:
             if chunk.next_offset <= self.scanned_to:
                 break
             for batch in chunk.batches():
-                self.observe(batch.header)
+                h = batch.header
+                if h.producer_id != NO_PRODUCER_ID and not h.is_control:
+                    first = next(iter(batch.records()), None)
+                    self.observe(h, partition_key_of(None if first is None else first.key))
             self.scanned_to = chunk.next_offset
