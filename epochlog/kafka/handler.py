@@ -142,6 +142,7 @@ class KafkaHandler:
             19: (CreateTopicsRequest, self.create_topics),
         }
         self._hosted: dict[str, hosted.HostedTopic] = {}
+        self._hosted_index = hosted.HostedIndex()
         self._hosted_at = -2   # metadata applied offset the cache was read at
         self.supported = dict(SUPPORTED)
 
@@ -241,7 +242,17 @@ class KafkaHandler:
 
     @staticmethod
     def high_watermark(group: RaftGroup) -> int:
+        """Of a group's own topic: its commit offset + 1."""
         return group.node.log.committed + 1
+
+    def partition_high_watermark(self, ref: PartitionRef) -> int:
+        """Of any partition: a hosted one's is its last committed record + 1 (hosted.HostedIndex)."""
+        hw = self.high_watermark(ref.group)
+        if not ref.hosted:
+            return hw
+        log = ref.group.storage.log
+        self._hosted_index.sync(log, hw)
+        return self._hosted_index.high_watermark(ref.key, log.start_offset)
 
     # --- ApiVersions ------------------------------------------------------------------------------
 
@@ -313,18 +324,19 @@ class KafkaHandler:
                     partition_index=p.partition_index, error_code=0, timestamp=-1, offset=-1, leader_epoch=-1)
                 try:
                     ref = self._leader(t.name, p.partition_index, getattr(p, "current_leader_epoch", -1))
-                    out.offset, out.timestamp, out.leader_epoch = self._offset_for(ref.group, p.timestamp)
+                    out.offset, out.timestamp, out.leader_epoch = self._offset_for(ref, p.timestamp)
                 except Exception as exc:  # noqa: BLE001 - answered as a Kafka error code
                     out.error_code = kafka_code(exc)
                 parts.append(out)
             topics.append(ListOffsetsResponse.ListOffsetsTopicResponse(name=t.name, partitions=parts))
         return ListOffsetsResponse(throttle_time_ms=0, topics=topics, version=version)
 
-    def _offset_for(self, group: RaftGroup, timestamp: int) -> tuple[int, int, int]:
+    def _offset_for(self, ref: PartitionRef, timestamp: int) -> tuple[int, int, int]:
         """(offset, timestamp, leader epoch) for ListOffsets: -1 latest, -2 earliest, -3 max timestamp
         (answered as the latest), else the first record at or after `timestamp` (time index)."""
+        group = ref.group
         log = group.storage.log
-        hw = self.high_watermark(group)
+        hw = self.partition_high_watermark(ref)
         term = group.node.term
         if timestamp in (-1, -3):
             return hw, -1, term
@@ -395,20 +407,21 @@ class KafkaHandler:
                     ref = self._leader(t.topic, p.partition, getattr(p, "current_leader_epoch", -1))
                     group = ref.group
                     log = group.storage.log
-                    po.high_watermark = self.high_watermark(group)
+                    readable = self.high_watermark(group)   # what may be read: the group's commit offset + 1
+                    po.high_watermark = self.partition_high_watermark(ref)
                     po.log_start_offset = log.start_offset
                     offset = p.fetch_offset
                     if offset < log.start_offset or offset > log.end_offset:
                         raise KafkaError(ke.OFFSET_OUT_OF_RANGE, f"offset {offset} is outside "
                                                                  f"[{log.start_offset}, {log.end_offset}]")
                     limit = min(p.partition_max_bytes, budget - total)
-                    if offset < po.high_watermark and (limit > 0 or total == 0):
+                    if offset < readable and (limit > 0 or total == 0):
                         if ref.hosted:
-                            po.records = _read_hosted(ref, offset, po.high_watermark, max(limit, 1))
+                            po.records = _read_hosted(ref, offset, readable, max(limit, 1))
                         else:
-                            po.records = _read_committed(group, offset, po.high_watermark, max(limit, 1))
+                            po.records = _read_committed(group, offset, readable, max(limit, 1))
                         total += po.records_bytes
-                    if offset >= po.high_watermark:
+                    if offset >= readable:
                         waits.append((group, offset))
                 except Exception as exc:  # noqa: BLE001
                     po.error_code = kafka_code(exc)

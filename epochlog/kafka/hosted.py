@@ -157,3 +157,37 @@ def filter_batches(batches: Iterable[Any], prefix: bytes, from_offset: int) -> l
     if run_start is not None and run_end is not None and run_end >= run_start:
         out.append(span_batch(run, run_start, run_end, run_epoch))   # type: ignore[arg-type]
     return out
+
+
+class HostedIndex:
+    """The last offset of each hosted partition in the kv group's committed log, read incrementally.
+
+    A hosted partition's high watermark is its last record's offset + 1 (the log start when it holds
+    none), not the kv group's: a consumer that reads "up to the high watermark" (Faust's table
+    recovery) must find a record of its partition just below it. Call from the node's loop.
+    """
+
+    def __init__(self) -> None:
+        self.last: dict[str, int] = {}
+        self.scanned_to = -1
+
+    def sync(self, log: Any, high_watermark: int) -> None:
+        if self.scanned_to < log.start_offset or self.scanned_to > log.end_offset:
+            self.last.clear()
+            self.scanned_to = log.start_offset
+        prefix = b"kv/" + NAME_PREFIX.encode()
+        while self.scanned_to < high_watermark:
+            chunk = log.read(self.scanned_to, 4 << 20, max_offset=high_watermark)
+            if chunk.next_offset <= self.scanned_to:
+                break
+            for batch in chunk.batches():
+                if batch.header.is_control:
+                    continue
+                for record in batch.records():
+                    if record.key is not None and record.key.startswith(prefix):
+                        self.last[partition_key_of(record.key)] = record.offset
+            self.scanned_to = chunk.next_offset
+
+    def high_watermark(self, partition_key: str, log_start: int) -> int:
+        last = self.last.get(partition_key)
+        return log_start if last is None or last < log_start else last + 1
