@@ -34,7 +34,7 @@ import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kafka.protocol.admin.topics import CreateTopicsRequest, CreateTopicsResponse
 from kafka.protocol.consumer.fetch import FetchRequest
@@ -62,10 +62,14 @@ from epochlog.kafka.wire import Buffer, FetchPartitionOut, encode_fetch_response
 from epochlog.routing import group_of_event
 from statemachines import events as ev
 
+if TYPE_CHECKING:
+    from epochlog.node import Node
+
 logger = logging.getLogger(__name__)
 
 TOPIC_PREFIX = "__"
 MAX_WAIT_MS = 30_000          # a Fetch long-poll waits at most this long, whatever it asks
+MAX_FETCH_BYTES = 64 << 20    # a Fetch response holds at most this much record data, whatever it asks
 PRODUCER_ID_SCOPE = "kafka"   # InitProducerId: ConfigChanged(scope, name) in the metadata group
 PRODUCER_ID_NAME = "producer-ids"
 FORWARD_TIMEOUT_S = 2.0       # InitProducerId answers COORDINATOR_NOT_AVAILABLE (retriable) past this:
@@ -122,7 +126,7 @@ Handler = Callable[[Any, int], Awaitable[Any]]
 class KafkaHandler:
     """Serves decoded Kafka requests from `node` (an epochlog.node.Node)."""
 
-    def __init__(self, node: Any, brokers: dict[int, Broker], node_id: int) -> None:
+    def __init__(self, node: Node, brokers: dict[int, Broker], node_id: int) -> None:
         self.node = node
         self.brokers = brokers
         self.node_id = node_id
@@ -395,7 +399,7 @@ class KafkaHandler:
 
     def _fetch_once(self, request: Any, version: int) -> tuple[
             int, list[tuple[str, list[FetchPartitionOut]]], list[tuple[RaftGroup, int]]]:
-        budget = request.max_bytes if version >= 3 and request.max_bytes > 0 else 1 << 30
+        budget = min(request.max_bytes if request.max_bytes > 0 else MAX_FETCH_BYTES, MAX_FETCH_BYTES)
         total = 0
         out: list[tuple[str, list[FetchPartitionOut]]] = []
         waits: list[tuple[RaftGroup, int]] = []
@@ -555,6 +559,9 @@ class KafkaHandler:
             return await self._submit(group, records, stamp, acks, timeout, lock)
         finally:
             lock.release()
+            if len(self._producer_locks) > 10_000:   # forget idle producers' locks (state lives in the table)
+                for key in [k for k, v in self._producer_locks.items() if not v.locked()]:
+                    del self._producer_locks[key]
 
     async def _submit(self, group: RaftGroup, records: list[tuple[bytes, bytes]], stamp: ProducerStamp | None,
                       acks: int, timeout: float, lock: _Held | None = None) -> int:
