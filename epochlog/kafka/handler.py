@@ -411,8 +411,10 @@ class KafkaHandler:
                     ref = self._leader(t.topic, p.partition, getattr(p, "current_leader_epoch", -1))
                     group = ref.group
                     log = group.storage.log
-                    readable = self.high_watermark(group)   # what may be read: the group's commit offset + 1
-                    po.high_watermark = self.partition_high_watermark(ref)
+                    # A partition is read up to its high watermark: for a group's topic the commit
+                    # offset + 1; for a hosted one its last committed record + 1, so positions never
+                    # pass what ListOffsets calls the end.
+                    po.high_watermark = readable = self.partition_high_watermark(ref)
                     po.log_start_offset = log.start_offset
                     offset = p.fetch_offset
                     if offset < log.start_offset or offset > log.end_offset:
@@ -425,8 +427,8 @@ class KafkaHandler:
                         else:
                             po.records = _read_committed(group, offset, readable, max(limit, 1))
                         total += po.records_bytes
-                    if offset >= readable:
-                        waits.append((group, offset))
+                    if offset >= readable:   # wake on the group's next commit
+                        waits.append((group, max(offset, self.high_watermark(group))))
                 except Exception as exc:  # noqa: BLE001
                     po.error_code = kafka_code(exc)
                     po.records = []

@@ -368,3 +368,105 @@ def test_aiokafka_producer_and_group_consumer(kafka_cluster: KafkaCluster, api: 
     mine = {r.offset: r for r in records if r.key.startswith(f"kv/aio-{tag}/".encode())}
     assert sorted(mine) == offsets
     assert [ev.decode_event(mine[o].value).name for o in offsets] == [f"aio-{tag}/{i}" for i in range(50)]
+
+
+def test_fetch_long_polls_until_a_commit_and_acks_1_answers_from_the_leaders_log(kafka_cluster: KafkaCluster) -> None:
+    import threading
+
+    from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
+
+    leader = kafka_cluster.leader("kv")
+    tag = uuid.uuid4().hex[:8]
+
+    def fetch(raw: RawKafka, offset: int, max_wait_ms: int) -> Any:
+        return raw.call(FetchRequest(replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=1 << 20,
+                                     isolation_level=0, session_id=0, session_epoch=-1, topics=[
+                                         FetchRequest.FetchTopic(topic="__kv", partitions=[
+                                             FetchRequest.FetchTopic.FetchPartition(
+                                                 partition=0, current_leader_epoch=-1, fetch_offset=offset,
+                                                 last_fetched_epoch=-1, log_start_offset=-1,
+                                                 partition_max_bytes=1 << 20)])],
+                                     forgotten_topics_data=[], rack_id=""), FetchResponse, 12).responses[0].partitions[0]
+
+    with RawKafka(_kafka_of(kafka_cluster, leader)) as raw:
+        hw = fetch(raw, 0, 0).high_watermark
+        started = time.monotonic()
+        idle = fetch(raw, hw, 700)                                   # nothing arrives: waits max_wait_ms
+        assert 0.6 <= time.monotonic() - started < 5 and not idle.records
+        written: list[int] = []
+
+        def write_soon() -> None:
+            time.sleep(0.5)
+            with Client(kafka_cluster.endpoints) as client:
+                written.append(client.put(f"poll-{tag}/x", b"1").offset)
+
+        writer = threading.Thread(target=write_soon)
+        writer.start()
+        started = time.monotonic()
+        woken = fetch(raw, hw, 10_000)                               # answered when the write commits
+        elapsed = time.monotonic() - started
+        writer.join()
+        assert elapsed < 8, elapsed
+        assert woken.records and woken.high_watermark > written[0]
+        one = _partition_result(raw.call(_produce(encode_batch([(None, _put(f"poll-{tag}/acks1"))], timestamp_ms=1),
+                                                  acks=1), ProduceResponse, 9))
+        assert one.error_code == 0 and one.base_offset > written[0]
+    with Client(kafka_cluster.endpoints) as client:
+        assert [row.offset for row in client.history(f"poll-{tag}/acks1")] == [one.base_offset]
+
+
+def test_created_topics_carry_any_records_and_consumer_groups(kafka_cluster: KafkaCluster) -> None:
+    """CreateTopics (sent to a follower of the metadata group: forwarded), duplicates and bad names
+    refused; keyed records and tombstones read back per partition; the kv views hold the latest."""
+    from kafka.protocol.admin.topics import CreateTopicsRequest, CreateTopicsResponse
+
+    topic = f"orders-{uuid.uuid4().hex[:8]}"
+    follower = next(i for i in kafka_cluster.running() if i != kafka_cluster.leader("metadata"))
+
+    def create(raw: RawKafka, name: str, partitions: int = 3) -> Any:
+        return raw.call(CreateTopicsRequest(topics=[CreateTopicsRequest.CreatableTopic(
+            name=name, num_partitions=partitions, replication_factor=3, assignments=[], configs=[])],
+            timeout_ms=5000, validate_only=False), CreateTopicsResponse, 3).topics[0]
+
+    with RawKafka(_kafka_of(kafka_cluster, follower)) as raw:
+        assert create(raw, topic).error_code == 0
+        assert create(raw, topic).error_code == 36                                      # TOPIC_ALREADY_EXISTS
+        assert create(raw, "__kv-x").error_code == 17                                   # reserved prefix
+        assert create(raw, "bad name").error_code == 17
+        assert create(raw, f"{topic}-0p", 0).error_code == 37                           # INVALID_PARTITIONS
+        meta = raw.call(MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=topic)],
+                                        allow_auto_topic_creation=False), MetadataResponse, 9)
+        assert [p.partition_index for p in meta.topics[0].partitions] == [0, 1, 2]
+    producer = KafkaProducer(bootstrap_servers=kafka_cluster.bootstrap, acks="all")
+    try:
+        sent = [producer.send(topic, key=f"k{i % 4}".encode(), value=f"v{i}".encode(), partition=i % 3)
+                for i in range(60)]
+        sent.append(producer.send(topic, key=b"k0", value=None, partition=0))          # a tombstone
+        producer.flush(30)
+        acked = [(f.get(10).partition, f.get(10).offset) for f in sent]
+    finally:
+        producer.close(5)
+    consumer = KafkaConsumer(topic, bootstrap_servers=kafka_cluster.bootstrap, group_id=f"g-{topic}",
+                             auto_offset_reset="earliest", enable_auto_commit=False)
+    try:
+        got: dict[tuple[int, int], Any] = {}
+        deadline = time.monotonic() + 30
+        while len(got) < len(acked):
+            assert time.monotonic() < deadline, len(got)
+            for records in consumer.poll(timeout_ms=1000).values():
+                got.update({(r.partition, r.offset): r for r in records})
+        assert sorted(got) == sorted(acked)
+        for i, (partition, offset) in enumerate(acked[:60]):
+            assert (got[(partition, offset)].key, got[(partition, offset)].value) == (f"k{i % 4}".encode(),
+                                                                                      f"v{i}".encode())
+        assert got[acked[-1]].value is None
+        consumer.commit()
+        tps = [TopicPartition(topic, i) for i in range(3)]
+        ends = consumer.end_offsets(tps)
+        assert {tp: consumer.committed(tp) for tp in tps} == {tp: ends[tp] for tp in tps}
+        assert ends[tps[0]] == acked[-1][1] + 1                   # a hosted partition's own high watermark
+    finally:
+        consumer.close()
+    with Client(kafka_cluster.endpoints) as client:
+        assert client.get(f"kafka/{topic}/1/kazE").value == b"v49"                      # base64url("k1"), last one
+        assert client.get(f"kafka/{topic}/0/kazA") is None                               # tombstoned
