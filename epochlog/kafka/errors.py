@@ -86,6 +86,13 @@ class KafkaError(EpochlogError):
         self.kafka_code = kafka_code
 
 
+class UnsupportedRequest(EpochlogError):
+    """An API or version this node does not serve, or a request it cannot parse: the connection is
+    closed (what a Kafka broker does), except for ApiVersions, which answers error 35."""
+
+    code = "kafka_unsupported"
+
+
 def kafka_code(exc: BaseException) -> int:
     """The Kafka error code that answers `exc`."""
     if isinstance(exc, KafkaError):

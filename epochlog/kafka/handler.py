@@ -56,7 +56,7 @@ from eventlog.raft.runtime.group import Committed, ProducerStamp, RaftGroup
 from eventlog.records import NO_PRODUCER_ID, iter_batches
 from epochlog.kafka import errors as ke
 from epochlog.kafka import hosted
-from epochlog.kafka.errors import KafkaError, kafka_code
+from epochlog.kafka.errors import KafkaError, UnsupportedRequest, kafka_code
 from epochlog.kafka.producers import ProducerStateTable
 from epochlog.kafka.wire import Buffer, FetchPartitionOut, encode_fetch_response, response_frame
 from epochlog.routing import group_of_event
@@ -111,13 +111,6 @@ class Broker:
     node_id: int
     host: str
     port: int
-
-
-class UnsupportedRequest(EpochlogError):
-    """An API or version this node does not serve, or a request it cannot parse: the connection is
-    closed (what a Kafka broker does), except for ApiVersions, which answers error 35."""
-
-    code = "kafka_unsupported"
 
 
 Handler = Callable[[Any, int], Awaitable[Any]]
@@ -581,7 +574,13 @@ class KafkaHandler:
             done: Committed = await asyncio.wait_for(asyncio.shield(submit), timeout)
             return done.offset
         self._watch(submit)
-        return await asyncio.wait_for(asyncio.shield(appended), timeout)
+        # acks 0/1: the leader's log has it, or the proposal failed before that (not the leader...).
+        await asyncio.wait({appended, submit}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if appended.done():
+            return appended.result()
+        if submit.done():
+            return submit.result().offset   # raises the proposal's error
+        raise TimeoutError(f"the batch was not appended within {timeout:.1f} s")
 
     def _watch(self, submit: asyncio.Future[Any]) -> None:
         """Let a proposal nobody waits for (acks 0/1) finish; its failure is only logged."""

@@ -16,7 +16,8 @@ from collections import deque
 from typing import Any
 
 from epochlog.kafka.groups import GroupCoordinator
-from epochlog.kafka.handler import Broker, KafkaHandler, UnsupportedRequest
+from epochlog.kafka.errors import UnsupportedRequest
+from epochlog.kafka.handler import Broker, KafkaHandler
 
 logger = logging.getLogger(__name__)
 

@@ -493,8 +493,8 @@ class RaftGroup:
             offset = index
             for p in batch:
                 waiters.append((p.future, offset, len(p.records)))
-                if p.on_appended is not None:
-                    p.on_appended(offset)   # the entry reaches the log in this loop turn (_handle)
+                if p.on_appended is not None:   # runs after this turn wrote the entry to the log (_handle)
+                    self.loop.call_soon(p.on_appended, offset)
                 offset += len(p.records)
             self._waiters[index] = (self.node.term, waiters)
 
