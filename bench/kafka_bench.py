@@ -71,8 +71,12 @@ async def native_produce(endpoints: list[str], values: list[bytes], per_call: in
         queue = list(reversed(chunks[1:]))
         started = time.perf_counter()
 
+        deadline = time.monotonic() + 600
+
         async def worker() -> None:
             while queue:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("native produce did not finish within 600 s")
                 chunk = queue.pop()
                 try:
                     await client.commands(chunk)   # request ids: a retry after a lost reply applies once
@@ -171,11 +175,15 @@ def main() -> None:
             default_rate = kafka_produce(cluster.bootstrap, make_events(n, "k1"))
             rows.append(("Produce", "kafka-python KafkaProducer, idempotent, acks=all, defaults "
                                     "(batch_size 16 KiB)", default_rate))
+            print(f"kafka-python defaults: {default_rate:,.0f} events/s", file=sys.stderr)
             big_rate = kafka_produce(cluster.bootstrap, make_events(n, "k2"), batch_size=256 << 10, linger_ms=20)
             rows.append(("Produce", "same, batch_size 256 KiB, linger_ms 20", big_rate))
+            print(f"kafka-python 256 KiB batches: {big_rate:,.0f} events/s", file=sys.stderr)
             native_rate = asyncio.run(native_produce(cluster.endpoints, make_events(n, "n1")))
             rows.append(("Produce", f"native SDK, AsyncClient.commands: 100 events per call, 16 in flight "
                                     f"({RETRIES['native']} calls retried)", native_rate))
+            print(f"native: {native_rate:,.0f} events/s", file=sys.stderr)
+            leader = cluster.leader("kv")
             status = cluster.group_status(leader, "kv")
             assert status is not None
             end = status.commit_offset + 1
