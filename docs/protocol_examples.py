@@ -135,6 +135,8 @@ def default_text(field: mi.Field) -> str:
     value = field.default
     if isinstance(value, tuple):
         value = list(value)
+    if isinstance(value, bytes):
+        return f"bin {value.hex() or '(empty)'}"
     return "nil" if value is None else json.dumps(value)
 
 

@@ -4,7 +4,7 @@ Entities are routed by kind so that everything one command can touch atomically 
 
     broker/ group/ topic/ config/   -> metadata   (the controller's and NameServer's state)
     member/                         -> metadata   (node addresses: written by membership changes only)
-    offset/                         -> offsets    (consumer offsets: high volume, own leader)
+    offset/ kafka-group/            -> offsets    (consumer offsets, Kafka consumer groups: own leader)
     kv/ lease/ session/             -> kv         (leases delete the kv entries and sessions attached)
 
 A transaction must stay within one group.
@@ -16,7 +16,7 @@ from statemachines.events import Event, EventError, Txn
 
 GROUP_OF_KIND = {
     "broker": "metadata", "group": "metadata", "topic": "metadata", "config": "metadata", "member": "metadata",
-    "offset": "offsets",
+    "offset": "offsets", "kafka-group": "offsets",
     "kv": "kv", "lease": "kv", "session": "kv",
 }
 REQUIRED_GROUPS = ("metadata", "offsets", "kv")

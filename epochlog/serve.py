@@ -1,6 +1,6 @@
 """Run one node of a cluster until SIGTERM/SIGINT: `epochlog serve --config FILE --node-id N`.
 
-Starts the node's groups, its client service, its gRPC service and its admin endpoint (addresses
+Starts the node's groups, its client service, its gRPC and Kafka services and its admin endpoint (addresses
 from the member's entry in the config), prints `READY <node id> <client address>` on stdout once it
 serves, and on a signal stops in order: clients first, then the groups (which flush their logs). A
 failed group (for example a failed fsync) stops the node with exit code 2; a configuration error
@@ -29,6 +29,7 @@ from epochlog.server import ClientService, ClientServiceConfig
 
 if TYPE_CHECKING:
     from epochlog.grpc_server import GrpcService
+    from epochlog.kafka.server import KafkaService
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class RunningNode:
     clients: ClientService
     admin: AdminServer | None = None
     grpc: GrpcService | None = None
+    kafka: KafkaService | None = None
     addresses: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -81,6 +83,13 @@ class RunningNode:
                 running.grpc = GrpcService(node, metrics)
                 await running.grpc.start(host, port)
                 running.addresses["grpc"] = f"{host}:{running.grpc.port}"
+            if member.kafka_address:
+                from epochlog.kafka.server import KafkaService, brokers_of   # kafka-python: only where served
+
+                host, port = parse_address(member.kafka_address, f"cluster.members[{node_id}].kafka_address")
+                running.kafka = KafkaService(node, brokers_of(configs, member))
+                await running.kafka.start(host, port)
+                running.addresses["kafka"] = f"{host}:{running.kafka.port}"
         except BaseException:
             await running.stop()
             raise
@@ -88,6 +97,8 @@ class RunningNode:
 
     async def stop(self) -> None:
         await self.clients.close()
+        if self.kafka is not None:
+            await self.kafka.close()
         if self.grpc is not None:
             await self.grpc.close()
         if self.admin is not None:

@@ -47,6 +47,7 @@ from statemachines.state import (
     BrokerState,
     ConfigState,
     GroupState,
+    KafkaGroupState,
     KvState,
     LeaseState,
     MemberState,
@@ -613,6 +614,16 @@ def _config_changed(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcom
     return _ok(offset)
 
 
+def _kafka_group_stored(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.KafkaGroupStored)
+    current = a.load(ov, e.key())
+    created = current.created if isinstance(current, KafkaGroupState) else offset
+    a.save(ov, e.key(), KafkaGroupState(group_id=e.group_id, generation=e.generation, protocol_type=e.protocol_type,
+                                        protocol=e.protocol, leader=e.leader, members=e.members, version=offset,
+                                        created=created), e, offset)
+    return _ok(offset)
+
+
 def _member_added(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     assert isinstance(e, ev.MemberAdded)
     current = a.load(ov, e.key())
@@ -670,4 +681,5 @@ _HANDLERS: dict[type, Handler] = {
     ev.Txn: _txn,
     ev.MemberAdded: _member_added,
     ev.MemberRemoved: _member_removed,
+    ev.KafkaGroupStored: _kafka_group_stored,
 }

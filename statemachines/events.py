@@ -31,6 +31,7 @@ MAX_KEY_BYTES = 1024
 MAX_VALUE_BYTES = 1 << 20
 MAX_NAME = 128
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+_TOPIC = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._:-]{0,127}$")
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$")
 
 
@@ -230,9 +231,53 @@ class OffsetCommitted(Event, frozen=True, kw_only=True, tag="OffsetCommitted"):
     def validate(self) -> None:
         super().validate()
         _name("consumer_group", self.consumer_group)
-        _name("topic", self.topic)
+        if not _TOPIC.match(self.topic):   # Kafka's internal-style names (`__kv`) included
+            raise EventError(f"topic {self.topic!r} must be 1-{MAX_NAME} characters of letters, digits, '.', '_', "
+                             f"':', '-'")
         if self.queue_id < 0 or self.offset < 0:
             raise EventError("queue_id and offset must be >= 0")
+
+
+class KafkaGroupMember(msgspec.Struct, frozen=True, kw_only=True):
+    """One member of a Kafka consumer group, as its coordinator knows it after a rebalance."""
+
+    member_id: str
+    group_instance_id: str | None = None
+    client_id: str = ""
+    client_host: str = ""
+    session_timeout_ms: int = 10_000
+    rebalance_timeout_ms: int = 60_000
+    metadata: bytes = b""     # the member's subscription, for the group's protocol
+    assignment: bytes = b""   # what the leader assigned it
+
+
+class KafkaGroupStored(Event, frozen=True, kw_only=True, tag="KafkaGroupStored"):
+    """A Kafka consumer group's state after a rebalance completed or the group emptied (the
+    coordinator, epochlog/kafka/groups.py, writes it), so a new coordinator resumes the generation
+    and its members keep their assignment across a coordinator failover."""
+
+    group_id: str
+    generation: int
+    protocol_type: str = ""
+    protocol: str = ""
+    leader: str = ""
+    members: tuple[KafkaGroupMember, ...] = ()
+
+    def key(self) -> str:
+        return f"kafka-group/{self.group_id}"
+
+    def validate(self) -> None:
+        super().validate()
+        _name("group_id", self.group_id)
+        if self.generation < 0:
+            raise EventError("generation must be >= 0")
+        if len(self.members) > 10_000:
+            raise EventError(f"{len(self.members)} members exceed 10000")
+        for m in self.members:
+            if not m.member_id or len(m.member_id) > 512:
+                raise EventError("a member id is 1-512 characters")
+            if len(m.metadata) + len(m.assignment) > MAX_VALUE_BYTES:
+                raise EventError(f"member {m.member_id}: metadata and assignment exceed {MAX_VALUE_BYTES} bytes")
 
 
 # --- key-value data, leases and sessions ---------------------------------------------------------
@@ -379,7 +424,7 @@ class MemberRemoved(_MemberEvent, frozen=True, kw_only=True, tag="MemberRemoved"
 
 # --- transactions ----------------------------------------------------------------------------------
 
-ENTITY_KINDS = ("broker", "group", "topic", "offset", "kv", "lease", "session", "config", "member")
+ENTITY_KINDS = ("broker", "group", "topic", "offset", "kv", "lease", "session", "config", "member", "kafka-group")
 
 
 class Condition(msgspec.Struct, frozen=True):
@@ -420,7 +465,7 @@ class Txn(Event, frozen=True, kw_only=True, tag="Txn"):
 AnyEvent = (BrokerRegistered | BrokerFenced | BrokerUnfenced | BrokerUnregistered | SyncStateSetChanged
             | MasterElected | TopicCreated | TopicUpdated | TopicDeleted | OffsetCommitted | KvPut | KvDeleted
             | LeaseGranted | LeaseRevoked | LeaseExpired | SessionOpened | SessionClosed | ConfigChanged | Txn
-            | MemberAdded | MemberRemoved)
+            | MemberAdded | MemberRemoved | KafkaGroupStored)
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__struct_config__.tag: cls for cls in AnyEvent.__args__  # type: ignore[attr-defined]
 }

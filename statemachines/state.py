@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import msgspec
 
+from statemachines.events import KafkaGroupMember
+
 
 class BrokerState(msgspec.Struct, frozen=True, kw_only=True):
     cluster: str
@@ -100,11 +102,25 @@ class MemberState(msgspec.Struct, frozen=True, kw_only=True):
     created: int
 
 
+class KafkaGroupState(msgspec.Struct, frozen=True, kw_only=True):
+    """A Kafka consumer group as its coordinator last stored it (events.KafkaGroupStored)."""
+
+    group_id: str
+    generation: int
+    protocol_type: str
+    protocol: str
+    leader: str
+    members: tuple[KafkaGroupMember, ...]
+    version: int
+    created: int
+
+
 AnyState = (BrokerState | GroupState | TopicState | OffsetState | KvState | LeaseState | SessionState
-            | ConfigState | MemberState)
+            | ConfigState | MemberState | KafkaGroupState)
 STATE_TYPES: dict[str, type[msgspec.Struct]] = {
     "broker": BrokerState, "group": GroupState, "topic": TopicState, "offset": OffsetState, "kv": KvState,
     "lease": LeaseState, "session": SessionState, "config": ConfigState, "member": MemberState,
+    "kafka-group": KafkaGroupState,
 }
 
 

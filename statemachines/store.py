@@ -47,7 +47,8 @@ from rocksdict import (
 from eventlog.configuration import doc
 
 ENTITY_CFS = {"broker": "brokers", "group": "broker_groups", "topic": "topics", "offset": "offsets", "kv": "kv",
-              "lease": "leases", "session": "sessions", "config": "config", "member": "members"}
+              "lease": "leases", "session": "sessions", "config": "config", "member": "members",
+              "kafka-group": "kafka_groups"}
 INTERNAL_CFS = ("versions", "lease_keys", "dedupe", "dedupe_expiry")
 ALL_CFS = (*ENTITY_CFS.values(), *INTERNAL_CFS)
 META = ""  # the default column family: meta keys

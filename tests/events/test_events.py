@@ -33,6 +33,10 @@ EXAMPLES: list[ev.Event] = [
     ev.SessionOpened(client_id="mqtt-client-1", node="n1", clean=False, lease=3),
     ev.SessionClosed(client_id="mqtt-client-1"),
     ev.ConfigChanged(scope="cluster", name="retention", value="7d"),
+    ev.OffsetCommitted(consumer_group="cg", topic="__kv", queue_id=0, offset=7),   # a Kafka topic name
+    ev.KafkaGroupStored(group_id="cg", generation=3, protocol_type="consumer", protocol="range", leader="m-1",
+                        members=(ev.KafkaGroupMember(member_id="m-1", client_id="c", metadata=b"\x00",
+                                                     assignment=b"\x01"),)),
     ev.Txn(conditions=(ev.Condition("kv/app/x", 0),),
            ops=(ev.KvPut(name="app/x", value=b"1"), ev.OffsetCommitted(consumer_group="g", topic="t", queue_id=0,
                                                                         offset=1))),

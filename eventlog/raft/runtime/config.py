@@ -31,12 +31,15 @@ class MemberConfig:
     grpc_address: str = field(default="", metadata=doc(
         "host:port where the node serves the gRPC API (proto/epochlog/v1/epochlog.proto, docs/grpc.md); "
         "empty: no gRPC service."))
+    kafka_address: str = field(default="", metadata=doc(
+        "host:port where the node serves the Kafka protocol (epochlog/kafka, docs/kafka.md); the address "
+        "Kafka clients are given in Metadata; empty: no Kafka service."))
 
     def validate(self, section: str) -> None:
         if self.id <= 0:
             raise ConfigError(f"{section}.id", self.id, "is required (a positive integer)")
         parse_address(self.peer_address, f"{section}.peer_address")
-        for name in ("client_address", "admin_address", "grpc_address"):
+        for name in ("client_address", "admin_address", "grpc_address", "kafka_address"):
             value = getattr(self, name)
             if value:
                 parse_address(value, f"{section}.{name}")
@@ -72,10 +75,11 @@ class ClusterConfig:
         if len(set(ids)) != len(ids):
             raise ConfigError(f"{section}.members", ids, "node ids must be unique")
         addresses = [a for m in self.members
-                     for a in (m.peer_address, m.client_address, m.admin_address, m.grpc_address) if a]
+                     for a in (m.peer_address, m.client_address, m.admin_address, m.grpc_address, m.kafka_address)
+                     if a]
         if len(set(addresses)) != len(addresses):
             raise ConfigError(f"{section}.members", addresses,
-                              "every address (peer, client, admin, grpc) must be unique")
+                              "every address (peer, client, admin, grpc, kafka) must be unique")
         if not self.groups or len(set(self.groups)) != len(self.groups):
             raise ConfigError(f"{section}.groups", list(self.groups), "must be a non-empty list of unique names")
         for g in self.groups:

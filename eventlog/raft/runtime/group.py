@@ -124,13 +124,26 @@ class Committed:
     outcomes: tuple[object | None, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class ProducerStamp:
+    """A Kafka idempotent producer's (id, epoch, base sequence): its records become one entry whose
+    batch header carries them, so producer state can be rebuilt from the log (epochlog/kafka)."""
+
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+
+
 class _Proposal:
-    __slots__ = ("records", "future", "size")
+    __slots__ = ("records", "future", "size", "producer", "on_appended")
 
     def __init__(self, records: list[tuple[bytes | None, bytes | None]],
-                 future: asyncio.Future[Committed]) -> None:
+                 future: asyncio.Future[Committed], producer: ProducerStamp | None = None,
+                 on_appended: Callable[[int], None] | None = None) -> None:
         self.records = records
         self.future = future
+        self.producer = producer
+        self.on_appended = on_appended
         # An upper bound of the records' encoded size (RecordBatch v2 spends under 16 bytes of framing
         # per record), so a batch of proposals within max_batch_bytes is one the log accepts.
         self.size = sum(len(k or b"") + len(v or b"") + 16 for k, v in records)
@@ -228,19 +241,23 @@ class RaftGroup:
         """Replicate `records` (key, value pairs); the offset of the first once committed and applied."""
         return (await self.submit(records)).offset
 
-    async def submit(self, records: list[tuple[bytes | None, bytes | None]]) -> Committed:
+    async def submit(self, records: list[tuple[bytes | None, bytes | None]], *,
+                     producer: ProducerStamp | None = None,
+                     on_appended: Callable[[int], None] | None = None) -> Committed:
         """Replicate `records`; once committed and applied, their offsets and apply outcomes.
 
         Raises NotLeaderError (with a leader hint) on a follower, BatchTooLargeError when the records
-        cannot fit in one batch (`max_batch_bytes`). Concurrent calls are coalesced into one batch.
-        If leadership changes before the batch commits, the future fails with ProposalDroppedError:
-        the records may or may not have been committed.
+        cannot fit in one batch (`max_batch_bytes`). Concurrent calls are coalesced into one batch,
+        except those with a `producer` stamp: each is an entry of its own, whose batch header carries
+        the stamp. `on_appended(first offset)` is called once the records are in the leader's log
+        (before they commit). If leadership changes before the batch commits, the future fails with
+        ProposalDroppedError: the records may or may not have been committed.
         """
         self._check_open()
         if self.node.role is not Role.LEADER:
             raise NotLeaderError(self.node_id, self.node.leader, self.node.term)
         future: asyncio.Future[Committed] = self.loop.create_future()
-        proposal = _Proposal(records, future)
+        proposal = _Proposal(records, future, producer, on_appended)
         if proposal.size > self.max_batch_bytes:   # the log would refuse the batch, failing the group
             raise BatchTooLargeError(f"{len(records)} records of about {proposal.size} bytes exceed the "
                                      f"batch limit of group {self.name} ({self.max_batch_bytes} bytes)")
@@ -506,12 +523,18 @@ class RaftGroup:
         start, n = 0, len(pending)
         while start < n:
             end, size = start, 0
-            while end < n and (end == start or size + pending[end].size <= self.max_batch_bytes):
+            stamp = pending[start].producer
+            while end < n and (end == start or (stamp is None and pending[end].producer is None
+                                                and size + pending[end].size <= self.max_batch_bytes)):
                 size += pending[end].size
                 end += 1
             batch = pending[start:end]
             records = [r for p in batch for r in p.records]
-            data = encode_batch(records, timestamp_ms=int(time.time() * 1000))
+            if stamp is None:
+                data = encode_batch(records, timestamp_ms=int(time.time() * 1000))
+            else:
+                data = encode_batch(records, timestamp_ms=int(time.time() * 1000), producer_id=stamp.producer_id,
+                                    producer_epoch=stamp.producer_epoch, base_sequence=stamp.base_sequence)
             try:
                 index = self.node.propose(data, count=len(records))
             except RaftError as exc:
@@ -524,6 +547,8 @@ class RaftGroup:
             offset = index
             for p in batch:
                 waiters.append((p.future, offset, len(p.records)))
+                if p.on_appended is not None:   # runs after this turn wrote the entry to the log (_handle)
+                    self.loop.call_soon(p.on_appended, offset)
                 offset += len(p.records)
             self._waiters[index] = (self.node.term, waiters)
 
