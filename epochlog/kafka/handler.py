@@ -519,7 +519,7 @@ class KafkaHandler:
                     raise ev.EventError("member records are written by member_add and member_remove only")
                 key, value = ev.event_record(event)
                 owner = group_of_event(event)
-            except EpochlogError as exc:
+            except (EpochlogError, RecursionError) as exc:   # RecursionError: nested too deeply to decode
                 raise KafkaError(ke.INVALID_RECORD, f"record {i}: {exc}") from None
             if owner != group:
                 raise KafkaError(ke.INVALID_RECORD, f"record {i}: a {type(event).__name__} for {key.decode()} "

@@ -11,6 +11,7 @@ import time
 import uuid
 from typing import Any
 
+import msgspec
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
@@ -138,6 +139,11 @@ def test_a_batch_with_one_invalid_record_is_refused_whole(kafka_cluster: KafkaCl
             ([good, (b"kv/other", _put(f"bad-{tag}/1"))], 87),                         # key is not the entity key
             ([(None, ev.encode_event(ev.TopicCreated(name=f"t{tag}")))], 87),          # a metadata event in __kv
             ([(None, ev.encode_event(ev.MemberAdded(node_id=9, peer_address="h:1")))], 87),
+            ([good, (None, msgspec.msgpack.encode(                                      # a newer schema (issue 11)
+                {"type": "KvPut", "v": 2, "name": f"bad-{tag}/1", "value": b"x"}))], 87),
+            ([good, (None, b"\x84" + msgspec.msgpack.encode(                            # an unknown field
+                {"type": "KvPut", "name": f"bad-{tag}/1", "value": b"x"})[1:]                # nested too deeply
+                + b"\xa2zz" + b"\x91" * 100_000 + b"\xc0")], 87),
         ]:
             result = produce(encode_batch(records, timestamp_ms=int(time.time() * 1000)))
             assert result.error_code == code, (records, result)
