@@ -63,9 +63,9 @@ def writer(directory: Path) -> None:
             seq += 1
 
     threads = [threading.Thread(target=run, args=(t,), daemon=True) for t in range(WRITER_THREADS)]
+    print("ready", flush=True)   # before the first ack: the parent reads `ready` first
     for t in threads:
         t.start()
-    print("ready", flush=True)
     for t in threads:
         t.join()
 
