@@ -279,14 +279,48 @@ def encode_records(
         raise InvalidBatchError("a batch needs at least one record")
     base = records[0].offset if base_offset is None else base_offset
     base_ts = records[0].timestamp
-    max_ts = base_ts
+    max_ts = max(r.timestamp for r in records)
+    payload = _encode_records(records, base, base_ts)
+    attributes = (TRANSACTIONAL_MASK if transactional else 0) | (CONTROL_MASK if control else 0)
+    return _finish(payload, base, leader_epoch, attributes, records[-1].offset - base, base_ts, max_ts,
+                   producer_id, producer_epoch, base_sequence, len(records))
+
+
+def retain_records(header: BatchHeader, records: Sequence[Record]) -> bytes:
+    """The batch `header` describes, rewritten to hold only `records` (some of its records, in order).
+
+    Log compaction's rule for magic v2 (Kafka's "On compaction"): the batch keeps its baseOffset and
+    lastOffsetDelta (so its offset range, and the sequence range of an idempotent producer, are
+    unchanged), its partitionLeaderEpoch, attributes, baseTimestamp, maxTimestamp, producer id,
+    epoch and baseSequence; each record keeps its own offset and timestamp (offset deltas may now
+    have gaps). A gzip batch is compressed again; other codecs are never rewritten (they cannot be
+    decoded here).
+    """
+    if not records:
+        raise InvalidBatchError("a retained batch needs at least one record")
+    codec = header.compression
+    if codec not in (0, 1):
+        raise UnsupportedCompressionError(
+            f"compression {COMPRESSION_NAMES.get(codec, codec)!s} cannot be rewritten (only none and gzip)")
+    if records[0].offset < header.base_offset or records[-1].offset > header.last_offset:
+        raise InvalidBatchError(f"records {records[0].offset}..{records[-1].offset} are outside the batch "
+                                f"[{header.base_offset}, {header.last_offset}]")
+    payload = _encode_records(records, header.base_offset, header.base_timestamp)
+    if codec == 1:
+        payload = gzip.compress(payload, mtime=0)
+    return _finish(payload, header.base_offset, header.leader_epoch, header.attributes, header.last_offset_delta,
+                   header.base_timestamp, header.max_timestamp, header.producer_id, header.producer_epoch,
+                   header.base_sequence, len(records))
+
+
+def _encode_records(records: Sequence[Record], base: int, base_ts: int) -> bytes:
+    """The records part of a batch: offsets strictly increasing from `base`, timestamps from `base_ts`."""
     parts: list[bytes] = []
     previous = base - 1
     for r in records:
         if r.offset <= previous:
             raise InvalidBatchError(f"record offsets must increase: {r.offset} after {previous}")
         previous = r.offset
-        max_ts = max(max_ts, r.timestamp)
         body = [b"\x00", encode_varint(r.timestamp - base_ts), encode_varint(r.offset - base)]
         body += _encode_bytes(r.key)
         body += _encode_bytes(r.value)
@@ -297,9 +331,7 @@ def encode_records(
         raw = b"".join(body)
         parts.append(encode_varint(len(raw)))
         parts.append(raw)
-    attributes = (TRANSACTIONAL_MASK if transactional else 0) | (CONTROL_MASK if control else 0)
-    return _finish(b"".join(parts), base, leader_epoch, attributes, previous - base, base_ts, max_ts,
-                   producer_id, producer_epoch, base_sequence, len(records))
+    return b"".join(parts)
 
 
 def _encode_bytes(data: bytes | None) -> list[bytes]:
