@@ -241,6 +241,7 @@ class Log:
         self._generation = 0  # bumped by truncation: a sync that raced with one proves nothing
         self._files_lock = threading.Lock()  # sealed segment files: see the module docstring
         self._cleaner = CleanerCheckpoint()
+        self._clean_end = 0   # end of the last cleaned segment (see clean_end_offset)
         self._flusher: threading.Thread | None = None
         self._preallocator: SegmentPreallocator | None = None
         self.recovery: RecoveryReport | None = None
@@ -345,6 +346,7 @@ class Log:
             active = segments[-1]
             active.activate(max(self.config.segment_bytes, active.size))
         self._end_offset = self._segments[-1].next_offset
+        self._segments_changed()
         if self._recovery_point > self._end_offset:
             # A repair cut the log below the checkpointed recovery point. Left there until the next
             # roll or close, it would make a crash's torn tail (offsets between the new end and the
@@ -451,8 +453,7 @@ class Log:
         rebuilt): the end of the last cleaned segment, or the log start when none is cleaned.
         Raft storage serves no entry below it (a follower that needs one gets a snapshot)."""
         with self._lock:
-            ends = [s.next_offset for s in self._segments if s.cleaned]
-            return max(ends, default=self._bases[0])
+            return max(self._clean_end, self._bases[0])
 
     @property
     def cleaned_segments(self) -> list[tuple[int, int]]:
@@ -875,6 +876,7 @@ class Log:
                 del self._segments[first_deleted:]
                 del self._bases[first_deleted:]
                 self._forget_cleaned(dirty_limit=offset)
+                self._segments_changed()
                 if target.cleaned:
                     self._adopt_new_segment(offset)   # the cleaned segment went whole
                 else:
@@ -888,6 +890,10 @@ class Log:
             self._durable_offset = min(self._durable_offset, offset)
             if self._epochs.truncate_from_end(offset):
                 self._epochs.write()
+
+    def _segments_changed(self) -> None:
+        """Recompute what depends on which segments are cleaned (lock held)."""
+        self._clean_end = max((s.next_offset for s in self._segments if s.cleaned), default=0)
 
     def _forget_cleaned(self, dirty_limit: int | None = None) -> None:
         """Drop the cleaner checkpoint's lines of segments no longer in the log (and lower its dirty
@@ -922,6 +928,7 @@ class Log:
                 seg.delete()
             fsync_dir(self.directory)
             self._forget_cleaned()
+            self._segments_changed()
             changed = self._epochs.truncate_from_start(self._log_start)
             changed |= self._epochs.truncate_from_end(self._end_offset)  # nothing left of an empty tail epoch
             if changed:
@@ -939,6 +946,7 @@ class Log:
                 seg.delete()
             fsync_dir(self.directory)
             self._segments, self._bases = [], []
+            self._segments_changed()
             if self._cleaner != CleanerCheckpoint():
                 self._cleaner = CleanerCheckpoint()
                 self._cleaner.write(self.directory)
@@ -1008,6 +1016,7 @@ class Log:
                 old = self._segments[i:j]
                 self._segments[i:j] = [new]
                 self._bases[i:j] = [base]
+                self._segments_changed()
             try:
                 for seg in old:                                                   # step 5
                     seg.close()
