@@ -136,7 +136,7 @@ class OffsetMap:
     Not thread-safe.
     """
 
-    __slots__ = ("max_keys", "_map")
+    __slots__ = ("_map", "max_keys")
 
     def __init__(self, max_keys: int) -> None:
         self.max_keys = max_keys
@@ -182,10 +182,9 @@ class Pacer:
             self._window_bytes += nbytes
             elapsed = now - self._window_start
             due = self._window_bytes / self.bytes_per_second
-            if due > elapsed:
-                if due - elapsed >= 0.001 or elapsed >= self.window_s:
-                    self._pause(due - elapsed)
-                    now = self._clock()
+            if due > elapsed and (due - elapsed >= 0.001 or elapsed >= self.window_s):
+                self._pause(due - elapsed)
+                now = self._clock()
             if elapsed >= self.window_s:
                 self._window_start, self._window_bytes = now, 0
         if now - self._last_yield >= YIELD_INTERVAL_S:

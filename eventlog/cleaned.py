@@ -58,7 +58,14 @@ from eventlog.errors import LogCorruptionError
 from eventlog.fileutil import atomic_write, fsync_dir, io_error
 from eventlog.index import IndexBuilder
 from eventlog.records import BatchHeader
-from eventlog.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, parse_segment_name, pwrite_all, segment_name
+from eventlog.segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIMEINDEX_SUFFIX,
+    parse_segment_name,
+    pwrite_all,
+    segment_name,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +214,7 @@ class CleanedSegmentWriter:
         self.records = 0
         self._next_offset = base_offset
         self._builder = IndexBuilder(base_offset, index_interval_bytes)
-        self._buffers: list[bytes | memoryview] = []
+        self._buffers: list[bytes | bytearray | memoryview] = []
         self._buffered = 0
         self._buffer_bytes = buffer_bytes
         self._written = 0

@@ -1,7 +1,7 @@
 """The shipped configs: every key documented, every file loads, a wrong key stops `epochlog serve`.
 
 configs/production.example.toml must show every key of every config dataclass ([cluster] and its
-members, [raft], [log], [views], [controller]) with a comment giving its meaning and `Default: <value>`; the test
+members, [raft], [log], [views], [controller], [compaction.cleaner]) with a comment giving its meaning and `Default: <value>`; the test
 derives the list of keys from the dataclasses, so a new key without documentation fails here.
 """
 
@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from compaction.config import CleanerConfig, cleaner_config
 from controller.config import ControllerConfig, controller_config
 from eventlog.config import LogConfig
 from eventlog.configuration import from_mapping, load_toml
@@ -33,7 +34,8 @@ CONFIGS = ROOT / "configs"
 PRODUCTION = CONFIGS / "production.example.toml"
 SHIPPED = ("single.toml", "local-3.toml", "production.example.toml")
 SECTIONS: dict[str, Any] = {"cluster": ClusterConfig, "cluster.members": MemberConfig, "raft": RaftConfig,
-                            "log": LogConfig, "views": ViewsConfig, "controller": ControllerConfig}
+                            "log": LogConfig, "views": ViewsConfig, "controller": ControllerConfig,
+                            "compaction.cleaner": CleanerConfig}
 KEY_LINE = re.compile(r"^(?:# )?([a-z_]+) = ")
 
 
@@ -102,11 +104,13 @@ def test_production_example_documents_every_key_with_its_default():
 
 
 def test_production_example_uses_the_defaults_it_does_not_explain():
-    assert set(tomllib.loads(PRODUCTION.read_text())) == {"cluster", "raft", "log", "views", "controller"}
+    assert set(tomllib.loads(PRODUCTION.read_text())) == {"cluster", "raft", "log", "views", "controller",
+                                                          "compaction"}
     configs = load_node_configs(PRODUCTION)
     assert configs.raft == RaftConfig() and configs.log == LogConfig()
     assert controller_config(configs.controller) == ControllerConfig()
     assert from_mapping(ViewsConfig, configs.views, "views") == ViewsConfig()
+    assert cleaner_config((configs.compaction or {}).get("cleaner")) == CleanerConfig()
     assert [m.id for m in configs.cluster.members] == [1, 2, 3]
 
 
