@@ -7,17 +7,18 @@ Theory of operation (Kafka's `LogCleaner`, whose design this follows):
   the previous pass stopped mapping) form the clean section; the rest up to the horizon is dirty.
   A pass runs only when the dirty bytes are at least `min_cleanable_dirty_ratio` of all the bytes
   below the horizon, because it rewrites all of them.
-- **Offset map.** The pass reads the dirty section and maps each record key (`key_of(record)`) to
-  the offset of its latest record there, in a bounded map (`offset_map_max_keys`, Kafka's dedupe
-  buffer: keys shorter than 16 bytes as they are, longer ones by a 128-bit BLAKE2b digest, as
-  Kafka hashes with MD5). When it fills, the pass maps no further: records past the last mapped
+- **Offset map.** The pass reads the dirty section and maps each record's compaction key
+  (`key_of(record key)`: by default the record key itself) to the offset of its latest record
+  there, in a bounded map (`offset_map_max_keys`, Kafka's dedupe buffer: keys up to 48 bytes as
+  they are, longer ones by a 128-bit BLAKE2b digest, as Kafka hashes with MD5). When it fills, the pass maps no further: records past the last mapped
   one are kept as they are and the next pass starts there.
 - **Horizon semantics.** Only records below the horizon supersede: a record is dropped when a later
   record of the same key, also below the horizon (and mapped), exists. Records at or above the
   horizon are never considered, so reading the cleaned log up to the horizon gives every key's
   state at the horizon (the latest record of each key), and everything from the horizon on is the
   log as written. (Kafka's "first uncleanable offset" plays the same role.)
-- **Tombstones** (`is_tombstone(record)`: by default a null value, Kafka's rule) are kept while
+- **Tombstones** (`is_tombstone(record)`: by default a null value, Kafka's rule; asked only of a
+  record that is its key's latest, in a batch past the delete horizon) are kept while
   they are the latest of their key, until `delete_retention_ms` after the newest data of the clean
   section (log time, from record timestamps: Kafka measures from the segment's modification time),
   then dropped, so a reader who starts at the log start has that long to see a delete.
@@ -25,13 +26,16 @@ Theory of operation (Kafka's `LogCleaner`, whose design this follows):
   (consecutive segments whose sizes add up to at most `segment_bytes`, offsets spanning less than
   2**31) and each group is rewritten as ONE cleaned segment holding the batches it keeps: a batch
   whose records are all kept is copied byte for byte; one that lost some is rebuilt with
-  `records.retain_records` (same base offset, last offset delta, epoch, timestamps, producer
-  fields: every kept record keeps its offset, and the batch's partitionLeaderEpoch stays the Raft
-  term); one that lost all disappears. Every batch read is CRC-checked first, so damage is never
+  `records.retain_spans` (same base offset, last offset delta, epoch, timestamps, producer fields;
+  the kept records' bytes copied as they are, so every kept record keeps its offset, and the
+  batch's partitionLeaderEpoch stays the Raft term); one that lost all disappears. Every batch read is CRC-checked first, so damage is never
   laundered into a fresh CRC. The group is swapped in by `Log.swap_cleaned` (crash-safe, see
   `eventlog.cleaned`) before the next group is read.
 - **Records the cleaner cannot judge** are kept: records whose key function returns None (null
-  keys, multi-key events), and batches compressed with a codec other than gzip.
+  keys; for Epochlog's events, those whose record key does not name what they overwrite, such as
+  a `txn/...` transaction), and batches compressed with a codec other than gzip.
+- **Why the key is a function of the record key**: mapping must not decode values (it is the hot
+  loop, and the log layer knows nothing of event types); Epochlog's record key is the entity key.
 
 Costs and manners: the cleaner runs in its own thread (`LogCleaner`), never on a group's loop; it
 reads the mapped segment files without the log's lock and takes it only to swap the segment list.
@@ -57,22 +61,33 @@ from compaction.config import CleanerConfig
 from eventlog.cleaned import CleanedSegmentWriter
 from eventlog.errors import EpochlogError, LogCorruptionError, UnsupportedCompressionError
 from eventlog.log import Log, SealedSegment
-from eventlog.records import BatchHeader, Record, RecordBatch, check_batch, read_header, retain_records
+from eventlog.records import (
+    BatchHeader,
+    Record,
+    RecordSpan,
+    check_batch,
+    decode_record,
+    read_header,
+    record_spans,
+    records_payload,
+    retain_spans,
+)
 
 logger = logging.getLogger(__name__)
 
-KeyOf = Callable[[Record], bytes | None]
+KeyOf = Callable[[bytes | None], bytes | None]   # record key -> compaction key (None: never compacted)
 IsTombstone = Callable[[Record], bool]
 
 YIELD_INTERVAL_S = 0.002   # give the GIL to other threads at least this often
 YIELD_SLEEP_S = 0.0001
 MAX_GROUP_SPAN = 2**31 - 1  # offsets relative to a segment's base are 32-bit in its index
 _DIGEST_BYTES = 16
+_RAW_KEY_BYTES = 48
 
 
-def record_key(record: Record) -> bytes | None:
-    """The default key function: the record's key (a null key is never compacted)."""
-    return record.key
+def record_key(key: bytes | None) -> bytes | None:
+    """The default key function: the record key itself (a null key is never compacted)."""
+    return key
 
 
 def null_value(record: Record) -> bool:
@@ -131,9 +146,10 @@ class CleanResult:
 class OffsetMap:
     """Key -> offset of its latest record, holding at most `max_keys` keys (Kafka's SkimpyOffsetMap).
 
-    Keys shorter than 16 bytes are stored as they are, longer ones as their 16-byte BLAKE2b digest
-    (the two never collide: they differ in length; two long keys collide with probability ~2**-128).
-    Not thread-safe.
+    Keys up to 48 bytes are stored as they are (a Python bytes object of a short key costs about as
+    much as one of a digest, and needs no hashing), longer ones as their 16-byte BLAKE2b digest (two
+    keys share a slot with probability ~2**-128 per pair: a digest equal to another key). Not
+    thread-safe.
     """
 
     __slots__ = ("_map", "max_keys")
@@ -144,7 +160,7 @@ class OffsetMap:
 
     @staticmethod
     def slot(key: bytes) -> bytes:
-        return key if len(key) < _DIGEST_BYTES else hashlib.blake2b(key, digest_size=_DIGEST_BYTES).digest()
+        return key if len(key) <= _RAW_KEY_BYTES else hashlib.blake2b(key, digest_size=_DIGEST_BYTES).digest()
 
     def put(self, key: bytes, offset: int) -> bool:
         """Record `offset` as the latest of `key`; False (nothing recorded) when the map is full."""
@@ -331,12 +347,14 @@ def _max_timestamp(seg: SealedSegment) -> int:
     return best
 
 
-def _records(header: BatchHeader, raw: memoryview) -> list[Record] | None:
-    """The batch's records, or None when they cannot be decoded (an unsupported codec: kept whole)."""
+def _spans(header: BatchHeader, raw: memoryview) -> tuple[bytes | memoryview, list[RecordSpan]] | None:
+    """The batch's payload and record spans, or None when it cannot be decoded (an unsupported
+    codec: the batch is kept whole)."""
     try:
-        return list(RecordBatch(header, raw).records())
+        payload = records_payload(header, raw)
     except UnsupportedCompressionError:
         return None
+    return payload, record_spans(header, payload)
 
 
 def _build_offset_map(dirty: list[SealedSegment], dirty_from: int, offset_map: OffsetMap, key_of: KeyOf,
@@ -358,15 +376,15 @@ def _build_offset_map(dirty: list[SealedSegment], dirty_from: int, offset_map: O
             pacer.consumed(header.size)
             if header.last_offset < dirty_from:
                 continue
-            records = _records(header, raw)
-            if records is None:
+            decoded = _spans(header, raw)
+            if decoded is None:
                 continue
-            for record in records:
-                if record.offset < dirty_from:
+            for span in decoded[1]:
+                if span.offset < dirty_from:
                     continue
-                key = key_of(record)
-                if key is not None and not offset_map.put(key, record.offset):
-                    return record.offset, True
+                key = key_of(span.key)
+                if key is not None and not offset_map.put(key, span.offset):
+                    return span.offset, True
         mapped_end = seg.next_offset
     return mapped_end, False
 
@@ -397,35 +415,43 @@ def _clean_group(group: list[SealedSegment], writer: CleanedSegmentWriter, offse
             if should_stop is not None and should_stop():
                 raise CleanerAbortedError("stopped while cleaning")
             pacer.consumed(header.size)
-            records = None if header.base_offset >= mapped_end else _records(header, raw)
-            if records is None:   # nothing below the mapped end, or undecodable: kept as it is
+            decoded = None if header.base_offset >= mapped_end else _spans(header, raw)
+            if decoded is None:   # nothing below the mapped end, or undecodable: kept as it is
                 writer.append(raw, header)
                 stats.records_read += header.records_count
                 stats.records_kept += header.records_count
                 continue
+            payload, spans = decoded
             expired = delete_horizon_ms is not None and header.max_timestamp < delete_horizon_ms
-            kept: list[Record] = []
-            for record in records:
-                key = key_of(record) if record.offset < mapped_end else None
+            kept: list[RecordSpan] = []
+            for span in spans:
+                key = key_of(span.key) if span.offset < mapped_end else None
                 if key is not None:
                     latest = offset_map.get(key)
-                    if latest is not None and record.offset < latest:
+                    if latest is not None and span.offset < latest:
                         stats.records_dropped += 1
                         continue
-                    if expired and is_tombstone(record):
+                    if expired and _is_tombstone(is_tombstone, header, payload, span):
                         stats.records_dropped += 1
                         stats.tombstones_dropped += 1
                         continue
-                kept.append(record)
-            stats.records_read += len(records)
+                kept.append(span)
+            stats.records_read += len(spans)
             stats.records_kept += len(kept)
-            if len(kept) == len(records):
+            if len(kept) == len(spans):
                 writer.append(raw, header)
             elif kept:
-                rebuilt = retain_records(header, kept)
+                rebuilt = retain_spans(header, payload, kept)
                 writer.append(rebuilt, read_header(rebuilt))
                 pacer.consumed(len(rebuilt))
     return stats
+
+
+def _is_tombstone(is_tombstone: IsTombstone, header: BatchHeader, payload: bytes | memoryview,
+                  span: RecordSpan) -> bool:
+    if is_tombstone is null_value:
+        return span.null_value       # no need to decode the record
+    return is_tombstone(decode_record(header, payload, span))
 
 
 class LogCleaner:

@@ -197,11 +197,12 @@ def test_group_segments_respects_size_and_offset_span():
 
 def test_offset_map_bounds_and_hashes_long_keys():
     m = OffsetMap(2)
-    assert m.put(b"short", 1) and m.put(b"x" * 40, 2)
+    assert m.put(b"short", 1) and m.put(b"x" * 60, 2)
     assert not m.put(b"third", 3), "full: a new key is refused"
     assert m.put(b"short", 9) and m.get(b"short") == 9, "an existing key is still updated"
-    assert m.get(b"x" * 40) == 2 and m.get(b"x" * 41) is None
+    assert m.get(b"x" * 60) == 2 and m.get(b"x" * 61) is None
     assert len(OffsetMap.slot(b"y" * 1000)) == 16 and OffsetMap.slot(b"abc") == b"abc"
+    assert OffsetMap.slot(b"z" * 48) == b"z" * 48 and len(OffsetMap.slot(b"z" * 49)) == 16
 
 
 def test_pacer_throttles_to_the_rate():
