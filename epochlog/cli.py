@@ -4,8 +4,8 @@ Offline tools (`log dump|verify|clean`, `demo`), `serve` (run a node), `up` (a l
 client commands of a running cluster (`status`, `put`, `get`, `ls`, `del`, `watch`, `history`,
 `events tail`, `leader transfer`, `snapshot`, `member ...`: epochlog/cli_client.py).
 
-Exit codes: 0 success (a stream ended by Ctrl-C included); `log verify` uses 1 (torn tail that
-recovery would cut) and 2 (mid-log corruption), `up` 1 (a node went down on its own or no leader
+Exit codes: 0 success (a stream ended by Ctrl-C included); `log verify` uses 1 (recovery would
+repair: cut a torn tail, finish or undo an interrupted cleaner swap) and 2 (mid-log corruption), `up` 1 (a node went down on its own or no leader
 came up); 3 an Epochlog error, printed as `error: <message>` (a rejected compare-and-set, a
 missing key, an unreachable cluster, a bad config...); 64 a usage error (bad option or argument,
 no cluster named); 130 interrupted (Ctrl-C outside a stream).
