@@ -422,6 +422,8 @@ def _clean_group(group: list[SealedSegment], writer: CleanedSegmentWriter, offse
                 stats.records_kept += header.records_count
                 continue
             payload, spans = decoded
+            if not spans:
+                continue          # an empty batch below the mapped end holds nothing: dropped (Kafka)
             expired = delete_horizon_ms is not None and header.max_timestamp < delete_horizon_ms
             kept: list[RecordSpan] = []
             for span in spans:

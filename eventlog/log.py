@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import mmap
 import os
 import threading
 import time
@@ -961,15 +962,31 @@ class Log:
     def cleanable_segments(self, below: int) -> CleanableSegments:
         """The sealed segments whose offsets are all below `below`, from the log start: what a
         cleaning pass may rewrite (never the active segment)."""
-        with self._lock:
+        # Only file descriptors are opened under the locks; the files are mapped (without faulting
+        # their pages in) after: reading them never holds up an append. An open descriptor keeps a
+        # file's contents even if retention deletes it meanwhile.
+        picked: list[tuple[Segment, int]] = []
+        with self._files_lock, self._lock:
             if self._closed:
                 raise LogClosedError(f"log {self.directory} is closed")
-            out = []
-            for seg in self._segments[:-1]:
-                if seg.next_offset > below:
-                    break
-                out.append(SealedSegment(seg.base_offset, seg.next_offset, seg.size, seg.cleaned, seg.view()))
-            return CleanableSegments(out, self._generation, max(self._cleaner.dirty_offset, self._bases[0]))
+            try:
+                for seg in self._segments[:-1]:
+                    if seg.next_offset > below:
+                        break
+                    picked.append((seg, os.open(seg.path, os.O_RDONLY | os.O_CLOEXEC)))
+            except OSError as exc:
+                for _, fd in picked:
+                    os.close(fd)
+                raise io_error(f"opening {self.directory} for cleaning", exc) from exc
+            generation, dirty = self._generation, max(self._cleaner.dirty_offset, self._bases[0])
+        out = []
+        for seg, fd in picked:
+            try:
+                data = memoryview(mmap.mmap(fd, seg.size, prot=mmap.PROT_READ)) if seg.size else memoryview(b"")
+            finally:
+                os.close(fd)
+            out.append(SealedSegment(seg.base_offset, seg.next_offset, seg.size, seg.cleaned, data))
+        return CleanableSegments(out, generation, dirty)
 
     def cleaned_writer(self, base_offset: int, end_offset: int) -> CleanedSegmentWriter:
         """A writer for the cleaned segment that will replace the segments covering [base, end)."""

@@ -33,7 +33,7 @@ from eventlog.offline import Verdict, dump_log_dir, verify_log_dir
 from eventlog.raft.errors import CompactedError
 from eventlog.raft.runtime.log_storage import LogStorage
 from eventlog.raft.types import ConfState
-from eventlog.records import RecordBatch, encode_batch, read_header, retain_records
+from eventlog.records import Record, RecordBatch, encode_batch, encode_records, read_header, retain_records
 from spark.sources import read_segments
 from tests.compaction.logs import Written, expected, gzip_batch, records, triples, write_random
 
@@ -493,3 +493,20 @@ def test_log_clean_command(tmp_path):
     assert after == [t for t in before if t[0] >= horizon or latest[t[1]] == t[0]]
     usage = epochlog("log", "clean", str(path))
     assert usage.returncode == 64
+
+
+def test_empty_batches_below_the_horizon_are_dropped_control_batches_compacted_by_key(log):
+    from eventlog.records import _finish
+    from eventlog.raft.runtime.entries import NOOP_KEY
+
+    empty = _finish(b"", 0, 0, 0, 2, 1_000, 1_000, -1, -1, -1, 0)   # 3 offsets, no record
+    gone = log.append(empty, epoch=1).base_offset
+    noops = [log.append(encode_records([Record(0, -1, NOOP_KEY, b"")], control=True), epoch=1).base_offset
+             for _ in range(3)]
+    fill(log, keys=2, rounds=80)
+    horizon = log.segment_bases()[-1]
+    clean_log(log, horizon, KEEP_DELETES, force=True)
+    bases = [b.header.base_offset for b in log.batches()]
+    assert gone not in bases
+    assert [o for o in noops if o in bases] == [noops[-1]], "the latest control record of its key stays"
+    assert all(b.header.is_control for b in log.batches() if b.header.base_offset == noops[-1])
