@@ -10,8 +10,9 @@ Theory of operation (Kafka's `LogCleaner`, whose design this follows):
 - **Offset map.** The pass reads the dirty section and maps each record's compaction key
   (`key_of(record key)`: by default the record key itself) to the offset of its latest record
   there, in a bounded map (`offset_map_max_keys`, Kafka's dedupe buffer: keys up to 48 bytes as
-  they are, longer ones by a 128-bit BLAKE2b digest, as Kafka hashes with MD5). When it fills, the pass maps no further: records past the last mapped
-  one are kept as they are and the next pass starts there.
+  they are, longer ones by a 128-bit BLAKE2b digest, as Kafka hashes with MD5). When it fills,
+  the pass maps no further: records past the last mapped one are kept as they are and the next
+  pass starts there.
 - **Horizon semantics.** Only records below the horizon supersede: a record is dropped when a later
   record of the same key, also below the horizon (and mapped), exists. Records at or above the
   horizon are never considered, so reading the cleaned log up to the horizon gives every key's
@@ -28,19 +29,23 @@ Theory of operation (Kafka's `LogCleaner`, whose design this follows):
   whose records are all kept is copied byte for byte; one that lost some is rebuilt with
   `records.retain_spans` (same base offset, last offset delta, epoch, timestamps, producer fields;
   the kept records' bytes copied as they are, so every kept record keeps its offset, and the
-  batch's partitionLeaderEpoch stays the Raft term); one that lost all disappears. Every batch read is CRC-checked first, so damage is never
-  laundered into a fresh CRC. The group is swapped in by `Log.swap_cleaned` (crash-safe, see
-  `eventlog.cleaned`) before the next group is read.
+  batch's partitionLeaderEpoch stays the Raft term); one that lost all disappears. Every batch
+  read is CRC-checked first, so damage is never laundered into a fresh CRC. The groups are then
+  swapped in, in order, by `Log.swap_cleaned` (crash-safe, see `eventlog.cleaned`); a pass that
+  finds the log changed (retention, truncation, reset) abandons what is left.
 - **Records the cleaner cannot judge** are kept: records whose key function returns None (null
   keys; for Epochlog's events, those whose record key does not name what they overwrite, such as
   a `txn/...` transaction), and batches compressed with a codec other than gzip.
 - **Why the key is a function of the record key**: mapping must not decode values (it is the hot
   loop, and the log layer knows nothing of event types); Epochlog's record key is the entity key.
 
-Costs and manners: the cleaner runs in its own thread (`LogCleaner`), never on a group's loop; it
-reads the mapped segment files without the log's lock and takes it only to swap the segment list.
-Its IO is throttled (`max_io_bytes_per_second`) and it gives the interpreter lock up every
-`YIELD_INTERVAL_S` of work, so the appending loop is not starved (Python threads share one lock).
+Costs and manners: the cleaner runs in its own thread (`LogCleaner`), never on a group's loop, and
+by default the CPU work of each pass (mapping, filtering, writing the cleaned files:
+`compaction.rewrite.run_pass`) runs in a worker process (`compaction.worker`, niced), because a
+CPU-bound thread in the node's process holds the interpreter lock: measured, it multiplied the p99
+latency of a paced appender by about 4, a worker process by about 1.6 (bench/RESULTS.md,
+"cleaner"). The log's lock is taken only to list the segments and to swap the segment list; the
+segment files are read without it. IO is throttled (`max_io_bytes_per_second`).
 
 A Raft group's log must only be cleaned below min(commit offset, latest snapshot index + 1): the
 storage serves no entry below `Log.clean_end_offset` (a follower that needs one gets the snapshot).
@@ -48,59 +53,53 @@ storage serves no entry below `Log.clean_end_offset` (a follower that needs one 
 
 from __future__ import annotations
 
-import hashlib
 import logging
+import os
+import pickle
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from compaction.config import CleanerConfig
-from eventlog.cleaned import CleanedSegmentWriter
-from eventlog.errors import EpochlogError, LogCorruptionError, UnsupportedCompressionError
-from eventlog.log import Log, SealedSegment
-from eventlog.records import (
-    BatchHeader,
-    Record,
-    RecordSpan,
-    check_batch,
-    decode_record,
-    read_header,
-    record_spans,
-    records_payload,
-    retain_spans,
+from compaction.rewrite import (
+    CleanedGroup,
+    CleanerAbortedError,
+    CleaningJob,
+    IsTombstone,
+    KeyOf,
+    OffsetMap,
+    Pacer,
+    PassOutput,
+    PassAbandonedError,
+    discard_cleaned,
+    group_segments,
+    null_value,
+    record_key,
+    run_pass,
 )
+from eventlog.cleaned import CleanedSegment
+from eventlog.errors import EpochlogError
+from eventlog.log import Log
+
+__all__ = ["CleanResult", "CleanerAbortedError", "CleanerFailedError", "IsTombstone", "KeyOf", "LogCleaner",
+           "OffsetMap", "Pacer", "clean_log", "group_segments", "null_value", "record_key"]
 
 logger = logging.getLogger(__name__)
 
-KeyOf = Callable[[bytes | None], bytes | None]   # record key -> compaction key (None: never compacted)
-IsTombstone = Callable[[Record], bool]
-
-YIELD_INTERVAL_S = 0.002   # give the GIL to other threads at least this often
-YIELD_SLEEP_S = 0.0001
-MAX_GROUP_SPAN = 2**31 - 1  # offsets relative to a segment's base are 32-bit in its index
-_DIGEST_BYTES = 16
-_RAW_KEY_BYTES = 48
+WORKER_POLL_S = 0.1
 
 
-def record_key(key: bytes | None) -> bytes | None:
-    """The default key function: the record key itself (a null key is never compacted)."""
-    return key
+class CleanerFailedError(EpochlogError):
+    """A cleaning pass failed in its worker process (the message says why: a damaged batch, a full
+    disk...); nothing was swapped in by it, its cleaned files are deleted."""
 
-
-def null_value(record: Record) -> bool:
-    """The default tombstone test: a null value (Kafka's rule)."""
-    return record.value is None
-
-
-class CleanerAbortedError(EpochlogError):
-    """A cleaning pass was stopped (the cleaner is closing); what it swapped in stays, the rest is
-    left for the next pass."""
-
-    code = "cleaner_aborted"
-    retriable = True
+    code = "cleaner_failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +122,7 @@ class CleanResult:
     seconds: float
     skipped: str | None = None  # why the pass did nothing
     aborted: str | None = None  # why it stopped before the end (what it swapped in stays)
+    pass_rss_anon_kib: int = 0  # anonymous memory of the process that ran the pass, offset map built
 
     @property
     def bytes_per_second(self) -> float:
@@ -143,326 +143,117 @@ class CleanResult:
         return text
 
 
-class OffsetMap:
-    """Key -> offset of its latest record, holding at most `max_keys` keys (Kafka's SkimpyOffsetMap).
-
-    Keys up to 48 bytes are stored as they are (a Python bytes object of a short key costs about as
-    much as one of a digest, and needs no hashing), longer ones as their 16-byte BLAKE2b digest (two
-    keys share a slot with probability ~2**-128 per pair: a digest equal to another key). Not
-    thread-safe.
-    """
-
-    __slots__ = ("_map", "max_keys")
-
-    def __init__(self, max_keys: int) -> None:
-        self.max_keys = max_keys
-        self._map: dict[bytes, int] = {}
-
-    @staticmethod
-    def slot(key: bytes) -> bytes:
-        return key if len(key) <= _RAW_KEY_BYTES else hashlib.blake2b(key, digest_size=_DIGEST_BYTES).digest()
-
-    def put(self, key: bytes, offset: int) -> bool:
-        """Record `offset` as the latest of `key`; False (nothing recorded) when the map is full."""
-        slot = self.slot(key)
-        if slot not in self._map and len(self._map) >= self.max_keys:
-            return False
-        self._map[slot] = offset
-        return True
-
-    def get(self, key: bytes) -> int | None:
-        return self._map.get(self.slot(key))
-
-    def __len__(self) -> int:
-        return len(self._map)
-
-
-class Pacer:
-    """Throttles the cleaner's IO to `bytes_per_second` (0: no limit; Kafka's Throttler) and yields
-    the interpreter lock every `YIELD_INTERVAL_S` of work. Not thread-safe (one cleaner thread)."""
-
-    def __init__(self, bytes_per_second: int, *, window_s: float = 0.1,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
-        self.bytes_per_second = bytes_per_second
-        self.window_s = window_s
-        self._clock = clock
-        self._sleep = sleep
-        self._window_start = clock()
-        self._window_bytes = 0
-        self._last_yield = clock()
-        self.slept_s = 0.0
-
-    def consumed(self, nbytes: int) -> None:
-        now = self._clock()
-        if self.bytes_per_second > 0:
-            self._window_bytes += nbytes
-            elapsed = now - self._window_start
-            due = self._window_bytes / self.bytes_per_second
-            if due > elapsed and (due - elapsed >= 0.001 or elapsed >= self.window_s):
-                self._pause(due - elapsed)
-                now = self._clock()
-            if elapsed >= self.window_s:
-                self._window_start, self._window_bytes = now, 0
-        if now - self._last_yield >= YIELD_INTERVAL_S:
-            self._pause(YIELD_SLEEP_S)
-
-    def _pause(self, seconds: float) -> None:
-        self._sleep(seconds)
-        self.slept_s += seconds
-        self._last_yield = self._clock()
-
-
-@dataclass(slots=True)
-class _Stats:
-    segments_before: int = 0
-    segments_after: int = 0
-    bytes_before: int = 0
-    bytes_after: int = 0
-    records_read: int = 0
-    records_kept: int = 0
-    records_dropped: int = 0
-    tombstones_dropped: int = 0
-    cleaned_through: int = -1
-
-
 def clean_log(log: Log, clean_below: int, config: CleanerConfig | None = None, *,
               key_of: KeyOf = record_key, is_tombstone: IsTombstone = null_value, force: bool = False,
               pacer: Pacer | None = None, should_stop: Callable[[], bool] | None = None) -> CleanResult:
-    """One cleaning pass of `log` below `clean_below` (see the module docstring); runs in the caller's
-    thread (use `LogCleaner` for a background thread). `force` ignores the dirty ratio.
+    """One cleaning pass of `log` below `clean_below` (see the module docstring). The pass's CPU work
+    runs in a worker process when `config.worker_process` (then `key_of` and `is_tombstone` must be
+    importable module-level functions), else in the calling thread; the swaps run in the calling
+    thread. `force` ignores the dirty ratio.
 
-    Never blocks appends; raises what the log raises (LogCorruptionError for a damaged batch,
-    DiskFullError, LogFailedError), CleanerAbortedError when `should_stop()` became true.
+    Never blocks appends. Raises what the log raises (DiskFullError, LogFailedError...),
+    LogCorruptionError (in a thread) or CleanerFailedError (in a worker) for a damaged batch, and
+    CleanerAbortedError when `should_stop()` became true.
     """
     config = config or CleanerConfig()
     config.validate()
-    pacer = pacer or Pacer(config.max_io_bytes_per_second)
     started = time.perf_counter()
     state = log.cleanable_segments(clean_below)
-    segments = state.segments
-    dirty_from = state.dirty_offset
+    job = CleaningJob(str(log.directory), tuple(state.segments), state.dirty_offset, config,
+                      log.config.segment_bytes, log.config.index_interval_bytes, force, key_of, is_tombstone)
 
-    def result(stats: _Stats, dirty: int, offset_map: OffsetMap | None, full: bool,
-               skipped: str | None = None, aborted: str | None = None) -> CleanResult:
-        through = stats.cleaned_through if stats.cleaned_through >= 0 else log.start_offset
-        return CleanResult(clean_below, through, dirty, stats.segments_before, stats.segments_after,
-                           stats.bytes_before, stats.bytes_after, stats.records_read, stats.records_kept,
-                           stats.records_dropped, stats.tombstones_dropped,
-                           len(offset_map) if offset_map is not None else 0, full,
-                           time.perf_counter() - started, skipped, aborted)
+    def result(groups: list[CleanedGroup], output: PassOutput, dirty: int, *, skipped: str | None = None,
+               aborted: str | None = None) -> CleanResult:
+        through = groups[-1].end_offset if groups else log.start_offset
+        return CleanResult(clean_below, through, dirty, sum(g.segments for g in groups), len(groups),
+                           sum(g.bytes_before for g in groups), sum(g.size for g in groups),
+                           sum(g.records_read for g in groups), sum(g.records_kept for g in groups),
+                           sum(g.records_dropped for g in groups), sum(g.tombstones_dropped for g in groups),
+                           output.offset_map_keys, output.offset_map_full, time.perf_counter() - started,
+                           skipped, aborted, output.rss_anon_kib)
 
-    if not segments:
-        return result(_Stats(), dirty_from, None, False,
-                      skipped=f"no sealed segment is wholly below offset {clean_below}")
-    dirty = [s for s in segments if s.next_offset > dirty_from]
-    if not dirty:
-        return result(_Stats(), dirty_from, None, False,
-                      skipped=f"everything below offset {segments[-1].next_offset} is already cleaned")
-    total_bytes = sum(s.size for s in segments)
-    dirty_bytes = sum(s.size for s in dirty)
-    ratio = dirty_bytes / total_bytes if total_bytes else 1.0
-    if ratio < config.min_cleanable_dirty_ratio and not force:
-        return result(_Stats(), dirty_from, None, False,
-                      skipped=f"dirty ratio {ratio:.2f} is below min_cleanable_dirty_ratio "
-                              f"{config.min_cleanable_dirty_ratio}")
-
-    clean_section = [s for s in segments if s.next_offset <= dirty_from]
-    clean_max_ts = max((_max_timestamp(s) for s in clean_section), default=None)
-    delete_horizon_ms = None if clean_max_ts is None or clean_max_ts < 0 else clean_max_ts - config.delete_retention_ms
-
-    offset_map = OffsetMap(config.offset_map_max_keys)
-    mapped_end, full = _build_offset_map(dirty, dirty_from, offset_map, key_of, pacer, should_stop)
-    to_clean = [s for s in segments if s.base_offset < mapped_end]
-    stats = _Stats()
-    for group in group_segments(to_clean, log.config.segment_bytes):
-        if should_stop is not None and should_stop():
-            raise CleanerAbortedError(f"stopped while cleaning {log.directory}")
-        base, end = group[0].base_offset, group[-1].next_offset
-        new_dirty = max(dirty_from, min(end, mapped_end))
-        writer = log.cleaned_writer(base, end)
-        try:
-            group_stats = _clean_group(group, writer, offset_map, mapped_end, delete_horizon_ms, key_of,
-                                       is_tombstone, pacer, should_stop)
-            if len(group) == 1 and group[0].cleaned and end <= dirty_from and group_stats.records_dropped == 0:
-                writer.discard()   # cleaned before, nothing to drop now: no swap
-                continue
-            cleaned = writer.finish()
-        except BaseException:
-            writer.discard()
-            raise
-        if not log.swap_cleaned(cleaned, generation=state.generation, dirty_offset=new_dirty):
-            return result(stats, dirty_from, offset_map, full,
-                          aborted=f"the log changed (truncated, reset or retention) before [{base}, {end}) "
-                                  f"was swapped in")
-        dirty_from = new_dirty
-        stats.segments_before += len(group)
-        stats.segments_after += 1
-        stats.bytes_before += group_stats.bytes_before
-        stats.bytes_after += cleaned.size
-        stats.records_read += group_stats.records_read
-        stats.records_kept += group_stats.records_kept
-        stats.records_dropped += group_stats.records_dropped
-        stats.tombstones_dropped += group_stats.tombstones_dropped
-        stats.cleaned_through = end
-    final = result(stats, dirty_from, offset_map, full)
+    try:
+        if config.worker_process:
+            output = run_in_worker(job, should_stop)
+        else:
+            output = run_pass(job, pacer or Pacer(config.max_io_bytes_per_second), should_stop)
+    except PassAbandonedError as exc:
+        return result([], PassOutput(), state.dirty_offset, aborted=str(exc))
+    if output.skipped:
+        return result([], output, state.dirty_offset, skipped=output.skipped)
+    swapped: list[CleanedGroup] = []
+    dirty = state.dirty_offset
+    pending = list(output.groups)
+    try:
+        while pending:
+            if should_stop is not None and should_stop():
+                raise CleanerAbortedError(f"stopped while swapping cleaned segments into {log.directory}")
+            group = pending.pop(0)
+            cleaned = CleanedSegment(log.directory, group.base_offset, group.end_offset, group.size, group.indexes)
+            if not log.swap_cleaned(cleaned, generation=state.generation, dirty_offset=group.dirty_offset):
+                return result(swapped, output, dirty,
+                              aborted=f"the log changed (truncated, reset or retention) before "
+                                      f"[{group.base_offset}, {group.end_offset}) was swapped in")
+            swapped.append(group)
+            dirty = group.dirty_offset
+    finally:
+        for group in pending:
+            discard_cleaned(log.directory, group)
+    final = result(swapped, output, dirty)
     logger.info("log %s: %s", log.directory, final.summary())
     return final
 
 
-def group_segments(segments: list[SealedSegment], max_bytes: int) -> list[list[SealedSegment]]:
-    """Consecutive segments whose sizes add up to at most `max_bytes` (a lone larger one is a group
-    of its own) and whose offsets span less than 2**31: each group becomes one cleaned segment, so
-    repeated cleaning does not leave ever smaller segments (Kafka's groupSegmentsBySize)."""
-    groups: list[list[SealedSegment]] = []
-    for seg in segments:
-        if groups:
-            last = groups[-1]
-            if (sum(s.size for s in last) + seg.size <= max_bytes
-                    and seg.next_offset - last[0].base_offset <= MAX_GROUP_SPAN):
-                last.append(seg)
-                continue
-        groups.append([seg])
-    return groups
-
-
-def _batches(seg: SealedSegment) -> Iterator[tuple[BatchHeader, memoryview]]:
-    """Every batch of a sealed segment, CRC-checked (a damaged one stops the pass)."""
-    view = seg.data
-    pos = 0
-    while pos < seg.size:
-        checked = check_batch(view, pos, seg.size)
-        if isinstance(checked, str):
-            raise LogCorruptionError(f"segment {seg.base_offset}", pos, f"while cleaning: {checked}")
-        yield checked, view[pos:pos + checked.size]
-        pos += checked.size
-
-
-def _max_timestamp(seg: SealedSegment) -> int:
-    view = seg.data
-    pos, best = 0, -1
-    while pos < seg.size:
-        h = read_header(view, pos)
-        best = max(best, h.max_timestamp)
-        pos += h.size
-    return best
-
-
-def _spans(header: BatchHeader, raw: memoryview) -> tuple[bytes | memoryview, list[RecordSpan]] | None:
-    """The batch's payload and record spans, or None when it cannot be decoded (an unsupported
-    codec: the batch is kept whole)."""
+def run_in_worker(job: CleaningJob, should_stop: Callable[[], bool] | None = None) -> PassOutput:
+    """Run `job` in a fresh worker process (`python -m compaction.worker`), waiting for it; killed
+    (and its cleaned files deleted) when `should_stop()` becomes true."""
     try:
-        payload = records_payload(header, raw)
-    except UnsupportedCompressionError:
-        return None
-    return payload, record_spans(header, payload)
-
-
-def _build_offset_map(dirty: list[SealedSegment], dirty_from: int, offset_map: OffsetMap, key_of: KeyOf,
-                      pacer: Pacer, should_stop: Callable[[], bool] | None) -> tuple[int, bool]:
-    """Map the dirty section; returns (offset where mapping stopped, whether the map filled up).
-
-    A segment is mapped only if its record count fits in what is left of the map (a conservative
-    bound on its distinct keys), except the first, so each pass maps at least part of a segment.
-    """
-    mapped_end = dirty_from
-    for n, seg in enumerate(dirty):
-        if should_stop is not None and should_stop():
-            raise CleanerAbortedError("stopped while building the offset map")
-        if n > 0:
-            count = sum(read_header(seg.data, pos).records_count for pos in _positions(seg))
-            if len(offset_map) + count > offset_map.max_keys:
-                return mapped_end, True
-        for header, raw in _batches(seg):
-            pacer.consumed(header.size)
-            if header.last_offset < dirty_from:
-                continue
-            decoded = _spans(header, raw)
-            if decoded is None:
-                continue
-            for span in decoded[1]:
-                if span.offset < dirty_from:
-                    continue
-                key = key_of(span.key)
-                if key is not None and not offset_map.put(key, span.offset):
-                    return span.offset, True
-        mapped_end = seg.next_offset
-    return mapped_end, False
-
-
-def _positions(seg: SealedSegment) -> Iterator[int]:
-    pos = 0
-    while pos < seg.size:
-        yield pos
-        pos += read_header(seg.data, pos).size
-
-
-@dataclass(slots=True)
-class _GroupStats:
-    bytes_before: int = 0
-    records_read: int = 0
-    records_kept: int = 0
-    records_dropped: int = 0
-    tombstones_dropped: int = 0
-
-
-def _clean_group(group: list[SealedSegment], writer: CleanedSegmentWriter, offset_map: OffsetMap, mapped_end: int,
-                 delete_horizon_ms: int | None, key_of: KeyOf, is_tombstone: IsTombstone, pacer: Pacer,
-                 should_stop: Callable[[], bool] | None) -> _GroupStats:
-    stats = _GroupStats()
-    for seg in group:
-        stats.bytes_before += seg.size
-        for header, raw in _batches(seg):
+        data = pickle.dumps(job)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise CleanerFailedError(f"the cleaning job cannot go to a worker process ({exc}): key_of and "
+                                 f"is_tombstone must be module-level functions") from None
+    proc = subprocess.Popen([sys.executable, "-m", "compaction.worker", str(os.getpid())], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = True
+    while True:
+        try:
+            out, err = proc.communicate(input=data if first else None, timeout=WORKER_POLL_S)
+            break
+        except subprocess.TimeoutExpired:
+            first = False
             if should_stop is not None and should_stop():
-                raise CleanerAbortedError("stopped while cleaning")
-            pacer.consumed(header.size)
-            decoded = None if header.base_offset >= mapped_end else _spans(header, raw)
-            if decoded is None:   # nothing below the mapped end, or undecodable: kept as it is
-                writer.append(raw, header)
-                stats.records_read += header.records_count
-                stats.records_kept += header.records_count
-                continue
-            payload, spans = decoded
-            if not spans:
-                continue          # an empty batch below the mapped end holds nothing: dropped (Kafka)
-            expired = delete_horizon_ms is not None and header.max_timestamp < delete_horizon_ms
-            kept: list[RecordSpan] = []
-            for span in spans:
-                key = key_of(span.key) if span.offset < mapped_end else None
-                if key is not None:
-                    latest = offset_map.get(key)
-                    if latest is not None and span.offset < latest:
-                        stats.records_dropped += 1
-                        continue
-                    if expired and _is_tombstone(is_tombstone, header, payload, span):
-                        stats.records_dropped += 1
-                        stats.tombstones_dropped += 1
-                        continue
-                kept.append(span)
-            stats.records_read += len(spans)
-            stats.records_kept += len(kept)
-            if len(kept) == len(spans):
-                writer.append(raw, header)
-            elif kept:
-                rebuilt = retain_spans(header, payload, kept)
-                writer.append(rebuilt, read_header(rebuilt))
-                pacer.consumed(len(rebuilt))
-    return stats
+                proc.kill()
+                proc.communicate()
+                _remove_cleaned_files(Path(job.directory))
+                raise CleanerAbortedError(f"stopped while cleaning {job.directory}") from None
+    try:
+        kind, payload = pickle.loads(out)
+    except Exception:  # noqa: BLE001 - a worker that died prints nothing we can read
+        _remove_cleaned_files(Path(job.directory))
+        raise CleanerFailedError(f"the cleaner's worker process exited with {proc.returncode}: "
+                                 f"{err.decode(errors='replace').strip()[-2000:]}") from None
+    if kind == "ok":
+        assert isinstance(payload, PassOutput)
+        return payload
+    if kind == "gone":
+        raise PassAbandonedError(payload)
+    raise CleanerFailedError(f"cleaning {job.directory}: {payload}")
 
 
-def _is_tombstone(is_tombstone: IsTombstone, header: BatchHeader, payload: bytes | memoryview,
-                  span: RecordSpan) -> bool:
-    if is_tombstone is null_value:
-        return span.null_value       # no need to decode the record
-    return is_tombstone(decode_record(header, payload, span))
+def _remove_cleaned_files(directory: Path) -> None:
+    """Cleaned files a killed worker left (no swap ever names them: the swaps run here)."""
+    for p in directory.glob("*.cleaned"):
+        p.unlink(missing_ok=True)
 
 
 class LogCleaner:
     """A background thread that cleans logs on request, one pass at a time (Kafka's cleaner thread).
 
     `submit(log, clean_below)` queues a pass and returns a Future of its `CleanResult` (a request for
-    a log already queued raises that request's horizon and shares its Future). One throttle covers
-    every log it cleans. `close()` stops it: a pass under way stops at its next batch (what it
-    swapped in stays; its unfinished cleaned file is deleted) and queued requests are cancelled.
+    a log already queued raises that request's horizon and shares its Future). Passes run one at a
+    time, so the throttle (`max_io_bytes_per_second`) bounds the whole node. `close()` stops it: a
+    pass under way stops (its worker process killed; what it swapped in stays; its cleaned files not
+    yet swapped in are deleted) and queued requests are cancelled.
 
     Thread-safety: `submit`, `close` and the properties may be called from any thread.
     """
@@ -473,7 +264,7 @@ class LogCleaner:
         self.config.validate()
         self._key_of = key_of
         self._is_tombstone = is_tombstone
-        self._pacer = Pacer(self.config.max_io_bytes_per_second)
+        self._pacer = Pacer(self.config.max_io_bytes_per_second)   # passes in this thread share it
         self._cond = threading.Condition()
         self._queue: deque[_Request] = deque()
         self._closed = False

@@ -38,7 +38,12 @@ class CleanerConfig:
         "Most distinct keys one pass maps (Kafka's dedupe buffer): bounds the cleaner's memory.",
         min=1, max=2**40))
     max_io_bytes_per_second: int = field(default=0, metadata=doc(
-        "Throttle on the bytes the cleaner reads and writes per second; 0: unthrottled.", min=0, max=2**62))
+        "Throttle on the bytes a pass reads and writes per second; 0: unthrottled.", min=0, max=2**62))
+    worker_process: bool = field(default=True, metadata=doc(
+        "Run each pass's CPU work (mapping, filtering, writing) in a worker process, so the node's "
+        "interpreter lock is never held by the cleaner; false: in the cleaner thread."))
+    worker_nice: int = field(default=10, metadata=doc(
+        "CPU priority the worker process lowers itself by (Unix nice increment).", min=0, max=19))
 
     def validate(self, section: str = SECTION) -> None:
         """Check every field's range (a config built in code skips `from_mapping`'s checks)."""

@@ -20,8 +20,7 @@ Durability: `append` copies the batch into the mapped active segment; when it is
 the flush policy (see `LogConfig`). `durable_offset` is the end of the prefix known to be on disk;
 `wait_durable` and durability listeners report its progress.
 
-Key compaction (`compaction/cleaner.py`) reads sealed segments without the lock (zero-copy views
-stay valid) and hands back a cleaned segment that `swap_cleaned` puts in place of the segments it
+Key compaction (`compaction/cleaner.py`) reads sealed segment files without the lock and hands back a cleaned segment that `swap_cleaned` puts in place of the segments it
 replaces, crash-safely (`eventlog.cleaned`); reads of a cleaned range skip the offsets it dropped.
 
 Thread-safety: all public methods may be called from any thread; state is guarded by one lock.
@@ -35,7 +34,6 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import mmap
 import os
 import threading
 import time
@@ -143,14 +141,12 @@ class LogRead:
 
 @dataclass(frozen=True, slots=True)
 class SealedSegment:
-    """A sealed segment as the cleaner reads it: a zero-copy view of its whole file (valid even after
-    the segment is deleted or replaced) and the offsets it covers."""
+    """A sealed segment as the cleaner sees it: the offsets it covers and its file's size."""
 
     base_offset: int
     next_offset: int
     size: int
     cleaned: bool
-    data: memoryview
 
 
 @dataclass(frozen=True, slots=True)
@@ -961,32 +957,18 @@ class Log:
 
     def cleanable_segments(self, below: int) -> CleanableSegments:
         """The sealed segments whose offsets are all below `below`, from the log start: what a
-        cleaning pass may rewrite (never the active segment)."""
-        # Only file descriptors are opened under the locks; the files are mapped (without faulting
-        # their pages in) after: reading them never holds up an append. An open descriptor keeps a
-        # file's contents even if retention deletes it meanwhile.
-        picked: list[tuple[Segment, int]] = []
-        with self._files_lock, self._lock:
+        cleaning pass may rewrite (never the active segment). The cleaner reads their files itself,
+        without any lock (a sealed segment file never changes; if retention deletes one meanwhile,
+        the pass is abandoned)."""
+        with self._files_lock, self._lock:   # never in the middle of a swap
             if self._closed:
                 raise LogClosedError(f"log {self.directory} is closed")
-            try:
-                for seg in self._segments[:-1]:
-                    if seg.next_offset > below:
-                        break
-                    picked.append((seg, os.open(seg.path, os.O_RDONLY | os.O_CLOEXEC)))
-            except OSError as exc:
-                for _, fd in picked:
-                    os.close(fd)
-                raise io_error(f"opening {self.directory} for cleaning", exc) from exc
-            generation, dirty = self._generation, max(self._cleaner.dirty_offset, self._bases[0])
-        out = []
-        for seg, fd in picked:
-            try:
-                data = memoryview(mmap.mmap(fd, seg.size, prot=mmap.PROT_READ)) if seg.size else memoryview(b"")
-            finally:
-                os.close(fd)
-            out.append(SealedSegment(seg.base_offset, seg.next_offset, seg.size, seg.cleaned, data))
-        return CleanableSegments(out, generation, dirty)
+            out = []
+            for seg in self._segments[:-1]:
+                if seg.next_offset > below:
+                    break
+                out.append(SealedSegment(seg.base_offset, seg.next_offset, seg.size, seg.cleaned))
+            return CleanableSegments(out, self._generation, max(self._cleaner.dirty_offset, self._bases[0]))
 
     def cleaned_writer(self, base_offset: int, end_offset: int) -> CleanedSegmentWriter:
         """A writer for the cleaned segment that will replace the segments covering [base, end)."""
@@ -1004,7 +986,11 @@ class Log:
         base, end = cleaned.base_offset, cleaned.end_offset
         with self._files_lock:
             with self._lock:
-                self._check_writable()
+                try:
+                    self._check_writable()
+                except LogError:
+                    cleaned.discard()
+                    raise
                 i = bisect_right(self._bases, base) - 1
                 j = bisect_right(self._bases, end) - 1
                 valid = (generation == self._generation and i >= 0 and self._bases[i] == base

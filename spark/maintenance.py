@@ -100,12 +100,13 @@ def watermarks(dt: Any) -> dict[str, int]:
     return out
 
 
-def _exported_groups(dt: Any) -> list[str]:
-    """The groups whose app transactions the table holds (from the commits' custom metadata)."""
+def _exported_groups(dt: Any, commits: int = 1000) -> list[str]:
+    """The groups exported by the table's last `commits` commits (from the export runs' custom
+    metadata: delta-rs lists no app transactions)."""
     import json
 
     groups: set[str] = set()
-    for entry in dt.history():
+    for entry in dt.history(limit=commits):
         spans = entry.get("epochlog.export")
         if spans:
             try:

@@ -57,7 +57,8 @@ def main(argv: list[str]) -> int:
 
     for name in WRAPPED:
         setattr(os, name, wrap(name))
-    result = clean_log(log, below, CleanerConfig(delete_retention_ms=10**15), force=True)
+    # In this process (worker_process false): every step of the pass is counted here.
+    result = clean_log(log, below, CleanerConfig(delete_retention_ms=10**15, worker_process=False), force=True)
     for name, fn in originals.items():
         setattr(os, name, fn)
     say(f"RESULT {result.dirty_offset} {result.records_dropped} {result.segments_before} {result.segments_after}")

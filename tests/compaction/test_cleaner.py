@@ -38,7 +38,7 @@ from spark.sources import read_segments
 from tests.compaction.logs import Written, expected, gzip_batch, records, triples, write_random
 
 CFG = LogConfig(segment_bytes=4096, index_interval_bytes=256, flush_policy="fsync", preallocate_next_segment=False)
-KEEP_DELETES = CleanerConfig(delete_retention_ms=10**15)
+KEEP_DELETES = CleanerConfig(delete_retention_ms=10**15, worker_process=False)   # passes in this thread
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -121,7 +121,7 @@ def test_fully_kept_batches_are_copied_byte_for_byte(log):
 
 def test_tombstones_are_kept_for_delete_retention_then_dropped(log):
     retention = 10_000
-    config = CleanerConfig(delete_retention_ms=retention)
+    config = CleanerConfig(delete_retention_ms=retention, worker_process=False)
     put(log, "gone", b"v", ts=1_000)
     tomb = put(log, "gone", None, ts=2_000)
     fill(log, keys=3, rounds=40, ts=2_000)                   # first segments: ts <= 2_039
@@ -162,7 +162,7 @@ def test_a_full_offset_map_continues_in_later_passes_to_the_same_result(tmp_path
     with Log.open(path, CFG) as lg:
         written = write_random(lg, rng, 300, key_space=60)
         horizon = lg.segment_bases()[-1]
-        small = CleanerConfig(offset_map_max_keys=10, delete_retention_ms=10**15)
+        small = CleanerConfig(offset_map_max_keys=10, delete_retention_ms=10**15, worker_process=False)
         results = []
         for _ in range(200):
             r = clean_log(lg, horizon, small, force=True)
@@ -189,9 +189,9 @@ def test_grouping_merges_small_cleaned_segments(log):
 
 def test_group_segments_respects_size_and_offset_span():
     from eventlog.log import SealedSegment
-    segs = [SealedSegment(i * 10, i * 10 + 10, size, True, memoryview(b"")) for i, size in enumerate([10, 10, 30, 5, 5])]
+    segs = [SealedSegment(i * 10, i * 10 + 10, size, True) for i, size in enumerate([10, 10, 30, 5, 5])]
     assert [[s.base_offset for s in g] for g in group_segments(segs, 25)] == [[0, 10], [20], [30, 40]]
-    wide = [SealedSegment(0, 2**31, 1, True, memoryview(b"")), SealedSegment(2**31, 2**31 + 5, 1, True, memoryview(b""))]
+    wide = [SealedSegment(0, 2**31, 1, True), SealedSegment(2**31, 2**31 + 5, 1, True)]
     assert len(group_segments(wide, 100)) == 2
 
 
@@ -212,7 +212,7 @@ def test_pacer_throttles_to_the_rate():
     def sleep(s: float) -> None:
         slept.append(s)
         now[0] += s
-    pacer = Pacer(1_000_000, clock=lambda: now[0], sleep=sleep)
+    pacer = Pacer(1_000_000, yield_gil=False, clock=lambda: now[0], sleep=sleep)
     for _ in range(100):
         pacer.consumed(50_000)          # 5 MB at 1 MB/s: about 5 s of sleeping
     assert 4.5 <= sum(slept) <= 5.5
@@ -355,10 +355,11 @@ def test_a_swap_after_a_truncation_is_refused(log):
     state = log.cleanable_segments(log.segment_bases()[-1])
     seg = state.segments[0]
     writer = log.cleaned_writer(seg.base_offset, seg.next_offset)
+    data = (log.directory / f"{seg.base_offset:020d}.log").read_bytes()
     pos = 0
     while pos < seg.size:
-        h = read_header(seg.data, pos)
-        writer.append(bytes(seg.data[pos:pos + h.size]), h)
+        h = read_header(data, pos)
+        writer.append(data[pos:pos + h.size], h)
         pos += h.size
     cleaned = writer.finish()
     log.truncate_suffix(log.end_offset - 1)              # a Raft truncation: the generation changes
@@ -434,7 +435,7 @@ def test_log_cleaner_thread_cleans_on_request_and_stops_mid_pass(tmp_path):
     path = tmp_path / "log"
     with Log.open(path, CFG) as lg:
         fill(lg, keys=3, rounds=200)
-        cleaner = LogCleaner(KEEP_DELETES)
+        cleaner = LogCleaner(CleanerConfig(delete_retention_ms=10**15))   # a worker process per pass
         try:
             result = cleaner.submit(lg, lg.segment_bases()[3], force=True).result(30)
             assert result.segments_before == 3 and cleaner.last_result == result
@@ -443,6 +444,7 @@ def test_log_cleaner_thread_cleans_on_request_and_stops_mid_pass(tmp_path):
         with pytest.raises(CleanerAbortedError):
             cleaner.submit(lg, 10)
         slow = LogCleaner(CleanerConfig(max_io_bytes_per_second=20_000, delete_retention_ms=10**15))
+        assert slow.config.worker_process
         future = slow.submit(lg, lg.segment_bases()[-1], force=True)
         time.sleep(0.3)
         slow.close(10)
@@ -510,3 +512,44 @@ def test_empty_batches_below_the_horizon_are_dropped_control_batches_compacted_b
     assert gone not in bases
     assert [o for o in noops if o in bases] == [noops[-1]], "the latest control record of its key stays"
     assert all(b.header.is_control for b in log.batches() if b.header.base_offset == noops[-1])
+
+
+def test_a_worker_process_writes_exactly_what_the_thread_writes(tmp_path):
+    import random
+    import shutil
+
+    rng = random.Random(11)
+    base = tmp_path / "base"
+    with Log.open(base, CFG) as lg:
+        write_random(lg, rng, 300, key_space=25)
+        horizon = lg.segment_bases()[-1]
+    shutil.copytree(base, tmp_path / "thread")
+    shutil.copytree(base, tmp_path / "worker")
+    results = {}
+    for mode in ("thread", "worker"):
+        with Log.open(tmp_path / mode, CFG) as lg:
+            results[mode] = clean_log(lg, horizon, CleanerConfig(worker_process=mode == "worker",
+                                                                 delete_retention_ms=10**15), force=True)
+    assert results["worker"].records_dropped == results["thread"].records_dropped > 0
+    for path in sorted((tmp_path / "thread").iterdir()):
+        if path.suffix in (".log", ".index", ".timeindex") or path.name == CHECKPOINT_NAME:
+            assert path.read_bytes() == (tmp_path / "worker" / path.name).read_bytes(), path.name
+    assert results["worker"].pass_rss_anon_kib > 0
+
+
+def test_a_second_pass_on_the_same_log_is_refused_while_one_runs(tmp_path):
+    import fcntl
+    import os
+
+    from compaction.rewrite import CLEANER_LOCK_NAME
+    path = tmp_path / "log"
+    with Log.open(path, CFG) as lg:
+        fill(lg, keys=2, rounds=80)
+        fd = os.open(path / CLEANER_LOCK_NAME, os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)     # as a worker left running by a node that died would
+        try:
+            busy = clean_log(lg, lg.segment_bases()[-1], CleanerConfig(), force=True)
+            assert busy.aborted and "cleaning pass holds" in busy.aborted and busy.segments_before == 0
+        finally:
+            os.close(fd)
+        assert clean_log(lg, lg.segment_bases()[-1], CleanerConfig(), force=True).segments_before > 0

@@ -77,7 +77,7 @@ def test_cleaned_log_matches_model(tmp_path, seed):
     path = tmp_path / "log"
     expire = rng.random() < 0.4
     cleaner = CleanerConfig(offset_map_max_keys=rng.choice([8, 40, 10_000]), delete_retention_ms=0 if expire else 10**15,
-                            min_cleanable_dirty_ratio=rng.choice([0.0, 0.5]))
+                            min_cleanable_dirty_ratio=rng.choice([0.0, 0.5]), worker_process=False)
     log = Log.open(path, config)
     try:
         written = write_random(log, rng, rng.randrange(150, 400), key_space=rng.choice([5, 30, 200]))

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SEGMENT_BYTES = 4096
 CONFIG = LogConfig(segment_bytes=SEGMENT_BYTES, index_interval_bytes=256, flush_policy="fsync",
                    preallocate_next_segment=False)
-RETAIN = CleanerConfig(delete_retention_ms=10**15)
+RETAIN = CleanerConfig(delete_retention_ms=10**15, worker_process=False)
 
 
 def _seed() -> int:
