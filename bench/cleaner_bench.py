@@ -8,14 +8,16 @@ Records come in batches of 10 (a leader coalesces proposals), each record a key
 and a 100-byte random value, appended with `Log.append` to a log of 16 MiB segments in a scratch
 directory under DIR (default bench/out/, git-ignored), removed afterwards.
 
-1. speed and memory   one FRESH subprocess per key count (--keys): append N records, then one forced
-                      pass `clean_log` below the active segment: MB/s of log read (the bytes of the
-                      segments rewritten, over the pass), records/s, bytes before/after, offset-map
-                      keys, and memory: VmRSS before the pass, and the peak VmHWM after it.
+1. speed and memory   per key count (--keys): append N records, then one forced pass `clean_log`
+                      below the active segment, its work in a worker process (the default): MB/s of
+                      log read (the bytes of the segments rewritten, over the pass, worker start-up
+                      included), records/s, bytes before/after, offset-map keys, and the worker's
+                      anonymous memory (RssAnon) once its offset map is built.
 2. append latency     a thread appends 1-record batches at a fixed rate (open loop: each append has
                       a due time; its latency is completion minus due time, so waiting for the
                       interpreter lock counts) for S seconds without cleaning, then S seconds while a
-                      `LogCleaner` thread cleans a large log, unthrottled and throttled.
+                      `LogCleaner` cleans a large log: pass in a worker process (unthrottled, and at
+                      8 MiB/s), and pass in the cleaner thread (`worker_process = false`).
 3. steady state       M overwrites of 1,000 keys in chunks; after each chunk a pass below the active
                       segment; the log's bytes on disk after each pass (flat when cleaning keeps up).
 
@@ -25,11 +27,9 @@ The machine is shared: the load average is recorded with every phase.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -64,15 +64,6 @@ def load_average() -> str:
     return " / ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def memory_kib() -> dict[str, int]:
-    out = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name in ("VmRSS", "VmHWM"):
-            out[name] = int(value.split()[0])
-    return out
-
-
 def fill(lg: Log, records: int, keys: int, seed: int, ts: int = 1_700_000_000_000) -> None:
     rng = random.Random(seed)
     value = rng.randbytes(VALUE_BYTES)
@@ -87,34 +78,18 @@ def dir_bytes(path: Path) -> int:
 
 # --- 1. speed and memory (in a fresh process per key count) ---------------------------------------
 
-def speed_child(directory: Path, records: int, keys: int) -> dict[str, Any]:
-    config = LogConfig(segment_bytes=SEGMENT_BYTES, flush_policy="interval", preallocate_next_segment=False)
-    with Log.open(directory, config) as lg:
-        started = time.perf_counter()
-        fill(lg, records, keys, seed=keys)
-        fill_s = time.perf_counter() - started
-        lg.flush()
-        before = memory_kib()
-        horizon = lg.segment_bases()[-1]
-        result = clean_log(lg, horizon, CleanerConfig(), force=True)
-        after = memory_kib()
-    return {"keys": keys, "records": records, "fill_s": fill_s, "seconds": result.seconds,
-            "bytes_before": result.bytes_before, "bytes_after": result.bytes_after,
-            "records_read": result.records_read, "records_kept": result.records_kept,
-            "map_keys": result.offset_map_keys, "segments": result.segments_before,
-            "rss_before_kib": before["VmRSS"], "rss_after_kib": after["VmRSS"], "hwm_kib": after["VmHWM"],
-            "load": load_average()}
-
-
 def run_speed(scratch: Path, records: int, keys: int) -> dict[str, Any]:
     directory = scratch / f"speed-{keys}"
-    proc = subprocess.run([sys.executable, "-m", "bench.cleaner_bench", "--child-speed", str(directory),
-                           str(records), str(keys)], capture_output=True, text=True, check=False,
-                          cwd=Path(__file__).resolve().parents[1])
+    config = LogConfig(segment_bytes=SEGMENT_BYTES, flush_policy="interval", preallocate_next_segment=False)
+    with Log.open(directory, config) as lg:
+        fill(lg, records, keys, seed=keys)
+        lg.flush()
+        result = clean_log(lg, lg.segment_bases()[-1], CleanerConfig(), force=True)
     shutil.rmtree(directory, ignore_errors=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"speed child failed: {proc.stderr}")
-    return json.loads(proc.stdout.splitlines()[-1])
+    return {"keys": keys, "records": records, "seconds": result.seconds, "bytes_before": result.bytes_before,
+            "bytes_after": result.bytes_after, "records_read": result.records_read,
+            "records_kept": result.records_kept, "map_keys": result.offset_map_keys,
+            "segments": result.segments_before, "rss_anon_kib": result.pass_rss_anon_kib, "load": load_average()}
 
 
 # --- 2. append latency while cleaning -------------------------------------------------------------
@@ -138,10 +113,35 @@ def paced_appends(lg: Log, rate: float, seconds: float, stop: threading.Event | 
         n += 1
 
 
-def run_latency(scratch: Path, records: int, seconds: float, rate: float) -> list[dict[str, Any]]:
+def run_latency(scratch: Path, records: int, seconds: float, rate: float, repeats: int) -> list[dict[str, Any]]:
+    """Each case `repeats` times, the cases interleaved (the machine's load drifts); per case the
+    median over the repeats of each percentile."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for _ in range(repeats):
+        for row in _latency_round(scratch, records, seconds, rate):
+            runs.setdefault(row["case"], []).append(row)
+    out = []
+    for case, rows in runs.items():
+        merged = dict(rows[0])
+        for key in ("p50_us", "p99_us", "p999_us", "max_us"):
+            values = sorted(r[key] for r in rows)
+            merged[key] = values[len(values) // 2]
+            merged[key + "_all"] = values
+        merged["appends"] = sum(r["appends"] for r in rows)
+        merged["load"] = " | ".join(r["load"].split(" / ")[0] for r in rows)
+        out.append(merged)
+    return out
+
+
+def _latency_round(scratch: Path, records: int, seconds: float, rate: float) -> list[dict[str, Any]]:
     rows = []
-    for label, throttle in (("no cleaning", None), ("cleaning, unthrottled", 0), ("cleaning, 32 MiB/s", 32 * MIB),
-                            ("cleaning, 8 MiB/s", 8 * MIB)):
+    cases: list[tuple[str, CleanerConfig | None]] = [
+        ("no cleaning", None),
+        ("worker process, unthrottled", CleanerConfig()),
+        ("worker process, 8 MiB/s", CleanerConfig(max_io_bytes_per_second=8 * MIB)),
+        ("cleaner thread, unthrottled", CleanerConfig(worker_process=False)),
+    ]
+    for label, cleaner_config in cases:
         directory = scratch / "latency"
         shutil.rmtree(directory, ignore_errors=True)
         config = LogConfig(segment_bytes=SEGMENT_BYTES, flush_policy="group")
@@ -150,10 +150,10 @@ def run_latency(scratch: Path, records: int, seconds: float, rate: float) -> lis
             lg.flush()
             horizon = lg.segment_bases()[-1]
             cleaner = None
-            if throttle is not None:
-                cleaner = LogCleaner(CleanerConfig(max_io_bytes_per_second=throttle))
+            if cleaner_config is not None:
+                cleaner = LogCleaner(cleaner_config)
                 future = cleaner.submit(lg, horizon, force=True)
-                time.sleep(0.05)
+                time.sleep(0.5 if cleaner_config.worker_process else 0.05)   # the worker starts
             try:
                 samples = sorted(paced_appends(lg, rate, seconds))
                 cleaned = None
@@ -166,7 +166,7 @@ def run_latency(scratch: Path, records: int, seconds: float, rate: float) -> lis
         row = {"case": label, "appends": len(samples), "p50_us": pct(samples, 0.5), "p99_us": pct(samples, 0.99),
                "p999_us": pct(samples, 0.999), "max_us": samples[-1] / 1e3 if samples else float("nan"),
                "load": load_average()}
-        if throttle is not None:
+        if cleaner_config is not None:
             row["pass_done_within_window"] = cleaned is not None
             if cleaned is not None:
                 row["pass_seconds"] = cleaned.seconds
@@ -204,25 +204,27 @@ def report(speed: list[dict[str, Any]], latency: list[dict[str, Any]], steady: l
     lines = [f"Log: batches of {BATCH_RECORDS} records, key `kv/app/<16 hex>` + {VALUE_BYTES}-byte value, "
              f"{SEGMENT_BYTES // MIB} MiB segments. MB/s = 10^6 bytes of the "
              f"segments a pass rewrote, over the pass. Load average before the run: {load_before}.", "",
-             "### 1. Speed and memory (one fresh process per key space; one forced pass below the active segment)",
+             "### 1. Speed and memory (one forced pass below the active segment, in a worker process)",
              "",
              "| key space | records | segments | log MB read | MB/s | records/s | kept | offset-map keys | "
-             "RSS before pass | peak RSS | load avg |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "worker RssAnon (map built) | load avg |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in speed:
         lines.append(f"| {r['keys']:,} | {r['records']:,} | {r['segments']} | {r['bytes_before'] / 1e6:.1f} | "
                      f"{r['bytes_before'] / 1e6 / r['seconds']:.1f} | {r['records_read'] / r['seconds']:,.0f} | "
-                     f"{r['records_kept']:,} | {r['map_keys']:,} | {r['rss_before_kib'] / 1024:.0f} MiB | "
-                     f"{r['hwm_kib'] / 1024:.0f} MiB | {r['load']} |")
+                     f"{r['records_kept']:,} | {r['map_keys']:,} | {r['rss_anon_kib'] / 1024:.0f} MiB | "
+                     f"{r['load']} |")
     lines += ["", f"### 2. Append latency while cleaning ({args.rate:.0f} appends/s of 1 record, open loop, "
-              f"{args.seconds:.0f} s per case; the cleaner cleans a {args.latency_records:,}-record log "
-              f"of 1,000 keys)", "",
-              "| case | appends | p50 | p99 | p99.9 | max | pass | load avg |", "|---|---|---|---|---|---|---|---|"]
+              f"{args.seconds:.0f} s per case, {args.repeats} interleaved repeats: median of each percentile, "
+              f"all p99s in brackets; the cleaner cleans a {args.latency_records:,}-record log of 1,000 keys)", "",
+              "| case | appends | p50 | p99 | p99.9 | max | pass | 1-min load per repeat |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in latency:
         done = ("-" if "pass_done_within_window" not in r else
                 (f"{r['pass_mb']:.0f} MB in {r['pass_seconds']:.1f} s" if r["pass_done_within_window"]
                  else "still running at the end"))
-        lines.append(f"| {r['case']} | {r['appends']:,} | {fmt_us(r['p50_us'])} | {fmt_us(r['p99_us'])} | "
+        p99s = ", ".join(fmt_us(v) for v in r["p99_us_all"])
+        lines.append(f"| {r['case']} | {r['appends']:,} | {fmt_us(r['p50_us'])} | {fmt_us(r['p99_us'])} ({p99s}) | "
                      f"{fmt_us(r['p999_us'])} | {fmt_us(r['max_us'])} | {done} | {r['load']} |")
     lines += ["", f"### 3. Steady state: {args.steady_records:,} overwrites of 1,000 keys, 4 MiB segments, "
               f"a pass (dirty ratio 0.5) after every {args.steady_records // args.chunks:,}", "",
@@ -235,15 +237,13 @@ def report(speed: list[dict[str, Any]], latency: list[dict[str, Any]], steady: l
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "--child-speed":
-        print(json.dumps(speed_child(Path(argv[1]), int(argv[2]), int(argv[3]))))
-        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=2_000_000)
     parser.add_argument("--keys", default="1000,1000000")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rate", type=float, default=2000.0)
     parser.add_argument("--latency-records", type=int, default=1_000_000)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steady-records", type=int, default=3_000_000)
     parser.add_argument("--chunks", type=int, default=10)
     parser.add_argument("--dir", type=Path, default=Path(__file__).with_name("out"))
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             speed.append(run_speed(scratch, args.records, keys))
             log(f"  {speed[-1]}")
         log("append latency ...")
-        latency = run_latency(scratch, args.latency_records, args.seconds, args.rate)
+        latency = run_latency(scratch, args.latency_records, args.seconds, args.rate, args.repeats)
         log("steady state ...")
         steady = run_steady(scratch, args.steady_records, args.chunks)
     finally:

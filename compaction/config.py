@@ -21,8 +21,9 @@ class CleanerConfig:
     """How the log cleaner rewrites sealed segments below a group's horizon (Kafka's log cleaner).
 
     Memory: the offset map holds one entry per distinct key of the section being mapped, about
-    150 bytes each in this Python implementation (bench/RESULTS.md, "Key compaction"); a pass that
-    meets more keys than `offset_map_max_keys` maps what fits and leaves the rest to the next pass.
+    150 bytes each in this Python implementation, in the worker process (bench/RESULTS.md, section
+    "cleaner"); a pass that meets more keys than `offset_map_max_keys` maps what fits and leaves the
+    rest to the next pass.
     """
 
     enabled: bool = field(default=True, metadata=doc(
