@@ -128,7 +128,7 @@ def run_latency(scratch: Path, records: int, seconds: float, rate: float, repeat
             merged[key] = values[len(values) // 2]
             merged[key + "_all"] = values
         merged["appends"] = sum(r["appends"] for r in rows)
-        merged["load"] = " | ".join(r["load"].split(" / ")[0] for r in rows)
+        merged["load"] = ", ".join(r["load"].split(" / ")[0] for r in rows)
         out.append(merged)
     return out
 
