@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
 from spark.audit import Audit, Point
