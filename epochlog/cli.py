@@ -1,11 +1,11 @@
 """The `epochlog` command line.
 
-Offline tools (`log dump|verify`, `demo`), `serve` (run a node), `up` (a local cluster), and the
+Offline tools (`log dump|verify|clean`, `demo`), `serve` (run a node), `up` (a local cluster), and the
 client commands of a running cluster (`status`, `put`, `get`, `ls`, `del`, `watch`, `history`,
 `events tail`, `leader transfer`, `snapshot`, `member ...`: epochlog/cli_client.py).
 
-Exit codes: 0 success (a stream ended by Ctrl-C included); `log verify` uses 1 (torn tail that
-recovery would cut) and 2 (mid-log corruption), `up` 1 (a node went down on its own or no leader
+Exit codes: 0 success (a stream ended by Ctrl-C included); `log verify` uses 1 (recovery would
+repair: cut a torn tail, finish or undo an interrupted cleaner swap) and 2 (mid-log corruption), `up` 1 (a node went down on its own or no leader
 came up); 3 an Epochlog error, printed as `error: <message>` (a rejected compare-and-set, a
 missing key, an unreachable cluster, a bad config...); 64 a usage error (bad option or argument,
 no cluster named); 130 interrupted (Ctrl-C outside a stream).
@@ -42,7 +42,8 @@ def cli(verbose: bool) -> None:
 
 @cli.group("log")
 def log_group() -> None:
-    """Offline tools for a log directory (read-only; safe on a stopped node or a backup)."""
+    """Offline tools for a log directory: dump and verify are read-only (safe on a running node or a
+    backup); clean rewrites it and takes its lock (a stopped node only)."""
 
 
 @log_group.command("dump")
@@ -54,7 +55,9 @@ def log_group() -> None:
               help="Record keys shown per batch.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per batch.")
 def log_dump(directory: Path, start_offset: int, limit: int | None, max_keys: int, as_json: bool) -> None:
-    """List the batches of the log in DIRECTORY: offsets, epoch, timestamp, records, CRC, keys."""
+    """List the batches of the log in DIRECTORY: offsets, epoch, timestamp, records, CRC, keys.
+
+    A segment name marked * is a cleaned segment (key compaction): its offsets have gaps."""
     from eventlog.offline import dump_log_dir
 
     if not as_json:
@@ -69,14 +72,15 @@ def log_dump(directory: Path, start_offset: int, limit: int | None, max_keys: in
                 "segment": row.segment, "position": row.position, "base_offset": row.base_offset,
                 "last_offset": row.last_offset, "epoch": row.epoch, "max_timestamp": row.max_timestamp,
                 "records": row.records, "bytes": row.size, "crc_ok": row.crc_ok, "problem": row.problem,
-                "keys": keys}))
+                "keys": keys, "cleaned": row.cleaned}))
             continue
         offsets = f"{row.base_offset}..{row.last_offset}"
+        segment = row.segment + ("*" if row.cleaned else "")
         status = "ok " if row.crc_ok else click.style("BAD", fg="red")
         shown = ", ".join("<null>" if k is None else k for k in keys)
         if row.records > len(keys) and keys:
             shown += ", ..."
-        click.echo(f"{row.segment:<24} {row.position:>10} {offsets:>23} {row.epoch:>6} {row.max_timestamp:>14} "
+        click.echo(f"{segment:<24} {row.position:>10} {offsets:>23} {row.epoch:>6} {row.max_timestamp:>14} "
                    f"{row.records:>7} {row.size:>8}  {status}  {shown}")
         if row.problem:
             click.echo(f"    {row.problem}")
@@ -86,28 +90,75 @@ def log_dump(directory: Path, start_offset: int, limit: int | None, max_keys: in
 @_dir_argument
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def log_verify(directory: Path, as_json: bool) -> None:
-    """Check every batch CRC in DIRECTORY. Exit 0 clean, 1 torn tail (recovery would cut it),
-    2 mid-log corruption (recovery would refuse to open)."""
+    """Check every batch CRC in DIRECTORY. Exit 0 clean, 1 recovery would repair something (cut a
+    torn tail, finish or undo an interrupted cleaner swap), 2 mid-log corruption (recovery would
+    refuse to open)."""
     from eventlog.offline import verify_log_dir
 
     report = verify_log_dir(directory)
     if as_json:
         click.echo(json.dumps({
-            "directory": str(report.directory), "verdict": report.verdict.name.lower(),
+            "directory": str(report.directory), "verdict": report.verdict_name,
+            "interrupted_swap": report.interrupted_swap,
             "log_start_offset": report.log_start_offset, "recovery_point": report.recovery_point,
             "epochs": report.epochs, "problems": report.problems,
             "segments": [{"file": s.path.name, "base_offset": s.base_offset, "next_offset": s.next_offset,
                           "batches": s.batches, "records": s.records, "valid_bytes": s.valid_bytes,
                           "file_bytes": s.file_bytes, "status": s.status.value,
-                          "bytes_to_cut": s.bytes_to_cut, "problem": s.problem} for s in report.segments]}))
+                          "bytes_to_cut": s.bytes_to_cut, "problem": s.problem, "cleaned": s.cleaned}
+                         for s in report.segments]}))
     else:
         for s in report.segments:
-            click.echo(f"{s.path.name}: offsets {s.base_offset}..{s.next_offset - 1}, {s.batches} batches, "
+            cleaned = " (cleaned)" if s.cleaned else ""
+            click.echo(f"{s.path.name}: offsets {s.base_offset}..{s.next_offset - 1}{cleaned}, {s.batches} batches, "
                        f"{s.records} records, {s.valid_bytes} bytes: {s.status.value}")
         for problem in report.problems:
             click.echo(f"problem: {problem}", err=True)
-        click.echo(f"verdict: {report.verdict.name.lower().replace('_', ' ')}")
+        click.echo(f"verdict: {report.verdict_name.replace('_', ' ')}")
     sys.exit(int(report.verdict))
+
+
+@log_group.command("clean")
+@_dir_argument
+@click.option("--below", "below", type=click.IntRange(min=0), required=True,
+              help="The horizon: only sealed segments wholly below this offset are cleaned.")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="A node config: [log] for the segment size, [compaction.cleaner] for the cleaner.")
+@click.option("--force/--no-force", default=True, show_default=True,
+              help="Clean even when the dirty ratio is below min_cleanable_dirty_ratio.")
+@click.option("--passes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Run up to this many passes (each continues where a full offset map stopped the last).")
+@click.option("--json", "as_json", is_flag=True, help="Print each pass's result as JSON.")
+def log_clean(directory: Path, below: int, config_path: Path | None, force: bool, passes: int,
+              as_json: bool) -> None:
+    """Key-compact the log in DIRECTORY below offset BELOW: keep each record key's latest record
+    (offsets preserved), drop superseded records and expired tombstones (null values).
+
+    Takes the log's lock: refused while a node has the log open. For a Raft group's log, BELOW must
+    not exceed its latest snapshot index + 1 (followers that need older entries get the snapshot).
+    """
+    from compaction.cleaner import clean_log
+    from compaction.config import CleanerConfig, cleaner_config
+    from eventlog.config import LogConfig
+    from eventlog.configuration import load_toml
+    from eventlog.log import Log
+
+    log_config, cleaner = LogConfig(), CleanerConfig()
+    if config_path is not None:
+        document = load_toml(config_path)
+        log_config = LogConfig.from_toml(config_path)
+        cleaner = cleaner_config((document.get("compaction") or {}).get("cleaner"))
+    with Log.open(directory, log_config) as log:
+        if log.recovery is not None and (log.recovery.bytes_truncated or log.recovery.repaired):
+            click.echo(f"recovery: {log.recovery.summary()}", err=True)
+        for n in range(passes):
+            result = clean_log(log, below, cleaner, force=force)
+            if as_json:
+                click.echo(json.dumps({"pass": n + 1, **{k: getattr(result, k) for k in result.__slots__}}))
+            else:
+                click.echo(f"pass {n + 1}: {result.summary()}")
+            if result.skipped or not result.offset_map_full:
+                break
 
 
 @cli.command("demo")

@@ -7,6 +7,7 @@ Directory layout::
     00000000000000000000.timeindex   sparse time index        (derived)
     leader-epoch-checkpoint          epoch -> start offset     (see eventlog.epoch_cache)
     log-offsets-checkpoint           "0\\n<log start offset> <recovery point>\\n"
+    cleaner-checkpoint               the segments key compaction rewrote (see eventlog.cleaned)
     preallocated.tmp                 the next segment, prepared in the background
     .lock                            flock held while a process has the log open
 
@@ -19,8 +20,14 @@ Durability: `append` copies the batch into the mapped active segment; when it is
 the flush policy (see `LogConfig`). `durable_offset` is the end of the prefix known to be on disk;
 `wait_durable` and durability listeners report its progress.
 
+Key compaction (`compaction/cleaner.py`) reads sealed segment files without the lock and hands back a cleaned segment that `swap_cleaned` puts in place of the segments it
+replaces, crash-safely (`eventlog.cleaned`); reads of a cleaned range skip the offsets it dropped.
+
 Thread-safety: all public methods may be called from any thread; state is guarded by one lock.
 The group/interval flusher thread holds the lock only to take a snapshot, never while syncing.
+Changes to sealed segment files (swap_cleaned, delete_segments_below, truncate_suffix, reset,
+close) are serialized by a second lock, the files lock, always taken before the main one: the
+renames and directory syncs of a swap run under it alone, so appends never wait for them.
 """
 
 from __future__ import annotations
@@ -34,8 +41,21 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import NoReturn, Protocol
 
+from eventlog.cleaned import (
+    CLEANED_SUFFIX,
+    DELETED_SUFFIX,
+    SEGMENT_SUFFIXES,
+    SWAP_SUFFIX,
+    CleanedSegment,
+    CleanedSegmentWriter,
+    CleanerCheckpoint,
+    cleaned_path,
+    cleaned_ranges,
+    finish_interrupted_swap,
+    rename_state,
+)
 from eventlog.config import LogConfig
 from eventlog.epoch_cache import CHECKPOINT_NAME as EPOCH_CHECKPOINT_NAME
 from eventlog.epoch_cache import LeaderEpochCache
@@ -120,6 +140,27 @@ class LogRead:
 
 
 @dataclass(frozen=True, slots=True)
+class SealedSegment:
+    """A sealed segment as the cleaner sees it: the offsets it covers and its file's size."""
+
+    base_offset: int
+    next_offset: int
+    size: int
+    cleaned: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CleanableSegments:
+    """The sealed segments wholly below an offset, from the log start, and the state the cleaner
+    started from: `generation` (changed by truncations and resets: a swap is then refused) and
+    `dirty_offset` (the first offset not yet mapped by a cleaning pass)."""
+
+    segments: list[SealedSegment]
+    generation: int
+    dirty_offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class RecoveryReport:
     """What opening the log found and did."""
 
@@ -195,6 +236,9 @@ class Log:
         self._failure: LogError | None = None
         self._closed = False
         self._generation = 0  # bumped by truncation: a sync that raced with one proves nothing
+        self._files_lock = threading.Lock()  # sealed segment files: see the module docstring
+        self._cleaner = CleanerCheckpoint()
+        self._clean_end = 0   # end of the last cleaned segment (see clean_end_offset)
         self._flusher: threading.Thread | None = None
         self._preallocator: SegmentPreallocator | None = None
         self.recovery: RecoveryReport | None = None
@@ -230,6 +274,7 @@ class Log:
 
     def _recover(self, repair: bool) -> None:
         started = time.perf_counter()
+        self._cleaner = finish_interrupted_swap(self.directory)
         self._remove_leftovers()
         self._log_start, self._recovery_point = read_offsets_checkpoint(self.directory)
         bases = sorted(b for p in self.directory.iterdir() if (b := parse_segment_name(p.name)) is not None)
@@ -238,6 +283,7 @@ class Log:
             for suffix in (".log", INDEX_SUFFIX, TIMEINDEX_SUFFIX):
                 (self.directory / segment_name(base, suffix)).unlink(missing_ok=True)
         bases = [b for b in bases if b >= self._log_start]
+        cleaned_ends = cleaned_ranges(self._cleaner, bases)
         epochs_trusted = self._load_epoch_cache()
         # Without a checkpoint the epochs are derived from the batches themselves: rescan everything.
         rp = self._recovery_point if epochs_trusted else 0
@@ -247,17 +293,22 @@ class Log:
         for i, base in enumerate(bases):
             is_last = i == len(bases) - 1
             next_base = None if is_last else bases[i + 1]
+            cleaned_end = cleaned_ends.get(base)
             if not is_last and next_base is not None and next_base <= rp:
                 segments.append(Segment.sealed_lazy(self.directory, base, next_base,
-                                                    self.config.index_interval_bytes))
+                                                    self.config.index_interval_bytes, cleaned=cleaned_end is not None))
                 continue
             seg = Segment(self.directory, base, self.config.index_interval_bytes)
+            seg.cleaned = cleaned_end is not None
             min_epoch = stats.last_epoch if stats.last_epoch is not None else -1
             scan = scan_segment(seg.open_for_scan(), base, index_interval_bytes=self.config.index_interval_bytes,
-                                recovery_point=rp, min_epoch=min_epoch, expected_epoch=expected_epoch)
+                                recovery_point=rp, min_epoch=min_epoch, expected_epoch=expected_epoch,
+                                cleaned_end=cleaned_end)
             stats.add(scan)
             damaged = scan.status is not ScanStatus.CLEAN
-            gap = next_base is not None and not damaged and scan.next_offset != next_base
+            # A cleaned segment covers up to the next segment's base, whatever its last kept batch.
+            covered = next_base if cleaned_end is not None and next_base is not None and not damaged else scan.next_offset
+            gap = next_base is not None and not damaged and covered != next_base
             if gap:
                 scan.problem = f"segment ends at offset {scan.next_offset} but the next one starts at {next_base}"
             if (damaged and (scan.status is ScanStatus.CORRUPT or not is_last)) or gap:
@@ -265,7 +316,7 @@ class Log:
                     seg.close()
                     raise LogCorruptionError(str(seg.path), scan.valid_bytes, scan.problem or "damaged")
                 stats.repaired = True
-            seg.adopt_scan(scan.valid_bytes, scan.next_offset, scan.builder)  # type: ignore[arg-type]
+            seg.adopt_scan(scan.valid_bytes, covered, scan.builder)  # type: ignore[arg-type]
             if scan.bytes_to_cut:
                 seg.zero_range(scan.valid_bytes, scan.data_end)
                 stats.cut(seg, scan)
@@ -278,6 +329,11 @@ class Log:
                 break
             if not is_last:
                 seg.trim_file()
+        kept = self._cleaner.keeping([s.base_offset for s in segments])
+        if kept != self._cleaner:
+            # Lines of segments deleted or cut away: gone before any new segment could reuse a base.
+            self._cleaner = kept
+            kept.write(self.directory)
         if not segments:
             self._segments = []
             self._adopt_new_segment(self._log_start)
@@ -287,6 +343,7 @@ class Log:
             active = segments[-1]
             active.activate(max(self.config.segment_bytes, active.size))
         self._end_offset = self._segments[-1].next_offset
+        self._segments_changed()
         if self._recovery_point > self._end_offset:
             # A repair cut the log below the checkpointed recovery point. Left there until the next
             # roll or close, it would make a crash's torn tail (offsets between the new end and the
@@ -386,6 +443,20 @@ class Log:
     def segment_bases(self) -> list[int]:
         with self._lock:
             return list(self._bases)
+
+    @property
+    def clean_end_offset(self) -> int:
+        """Offsets below this may have been rewritten by key compaction (records dropped, batches
+        rebuilt): the end of the last cleaned segment, or the log start when none is cleaned.
+        Raft storage serves no entry below it (a follower that needs one gets a snapshot)."""
+        with self._lock:
+            return max(self._clean_end, self._bases[0])
+
+    @property
+    def cleaned_segments(self) -> list[tuple[int, int]]:
+        """(base, end) of every cleaned segment."""
+        with self._lock:
+            return [(s.base_offset, s.next_offset) for s in self._segments if s.cleaned]
 
     # --- appending -----------------------------------------------------------------------------
 
@@ -692,10 +763,18 @@ class Log:
             if not self._bases[0] <= offset <= self._end_offset:
                 raise OffsetOutOfRangeError(offset, self._bases[0], self._end_offset)
             limit_offset = self._end_offset if max_offset is None else min(max_offset, self._end_offset)
-            if offset >= limit_offset:
-                return LogRead(memoryview(b""), offset, offset)
-            seg = self._segments[bisect_right(self._bases, offset) - 1]
-            start, h = seg.find_batch(offset)
+            i = bisect_right(self._bases, offset) - 1
+            while True:
+                if offset >= limit_offset:
+                    return LogRead(memoryview(b""), offset, offset)
+                seg = self._segments[i]
+                found = seg.locate(offset)
+                if found is not None:
+                    break
+                # Past the last batch a cleaned segment kept: the next segment holds what follows.
+                i += 1
+                offset = self._bases[i]
+            start, h = found
             view = seg.view()
             start_offset = next_offset = h.base_offset
             end = start
@@ -727,7 +806,7 @@ class Log:
         """The first offset whose record timestamp is >= `timestamp_ms` (None if there is none)."""
         with self._lock:
             for seg in self._segments:
-                if seg.next_offset == seg.base_offset or seg.max_timestamp < timestamp_ms:
+                if seg.size == 0 or seg.max_timestamp < timestamp_ms:
                     continue
                 start = seg.indexes().time_index.last_offset_before(timestamp_ms)
                 pos = 0 if start is None else seg.find_batch(start)[0]
@@ -759,18 +838,23 @@ class Log:
     def truncate_suffix(self, offset: int) -> None:
         """Remove every batch at or after `offset`, which must be a batch boundary (Raft divergence).
 
-        Durable on return: a truncated entry never reappears after a crash.
+        Durable on return: a truncated entry never reappears after a crash. Inside a cleaned segment
+        only its base offset is a boundary (the segment then goes whole): Raft never truncates what
+        it committed, and only committed offsets are cleaned.
         """
-        with self._lock:
+        with self._files_lock, self._lock:
             self._check_writable()
             if not self._bases[0] <= offset <= self._end_offset:
                 raise OffsetOutOfRangeError(offset, self._bases[0], self._end_offset)
             if offset == self._end_offset:
                 return
             keep = bisect_right(self._bases, offset) - 1
-            if self._bases[keep] == offset and keep > 0:
+            if self._bases[keep] == offset and keep > 0 and not self._segments[keep - 1].cleaned:
                 keep -= 1  # keep the previous segment whole and make it active again
             target = self._segments[keep]
+            if target.cleaned and offset != target.base_offset:
+                raise OffsetMismatchError(f"offset {offset} is inside the cleaned segment "
+                                          f"[{target.base_offset}, {target.next_offset})")
             if target.base_offset < offset < target.next_offset:
                 _, h = target.find_batch(offset)
                 if h.base_offset != offset:
@@ -782,14 +866,20 @@ class Log:
                 if self._recovery_point > offset:
                     self._recovery_point = offset
                     self._write_offsets_checkpoint()
-                for seg in reversed(self._segments[keep + 1:]):
+                first_deleted = keep if target.cleaned else keep + 1
+                for seg in reversed(self._segments[first_deleted:]):
                     seg.delete()
                 fsync_dir(self.directory)
-                del self._segments[keep + 1:]
-                del self._bases[keep + 1:]
-                if target.sealed:
-                    target.activate(self.config.segment_bytes)
-                target.truncate_to(offset)
+                del self._segments[first_deleted:]
+                del self._bases[first_deleted:]
+                self._forget_cleaned(dirty_limit=offset)
+                self._segments_changed()
+                if target.cleaned:
+                    self._adopt_new_segment(offset)   # the cleaned segment went whole
+                else:
+                    if target.sealed:
+                        target.activate(self.config.segment_bytes)
+                    target.truncate_to(offset)
             except LogError as exc:
                 self._fail(exc)
                 raise
@@ -798,13 +888,27 @@ class Log:
             if self._epochs.truncate_from_end(offset):
                 self._epochs.write()
 
+    def _segments_changed(self) -> None:
+        """Recompute what depends on which segments are cleaned (lock held)."""
+        self._clean_end = max((s.next_offset for s in self._segments if s.cleaned), default=0)
+
+    def _forget_cleaned(self, dirty_limit: int | None = None) -> None:
+        """Drop the cleaner checkpoint's lines of segments no longer in the log (and lower its dirty
+        offset to `dirty_limit`), durably, before any new segment can reuse their base offsets."""
+        kept = self._cleaner.keeping(self._bases)
+        if dirty_limit is not None and kept.dirty_offset > dirty_limit:
+            kept = CleanerCheckpoint(dirty_limit, kept.segments, kept.swap)
+        if kept != self._cleaner:
+            kept.write(self.directory)
+            self._cleaner = kept
+
     def delete_segments_below(self, offset: int) -> int:
         """Delete whole segments whose offsets are all below `offset` (retention, snapshots).
 
         The active segment is never deleted. Returns the number of segments deleted; the log then
         starts at the first remaining segment's base offset.
         """
-        with self._lock:
+        with self._files_lock, self._lock:
             self._check_writable()
             count = 0
             while count < len(self._segments) - 1 and self._segments[count].next_offset <= offset:
@@ -820,6 +924,8 @@ class Log:
             for seg in doomed:
                 seg.delete()
             fsync_dir(self.directory)
+            self._forget_cleaned()
+            self._segments_changed()
             changed = self._epochs.truncate_from_start(self._log_start)
             changed |= self._epochs.truncate_from_end(self._end_offset)  # nothing left of an empty tail epoch
             if changed:
@@ -828,7 +934,7 @@ class Log:
 
     def reset(self, offset: int) -> None:
         """Drop everything and continue empty at `offset` (a follower installing a snapshot)."""
-        with self._lock:
+        with self._files_lock, self._lock:
             self._check_writable()
             self._generation += 1
             self._log_start = self._recovery_point = offset
@@ -837,17 +943,112 @@ class Log:
                 seg.delete()
             fsync_dir(self.directory)
             self._segments, self._bases = [], []
+            self._segments_changed()
+            if self._cleaner != CleanerCheckpoint():
+                self._cleaner = CleanerCheckpoint()
+                self._cleaner.write(self.directory)
             self._epochs.clear()
             self._epochs.write()
             self._adopt_new_segment(offset)
             self._end_offset = self._durable_offset = offset
             self._durable.notify_all()
 
+    # --- key compaction (see eventlog.cleaned and compaction/cleaner.py) ------------------------
+
+    def cleanable_segments(self, below: int) -> CleanableSegments:
+        """The sealed segments whose offsets are all below `below`, from the log start: what a
+        cleaning pass may rewrite (never the active segment). The cleaner reads their files itself,
+        without any lock (a sealed segment file never changes; if retention deletes one meanwhile,
+        the pass is abandoned)."""
+        with self._files_lock, self._lock:   # never in the middle of a swap
+            if self._closed:
+                raise LogClosedError(f"log {self.directory} is closed")
+            out = []
+            for seg in self._segments[:-1]:
+                if seg.next_offset > below:
+                    break
+                out.append(SealedSegment(seg.base_offset, seg.next_offset, seg.size, seg.cleaned))
+            return CleanableSegments(out, self._generation, max(self._cleaner.dirty_offset, self._bases[0]))
+
+    def cleaned_writer(self, base_offset: int, end_offset: int) -> CleanedSegmentWriter:
+        """A writer for the cleaned segment that will replace the segments covering [base, end)."""
+        return CleanedSegmentWriter(self.directory, base_offset, end_offset, self.config.index_interval_bytes)
+
+    def swap_cleaned(self, cleaned: CleanedSegment, *, generation: int, dirty_offset: int) -> bool:
+        """Put `cleaned` in place of the sealed segments covering [cleaned.base, cleaned.end), crash-safely
+        (steps 2-8 of `eventlog.cleaned`), and record `dirty_offset` as where the next pass starts.
+
+        False (and the cleaned files deleted) when the log changed meanwhile: those segments are no
+        longer exactly there, or a truncation or reset happened since `cleanable_segments` returned
+        `generation`. The main lock is held only to check and to replace the segment list; the file
+        renames and directory syncs run under the files lock alone.
+        """
+        base, end = cleaned.base_offset, cleaned.end_offset
+        with self._files_lock:
+            with self._lock:
+                try:
+                    self._check_writable()
+                except LogError:
+                    cleaned.discard()
+                    raise
+                i = bisect_right(self._bases, base) - 1
+                j = bisect_right(self._bases, end) - 1
+                valid = (generation == self._generation and i >= 0 and self._bases[i] == base
+                         and 0 <= j < len(self._bases) and self._bases[j] == end and j > i)
+            if not valid:
+                cleaned.discard()
+                return False
+            pending = self._cleaner.with_swap(base, end, dirty_offset)
+            try:
+                pending.write(self.directory)                                     # step 2
+            except LogError:
+                cleaned.discard()
+                raise
+            try:
+                rename_state(self.directory, base, CLEANED_SUFFIX, SWAP_SUFFIX)   # step 3: the commit point
+                fsync_dir(self.directory)
+                self._cleaner = pending
+                swap_file = cleaned_path(self.directory, base, state=SWAP_SUFFIX)
+                new = Segment.from_cleaned_file(self.directory, base, end, self.config.index_interval_bytes,
+                                                swap_file, cleaned.size, cleaned.indexes)
+            except (OSError, LogError) as exc:
+                self._swap_failed(exc)
+            with self._lock:                                                      # step 4
+                # Only appends (at the end) could change the list meanwhile: the rest takes the files lock.
+                assert self._bases[i] == base and self._bases[j] == end, (self._bases, base, end)
+                old = self._segments[i:j]
+                self._segments[i:j] = [new]
+                self._bases[i:j] = [base]
+                self._segments_changed()
+            try:
+                for seg in old:                                                   # step 5
+                    seg.close()
+                    rename_state(self.directory, seg.base_offset, "", DELETED_SUFFIX)
+                rename_state(self.directory, base, SWAP_SUFFIX, "")               # step 6
+                fsync_dir(self.directory)
+                done = pending.after_swap()
+                done.write(self.directory)                                        # step 7
+                self._cleaner = done
+            except (OSError, LogError) as exc:
+                self._swap_failed(exc)
+            for seg in old:                                                       # step 8
+                for suffix in SEGMENT_SUFFIXES:
+                    (self.directory / (segment_name(seg.base_offset, suffix) + DELETED_SUFFIX)).unlink(missing_ok=True)
+            return True
+
+    def _swap_failed(self, exc: OSError | LogError) -> NoReturn:
+        """A swap failed after its checkpoint line was written: the log refuses writes until reopened,
+        and opening finishes or undoes the swap."""
+        error = exc if isinstance(exc, LogError) else io_error("swapping a cleaned segment", exc)
+        with self._lock:
+            self._fail(error)
+        raise error
+
     # --- closing -------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Flush, record the recovery point, stop background threads and release the directory."""
-        with self._lock:
+        with self._files_lock, self._lock:   # waits for a swap under way to finish
             if self._closed:
                 return
             self._closed = True

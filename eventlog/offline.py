@@ -3,7 +3,10 @@
 Nothing here writes to the directory or takes its lock: it can look at the log of a stopped node
 or a backup, and at a running node's log (with the caveat that the tail may be moving). It applies
 the same rules as recovery (`eventlog.scan`) to every segment, including those below the recovery
-point that `Log.open` would trust, so `verify` says exactly what `Log.open` would do.
+point that `Log.open` would trust, so `verify` says exactly what `Log.open` would do. Cleaned
+segments (key compaction, `eventlog.cleaned`) are checked by the cleaner checkpoint's rules, and a
+swap a crash interrupted is judged on the files `Log.open` would end up with (it finishes or undoes
+the swap before anything else).
 """
 
 from __future__ import annotations
@@ -16,20 +19,22 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eventlog.cleaned import SWAP_SUFFIX, CleanerCheckpoint, cleaned_path, cleaned_ranges
 from eventlog.epoch_cache import CHECKPOINT_NAME as EPOCH_CHECKPOINT_NAME
 from eventlog.epoch_cache import LeaderEpochCache
 from eventlog.errors import EpochlogError, LogError
 from eventlog.log import read_offsets_checkpoint
 from eventlog.records import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, RecordBatch, check_batch, read_header
 from eventlog.scan import ScanStatus, scan_segment
-from eventlog.segment import parse_segment_name
+from eventlog.segment import LOG_SUFFIX, parse_segment_name
 
 
 class Verdict(enum.IntEnum):
     """`epochlog log verify` exit codes."""
 
     CLEAN = 0
-    TORN_TAIL = 1      # recovery would cut a torn tail and open normally
+    TORN_TAIL = 1      # recovery would repair and open normally: cut a torn tail, or finish or undo
+                       # a cleaner swap a crash interrupted (see VerifyReport.verdict_name)
     CORRUPT = 2        # recovery would refuse to open (mid-log corruption)
 
 
@@ -45,6 +50,7 @@ class SegmentCheck:
     next_offset: int
     bytes_to_cut: int
     problem: str | None
+    cleaned: bool = False   # a cleaned segment: offsets [base_offset, next_offset) with gaps
 
 
 @dataclass(slots=True)
@@ -56,10 +62,19 @@ class VerifyReport:
     log_start_offset: int = 0
     recovery_point: int = 0
     epochs: list[tuple[int, int]] = field(default_factory=list)
+    interrupted_swap: str | None = None   # what open would do with a cleaner swap a crash interrupted
+    torn_tail: bool = False
 
     def _worsen(self, verdict: Verdict, problem: str) -> None:
         self.problems.append(problem)
         self.verdict = max(self.verdict, verdict)
+
+    @property
+    def verdict_name(self) -> str:
+        """clean, torn_tail, interrupted_swap, torn_tail_and_interrupted_swap or corrupt."""
+        if self.verdict is Verdict.TORN_TAIL and self.interrupted_swap:
+            return "torn_tail_and_interrupted_swap" if self.torn_tail else "interrupted_swap"
+        return self.verdict.name.lower()
 
 
 def segment_files(directory: Path) -> list[tuple[int, Path]]:
@@ -89,10 +104,35 @@ def _mapped(path: Path) -> Iterator[memoryview]:
         os.close(fd)
 
 
+def effective_layout(directory: Path) -> tuple[CleanerCheckpoint, list[tuple[int, Path]], str | None]:
+    """The cleaner checkpoint and segment files as `Log.open` would have them once it finished or
+    undid an interrupted swap (`eventlog.cleaned`), and a sentence saying which it would do."""
+    checkpoint = CleanerCheckpoint.load(directory)
+    files = segment_files(directory)
+    if checkpoint.swap is None:
+        return checkpoint, files, None
+    base, end, _ = checkpoint.swap
+    if cleaned_path(directory, base).exists():
+        return checkpoint.without_swap(), files, (f"a swap of cleaned segment [{base}, {end}) was interrupted "
+                                                  f"before its commit point: open deletes the cleaned file")
+    swap_file = cleaned_path(directory, base, LOG_SUFFIX, SWAP_SUFFIX)
+    if swap_file.exists():
+        files = sorted([(b, p) for b, p in files if not base <= b < end] + [(base, swap_file)])
+    return checkpoint.after_swap(), files, (f"a swap of cleaned segment [{base}, {end}) was interrupted after "
+                                            f"its commit point: open completes it")
+
+
 def verify_log_dir(directory: str | Path) -> VerifyReport:
     """Check every batch CRC of every segment and the links between segments."""
     directory = Path(directory)
     report = VerifyReport(directory)
+    try:
+        cleaner, all_files, report.interrupted_swap = effective_layout(directory)
+    except EpochlogError as exc:
+        report._worsen(Verdict.CORRUPT, str(exc))
+        return report
+    if report.interrupted_swap:
+        report._worsen(Verdict.TORN_TAIL, report.interrupted_swap)
     report.log_start_offset, report.recovery_point = read_offsets_checkpoint(directory)
     expected_epoch = None
     checkpoint = directory / EPOCH_CHECKPOINT_NAME
@@ -105,25 +145,30 @@ def verify_log_dir(directory: str | Path) -> VerifyReport:
             report.problems.append(f"{exc} (open rebuilds it from the batches)")
     if expected_epoch is None:
         report.recovery_point = 0  # like open: without the checkpoint every segment is rescanned
-    files = [(b, p) for b, p in segment_files(directory) if b >= report.log_start_offset]
+    files = [(b, p) for b, p in all_files if b >= report.log_start_offset]
     if not files:
         report.problems.append("no segment files")
         return report
+    cleaned_ends = cleaned_ranges(cleaner, [b for b, _ in files])
     last_epoch = -1
     for i, (base, path) in enumerate(files):
         is_last = i == len(files) - 1
+        cleaned_end = cleaned_ends.get(base)
         with _mapped(path) as view:
             scan = scan_segment(view, base, recovery_point=report.recovery_point, min_epoch=last_epoch,
-                                expected_epoch=expected_epoch)
+                                expected_epoch=expected_epoch, cleaned_end=cleaned_end)
         if scan.last_epoch is not None:
             last_epoch = scan.last_epoch
+        if cleaned_end is not None and not is_last and scan.status is ScanStatus.CLEAN:
+            scan.next_offset = files[i + 1][0]   # a cleaned segment covers up to the next one
         report.segments.append(SegmentCheck(path, base, path.stat().st_size, scan.status, scan.batches,
                                             scan.records, scan.valid_bytes, scan.next_offset,
-                                            scan.bytes_to_cut, scan.problem))
+                                            scan.bytes_to_cut, scan.problem, cleaned_end is not None))
         if scan.status is ScanStatus.CORRUPT:
             report._worsen(Verdict.CORRUPT, f"{path}: byte {scan.valid_bytes}: {scan.problem}")
         elif scan.status is ScanStatus.TORN_TAIL:
             if is_last:
+                report.torn_tail = True
                 report._worsen(Verdict.TORN_TAIL, f"{path}: torn tail of {scan.bytes_to_cut} bytes at byte "
                                                   f"{scan.valid_bytes}: {scan.problem}")
             else:
@@ -150,6 +195,7 @@ class BatchRow:
     crc_ok: bool
     problem: str | None
     keys: tuple[bytes | None, ...]
+    cleaned: bool = False   # in a cleaned segment (offsets may have gaps before it)
 
 
 def dump_log_dir(directory: str | Path, *, start_offset: int = 0, max_keys: int = 5) -> Iterator[BatchRow]:
@@ -159,15 +205,20 @@ def dump_log_dir(directory: str | Path, *, start_offset: int = 0, max_keys: int 
     there, since its length field cannot be trusted.
     """
     directory = Path(directory)
-    files = segment_files(directory)
+    try:
+        cleaner, files, _ = effective_layout(directory)
+    except EpochlogError:
+        cleaner, files = CleanerCheckpoint(), segment_files(directory)
+    cleaned = cleaned_ranges(cleaner, [b for b, _ in files])
     for i, (base, path) in enumerate(files):
         if i + 1 < len(files) and files[i + 1][0] <= start_offset:
             continue
         with _mapped(path) as view:
-            yield from _dump_segment(path, view, start_offset, max_keys)
+            yield from _dump_segment(path, view, start_offset, max_keys, base in cleaned)
 
 
-def _dump_segment(path: Path, view: memoryview, start_offset: int, max_keys: int) -> Iterator[BatchRow]:
+def _dump_segment(path: Path, view: memoryview, start_offset: int, max_keys: int,
+                  cleaned: bool = False) -> Iterator[BatchRow]:
     pos = 0
     size = len(view)
     while pos + LOG_OVERHEAD <= size:
@@ -176,12 +227,12 @@ def _dump_segment(path: Path, view: memoryview, start_offset: int, max_keys: int
             if bytes(view[pos:pos + LOG_OVERHEAD]) == bytes(LOG_OVERHEAD):
                 return  # the zeroed, preallocated end of the segment
             h = read_header(view, pos) if size - pos >= HEADER_SIZE else None
-            yield _row(path, pos, h, False, checked, ())
+            yield _row(path, pos, h, False, checked, (), cleaned)
             return
         h = checked
         if h.base_offset + h.last_offset_delta >= start_offset:
             keys = _first_keys(view[pos:pos + h.size], h, max_keys)
-            yield _row(path, pos, h, True, None, keys)
+            yield _row(path, pos, h, True, None, keys, cleaned)
         pos += h.size
 
 
@@ -198,8 +249,8 @@ def _first_keys(raw: memoryview, h: BatchHeader, max_keys: int) -> tuple[bytes |
 
 
 def _row(path: Path, pos: int, h: BatchHeader | None, ok: bool, problem: str | None,
-         keys: tuple[bytes | None, ...]) -> BatchRow:
+         keys: tuple[bytes | None, ...], cleaned: bool = False) -> BatchRow:
     if h is None:
-        return BatchRow(path.name, pos, -1, -1, -1, -1, 0, 0, ok, problem, keys)
+        return BatchRow(path.name, pos, -1, -1, -1, -1, 0, 0, ok, problem, keys, cleaned)
     return BatchRow(path.name, pos, h.base_offset, h.base_offset + h.last_offset_delta, h.leader_epoch,
-                    h.max_timestamp, h.records_count, h.batch_length + LOG_OVERHEAD, ok, problem, keys)
+                    h.max_timestamp, h.records_count, h.batch_length + LOG_OVERHEAD, ok, problem, keys, cleaned)

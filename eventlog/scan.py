@@ -17,6 +17,13 @@ does not pass:
   silently drop the valid batches after the damage.
 - if the damaged batch starts below the recovery point (data known to have been flushed), it is
   corruption as well, whatever follows.
+
+A **cleaned** segment (rewritten by key compaction, see `eventlog.cleaned`) is scanned with one rule
+relaxed: its batches need only increasing offsets (each starts at or after the offset where the
+previous one ended), because the cleaner dropped whole batches whose records were all superseded;
+no batch may reach past the end of the offset range the segment covers. Only segments that the
+cleaner checkpoint names as cleaned are scanned this way: every other segment keeps the contiguity
+rule, and with it the detection of a damaged baseOffset.
 """
 
 from __future__ import annotations
@@ -86,6 +93,7 @@ def scan_segment(
     min_epoch: int = -1,
     expected_epoch: Callable[[int], int | None] | None = None,
     on_batch: Callable[[int, BatchHeader], None] | None = None,
+    cleaned_end: int | None = None,
 ) -> SegmentScan:
     """Walk the batches of one segment, verifying every CRC.
 
@@ -93,7 +101,9 @@ def scan_segment(
     builds the segment's indexes (`result.builder`). Batches below `recovery_point` are known to
     have been flushed, so damage there is corruption, never a torn tail. `expected_epoch(offset)`
     gives the epoch the leader epoch checkpoint records for an offset. `on_batch(position, header)`
-    is called for every valid batch (offline tools list them).
+    is called for every valid batch (offline tools list them). `cleaned_end`, for a cleaned segment
+    only, is the end of the offset range it covers: offsets may then have gaps between batches
+    (`next_offset` is still the offset after the last valid batch).
     """
     size = len(buf) if limit is None else limit
     result = SegmentScan(base_offset=base_offset, next_offset=base_offset)
@@ -103,8 +113,12 @@ def scan_segment(
     pos = 0
     expected = base_offset
     last_epoch = min_epoch
+    exact = cleaned_end is None
     while pos < result.data_end:
-        checked = _check_at(buf, pos, size, expected, last_epoch, expected_epoch, exact=True)
+        checked = _check_at(buf, pos, size, expected, last_epoch, expected_epoch, exact=exact)
+        if not isinstance(checked, str) and cleaned_end is not None and checked.next_offset > cleaned_end:
+            checked = (f"batch [{checked.base_offset}, {checked.last_offset}] runs past the end {cleaned_end} "
+                       f"of the cleaned segment's offsets")
         if isinstance(checked, str):
             result.problem = checked
             break

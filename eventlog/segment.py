@@ -11,6 +11,11 @@ Appends are written with `pwritev` into the file; the read-only shared mapping o
 serves zero-copy reads. (Writing through a writable mapping was measured to make every fdatasync
 about three times slower and each 16 KB copy several times costlier, through page faults.)
 
+A **cleaned** segment (`cleaned` true; written by key compaction, see `eventlog.cleaned`) covers
+the offsets [base_offset, next_offset) like any other, but holds only the records the cleaner kept:
+its batches' offsets increase with gaps, and `next_offset` (the base of the next segment) may lie
+past its last batch. It is always sealed.
+
 Concurrency contract: a segment is mutated only by its `Log`, under the log's lock. Views handed
 out by `view()` alias the mapping: they stay readable after the segment is sealed or deleted (the
 mapping lives as long as a view does) but show zeros after a truncation below them.
@@ -121,6 +126,7 @@ class Segment:
         self.capacity = 0            # bytes the file (and its mapping) can hold
         self.next_offset = base_offset
         self.sealed = False
+        self.cleaned = False         # rewritten by key compaction: offsets have gaps
         self.fd: int | None = None   # open only while active
         self._mm: mmap.mmap | None = None
         self._view: memoryview | None = None
@@ -157,12 +163,35 @@ class Segment:
 
     @classmethod
     def sealed_lazy(cls, directory: Path, base_offset: int, next_offset: int,
-                    index_interval_bytes: int) -> Segment:
+                    index_interval_bytes: int, *, cleaned: bool = False) -> Segment:
         """A sealed segment below the recovery point: mapped and indexed on first use."""
         seg = cls(directory, base_offset, index_interval_bytes)
         seg.sealed = True
+        seg.cleaned = cleaned
         seg.next_offset = next_offset
         seg.size = seg.capacity = seg.path.stat().st_size
+        return seg
+
+    @classmethod
+    def from_cleaned_file(cls, directory: Path, base_offset: int, end_offset: int, index_interval_bytes: int,
+                          path: Path, size: int, indexes: IndexBuilder) -> Segment:
+        """A cleaned segment over a complete file at `path` (its `.swap` name during the swap: the
+        mapping stays valid across the rename to the final name), with its exact indexes."""
+        seg = cls(directory, base_offset, index_interval_bytes)
+        seg.sealed = seg.cleaned = True
+        seg.next_offset = end_offset
+        seg.size = seg.capacity = size
+        if size:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                seg._mm = map_readonly(fd, size)
+            finally:
+                os.close(fd)
+            seg._view = memoryview(seg._mm)
+        else:
+            seg._view = memoryview(b"")
+        seg._indexes = indexes
+        seg._indexes_exact = True
         return seg
 
     def open_for_scan(self) -> memoryview:
@@ -240,17 +269,28 @@ class Segment:
         return read_header(self.view(), position)
 
     def find_batch(self, offset: int) -> tuple[int, BatchHeader]:
-        """(position, header) of the batch holding `offset`, which must be in [base, next)."""
+        """(position, header) of the batch holding `offset`, which must be in [base, next).
+
+        In a cleaned segment: the first batch holding `offset` or a later one (see `locate`).
+        """
+        found = self.locate(offset)
+        if found is None:
+            raise LogCorruptionError(str(self.path), self.size, f"offset {offset} not found in the segment")
+        return found
+
+    def locate(self, offset: int) -> tuple[int, BatchHeader] | None:
+        """(position, header) of the first batch whose last offset is at or after `offset`, which
+        must be in [base, next); None when there is none (only possible in a cleaned segment, for an
+        offset past its last kept batch)."""
         assert self.base_offset <= offset < self.next_offset, (offset, self.base_offset, self.next_offset)
         _, pos = self.indexes().index.floor(offset)
         view = self.view()
-        while True:
+        while pos < self.size:
             h = read_header(view, pos)
             if h.base_offset + h.last_offset_delta >= offset:
                 return pos, h
             pos += h.batch_length + LOG_OVERHEAD
-            if pos >= self.size:
-                raise LogCorruptionError(str(self.path), pos, f"offset {offset} not found in the segment")
+        return None
 
     # --- writing (active segment only) ---------------------------------------------------------
 
@@ -460,7 +500,8 @@ class Segment:
 
     def _rebuild_indexes(self, *, verify: bool) -> IndexBuilder:
         scan = scan_segment(self.view(), self.base_offset, limit=self.size,
-                            index_interval_bytes=self.index_interval_bytes)
+                            index_interval_bytes=self.index_interval_bytes,
+                            cleaned_end=self.next_offset if self.cleaned else None)
         if verify and (scan.status is not ScanStatus.CLEAN or scan.valid_bytes != self.size):
             raise LogCorruptionError(str(self.path), scan.valid_bytes,
                                      scan.problem or "data ends before the end of the file")
@@ -468,5 +509,5 @@ class Segment:
         return scan.builder
 
     def __repr__(self) -> str:
-        state = "sealed" if self.sealed else "active"
+        state = ("cleaned, " if self.cleaned else "") + ("sealed" if self.sealed else "active")
         return f"Segment({self.base_offset}..{self.next_offset}, {self.size} bytes, {state})"

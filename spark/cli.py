@@ -1,4 +1,5 @@
-"""`epochlog export` and `epochlog audit ...`: the event history in a Delta table, and questions to it.
+"""`epochlog export`, `epochlog audit ...` and `epochlog table ...`: the event history in a Delta table,
+questions to it, and its maintenance (small-file compaction, vacuum).
 
 pyspark is imported only when a command runs (the rest of the CLI starts fast). Spark runs in local
 mode unless `--master` names another (its executors must have the epochlog package installed).
@@ -30,9 +31,10 @@ _master_option = click.option("--master", default=DEFAULT_MASTER, show_default=T
 
 
 def register(cli: click.Group) -> None:
-    """Add `export` and `audit` to the `epochlog` group (cli.py calls this once)."""
+    """Add `export`, `audit` and `table` to the `epochlog` group (cli.py calls this once)."""
     cli.add_command(export_command)
     cli.add_command(audit_group)
+    cli.add_command(table_group)
 
 
 # --- export ----------------------------------------------------------------------------------------
@@ -344,3 +346,82 @@ def _rows(rows: list[dict[str, Any]], as_json: bool, as_csv: bool, columns: Sequ
 def _cell(value: Any) -> str:
     text = "-" if value is None else str(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+# --- table maintenance ----------------------------------------------------------------------------
+
+@click.group("table")
+def table_group() -> None:
+    """Maintenance of an exported events table: files (info), small-file compaction (optimize) and
+    deletion of files no version within a retention needs (vacuum). No Spark needed."""
+
+
+_table_option = click.option("--table", required=True, type=click.Path(file_okay=False, path_type=Path),
+                             help="The Delta table written by `epochlog export`.")
+
+
+@table_group.command("info")
+@_table_option
+@click.option("--target-file-mb", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Files below half of this count as small.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def table_info(table: Path, target_file_mb: int, as_json: bool) -> None:
+    """The current version's files per date partition, small files, unreferenced files on disk, watermarks."""
+    from dataclasses import asdict
+
+    from spark.maintenance import table_files
+
+    info = table_files(table, target_file_mb << 20)
+    text = (f"{table}: version {info.version}, {info.files} files ({info.small_files} small) in "
+            f"{len(info.partitions)} partitions, {info.rows:,} rows, {info.bytes:,} bytes; "
+            f"{info.unreferenced_files} unreferenced files ({info.unreferenced_bytes:,} bytes); "
+            f"watermarks {info.watermarks}")
+    _emit(as_json, asdict(info), text)
+
+
+@table_group.command("optimize")
+@_table_option
+@click.option("--target-file-mb", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Approximate size of the compacted files.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def table_optimize(table: Path, target_file_mb: int, as_json: bool) -> None:
+    """Rewrite each date partition's small files into larger ones: ONE Delta commit, dataChange=false
+    (rows, audit answers and export watermarks unchanged; older versions keep their files until vacuum)."""
+    from dataclasses import asdict
+
+    from spark.maintenance import optimize_table, table_files
+
+    if not as_json:
+        before = table_files(table, target_file_mb << 20)
+        click.echo(f"optimizing {table}: {before.files} files ({before.small_files} small) in "
+                   f"{len(before.partitions)} partitions...", err=True)
+    result = optimize_table(table, target_file_bytes=target_file_mb << 20)
+    if result.table_version == result.table_version_before:
+        text = f"nothing to compact in {table} (version {result.table_version})"
+    else:
+        text = (f"compacted {result.files_removed} files into {result.files_added} in {result.partitions_optimized} "
+                f"partitions ({result.bytes_before:,} -> {result.bytes_after:,} bytes) in {result.seconds:.1f} s: "
+                f"table version {result.table_version}")
+    _emit(as_json, asdict(result), text)
+
+
+@table_group.command("vacuum")
+@_table_option
+@click.option("--retain-hours", type=click.IntRange(min=0), default=168, show_default=True,
+              help="Keep every file a version committed within this many hours needs (time travel window).")
+@click.option("--force", is_flag=True, help="Allow a retention below the table's minimum "
+              "(delta.deletedFileRetentionDuration, 168 h by default): it can delete the files of an export "
+              "still writing and break time travel.")
+@click.option("--dry-run", is_flag=True, help="List the files that would be deleted; delete nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def table_vacuum(table: Path, retain_hours: int, force: bool, dry_run: bool, as_json: bool) -> None:
+    """Delete files no version within the retention references: files an optimize removed, and files of
+    killed export or optimize runs (never committed), older than --retain-hours."""
+    from dataclasses import asdict
+
+    from spark.maintenance import vacuum_table
+
+    result = vacuum_table(table, retain_hours=retain_hours, force=force, dry_run=dry_run)
+    verb = "would delete" if dry_run else "deleted"
+    _emit(as_json, asdict(result), f"{verb} {len(result.files)} files ({result.bytes:,} bytes) older than "
+                                   f"{retain_hours} h from {table}: table version {result.table_version}")

@@ -24,3 +24,10 @@ class AuditError(EpochlogError):
     table existed, a malformed key...)."""
 
     code = "invalid_argument"
+
+
+class MaintenanceError(EpochlogError):
+    """A table maintenance operation refused as asked (not an events table, a retention below the
+    table's minimum without --force...); the table is unchanged."""
+
+    code = "invalid_argument"

@@ -14,7 +14,9 @@ offsets than asked: an export must never commit a range it did not read complete
   `quorum-state` (the commit index, persisted lazily, so a lower bound) and from the views' applied
   offset when the views can be opened read-only; nothing past it is read, so a tail that a new
   leader could still truncate is never exported. With the views, each record also says whether
-  applying it changed them (`applied`, as the node reports it online).
+  applying it changed them (`applied`, as the node reports it online). A cleaned segment (key
+  compaction) covers up to the next segment's base: the offsets it dropped are a compacted range,
+  not missing data.
 
 Layout read offline (eventlog/raft/runtime/log_storage.py): `<data dir>/groups/<group>/log/` (the
 segments), `quorum-state`, `views/` (RocksDB).
@@ -33,7 +35,8 @@ from typing import Any
 import msgspec
 
 from eventlog.log import read_offsets_checkpoint
-from eventlog.offline import segment_files
+from eventlog.cleaned import cleaned_ranges
+from eventlog.offline import effective_layout, segment_files
 from eventlog.records import (HEADER_SIZE, MAGIC, MIN_BATCH_LENGTH, RecordBatch, check_batch,
                               TIMESTAMP_TYPE_MASK, decode_varint, read_header)
 from spark.errors import ExportError
@@ -214,7 +217,8 @@ def commit_bound(g: OfflineGroup) -> int:
 def read_segments(log_dir: Path, lo: int, hi: int, views: ViewsLookup | None = None,
                   chunk: int = 10_000) -> Iterator[list[SourceRecord]]:
     """Records of offsets [lo, hi) from the segment files in `log_dir` (read-only, every CRC checked)."""
-    files = segment_files(log_dir)
+    cleaner, files, _ = effective_layout(log_dir)
+    cleaned = cleaned_ranges(cleaner, [b for b, _ in files])
     out: list[SourceRecord] = []
     offset = lo
     for i, (base, path) in enumerate(files):
@@ -241,6 +245,8 @@ def read_segments(log_dir: Path, lo: int, hi: int, views: ViewsLookup | None = N
             if len(out) >= chunk:
                 yield out
                 out = []
+        if seg_end is not None and base in cleaned:
+            offset = max(offset, seg_end)   # the rest of a cleaned segment's range was compacted away
         if offset >= hi:
             break
     if out:

@@ -1,9 +1,9 @@
 """The shipped configs: every key documented, every file loads, a wrong key stops `epochlog serve`.
 
 configs/production.example.toml must show every key of every config dataclass ([cluster] and its
-members, [raft], [log], [views], [controller], [clients]) with a comment giving its meaning and
-`Default: <value>`; the test derives the list of keys from the dataclasses, so a new key without
-documentation fails here.
+members, [raft], [log], [views], [controller], [clients], [compaction.cleaner]) with a comment giving
+its meaning and `Default: <value>`; the test derives the list of keys from the dataclasses, so a new
+key without documentation fails here.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from compaction.config import CleanerConfig, cleaner_config
 from controller.config import ControllerConfig, controller_config
 from eventlog.config import LogConfig
 from eventlog.configuration import from_mapping, load_toml
@@ -36,7 +37,8 @@ PRODUCTION = CONFIGS / "production.example.toml"
 SHIPPED = ("single.toml", "local-3.toml", "production.example.toml")
 SECTIONS: dict[str, Any] = {"cluster": ClusterConfig, "cluster.members": MemberConfig, "raft": RaftConfig,
                             "log": LogConfig, "views": ViewsConfig, "controller": ControllerConfig,
-                            "clients": ClientServiceConfig}
+                            "clients": ClientServiceConfig,
+                            "compaction.cleaner": CleanerConfig}
 KEY_LINE = re.compile(r"^(?:# )?([a-z_]+) = ")
 
 
@@ -106,12 +108,13 @@ def test_production_example_documents_every_key_with_its_default():
 
 def test_production_example_uses_the_defaults_it_does_not_explain():
     assert set(tomllib.loads(PRODUCTION.read_text())) == {"cluster", "raft", "log", "views", "controller",
-                                                          "clients"}
+                                                          "clients", "compaction"}
     configs = load_node_configs(PRODUCTION)
     assert configs.raft == RaftConfig() and configs.log == LogConfig()
     assert controller_config(configs.controller) == ControllerConfig()
     assert from_mapping(ViewsConfig, configs.views, "views") == ViewsConfig()
     assert from_mapping(ClientServiceConfig, configs.clients, "clients") == ClientServiceConfig()
+    assert cleaner_config((configs.compaction or {}).get("cleaner")) == CleanerConfig()
     assert [m.id for m in configs.cluster.members] == [1, 2, 3]
 
 

@@ -97,10 +97,11 @@ class ClusterConfig:
 class NodeConfigs:
     """Every component's configuration, as read from one TOML file.
 
-    `views`, `controller` and `clients` stay plain tables here (the `[views]`, `[controller]` and
-    `[clients]` sections): the runtime does not depend on the layers above it; the node validates them
-    with `statemachines.store.ViewsConfig`, `controller.config.controller_config` and
-    `epochlog.server.ClientServiceConfig`.
+    `views`, `controller`, `clients` and `compaction` stay plain tables here (the `[views]`,
+    `[controller]`, `[clients]` and `[compaction]` sections): the runtime does not depend on the layers
+    above it; the node validates them with `statemachines.store.ViewsConfig`,
+    `controller.config.controller_config`, `epochlog.server.ClientServiceConfig` and
+    `compaction.config.cleaner_config` (`[compaction.cleaner]`).
     """
 
     cluster: ClusterConfig
@@ -109,15 +110,17 @@ class NodeConfigs:
     views: dict[str, object] | None = None
     controller: dict[str, object] | None = None
     clients: dict[str, object] | None = None
+    compaction: dict[str, object] | None = None
 
 
 def load_node_configs(path: str | Path) -> NodeConfigs:
     data = load_toml(path)
-    known = {"cluster", "raft", "log", "views", "controller", "clients"}
+    known = {"cluster", "raft", "log", "views", "controller", "clients", "compaction"}
     for key in data:
         if key not in known:
             raise ConfigError(key, data[key], f"unknown section (known: {', '.join(sorted(known))})")
     return NodeConfigs(from_mapping(ClusterConfig, data.get("cluster"), "cluster"),
                        from_mapping(RaftConfig, data.get("raft"), "raft"),
                        from_mapping(LogConfig, data.get("log"), "log"),
-                       data.get("views"), data.get("controller"), data.get("clients"))
+                       data.get("views"), data.get("controller"), data.get("clients"),
+                       data.get("compaction"))

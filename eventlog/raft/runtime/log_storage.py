@@ -79,10 +79,11 @@ class LogStorage:
             self.log.reset(snap.index + 1)  # the snapshot was installed; the log reset did not happen
         end = self.log.end_offset
         valid = []
+        first = max(self.log.start_offset, self.log.clean_end_offset)
         for offset in self._conf_offsets:
-            if offset < end and offset >= self.log.start_offset and self._entry_at(offset).kind is EntryKind.CONF_CHANGE:
+            if offset < end and offset >= first and self._entry_at(offset).kind is EntryKind.CONF_CHANGE:
                 valid.append(offset)
-        scan_from = max(min(self._state.conf_scanned_to, end), self.log.start_offset)
+        scan_from = max(min(self._state.conf_scanned_to, end), first)
         for batch in self.log.batches(scan_from):
             if batch.header.is_control and batch_to_entry(batch).kind is EntryKind.CONF_CHANGE:
                 if batch.header.base_offset not in valid:
@@ -96,7 +97,9 @@ class LogStorage:
         return HardState(term=s.term, vote=s.vote, commit=s.commit), self._snapshot
 
     def first_index(self) -> int:
-        return max(self.log.start_offset, self._snapshot.index + 1)
+        # Below clean_end_offset key compaction may have rewritten entries: never served (a follower
+        # that needs them gets the snapshot), so the cleaner must stay at or below snapshot + 1.
+        return max(self.log.start_offset, self.log.clean_end_offset, self._snapshot.index + 1)
 
     def last_index(self) -> int:
         return max(self.log.end_offset - 1, self._snapshot.index)
