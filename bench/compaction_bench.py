@@ -1,0 +1,367 @@
+"""Compaction benchmark: disk usage under endless overwrites, and put latency while compaction runs.
+
+Two measurements, each on a FRESH single-node `epochlog serve` process (127.0.0.1, free ports, data in
+a temporary directory that is removed afterwards):
+
+    disk      overwrite `--keys` entities `--events` times through the SDK (batched `Write`s of
+              `--batch` events, `--concurrency` calls in flight) and sample the node's disk every
+              `--sample-s` seconds: per group the log directory, the views (RocksDB) and the
+              snapshots, in allocated bytes (what `du` counts: preallocated segments included).
+              The issue's QA case is `--keys 100 --events 600000 --kind offsets`; the "flat disk"
+              case is `--keys 1000 --events 10000000`.
+    latency   p99 of single puts (`--concurrency` callers, one KvPut per call) on a node with
+              compaction off (baseline: no snapshots, no retention) and then on a node whose
+              compaction runs all the time (a snapshot every few thousand entries, a short retention,
+              pruning), each after the same pre-load of history.
+
+    .venv/bin/python -m bench.compaction_bench disk --keys 100 --events 600000 --kind offsets
+    .venv/bin/python -m bench.compaction_bench latency
+    .venv/bin/python -m bench.compaction_bench all --write-results   # both, into bench/RESULTS.md
+
+`--server-root DIR` runs the node from another checkout of the repository (e.g. `git archive` of an
+older revision) with this checkout's virtualenv: how the "before" figures were taken. `--config-extra
+TOML` appends sections to the node's config. Every process started here is stopped by its pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+GROUPS = ("metadata", "offsets", "kv")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    for _ in range(500):
+        port = random.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port")
+
+
+def allocated_bytes(path: Path) -> int:
+    """Bytes the files under `path` occupy on disk (st_blocks, as `du` counts them)."""
+    total = 0
+    if not path.exists():
+        return 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except FileNotFoundError:
+                pass   # deleted while we walked (a segment, an SST)
+    return total
+
+
+@dataclass
+class Server:
+    """One `epochlog serve` process on free ports, with its own data directory."""
+
+    scratch: Path
+    extra_config: str = ""
+    segment_bytes: int = 64 << 20
+    server_root: Path = ROOT
+    proc: subprocess.Popen[bytes] | None = None
+    address: str = ""
+    data_dir: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.data_dir = self.scratch / "node-1"
+
+    def start(self) -> None:
+        peer, client = free_port(), free_port()
+        self.address = f"127.0.0.1:{client}"
+        config = self.scratch / "node.toml"
+        config.write_text(
+            "[cluster]\nname = \"bench\"\ngroups = [\"metadata\", \"offsets\", \"kv\"]\n\n"
+            f"[[cluster.members]]\nid = 1\npeer_address = \"127.0.0.1:{peer}\"\nclient_address = \"{self.address}\"\n\n"
+            f"[log]\nsegment_bytes = {self.segment_bytes}\n\n" + self.extra_config)
+        env = dict(os.environ)
+        if self.server_root != ROOT:
+            env["PYTHONPATH"] = str(self.server_root)
+        out = open(self.scratch / "node.out", "wb")
+        err = open(self.scratch / "node.err", "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "epochlog", "serve", "--config", str(config),
+                                      "--node-id", "1", "--data-dir", str(self.data_dir)],
+                                     cwd=self.server_root, env=env, stdout=out, stderr=err,
+                                     stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while b"READY" not in (self.scratch / "node.out").read_bytes():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"node did not start:\n{(self.scratch / 'node.err').read_text()[-3000:]}")
+            time.sleep(0.05)
+
+    def sizes(self) -> dict[str, dict[str, int]]:
+        out = {}
+        for g in GROUPS:
+            d = self.data_dir / "groups" / g
+            out[g] = {"log": allocated_bytes(d / "log"), "views": allocated_bytes(d / "views"),
+                      "snapshots": allocated_bytes(d / "snapshots")}
+        return out
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGKILL)
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+def _totals(sizes: dict[str, dict[str, int]]) -> dict[str, int]:
+    return {kind: sum(g[kind] for g in sizes.values()) for kind in ("log", "views", "snapshots")}
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.1f}"
+
+
+async def _overwrite(server: Server, args: argparse.Namespace) -> dict[str, Any]:
+    from epochlog.client import AsyncClient
+    from statemachines import events as ev
+
+    client = AsyncClient(server.address, timeout=60.0)
+    value = b"v" * args.value_bytes
+    samples: list[dict[str, Any]] = []
+    written = 0
+    errors = 0
+    started = time.monotonic()
+    next_sample = started
+    done = asyncio.Event()
+
+    def event(i: int) -> ev.Event:
+        k = i % args.keys
+        if args.kind == "offsets":
+            return ev.OffsetCommitted(consumer_group="bench", topic=f"topic-{k // 16}", queue_id=k % 16, offset=i)
+        return ev.KvPut(name=f"bench/key-{k:06d}", value=value)
+
+    async def sampler() -> None:
+        nonlocal next_sample
+        while not done.is_set():
+            now = time.monotonic()
+            if now >= next_sample:
+                sizes = await asyncio.to_thread(server.sizes)
+                samples.append({"t": round(now - started, 1), "events": written, **_totals(sizes)})
+                next_sample = now + args.sample_s
+            try:
+                await asyncio.wait_for(done.wait(), max(0.05, next_sample - time.monotonic()))
+            except TimeoutError:
+                pass
+
+    next_i = 0
+
+    async def writer() -> None:
+        nonlocal next_i, written, errors
+        while next_i < args.events:
+            i = next_i
+            n = min(args.batch, args.events - i)
+            next_i += n
+            try:
+                await client.commands([event(i + j) for j in range(n)])
+                written += n
+            except Exception as exc:  # noqa: BLE001 - counted and reported
+                errors += 1
+                if errors <= 3:
+                    log(f"write failed: {exc!r}")
+                await asyncio.sleep(0.1)
+
+    sampling = asyncio.create_task(sampler())
+    await asyncio.gather(*(writer() for _ in range(args.concurrency)))
+    wrote_s = time.monotonic() - started
+    await asyncio.sleep(args.settle_s)   # let the last snapshot, truncation and pruning run
+    done.set()
+    await sampling
+    final = await asyncio.to_thread(server.sizes)
+    samples.append({"t": round(time.monotonic() - started, 1), "events": written, **_totals(final)})
+    await client.close()
+    return {"events": written, "errors": errors, "seconds": round(wrote_s, 1),
+            "events_per_s": round(written / wrote_s), "samples": samples, "final": final}
+
+
+def run_disk(args: argparse.Namespace) -> dict[str, Any]:
+    scratch = Path(tempfile.mkdtemp(prefix="compaction-bench-", dir=args.scratch))
+    server = Server(scratch, _extra(args), args.segment_bytes, Path(args.server_root))
+    load0 = os.getloadavg()
+    try:
+        server.start()
+        log(f"disk: {args.events:,} {args.kind} events over {args.keys} keys, batches of {args.batch}, "
+            f"node {server.address}, data {server.data_dir}")
+        result = asyncio.run(_overwrite(server, args))
+    finally:
+        code = server.stop()
+        err_tail = (scratch / "node.err").read_text(errors="replace")[-2000:] if (scratch / "node.err").exists() else ""
+        shutil.rmtree(scratch, ignore_errors=True)
+    result.update({"label": args.label, "keys": args.keys, "kind": args.kind, "batch": args.batch,
+                   "segment_bytes": args.segment_bytes, "exit_code": code, "load_before": load0,
+                   "load_after": os.getloadavg(), "server_root": str(args.server_root)})
+    if code not in (0, None):
+        log(f"node exited with {code}:\n{err_tail}")
+    return result
+
+
+def _extra(args: argparse.Namespace) -> str:
+    text = ""
+    if args.config_extra:
+        text = Path(args.config_extra).read_text()
+    return text
+
+
+def disk_table(result: dict[str, Any]) -> str:
+    rows = ["| t (s) | events | log MB | views MB | snapshots MB |", "|---:|---:|---:|---:|---:|"]
+    samples = result["samples"]
+    step = max(1, len(samples) // 16)
+    shown = samples[::step] + ([samples[-1]] if (len(samples) - 1) % step else [])
+    for s in shown:
+        rows.append(f"| {s['t']} | {s['events']:,} | {_mb(s['log'])} | {_mb(s['views'])} | {_mb(s['snapshots'])} |")
+    return "\n".join(rows)
+
+
+# --- latency ----------------------------------------------------------------------------------------
+
+BASELINE = "[cluster]\n"   # placeholder: the baseline's settings are written by _latency_config
+
+
+def _latency_config(compaction: bool) -> str:
+    if not compaction:
+        return ("[compaction]\nsnapshot_every_entries = 0\nsnapshot_every_bytes = 0\nretain_offsets = 0\n"
+                "prune_interval_ms = 0\n")
+    return ("[compaction]\nsnapshot_every_entries = 5000\nsnapshot_every_bytes = 0\nretain_offsets = 2000\n"
+            "check_interval_ms = 200\nprune_interval_ms = 50\n")
+
+
+async def _put_latency(address: str, args: argparse.Namespace) -> dict[str, Any]:
+    from epochlog.client import AsyncClient
+    from statemachines import events as ev
+
+    client = AsyncClient(address, timeout=30.0)
+    value = b"x" * args.value_bytes
+    # Pre-load: history to snapshot, truncate and prune while the measured puts run.
+    for start in range(0, args.preload, 500):
+        await client.commands([ev.KvPut(name=f"pre/key-{(start + j) % args.keys:06d}", value=value)
+                               for j in range(min(500, args.preload - start))])
+    lat: list[float] = []
+    next_i = 0
+
+    async def worker() -> None:
+        nonlocal next_i
+        while next_i < args.puts:
+            i = next_i
+            next_i += 1
+            t0 = time.perf_counter()
+            await client.put(f"lat/key-{i % args.keys:06d}", value)
+            lat.append(time.perf_counter() - t0)
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+    wall = time.monotonic() - t0
+    status = None
+    try:
+        status = await client._call(_compaction_status_call(), group=None, leader=False)   # noqa: SLF001
+    except Exception:  # noqa: BLE001 - an older node has no such call
+        status = None
+    await client.close()
+    lat.sort()
+
+    def q(p: float) -> float:
+        return round(lat[min(len(lat) - 1, int(p * (len(lat) - 1) + 0.5))] * 1000, 3)
+
+    return {"puts": len(lat), "puts_per_s": round(len(lat) / wall), "p50_ms": q(0.5), "p99_ms": q(0.99),
+            "p999_ms": q(0.999), "max_ms": round(lat[-1] * 1000, 3), "status": _status_summary(status)}
+
+
+def _compaction_status_call() -> Any:
+    from epochlog import protocol as p
+
+    return p.CompactionStatus()   # type: ignore[attr-defined]
+
+
+def _status_summary(status: Any) -> dict[str, Any] | None:
+    if status is None:
+        return None
+    out = {}
+    for g in status.groups:
+        out[g.group] = {"snapshots": g.snapshots_taken, "log_start": g.log_start,
+                        "history_floor": g.history_floor, "prune_passes": g.prune_passes,
+                        "last_snapshot_ms": g.last_snapshot_ms}
+    return out
+
+
+def run_latency(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {"load_before": os.getloadavg()}
+    for name, compaction in (("baseline", False), ("compaction", True)):
+        scratch = Path(tempfile.mkdtemp(prefix=f"compaction-lat-{name}-", dir=args.scratch))
+        server = Server(scratch, _latency_config(compaction), args.segment_bytes, Path(args.server_root))
+        try:
+            server.start()
+            log(f"latency/{name}: preload {args.preload:,}, {args.puts:,} puts, c={args.concurrency}")
+            out[name] = asyncio.run(_put_latency(server.address, args))
+            out[name]["sizes"] = _totals(server.sizes())
+        finally:
+            out[name + "_exit"] = server.stop()
+            shutil.rmtree(scratch, ignore_errors=True)
+    out["load_after"] = os.getloadavg()
+    out["ratio_p99"] = round(out["compaction"]["p99_ms"] / out["baseline"]["p99_ms"], 2)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", choices=("disk", "latency", "all"))
+    ap.add_argument("--keys", type=int, default=1000)
+    ap.add_argument("--events", type=int, default=1_000_000, help="disk: overwrites in all")
+    ap.add_argument("--kind", choices=("offsets", "kv"), default="kv")
+    ap.add_argument("--batch", type=int, default=200, help="disk: events per Write call")
+    ap.add_argument("--concurrency", "-c", type=int, default=8)
+    ap.add_argument("--value-bytes", type=int, default=100)
+    ap.add_argument("--sample-s", type=float, default=5.0)
+    ap.add_argument("--settle-s", type=float, default=10.0, help="disk: wait after the last write")
+    ap.add_argument("--segment-bytes", type=int, default=64 << 20)
+    ap.add_argument("--preload", type=int, default=50_000, help="latency: events written first")
+    ap.add_argument("--puts", type=int, default=20_000, help="latency: measured puts per phase")
+    ap.add_argument("--config-extra", help="a TOML file appended to the node's config")
+    ap.add_argument("--server-root", default=str(ROOT), help="run the node from this checkout")
+    ap.add_argument("--scratch", default=None, help="parent of the temporary data directories")
+    ap.add_argument("--label", default="")
+    ap.add_argument("--json", action="store_true", help="print the raw results as JSON")
+    ap.add_argument("--write-results", action="store_true", help="write the section of bench/RESULTS.md")
+    args = ap.parse_args()
+    results: dict[str, Any] = {}
+    if args.mode in ("disk", "all"):
+        results["disk"] = run_disk(args)
+        print(disk_table(results["disk"]))
+        print(json.dumps({k: v for k, v in results["disk"].items() if k != "samples"}))
+    if args.mode in ("latency", "all"):
+        results["latency"] = run_latency(args)
+        print(json.dumps(results["latency"]))
+    if args.json:
+        print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
