@@ -45,6 +45,7 @@ from statemachines.state import (
 from statemachines.store import (
     APPLIED,
     DIGEST,
+    HISTORY_FLOOR,
     META,
     ViewsConfig,
     ViewStore,
@@ -517,6 +518,17 @@ def _member_removed(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcom
     return _ok(offset)
 
 
+def _history_pruned(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    """Raise the history floor (never lower it): a meta key, so the digest covers it."""
+    assert isinstance(e, ev.HistoryPruned)
+    if e.floor > offset:
+        return _reject(offset, "invalid_argument", f"history floor {e.floor} is beyond its own offset {offset}")
+    raw = ov.get(META, HISTORY_FLOOR)
+    if raw is None or decode_offset(raw) < e.floor:
+        ov.put(META, HISTORY_FLOOR, encode_offset(e.floor))
+    return _ok(offset)
+
+
 def _txn(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     assert isinstance(e, ev.Txn)
     for cond in e.conditions:
@@ -553,4 +565,5 @@ _HANDLERS: dict[type, Handler] = {
     ev.Txn: _txn,
     ev.MemberAdded: _member_added,
     ev.MemberRemoved: _member_removed,
+    ev.HistoryPruned: _history_pruned,
 }

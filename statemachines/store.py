@@ -9,7 +9,8 @@ Column families:
     lease_keys    lease id (20 digits) + b"/" + attached entity key -> b""
     dedupe        actor + b"\\0" + request id -> the offset and outcome of the first application
     dedupe_expiry 8-byte offset + dedupe key -> b"" (evicts request ids past the dedupe window)
-    default       meta: b"applied" (8-byte offset), b"digest" (running SHA-256 over applied mutations)
+    default       meta: b"applied" (8-byte offset), b"digest" (running SHA-256 over applied mutations),
+                  b"history_floor" (8-byte offset: history below it is pruned, see statemachines/prune.py)
 
 Memory: one LRU block cache (`block_cache_bytes`) holds data, index and filter blocks, and the
 memtables of every column family are charged to it through a write buffer manager
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocksdict import (
+    AccessType,
     BlockBasedIndexType,
     BlockBasedOptions,
     Cache,
@@ -53,6 +55,7 @@ ALL_CFS = (*ENTITY_CFS.values(), *INTERNAL_CFS)
 META = ""  # the default column family: meta keys
 APPLIED = b"applied"
 DIGEST = b"digest"
+HISTORY_FLOOR = b"history_floor"
 _OFFSET = struct.Struct(">q")
 
 
@@ -143,6 +146,12 @@ class ViewStore:
         raw = self.db.get(APPLIED)
         return -1 if raw is None else decode_offset(raw)
 
+    @property
+    def history_floor(self) -> int:
+        """The lowest offset `as_of` reads are answered for (0: all history is kept)."""
+        raw = self.db.get(HISTORY_FLOOR)
+        return 0 if raw is None else decode_offset(raw)
+
     def scan(self, cf: str, start: bytes, end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Keys in [start, end) in order (end None: to the end of the column family)."""
         ro = ReadOptions()
@@ -190,15 +199,24 @@ class ViewStore:
 
     # --- snapshots -----------------------------------------------------------------------------
 
-    def write_snapshot(self, target: Path) -> None:
-        """A RocksDB checkpoint of the current state, packed as one tar file at `target`."""
+    def write_snapshot(self, target: Path) -> int:
+        """A RocksDB checkpoint of the current state, packed as one tar file at `target`; returns the
+        applied offset it holds.
+
+        May run in another thread while the group's loop goes on applying (RocksDB makes the checkpoint
+        consistent; the offset is read back from it), as long as the store is not closed meanwhile.
+        """
         tmp = target.with_name(target.name + ".ckpt")
         shutil.rmtree(tmp, ignore_errors=True)
         Checkpoint(self.db).create_checkpoint(str(tmp))
-        with tarfile.open(target, "w") as tar:
-            for f in sorted(tmp.iterdir()):
-                tar.add(f, arcname=f.name)
-        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            applied = _applied_of_checkpoint(tmp)
+            with tarfile.open(target, "w") as tar:
+                for f in sorted(tmp.iterdir()):
+                    tar.add(f, arcname=f.name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return applied
 
     @staticmethod
     def unpack_snapshot(source: Path, directory: Path) -> None:
@@ -214,6 +232,17 @@ class ViewStore:
         self.cfs.clear()
         self.handles.clear()
         self.db.close()
+
+
+def _applied_of_checkpoint(path: Path) -> int:
+    """The applied offset recorded in a checkpoint directory (opened read-only)."""
+    db = Rdict(str(path), Options(raw_mode=True), column_families={name: Options(raw_mode=True) for name in ALL_CFS},
+               access_type=AccessType.read_only())
+    try:
+        raw = db.get(APPLIED)
+    finally:
+        db.close()
+    return -1 if raw is None else decode_offset(raw)
 
 
 def _options(cache: Cache) -> Options:

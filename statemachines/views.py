@@ -16,10 +16,11 @@ place, and leftovers are removed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from eventlog.fileutil import fsync_dir
@@ -27,6 +28,7 @@ from eventlog.raft.types import Entry, SnapshotMeta
 from statemachines.apply import Applier
 from statemachines.events import LeaseExpired, event_record
 from statemachines.leases import LeaseClock
+from statemachines.prune import HistoryPruner, PruneStep, reclaim
 from statemachines.state import LeaseState, Outcome, decode_state
 from statemachines.store import DIGEST, ViewsConfig, ViewStore
 
@@ -42,6 +44,9 @@ class ViewsStateMachine:
         self.store = ViewStore.open(self.path, self.config)
         self.applier = Applier(self.store, self.config)
         self.lease_clock: LeaseClock | None = None   # only on the leader
+        self.pruner = HistoryPruner()
+        self._reclaimer: concurrent.futures.ThreadPoolExecutor | None = None
+        self._reclaiming: concurrent.futures.Future[None] | None = None
 
     def _finish_swap(self) -> None:
         restore, old = self.base / "views.restore", self.base / "views.old"
@@ -99,7 +104,35 @@ class ViewsStateMachine:
     def write_snapshot(self, path: Path) -> None:
         self.store.write_snapshot(path)
 
+    def snapshot_job(self) -> Callable[[Path], int]:
+        """Write a snapshot from another thread while applies go on (RaftGroup runs it off its loop): the
+        checkpoint is consistent, and the function returns the applied offset it holds. The group
+        waits for it before a restore or close replaces the store."""
+        return self.store.write_snapshot
+
+    # --- history pruning (statemachines/prune.py) ------------------------------------------------
+
+    def prune_step(self, max_rows: int) -> PruneStep:
+        """Delete a bounded chunk of the history rows the floor hides (call from the group's loop)."""
+        return self.pruner.step(self.store, max_rows)
+
+    def reclaim_space(self) -> concurrent.futures.Future[None] | None:
+        """Compact the history column family in a thread (RocksDB frees the pruned rows' space); None
+        when a compaction is already running. Restore and close wait for it."""
+        if self._reclaiming is not None and not self._reclaiming.done():
+            return None
+        if self._reclaimer is None:
+            self._reclaimer = concurrent.futures.ThreadPoolExecutor(1, "views-reclaim")
+        self._reclaiming = self._reclaimer.submit(reclaim, self.store)
+        return self._reclaiming
+
+    def _wait_reclaim(self) -> None:
+        if self._reclaiming is not None:
+            concurrent.futures.wait([self._reclaiming])
+            self._reclaiming = None
+
     def restore(self, path: Path, meta: SnapshotMeta) -> None:
+        self._wait_reclaim()
         restore, old = self.base / "views.restore", self.base / "views.old"
         ViewStore.unpack_snapshot(path, restore)
         fsync_dir(restore)
@@ -113,4 +146,7 @@ class ViewsStateMachine:
         assert self.store.applied == meta.index, (self.store.applied, meta.index)
 
     def close(self) -> None:
+        self._wait_reclaim()
+        if self._reclaimer is not None:
+            self._reclaimer.shutdown(wait=True)
         self.store.close()

@@ -54,8 +54,12 @@ class ClusterConfig:
         "Raft groups hosted by every node, each with its own directory, leader and log."))
     tick_interval_ms: int = field(default=50, metadata=doc(
         "Duration of one Raft tick (election and heartbeat timeouts are counted in ticks).", min=1, max=60_000))
-    snapshot_every_entries: int = field(default=0, metadata=doc(
-        "Take a snapshot and drop the log below it every this many applied offsets (0 = never).", min=0))
+    snapshot_every_entries: int = field(default=100_000, metadata=doc(
+        "Take a snapshot of a group (in the background) and drop its log below it every this many applied "
+        "offsets (0: not by offsets).", min=0))
+    snapshot_every_bytes: int = field(default=64 << 20, metadata=doc(
+        "... or every this many bytes of applied entries, whichever comes first (0: not by bytes; both 0: "
+        "never).", min=0))
 
     def validate(self, section: str = "cluster") -> None:
         ids = [m.id for m in self.members]

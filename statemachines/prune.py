@@ -1,0 +1,126 @@
+"""Deleting the history rows below the history floor, a bounded chunk at a time.
+
+Theory of operation. The floor F is committed (`HistoryPruned`, statemachines/apply.py), so every
+replica agrees on it at every offset; the reads (statemachines/query.py) already ignore every row it
+hides. This module only reclaims their space, on each replica at its own pace, outside the apply
+path: its deletions are not in the digest and change no answer. For each entity the rows hidden by F
+are every row older than its newest row at or below F, and that newest row too when it is a deletion
+(the entity did not exist at F). Rows above F are never touched, and rows written after the pass
+started are above F (a floor is never beyond its own offset).
+
+A pass walks the `versions` column family in key order from a cursor, examining at most `max_rows`
+rows per `step` and deleting in one WriteBatch per step (no meta key is written, so a kill at any
+moment leaves a store that answers exactly as before: the next pass deletes what this one did not).
+A pass starts when the floor has risen above the one the last pass completed; the first pass after
+a restart walks everything once. RocksDB reclaims the space as it compacts; `reclaim` asks it to
+compact the versions column family now (run it in a thread: rocksdict releases the GIL there).
+
+Not thread-safe: call `step` from the group's loop (the store's one user).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from statemachines.state import decode_version
+from statemachines.store import ViewStore, decode_offset
+
+
+@dataclass(frozen=True, slots=True)
+class PruneStep:
+    """What one step did."""
+
+    examined: int
+    deleted: int
+    pass_done: bool
+    seconds: float
+
+
+@dataclass(slots=True)
+class PruneCounters:
+    """Pruning of one group's history on this node since it started."""
+
+    passes: int = 0                 # completed passes
+    rows_deleted: int = 0
+    pruned_floor: int = 0           # every row hidden by this floor is deleted (the last completed pass's)
+    pass_floor: int = 0             # the floor of the pass under way (0: none)
+    last_step_seconds: float = 0.0
+    max_step_seconds: float = 0.0
+    last_pass_seconds: float = 0.0
+    last_pass_at: float = 0.0       # time.time() when the last pass completed
+
+
+class HistoryPruner:
+    """Deletes the `versions` rows a store's history floor hides (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.counters = PruneCounters()
+        self._store: ViewStore | None = None
+        self._cursor: bytes | None = None        # next key to examine (None: no pass under way)
+        self._pending: tuple[bytes, bytes, bool] | None = None   # (entity, key, is_deletion) of the newest row <= F seen
+        self._pass_started = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return self._cursor is not None
+
+    def step(self, store: ViewStore, max_rows: int) -> PruneStep:
+        """Examine at most `max_rows` history rows and delete those the floor hides."""
+        started = time.perf_counter()
+        if store is not self._store:        # first call, or the views were replaced by a snapshot
+            self._store, self._cursor, self._pending = store, None, None
+            self.counters.pruned_floor = 0
+        c = self.counters
+        if self._cursor is None:
+            floor = store.history_floor
+            if floor <= c.pruned_floor:
+                return PruneStep(0, 0, False, time.perf_counter() - started)
+            self._cursor, self._pending, c.pass_floor = b"", None, floor
+            self._pass_started = time.perf_counter()
+        floor = c.pass_floor
+        doomed: list[bytes] = []
+        examined = 0
+        done = True
+        for key, value in store.scan("versions", self._cursor):
+            if examined >= max_rows:
+                self._cursor = key
+                done = False
+                break
+            examined += 1
+            entity, offset = key[:-9], decode_offset(key[-8:])
+            pending = self._pending
+            if pending is not None and pending[0] != entity:
+                if pending[2]:
+                    doomed.append(pending[1])   # the entity's state at F is "deleted": nothing to keep
+                pending = self._pending = None
+            if offset > floor:
+                continue
+            if pending is not None:
+                doomed.append(pending[1])       # an older row than this one, both at or below F
+            self._pending = (entity, key, decode_version(value).state is None)
+        if done and self._pending is not None and self._pending[2]:
+            doomed.append(self._pending[1])
+        if doomed:
+            batch = store.new_batch()
+            for key in doomed:
+                store.delete(batch, "versions", key)
+            store.write(batch)
+        seconds = time.perf_counter() - started
+        c.rows_deleted += len(doomed)
+        c.last_step_seconds = seconds
+        c.max_step_seconds = max(c.max_step_seconds, seconds)
+        if done:
+            self._cursor, self._pending = None, None
+            c.passes += 1
+            c.pruned_floor = floor
+            c.pass_floor = 0
+            c.last_pass_seconds = time.perf_counter() - self._pass_started
+            c.last_pass_at = time.time()
+        return PruneStep(examined, len(doomed), done, seconds)
+
+
+def reclaim(store: ViewStore) -> None:
+    """Compact the `versions` column family so RocksDB drops the deleted rows from its files now
+    (blocking: run it in a thread, and keep the store open until it returns)."""
+    store.cfs["versions"].compact_range(None, None)
