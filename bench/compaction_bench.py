@@ -83,6 +83,7 @@ class Server:
     extra_config: str = ""
     segment_bytes: int = 64 << 20
     server_root: Path = ROOT
+    cluster_extra: str = ""         # more [cluster] keys (snapshot_every_*)
     proc: subprocess.Popen[bytes] | None = None
     address: str = ""
     data_dir: Path = field(init=False)
@@ -95,7 +96,7 @@ class Server:
         self.address = f"127.0.0.1:{client}"
         config = self.scratch / "node.toml"
         config.write_text(
-            "[cluster]\nname = \"bench\"\ngroups = [\"metadata\", \"offsets\", \"kv\"]\n\n"
+            "[cluster]\nname = \"bench\"\ngroups = [\"metadata\", \"offsets\", \"kv\"]\n" + self.cluster_extra + "\n"
             f"[[cluster.members]]\nid = 1\npeer_address = \"127.0.0.1:{peer}\"\nclient_address = \"{self.address}\"\n\n"
             f"[log]\nsegment_bytes = {self.segment_bytes}\n\n" + self.extra_config)
         env = dict(os.environ)
@@ -206,7 +207,7 @@ async def _overwrite(server: Server, args: argparse.Namespace) -> dict[str, Any]
 
 def run_disk(args: argparse.Namespace) -> dict[str, Any]:
     scratch = Path(tempfile.mkdtemp(prefix="compaction-bench-", dir=args.scratch))
-    server = Server(scratch, _extra(args), args.segment_bytes, Path(args.server_root))
+    server = Server(scratch, _extra(args), args.segment_bytes, Path(args.server_root), _cluster_extra(args))
     load0 = os.getloadavg()
     try:
         server.start()
@@ -223,6 +224,15 @@ def run_disk(args: argparse.Namespace) -> dict[str, Any]:
     if code not in (0, None):
         log(f"node exited with {code}:\n{err_tail}")
     return result
+
+
+def _cluster_extra(args: argparse.Namespace) -> str:
+    text = ""
+    if args.snapshot_every_entries is not None:
+        text += f"snapshot_every_entries = {args.snapshot_every_entries}\n"
+    if args.snapshot_every_bytes is not None:
+        text += f"snapshot_every_bytes = {args.snapshot_every_bytes}\n"
+    return text
 
 
 def _extra(args: argparse.Namespace) -> str:
@@ -244,15 +254,15 @@ def disk_table(result: dict[str, Any]) -> str:
 
 # --- latency ----------------------------------------------------------------------------------------
 
-BASELINE = "[cluster]\n"   # placeholder: the baseline's settings are written by _latency_config
-
-
-def _latency_config(compaction: bool) -> str:
+def _latency_config(compaction: bool) -> tuple[str, str]:
+    """([cluster] keys, [compaction] section) of the baseline (no snapshots, no retention work) and of
+    the node whose compaction runs all the time."""
     if not compaction:
-        return ("[compaction]\nsnapshot_every_entries = 0\nsnapshot_every_bytes = 0\nretain_offsets = 0\n"
-                "prune_interval_ms = 0\n")
-    return ("[compaction]\nsnapshot_every_entries = 5000\nsnapshot_every_bytes = 0\nretain_offsets = 2000\n"
-            "check_interval_ms = 200\nprune_interval_ms = 50\n")
+        return ("snapshot_every_entries = 0\nsnapshot_every_bytes = 0\n",
+                "[compaction]\nretain_offsets = 0\nexport_max_pin_offsets = 0\nprune_interval_ms = 0\n"
+                "check_interval_ms = 3600000\n")
+    return ("snapshot_every_entries = 5000\nsnapshot_every_bytes = 0\n",
+            "[compaction]\nretain_offsets = 2000\ncheck_interval_ms = 200\nprune_interval_ms = 50\n")
 
 
 async def _put_latency(address: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -316,7 +326,8 @@ def run_latency(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"load_before": os.getloadavg()}
     for name, compaction in (("baseline", False), ("compaction", True)):
         scratch = Path(tempfile.mkdtemp(prefix=f"compaction-lat-{name}-", dir=args.scratch))
-        server = Server(scratch, _latency_config(compaction), args.segment_bytes, Path(args.server_root))
+        cluster_keys, section = _latency_config(compaction)
+        server = Server(scratch, section, args.segment_bytes, Path(args.server_root), cluster_keys)
         try:
             server.start()
             log(f"latency/{name}: preload {args.preload:,}, {args.puts:,} puts, c={args.concurrency}")
@@ -345,6 +356,8 @@ def main() -> None:
     ap.add_argument("--preload", type=int, default=50_000, help="latency: events written first")
     ap.add_argument("--puts", type=int, default=20_000, help="latency: measured puts per phase")
     ap.add_argument("--config-extra", help="a TOML file appended to the node's config")
+    ap.add_argument("--snapshot-every-entries", type=int, default=None, help="disk: [cluster] key (default: the node's)")
+    ap.add_argument("--snapshot-every-bytes", type=int, default=None, help="disk: [cluster] key (default: the node's)")
     ap.add_argument("--server-root", default=str(ROOT), help="run the node from this checkout")
     ap.add_argument("--scratch", default=None, help="parent of the temporary data directories")
     ap.add_argument("--label", default="")

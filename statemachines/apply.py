@@ -6,7 +6,8 @@ restart the views say which offset they reached and the log replays what follows
 
 Per record: decode the event (a malformed one is rejected on every replica alike; one of a newer
 schema stops the node, which must be upgraded, rather than apply it differently from its peers);
-if its request id was seen within the dedupe window, return the first outcome and change nothing;
+if its request id was seen within the dedupe window (and at or above the history floor, below which
+request ids are forgotten too), return the first outcome and change nothing;
 check its conditions (epochs, expected versions) against the current state, including the writes
 of earlier records in the same batch; then write the new entity state, its history row in
 `versions`, and lease attachments. A rejected event changes nothing (savepoints).
@@ -19,6 +20,7 @@ applied the same entries hold the same digest whatever batches they applied them
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Callable, Sequence
 
 import msgspec
@@ -57,6 +59,9 @@ from statemachines.store import (
 )
 
 DEDUPE_EVICTED = b"dedupe_evicted_to"
+EVICT_PER_ENTRY = 1_000
+"""Request ids forgotten at most per entry: a history floor that jumps far ahead drains over the next
+entries instead of stalling one apply call (per entry, not per call, so replicas stay identical)."""
 
 
 class Overlay:
@@ -81,12 +86,16 @@ class Overlay:
     def delete(self, cf: str, key: bytes) -> None:
         self.writes[(cf, key)] = None
 
-    def scan(self, cf: str, start: bytes, end: bytes | None) -> list[tuple[bytes, bytes]]:
-        """Live keys in [start, end), pending writes merged over the store, in key order.
+    def scan(self, cf: str, start: bytes, end: bytes | None, limit: int | None = None) -> list[tuple[bytes, bytes]]:
+        """Live keys in [start, end), pending writes merged over the store, in key order: the first
+        `limit` or fewer of them (always a prefix of the whole answer), or all of them.
 
-        Materializes the range: used for small ranges only (one lease's keys, expired request ids).
+        Materializes what it returns: for small ranges (one lease's keys) or with a limit.
         """
-        merged: dict[bytes, bytes | None] = dict(self.store.scan(cf, start, end))
+        stored = list(itertools.islice(self.store.scan(cf, start, end), limit))
+        if limit is not None and len(stored) == limit:
+            end = stored[-1][0] + b"\x00"   # past the store's last row, pending writes could skip some
+        merged: dict[bytes, bytes | None] = dict(stored)
         chain = []
         layer: Overlay | None = self
         while layer is not None:
@@ -96,7 +105,8 @@ class Overlay:
             for (c, k), v in layer.writes.items():
                 if c == cf and k >= start and (end is None or k < end):
                     merged[k] = v
-        return [(k, v) for k, v in sorted(merged.items()) if v is not None]
+        live = [(k, v) for k, v in sorted(merged.items()) if v is not None]
+        return live if limit is None else live[:limit]
 
     def commit_to_parent(self) -> None:
         assert self.parent is not None
@@ -169,7 +179,9 @@ class Applier:
             first = ov.get("dedupe", dedupe_key)
             if first is not None:
                 o = decode_outcome(first)
-                if offset - o.offset <= self.config.dedupe_window_offsets:
+                floor = ov.get(META, HISTORY_FLOOR)
+                if offset - o.offset <= self.config.dedupe_window_offsets and (
+                        floor is None or o.offset >= decode_offset(floor)):   # not yet evicted: still forgotten
                     return Outcome(o.ok, o.offset, o.code, o.message, duplicate=True)
         savepoint = Overlay(self.store, ov)
         try:
@@ -189,21 +201,27 @@ class Applier:
         return outcome
 
     def _evict_dedupe(self, ov: Overlay, last_offset: int) -> None:
-        """Forget request ids older than the window (deterministic: by offset, not by time)."""
+        """Forget request ids older than the window or below the history floor, whichever is later
+        (deterministic: by offsets the log decides, not by time), at most EVICT_PER_ENTRY of them."""
         threshold = last_offset - self.config.dedupe_window_offsets
+        raw_floor = ov.get(META, HISTORY_FLOOR)
+        if raw_floor is not None:
+            threshold = max(threshold, decode_offset(raw_floor))
         if threshold <= 0:
             return
         raw = ov.get(META, DEDUPE_EVICTED)
         start = decode_offset(raw) if raw else 0
         if start >= threshold:
             return
-        for k, _ in ov.scan("dedupe_expiry", encode_offset(max(start, 0)), encode_offset(threshold)):
+        rows = ov.scan("dedupe_expiry", encode_offset(max(start, 0)), encode_offset(threshold), EVICT_PER_ENTRY)
+        for k, _ in rows:
             ov.delete("dedupe_expiry", k)
             request = k[8:]
             stored = ov.get("dedupe", request)
             if stored is not None and decode_outcome(stored).offset < threshold:
                 ov.delete("dedupe", request)
-        ov.put(META, DEDUPE_EVICTED, encode_offset(threshold))
+        evicted_to = decode_offset(rows[-1][0][:8]) + 1 if len(rows) == EVICT_PER_ENTRY else threshold
+        ov.put(META, DEDUPE_EVICTED, encode_offset(evicted_to))
 
     # --- entities ------------------------------------------------------------------------------
 

@@ -96,7 +96,8 @@ class ViewsConfig:
     write_buffer_bytes: int = field(default=32 << 20, metadata=doc(
         "Total memtable memory of all column families (part of the block cache budget).", min=1 << 20))
     dedupe_window_offsets: int = field(default=1_000_000, metadata=doc(
-        "A request id is remembered for this many offsets: a retry within it returns the first outcome.",
+        "A request id is remembered for this many offsets, and no further back than the history floor "
+        "([compaction] retain_offsets and export pins): a retry within both returns the first outcome.",
         min=1))
 
     def validate(self, section: str = "views") -> None:

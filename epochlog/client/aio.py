@@ -340,6 +340,15 @@ class AsyncClient:
         assert isinstance(result, p.Done)
         return result.offset
 
+    async def compaction_status(self, endpoint: str | None = None) -> p.CompactionInfo:
+        """One node's retention of every group (the first reachable endpoint unless one is named)."""
+        if endpoint is not None:
+            result = await (await self._connection(endpoint, self.timeout)).call(p.CompactionStatus(), self.timeout)
+        else:
+            result = await self._call(p.CompactionStatus(), group=None, leader=False)
+        assert isinstance(result, p.CompactionInfo)
+        return result
+
     async def members(self) -> p.Members:
         result = await self._call(p.MemberList(), group="metadata", leader=True)
         assert isinstance(result, p.Members)

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from compaction.config import CompactionConfig
 from controller.config import ControllerConfig, controller_config
 from eventlog.config import LogConfig
 from eventlog.configuration import from_mapping, load_toml
@@ -33,7 +34,8 @@ CONFIGS = ROOT / "configs"
 PRODUCTION = CONFIGS / "production.example.toml"
 SHIPPED = ("single.toml", "local-3.toml", "production.example.toml")
 SECTIONS: dict[str, Any] = {"cluster": ClusterConfig, "cluster.members": MemberConfig, "raft": RaftConfig,
-                            "log": LogConfig, "views": ViewsConfig, "controller": ControllerConfig}
+                            "log": LogConfig, "views": ViewsConfig, "controller": ControllerConfig,
+                            "compaction": CompactionConfig}
 KEY_LINE = re.compile(r"^(?:# )?([a-z_]+) = ")
 
 
@@ -102,9 +104,14 @@ def test_production_example_documents_every_key_with_its_default():
 
 
 def test_production_example_uses_the_defaults_it_does_not_explain():
-    assert set(tomllib.loads(PRODUCTION.read_text())) == {"cluster", "raft", "log", "views", "controller"}
+    assert set(tomllib.loads(PRODUCTION.read_text())) == {"cluster", "raft", "log", "views", "controller",
+                                                          "compaction"}
     configs = load_node_configs(PRODUCTION)
     assert configs.raft == RaftConfig() and configs.log == LogConfig()
+    assert from_mapping(CompactionConfig, configs.compaction, "compaction") == CompactionConfig()
+    cluster = configs.cluster
+    assert (cluster.snapshot_every_entries, cluster.snapshot_every_bytes) == (
+        ClusterConfig().snapshot_every_entries, ClusterConfig().snapshot_every_bytes)
     assert controller_config(configs.controller) == ControllerConfig()
     assert from_mapping(ViewsConfig, configs.views, "views") == ViewsConfig()
     assert [m.id for m in configs.cluster.members] == [1, 2, 3]
@@ -163,6 +170,7 @@ BAD = [
     (("views",), "block_cache_byte", 1, "views.block_cache_byte = 1: unknown key"),
     (("views",), "write_buffer_bytes", "big", "views.write_buffer_bytes = 'big': must be an integer"),
     (("controller",), "heartbeat_timeout_ms", 500, "controller.heartbeat_timeout_ms = 500: must be above"),
+    (("compaction",), "retain_offsets", -1, "compaction.retain_offsets = -1: must be >= 0"),
     ((), "raft2", {}, "config raft2 = {}: unknown section"),
 ]
 
@@ -171,6 +179,7 @@ def test_a_wrong_key_or_value_stops_serve_with_exit_3_naming_it(tmp_path, rng):
     base = cluster_document(1, rng)
     base["raft"] = {}
     base["controller"] = {}
+    base["compaction"] = {}
     procs = []
     for i, (path, key, value, fragment) in enumerate(BAD):
         document = json.loads(json.dumps(base))

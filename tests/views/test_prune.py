@@ -160,3 +160,57 @@ def test_a_floor_is_never_lowered_nor_beyond_its_offset(tmp_path: Path) -> None:
         assert sm.store.history_floor == 1
     finally:
         sm.close()
+
+
+def test_floors_apply_alike_whatever_the_apply_calls(tmp_path: Path) -> None:
+    """Floors evict request ids inside apply, a bounded number per entry: replicas that group the
+    same entries into other apply calls hold identical views (every column family) and digest."""
+    from tests.views.harness import dump
+
+    stream = build_stream(11, 900, history_floors=True)
+    singly = ViewsStateMachine(tmp_path / "singly", CONFIG)
+    at_once = ViewsStateMachine(tmp_path / "at-once", CONFIG)
+    try:
+        for batch in stream.batches_after(-1):
+            for entry in batch:
+                singly.apply([entry])
+        at_once.apply(stream.entries)
+        assert singly.digest == at_once.digest and singly.store.history_floor > 0
+        assert dump(singly.store) == dump(at_once.store)
+    finally:
+        singly.close()
+        at_once.close()
+
+
+def test_request_ids_below_the_floor_are_forgotten_in_bounded_steps(tmp_path: Path) -> None:
+    from eventlog.raft.types import Entry, EntryKind
+    from eventlog.records import encode_batch, stamp
+    from statemachines import events as ev
+    from statemachines.apply import EVICT_PER_ENTRY
+    from statemachines.store import ViewsConfig
+
+    def entry(index: int, event: ev.Event) -> Entry:
+        data = bytearray(encode_batch([ev.event_record(event)], timestamp_ms=1))
+        stamp(data, index, 1)
+        return Entry(index, 1, 1, EntryKind.NORMAL, bytes(data))
+
+    sm = ViewsStateMachine(tmp_path / "v", ViewsConfig(dedupe_window_offsets=1_000_000))
+    try:
+        n = 2 * EVICT_PER_ENTRY + 500
+        sm.apply([entry(i, ev.KvPut(name=f"k{i % 7}", value=b"v", actor="a", request_id=f"r{i}")) for i in range(n)])
+        assert sum(1 for _ in sm.store.scan("dedupe", b"")) == n
+        # The floor jumps past every request id; a retry of one below it is applied afresh.
+        out = sm.apply([entry(n, ev.HistoryPruned(floor=n)),
+                        entry(n + 1, ev.KvPut(name="k0", value=b"again", actor="a", request_id="r3"))])
+        assert out[n + 1].ok and not out[n + 1].duplicate and out[n + 1].offset == n + 1
+        left = sum(1 for _ in sm.store.scan("dedupe_expiry", b""))
+        assert left >= n - 2 * EVICT_PER_ENTRY, "at most EVICT_PER_ENTRY per entry"
+        # A retry above the floor is still answered with its first outcome.
+        out = sm.apply([entry(n + 2, ev.KvPut(name="k0", value=b"again", actor="a", request_id="r3"))])
+        assert out[n + 2].duplicate and out[n + 2].offset == n + 1
+        for i in range(n + 3, n + 6):
+            sm.apply([entry(i, ev.KvPut(name="x", value=b"v"))])
+        expiry = [decode_offset(k[:8]) for k, _ in sm.store.scan("dedupe_expiry", b"")]
+        assert expiry and min(expiry) >= n, expiry[:5]
+    finally:
+        sm.close()

@@ -89,9 +89,9 @@ class ClusterConfig:
 class NodeConfigs:
     """Every component's configuration, as read from one TOML file.
 
-    `views` and `controller` stay plain tables here (the `[views]` and `[controller]` sections): the
-    runtime does not depend on the layers above it; the node validates them with
-    `statemachines.store.ViewsConfig` and `controller.config.controller_config`.
+    `views`, `controller` and `compaction` stay plain tables here (their sections): the runtime does
+    not depend on the layers above it; the node validates them with `statemachines.store.ViewsConfig`,
+    `controller.config.controller_config` and `compaction.config.CompactionConfig`.
     """
 
     cluster: ClusterConfig
@@ -99,15 +99,16 @@ class NodeConfigs:
     log: LogConfig
     views: dict[str, object] | None = None
     controller: dict[str, object] | None = None
+    compaction: dict[str, object] | None = None
 
 
 def load_node_configs(path: str | Path) -> NodeConfigs:
     data = load_toml(path)
-    known = {"cluster", "raft", "log", "views", "controller"}
+    known = {"cluster", "raft", "log", "views", "controller", "compaction"}
     for key in data:
         if key not in known:
             raise ConfigError(key, data[key], f"unknown section (known: {', '.join(sorted(known))})")
     return NodeConfigs(from_mapping(ClusterConfig, data.get("cluster"), "cluster"),
                        from_mapping(RaftConfig, data.get("raft"), "raft"),
                        from_mapping(LogConfig, data.get("log"), "log"),
-                       data.get("views"), data.get("controller"))
+                       data.get("views"), data.get("controller"), data.get("compaction"))
