@@ -253,7 +253,7 @@ class Node:
                         out.append(p.EventRecord(record.offset, _key_text(record.key),
                                                  None if record.value is None else bytes(record.value),
                                                  record.timestamp, batch.header.leader_epoch,
-                                                 None if record.offset <= floor
+                                                 None if record.offset < floor   # its row may be pruned
                                                  else _changed_views(store, record.key, record.offset)))
                 next_offset = out[-1].offset + 1 if len(out) >= call.max_events else max(offset, chunk.next_offset)
         return p.Events(out, next_offset, log.start_offset, group.node.log.committed)

@@ -5,7 +5,8 @@ replica agrees on it at every offset; the reads (statemachines/query.py) already
 hides. This module only reclaims their space, on each replica at its own pace, outside the apply
 path: its deletions are not in the digest and change no answer. For each entity the rows hidden by F
 are every row older than its newest row at or below F, and that newest row too when it is a deletion
-(the entity did not exist at F). Rows above F are never touched, and rows written after the pass
+below F (the entity did not exist at F). Rows at or above F are never touched (so whether an event
+at or above F changed the views can still be told from its row), and rows written after the pass
 started are above F (a floor is never beyond its own offset).
 
 A pass walks the `versions` column family in key order from a cursor, examining at most `max_rows`
@@ -58,7 +59,7 @@ class HistoryPruner:
         self.counters = PruneCounters()
         self._store: ViewStore | None = None
         self._cursor: bytes | None = None        # next key to examine (None: no pass under way)
-        self._pending: tuple[bytes, bytes, bool] | None = None   # (entity, key, is_deletion) of the newest row <= F seen
+        self._pending: tuple[bytes, bytes, bool] | None = None   # (entity, key, a deletion below F) of the newest row <= F seen
         self._pass_started = 0.0
 
     @property
@@ -98,7 +99,7 @@ class HistoryPruner:
                 continue
             if pending is not None:
                 doomed.append(pending[1])       # an older row than this one, both at or below F
-            self._pending = (entity, key, decode_version(value).state is None)
+            self._pending = (entity, key, offset < floor and decode_version(value).state is None)
         if done and self._pending is not None and self._pending[2]:
             doomed.append(self._pending[1])
         if doomed:

@@ -85,15 +85,17 @@ class ServeNode:
 class NodeCluster:
     """`size` `epochlog serve` processes of one cluster (see the module docstring).
 
-    `groups`, `tick_interval_ms`, `snapshot_every_entries` go to `[cluster]`; `raft`, `log` and
-    `views` are extra keys of those sections. Logs get 1 MiB segments and the views small caches
-    unless told otherwise (the defaults would cost each node hundreds of MiB).
+    `groups`, `tick_interval_ms`, `snapshot_every_entries` go to `[cluster]`; `raft`, `log`, `views`
+    and `compaction` are extra keys of those sections. Logs get 1 MiB segments and the views small
+    caches unless told otherwise (the defaults would cost each node hundreds of MiB). `env` adds
+    environment variables to every process started (e.g. EPOCHLOG_FAULTS).
     """
 
     def __init__(self, root: Path, *, size: int = 3, seed: int = 0, name: str = "node-test",
                  groups: tuple[str, ...] = ("metadata", "offsets", "kv"), tick_interval_ms: int = 50,
                  snapshot_every_entries: int = 0, raft: dict[str, object] | None = None,
-                 log: dict[str, object] | None = None, views: dict[str, object] | None = None) -> None:
+                 log: dict[str, object] | None = None, views: dict[str, object] | None = None,
+                 compaction: dict[str, object] | None = None) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.seed = seed
@@ -105,6 +107,8 @@ class NodeCluster:
         self.raft = dict(raft or {})
         self.log = {"segment_bytes": 1 << 20, **(log or {})}
         self.views = {"block_cache_bytes": 8 << 20, "write_buffer_bytes": 4 << 20, **(views or {})}
+        self.compaction = dict(compaction or {})
+        self.env: dict[str, str] = {}
         ports = free_ports(3 * size, random.Random(random.SystemRandom().getrandbits(64)))
         self.nodes = {
             i: ServeNode(i, f"127.0.0.1:{ports[3 * (i - 1)]}", f"127.0.0.1:{ports[3 * (i - 1) + 1]}",
@@ -120,7 +124,8 @@ class NodeCluster:
         for n in self.nodes.values():
             lines += ["[[cluster.members]]", f"id = {n.id}", f'peer_address = "{n.peer_address}"',
                       f'client_address = "{n.client_address}"', f'admin_address = "{n.admin_address}"', ""]
-        for section, values in (("raft", self.raft), ("log", self.log), ("views", self.views)):
+        for section, values in (("raft", self.raft), ("log", self.log), ("views", self.views),
+                                ("compaction", self.compaction)):
             if values:
                 lines.append(f"[{section}]")
                 lines += [f"{k} = {_toml(v)}" for k, v in values.items()]
@@ -142,12 +147,13 @@ class NodeCluster:
 
     # --- processes -------------------------------------------------------------------------------
 
-    def start(self, nodes: Iterable[int] | None = None) -> None:
-        """Start `nodes` (default: every one not running) together and wait until each is READY."""
+    def start(self, nodes: Iterable[int] | None = None, *, wait: bool = True) -> None:
+        """Start `nodes` (default: every one not running) together and wait until each is READY (unless
+        `wait` is false)."""
         ids = [i for i in self.nodes if not self.nodes[i].running] if nodes is None else list(nodes)
         for i in ids:
             self._spawn(i)
-        for i in ids:
+        for i in ids if wait else ():
             self.wait_ready(i)
 
     def _spawn(self, node_id: int) -> None:
@@ -157,6 +163,7 @@ class NodeCluster:
         node.out_path = self.root / f"node-{node_id}.{node.incarnation}.out"
         node.err_path = self.root / f"node-{node_id}.{node.incarnation}.err"
         env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHLOG_")}
+        env.update(self.env)
         with open(node.out_path, "wb") as out, open(node.err_path, "wb") as err:
             node.proc = subprocess.Popen(
                 [sys.executable, "-m", "epochlog", "serve", "--config", str(self.config_path),

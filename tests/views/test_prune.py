@@ -62,7 +62,7 @@ def _offsets(rng: random.Random, floor: int, applied: int) -> list[int]:
 
 def _hidden_rows(sm: ViewsStateMachine, floor: int) -> list[bytes]:
     """Rows the floor hides that are still there: per entity, any row at or below the floor but its
-    newest one, and that one too if it is a deletion."""
+    newest one, and that one too if it is a deletion below the floor."""
     hidden: list[bytes] = []
     rows: dict[bytes, list[tuple[int, bytes, bool]]] = {}
     for k, v in sm.store.scan("versions", b""):
@@ -71,7 +71,7 @@ def _hidden_rows(sm: ViewsStateMachine, floor: int) -> list[bytes]:
             rows.setdefault(k[:-9], []).append((offset, k, decode_version(v).state is None))
     for below in rows.values():
         hidden += [k for _, k, _ in below[:-1]]
-        if below[-1][2]:
+        if below[-1][2] and below[-1][0] < floor:
             hidden.append(below[-1][1])
     return hidden
 
