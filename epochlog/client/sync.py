@@ -104,6 +104,9 @@ class Client:
     def snapshot(self, group: str, endpoint: str | None = None) -> int:
         return self._run(self.aio.snapshot(group, endpoint))
 
+    def compaction_status(self, endpoint: str | None = None) -> p.CompactionInfo:
+        return self._run(self.aio.compaction_status(endpoint))
+
     def members(self) -> p.Members:
         return self._run(self.aio.members())
 

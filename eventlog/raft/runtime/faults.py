@@ -177,13 +177,16 @@ CRASH_STEPS: dict[str, tuple[str, str]] = {
 """The steps a crash point can name. Inside a step, every file-system call (`os.rename`, `os.replace`,
 `os.unlink`, `os.rmdir`, `os.mkdir`, `os.fsync`, `os.fdatasync`) of the thread running it is an "io",
 and so is a WriteBatch the pruner writes (`ViewStore.write` within `prune.chunk`)."""
+COUNTED_AT_FIRST_IO = ("truncate.detach", "prune.chunk")
+"""Steps called often with nothing to do: only a run that does an io counts (and `before` is just
+before that first io). The others count every run, from its start."""
 
 
 @dataclass(frozen=True, slots=True)
 class CrashPoint:
-    """`<step>:<point>[@<n>]`: point `before` or `after` the n-th run of the step that does any io
-    (`prune.chunk`: that deletes rows), or `io<k>` (just after its k-th io; after the step when it
-    has fewer)."""
+    """`<step>:<point>[@<n>]`: point `before` or `after` the n-th run of the step (of those that do
+    an io, for COUNTED_AT_FIRST_IO), or `io<k>` (just after its k-th io; after the step when it has
+    fewer)."""
 
     step: str
     point: str
@@ -211,26 +214,27 @@ def _die(where: str) -> None:
 def install_crash_point(target: CrashPoint) -> None:
     """Wrap the steps and the file-system calls so the process kills itself at `target`.
 
-    A run of a step "counts" once it did an io (a snapshot that found nothing to do, a pruning chunk
-    that deleted nothing do not), so `before` is decided at the first io of a run: the process dies
-    just before that io. The wrappers are thread-aware (a step's ios are those of the thread running
-    it), so a snapshot written in a thread and the loop's own file operations are told apart."""
+    The wrappers are thread-aware (a step's ios are those of the thread running it), so a snapshot
+    written in a thread and the loop's own file operations are told apart."""
     import importlib
 
-    local = threading.local()   # .run: [step, ios so far] of the step this thread is in
+    local = threading.local()   # .run: [step, ios so far, its run number once it counts] of this thread's step
     runs: dict[str, int] = {}
     lock = threading.Lock()
+
+    def count(run: list[Any], where: str) -> None:
+        with lock:
+            runs[target.step] = n = runs.get(target.step, 0) + 1
+        run.append(n)
+        if n == target.occurrence and target.point == "before":
+            _die(f"{target} ({where})")
 
     def io_event() -> None:
         run = getattr(local, "run", None)
         if run is None or run[0] != target.step:
             return
-        if run[1] == 0:   # the first io: this run counts
-            with lock:
-                runs[target.step] = n = runs.get(target.step, 0) + 1
-            run.append(n)
-            if n == target.occurrence and target.point == "before":
-                _die(f"{target} (before its first io)")
+        if len(run) == 2:   # the first io of a run counted at its first io
+            count(run, "before its first io")
         run[1] += 1
         if run[2] == target.occurrence and target.point == f"io{run[1]}":
             run.append("pending")   # die once this io is done
@@ -256,6 +260,8 @@ def install_crash_point(target: CrashPoint) -> None:
             if step != target.step:
                 return func(*args, **kwargs)
             local.run = [step, 0]
+            if step not in COUNTED_AT_FIRST_IO:
+                count(local.run, "as it starts")
             try:
                 result = func(*args, **kwargs)
             finally:
