@@ -383,7 +383,8 @@ def del_command(target: Target, key: str, expected_version: int | None) -> None:
 @click.option("--after", "after_offset", type=click.IntRange(min=-1), default=-1,
               help="Only changes after this offset.")
 def history_command(target: Target, key: str, limit: int, after_offset: int) -> None:
-    """Every change of KEY, oldest first: offset, event and the value it left (none: deleted)."""
+    """Every change of KEY, oldest first: offset, event and the value it left (none: deleted). History
+    starts at the group's history floor (README "Compaction"); earlier changes are in the archive."""
     changes = target.run(lambda c: c.history(key, limit=limit, after_offset=after_offset))
     documents = []
     for change in changes:
@@ -391,9 +392,14 @@ def history_command(target: Target, key: str, limit: int, after_offset: int) -> 
         value = state.value if isinstance(state, KvState) else None
         documents.append({"offset": change.offset, "event": change.event, "deleted": state is None,
                           **_value_fields(value)})
-    target.emit(documents, lambda: _table(("OFFSET", "EVENT", "VALUE"),
-                                          [(d["offset"], d["event"], "(deleted)" if d["deleted"] else _shown(d))
-                                           for d in documents]))
+
+    def human() -> None:
+        _table(("OFFSET", "EVENT", "VALUE"), [(d["offset"], d["event"], "(deleted)" if d["deleted"] else _shown(d))
+                                              for d in documents])
+        if changes.floor > 0:
+            click.echo(f"history starts at the history floor {changes.floor}: earlier changes are in the export "
+                       f"archive (epochlog audit history kv/{key} --table PATH)", err=True)
+    target.emit(documents, human)
 
 
 @_cluster_command(_COMMANDS, "watch")

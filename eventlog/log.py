@@ -394,16 +394,6 @@ class Log:
 
     # --- space ---------------------------------------------------------------------------------
 
-    def room_bytes(self) -> int:
-        """Bytes of batches the log can take without creating a file: what the active segment has left,
-        plus a whole segment when the next one is prepared. An append that fits never hits a full disk."""
-        with self._lock:
-            seg = self._segments[-1]
-            room = seg.capacity - seg.size
-            if self._preallocator is not None and self._preallocator.ready:
-                room += self.config.segment_bytes
-            return room
-
     @property
     def space_error(self) -> LogError | None:
         """Why the next segment could not be prepared (e.g. DiskFullError), until a preparation succeeds."""

@@ -76,12 +76,6 @@ class SegmentPreallocator:
             self._cond.notify_all()
 
     @property
-    def ready(self) -> bool:
-        """A prepared file is waiting for the next roll."""
-        with self._cond:
-            return self._ready is not None
-
-    @property
     def error(self) -> EpochlogError | None:
         """Why the last preparation failed (e.g. DiskFullError), until one succeeds."""
         with self._cond:

@@ -27,10 +27,13 @@ unlinked in a thread too.
 
 A full disk stops writes, not the node: when the next log segment cannot be prepared
 (`Log.space_error`) or the node's `space_guard` reports too little free space, the leader refuses
-proposals that do not fit in what the log already holds with the retriable DiskFullError (and hands
-leadership to a caught-up voter), a follower drops appends it cannot hold (so it never acknowledges
-them; the leader sends them again), and the preparation is retried every second until it succeeds.
-Reads go on.
+proposals with the retriable DiskFullError (and hands leadership to a caught-up voter), a follower
+drops the appends that carry new entries (so it never acknowledges them; the leader sends them
+again), and the preparation is retried every second until it succeeds. Nothing is half-written:
+what is refused never reaches the log, and the views only apply what the log holds. Reads go on.
+(Entries the core makes itself, a new leader's NOOP or a membership change, are still appended:
+a few dozen bytes, they fit in the active segment unless it is full to its last bytes, and then the
+group stops as on any storage failure.)
 
 Call everything from the loop that runs the group.
 """
@@ -71,9 +74,6 @@ logger = logging.getLogger(__name__)
 
 Send = Callable[[int, str, Message], None]
 
-MARGIN_BYTES = 1024
-"""Log room kept free under a full disk for entries the core makes itself (a new leader's NOOP, a
-membership change): proposals and replicated appends may use the rest."""
 SNAPSHOT_RETRY_S = 5.0
 """After a failed snapshot (e.g. a full disk) the next one waits this long."""
 
@@ -296,7 +296,7 @@ class RaftGroup:
         if proposal.size > self.max_batch_bytes:   # the log would refuse the batch, failing the group
             raise BatchTooLargeError(f"{len(records)} records of about {proposal.size} bytes exceed the "
                                      f"batch limit of group {self.name} ({self.max_batch_bytes} bytes)")
-        if self._check_space() and proposal.size + MARGIN_BYTES > self.storage.log.room_bytes():
+        if self._check_space():
             self.counters.proposals_refused += 1
             raise self._disk_full_error()
         self._proposals.append(proposal)
@@ -540,16 +540,11 @@ class RaftGroup:
     def _step_inbox(self) -> None:
         msgs, self._inbox = self._inbox, []
         full = self._check_space()
-        room = self.storage.log.room_bytes() - MARGIN_BYTES if full else 0
         for m in msgs:
-            if full and isinstance(m, Append) and m.entries:
-                last = self.node.log.last_index()
-                size = sum(e.size for e in m.entries if e.last_index > last)
-                if size > room:
-                    # Never acknowledged, so the leader sends it again; by then the disk may have room.
-                    self.counters.appends_dropped += 1
-                    continue
-                room -= size
+            if full and isinstance(m, Append) and m.entries and m.entries[-1].last_index > self.node.log.last_index():
+                # Never acknowledged, so the leader sends it again; by then the disk may have room.
+                self.counters.appends_dropped += 1
+                continue
             self.node.step(m)
 
     def _submit_proposals(self) -> None:
@@ -562,8 +557,13 @@ class RaftGroup:
                 if not p.future.done():
                     p.future.set_exception(error)
             return
-        full = self._check_space()
-        room = self.storage.log.room_bytes() - MARGIN_BYTES if full else 0
+        if self._check_space():
+            error = self._disk_full_error()
+            for p in pending:
+                if not p.future.done():
+                    p.future.set_exception(error)
+            self.counters.proposals_refused += len(pending)
+            return
         start, n = 0, len(pending)
         while start < n:
             end, size = start, 0
@@ -573,16 +573,6 @@ class RaftGroup:
             batch = pending[start:end]
             records = [r for p in batch for r in p.records]
             data = encode_batch(records, timestamp_ms=int(time.time() * 1000))
-            if full:
-                if len(data) > room:
-                    error = self._disk_full_error()
-                    for p in batch:
-                        if not p.future.done():
-                            p.future.set_exception(error)
-                    self.counters.proposals_refused += len(batch)
-                    start = end
-                    continue
-                room -= len(data)
             try:
                 index = self.node.propose(data, count=len(records))
             except RaftError as exc:
