@@ -702,7 +702,10 @@ class RaftGroup:
             return
         job = getattr(self.sm, "snapshot_job", None)
         if job is None:
-            self._snapshot(self.sm.applied_index)   # a small state machine: written on the loop
+            try:
+                self._snapshot(self.sm.applied_index)   # a small state machine: written on the loop
+            except (EpochlogError, OSError) as exc:
+                self._snapshot_failed(exc)
             return
         self._bytes_since_snapshot = 0
         self._snapshot_task = self.loop.create_task(self._snapshot_in_thread(job()), name=f"snapshot-{self.name}")
@@ -733,12 +736,10 @@ class RaftGroup:
             if meta is not None:
                 self._snapshot_done(meta, time.monotonic() - started)
                 self.truncate_log()
-        except (EpochlogError, OSError) as exc:
-            c = self.snapshots
-            c.failed += 1
-            c.last_error = str(exc)
-            self._snapshot_not_before = self.loop.time() + SNAPSHOT_RETRY_S
-            logger.warning("group %s: snapshot failed (retried in %.0f s): %s", self.name, SNAPSHOT_RETRY_S, exc)
+        except AssertionError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a full disk, RocksDB's own errors: the snapshot waits
+            self._snapshot_failed(exc)
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -761,6 +762,14 @@ class RaftGroup:
         self._bytes_since_snapshot = 0
         self._snapshot_done(meta, time.monotonic() - started)
         self.truncate_log()
+
+    def _snapshot_failed(self, exc: BaseException) -> None:
+        """A snapshot is optional work: the group goes on, and the next one waits SNAPSHOT_RETRY_S."""
+        c = self.snapshots
+        c.failed += 1
+        c.last_error = str(exc)
+        self._snapshot_not_before = self.loop.time() + SNAPSHOT_RETRY_S
+        logger.warning("group %s: snapshot failed (retried in %.0f s): %s", self.name, SNAPSHOT_RETRY_S, exc)
 
     def _snapshot_done(self, meta: SnapshotMeta, seconds: float) -> None:
         self._last_snapshot_index = max(self._last_snapshot_index, meta.index)
