@@ -124,6 +124,12 @@ class Server:
                       "snapshots": allocated_bytes(d / "snapshots")}
         return out
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU the node process used so far."""
+        assert self.proc is not None
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> int | None:
         if self.proc is None:
             return None
@@ -195,8 +201,10 @@ async def _overwrite(server: Server, args: argparse.Namespace) -> dict[str, Any]
                 await asyncio.sleep(0.1)
 
     sampling = asyncio.create_task(sampler())
+    cpu0 = server.cpu_seconds()
     await asyncio.gather(*(writer() for _ in range(args.concurrency)))
     wrote_s = time.monotonic() - started
+    cpu = server.cpu_seconds() - cpu0
     await asyncio.sleep(args.settle_s)   # let the last snapshot, truncation and pruning run
     done.set()
     await sampling
@@ -204,7 +212,8 @@ async def _overwrite(server: Server, args: argparse.Namespace) -> dict[str, Any]
     samples.append({"t": round(time.monotonic() - started, 1), "events": written, **_totals(final)})
     await client.close()
     return {"events": written, "errors": errors, "seconds": round(wrote_s, 1),
-            "events_per_s": round(written / wrote_s), "samples": samples, "final": final}
+            "events_per_s": round(written / wrote_s), "server_cpu_us_per_event": round(1e6 * cpu / max(1, written), 1),
+            "samples": samples, "final": final}
 
 
 def run_disk(args: argparse.Namespace) -> dict[str, Any]:
