@@ -338,7 +338,7 @@ def run_latency(args: argparse.Namespace) -> dict[str, Any]:
     for name, compaction in (("baseline", False), ("compaction", True)):
         scratch = Path(tempfile.mkdtemp(prefix=f"compaction-lat-{name}-", dir=args.scratch))
         cluster_keys, section = _latency_config(compaction)
-        server = Server(scratch, section, args.segment_bytes, Path(args.server_root), cluster_keys)
+        server = Server(scratch, section, args.latency_segment_bytes, Path(args.server_root), cluster_keys)
         try:
             server.start()
             log(f"latency/{name}: preload {args.preload:,}, {args.puts:,} puts, c={args.concurrency}")
@@ -355,8 +355,9 @@ def run_latency(args: argparse.Namespace) -> dict[str, Any]:
 def _qa_row(label: str, r: dict[str, Any]) -> str:
     g = r["final"]["offsets"]
     total = _totals(r["final"])
-    return (f"| {label} | {r['events']:,} | {r['events_per_s']:,} | {_mb(g['log'])} | {_mb(g['views'])} | "
-            f"{_mb(g['snapshots'])} | {_mb(total['log'] + total['views'] + total['snapshots'])} |")
+    return (f"| {label} | {r['events']:,} | {r['events_per_s']:,} | {r.get('server_cpu_us_per_event', '-')} | "
+            f"{_mb(g['log'])} | {_mb(g['views'])} | {_mb(g['snapshots'])} | "
+            f"{_mb(total['log'] + total['views'] + total['snapshots'])} |")
 
 
 def render(results: dict[str, Any], args: argparse.Namespace) -> str:
@@ -367,8 +368,9 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
                 "Allocated bytes on disk after the writes and a settle of "
                 f"{args.settle_s:.0f} s (`du`: preallocated segments count in full; the idle metadata and kv "
                 "groups hold two 64 MiB segment files each, the active one and the next, prepared).", "",
-                "| run | events | events/s | offsets log MB | offsets views MB | offsets snapshots MB | node total MB |",
-                "|---|---:|---:|---:|---:|---:|---:|"]
+                "| run | events | events/s | server CPU us/event | offsets log MB | offsets views MB | "
+                "offsets snapshots MB | node total MB |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|"]
         if "qa_before" in results:
             out.append(_qa_row(f"before (`{results['qa_before']['server_root']}`, revision "
                                f"{results.get('before_revision', '?')})", results["qa_before"]))
@@ -394,16 +396,17 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
         ok = lat["ratio_p99"] <= 2.0
         out += ["### Put latency while compaction runs", "",
                 f"Single puts (one KvPut per call, {args.concurrency} callers, {args.puts:,} per phase) after a "
-                f"pre-load of {args.preload:,} puts, on a fresh node each: the baseline has no snapshots and no "
-                "retention work; the other takes a snapshot every 5,000 offsets (in a thread), keeps 2,000 offsets, "
-                "checks every 200 ms and prunes every 50 ms, so snapshots, truncations and pruning chunks run "
-                "throughout the measurement.", "",
-                "| node | puts/s | p50 ms | p99 ms | p99.9 ms | max ms | snapshots | history floor |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                f"pre-load of {args.preload:,} puts, on a fresh node each with {args.latency_segment_bytes >> 20} MiB "
+                "segments: the baseline has no snapshots and no retention work; the other takes a snapshot every "
+                "5,000 offsets (in a thread), keeps 2,000 offsets, checks every 200 ms and prunes every 50 ms, so "
+                "snapshots, log truncations and pruning chunks run throughout the measurement.", "",
+                "| node | puts/s | p50 ms | p99 ms | p99.9 ms | max ms | snapshots | kv log start | history floor | prune passes |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for name, r in (("baseline", b), ("compaction running", c)):
             st = (r.get("status") or {}).get("kv", {})
             out.append(f"| {name} | {r['puts_per_s']:,} | {r['p50_ms']} | {r['p99_ms']} | {r['p999_ms']} | "
-                       f"{r['max_ms']} | {st.get('snapshots', '-')} | {st.get('history_floor', '-')} |")
+                       f"{r['max_ms']} | {st.get('snapshots', '-')} | {st.get('log_start', '-')} | "
+                       f"{st.get('history_floor', '-')} | {st.get('prune_passes', '-')} |")
         out += ["", "| target | measured | met? |", "|---|---|---|",
                 f"| p99 put latency with compaction <= 2x baseline | {lat['ratio_p99']}x "
                 f"({c['p99_ms']} ms vs {b['p99_ms']} ms) | {'met' if ok else '**not met**'} |", ""]
@@ -429,6 +432,8 @@ def main() -> None:
     ap.add_argument("--segment-bytes", type=int, default=64 << 20)
     ap.add_argument("--preload", type=int, default=50_000, help="latency: events written first")
     ap.add_argument("--puts", type=int, default=20_000, help="latency: measured puts per phase")
+    ap.add_argument("--latency-segment-bytes", type=int, default=1 << 20,
+                    help="latency: segment size (small, so log truncation runs during the measurement too)")
     ap.add_argument("--config-extra", help="a TOML file appended to the node's config")
     ap.add_argument("--snapshot-every-entries", type=int, default=None, help="disk: [cluster] key (default: the node's)")
     ap.add_argument("--snapshot-every-bytes", type=int, default=None, help="disk: [cluster] key (default: the node's)")
