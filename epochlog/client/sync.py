@@ -12,7 +12,7 @@ from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 from epochlog import protocol as p
-from epochlog.client.aio import AsyncClient, Change, Entity, History, KeyValue, Page, WatchedEvent
+from epochlog.client.aio import AsyncClient, Entity, History, KeyValue, Page, WatchedEvent
 from epochlog.client.errors import ClientError
 
 T = TypeVar("T")
