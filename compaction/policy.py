@@ -137,13 +137,13 @@ def horizon(facts: GroupFacts, config: CompactionConfig) -> Horizon:
         policy.append((clamp(_offset_at(facts, config.retain_ms)), "policy (retain_ms)"))
     policy_floor, policy_bound = _lowest(policy, (top, "applied"))
 
-    caps = []
-    if config.export_max_pin_offsets:
+    caps = []   # computed only when there is a pin to cap (spares the caller's offset_at_ms look-up)
+    if facts.export_watermarks and config.export_max_pin_offsets:
         caps.append((clamp(top - config.export_max_pin_offsets), "export_max_pin_offsets"))
-    if config.export_max_pin_bytes:
+    if facts.export_watermarks and config.export_max_pin_bytes:
         caps.append((clamp(floor_keeping_bytes(facts.segments, config.export_max_pin_bytes)),
                      "export_max_pin_bytes"))
-    if config.export_max_pin_ms:
+    if facts.export_watermarks and config.export_max_pin_ms:
         caps.append((clamp(_offset_at(facts, config.export_max_pin_ms)), "export_max_pin_ms"))
     pins = []
     for table in sorted(facts.export_watermarks):

@@ -60,8 +60,9 @@ from statemachines.store import (
 
 DEDUPE_EVICTED = b"dedupe_evicted_to"
 EVICT_PER_ENTRY = 1_000
-"""Request ids forgotten at most per entry: a history floor that jumps far ahead drains over the next
-entries instead of stalling one apply call (per entry, not per call, so replicas stay identical)."""
+"""Request ids forgotten per entry at most, beyond the entry's own record count (so eviction always
+outpaces new request ids): a history floor that jumps far ahead drains over the next entries instead
+of stalling one apply call (per entry, not per call, so replicas stay identical)."""
 
 
 class Overlay:
@@ -145,7 +146,7 @@ class Applier:
             if entry.kind is EntryKind.NORMAL:
                 for record in RecordBatch.parse(entry.data, verify_crc=False).records():
                     outcomes[record.offset] = self._apply_record(entry_ov, record.key, record.value, record.offset)
-            self._evict_dedupe(entry_ov, entry.last_index)
+            self._evict_dedupe(entry_ov, entry.last_index, EVICT_PER_ENTRY + entry.count)
             digest = _chain(digest, entry.last_index, entry_ov.writes)
             entry_ov.commit_to_parent()
             applied = entry.last_index
@@ -200,9 +201,9 @@ class Applier:
             ov.put("dedupe_expiry", encode_offset(offset) + dedupe_key, b"")
         return outcome
 
-    def _evict_dedupe(self, ov: Overlay, last_offset: int) -> None:
+    def _evict_dedupe(self, ov: Overlay, last_offset: int, limit: int) -> None:
         """Forget request ids older than the window or below the history floor, whichever is later
-        (deterministic: by offsets the log decides, not by time), at most EVICT_PER_ENTRY of them."""
+        (deterministic: by offsets the log decides, not by time), at most `limit` of them."""
         threshold = last_offset - self.config.dedupe_window_offsets
         raw_floor = ov.get(META, HISTORY_FLOOR)
         if raw_floor is not None:
@@ -213,14 +214,14 @@ class Applier:
         start = decode_offset(raw) if raw else 0
         if start >= threshold:
             return
-        rows = ov.scan("dedupe_expiry", encode_offset(max(start, 0)), encode_offset(threshold), EVICT_PER_ENTRY)
+        rows = ov.scan("dedupe_expiry", encode_offset(max(start, 0)), encode_offset(threshold), limit)
         for k, _ in rows:
             ov.delete("dedupe_expiry", k)
             request = k[8:]
             stored = ov.get("dedupe", request)
             if stored is not None and decode_outcome(stored).offset < threshold:
                 ov.delete("dedupe", request)
-        evicted_to = decode_offset(rows[-1][0][:8]) + 1 if len(rows) == EVICT_PER_ENTRY else threshold
+        evicted_to = decode_offset(rows[-1][0][:8]) + 1 if len(rows) == limit else threshold
         ov.put(META, DEDUPE_EVICTED, encode_offset(evicted_to))
 
     # --- entities ------------------------------------------------------------------------------

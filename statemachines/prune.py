@@ -121,7 +121,12 @@ class HistoryPruner:
         return PruneStep(examined, len(doomed), done, seconds)
 
 
+RECLAIMED_CFS = ("versions", "dedupe", "dedupe_expiry")
+"""The column families whose rows retention deletes (history rows here, request ids in apply)."""
+
+
 def reclaim(store: ViewStore) -> None:
-    """Compact the `versions` column family so RocksDB drops the deleted rows from its files now
-    (blocking: run it in a thread, and keep the store open until it returns)."""
-    store.cfs["versions"].compact_range(None, None)
+    """Compact the column families retention deletes from, so RocksDB drops the deleted rows from its
+    files now (blocking: run it in a thread, and keep the store open until it returns)."""
+    for cf in RECLAIMED_CFS:
+        store.cfs[cf].compact_range(None, None)
