@@ -9,8 +9,10 @@ below F (the entity did not exist at F). Rows at or above F are never touched (s
 at or above F changed the views can still be told from its row), and rows written after the pass
 started are above F (a floor is never beyond its own offset).
 
-A pass walks the `versions` column family in key order from a cursor, examining at most `max_rows`
-rows per `step` and deleting in one WriteBatch per step (no meta key is written, so a kill at any
+A pass visits the entities of the `versions` column family in key order from a cursor: per entity it
+seeks to the entity's first row, reads its rows up to F and seeks past the entity, so the rows kept
+above F (most of them, with a short retention) are never read. A `step` examines at most `max_rows`
+rows (a seek counts as one) and deletes in one WriteBatch (no meta key is written, so a kill at any
 moment leaves a store that answers exactly as before: the next pass deletes what this one did not).
 A pass starts when the floor has risen above the one the last pass completed; the first pass after
 a restart walks everything once. RocksDB reclaims the space as it compacts; `reclaim` asks it to
@@ -58,8 +60,7 @@ class HistoryPruner:
     def __init__(self) -> None:
         self.counters = PruneCounters()
         self._store: ViewStore | None = None
-        self._cursor: bytes | None = None        # next key to examine (None: no pass under way)
-        self._pending: tuple[bytes, bytes, bool] | None = None   # (entity, key, a deletion below F) of the newest row <= F seen
+        self._cursor: bytes | None = None        # where the next step seeks (None: no pass under way)
         self._pass_started = 0.0
 
     @property
@@ -70,38 +71,56 @@ class HistoryPruner:
         """Examine at most `max_rows` history rows and delete those the floor hides."""
         started = time.perf_counter()
         if store is not self._store:        # first call, or the views were replaced by a snapshot
-            self._store, self._cursor, self._pending = store, None, None
+            self._store, self._cursor = store, None
             self.counters.pruned_floor = 0
         c = self.counters
         if self._cursor is None:
             floor = store.history_floor
             if floor <= c.pruned_floor:
                 return PruneStep(0, 0, False, time.perf_counter() - started)
-            self._cursor, self._pending, c.pass_floor = b"", None, floor
+            self._cursor, c.pass_floor = b"", floor
             self._pass_started = time.perf_counter()
         floor = c.pass_floor
+        budget = max(max_rows, 3)   # a seek and two rows: every step gets past at least one row
         doomed: list[bytes] = []
         examined = 0
-        done = True
-        for key, value in store.scan("versions", self._cursor):
-            if examined >= max_rows:
-                self._cursor = key
-                done = False
-                break
+        done = False
+        it = store.cfs["versions"].iter()
+        cursor = self._cursor
+        while examined < budget:
+            it.seek(cursor)
             examined += 1
-            entity, offset = key[:-9], decode_offset(key[-8:])
-            pending = self._pending
-            if pending is not None and pending[0] != entity:
-                if pending[2]:
-                    doomed.append(pending[1])   # the entity's state at F is "deleted": nothing to keep
-                pending = self._pending = None
-            if offset > floor:
-                continue
-            if pending is not None:
-                doomed.append(pending[1])       # an older row than this one, both at or below F
-            self._pending = (entity, key, offset < floor and decode_version(value).state is None)
-        if done and self._pending is not None and self._pending[2]:
-            doomed.append(self._pending[1])
+            if not it.valid():
+                done = True
+                break
+            first = it.key()
+            entity = first[:-9]
+            newest: tuple[bytes, bool] | None = None   # (key, a deletion below F) of the newest row <= F
+            complete = False
+            while True:
+                if not it.valid():
+                    complete = True
+                    break
+                key = it.key()
+                if key[:-9] != entity or decode_offset(key[-8:]) > floor:
+                    complete = True
+                    break
+                if examined >= budget:
+                    break
+                if newest is not None:
+                    doomed.append(newest[0])   # an older row than this one, both at or below F
+                newest = (key, decode_offset(key[-8:]) < floor and decode_version(it.value()).state is None)
+                examined += 1
+                it.next()
+            if not complete:
+                # Out of budget inside the entity: the newest row seen may not be its newest at or
+                # below F, so it stays for now and the next step reads the entity on from it.
+                cursor = first if newest is None else newest[0]
+                break
+            if newest is not None and newest[1]:
+                doomed.append(newest[0])       # the entity's state at F is "deleted": nothing to keep
+            cursor = entity + b"\x01"          # past every row of the entity (entity keys hold no NUL)
+        self._cursor = cursor
         if doomed:
             batch = store.new_batch()
             for key in doomed:
@@ -112,7 +131,7 @@ class HistoryPruner:
         c.last_step_seconds = seconds
         c.max_step_seconds = max(c.max_step_seconds, seconds)
         if done:
-            self._cursor, self._pending = None, None
+            self._cursor = None
             c.passes += 1
             c.pruned_floor = floor
             c.pass_floor = 0
