@@ -13,9 +13,11 @@ snapshot and the export watermarks recorded in the metadata group. Then, per gro
   which also happens after every snapshot, through `retention_floor`;
 - it warns once per table when an export pin gets capped (`export_max_pin_*`).
 
-Every `prune_interval_ms` each group's views delete one bounded chunk of the history rows the floor
-hides (statemachines/prune.py); after a pass that deleted many rows, RocksDB compacts the history
-column family in a thread to give the space back. The free space of the data directory is measured
+Every `prune_interval_ms` each group's views delete one bounded chunk (`prune_chunk_rows`, at most
+PRUNE_STEP_S of the loop) of the history rows the floor hides (statemachines/prune.py); while a pass
+is under way the chunks follow each other with a 1 ms pause, so pruning keeps up with any write rate
+without holding the loop. After a pass that deleted many rows, RocksDB compacts the pruned column
+families in a thread to give the space back. The free space of the data directory is measured
 with every check; below `min_free_disk_bytes` the groups refuse writes (`space_guard`).
 
 The key-compaction cleaner (compaction/cleaner.py, another module) gets the offset below which it
@@ -48,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 PROPOSE_MIN_STEP = 64
 """The history floor is proposed only when the horizon rose this many offsets above it."""
+PRUNE_STEP_S = 0.002
+"""A pruning chunk stops after this long on the event loop, whatever its row budget."""
 RECLAIM_MIN_ROWS = 20_000
 """RocksDB compacts the history column family after a pass once this many rows were deleted."""
 ACTOR = "epochlog/compaction"
@@ -94,8 +98,7 @@ class CompactionService:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._every(self.config.check_interval_ms, self.check), name="compaction-check")]
         if self.config.prune_interval_ms:
-            self._tasks.append(loop.create_task(self._every(self.config.prune_interval_ms, self.prune),
-                                                name="compaction-prune"))
+            self._tasks.append(loop.create_task(self._prune_loop(), name="compaction-prune"))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -106,6 +109,15 @@ class CompactionService:
             except asyncio.CancelledError:
                 pass
         self._tasks = []
+
+    async def _prune_loop(self) -> None:
+        while True:
+            busy = False
+            try:
+                busy = self.prune()
+            except (EpochlogError, OSError) as exc:   # a group stopping: next round
+                logger.warning("compaction: %s", exc)
+            await asyncio.sleep(0.001 if busy else self.config.prune_interval_ms / 1000)
 
     async def _every(self, interval_ms: int, work: Callable[[], None]) -> None:
         while True:
@@ -168,13 +180,16 @@ class CompactionService:
             state.last_check_seconds = time.perf_counter() - started
             state.last_check_at = time.time()
 
-    def prune(self) -> None:
-        """One bounded chunk of history pruning per group; RocksDB compaction after big passes."""
+    def prune(self) -> bool:
+        """One bounded chunk of history pruning per group; RocksDB compaction after big passes. Whether
+        a pass is still under way in some group."""
+        busy = False
         for name, views in self._views.items():
             group = self._groups().get(name)
             if group is None or group.stopped:
                 continue
-            step = views.prune_step(self.config.prune_chunk_rows)
+            step = views.prune_step(self.config.prune_chunk_rows, PRUNE_STEP_S)
+            busy = busy or views.pruner.busy
             state = self.groups.setdefault(name, GroupRetention())
             state.rows_since_reclaim += step.deleted
             if step.pass_done and state.rows_since_reclaim >= RECLAIM_MIN_ROWS:
@@ -187,6 +202,7 @@ class CompactionService:
                     def done(f: object, state: GroupRetention = state, started: float = started) -> None:
                         state.last_reclaim_seconds = time.perf_counter() - started
                     future.add_done_callback(done)
+        return busy
 
     def _propose_floor(self, name: str, group: RaftGroup, state: GroupRetention, h: Horizon) -> None:
         if group.node.role is not Role.LEADER or state.proposing or group.disk_full:

@@ -59,10 +59,11 @@ from statemachines.store import (
 )
 
 DEDUPE_EVICTED = b"dedupe_evicted_to"
-EVICT_PER_ENTRY = 1_000
+EVICT_PER_ENTRY = 128
 """Request ids forgotten per entry at most, beyond the entry's own record count (so eviction always
-outpaces new request ids): a history floor that jumps far ahead drains over the next entries instead
-of stalling one apply call (per entry, not per call, so replicas stay identical)."""
+outpaces new request ids, and costs each entry about what its own records do): a history floor that
+jumps far ahead drains over the next entries instead of stalling one apply call (per entry, not per
+call, so replicas stay identical)."""
 
 
 class Overlay:

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocksdict import (
-    AccessType,
     BlockBasedIndexType,
     BlockBasedOptions,
     Cache,
@@ -191,6 +190,10 @@ class ViewStore:
     def delete(self, batch: WriteBatch, cf: str, key: bytes) -> None:
         batch.delete(key, self.handles[cf])
 
+    def delete_range(self, batch: WriteBatch, cf: str, begin: bytes, end: bytes) -> None:
+        """Delete the keys in [begin, end) of `cf` (one range tombstone: iterators skip it at once)."""
+        batch.delete_range(begin, end, self.handles[cf])
+
     def put_meta(self, batch: WriteBatch, key: bytes, value: bytes) -> None:
         batch.put(key, value)
 
@@ -202,22 +205,36 @@ class ViewStore:
 
     def write_snapshot(self, target: Path) -> int:
         """A RocksDB checkpoint of the current state, packed as one tar file at `target`; returns the
-        applied offset it holds.
+        applied offset it holds. All on the calling thread (ViewsStateMachine.snapshot_job spreads the
+        same steps over a thread and the loop)."""
+        self.flush()
+        ckpt = target.with_name(target.name + ".ckpt")
+        applied = self.checkpoint(ckpt)
+        self.pack_checkpoint(ckpt, target)
+        return applied
 
-        May run in another thread while the group's loop goes on applying (RocksDB makes the checkpoint
-        consistent; the offset is read back from it), as long as the store is not closed meanwhile.
-        """
-        tmp = target.with_name(target.name + ".ckpt")
-        shutil.rmtree(tmp, ignore_errors=True)
-        Checkpoint(self.db).create_checkpoint(str(tmp))
+    def flush(self) -> None:
+        """Write every column family's memtable to disk (RocksDB releases the GIL meanwhile: run it
+        in a thread), so that a checkpoint taken next has little left to flush."""
+        for name in ALL_CFS:
+            self.cfs[name].flush()
+        self.db.flush()
+
+    def checkpoint(self, directory: Path) -> int:
+        """A RocksDB checkpoint (hard links) in `directory`; the applied offset it holds. It holds the GIL
+        while it runs (quick after `flush`); call it where no apply can run meanwhile: the group's loop."""
+        shutil.rmtree(directory, ignore_errors=True)
+        Checkpoint(self.db).create_checkpoint(str(directory))
+        return self.applied
+
+    def pack_checkpoint(self, directory: Path, target: Path) -> None:
+        """Pack a checkpoint directory into the tar file `target` and remove it (files only: any thread)."""
         try:
-            applied = _applied_of_checkpoint(tmp)
             with tarfile.open(target, "w") as tar:
-                for f in sorted(tmp.iterdir()):
+                for f in sorted(directory.iterdir()):
                     tar.add(f, arcname=f.name)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return applied
+            shutil.rmtree(directory, ignore_errors=True)
 
     @staticmethod
     def unpack_snapshot(source: Path, directory: Path) -> None:
@@ -233,17 +250,6 @@ class ViewStore:
         self.cfs.clear()
         self.handles.clear()
         self.db.close()
-
-
-def _applied_of_checkpoint(path: Path) -> int:
-    """The applied offset recorded in a checkpoint directory (opened read-only)."""
-    db = Rdict(str(path), Options(raw_mode=True), column_families={name: Options(raw_mode=True) for name in ALL_CFS},
-               access_type=AccessType.read_only())
-    try:
-        raw = db.get(APPLIED)
-    finally:
-        db.close()
-    return -1 if raw is None else decode_offset(raw)
 
 
 def _options(cache: Cache) -> Options:

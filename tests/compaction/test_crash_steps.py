@@ -5,8 +5,9 @@ of history, a check every 100 ms, pruning chunks of 40 rows every 20 ms) while a
 deletes keys through the SDK. Node 3 is started again and again with a crash point
 (`EPOCHLOG_CRASH_AT`, eventlog/raft/runtime/faults.py): it SIGKILLs itself as a step starts (or just
 before its first file operation, for the steps that usually have nothing to do), just after its
-first or second file operation, or just after the step, for each step of the work this package added: writing a snapshot (RocksDB checkpoint + pack, in a thread), sealing it (fsyncs),
-installing it (meta, rename, old snapshots removed), truncating the log (log start checkpoint,
+first or second file operation, or just after the step, for each step of the work this package
+added: a snapshot's RocksDB checkpoint (on the loop) and its packing (in a thread), sealing it
+(fsyncs), installing it (meta, rename, old snapshots removed), truncating the log (log start checkpoint,
 segment renames) and unlinking the segments (a thread), and a pruning chunk's WriteBatch.
 
 After every kill the node starts again from what the kill left, and at the end, with the writer

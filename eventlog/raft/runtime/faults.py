@@ -167,7 +167,8 @@ CRASH_ENV_VAR = "EPOCHLOG_CRASH_AT"
 
 CRASH_STEPS: dict[str, tuple[str, str]] = {
     # step name -> (module, attribute path) of the callable that does it
-    "snapshot.write": ("statemachines.store", "ViewStore.write_snapshot"),   # checkpoint + pack (a thread)
+    "snapshot.checkpoint": ("statemachines.store", "ViewStore.checkpoint"),   # RocksDB checkpoint (the loop)
+    "snapshot.pack": ("statemachines.store", "ViewStore.pack_checkpoint"),    # tar, checkpoint removed (a thread)
     "snapshot.seal": ("eventlog.raft.runtime.group", "seal_snapshot_data"),   # fsync data and directory
     "snapshot.finish": ("eventlog.raft.runtime.log_storage", "LogStorage.finish_snapshot"),   # meta, rename
     "truncate.detach": ("eventlog.raft.runtime.log_storage", "LogStorage.detach_through"),    # log start, renames

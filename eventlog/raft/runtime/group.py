@@ -21,7 +21,7 @@ applied); term and vote are persisted before any message that depends on them le
 
 Snapshots and truncation never stop the loop for long: every `snapshot_every_entries` applied
 offsets or `snapshot_every_bytes` of applied entries, a state machine that offers `snapshot_job`
-writes its snapshot in a thread (a RocksDB checkpoint, packed), the loop only records it; then
+writes its snapshot in a thread (the views: a RocksDB checkpoint, packed), the loop records it; then
 whole log segments below min(snapshot, `retention_floor()`) leave the log, and their files are
 unlinked in a thread too.
 
@@ -101,7 +101,9 @@ class StateMachine(Protocol):
 
     # Optional: `snapshot_job() -> Callable[[Path], int]`: a function the group runs in a thread,
     # while it goes on applying, to write a snapshot of a consistent state to a file; it returns the
-    # applied offset that state is at. Without it the group calls `write_snapshot` on its loop.
+    # applied offset that state is at. It may schedule work on the group's loop (the loop keeps
+    # running while the group awaits it), and must cope with `restore` and `close` meanwhile.
+    # Without it the group calls `write_snapshot` on its loop.
 
 
 @dataclass(frozen=True, slots=True)
@@ -597,8 +599,8 @@ class RaftGroup:
         for chunk in rd.snapshot_chunks:
             storage.stage_snapshot_chunk(chunk.meta, chunk.offset, chunk.data)
         if rd.snapshot is not None:
-            if self._snapshot_work is not None:
-                concurrent.futures.wait([self._snapshot_work])   # it reads the state being replaced
+            # A snapshot being written in a thread meanwhile: the state machine protects its own files
+            # (ViewsStateMachine.restore waits for its flush; the loop must not wait for the whole job).
             path = storage.install_snapshot(rd.snapshot)
             self.sm.restore(path / "data", rd.snapshot)
             self._last_snapshot_index = rd.snapshot.index
