@@ -418,8 +418,8 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
                 f"({c['p99_ms']} ms vs {b['p99_ms']} ms) | {'met' if ok else '**not met**'} |",
                 f"| (stress: a snapshot every 5,000 offsets) | {lat['ratio_p99_stress']}x ({x['p99_ms']} ms) | "
                 f"{'met' if lat['ratio_p99_stress'] <= 2.0 else '**not met**'} |", "",
-                "Where the time goes (measured with a loop-lag probe): a pruning chunk holds the loop for at most "
-                "2 ms, a retention check ~0.5 ms, a truncation ~1-5 ms (its fsyncs), installing a snapshot 3-4 ms; "
+                "Where the time goes (measured with a loop-lag probe): a pruning chunk holds the loop for about 0.5 ms (at most "
+                "~3 ms), a retention check ~0.5 ms, a truncation ~1-5 ms (its fsyncs), installing a snapshot 3-4 ms; "
                 "the RocksDB checkpoint itself holds the GIL for 5-35 ms (rocksdict does not release it, and "
                 "the checkpoint flushes every memtable written since the thread's own flush), once per snapshot. "
                 "That stall is what the stress row's p99 shows; at the default cadence (a snapshot every 100,000 "

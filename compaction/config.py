@@ -44,8 +44,8 @@ class CompactionConfig:
         "chunks follow each other 1 ms apart. 0: never delete (the floor still hides it from reads).",
         min=0, max=3_600_000))
     prune_chunk_rows: int = field(default=2_000, metadata=doc(
-        "History rows a pruning chunk examines at most (a chunk also stops after 2 ms: it never holds the event "
-        "loop longer).", min=10, max=1_000_000))
+        "History rows a pruning chunk examines at most (a chunk also stops after about 0.5 ms: it never holds "
+        "the event loop longer).", min=10, max=1_000_000))
     min_free_disk_bytes: int = field(default=256 << 20, metadata=doc(
         "Below this much free space on the data directory's file system the node refuses writes with the "
         "retriable `disk_full` (and resumes once space is freed). 0: only a failed segment allocation "

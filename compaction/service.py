@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 
 PROPOSE_MIN_STEP = 64
 """The history floor is proposed only when the horizon rose this many offsets above it."""
-PRUNE_STEP_S = 0.002
+PRUNE_STEP_S = 0.0005
 """A pruning chunk stops after this long on the event loop, whatever its row budget."""
 RECLAIM_MIN_ROWS = 20_000
 """RocksDB compacts the history column family after a pass once this many rows were deleted."""

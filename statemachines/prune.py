@@ -12,13 +12,17 @@ started are above F (a floor is never beyond its own offset).
 A pass visits the entities of the `versions` column family in key order from a cursor: per entity it
 seeks to the entity's first row, reads its rows up to F and seeks past the entity, so the rows kept
 above F (most of them, with a short retention) are never read. An entity's hidden rows are contiguous
-(from its first row to its newest at or below F), so they go as one range deletion, which later
-iterators skip at once instead of stepping over a tombstone per row. A `step` examines at most
+(from its first row to its newest at or below F); they are deleted one by one (range deletions would
+save the next passes stepping over tombstones, but RocksDB re-fragments every range tombstone of the
+memtable for each new iterator: with one per entity per pass, seeks slowed to ~0.1 ms each and reads
+with them). RocksDB drops the tombstones when it compacts (`reclaim`). A `step` examines at most
 `max_rows` rows (a seek counts as one) for at most `max_seconds`, and deletes in one WriteBatch (no
 meta key is written, so a kill at any moment leaves a store that answers exactly as before: the next
 pass deletes what this one did not).
-A pass starts when the floor has risen above the one the last pass completed; the first pass after
-a restart walks everything once. RocksDB reclaims the space as it compacts; `reclaim` asks it to
+A pass starts when the floor has risen above the one the last pass completed by at least twice the
+number of entities that pass visited (a pass costs a seek per entity, whatever it deletes: so each
+seek pays for a deleted row or more, and at most that many hidden rows wait for the next pass); the
+first pass after a restart walks everything once. RocksDB reclaims the space as it compacts; `reclaim` asks it to
 compact the versions column family now (run it in a thread: rocksdict releases the GIL there).
 
 Not thread-safe: call `step` from the group's loop (the store's one user).
@@ -64,31 +68,33 @@ class HistoryPruner:
         self.counters = PruneCounters()
         self._store: ViewStore | None = None
         self._cursor: bytes | None = None        # where the next step seeks (None: no pass under way)
+        self._entities = 0                       # entities the pass under way visited so far
+        self._last_entities = 0                  # ... and the last completed pass in all
         self._pass_started = 0.0
 
     @property
     def busy(self) -> bool:
         return self._cursor is not None
 
-    def step(self, store: ViewStore, max_rows: int, max_seconds: float = 0.002) -> PruneStep:
+    def step(self, store: ViewStore, max_rows: int, max_seconds: float = 0.002, *, eager: bool = False
+             ) -> PruneStep:
         """Examine at most `max_rows` history rows (for about `max_seconds` at most) and delete those
-        the floor hides."""
+        the floor hides. `eager`: start a pass as soon as the floor rose at all."""
         started = time.perf_counter()
         if store is not self._store:        # first call, or the views were replaced by a snapshot
             self._store, self._cursor = store, None
-            self.counters.pruned_floor = 0
+            self.counters.pruned_floor = self._last_entities = 0
         c = self.counters
         if self._cursor is None:
             floor = store.history_floor
-            if floor <= c.pruned_floor:
+            if floor <= c.pruned_floor or (not eager and floor - c.pruned_floor < 2 * self._last_entities):
                 return PruneStep(0, 0, False, time.perf_counter() - started)
-            self._cursor, c.pass_floor = b"", floor
+            self._cursor, c.pass_floor, self._entities = b"", floor, 0
             self._pass_started = time.perf_counter()
         floor = c.pass_floor
         budget = max(max_rows, 3)   # a seek and two rows: every step gets past at least one row
         deadline = started + max_seconds
-        ranges: list[tuple[bytes, bytes]] = []   # [begin, end) of hidden rows, one per entity
-        deleted = 0
+        doomed: list[bytes] = []
         examined = 0
         done = False
         it = store.cfs["versions"].iter()
@@ -105,8 +111,8 @@ class HistoryPruner:
                 break
             first = it.key()
             entity = first[:-9]
+            self._entities += 1
             newest: bytes | None = None   # key of the newest row at or below F seen
-            older = 0                     # rows seen before it
             complete = False
             while True:
                 if not it.valid():
@@ -120,19 +126,14 @@ class HistoryPruner:
                     budget = examined   # out of time: this entity is the step's last
                     break
                 if newest is not None:
-                    older += 1
+                    doomed.append(newest)      # an older row than this one, both at or below F
                 newest = key
                 examined += 1
                 it.next()
-            end = newest
             if complete and newest is not None and decode_offset(newest[-8:]) < floor:
                 it.seek(newest)
                 if decode_version(it.value()).state is None:
-                    end = newest + b"\x00"   # the entity's state at F is "deleted": that row goes too
-                    older += 1
-            if older:
-                ranges.append((entity + b"\x00", end))   # type: ignore[arg-type]
-                deleted += older
+                    doomed.append(newest)      # the entity's state at F is "deleted": nothing to keep
             if not complete:
                 # Out of budget inside the entity: the newest row seen may not be its newest at or
                 # below F, so it stays for now and the next step reads the entity on from it.
@@ -140,17 +141,19 @@ class HistoryPruner:
                 break
             cursor = entity + b"\x01"          # past every row of the entity (entity keys hold no NUL)
         self._cursor = cursor
-        if ranges:
+        if doomed:
             batch = store.new_batch()
-            for begin, end_key in ranges:
-                store.delete_range(batch, "versions", begin, end_key)
+            for key in doomed:
+                store.delete(batch, "versions", key)
             store.write(batch)
+        deleted = len(doomed)
         seconds = time.perf_counter() - started
         c.rows_deleted += deleted
         c.last_step_seconds = seconds
         c.max_step_seconds = max(c.max_step_seconds, seconds)
         if done:
             self._cursor = None
+            self._last_entities = self._entities
             c.passes += 1
             c.pruned_floor = floor
             c.pass_floor = 0

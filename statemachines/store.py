@@ -190,10 +190,6 @@ class ViewStore:
     def delete(self, batch: WriteBatch, cf: str, key: bytes) -> None:
         batch.delete(key, self.handles[cf])
 
-    def delete_range(self, batch: WriteBatch, cf: str, begin: bytes, end: bytes) -> None:
-        """Delete the keys in [begin, end) of `cf` (one range tombstone: iterators skip it at once)."""
-        batch.delete_range(begin, end, self.handles[cf])
-
     def put_meta(self, batch: WriteBatch, key: bytes, value: bytes) -> None:
         batch.put(key, value)
 

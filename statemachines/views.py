@@ -148,9 +148,9 @@ class ViewsStateMachine:
 
     # --- history pruning (statemachines/prune.py) ------------------------------------------------
 
-    def prune_step(self, max_rows: int, max_seconds: float = 0.002) -> PruneStep:
+    def prune_step(self, max_rows: int, max_seconds: float = 0.002, *, eager: bool = False) -> PruneStep:
         """Delete a bounded chunk of the history rows the floor hides (call from the group's loop)."""
-        return self.pruner.step(self.store, max_rows, max_seconds)
+        return self.pruner.step(self.store, max_rows, max_seconds, eager=eager)
 
     def reclaim_space(self) -> concurrent.futures.Future[None] | None:
         """Compact the history column family in a thread (RocksDB frees the pruned rows' space); None

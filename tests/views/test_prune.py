@@ -88,7 +88,7 @@ def test_pruned_and_unpruned_replicas_answer_alike(tmp_path: Path, seed: int) ->
         for i, batch in enumerate(stream.batches_after(-1)):
             assert pruned.apply(batch) == kept.apply(batch)
             while rng.random() < 0.5:
-                step = pruned.prune_step(rng.choice((1, 3, 10, 50, 400)))
+                step = pruned.prune_step(rng.choice((1, 3, 10, 50, 400)), eager=rng.random() < 0.5)
                 deleted += step.deleted
                 if step.pass_done:
                     passes += 1
@@ -105,7 +105,7 @@ def test_pruned_and_unpruned_replicas_answer_alike(tmp_path: Path, seed: int) ->
         floor = kept.store.history_floor
         assert floor > 0, "the stream raised the floor"
         while pruned.pruner.busy or pruned.pruner.counters.pruned_floor < floor:
-            pruned.prune_step(100)
+            pruned.prune_step(100, eager=True)
         assert not _hidden_rows(pruned, floor)
         assert _hidden_rows(kept, floor), "the unpruned replica keeps rows the floor hides"
         pruned.close()
