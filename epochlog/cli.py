@@ -220,12 +220,17 @@ def serve_command(config_path: Path, node_id: int, data_dir: Path | None, seed: 
     """Run node N of the cluster described in the config, with all its groups, until SIGTERM/SIGINT."""
     import asyncio
 
+    from eventlog.raft.runtime import faults
     from eventlog.raft.runtime.config import load_node_configs
     from epochlog.logs import configure
     from epochlog.identity import resolve_member
     from epochlog.serve import serve
 
     configure("json" if log_format == "json" else "text", node_id)
+    try:
+        faults.install_from_env()   # test-only disk faults; a no-op unless EPOCHLOG_FAULTS is set
+    except ValueError as exc:
+        raise EpochlogError(str(exc)) from None
     configs = load_node_configs(config_path)
     data_dir = data_dir or Path(f"data/node-{node_id}")
     member = resolve_member(configs, node_id, data_dir, peer_address=peer_address, client_address=client_address,

@@ -392,7 +392,8 @@ def del_command(target: Target, key: str, expected_version: int | None) -> None:
 @click.option("--after", "after_offset", type=click.IntRange(min=-1), default=-1,
               help="Only changes after this offset.")
 def history_command(target: Target, key: str, limit: int, after_offset: int) -> None:
-    """Every change of KEY, oldest first: offset, event and the value it left (none: deleted)."""
+    """Every change of KEY, oldest first: offset, event and the value it left (none: deleted). History
+    starts at the group's history floor (README "Compaction"); earlier changes are in the archive."""
     changes = target.run(lambda c: c.history(key, limit=limit, after_offset=after_offset))
     documents = []
     for change in changes:
@@ -400,9 +401,14 @@ def history_command(target: Target, key: str, limit: int, after_offset: int) -> 
         value = state.value if isinstance(state, KvState) else None
         documents.append({"offset": change.offset, "event": change.event, "deleted": state is None,
                           **_value_fields(value)})
-    target.emit(documents, lambda: _table(("OFFSET", "EVENT", "VALUE"),
-                                          [(d["offset"], d["event"], "(deleted)" if d["deleted"] else _shown(d))
-                                           for d in documents]))
+
+    def human() -> None:
+        _table(("OFFSET", "EVENT", "VALUE"), [(d["offset"], d["event"], "(deleted)" if d["deleted"] else _shown(d))
+                                              for d in documents])
+        if changes.floor > 0:
+            click.echo(f"history starts at the history floor {changes.floor}: earlier changes are in the export "
+                       f"archive (epochlog audit history kv/{key} --table PATH)", err=True)
+    target.emit(documents, human)
 
 
 @_cluster_command(_COMMANDS, "watch")
@@ -558,6 +564,70 @@ def snapshot_command(target: Target, group: str, node_id: int | None) -> None:
                 lambda: click.echo(f"group {group}: snapshot at offset {offset}"))
 
 
+@click.group("compaction")
+def compaction_group() -> None:
+    """Retention: what each group's log and views keep, and why."""
+
+
+@_cluster_command(compaction_group, "status")
+def compaction_status(target: Target) -> None:
+    """Per group and node: log offsets, segments and bytes, snapshot, the horizon and what bounds it,
+    the history floor and pruning, views size, the last retention run, capped export pins, disk."""
+    async def body(client: AsyncClient) -> list[tuple[p.MemberInfo, p.CompactionInfo | ClientError]]:
+        members = [m for m in (await client.status()).members if m.client_address]
+
+        async def one(address: str) -> p.CompactionInfo | ClientError:
+            try:
+                return await client.compaction_status(address)
+            except ClientError as exc:
+                return exc
+            except TimeoutError:
+                return ClientError(f"{address} did not answer within {client.timeout:.1f} s", code="unavailable")
+
+        replies = await asyncio.gather(*(one(m.client_address) for m in members))
+        return list(zip(members, replies))
+
+    replies = target.run(body)
+    groups: list[dict[str, Any]] = []
+    nodes = []
+    for member, reply in replies:
+        reachable = isinstance(reply, p.CompactionInfo)
+        nodes.append({"id": member.id, "client_address": member.client_address, "reachable": reachable,
+                      "free_disk_bytes": reply.free_disk_bytes if reachable else None,
+                      "error": None if reachable else str(reply)})
+        if reachable:
+            for g in reply.groups:
+                doc = {"node": member.id, **msgspec.structs.asdict(g)}
+                doc["pins"] = [msgspec.structs.asdict(x) for x in g.pins]
+                groups.append(doc)
+    groups.sort(key=lambda d: (d["group"], d["node"]))
+    document = {"groups": groups, "nodes": nodes}
+
+    def human() -> None:
+        def mb(n: int) -> str:
+            return f"{n / 1e6:.1f}"
+        rows = [(g["group"], g["node"], g["role"], f"{g['log_start']}..{g['log_end']}", g["segments"],
+                 mb(g["log_bytes"]), g["snapshot_offset"], f"{g['horizon']} ({g['horizon_bound']})",
+                 f"{g['log_floor']} ({g['log_bound']})", g["history_floor"], g["pruned_floor"],
+                 mb(g["views_bytes"]), f"{g['last_run_ms']}ms") for g in groups]
+        _table(("GROUP", "NODE", "ROLE", "LOG", "SEGS", "LOG_MB", "SNAPSHOT", "HORIZON (BOUND)",
+                "LOG_FLOOR (BOUND)", "HISTORY_FLOOR", "PRUNED", "VIEWS_MB", "LAST_RUN"), rows)
+        for g in groups:
+            for pin in g["pins"]:
+                if pin["capped_by"]:
+                    click.echo(f"group {g['group']} node {g['node']}: export {pin['table']} (watermark "
+                               f"{pin['watermark']}) is capped by {pin['capped_by']}: the log keeps from "
+                               f"{pin['floor']}")
+            if g["disk_full"]:
+                click.echo(f"group {g['group']} node {g['node']}: refusing writes: {g['disk_full']}")
+            if g["snapshot_error"]:
+                click.echo(f"group {g['group']} node {g['node']}: last snapshot failed: {g['snapshot_error']}")
+        for n in nodes:
+            if not n["reachable"]:
+                click.echo(f"node {n['id']} ({n['client_address']}): unreachable: {n['error']}")
+    target.emit(document, human)
+
+
 @click.group("member")
 def member_group() -> None:
     """Members of the cluster: list, add (as a learner), promote, remove."""
@@ -661,5 +731,5 @@ def group_skip(target: Target, group: str, offset: int) -> None:
         + ", ".join(f"node {n} applied through {a}" for n, a in done["applied"].items())))
 
 
-for _group in (events_group, leader_group, member_group, group_group):
+for _group in (events_group, leader_group, member_group, group_group, compaction_group):
     _COMMANDS.add_command(_group)

@@ -37,6 +37,13 @@ Families (counters get the `_total` suffix on the wire):
     epochlog_events_applied_total{group}     counter     events applied to this node's views
     epochlog_apply_halted{group}             gauge       1 while the group is halted on this node (a record
                                                          it cannot apply; offset and fix in status, /readyz)
+    epochlog_history_floor{group}            gauge       the committed history floor (as_of below: compacted)
+    epochlog_snapshot_offset{group}          gauge       the latest snapshot's offset (-1: none)
+    epochlog_snapshots_total{group}          counter     snapshots this node took
+    epochlog_snapshot_failures_total{group}  counter
+    epochlog_segments_deleted_total{group}   counter     log segments retention deleted
+    epochlog_history_rows_pruned_total{group} counter    history rows deleted below the floor
+    epochlog_disk_full{group}                gauge       1 while this node refuses writes for lack of disk space
 """
 
 from __future__ import annotations
@@ -133,6 +140,14 @@ class _GroupCollector(Collector):
         events = counter("epochlog_events_applied", "Events (records) applied to this node's views.")
         halted = gauge("epochlog_apply_halted", "1 while the group is halted on this node at a record its code "
                        "cannot apply (status and /readyz name the offset, the reason and the fix).")
+        floor = gauge("epochlog_history_floor", "The committed history floor: as_of below it answers compacted.")
+        snapshot = gauge("epochlog_snapshot_offset", "Offset of the latest snapshot (-1: none).")
+        snapshots = counter("epochlog_snapshots", "Snapshots this node took.")
+        snapshot_failures = counter("epochlog_snapshot_failures", "Snapshots that failed (retried later).")
+        segments = counter("epochlog_segments_deleted", "Log segments deleted by retention.")
+        pruned = counter("epochlog_history_rows_pruned", "History rows deleted below the history floor.")
+        disk_full = gauge("epochlog_disk_full", "1 while this node refuses writes to the group for lack of disk "
+                          "space.")
         groups = self.node.host.groups
         for info in self.node.status().groups:
             g = info.group
@@ -157,5 +172,15 @@ class _GroupCollector(Collector):
             changes.add_metric([g], c.leader_changes)
             proposals.add_metric([g], c.proposals_committed)
             events.add_metric([g], c.events_applied)
+            group = groups[g]
+            views = self.node.views[g]
+            floor.add_metric([g], views.store.history_floor)
+            snapshot.add_metric([g], info.snapshot_offset)
+            snapshots.add_metric([g], group.snapshots.taken)
+            snapshot_failures.add_metric([g], group.snapshots.failed)
+            segments.add_metric([g], group.snapshots.segments_deleted)
+            pruned.add_metric([g], views.pruner.counters.rows_deleted)
+            disk_full.add_metric([g], 1 if group.disk_full else 0)
         yield from (commit, applied, last, start, term, leader, is_leader, lag, member_lag, member_lag_s,
-                    stalls, elections, changes, proposals, events, halted)
+                    stalls, elections, changes, proposals, events, halted, floor, snapshot, snapshots,
+                    snapshot_failures, segments, pruned, disk_full)

@@ -10,7 +10,8 @@ several groups commits each group's part atomically and in order, but the groups
 each event carries a request id, so retrying the whole Write after a failure never applies an event
 twice.
 
-Membership changes and the address book are epochlog/membership.py's.
+Membership changes and the address book are epochlog/membership.py's; retention (snapshot-driven
+log truncation, the history floor, pruning, the free-space guard) is compaction/service.py's.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from eventlog.raft.errors import CompactedError, NotLeaderError
 from eventlog.raft.runtime.config import MemberConfig, NodeConfigs
 from eventlog.raft.runtime.group import RaftGroup
 from eventlog.raft.runtime.host import NodeHost
+from compaction.config import compaction_configs
+from compaction.service import CompactionService, allocated_bytes
 from controller.config import controller_config
 from controller.runtime import ControllerRuntime
 from epochlog import protocol as p
@@ -46,7 +49,7 @@ from statemachines.views import ViewsStateMachine
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 10.0
-EXPORT_WATERMARKS = "config/export/"   # export watermarks (see export_floor)
+EXPORT_WATERMARKS = "config/export/"   # export watermarks (see export_watermarks)
 
 
 class Node:
@@ -65,8 +68,13 @@ class Node:
                               f"must include {', '.join(REQUIRED_GROUPS)} (missing {', '.join(missing)})")
         self.member = configs.cluster.member(node_id) if member is None else member
         self.views: dict[str, ViewsStateMachine] = {}
+        compaction_config, self.cleaner_config = compaction_configs(configs.compaction)
+        self.compaction = CompactionService(compaction_config,
+                                            lambda: self.host.groups, self.views, self.export_watermarks,
+                                            self.data_dir)
         self.host = NodeHost(node_id, self.data_dir, configs, self._open_views, seed=seed, member=self.member,
-                             compaction_floor=self.export_floor)
+                             retention_floor=self.compaction.retention_floor,
+                             space_guard=self.compaction.space_guard)
         self.membership = Membership(self)
         self.halts = Halts(self)
 
@@ -75,26 +83,28 @@ class Node:
         self.views[name] = sm
         return sm
 
-    def export_floor(self, group: str) -> int | None:
-        """The lowest export watermark recorded for `group`, or None when no exported table records one.
+    def export_watermarks(self, group: str) -> dict[str, int]:
+        """The export watermark of every table that records one for `group`: table -> highest offset.
 
         `epochlog export` reports the highest offset of each group its Delta table holds as a config
-        entry `config/export/<table>` of the metadata group (value: JSON {group: offset}); a group
-        compacting its log keeps every offset above the lowest of them, so no event is deleted before
-        every table has it (spark/export.py). A stale read of the local views only keeps more."""
+        entry `config/export/<table>` of the metadata group (value: JSON {group: offset}); the
+        retention horizon keeps every offset above each of them (capped: compaction/policy.py), so no
+        event leaves the log before every table has it (spark/export.py). A stale read of the local
+        views only keeps more."""
         views = self.views.get("metadata")
         if views is None:
-            return None
-        floors = []
+            return {}
+        found = {}
         for item in Query(views.store).list(EXPORT_WATERMARKS, limit=MAX_LIMIT).items:
             try:
-                floors.append(int(json.loads(item.state.value)[group]))  # type: ignore[attr-defined]
+                found[item.key[len(EXPORT_WATERMARKS):]] = int(json.loads(item.state.value)[group])  # type: ignore[attr-defined]
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue   # not a watermark of this group
-        return min(floors) if floors else None
+        return found
 
     async def start(self) -> None:
         await self.host.start()
+        self.compaction.start()
         self.membership.start()
         self.controller.start()
         self.halts.start()
@@ -103,6 +113,7 @@ class Node:
         await self.halts.stop()
         await self.membership.stop()
         await self.controller.stop()
+        await self.compaction.stop()
         await self.host.stop()
 
     @property
@@ -143,7 +154,7 @@ class Node:
         return group
 
     def _query(self, group: str) -> Query:
-        return Query(self.views[group].store)
+        return Query(self.views[group].store, group)
 
     async def _barrier(self, group: str, consistency: str, min_offset: int, timeout: float) -> int:
         if consistency not in p.CONSISTENCY:
@@ -163,6 +174,8 @@ class Node:
         for i, event in enumerate(events):
             if isinstance(event, ev.MemberAdded | ev.MemberRemoved):
                 raise NodeError("member records are written by member_add and member_remove only")
+            if isinstance(event, ev.HistoryPruned):
+                raise NodeError("history floors are written by the node's compaction service only")
             record = ev.event_record(event)
             group = group_of_event(event)
             by_group[group].append(i)
@@ -225,9 +238,10 @@ class Node:
     async def history(self, call: p.History, timeout: float = DEFAULT_TIMEOUT_S) -> p.HistoryRows:
         group = group_of_key(call.key)
         applied = await self._barrier(group, call.consistency, call.min_offset, timeout)
-        rows = self._query(group).history(call.key, limit=call.limit, after_offset=call.after_offset)
+        query = self._query(group)
+        rows = query.history(call.key, limit=call.limit, after_offset=call.after_offset)
         return p.HistoryRows([p.HistoryRow(r.offset, r.event, None if r.state is None else encode(r.state))
-                              for r in rows], applied)
+                              for r in rows], applied, query.history_floor)
 
     def read_events(self, call: p.ReadEvents) -> p.Events:
         """Committed records of a group's log from `from_offset` (what this node has applied)."""
@@ -248,6 +262,7 @@ class Node:
                 raise _compacted(group, offset) from None
             if chunk is not None:
                 store = self.views[call.group].store
+                floor = store.history_floor
                 for batch in chunk.batches():
                     if batch.header.is_control:
                         continue
@@ -257,7 +272,8 @@ class Node:
                         out.append(p.EventRecord(record.offset, _key_text(record.key),
                                                  None if record.value is None else bytes(record.value),
                                                  record.timestamp, batch.header.leader_epoch,
-                                                 _changed_views(store, record.key, record.offset)))
+                                                 None if record.offset < floor   # its row may be pruned
+                                                 else _changed_views(store, record.key, record.offset)))
                 next_offset = out[-1].offset + 1 if len(out) >= call.max_events else max(offset, chunk.next_offset)
         return p.Events(out, next_offset, log.start_offset, group.node.log.committed)
 
@@ -291,6 +307,31 @@ class Node:
                                       s.last_index, s.log_start, s.snapshot_index, peers, self.halts.info(name),
                                       sorted(views.applier.skipped) if views is not None else []))
         return p.StatusInfo(self.cluster, self.node_id, groups, self.membership.sorted())
+
+    def compaction_status(self) -> p.CompactionInfo:
+        """This node's retention of every group (`epochlog compaction status`)."""
+        out = []
+        for name, group in self.host.groups.items():
+            log = group.storage.log
+            spans = log.segment_spans()
+            views = self.views[name]
+            state = self.compaction.groups.get(name)
+            h = None if state is None else state.horizon
+            snap = group.snapshots
+            pruned = views.pruner.counters
+            out.append(p.CompactionGroupInfo(
+                name, group.node.role.value, log.start_offset, log.end_offset, len(spans),
+                allocated_bytes(log.directory), group.storage.snapshot().index, snap.taken,
+                round(snap.last_seconds * 1000, 1), snap.last_finished_at, snap.last_error,
+                views.store.history_floor, -1 if h is None else h.history_floor, "" if h is None else h.history_bound,
+                -1 if h is None else h.log_floor, "" if h is None else h.log_bound,
+                [] if h is None else [p.ExportPinInfo(x.table, x.watermark, x.floor, x.capped_by or "")
+                                      for x in h.pins],
+                pruned.pruned_floor, pruned.passes, pruned.rows_deleted, allocated_bytes(views.path),
+                0.0 if state is None else state.last_check_at,
+                0.0 if state is None else round(state.last_check_seconds * 1000, 2),
+                snap.segments_deleted, group.disk_full))
+        return p.CompactionInfo(self.node_id, out, self.compaction.free_disk_bytes)
 
     def member_list(self) -> p.Members:
         return self.membership.list()

@@ -179,6 +179,10 @@ class GroupSkip(msgspec.Struct, tag="group_skip"):
     offset: Offset
 
 
+class CompactionStatus(msgspec.Struct, tag="compaction_status"):
+    """This node's retention of every group (compaction/): log, snapshot, horizon, pruning, disk."""
+
+
 class MemberList(msgspec.Struct, tag="member_list"):
     pass
 
@@ -278,9 +282,9 @@ class BrokerList(msgspec.Struct, tag="broker_list"):
 
 
 Call = (Write | Get | Gets | List | History | LeaseGrant | LeaseKeepAlive | Watch | WatchAck | CancelWatch
-        | ReadEvents | Status | TransferLeader | Snapshot | MemberList | MemberAdd | MemberPromote | MemberRemove
-        | BrokerRegister | BrokerHeartbeats | SyncStateSetReport | BrokerShutdown | RouteQuery | BrokerList
-        | GroupSkip)
+        | ReadEvents | Status | TransferLeader | Snapshot | CompactionStatus | MemberList | MemberAdd
+        | MemberPromote | MemberRemove | BrokerRegister | BrokerHeartbeats | SyncStateSetReport | BrokerShutdown
+        | RouteQuery | BrokerList | GroupSkip)
 
 
 class Request(msgspec.Struct, array_like=True):
@@ -338,6 +342,7 @@ class HistoryRow(msgspec.Struct, array_like=True):
 class HistoryRows(msgspec.Struct, tag="history_rows"):
     rows: list[HistoryRow]
     applied: int
+    floor: int = 0                        # the history floor: earlier events are in the export archive only
 
 
 class Lease(msgspec.Struct, tag="lease"):
@@ -511,8 +516,50 @@ class Brokers(msgspec.Struct, tag="brokers"):
     controller: bool                      # served by the controller: offsets and heartbeat ages are known
 
 
+class ExportPinInfo(msgspec.Struct, array_like=True):
+    table: str                            # the Delta table id of `config/export/table-<id>`
+    watermark: int                        # the highest offset of the group it holds
+    floor: int                            # the lowest offset it keeps in the log (watermark + 1, or its cap)
+    capped_by: str = ""                   # the export_max_pin_* key that capped it ("": not capped)
+
+
+class CompactionGroupInfo(msgspec.Struct):
+    group: str
+    role: str
+    log_start: int
+    log_end: int
+    segments: int
+    log_bytes: int                        # on disk (preallocated segments included)
+    snapshot_offset: int                  # -1: none
+    snapshots_taken: int                  # since the node started
+    last_snapshot_ms: float               # how long the last one took (written in a thread)
+    last_snapshot_at: float               # Unix time it finished (0: none since start)
+    snapshot_error: str                   # why the last one failed ("": it did not)
+    history_floor: int                    # committed: as_of below it answers compacted
+    horizon: int                          # what the group may forget up to, as this node sees it
+    horizon_bound: str                    # what bounds it: "policy (retain_offsets)", "export <table>", ...
+    log_floor: int                        # the log keeps from here: min(horizon, snapshot + 1)
+    log_bound: str
+    pins: list[ExportPinInfo]
+    pruned_floor: int                     # every history row this floor hides is deleted
+    prune_passes: int
+    rows_pruned: int
+    views_bytes: int                      # the views' RocksDB on disk
+    last_run_at: float                    # Unix time of the last retention check (0: none yet)
+    last_run_ms: float                    # how long it took on the event loop
+    segments_deleted: int                 # since the node started
+    disk_full: str                        # why this node refuses writes to the group ("": it does not)
+
+
+class CompactionInfo(msgspec.Struct, tag="compaction_info"):
+    node: int
+    groups: list[CompactionGroupInfo]
+    free_disk_bytes: int                  # on the data directory's file system (-1: not measured yet)
+
+
 Result = (Written | Got | GotMany | Listed | HistoryRows | Lease | WatchStarted | WatchEvents | Events
-          | StatusInfo | Members | Done | Registered | HeartbeatsAck | BrokerGroup | TopicRoute | Brokers)
+          | StatusInfo | Members | Done | Registered | HeartbeatsAck | BrokerGroup | TopicRoute | Brokers
+          | CompactionInfo)
 
 
 class WireError(msgspec.Struct, array_like=True):

@@ -486,6 +486,7 @@ _SYNC: dict[type, Callable[[ClientConnection, Any], p.Result]] = {
     p.Status: lambda c, call: c.node.status(),
     p.TransferLeader: lambda c, call: c.node.transfer_leader(call),
     p.Snapshot: lambda c, call: c.node.snapshot(call),
+    p.CompactionStatus: lambda c, call: c.node.compaction_status(),
     p.MemberList: lambda c, call: c.node.member_list(),
     p.BrokerHeartbeats: lambda c, call: c.node.broker_heartbeats(call),   # from memory: no log write
     p.WatchAck: _watch_ack,

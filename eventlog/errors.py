@@ -121,8 +121,9 @@ class LogFailedError(LogError):
 class DiskFullError(LogError):
     """The disk is full: the write was refused before touching the log, which stays consistent.
 
-    Retriable once space is freed. (Appends into a preallocated segment cannot hit a full disk;
-    this surfaces when a new segment or a checkpoint file has to be created.)
+    Retriable once space is freed: the node retries by itself and resumes. (Appends into a
+    preallocated segment cannot hit a full disk; this surfaces when the next segment cannot be
+    prepared, or the data directory has less free space than `[compaction] min_free_disk_bytes`.)
     """
 
     code = "disk_full"

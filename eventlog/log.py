@@ -457,6 +457,24 @@ class Log:
         """(base, end) of every cleaned segment."""
         with self._lock:
             return [(s.base_offset, s.next_offset) for s in self._segments if s.cleaned]
+    def segment_spans(self) -> list[tuple[int, int, int]]:
+        """(base offset, next offset, bytes of batches) of every segment, oldest first (retention)."""
+        with self._lock:
+            return [(s.base_offset, s.next_offset, s.size) for s in self._segments]
+
+    # --- space ---------------------------------------------------------------------------------
+
+    @property
+    def space_error(self) -> LogError | None:
+        """Why the next segment could not be prepared (e.g. DiskFullError), until a preparation succeeds."""
+        return self._preallocator.error if self._preallocator is not None else None
+
+    def prepare_next_segment(self) -> None:
+        """Prepare the next segment in the background unless one is ready or under way (retries a failed
+        preparation: a full disk that was cleaned up gets its segment back)."""
+        if self._preallocator is None:
+            self._preallocator = SegmentPreallocator(self.directory, self.config.segment_bytes)
+        self._preallocator.request()
 
     # --- appending -----------------------------------------------------------------------------
 
@@ -648,7 +666,7 @@ class Log:
         except OSError as exc:
             prepared.discard()
             raise io_error(f"creating segment {path}", exc) from exc
-        if self._preallocator:
+        if self._preallocator and self.config.preallocate_next_segment:
             self._preallocator.request()
         return Segment.from_prepared(self.directory, base, self.config.index_interval_bytes, prepared.fd, prepared.mm)
 
@@ -908,21 +926,40 @@ class Log:
         The active segment is never deleted. Returns the number of segments deleted; the log then
         starts at the first remaining segment's base offset.
         """
+        doomed = self.detach_segments_below(offset)
+        for path in doomed:
+            path.unlink(missing_ok=True)
+        return sum(1 for p in doomed if p.name.endswith(".log.deleted"))
+
+    def detach_segments_below(self, offset: int) -> list[Path]:
+        """`delete_segments_below` but for the unlinking: the segments leave the log (the log start moves,
+        durably) and their files are renamed to `<name>.deleted`; returns those files, for the caller to
+        unlink (unlinking a 64 MiB file takes ~20 ms: do it off the event loop and outside the log's
+        lock). Leftover `.deleted` files are removed when the log is opened (a key-compaction swap's
+        `.deleted` files are garbage too: eventlog/cleaned.py)."""
         with self._files_lock, self._lock:
             self._check_writable()
             count = 0
             while count < len(self._segments) - 1 and self._segments[count].next_offset <= offset:
                 count += 1
             if not count:
-                return 0
+                return []
             doomed = self._segments[:count]
             del self._segments[:count]
             del self._bases[:count]
             self._log_start = self._bases[0]
             self._recovery_point = max(self._recovery_point, self._log_start)
             self._write_offsets_checkpoint()  # first: an interrupted deletion is finished on open
+            detached = []
             for seg in doomed:
-                seg.delete()
+                seg.close()
+                for path in (seg.path, seg.index_path, seg.timeindex_path):
+                    target = path.with_name(path.name + ".deleted")
+                    try:
+                        os.rename(path, target)
+                    except FileNotFoundError:
+                        continue   # an index never written
+                    detached.append(target)
             fsync_dir(self.directory)
             self._forget_cleaned()
             self._segments_changed()
@@ -930,7 +967,7 @@ class Log:
             changed |= self._epochs.truncate_from_end(self._end_offset)  # nothing left of an empty tail epoch
             if changed:
                 self._epochs.write()
-            return count
+            return detached
 
     def reset(self, offset: int) -> None:
         """Drop everything and continue empty at `offset` (a follower installing a snapshot)."""

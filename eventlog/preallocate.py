@@ -42,7 +42,8 @@ class SegmentPreallocator:
         self._size = size
         self._cond = threading.Condition()
         self._ready: PreparedFile | None = None
-        self._error: EpochlogError | None = None
+        self._error: EpochlogError | None = None        # raised once, by the next take()
+        self._last_error: EpochlogError | None = None   # kept until a preparation succeeds
         self._busy = False
         self._closed = False
 
@@ -61,17 +62,24 @@ class SegmentPreallocator:
         except EpochlogError as exc:
             with self._cond:
                 self._busy = False
-                self._error = exc
+                self._error = self._last_error = exc
                 self._cond.notify_all()
             return
         with self._cond:
             self._busy = False
+            self._last_error = None
             prepared = PreparedFile(self._path, fd, mm)
             if self._closed:
                 prepared.discard()
             else:
                 self._ready = prepared
             self._cond.notify_all()
+
+    @property
+    def error(self) -> EpochlogError | None:
+        """Why the last preparation failed (e.g. DiskFullError), until one succeeds."""
+        with self._cond:
+            return self._last_error
 
     def take(self) -> PreparedFile | None:
         """The prepared file, waiting for one in progress; None if none was requested.

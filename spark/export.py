@@ -11,8 +11,9 @@ One run (`export_once`):
 4. on a cluster, report the table's watermark (the highest exported offset per group) in the
    metadata group as a config entry `config/export/<table id>` (value: JSON {group: offset}).
    Every node keeps the log above the lowest watermark recorded for a group when it compacts
-   (epochlog/node.py, `export_floor`), so no event is compacted before it is in Delta. A table no
-   longer exported pins the logs: `epochlog export --to PATH --release` deletes its entry.
+   (compaction/policy.py, the retention horizon), so no event is compacted before it is in Delta. A
+   table no longer exported pins the logs until `[compaction] export_max_pin_*` caps it (logged, and
+   named by `epochlog compaction status`) or `epochlog export --to PATH --release` deletes its entry.
 
 `--follow` is a loop of such batch runs (one commit each) every `interval_s`, not Structured
 Streaming: each run is a plain, bounded Spark job with the same exactly-once commit, so a run that

@@ -378,9 +378,13 @@ class ViewsLookup:
         raw = self._db.get(APPLIED)  # type: ignore[attr-defined]
         return -1 if raw is None else decode_offset(raw)
 
-    def applied_at(self, record_key: str, offset: int) -> bool:
-        from statemachines.store import version_key
+    def applied_at(self, record_key: str, offset: int) -> bool | None:
+        """None below the views' history floor, where the row may have been pruned (unknown)."""
+        from statemachines.store import HISTORY_FLOOR, decode_offset, version_key
 
+        floor = self._db.get(HISTORY_FLOOR)  # type: ignore[attr-defined]
+        if floor is not None and offset < decode_offset(floor):
+            return None
         entity = record_key[4:] if record_key.startswith("txn/") else record_key
         return self._versions.get(version_key(entity.encode(), offset)) is not None  # type: ignore[attr-defined]
 

@@ -5,10 +5,11 @@ mutation and the new applied offset, so a crash at any point neither loses nor r
 restart the views say which offset they reached and the log replays what follows.
 
 Per record: decode the event with `events.applicable` (the test the leader also runs before
-proposing); if its request id was seen within the dedupe window, return the first outcome and
-change nothing; check its conditions (epochs, expected versions) against the current state,
-including the writes of earlier records in the same batch; then write the new entity state, its
-history row in `versions`, and lease attachments. A rejected event changes nothing (savepoints).
+proposing); if its request id was seen within the dedupe window (and at or above the history floor,
+below which request ids are forgotten too), return the first outcome and change nothing; check its
+conditions (epochs, expected versions) against the current state, including the writes of earlier
+records in the same batch; then write the new entity state, its history row in `versions`, and
+lease attachments. A rejected event changes nothing (savepoints).
 
 A record this code cannot apply, two cases:
 
@@ -34,6 +35,7 @@ applied the same entries hold the same digest whatever batches they applied them
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -63,6 +65,7 @@ from statemachines.state import (
 from statemachines.store import (
     APPLIED,
     DIGEST,
+    HISTORY_FLOOR,
     META,
     ViewsConfig,
     ViewStore,
@@ -74,6 +77,11 @@ from statemachines.store import (
 )
 
 DEDUPE_EVICTED = b"dedupe_evicted_to"
+EVICT_PER_ENTRY = 128
+"""Request ids forgotten per entry at most, beyond the entry's own record count (so eviction always
+outpaces new request ids, and costs each entry about what its own records do): a history floor that
+jumps far ahead drains over the next entries instead of stalling one apply call (per entry, not per
+call, so replicas stay identical)."""
 SKIPPED = b"skipped_offsets"    # meta: msgpack list of the offsets the operator skipped (`Applier.skip`)
 HALTED = "group_halted"         # outcome code of records not applied because the group halted before them
 SKIPPED_CODE = "skipped"        # outcome code of a record the operator skipped
@@ -128,12 +136,16 @@ class Overlay:
     def delete(self, cf: str, key: bytes) -> None:
         self.writes[(cf, key)] = None
 
-    def scan(self, cf: str, start: bytes, end: bytes | None) -> list[tuple[bytes, bytes]]:
-        """Live keys in [start, end), pending writes merged over the store, in key order.
+    def scan(self, cf: str, start: bytes, end: bytes | None, limit: int | None = None) -> list[tuple[bytes, bytes]]:
+        """Live keys in [start, end), pending writes merged over the store, in key order: the first
+        `limit` or fewer of them (always a prefix of the whole answer), or all of them.
 
-        Materializes the range: used for small ranges only (one lease's keys, expired request ids).
+        Materializes what it returns: for small ranges (one lease's keys) or with a limit.
         """
-        merged: dict[bytes, bytes | None] = dict(self.store.scan(cf, start, end))
+        stored = list(itertools.islice(self.store.scan(cf, start, end), limit))
+        if limit is not None and len(stored) == limit:
+            end = stored[-1][0] + b"\x00"   # past the store's last row, pending writes could skip some
+        merged: dict[bytes, bytes | None] = dict(stored)
         chain = []
         layer: Overlay | None = self
         while layer is not None:
@@ -143,7 +155,8 @@ class Overlay:
             for (c, k), v in layer.writes.items():
                 if c == cf and k >= start and (end is None or k < end):
                     merged[k] = v
-        return [(k, v) for k, v in sorted(merged.items()) if v is not None]
+        live = [(k, v) for k, v in sorted(merged.items()) if v is not None]
+        return live if limit is None else live[:limit]
 
     def commit_to_parent(self) -> None:
         assert self.parent is not None
@@ -215,7 +228,7 @@ class Applier:
                 del self.lease_changes[leases_before:]
                 _not_applied(outcomes, entry, halted)
                 continue
-            self._evict_dedupe(entry_ov, entry.last_index)
+            self._evict_dedupe(entry_ov, entry.last_index, EVICT_PER_ENTRY + entry.count)
             digest = _chain(digest, entry.last_index, entry_ov.writes)
             entry_ov.commit_to_parent()
             applied = entry.last_index
@@ -258,7 +271,9 @@ class Applier:
             first = ov.get("dedupe", dedupe_key)
             if first is not None:
                 o = decode_outcome(first)
-                if offset - o.offset <= self.config.dedupe_window_offsets:
+                floor = ov.get(META, HISTORY_FLOOR)
+                if offset - o.offset <= self.config.dedupe_window_offsets and (
+                        floor is None or o.offset >= decode_offset(floor)):   # not yet evicted: still forgotten
                     return Outcome(o.ok, o.offset, o.code, o.message, duplicate=True)
         savepoint = Overlay(self.store, ov)
         try:
@@ -283,22 +298,28 @@ class Applier:
             ov.put("dedupe_expiry", encode_offset(offset) + dedupe_key, b"")
         return outcome
 
-    def _evict_dedupe(self, ov: Overlay, last_offset: int) -> None:
-        """Forget request ids older than the window (deterministic: by offset, not by time)."""
+    def _evict_dedupe(self, ov: Overlay, last_offset: int, limit: int) -> None:
+        """Forget request ids older than the window or below the history floor, whichever is later
+        (deterministic: by offsets the log decides, not by time), at most `limit` of them."""
         threshold = last_offset - self.config.dedupe_window_offsets
+        raw_floor = ov.get(META, HISTORY_FLOOR)
+        if raw_floor is not None:
+            threshold = max(threshold, decode_offset(raw_floor))
         if threshold <= 0:
             return
         raw = ov.get(META, DEDUPE_EVICTED)
         start = decode_offset(raw) if raw else 0
         if start >= threshold:
             return
-        for k, _ in ov.scan("dedupe_expiry", encode_offset(max(start, 0)), encode_offset(threshold)):
+        rows = ov.scan("dedupe_expiry", encode_offset(max(start, 0)), encode_offset(threshold), limit)
+        for k, _ in rows:
             ov.delete("dedupe_expiry", k)
             request = k[8:]
             stored = ov.get("dedupe", request)
             if stored is not None and decode_outcome(stored).offset < threshold:
                 ov.delete("dedupe", request)
-        ov.put(META, DEDUPE_EVICTED, encode_offset(threshold))
+        evicted_to = decode_offset(rows[-1][0][:8]) + 1 if len(rows) == limit else threshold
+        ov.put(META, DEDUPE_EVICTED, encode_offset(evicted_to))
 
     # --- entities ------------------------------------------------------------------------------
 
@@ -645,6 +666,17 @@ def _member_removed(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcom
     return _ok(offset)
 
 
+def _history_pruned(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    """Raise the history floor (never lower it): a meta key, so the digest covers it."""
+    assert isinstance(e, ev.HistoryPruned)
+    if e.floor > offset:
+        return _reject(offset, "invalid_argument", f"history floor {e.floor} is beyond its own offset {offset}")
+    raw = ov.get(META, HISTORY_FLOOR)
+    if raw is None or decode_offset(raw) < e.floor:
+        ov.put(META, HISTORY_FLOOR, encode_offset(e.floor))
+    return _ok(offset)
+
+
 def _txn(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     assert isinstance(e, ev.Txn)
     for cond in e.conditions:
@@ -682,4 +714,5 @@ _HANDLERS: dict[type, Handler] = {
     ev.MemberAdded: _member_added,
     ev.MemberRemoved: _member_removed,
     ev.KafkaGroupStored: _kafka_group_stored,
+    ev.HistoryPruned: _history_pruned,
 }

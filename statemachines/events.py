@@ -422,6 +422,24 @@ class MemberRemoved(_MemberEvent, frozen=True, kw_only=True, tag="MemberRemoved"
     """A node left the cluster (configured members too): nodes stop dialing it and refuse it."""
 
 
+# --- retention (written by the leader's compaction service, never by clients) ---------------------------
+
+class HistoryPruned(Event, frozen=True, kw_only=True, tag="HistoryPruned"):
+    """The views' history starts at `floor` from this offset on: `as_of` below it is refused as
+    compacted, and history rows it hides may be deleted. Committed like any event, so every replica
+    prunes the same history at the same offset (compaction/policy.py decides the floor)."""
+
+    floor: int
+
+    def key(self) -> str:
+        return "retention/history"
+
+    def validate(self) -> None:
+        super().validate()
+        if self.floor < 0:
+            raise EventError(f"a history floor is an offset >= 0, got {self.floor}")
+
+
 # --- transactions ----------------------------------------------------------------------------------
 
 ENTITY_KINDS = ("broker", "group", "topic", "offset", "kv", "lease", "session", "config", "member", "kafka-group")
@@ -465,7 +483,7 @@ class Txn(Event, frozen=True, kw_only=True, tag="Txn"):
 AnyEvent = (BrokerRegistered | BrokerFenced | BrokerUnfenced | BrokerUnregistered | SyncStateSetChanged
             | MasterElected | TopicCreated | TopicUpdated | TopicDeleted | OffsetCommitted | KvPut | KvDeleted
             | LeaseGranted | LeaseRevoked | LeaseExpired | SessionOpened | SessionClosed | ConfigChanged | Txn
-            | MemberAdded | MemberRemoved | KafkaGroupStored)
+            | MemberAdded | MemberRemoved | KafkaGroupStored | HistoryPruned)
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__struct_config__.tag: cls for cls in AnyEvent.__args__  # type: ignore[attr-defined]
 }

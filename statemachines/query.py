@@ -11,6 +11,13 @@ Consistency (linearizable, lease, local with min_offset) is established by the c
 reading (`RaftGroup.read_barrier`); these functions read the views as they are. Pagination: a page
 holds at most `limit` items and `next` is the continuation token (the last key returned) when more
 may follow.
+
+History floor. Once a committed `HistoryPruned` event set the floor F (meta `history_floor`), the
+history starts at F: `as_of` below F is refused as `compacted` (the Delta archive answers it:
+`epochlog audit state --offset N`), and `history(key)` starts with the entity's state at F (its
+newest row at or below F, unless that row deleted it) followed by every row above F. Rows below
+that are deleted a chunk at a time by statemachines/prune.py, on each replica at its own pace; the
+reads here never look at them, so every replica answers alike whatever it has deleted so far.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from eventlog.raft.errors import CompactedError
 from statemachines.events import ENTITY_KINDS, EventError
 from statemachines.state import decode_state, decode_version
 from statemachines.store import ViewStore, cf_for, decode_offset, prefix_upper_bound, version_key
@@ -61,11 +69,25 @@ def _limit(limit: int) -> int:
     return limit
 
 
-class Query:
-    """Reads over one group's ViewStore (call from the group's loop)."""
+class HistoryCompactedError(CompactedError):
+    """An `as_of` read below the history floor: that history is only in the export archive."""
 
-    def __init__(self, store: ViewStore) -> None:
+    def __init__(self, as_of: int, floor: int, group: str = "") -> None:
+        self.as_of = as_of
+        self.floor = floor
+        where = f" of group {group}" if group else ""
+        group_arg = f" --group {group}" if group else ""
+        super().__init__(f"compacted: as_of {as_of} is below the history floor {floor}{where} (the views keep "
+                         f"history from offset {floor} on); older states are in the Delta archive: "
+                         f"epochlog audit state --table PATH --offset {as_of}{group_arg}")
+
+
+class Query:
+    """Reads over one group's ViewStore (call from the group's loop). `group` names it in errors."""
+
+    def __init__(self, store: ViewStore, group: str = "") -> None:
         self.store = store
+        self.group = group
 
     def get(self, key: str, *, as_of: int | None = None) -> Item | None:
         _kind_of(key)
@@ -76,9 +98,10 @@ class Query:
                 return None
             state = decode_state(raw_key, raw)
             return Item(key, state, state.version)  # type: ignore[attr-defined]
-        self._check_as_of(as_of)
         if as_of < 0:
+            self._check_as_of(as_of)
             return None  # before the first offset; and -1 would pack as the largest offset
+        self._check_as_of(as_of)
         row = self.store.last_at_or_before("versions", version_key(raw_key, as_of), raw_key + b"\x00")
         if row is None:
             return None
@@ -100,11 +123,13 @@ class Query:
         return self._page(start.encode(), end.encode(), _limit(limit), after, as_of)
 
     def history(self, key: str, *, limit: int = 1000, after_offset: int = -1) -> list[HistoryRow]:
-        """Every event that changed `key`, oldest first (from `after_offset` on)."""
+        """Every event that changed `key`, oldest first (from `after_offset` on), as far back as the
+        history floor goes (`history_start`)."""
         _kind_of(key)
         raw_key = key.encode()
         rows = []
         start = version_key(raw_key, after_offset + 1) if after_offset >= 0 else raw_key + b"\x00"
+        start = max(start, self._history_start_key(raw_key))
         for k, v in self.store.scan("versions", start, raw_key + b"\x01"):
             version = decode_version(v)
             state = None if version.state is None else decode_state(raw_key, version.state)
@@ -113,12 +138,32 @@ class Query:
                 break
         return rows
 
+    @property
+    def history_floor(self) -> int:
+        """History before this offset was pruned (0: none was)."""
+        return self.store.history_floor
+
     # --- helpers -------------------------------------------------------------------------------
+
+    def _history_start_key(self, raw_key: bytes) -> bytes:
+        """The first `versions` key of `raw_key` that history shows: its newest row at or below the
+        floor when that row holds a state, else its first row above the floor."""
+        floor = self.store.history_floor
+        if floor <= 0:
+            return raw_key + b"\x00"
+        base = self.store.last_at_or_before("versions", version_key(raw_key, floor), raw_key + b"\x00")
+        if base is not None and decode_version(base[1]).state is not None:
+            return base[0]
+        return version_key(raw_key, floor + 1)
 
     def _check_as_of(self, as_of: int) -> None:
         applied = self.store.applied
         if as_of < -1 or as_of > applied:
             raise EventError(f"as_of {as_of} is beyond the applied offset {applied}")
+        if as_of >= 0:
+            floor = self.store.history_floor
+            if as_of < floor:
+                raise HistoryCompactedError(as_of, floor, self.group)
 
     def _page(self, start: bytes, end: bytes | None, limit: int, after: str | None, as_of: int | None) -> Page:
         # The first key past `after`: entity key + b"\0" in an entity's column family; in `versions`

@@ -9,7 +9,8 @@ Column families:
     lease_keys    lease id (20 digits) + b"/" + attached entity key -> b""
     dedupe        actor + b"\\0" + request id -> the offset and outcome of the first application
     dedupe_expiry 8-byte offset + dedupe key -> b"" (evicts request ids past the dedupe window)
-    default       meta: b"applied" (8-byte offset), b"digest" (running SHA-256 over applied mutations)
+    default       meta: b"applied" (8-byte offset), b"digest" (running SHA-256 over applied mutations),
+                  b"history_floor" (8-byte offset: history below it is pruned, see statemachines/prune.py)
 
 Memory: one LRU block cache (`block_cache_bytes`) holds data, index and filter blocks, and the
 memtables of every column family are charged to it through a write buffer manager
@@ -54,6 +55,7 @@ ALL_CFS = (*ENTITY_CFS.values(), *INTERNAL_CFS)
 META = ""  # the default column family: meta keys
 APPLIED = b"applied"
 DIGEST = b"digest"
+HISTORY_FLOOR = b"history_floor"
 _OFFSET = struct.Struct(">q")
 
 
@@ -94,7 +96,8 @@ class ViewsConfig:
     write_buffer_bytes: int = field(default=32 << 20, metadata=doc(
         "Total memtable memory of all column families (part of the block cache budget).", min=1 << 20))
     dedupe_window_offsets: int = field(default=1_000_000, metadata=doc(
-        "A request id is remembered for this many offsets: a retry within it returns the first outcome.",
+        "A request id is remembered for this many offsets, and no further back than the history floor "
+        "([compaction] retain_offsets and export pins): a retry within both returns the first outcome.",
         min=1))
 
     def validate(self, section: str = "views") -> None:
@@ -144,6 +147,12 @@ class ViewStore:
         raw = self.db.get(APPLIED)
         return -1 if raw is None else decode_offset(raw)
 
+    @property
+    def history_floor(self) -> int:
+        """The lowest offset `as_of` reads are answered for (0: all history is kept)."""
+        raw = self.db.get(HISTORY_FLOOR)
+        return 0 if raw is None else decode_offset(raw)
+
     def scan(self, cf: str, start: bytes, end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Keys in [start, end) in order (end None: to the end of the column family)."""
         ro = ReadOptions()
@@ -191,15 +200,38 @@ class ViewStore:
 
     # --- snapshots -----------------------------------------------------------------------------
 
-    def write_snapshot(self, target: Path) -> None:
-        """A RocksDB checkpoint of the current state, packed as one tar file at `target`."""
-        tmp = target.with_name(target.name + ".ckpt")
-        shutil.rmtree(tmp, ignore_errors=True)
-        Checkpoint(self.db).create_checkpoint(str(tmp))
-        with tarfile.open(target, "w") as tar:
-            for f in sorted(tmp.iterdir()):
-                tar.add(f, arcname=f.name)
-        shutil.rmtree(tmp, ignore_errors=True)
+    def write_snapshot(self, target: Path) -> int:
+        """A RocksDB checkpoint of the current state, packed as one tar file at `target`; returns the
+        applied offset it holds. All on the calling thread (ViewsStateMachine.snapshot_job spreads the
+        same steps over a thread and the loop)."""
+        self.flush()
+        ckpt = target.with_name(target.name + ".ckpt")
+        applied = self.checkpoint(ckpt)
+        self.pack_checkpoint(ckpt, target)
+        return applied
+
+    def flush(self) -> None:
+        """Write every column family's memtable to disk (RocksDB releases the GIL meanwhile: run it
+        in a thread), so that a checkpoint taken next has little left to flush."""
+        for name in ALL_CFS:
+            self.cfs[name].flush()
+        self.db.flush()
+
+    def checkpoint(self, directory: Path) -> int:
+        """A RocksDB checkpoint (hard links) in `directory`; the applied offset it holds. It holds the GIL
+        while it runs (quick after `flush`); call it where no apply can run meanwhile: the group's loop."""
+        shutil.rmtree(directory, ignore_errors=True)
+        Checkpoint(self.db).create_checkpoint(str(directory))
+        return self.applied
+
+    def pack_checkpoint(self, directory: Path, target: Path) -> None:
+        """Pack a checkpoint directory into the tar file `target` and remove it (files only: any thread)."""
+        try:
+            with tarfile.open(target, "w") as tar:
+                for f in sorted(directory.iterdir()):
+                    tar.add(f, arcname=f.name)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
 
     @staticmethod
     def unpack_snapshot(source: Path, directory: Path) -> None:

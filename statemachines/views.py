@@ -20,18 +20,23 @@ expiries (its clocks would be stale). `resume` applies again from the log after 
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from eventlog.errors import EpochlogError
 from eventlog.fileutil import fsync_dir
 from eventlog.raft.types import Entry, SnapshotMeta
 from statemachines.apply import Applier, Halt
 from statemachines.events import LeaseExpired, event_record
 from statemachines.leases import LeaseClock
+from statemachines.prune import HistoryPruner, PruneStep, reclaim
 from statemachines.state import LeaseState, Outcome, decode_state
 from statemachines.store import DIGEST, ViewsConfig, ViewStore
 
@@ -50,6 +55,10 @@ class ViewsStateMachine:
         self.store = ViewStore.open(self.path, self.config)
         self.applier = Applier(self.store, self.config)
         self.lease_clock: LeaseClock | None = None   # only on the leader
+        self.pruner = HistoryPruner()
+        self._reclaimer: concurrent.futures.ThreadPoolExecutor | None = None
+        self._reclaiming: concurrent.futures.Future[None] | None = None
+        self._flushing = threading.Lock()   # held by a snapshot thread while it flushes the store
 
     def _finish_swap(self) -> None:
         restore, old = self.base / "views.restore", self.base / "views.old"
@@ -141,7 +150,71 @@ class ViewsStateMachine:
     def write_snapshot(self, path: Path) -> None:
         self.store.write_snapshot(path)
 
+    def snapshot_job(self) -> Callable[[Path], int]:
+        """A function that writes a snapshot from another thread while applies go on (RaftGroup runs it
+        off its loop) and returns the applied offset it holds. Call this on the loop.
+
+        rocksdict holds the GIL while it makes a checkpoint (~25 ms with full memtables, stalling the
+        loop as much), not while it flushes: so the thread flushes the memtables first, the checkpoint
+        itself (a few ms of hard links) runs on the loop, where no apply can come between it and the
+        applied offset it records, and the thread packs it. A restore waits for the flush (it replaces
+        the store); a snapshot whose store was replaced meanwhile is abandoned."""
+        loop = asyncio.get_running_loop()
+        store = self.store
+
+        def write(path: Path) -> int:
+            with self._flushing:
+                if self.store is not store:
+                    raise EpochlogError("the views were replaced by a snapshot from the leader: snapshot abandoned")
+                store.flush()
+            ckpt = path.with_name(path.name + ".ckpt")
+            taken: concurrent.futures.Future[int] = concurrent.futures.Future()
+
+            def checkpoint() -> None:
+                if not taken.set_running_or_notify_cancel():
+                    return
+                try:
+                    if self.store is not store:
+                        raise EpochlogError("the views were replaced by a snapshot from the leader: snapshot "
+                                            "abandoned")
+                    taken.set_result(store.checkpoint(ckpt))
+                except BaseException as exc:  # handed to the thread waiting for it
+                    taken.set_exception(exc)
+
+            loop.call_soon_threadsafe(checkpoint)
+            applied = taken.result()
+            store.pack_checkpoint(ckpt, path)
+            return applied
+
+        return write
+
+    # --- history pruning (statemachines/prune.py) ------------------------------------------------
+
+    def prune_step(self, max_rows: int, max_seconds: float = 0.002, *, eager: bool = False) -> PruneStep:
+        """Delete a bounded chunk of the history rows the floor hides (call from the group's loop)."""
+        return self.pruner.step(self.store, max_rows, max_seconds, eager=eager)
+
+    def reclaim_space(self) -> concurrent.futures.Future[None] | None:
+        """Compact the history column family in a thread (RocksDB frees the pruned rows' space); None
+        when a compaction is already running. Restore and close wait for it."""
+        if self._reclaiming is not None and not self._reclaiming.done():
+            return None
+        if self._reclaimer is None:
+            self._reclaimer = concurrent.futures.ThreadPoolExecutor(1, "views-reclaim")
+        self._reclaiming = self._reclaimer.submit(reclaim, self.store)
+        return self._reclaiming
+
+    def _wait_reclaim(self) -> None:
+        if self._reclaiming is not None:
+            concurrent.futures.wait([self._reclaiming])
+            self._reclaiming = None
+
     def restore(self, path: Path, meta: SnapshotMeta) -> None:
+        self._wait_reclaim()
+        with self._flushing:   # a snapshot thread flushing the store being replaced
+            self._restore(path, meta)
+
+    def _restore(self, path: Path, meta: SnapshotMeta) -> None:
         restore, old = self.base / "views.restore", self.base / "views.old"
         ViewStore.unpack_snapshot(path, restore)
         fsync_dir(restore)
@@ -155,4 +228,9 @@ class ViewsStateMachine:
         assert self.store.applied == meta.index, (self.store.applied, meta.index)
 
     def close(self) -> None:
+        self._wait_reclaim()
+        with self._flushing:
+            pass   # a snapshot thread's flush is over
+        if self._reclaimer is not None:
+            self._reclaimer.shutdown(wait=True)
         self.store.close()

@@ -1,10 +1,12 @@
 """The Epochlog client SDK: `Client` (blocking) and `AsyncClient` (asyncio) over the native protocol."""
 
-from epochlog.client.aio import AsyncClient, Change, Entity, KeyValue, Page, WatchedEvent
-from epochlog.client.errors import (ClientError, CompactedError, DeadlineExceededError, InvalidArgumentError,
-                                    NotFoundError, NotLeaderError, RejectedError, UnavailableError)
+from epochlog.client.aio import AsyncClient, Change, Entity, History, KeyValue, Page, WatchedEvent
+from epochlog.client.errors import (ClientError, CompactedError, DeadlineExceededError, DiskFullError,
+                                    InvalidArgumentError, NotFoundError, NotLeaderError, RejectedError,
+                                    UnavailableError)
 from epochlog.client.sync import Client
 
-__all__ = ["AsyncClient", "Change", "Client", "ClientError", "CompactedError", "DeadlineExceededError", "Entity",
+__all__ = ["AsyncClient", "Change", "Client", "ClientError", "CompactedError", "DeadlineExceededError",
+           "DiskFullError", "Entity", "History",
            "InvalidArgumentError", "KeyValue", "NotFoundError", "NotLeaderError", "Page", "RejectedError",
            "UnavailableError", "WatchedEvent"]

@@ -60,6 +60,13 @@ class Change:
     state: msgspec.Struct | None
 
 
+class History(list[Change]):
+    """The changes of an entity, oldest first (a list), and `floor`: the group's history floor. The list
+    starts with the entity's state at the floor; earlier changes are in the export archive only."""
+
+    floor: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class WatchedEvent:
     offset: int
@@ -134,7 +141,7 @@ class AsyncClient:
             after = page.next_after
 
     async def history(self, name: str, *, limit: int = 1000, after_offset: int = -1,
-                      consistency: str = "linearizable", min_offset: int = -1) -> list[Change]:
+                      consistency: str = "linearizable", min_offset: int = -1) -> History:
         return await self.entity_history("kv/" + name, limit=limit, after_offset=after_offset,
                                          consistency=consistency, min_offset=min_offset)
 
@@ -220,12 +227,15 @@ class AsyncClient:
         return Page([_entity(i) for i in result.items], result.next_after, result.applied)
 
     async def entity_history(self, key: str, *, limit: int = 1000, after_offset: int = -1,
-                             consistency: str = "linearizable", min_offset: int = -1) -> list[Change]:
+                             consistency: str = "linearizable", min_offset: int = -1) -> History:
         result = await self._read(p.History(key, limit, after_offset, consistency, min_offset), group_of_key(key),
                                   consistency)
         assert isinstance(result, p.HistoryRows)
         raw = key.encode()
-        return [Change(r.offset, r.event, None if r.state is None else decode_state(raw, r.state)) for r in result.rows]
+        changes = History(Change(r.offset, r.event, None if r.state is None else decode_state(raw, r.state))
+                          for r in result.rows)
+        changes.floor = result.floor
+        return changes
 
     # --- watch and events -------------------------------------------------------------------------
 
@@ -354,6 +364,15 @@ class AsyncClient:
                                                                              self.timeout)
         assert isinstance(result, p.Done)
         return result.offset
+
+    async def compaction_status(self, endpoint: str | None = None) -> p.CompactionInfo:
+        """One node's retention of every group (the first reachable endpoint unless one is named)."""
+        if endpoint is not None:
+            result = await (await self._connection(endpoint, self.timeout)).call(p.CompactionStatus(), self.timeout)
+        else:
+            result = await self._call(p.CompactionStatus(), group=None, leader=False)
+        assert isinstance(result, p.CompactionInfo)
+        return result
 
     async def members(self) -> p.Members:
         result = await self._call(p.MemberList(), group="metadata", leader=True)

@@ -41,6 +41,14 @@ class CompactedError(ClientError):
     code = "compacted"
 
 
+class DiskFullError(ClientError):
+    """The node refused the write for lack of disk space (nothing was appended); the SDK retries it with a
+    backoff until the call's timeout, as the node resumes by itself once space is freed."""
+
+    code = "disk_full"
+    retriable = True
+
+
 class DeadlineExceededError(ClientError):
     code = "deadline_exceeded"
     retriable = True
@@ -68,7 +76,7 @@ class RejectedError(ClientError):
 
 _BY_CODE: dict[str, type[ClientError]] = {
     cls.code: cls for cls in (NotLeaderError, InvalidArgumentError, NotFoundError, CompactedError,
-                              DeadlineExceededError, UnavailableError)
+                              DeadlineExceededError, UnavailableError, DiskFullError)
 }
 
 

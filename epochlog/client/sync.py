@@ -12,7 +12,7 @@ from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 from epochlog import protocol as p
-from epochlog.client.aio import AsyncClient, Change, Entity, KeyValue, Page, WatchedEvent
+from epochlog.client.aio import AsyncClient, Entity, History, KeyValue, Page, WatchedEvent
 from epochlog.client.errors import ClientError
 
 T = TypeVar("T")
@@ -56,7 +56,7 @@ class Client:
     def list(self, prefix: str = "", **kw: Any) -> Page:
         return self._run(self.aio.list(prefix, **kw))
 
-    def history(self, name: str, **kw: Any) -> list[Change]:
+    def history(self, name: str, **kw: Any) -> History:
         return self._run(self.aio.history(name, **kw))
 
     def txn(self, ops: Sequence[Any], conditions: Sequence[tuple[str, int]] = ()) -> p.WriteResult:
@@ -86,7 +86,7 @@ class Client:
     def list_entities(self, prefix: str, **kw: Any) -> Page:
         return self._run(self.aio.list_entities(prefix, **kw))
 
-    def entity_history(self, key: str, **kw: Any) -> list[Change]:
+    def entity_history(self, key: str, **kw: Any) -> History:
         return self._run(self.aio.entity_history(key, **kw))
 
     def read_events(self, group: str, from_offset: int, **kw: Any) -> p.Events:
@@ -103,6 +103,9 @@ class Client:
 
     def snapshot(self, group: str, endpoint: str | None = None) -> int:
         return self._run(self.aio.snapshot(group, endpoint))
+
+    def compaction_status(self, endpoint: str | None = None) -> p.CompactionInfo:
+        return self._run(self.aio.compaction_status(endpoint))
 
     def members(self) -> p.Members:
         return self._run(self.aio.members())

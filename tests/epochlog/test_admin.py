@@ -116,6 +116,7 @@ def test_metrics_health_and_readiness_of_a_single_node(tmp_path: Path, seed: int
                 with pytest.raises(ClientError) as error:
                     await c.get("app/k0", consistency="bogus")
                 assert error.value.code == "invalid_argument"
+                snapshot = await c.snapshot("kv")
             last_write = max(r.offset for r in results)
 
             m = await scrape(admin)
@@ -128,6 +129,10 @@ def test_metrics_health_and_readiness_of_a_single_node(tmp_path: Path, seed: int
             assert sample(m, "epochlog_log_appended_bytes_total", group="kv") > WRITES * 8
             assert sample(m, "epochlog_proposals_committed_total", group="kv") >= WRITES
             assert sample(m, "epochlog_events_applied_total", group="kv") >= WRITES
+            assert sample(m, "epochlog_snapshots_total", group="kv") >= 1
+            assert sample(m, "epochlog_snapshot_offset", group="kv") == snapshot >= last_write
+            assert sample(m, "epochlog_history_floor", group="kv") == 0    # the default keeps 100,000 offsets
+            assert sample(m, "epochlog_disk_full", group="kv") == 0
             for g in GROUPS:
                 assert sample(m, "epochlog_leader_changes_total", group=g) >= 1
                 assert sample(m, "epochlog_elections_started_total", group=g) >= 1

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from compaction.config import CleanerConfig, cleaner_config
+from compaction.config import CleanerConfig, CompactionConfig, cleaner_config
 from controller.config import ControllerConfig, controller_config
 from eventlog.config import LogConfig
 from eventlog.configuration import from_mapping, load_toml
@@ -38,6 +38,7 @@ SHIPPED = ("single.toml", "local-3.toml", "production.example.toml")
 SECTIONS: dict[str, Any] = {"cluster": ClusterConfig, "cluster.members": MemberConfig, "raft": RaftConfig,
                             "log": LogConfig, "views": ViewsConfig, "controller": ControllerConfig,
                             "clients": ClientServiceConfig,
+                            "compaction": CompactionConfig,
                             "compaction.cleaner": CleanerConfig}
 KEY_LINE = re.compile(r"^(?:# )?([a-z_]+) = ")
 
@@ -111,6 +112,10 @@ def test_production_example_uses_the_defaults_it_does_not_explain():
                                                           "clients", "compaction"}
     configs = load_node_configs(PRODUCTION)
     assert configs.raft == RaftConfig() and configs.log == LogConfig()
+    assert from_mapping(CompactionConfig, configs.compaction, "compaction") == CompactionConfig()
+    cluster = configs.cluster
+    assert (cluster.snapshot_every_entries, cluster.snapshot_every_bytes) == (
+        ClusterConfig().snapshot_every_entries, ClusterConfig().snapshot_every_bytes)
     assert controller_config(configs.controller) == ControllerConfig()
     assert from_mapping(ViewsConfig, configs.views, "views") == ViewsConfig()
     assert from_mapping(ClientServiceConfig, configs.clients, "clients") == ClientServiceConfig()
@@ -172,6 +177,7 @@ BAD = [
     (("views",), "write_buffer_bytes", "big", "views.write_buffer_bytes = 'big': must be an integer"),
     (("controller",), "heartbeat_timeout_ms", 500, "controller.heartbeat_timeout_ms = 500: must be above"),
     (("clients",), "frame_timeout_ms", 10, "clients.frame_timeout_ms = 10: must be >= 100"),
+    (("compaction",), "retain_offsets", -1, "compaction.retain_offsets = -1: must be >= 0"),
     ((), "raft2", {}, "config raft2 = {}: unknown section"),
 ]
 
@@ -181,6 +187,7 @@ def test_a_wrong_key_or_value_stops_serve_with_exit_3_naming_it(tmp_path, rng):
     base["raft"] = {}
     base["controller"] = {}
     base["clients"] = {}
+    base["compaction"] = {"cleaner": {}}
     procs = []
     for i, (path, key, value, fragment) in enumerate(BAD):
         document = json.loads(json.dumps(base))

@@ -192,6 +192,27 @@ def test_delete_segments_below(tmp_path):
         assert sorted(p.name for p in path.glob("*.log")) == [f"{bases[-1]:020d}.log"]
 
 
+def test_detached_segments_leave_the_log_at_once_and_a_crash_before_the_unlink_is_finished_on_open(tmp_path):
+    """Retention detaches segments (renamed `.deleted`, the log start moved durably) and unlinks them off
+    the event loop; files left when the process dies before the unlink are removed by the next open."""
+    path = tmp_path / "log"
+    with Log.open(path, TINY) as lg:
+        for i in range(150):
+            lg.append(batch(2, f"d{i}"), epoch=1)
+        bases = lg.segment_bases()
+        doomed = lg.detach_segments_below(bases[3])
+        assert sorted(p.name for p in doomed if p.suffixes[-2:] == [".log", ".deleted"]) == [
+            f"{b:020d}.log.deleted" for b in bases[:3]]
+        assert all(p.exists() for p in doomed) and lg.start_offset == bases[3]
+        assert lg.detach_segments_below(bases[3]) == []
+        end = lg.end_offset
+    # "Killed" before the unlink: the renamed files are still there.
+    with Log.open(path, TINY) as lg:
+        assert (lg.start_offset, lg.end_offset) == (bases[3], end)
+        assert not list(path.glob("*.deleted"))
+        assert [b.header.base_offset for b in lg.batches()][0] == bases[3]
+
+
 def test_reset_starts_empty_at_offset(tmp_path):
     path = tmp_path / "log"
     with Log.open(path, SMALL) as lg:

@@ -51,6 +51,8 @@ class GrpcCluster:
         lines += ["[raft]", "election_timeout_ticks = 20", ""]
         lines += ["[log]", "segment_bytes = 262144", "", "[views]", "block_cache_bytes = 8388608",
                   "write_buffer_bytes = 4194304", ""]
+        # No retention policy: a snapshot cuts the log as far as it covers (test_read_events_and_compaction).
+        lines += ["[compaction]", "retain_offsets = 0", ""]
         self.config = root / "cluster.toml"
         self.config.write_text("\n".join(lines))
         self.procs: dict[int, subprocess.Popen[bytes]] = {}

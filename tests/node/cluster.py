@@ -93,9 +93,10 @@ class NodeCluster:
     """`size` `epochlog serve` processes of one cluster (see the module docstring).
 
     `groups`, `tick_interval_ms`, `snapshot_every_entries` go to `[cluster]`; `cluster`, `raft`, `log`,
-    `views` and `clients` are extra keys of those sections; `grpc` gives every member a gRPC address
-    too. Logs get 1 MiB segments and the views small caches unless told otherwise (the defaults would
-    cost each node hundreds of MiB).
+    `views`, `clients` and `compaction` are extra keys of those sections; `grpc` gives every member a
+    gRPC address too. Logs get 1 MiB segments and the views small caches unless told otherwise (the
+    defaults would cost each node hundreds of MiB). `env` adds environment variables to every process
+    started (e.g. EPOCHLOG_FAULTS).
     """
 
     def __init__(self, root: Path, *, size: int = 3, seed: int = 0, name: str = "node-test",
@@ -103,7 +104,8 @@ class NodeCluster:
                  snapshot_every_entries: int = 0, raft: dict[str, object] | None = None,
                  log: dict[str, object] | None = None, views: dict[str, object] | None = None,
                  clients: dict[str, object] | None = None, grpc: bool = False,
-                 cluster: dict[str, object] | None = None) -> None:
+                 cluster: dict[str, object] | None = None,
+                 compaction: dict[str, object] | None = None) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.seed = seed
@@ -117,6 +119,8 @@ class NodeCluster:
         self.log = {"segment_bytes": 1 << 20, **(log or {})}
         self.views = {"block_cache_bytes": 8 << 20, "write_buffer_bytes": 4 << 20, **(views or {})}
         self.clients = dict(clients or {})
+        self.compaction = dict(compaction or {})
+        self.env: dict[str, str] = {}
         per = 4 if grpc else 3
         ports = free_ports(per * size, random.Random(random.SystemRandom().getrandbits(64)))
         self.nodes = {
@@ -137,7 +141,7 @@ class NodeCluster:
                       f'client_address = "{n.client_address}"', f'admin_address = "{n.admin_address}"']
             lines += [f'grpc_address = "{n.grpc_address}"', ""] if n.grpc_address else [""]
         for section, values in (("raft", self.raft), ("log", self.log), ("views", self.views),
-                                ("clients", self.clients)):
+                                ("clients", self.clients), ("compaction", self.compaction)):
             if values:
                 lines.append(f"[{section}]")
                 lines += [f"{k} = {_toml(v)}" for k, v in values.items()]
@@ -159,12 +163,13 @@ class NodeCluster:
 
     # --- processes -------------------------------------------------------------------------------
 
-    def start(self, nodes: Iterable[int] | None = None) -> None:
-        """Start `nodes` (default: every one not running) together and wait until each is READY."""
+    def start(self, nodes: Iterable[int] | None = None, *, wait: bool = True) -> None:
+        """Start `nodes` (default: every one not running) together and wait until each is READY (unless
+        `wait` is false)."""
         ids = [i for i in self.nodes if not self.nodes[i].running] if nodes is None else list(nodes)
         for i in ids:
             self._spawn(i)
-        for i in ids:
+        for i in ids if wait else ():
             self.wait_ready(i)
 
     def _spawn(self, node_id: int) -> None:
@@ -175,6 +180,7 @@ class NodeCluster:
         node.err_path = self.root / f"node-{node_id}.{node.incarnation}.err"
         env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHLOG_")}
         program = ["-m", "epochlog"] if node.build is None else ["-m", "tests.node.builds", node.build]
+        env.update(self.env)
         with open(node.out_path, "wb") as out, open(node.err_path, "wb") as err:
             node.proc = subprocess.Popen(
                 [sys.executable, *program, "serve", "--config", str(self.config_path),

@@ -46,6 +46,7 @@ from typing import TypeVar
 from eventlog.config import LogConfig
 from eventlog.log import Log
 from eventlog.raft.runtime.faults import ENV_VAR as FAULTS_ENV
+from eventlog.raft.runtime.faults import HEAL_ENV_VAR as FAULTS_HEAL_ENV
 from eventlog.raft.runtime.harness import Committed, Failed, GroupState, HarnessClient
 from tests.runtime.proxy import ProxyNetwork
 
@@ -211,21 +212,26 @@ class Cluster:
 
     # --- processes -----------------------------------------------------------------------------
 
-    async def start(self, nodes: Iterable[int] | None = None, *, faults: str | None = None) -> None:
+    async def start(self, nodes: Iterable[int] | None = None, *, faults: str | None = None,
+                    heal_file: Path | None = None) -> None:
         """Start `nodes` (default: all) concurrently and wait until each is READY and connected."""
         ids = list(self.nodes) if nodes is None else list(nodes)
-        await asyncio.gather(*(self.start_node(i, faults=faults) for i in ids))
+        await asyncio.gather(*(self.start_node(i, faults=faults, heal_file=heal_file) for i in ids))
 
-    async def start_node(self, node_id: int, *, faults: str | None = None, wait_ready: bool = True) -> None:
-        """Start (or restart) one node; `faults` is its EPOCHLOG_FAULTS (see eventlog.raft.runtime.faults)."""
+    async def start_node(self, node_id: int, *, faults: str | None = None, wait_ready: bool = True,
+                         heal_file: Path | None = None) -> None:
+        """Start (or restart) one node; `faults` is its EPOCHLOG_FAULTS (see eventlog.raft.runtime.faults),
+        `heal_file` its EPOCHLOG_FAULTS_HEAL_FILE (the disk-space faults heal once the file exists)."""
         node = self.nodes[node_id]
         assert not node.running, f"node {node_id} is already running"
         node.incarnation += 1
         node.out_path = self.root / f"node-{node_id}.{node.incarnation}.out"
         node.err_path = self.root / f"node-{node_id}.{node.incarnation}.err"
-        env = {k: v for k, v in os.environ.items() if k != FAULTS_ENV}
+        env = {k: v for k, v in os.environ.items() if k not in (FAULTS_ENV, FAULTS_HEAL_ENV)}
         if faults:
             env[FAULTS_ENV] = faults
+        if heal_file is not None:
+            env[FAULTS_HEAL_ENV] = str(heal_file)
         node.proc = self._spawn(node, env)
         if wait_ready:
             await self.wait_ready(node_id)
@@ -405,14 +411,19 @@ class Cluster:
     def read_log(self, node_id: int, group: str) -> OfflineLog:
         """Every batch of a stopped node's group log (opened with eventlog.log.Log, recovery included)."""
         assert not self.nodes[node_id].running, f"node {node_id} must be stopped to read its log"
-        batches = []
-        with Log.open(self.group_dir(node_id, group) / "log", self.log_config()) as log:
-            for b in log.batches():
-                h = b.header
-                records = () if h.is_control else tuple((r.key, r.value) for r in b.records())
-                batches.append(Batch(h.base_offset, h.last_offset, h.leader_epoch, bytes(b.raw), h.is_control,
-                                     records))
-            return OfflineLog(log.start_offset, log.end_offset, tuple(batches))
+        return read_log_dir(self.group_dir(node_id, group) / "log", self.log_config())
+
+
+def read_log_dir(directory: Path, config: LogConfig) -> OfflineLog:
+    """Every batch of the (stopped) log in `directory`, opened with eventlog.log.Log, recovery included."""
+    batches = []
+    with Log.open(directory, config) as log:
+        for b in log.batches():
+            h = b.header
+            records = () if h.is_control else tuple((r.key, r.value) for r in b.records())
+            batches.append(Batch(h.base_offset, h.last_offset, h.leader_epoch, bytes(b.raw), h.is_control,
+                                 records))
+        return OfflineLog(log.start_offset, log.end_offset, tuple(batches))
 
 
 def run_test(cluster: Cluster, body: Callable[[Cluster], Awaitable[None]], timeout: float = 90.0) -> None:
@@ -463,6 +474,7 @@ class WriteStream:
     acks: list[Ack] = field(default_factory=list)
     indeterminate: int = 0
     not_leader: int = 0
+    refused: dict[int, dict[str, int]] = field(default_factory=dict)   # node -> Failed code -> count
     _target: int = 1
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _stopping: bool = False
@@ -512,6 +524,9 @@ class WriteStream:
                 await asyncio.sleep(0.02)
             else:
                 self.indeterminate += 1   # dropped by a leadership change, or the group failed
+                if isinstance(reply, Failed):
+                    codes = self.refused.setdefault(target, {})
+                    codes[reply.code] = codes.get(reply.code, 0) + 1
                 await asyncio.sleep(0.02)
 
     def summary(self) -> str:

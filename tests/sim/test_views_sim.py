@@ -68,10 +68,10 @@ def _busy(p: SimParams) -> SimParams:
 _real_evict = Applier._evict_dedupe
 
 
-def _evict_by_batch_start(self: Applier, ov: object, last_offset: int) -> None:
+def _evict_by_batch_start(self: Applier, ov: object, last_offset: int, limit: int) -> None:
     """Dedupe eviction measured from the start of the apply() batch instead of each entry: the
     views then depend on how a replica's entries were batched."""
-    _real_evict(self, ov, self.store.applied + 1)  # type: ignore[arg-type]
+    _real_evict(self, ov, self.store.applied + 1, limit)  # type: ignore[arg-type]
 
 
 def _install_nothing(self: ViewsShadow, meta: object) -> None:

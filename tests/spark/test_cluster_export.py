@@ -71,7 +71,10 @@ def test_killed_export_rerun_audit_and_watermark(tmp_path: Path, spark_session: 
     seed = random.SystemRandom().getrandbits(32)
     print(f"seed={seed}")
     rng = random.Random(seed)
-    cluster = NodeCluster(tmp_path / "cluster", size=3, seed=seed, log={"segment_bytes": 64 << 10})
+    # Retention keeps 1,000 offsets: the history the audit is compared with stays, and the bulk writes
+    # of step 4 (1,200 offsets) take the policy past the watermark, which then bounds the log alone.
+    cluster = NodeCluster(tmp_path / "cluster", size=3, seed=seed, log={"segment_bytes": 64 << 10},
+                          compaction={"retain_offsets": 1000})
     export: subprocess.Popen[bytes] | None = None
     try:
         cluster.start()

@@ -225,14 +225,24 @@ class _Gen:
         return key, value
 
 
-def build_stream(seed: int, entries: int = 1500) -> Stream:
+def build_stream(seed: int, entries: int = 1500, *, history_floors: bool = False) -> Stream:
     """The deterministic stream of `seed`: Raft entries (record batches of 1-6 events, now and
-    then a leader's NOOP) from offset 0, grouped into apply() batches of 1-12 entries."""
+    then a leader's NOOP) from offset 0, grouped into apply() batches of 1-12 entries. With
+    `history_floors`, now and then an entry of one `HistoryPruned` event raises the history floor to
+    an offset 0-300 below its own (as the leader's compaction service does)."""
     rng = random.Random(f"views-stream:{seed}")
     gen = _Gen(random.Random(rng.getrandbits(64)))
     out: list[Entry] = []
     index, term = 0, 1
     for _ in range(entries):
+        if history_floors and rng.random() < 0.03:
+            floor = max(0, index - rng.randrange(0, 300))
+            data = bytearray(encode_batch([ev.event_record(ev.HistoryPruned(floor=floor, actor="epochlog/compaction"))],
+                                          timestamp_ms=BASE_TIMESTAMP_MS + index))
+            stamp(data, index, term)
+            out.append(Entry(index, term, 1, EntryKind.NORMAL, bytes(data)))
+            index += 1
+            continue
         if rng.random() < 0.02:
             term += 1
             out.append(Entry(index, term, 1, EntryKind.NOOP, b""))

@@ -57,8 +57,12 @@ class ClusterConfig:
         "Raft groups hosted by every node, each with its own directory, leader and log."))
     tick_interval_ms: int = field(default=50, metadata=doc(
         "Duration of one Raft tick (election and heartbeat timeouts are counted in ticks).", min=1, max=60_000))
-    snapshot_every_entries: int = field(default=0, metadata=doc(
-        "Take a snapshot and drop the log below it every this many applied offsets (0 = never).", min=0))
+    snapshot_every_entries: int = field(default=100_000, metadata=doc(
+        "Take a snapshot of a group (in the background) and drop its log below it every this many applied "
+        "offsets (0: not by offsets).", min=0))
+    snapshot_every_bytes: int = field(default=64 << 20, metadata=doc(
+        "... or every this many bytes of applied entries, whichever comes first (0: not by bytes; both 0: "
+        "never).", min=0))
     lag_warning_ms: int = field(default=10_000, metadata=doc(
         "A group's leader logs a warning when a member has not acknowledged an offset committed this "
         "long ago (stuck, cut off or catching up slowly); 0 = never.", min=0, max=86_400_000))
@@ -97,11 +101,11 @@ class ClusterConfig:
 class NodeConfigs:
     """Every component's configuration, as read from one TOML file.
 
-    `views`, `controller`, `clients` and `compaction` stay plain tables here (the `[views]`,
-    `[controller]`, `[clients]` and `[compaction]` sections): the runtime does not depend on the layers
-    above it; the node validates them with `statemachines.store.ViewsConfig`,
-    `controller.config.controller_config`, `epochlog.server.ClientServiceConfig` and
-    `compaction.config.cleaner_config` (`[compaction.cleaner]`).
+    `views`, `controller`, `clients` and `compaction` stay plain tables here (their sections): the
+    runtime does not depend on the layers above it; the node validates them with
+    `statemachines.store.ViewsConfig`, `controller.config.controller_config`,
+    `epochlog.server.ClientServiceConfig` and `compaction.config.CompactionConfig` (with its
+    `[compaction.cleaner]` table, `compaction.config.CleanerConfig`).
     """
 
     cluster: ClusterConfig

@@ -2,10 +2,11 @@
 
 Theory of operation. Nothing here runs unless the environment variable `EPOCHLOG_FAULTS` is set
 (tests set it for the one node process they want to break; a production node never has it).
-`install_from_env()` is called once by `eventlog.raft.runtime.process` before the node starts, and
-replaces functions of the `os` module for the whole process, so the product code stays unaware of
-it: every `os.fdatasync(...)` / `os.posix_fallocate(...)` call anywhere (log flusher thread, segment
-roll, segment preparation) goes through the wrappers below.
+`install_from_env()` is called once by `eventlog.raft.runtime.process` and by `epochlog serve` before
+the node starts, and replaces functions of the `os` module for the whole process, so the product
+code stays unaware of it: every `os.fdatasync(...)` / `os.posix_fallocate(...)` / `os.statvfs(...)`
+call anywhere (log flusher thread, segment roll, segment preparation, the free-space guard) goes
+through the wrappers below.
 
 `EPOCHLOG_FAULTS` is a comma-separated list of `name=N` items:
 
@@ -18,30 +19,38 @@ roll, segment preparation) goes through the wrappers below.
   prepares one (`eventlog.segment.prepare_file`: the first segment of a new log, the background
   preallocation of the next one, a roll) and when it reactivates the last segment on open, so this
   is a disk that fills up after N segment files: appends into the active segment still succeed, the
-  next roll fails with `DiskFullError`.
+  next segment cannot be prepared (`DiskFullError`).
+- `statvfs-free-bytes=N`: `os.statvfs` reports at most N bytes available (`f_bavail`): a file system
+  that is nearly full, for the free-space guard (`[compaction] min_free_disk_bytes`).
 
-A fault, once triggered, stays (a broken or full disk does not heal by itself); restarting the node
-without the variable is the "repaired disk". The first injected failure of each kind is reported on
-stderr as `epochlog-faults: ... at monotonic=<seconds>`, so a test sees where and when it fired.
+A fault, once triggered, stays (a broken or full disk does not heal by itself) unless the variable
+`EPOCHLOG_FAULTS_HEAL_FILE` names a file: once that file exists, the disk-space faults heal (space
+was freed: `posix_fallocate` and `statvfs` behave normally again; a failed fdatasync never heals).
+Restarting the node without the variable is the "repaired disk". The first injected failure of each
+kind is reported on stderr as `epochlog-faults: ... at monotonic=<seconds>`, and the first call that
+goes through after healing as `epochlog-faults: ... healed at monotonic=<seconds>`, so a test sees
+where and when they happened.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 ENV_VAR = "EPOCHLOG_FAULTS"
+HEAL_ENV_VAR = "EPOCHLOG_FAULTS_HEAL_FILE"
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-_KNOWN = ("fdatasync-eio-after", "disk-full-after-segments")
+_KNOWN = ("fdatasync-eio-after", "disk-full-after-segments", "statvfs-free-bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +59,7 @@ class FaultSpec:
 
     fdatasync_eio_after: int | None = None
     disk_full_after_segments: int | None = None
+    statvfs_free_bytes: int | None = None
 
 
 def parse(text: str) -> FaultSpec:
@@ -66,17 +76,30 @@ def parse(text: str) -> FaultSpec:
     return FaultSpec(**values)
 
 
-def _fail_after(func: Callable[P, R], allowed: int, code: int, what: str) -> Callable[P, R]:
-    """`func`, except that every call after the first `allowed` raises OSError(code) instead."""
+def _healed(heal_file: str | None, what: str, state: dict[str, bool]) -> bool:
+    """Whether `heal_file` exists (reported once on stderr when it first does)."""
+    if heal_file is None or not os.path.exists(heal_file):
+        return False
+    if not state.get("reported"):
+        state["reported"] = True
+        print(f"epochlog-faults: {what} healed at monotonic={time.monotonic():.6f}", file=sys.stderr, flush=True)
+    return True
+
+
+def _fail_after(func: Callable[P, R], allowed: int, code: int, what: str,
+                heal_file: str | None = None) -> Callable[P, R]:
+    """`func`, except that every call after the first `allowed` raises OSError(code) instead (until
+    `heal_file` exists, if one is given)."""
     lock = threading.Lock()   # called from the loop, the flusher and the preallocator threads
     calls = 0
+    healing: dict[str, bool] = {}
 
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         nonlocal calls
         with lock:
             calls += 1
             n = calls
-        if n <= allowed:
+        if n <= allowed or (n > allowed + 1 and _healed(heal_file, what, healing)):
             return func(*args, **kwargs)
         if n == allowed + 1:  # CLOCK_MONOTONIC is system-wide: a test can compare it with its own clock
             print(f"epochlog-faults: {what} call #{n} fails with {errno.errorcode[code]} (injected) "
@@ -86,23 +109,181 @@ def _fail_after(func: Callable[P, R], allowed: int, code: int, what: str) -> Cal
     return wrapper
 
 
-def install(spec: FaultSpec) -> list[str]:
-    """Replace the `os` functions `spec` breaks; returns a description of what was installed."""
+def _low_free_space(func: Callable[[str], os.statvfs_result], free_bytes: int,
+                    heal_file: str | None) -> Callable[[str], os.statvfs_result]:
+    """`os.statvfs`, reporting at most `free_bytes` available (until `heal_file` exists)."""
+    healing: dict[str, bool] = {}
+    fired = False
+
+    def wrapper(path: str) -> os.statvfs_result:
+        nonlocal fired
+        st = func(path)
+        if _healed(heal_file, "statvfs", healing):
+            return st
+        if not fired:
+            fired = True
+            print(f"epochlog-faults: statvfs reports {free_bytes} bytes free (injected) "
+                  f"at monotonic={time.monotonic():.6f}", file=sys.stderr, flush=True)
+        fields = list(st)
+        fields[4] = min(st.f_bavail, free_bytes // max(1, st.f_frsize))   # f_bavail
+        return os.statvfs_result(fields)
+
+    return wrapper
+
+
+def install(spec: FaultSpec, heal_file: str | None = None) -> list[str]:
+    """Replace the `os` functions `spec` breaks; returns a description of what was installed. The
+    disk-space faults heal once `heal_file` exists."""
     installed = []
     if spec.fdatasync_eio_after is not None:
         os.fdatasync = _fail_after(os.fdatasync, spec.fdatasync_eio_after, errno.EIO, "fdatasync")
         installed.append(f"fdatasync-eio-after={spec.fdatasync_eio_after}")
     if spec.disk_full_after_segments is not None:
         os.posix_fallocate = _fail_after(os.posix_fallocate, spec.disk_full_after_segments, errno.ENOSPC,
-                                         "posix_fallocate")
+                                         "posix_fallocate", heal_file)
         installed.append(f"disk-full-after-segments={spec.disk_full_after_segments}")
+    if spec.statvfs_free_bytes is not None:
+        os.statvfs = _low_free_space(os.statvfs, spec.statvfs_free_bytes, heal_file)
+        installed.append(f"statvfs-free-bytes={spec.statvfs_free_bytes}")
+    if heal_file is not None:
+        installed.append(f"healing once {heal_file} exists")
     return installed
 
 
 def install_from_env() -> None:
-    """Install the faults `EPOCHLOG_FAULTS` asks for (nothing when it is unset or empty)."""
+    """Install the faults `EPOCHLOG_FAULTS` and the crash point `EPOCHLOG_CRASH_AT` ask for (nothing when
+    they are unset or empty)."""
+    install_crash_point_from_env()
     text = os.environ.get(ENV_VAR, "")
     if not text.strip():
         return
-    installed = install(parse(text))
+    installed = install(parse(text), os.environ.get(HEAL_ENV_VAR) or None)
     print(f"epochlog-faults: installed {', '.join(installed)}", file=sys.stderr, flush=True)
+
+
+# --- crash points: SIGKILL at a chosen step of the compaction work -------------------------------------
+
+CRASH_ENV_VAR = "EPOCHLOG_CRASH_AT"
+
+CRASH_STEPS: dict[str, tuple[str, str]] = {
+    # step name -> (module, attribute path) of the callable that does it
+    "snapshot.checkpoint": ("statemachines.store", "ViewStore.checkpoint"),   # RocksDB checkpoint (the loop)
+    "snapshot.pack": ("statemachines.store", "ViewStore.pack_checkpoint"),    # tar, checkpoint removed (a thread)
+    "snapshot.seal": ("eventlog.raft.runtime.group", "seal_snapshot_data"),   # fsync data and directory
+    "snapshot.finish": ("eventlog.raft.runtime.log_storage", "LogStorage.finish_snapshot"),   # meta, rename
+    "truncate.detach": ("eventlog.raft.runtime.log_storage", "LogStorage.detach_through"),    # log start, renames
+    "truncate.unlink": ("eventlog.raft.runtime.group", "_unlink_all"),                        # a thread
+    "prune.chunk": ("statemachines.prune", "HistoryPruner.step"),
+}
+"""The steps a crash point can name. Inside a step, every file-system call (`os.rename`, `os.replace`,
+`os.unlink`, `os.rmdir`, `os.mkdir`, `os.fsync`, `os.fdatasync`) of the thread running it is an "io",
+and so is a WriteBatch the pruner writes (`ViewStore.write` within `prune.chunk`)."""
+COUNTED_AT_FIRST_IO = ("truncate.detach", "prune.chunk")
+"""Steps called often with nothing to do: only a run that does an io counts (and `before` is just
+before that first io). The others count every run, from its start."""
+
+
+@dataclass(frozen=True, slots=True)
+class CrashPoint:
+    """`<step>:<point>[@<n>]`: point `before` or `after` the n-th run of the step (of those that do
+    an io, for COUNTED_AT_FIRST_IO), or `io<k>` (just after its k-th io; after the step when it has
+    fewer)."""
+
+    step: str
+    point: str
+    occurrence: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> CrashPoint:
+        spec, _, n = text.partition("@")
+        step, _, point = spec.partition(":")
+        ok = step in CRASH_STEPS and (point in ("before", "after") or (point.startswith("io") and point[2:].isdigit()))
+        if not ok or (n and not n.isdigit()):
+            raise ValueError(f"{CRASH_ENV_VAR}: bad crash point {text!r} (<step>:before|after|io<k>[@<n>], steps: "
+                             f"{', '.join(CRASH_STEPS)})")
+        return cls(step, point, int(n) if n else 1)
+
+    def __str__(self) -> str:
+        return f"{self.step}:{self.point}@{self.occurrence}"
+
+
+def _die(where: str) -> None:
+    print(f"epochlog-crash: SIGKILL at {where} (monotonic={time.monotonic():.6f})", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def install_crash_point(target: CrashPoint) -> None:
+    """Wrap the steps and the file-system calls so the process kills itself at `target`.
+
+    The wrappers are thread-aware (a step's ios are those of the thread running it), so a snapshot
+    written in a thread and the loop's own file operations are told apart."""
+    import importlib
+
+    local = threading.local()   # .run: [step, ios so far, its run number once it counts] of this thread's step
+    runs: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def count(run: list[Any], where: str) -> None:
+        with lock:
+            runs[target.step] = n = runs.get(target.step, 0) + 1
+        run.append(n)
+        if n == target.occurrence and target.point == "before":
+            _die(f"{target} ({where})")
+
+    def io_event() -> None:
+        run = getattr(local, "run", None)
+        if run is None or run[0] != target.step:
+            return
+        if len(run) == 2:   # the first io of a run counted at its first io
+            count(run, "before its first io")
+        run[1] += 1
+        if run[2] == target.occurrence and target.point == f"io{run[1]}":
+            run.append("pending")   # die once this io is done
+
+    def after_io() -> None:
+        run = getattr(local, "run", None)
+        if run is not None and run[-1] == "pending":
+            _die(f"{target} (after io {run[1]})")
+
+    def wrap_io(func: Callable[..., R]) -> Callable[..., R]:
+        def wrapper(*args: Any, **kwargs: Any) -> R:
+            io_event()
+            result = func(*args, **kwargs)
+            after_io()
+            return result
+        return wrapper
+
+    for name in ("rename", "replace", "unlink", "rmdir", "mkdir", "fsync", "fdatasync"):
+        setattr(os, name, wrap_io(getattr(os, name)))
+
+    def wrap_step(step: str, func: Callable[..., R]) -> Callable[..., R]:
+        def wrapper(*args: Any, **kwargs: Any) -> R:
+            if step != target.step:
+                return func(*args, **kwargs)
+            local.run = [step, 0]
+            if step not in COUNTED_AT_FIRST_IO:
+                count(local.run, "as it starts")
+            try:
+                result = func(*args, **kwargs)
+            finally:
+                run, local.run = local.run, None
+            if len(run) > 2 and run[2] == target.occurrence and target.point != "before":
+                _die(f"{target} (after the step, which did {run[1]} ios)")
+            return result
+        return wrapper
+
+    for step, (module_name, path) in CRASH_STEPS.items():
+        owner: Any = importlib.import_module(module_name)
+        *parents, attr = path.split(".")
+        for part in parents:
+            owner = getattr(owner, part)
+        setattr(owner, attr, wrap_step(step, getattr(owner, attr)))
+    store = importlib.import_module("statemachines.store")
+    store.ViewStore.write = wrap_io(store.ViewStore.write)   # a pruning chunk's WriteBatch is its io
+    print(f"epochlog-crash: armed at {target}", file=sys.stderr, flush=True)
+
+
+def install_crash_point_from_env() -> None:
+    text = os.environ.get(CRASH_ENV_VAR, "")
+    if text.strip():
+        install_crash_point(CrashPoint.parse(text.strip()))

@@ -21,22 +21,41 @@ quorum-state, the configuration in every snapshot's meta), so restarts and snaps
 The commit index is persisted lazily (it is a hint for restarts: the state machine knows what it
 applied); term and vote are persisted before any message that depends on them leaves.
 
+Snapshots and truncation never stop the loop for long: every `snapshot_every_entries` applied
+offsets or `snapshot_every_bytes` of applied entries, a state machine that offers `snapshot_job`
+writes its snapshot in a thread (the views: a RocksDB checkpoint, packed), the loop records it; then
+whole log segments below min(snapshot, `retention_floor()`) leave the log, and their files are
+unlinked in a thread too.
+
+A full disk stops writes, not the node: when the next log segment cannot be prepared
+(`Log.space_error`) or the node's `space_guard` reports too little free space, the leader refuses
+proposals with the retriable DiskFullError (and hands leadership to a caught-up voter), a follower
+drops the appends that carry new entries (so it never acknowledges them; the leader sends them
+again), and the preparation is retried every second until it succeeds. Nothing is half-written:
+what is refused never reaches the log, and the views only apply what the log holds. Reads go on.
+(Entries the core makes itself, a new leader's NOOP or a membership change, are still appended:
+a few dozen bytes, they fit in the active segment unless it is full to its last bytes, and then the
+group stops as on any storage failure.)
+
 Call everything from the loop that runs the group.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import logging
+import math
 import random
+import shutil
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from eventlog.errors import BatchTooLargeError, EpochlogError
+from eventlog.errors import BatchTooLargeError, DiskFullError, EpochlogError
 from eventlog.raft.config import RaftConfig
 from eventlog.errors import OffsetOutOfRangeError
 from eventlog.raft.errors import (
@@ -50,13 +69,16 @@ from eventlog.raft.errors import (
 from eventlog.raft.node import RaftNode, Ready, Role, SoftState
 from eventlog.raft.persist_queue import PersistQueue
 from eventlog.raft.runtime.lag import Behind, LagMonitor
-from eventlog.raft.runtime.log_storage import LogStorage
-from eventlog.raft.types import ConfChange, ConfState, Entry, EntryKind, HardState, Message, SnapshotMeta
+from eventlog.raft.runtime.log_storage import LogStorage, seal_snapshot_data
+from eventlog.raft.types import Append, ConfChange, ConfState, Entry, EntryKind, HardState, Message, SnapshotMeta
 from eventlog.records import encode_batch
 
 logger = logging.getLogger(__name__)
 
 Send = Callable[[int, str, Message], None]
+
+SNAPSHOT_RETRY_S = 5.0
+"""After a failed snapshot (e.g. a full disk) the next one waits this long."""
 
 CURRENT_GROUP: contextvars.ContextVar[RaftGroup | None] = contextvars.ContextVar("raft_group", default=None)
 """The group whose task (or a task it spawned) is running: lets log records name group and term."""
@@ -80,6 +102,12 @@ class StateMachine(Protocol):
         """Replace the state with the snapshot in file `path` (taken at `meta.index`)."""
         ...
 
+    # Optional: `snapshot_job() -> Callable[[Path], int]`: a function the group runs in a thread,
+    # while it goes on applying, to write a snapshot of a consistent state to a file; it returns the
+    # applied offset that state is at. It may schedule work on the group's loop (the loop keeps
+    # running while the group awaits it), and must cope with `restore` and `close` meanwhile.
+    # Without it the group calls `write_snapshot` on its loop.
+
 
 @dataclass(frozen=True, slots=True)
 class GroupStatus:
@@ -93,6 +121,7 @@ class GroupStatus:
     last_index: int
     log_start: int
     snapshot_index: int
+    disk_full: str = ""      # why this node refuses writes to the group ("": it does not)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +143,24 @@ class GroupCounters:
     proposals_committed: int = 0    # `submit` calls answered with their commit offset
     events_applied: int = 0         # records of NORMAL entries applied to the state machine
     clock_stalls: int = 0           # times the tick clock lagged real time and the lease was voided
+    appends_dropped: int = 0        # appends from the leader dropped for lack of disk space
+    proposals_refused: int = 0      # proposals refused with disk_full
+
+
+@dataclass(slots=True)
+class SnapshotCounters:
+    """Snapshots and log truncations of one group on this node since it started (status, metrics)."""
+
+    taken: int = 0
+    failed: int = 0
+    last_offset: int = -1
+    last_seconds: float = 0.0       # the last snapshot, from its start to its installation
+    last_finished_at: float = 0.0   # time.time() of that (0: none yet)
+    last_error: str = ""
+    truncations: int = 0            # truncations that deleted segments
+    segments_deleted: int = 0
+    last_truncation_seconds: float = 0.0   # on the loop (the unlinking runs in a thread)
+    last_truncated_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,8 +201,8 @@ class RaftGroup:
 
     def __init__(self, name: str, node_id: int, storage: LogStorage, state_machine: StateMachine,
                  raft_config: RaftConfig, send: Send, *, tick_interval_ms: int, rng: random.Random,
-                 snapshot_every_entries: int = 0, max_batch_bytes: int = 1 << 20,
-                 lag: LagMonitor | None = None) -> None:
+                 snapshot_every_entries: int = 0, snapshot_every_bytes: int = 0,
+                 max_batch_bytes: int = 1 << 20, lag: LagMonitor | None = None) -> None:
         self.name = name
         self.node_id = node_id
         self.storage = storage
@@ -163,6 +210,7 @@ class RaftGroup:
         self._send = send
         self.tick_interval = tick_interval_ms / 1000
         self.snapshot_every_entries = snapshot_every_entries
+        self.snapshot_every_bytes = snapshot_every_bytes
         self.max_batch_bytes = max_batch_bytes
         self.node = RaftNode(node_id, storage, raft_config, rng, applied=state_machine.applied_index)
         self.loop = asyncio.get_running_loop()
@@ -180,10 +228,21 @@ class RaftGroup:
         self._failure: BaseException | None = None
         self._persisted_commit = self.node.log.committed
         self._last_snapshot_index = storage.snapshot().index
-        # Set by the node: the highest offset the log may be compacted through whatever the
-        # snapshot covers (the lowest export watermark, so unexported events stay), None: no floor.
-        self.compaction_floor: Callable[[], int | None] | None = None
+        # Set by the node: the lowest offset the log must keep whatever the snapshot covers (the
+        # retention horizon: policy and export watermarks), None: only the snapshot bounds it.
+        self.retention_floor: Callable[[], int | None] | None = None
+        # Set by the node: why the disk is too full to take writes (free space below the reserve), or None.
+        self.space_guard: Callable[[], str | None] | None = None
         self.counters = GroupCounters()
+        self.snapshots = SnapshotCounters()
+        self._snapshot_task: asyncio.Task[None] | None = None
+        self._snapshot_work: concurrent.futures.Future[int] | None = None
+        self._snapshot_executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._snapshot_not_before = 0.0
+        self._bytes_since_snapshot = sum(size for _, next_offset, size in storage.log.segment_spans()
+                                         if next_offset > self._last_snapshot_index + 1)
+        self._disk_full = ""
+        self._last_transfer_tick = -math.inf
         self._seen_term = self.node.term
         self._seen_leadership = (self.node.term, self.node.leader)
         self._last_tick_at = self.loop.time()   # when the core last ticked (see _check_clock)
@@ -211,6 +270,7 @@ class RaftGroup:
             except (asyncio.CancelledError, Exception):  # noqa: BLE001 - shutting down
                 pass
         self._fail_waiters(ProposalDroppedError(f"group {self.name} on node {self.node_id} stopped"))
+        await self._wait_snapshot_work()
         if self._failure is None:
             try:
                 self._persist_commit(force=True)
@@ -219,6 +279,8 @@ class RaftGroup:
         close = getattr(self.sm, "close", None)
         if close is not None:
             close()
+        if self._snapshot_executor is not None:
+            self._snapshot_executor.shutdown(wait=False)
         self.storage.close()
 
     @property
@@ -261,6 +323,9 @@ class RaftGroup:
         if proposal.size > self.max_batch_bytes:   # the log would refuse the batch, failing the group
             raise BatchTooLargeError(f"{len(records)} records of about {proposal.size} bytes exceed the "
                                      f"batch limit of group {self.name} ({self.max_batch_bytes} bytes)")
+        if self._check_space():
+            self.counters.proposals_refused += 1
+            raise self._disk_full_error()
         self._proposals.append(proposal)
         self._wake.set()
         return await future
@@ -345,12 +410,49 @@ class RaftGroup:
         return int(ttl)
 
     def snapshot_now(self) -> int:
-        """Snapshot the state machine at its applied offset and drop the log below; the snapshot's offset."""
+        """Snapshot the state machine at its applied offset, on the loop, and drop the log below (as far
+        as `retention_floor` allows); the snapshot's offset. (Automatic snapshots run in a thread.)"""
         self._check_open()
         applied = self.sm.applied_index
         if applied > self._last_snapshot_index:
             self._snapshot(applied)
         return self._last_snapshot_index
+
+    def truncate_log(self) -> int:
+        """Drop the whole log segments below what the group keeps: its latest snapshot and the node's
+        `retention_floor`. The segments leave the log here; their files are unlinked in a thread.
+        Returns how many segments went."""
+        snapshot = self.storage.snapshot().index
+        if snapshot < 0 or self._closed or self._failure is not None:
+            return 0
+        keep = snapshot + 1
+        floor = None if self.retention_floor is None else self.retention_floor()
+        if floor is not None:
+            keep = min(keep, floor)
+        log = self.storage.log
+        if keep <= log.start_offset or log.failure is not None:
+            return 0
+        started = time.perf_counter()
+        doomed = self.storage.detach_through(keep - 1)
+        segments = sum(1 for p in doomed if p.name.endswith(".log.deleted"))
+        if doomed:
+            self.loop.run_in_executor(None, _unlink_all, doomed)
+        if segments:
+            c = self.snapshots
+            c.truncations += 1
+            c.segments_deleted += segments
+            c.last_truncation_seconds = time.perf_counter() - started
+            c.last_truncated_at = time.time()
+        return segments
+
+    @property
+    def disk_full(self) -> str:
+        """Why this node refuses writes to the group for lack of disk space ("": it does not)."""
+        return self._disk_full
+
+    @property
+    def snapshot_in_progress(self) -> bool:
+        return self._snapshot_task is not None
 
     def transfer_leadership(self, target: int) -> None:
         """Hand leadership to voter `target` (leader only); proposals wait until it is done or times out."""
@@ -408,7 +510,7 @@ class RaftGroup:
         n = self.node
         return GroupStatus(self.name, self.node_id, n.role.value, n.term, n.leader, n.log.committed,
                            self.sm.applied_index, n.log.last_index(), self.storage.log.start_offset,
-                           self.storage.snapshot().index)
+                           self.storage.snapshot().index, self._disk_full)
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -425,6 +527,8 @@ class RaftGroup:
             self._observe_lag()
             self._wake.set()
             self._state_machine_tick()
+            if self._check_space():
+                self._while_disk_full()
 
     def _observe_lag(self) -> None:
         """On the leader: measure each member's lag; warn about a member that stays behind."""
@@ -507,7 +611,12 @@ class RaftGroup:
 
     def _step_inbox(self) -> None:
         msgs, self._inbox = self._inbox, []
+        full = self._check_space()
         for m in msgs:
+            if full and isinstance(m, Append) and m.entries and m.entries[-1].last_index > self.node.log.last_index():
+                # Never acknowledged, so the leader sends it again; by then the disk may have room.
+                self.counters.appends_dropped += 1
+                continue
             self.node.step(m)
 
     def _submit_proposals(self) -> None:
@@ -519,6 +628,13 @@ class RaftGroup:
             for p in pending:
                 if not p.future.done():
                     p.future.set_exception(error)
+            return
+        if self._check_space():
+            error = self._disk_full_error()
+            for p in pending:
+                if not p.future.done():
+                    p.future.set_exception(error)
+            self.counters.proposals_refused += len(pending)
             return
         start, n = 0, len(pending)
         while start < n:
@@ -561,6 +677,8 @@ class RaftGroup:
         for chunk in rd.snapshot_chunks:
             storage.stage_snapshot_chunk(chunk.meta, chunk.offset, chunk.data)
         if rd.snapshot is not None:
+            # A snapshot being written in a thread meanwhile: the state machine protects its own files
+            # (ViewsStateMachine.restore waits for its flush; the loop must not wait for the whole job).
             self._held.discard_from(rd.snapshot.index + 1)   # the log is reset behind the snapshot
             path = storage.install_snapshot(rd.snapshot)
             self.sm.restore(path / "data", rd.snapshot)
@@ -580,6 +698,7 @@ class RaftGroup:
         if rd.committed:
             outcomes = self.sm.apply(rd.committed) or {}
             self.counters.events_applied += sum(e.count for e in rd.committed if e.kind is EntryKind.NORMAL)
+            self._bytes_since_snapshot += sum(e.size for e in rd.committed)
             self._resolve(rd.committed, outcomes)
             self._maybe_snapshot()
             self._wake_applied()
@@ -659,18 +778,129 @@ class RaftGroup:
         self._applied_waiters = keep
 
     def _maybe_snapshot(self) -> None:
-        every = self.snapshot_every_entries
-        applied = self.sm.applied_index
-        if not every or applied - self._last_snapshot_index < every:
+        if self._snapshot_task is not None:
             return
-        self._snapshot(applied)
+        since = self.sm.applied_index - self._last_snapshot_index
+        every, every_bytes = self.snapshot_every_entries, self.snapshot_every_bytes
+        due = (every and since >= every) or (every_bytes and self._bytes_since_snapshot >= every_bytes)
+        if not due or since <= 0 or self.loop.time() < self._snapshot_not_before:
+            return
+        job = getattr(self.sm, "snapshot_job", None)
+        if job is None:
+            try:
+                self._snapshot(self.sm.applied_index)   # a small state machine: written on the loop
+            except (EpochlogError, OSError) as exc:
+                self._snapshot_failed(exc)
+            return
+        self._bytes_since_snapshot = 0
+        self._snapshot_task = self.loop.create_task(self._snapshot_in_thread(job()), name=f"snapshot-{self.name}")
+
+    async def _snapshot_in_thread(self, write: Callable[[Path], int]) -> None:
+        """Write a snapshot in a thread while the group goes on; then install it and truncate the log."""
+        started = time.monotonic()
+        tmp: Path | None = None
+        try:
+            tmp = self.storage.new_snapshot_dir()
+            data = tmp / "data"
+
+            def work() -> int:
+                index = write(data)
+                seal_snapshot_data(data.parent)
+                return index
+
+            if self._snapshot_executor is None:
+                self._snapshot_executor = concurrent.futures.ThreadPoolExecutor(1, f"snapshot-{self.name}")
+            self._snapshot_work = self._snapshot_executor.submit(work)
+            index = await asyncio.wrap_future(self._snapshot_work)
+            if self._closed or self._failure is not None:
+                return
+            if index <= self.storage.snapshot().index:   # a newer one was installed from the leader meanwhile
+                return
+            meta = self.storage.finish_snapshot(tmp, index, self.node.conf_at(index))
+            tmp = None
+            if meta is not None:
+                self._snapshot_done(meta, time.monotonic() - started)
+                self.truncate_log()
+        except AssertionError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a full disk, RocksDB's own errors: the snapshot waits
+            self._snapshot_failed(exc)
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            self._snapshot_work = None
+            self._snapshot_task = None
+
+    async def _wait_snapshot_work(self) -> None:
+        """Let a snapshot being written in a thread finish (it reads the state machine's files)."""
+        work = self._snapshot_work
+        if work is not None:
+            try:
+                await asyncio.wrap_future(work)
+            except BaseException:  # noqa: BLE001 - shutting down; the snapshot is dropped on open
+                pass
 
     def _snapshot(self, applied: int) -> None:
+        started = time.monotonic()
         conf = self.node.conf_at(applied)
         meta = self.storage.create_snapshot(applied, conf, self.sm.write_snapshot)
-        floor = None if self.compaction_floor is None else self.compaction_floor()
-        self.storage.compact(meta.index if floor is None else min(meta.index, floor))
-        self._last_snapshot_index = meta.index
+        self._bytes_since_snapshot = 0
+        self._snapshot_done(meta, time.monotonic() - started)
+        self.truncate_log()
+
+    def _snapshot_failed(self, exc: BaseException) -> None:
+        """A snapshot is optional work: the group goes on, and the next one waits SNAPSHOT_RETRY_S."""
+        c = self.snapshots
+        c.failed += 1
+        c.last_error = str(exc)
+        self._snapshot_not_before = self.loop.time() + SNAPSHOT_RETRY_S
+        logger.warning("group %s: snapshot failed (retried in %.0f s): %s", self.name, SNAPSHOT_RETRY_S, exc)
+
+    def _snapshot_done(self, meta: SnapshotMeta, seconds: float) -> None:
+        self._last_snapshot_index = max(self._last_snapshot_index, meta.index)
+        c = self.snapshots
+        c.taken += 1
+        c.last_offset = meta.index
+        c.last_seconds = seconds
+        c.last_finished_at = time.time()
+        c.last_error = ""
+
+    # --- disk space ----------------------------------------------------------------------------
+
+    def _check_space(self) -> bool:
+        """Whether writes must be refused for lack of disk space (updates `disk_full`)."""
+        error = self.storage.log.space_error
+        reason = str(error) if error is not None else ""
+        if not reason and self.space_guard is not None:
+            reason = self.space_guard() or ""
+        if reason != self._disk_full:
+            if reason and not self._disk_full:
+                logger.error("group %s: disk full, refusing writes until space is freed: %s", self.name, reason)
+            elif not reason:
+                logger.warning("group %s: disk space is available again: writes resume", self.name)
+            self._disk_full = reason
+        return bool(reason)
+
+    def _disk_full_error(self) -> DiskFullError:
+        return DiskFullError(f"group {self.name} on node {self.node_id} refuses writes: {self._disk_full}; "
+                             f"retry once space is freed")
+
+    def _while_disk_full(self) -> None:
+        """Every tick while the disk is full: retry preparing the next segment (about once a second) and,
+        as the leader, hand leadership to a voter that holds the whole log, so the group stays writable."""
+        log = self.storage.log
+        if log.space_error is not None and self.node.ticks % max(1, round(1 / self.tick_interval)) == 0:
+            log.prepare_next_segment()
+        n = self.node
+        if n.role is not Role.LEADER or n.lead_transferee or n.ticks - self._last_transfer_tick < n.cfg.election_timeout_ticks:
+            return
+        last = n.log.last_index()
+        caught_up = [v for v in n.conf.voters if v != self.node_id and v in n.progress and n.progress[v].match >= last]
+        if caught_up:
+            self._last_transfer_tick = n.ticks
+            logger.warning("group %s: disk full on the leader: handing leadership to node %s", self.name, caught_up[0])
+            n.transfer_leadership(caught_up[0])
+            self._wake.set()
 
     def _persist_commit(self, *, force: bool) -> None:
         committed = self.node.log.committed
@@ -727,6 +957,14 @@ class RaftGroup:
             raise RaftError(f"group {self.name} failed: {self._failure}")
         if self._closed:
             raise ProposalDroppedError(f"group {self.name} is stopped")
+
+
+def _unlink_all(paths: Sequence[Path]) -> None:
+    for path in paths:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:   # left for the next open, which removes `.deleted` files
+            logger.warning("could not remove %s: %s", path, exc)
 
 
 def initial_conf(members: Sequence[int]) -> ConfState:

@@ -71,6 +71,7 @@ class GroupState(msgspec.Struct):
     last_index: int
     log_start: int
     snapshot_index: int
+    disk_full: str = ""   # why the node refuses writes to the group for lack of disk space ("": it does not)
     records: int = -1   # the state machine's `records` as of `applied` (-1: it has none)
     digest: str = ""    # the state machine's `digest` as of `applied` ("": it has none)
 

@@ -38,9 +38,11 @@ class NodeHost:
     def __init__(self, node_id: int, data_dir: str | Path, configs: NodeConfigs,
                  state_machine: StateMachineFactory, *, seed: int | None = None,
                  member: MemberConfig | None = None,
-                 compaction_floor: Callable[[str], int | None] | None = None) -> None:
+                 retention_floor: Callable[[str], int | None] | None = None,
+                 space_guard: Callable[[], str | None] | None = None) -> None:
         self.node_id = node_id
-        self._compaction_floor = compaction_floor   # group name -> RaftGroup.compaction_floor
+        self._retention_floor = retention_floor   # group name -> RaftGroup.retention_floor
+        self._space_guard = space_guard           # RaftGroup.space_guard of every group
         self.data_dir = Path(data_dir)
         self.configs = configs
         self._factory = state_machine
@@ -74,12 +76,14 @@ class NodeHost:
                               tick_interval_ms=cluster.tick_interval_ms,
                               rng=random.Random(self._rng.getrandbits(64)),
                               snapshot_every_entries=cluster.snapshot_every_entries,
+                              snapshot_every_bytes=cluster.snapshot_every_bytes,
                               max_batch_bytes=self.configs.log.batch_limit_bytes - 4096,
                               lag=LagMonitor(warn_after_s=cluster.lag_warning_ms / 1000,
                                              min_offsets=cluster.lag_warning_offsets,
                                              repeat_s=cluster.lag_warning_repeat_ms / 1000))
-            if self._compaction_floor is not None:   # set before the group can snapshot
-                group.compaction_floor = functools.partial(self._compaction_floor, name)
+            if self._retention_floor is not None:   # set before the group can snapshot
+                group.retention_floor = functools.partial(self._retention_floor, name)
+            group.space_guard = self._space_guard
             self.groups[name] = group
         for group in self.groups.values():
             group.start()

@@ -6,6 +6,7 @@ Layout of a group directory::
     log/                            the segmented log (eventlog.log); entries as record batches
     snapshots/<index>-<term>/       a snapshot: `data` (opaque bytes of the state machine) + `meta`
     snapshots/incoming.tmp          chunks of a snapshot being received from the leader
+    snapshots/local-*.tmp           a snapshot of this node being written (removed on open)
 
 `quorum-state` also lists the offsets of membership-change entries, so a restart need not read the
 whole log to find the configuration: entries past `conf_scanned_to` are scanned on open, listed
@@ -13,7 +14,9 @@ offsets are re-checked, and a truncation lowers `conf_scanned_to` before new ent
 
 Durability: `append` writes entries (durable once the log's durable offset passes them: the runtime
 waits for it before anything that acknowledges them); `set_hard_state`, snapshot staging and
-installation are durable when they return.
+installation are durable when they return. A snapshot of this node is written in three steps
+(`new_snapshot_dir`, the data plus `seal_snapshot_data` in any thread, `finish_snapshot`): a crash at
+any step leaves the previous snapshot current and the log untouched.
 
 Not thread-safe: used by one group's task (the log itself is thread-safe).
 """
@@ -58,6 +61,7 @@ class LogStorage:
         self._state = state
         self._snapshot = snapshot
         self._conf_offsets = list(state.conf_offsets)
+        self._snapshot_seq = 0
 
     @classmethod
     def open(cls, directory: str | Path, log_config: LogConfig, initial_conf: ConfState) -> LogStorage:
@@ -231,23 +235,44 @@ class LogStorage:
         return target
 
     def create_snapshot(self, index: int, conf: ConfState, write_data: Callable[[Path], None]) -> SnapshotMeta:
-        """Record the state machine's snapshot at applied `index`: `write_data(path)` writes the bytes."""
-        term = self.term(index)
-        meta_without_size = SnapshotMeta(index=index, term=term, conf=conf)
-        tmp = self.directory / SNAPSHOTS / f"{index}-{term}.tmp"
+        """Record the state machine's snapshot at applied `index`: `write_data(path)` writes the bytes.
+
+        The three steps below in one call; a runtime that must not stall runs the middle one (the bytes)
+        in a thread: `new_snapshot_dir` and `finish_snapshot` are quick and touch this object's state."""
+        tmp = self.new_snapshot_dir()
+        try:
+            write_data(tmp / "data")
+            seal_snapshot_data(tmp)
+            meta = self.finish_snapshot(tmp, index, conf)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        assert meta is not None, f"snapshot at {index} is not newer than {self._snapshot.index}"
+        return meta
+
+    def new_snapshot_dir(self) -> Path:
+        """An empty directory for a snapshot being written (`data` goes in it); removed on open if a
+        crash leaves it behind."""
+        self._snapshot_seq += 1
+        tmp = self.directory / SNAPSHOTS / f"local-{os.getpid()}-{self._snapshot_seq}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        write_data(tmp / "data")
-        size = (tmp / "data").stat().st_size
-        meta = msgspec.structs.replace(meta_without_size, size=size)
-        (tmp / "meta").write_bytes(msgspec.json.encode(meta))
-        for name in ("data", "meta"):
-            fd = os.open(tmp / name, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(tmp)
+        return tmp
+
+    def finish_snapshot(self, tmp: Path, index: int, conf: ConfState) -> SnapshotMeta | None:
+        """Make the snapshot written (and sealed: `seal_snapshot_data`) in `tmp` the current one, taken
+        at applied `index`. None, and `tmp` removed, when it is no longer newer than the current
+        snapshot (one was installed from the leader meanwhile) or its index left the log."""
+        if index <= self._snapshot.index:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return None
+        try:
+            term = self.term(index)
+        except (CompactedError, UnavailableError):
+            shutil.rmtree(tmp, ignore_errors=True)
+            return None
+        meta = SnapshotMeta(index=index, term=term, conf=conf, size=(tmp / "data").stat().st_size)
+        atomic_write(tmp / "meta", msgspec.json.encode(meta))
         target = self.snapshot_dir(meta)
         shutil.rmtree(target, ignore_errors=True)
         os.rename(tmp, target)
@@ -259,9 +284,17 @@ class LogStorage:
 
     def compact(self, index: int) -> int:
         """Drop log segments wholly at or below `index` (covered by the snapshot). Returns how many."""
+        doomed = self.detach_through(index)
+        for path in doomed:
+            path.unlink(missing_ok=True)
+        return sum(1 for p in doomed if p.name.endswith(".log.deleted"))
+
+    def detach_through(self, index: int) -> list[Path]:
+        """`compact` without the unlinking: the segments leave the log (durably) and their renamed files
+        are returned for the caller to unlink off the event loop (Log.detach_segments_below)."""
         if index > self._snapshot.index:
             raise CompactedError(f"cannot compact through {index}: the snapshot is at {self._snapshot.index}")
-        return self.log.delete_segments_below(index + 1)
+        return self.log.detach_segments_below(index + 1)
 
     def snapshot_dir(self, meta: SnapshotMeta) -> Path:
         return self.directory / SNAPSHOTS / f"{meta.index}-{meta.term}"
@@ -288,6 +321,19 @@ class LogStorage:
     def _entry_at(self, index: int) -> Entry:
         chunk = self.log.read(index, 1)
         return batch_to_entry(next(chunk.batches()))
+
+
+def seal_snapshot_data(tmp: Path) -> None:
+    """Make a snapshot directory's `data` durable (fsync file and directory). Thread-safe: touches only
+    `tmp`, so a runtime can run it with the writing of the data, off its event loop."""
+    fd = os.open(tmp / "data", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise io_error(f"syncing snapshot data in {tmp}", exc) from exc
+    finally:
+        os.close(fd)
+    fsync_dir(tmp)
 
 
 def _read_quorum_state(path: Path) -> QuorumState:
