@@ -170,19 +170,27 @@ def scaled_config(raw: Mapping[str, Any], members: Sequence[MemberConfig], nodes
 
 
 def to_toml(data: Mapping[str, Any]) -> str:
-    """TOML for a config document: tables of scalars and lists, arrays of tables (cluster.members)."""
+    """TOML for a config document: tables of scalars and lists, sub-tables ([compaction.cleaner]) and
+    arrays of tables (cluster.members)."""
     out: list[str] = []
     for name, table in data.items():
         if not isinstance(table, Mapping):
             raise UpError(f"cannot write top-level key {name!r} as a config section")
-        arrays = {k: v for k, v in table.items() if isinstance(v, list) and v and isinstance(v[0], Mapping)}
-        out.append(f"\n[{name}]")
-        out.extend(f"{k} = {_toml_value(v)}" for k, v in table.items() if k not in arrays)
-        for key, items in arrays.items():
-            for item in items:
-                out.append(f"\n[[{name}.{key}]]")
-                out.extend(f"{k} = {_toml_value(v)}" for k, v in item.items())
+        _write_table(out, name, table)
     return "\n".join(out).lstrip("\n") + "\n"
+
+
+def _write_table(out: list[str], name: str, table: Mapping[str, Any]) -> None:
+    arrays = {k: v for k, v in table.items() if isinstance(v, list) and v and isinstance(v[0], Mapping)}
+    subtables = {k: v for k, v in table.items() if isinstance(v, Mapping)}
+    out.append(f"\n[{name}]")
+    out.extend(f"{k} = {_toml_value(v)}" for k, v in table.items() if k not in arrays and k not in subtables)
+    for key, items in arrays.items():
+        for item in items:
+            out.append(f"\n[[{name}.{key}]]")
+            out.extend(f"{k} = {_toml_value(v)}" for k, v in item.items())
+    for key, sub in subtables.items():
+        _write_table(out, f"{name}.{key}", sub)
 
 
 def _toml_value(value: Any) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from compaction.config import CleanerConfig, CompactionConfig, cleaner_config
+from compaction.config import CleanerConfig, CompactionConfig, compaction_configs
 from controller.config import ControllerConfig, controller_config
 from eventlog.config import LogConfig
 from eventlog.configuration import from_mapping, load_toml
@@ -112,14 +112,13 @@ def test_production_example_uses_the_defaults_it_does_not_explain():
                                                           "clients", "compaction"}
     configs = load_node_configs(PRODUCTION)
     assert configs.raft == RaftConfig() and configs.log == LogConfig()
-    assert from_mapping(CompactionConfig, configs.compaction, "compaction") == CompactionConfig()
+    assert compaction_configs(configs.compaction) == (CompactionConfig(), CleanerConfig())
     cluster = configs.cluster
     assert (cluster.snapshot_every_entries, cluster.snapshot_every_bytes) == (
         ClusterConfig().snapshot_every_entries, ClusterConfig().snapshot_every_bytes)
     assert controller_config(configs.controller) == ControllerConfig()
     assert from_mapping(ViewsConfig, configs.views, "views") == ViewsConfig()
     assert from_mapping(ClientServiceConfig, configs.clients, "clients") == ClientServiceConfig()
-    assert cleaner_config((configs.compaction or {}).get("cleaner")) == CleanerConfig()
     assert [m.id for m in configs.cluster.members] == [1, 2, 3]
 
 
@@ -178,6 +177,7 @@ BAD = [
     (("controller",), "heartbeat_timeout_ms", 500, "controller.heartbeat_timeout_ms = 500: must be above"),
     (("clients",), "frame_timeout_ms", 10, "clients.frame_timeout_ms = 10: must be >= 100"),
     (("compaction",), "retain_offsets", -1, "compaction.retain_offsets = -1: must be >= 0"),
+    (("compaction", "cleaner"), "worker_nice", 40, "compaction.cleaner.worker_nice = 40: must be"),
     ((), "raft2", {}, "config raft2 = {}: unknown section"),
 ]
 
