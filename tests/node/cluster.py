@@ -37,6 +37,7 @@ from typing import TypeVar
 from epochlog import protocol as p
 from epochlog.client import Client
 from eventlog.errors import EpochlogError
+from statemachines.store import APPLIED, DIGEST, ViewStore, decode_offset
 from tests.runtime.cluster import free_ports
 
 T = TypeVar("T")
@@ -259,6 +260,36 @@ class NodeCluster:
             proc.send_signal(signal.SIGTERM)
         # Only one SIGTERM each: a second one could land after the node's loop closed (its handler gone).
         return {i: self._wait_exit(i, STOP_TIMEOUT_S) for i in running}
+
+    def stop_converged(self, groups: Iterable[str], attempts: int = 3) -> dict[str, dict[int, tuple[int, bytes]]]:
+        """Stop every node once each applied every group's commit offset; per group, each node's
+        (applied offset, views digest) read from its RocksDB afterwards.
+
+        Stopping nodes together may let the last ones elect a leader whose first entry only they
+        apply; then the nodes are started again, converge, and are stopped again (at most `attempts`
+        times), so the digests returned are taken at one applied offset per group when possible."""
+        groups = list(groups)
+        for attempt in range(attempts):
+            for group in groups:
+                commit = max(g.commit_offset for g in (self.group_status(n, group) for n in self.running()) if g)
+                for node in self.running():
+                    self.wait_applied(node, group, commit)
+            codes = self.stop_all()
+            assert set(codes.values()) == {0}, f"exit codes after SIGTERM: {codes}"
+            views = {group: {n: self.views_on_disk(n, group) for n in self.nodes} for group in groups}
+            if all(len({a for a, _ in v.values()}) == 1 for v in views.values()) or attempt == attempts - 1:
+                return views
+            self.start()
+        raise AssertionError("unreachable")
+
+    def views_on_disk(self, node_id: int, group: str) -> tuple[int, bytes]:
+        """(applied offset, digest) of a stopped node's views of `group`, read from its RocksDB."""
+        store = ViewStore.open(self.nodes[node_id].data_dir / "groups" / group / "views")
+        try:
+            raw = store.meta(APPLIED)
+            return (-1 if raw is None else decode_offset(raw)), store.meta(DIGEST) or b""
+        finally:
+            store.close()
 
     def close(self) -> None:
         """Kill every process still running (by its pid). Idempotent; teardown calls it."""

@@ -21,7 +21,6 @@ from epochlog.client import Client
 from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
 from statemachines import events as ev
-from statemachines.store import APPLIED, DIGEST, ViewStore, decode_offset
 from tests.node.cluster import NodeCluster
 from tests.node.fuzz import GrpcFuzzer, NativeFuzzer, Tally, known_codes
 from tests.node.raw import http_get
@@ -151,18 +150,5 @@ def test_fuzz_native_and_grpc_faces(node_cluster_factory: Callable[..., NodeClus
         assert stub.Put(pb.PutRequest(name="after/grpc", value=b"1"), timeout=10).ok
         assert stub.Get(pb.GetRequest(key="kv/after/grpc"), timeout=10).item.kv.value == b"1"
     assert done.offset >= 0
-    for group in KINDS:   # every replica applied everything committed, before they stop
-        commit = max(g.commit_offset for g in (cluster.group_status(n, group) for n in cluster.nodes) if g)
-        for node in cluster.nodes:
-            cluster.wait_applied(node, group, commit)
-    assert set(cluster.stop_all().values()) == {0}
-    for group in KINDS:
-        views = set()
-        for node in cluster.nodes:
-            store = ViewStore.open(cluster.nodes[node].data_dir / "groups" / group / "views")
-            try:
-                raw = store.meta(APPLIED)
-                views.add(((-1 if raw is None else decode_offset(raw)), store.meta(DIGEST)))
-            finally:
-                store.close()
-        assert len(views) == 1, f"group {group}: replicas differ: {views}"
+    for group, views in cluster.stop_converged(KINDS).items():   # every replica applied everything committed
+        assert len(set(views.values())) == 1, f"group {group}: replicas differ: {views}"

@@ -26,7 +26,6 @@ import pytest
 from epochlog import protocol as p
 from epochlog.client import Client, ClientError
 from statemachines import events as ev
-from statemachines.store import APPLIED, DIGEST, ViewStore, decode_offset
 from tests.node.cluster import ROOT, NodeCluster, wait_until
 from tests.node.raw import RawConnection, http_get
 
@@ -74,27 +73,6 @@ def _wait_halted(cluster: NodeCluster, nodes: list[int], offset: int | None = No
 def _cli(cluster: NodeCluster, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "epochlog", *args, "--endpoints", ",".join(cluster.endpoints),
                            "--json", "--timeout", "20"], capture_output=True, text=True, cwd=ROOT, timeout=60)
-
-
-def _views(cluster: NodeCluster, node: int, group: str = "kv") -> tuple[int, bytes]:
-    """(applied offset, digest) of a stopped node's views of `group`, read from its RocksDB."""
-    store = ViewStore.open(cluster.nodes[node].data_dir / "groups" / group / "views")
-    try:
-        raw = store.meta(APPLIED)
-        return (-1 if raw is None else decode_offset(raw)), store.meta(DIGEST) or b""
-    finally:
-        store.close()
-
-
-def _stop_with_kv_applied_alike(cluster: NodeCluster) -> None:
-    """Stop every node once each applied the kv leader's commit offset, followers first: stopping them
-    all at once may let the last two elect a leader whose first entry only they apply."""
-    leader = cluster.leader("kv")
-    commit = cluster.group_status(leader, "kv").commit_offset   # type: ignore[union-attr]
-    for node in cluster.nodes:
-        cluster.wait_applied(node, "kv", commit)
-    for node in [*(n for n in cluster.nodes if n != leader), leader]:
-        assert cluster.stop(node) == 0, f"node {node} did not stop cleanly"
 
 
 def _all_running(cluster: NodeCluster) -> None:
@@ -198,8 +176,7 @@ def test_a_poison_record_halts_only_that_group_never_kills_a_node_and_skip_recov
         assert g.halted is None and g.skipped == [poison]
     again = _cli(cluster, "group", "skip", "--group", "kv", "--offset", str(poison))
     assert again.returncode == 0 and json.loads(again.stdout)["skipped_on"] == [], again
-    _stop_with_kv_applied_alike(cluster)
-    views = {node: _views(cluster, node) for node in cluster.nodes}
+    views = cluster.stop_converged(["kv"])["kv"]
     assert len(set(views.values())) == 1, f"applied offsets and digests differ: {views}"
 
 
@@ -253,6 +230,5 @@ def test_a_mixed_version_cluster_halts_the_older_nodes_the_newer_leader_goes_on_
     cluster.start([1])
     for node in cluster.nodes:
         assert cluster.wait_applied(node, "kv", after).halted is None
-    _stop_with_kv_applied_alike(cluster)
-    views = {node: _views(cluster, node) for node in cluster.nodes}
+    views = cluster.stop_converged(["kv"])["kv"]
     assert len(set(views.values())) == 1, f"applied offsets and digests differ: {views}"
