@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import os
 import shutil
 import statistics
 import sys

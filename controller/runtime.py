@@ -379,7 +379,7 @@ class ControllerRuntime:
         return p.HeartbeatsAck(rejected)
 
     async def register(self, call: p.BrokerRegister) -> p.Registered:
-        core = self._require_active()
+        self._require_active()   # raises unless this node runs the controller
         if not call.brokers:
             raise InvalidRequestError("a registration names at least one broker")
         futures = [self._submit(Register(b.cluster, b.group, b.name, b.address, b.incarnation)) for b in call.brokers]

@@ -205,7 +205,7 @@ def test_a_follower_behind_the_log_start_installs_the_views_checkpoint(tmp_path:
         await follower.wait_applied(last.offset, timeout=20)
         assert follower.storage.snapshot().index > 0, "caught up by snapshot"
         q = Query(sm(follower).store)
-        assert q.get("kv/s/0/0").state.value == b"v" * 100 and q.get(f"kv/s/59/19") is not None
+        assert q.get("kv/s/0/0").state.value == b"v" * 100 and q.get("kv/s/59/19") is not None
         assert len(q.list("kv/s/", limit=10_000).items) == 1200
         assert q.get("kv/s/0/0", as_of=last.offset) is not None, "history came with the checkpoint"
         await leader.wait_applied(last.offset, 5)
