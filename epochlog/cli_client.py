@@ -550,7 +550,8 @@ def _group_view(statuses: Sequence[p.StatusInfo | ClientError], group: str) -> t
 @click.option("--node", "node_id", type=click.IntRange(min=1), default=None,
               help="Snapshot on this node [default: the group's leader].")
 def snapshot_command(target: Target, group: str, node_id: int | None) -> None:
-    """Snapshot GROUP's views at its applied offset and drop the log below; prints the offset."""
+    """Snapshot GROUP's views at its applied offset and drop the log below (a key-compacted group: its
+    cleaner compacts it instead); prints the offset."""
     async def body(client: AsyncClient) -> int:
         if node_id is None:
             return await client.snapshot(group)
@@ -571,7 +572,7 @@ def compaction_group() -> None:
 
 @_cluster_command(compaction_group, "status")
 def compaction_status(target: Target) -> None:
-    """Per group and node: log offsets, segments and bytes, snapshot, the horizon and what bounds it,
+    """Per group and node: log offsets, segments and bytes, snapshot, the horizon and what bounds it, key compaction,
     the history floor and pruning, views size, the last retention run, capped export pins, disk."""
     async def body(client: AsyncClient) -> list[tuple[p.MemberInfo, p.CompactionInfo | ClientError]]:
         members = [m for m in (await client.status()).members if m.client_address]

@@ -29,12 +29,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Final
 
-from eventlog.log import Log
-from eventlog.raft.runtime.group import full_history_start
-from eventlog.records import NO_PRODUCER_ID, BatchHeader
 from epochlog.kafka import errors as ke
 from epochlog.kafka.errors import KafkaError
 from epochlog.kafka.hosted import partition_key_of
+from eventlog.log import Log
+from eventlog.raft.runtime.group import full_history_start
+from eventlog.records import NO_PRODUCER_ID, BatchHeader
 
 CACHED_BATCHES: Final = 5          # Kafka keeps the last 5 batches per producer (max in-flight requests)
 SEQUENCE_MODULUS: Final = 1 << 31  # sequences wrap at Int32.MAX_VALUE

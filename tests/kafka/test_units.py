@@ -12,12 +12,12 @@ import pytest
 from kafka.protocol.consumer.fetch import FetchResponse
 from kafka.record.memory_records import MemoryRecords
 
+from compaction.cleaner import clean_log
+from compaction.config import CleanerConfig
 from epochlog.kafka import errors as ke
 from epochlog.kafka import hosted
 from epochlog.kafka.errors import KafkaError, kafka_code
 from epochlog.kafka.groups import Group, Member, _select_protocol
-from compaction.cleaner import clean_log
-from compaction.config import CleanerConfig
 from epochlog.kafka.producers import ProducerStateTable
 from epochlog.kafka.wire import FetchPartitionOut, encode_fetch_response
 from eventlog.config import LogConfig

@@ -39,10 +39,8 @@ def test_rows_are_the_records_that_changed_nothing_and_replicas_agree(tmp_path: 
     apart = ViewsStateMachine(tmp_path / "apart")
     try:
         one.apply([entry(0, EVENTS)])
-        offset = 0
-        for e in EVENTS:                            # the same records, one entry each, applied separately
+        for offset, e in enumerate(EVENTS):         # the same records, one entry each, applied separately
             apart.apply([entry(offset, [e])])
-            offset += 1
         rows = dict(one.store.scan(noops.CF, b""))
         assert {int.from_bytes(k, "big"): v for k, v in rows.items()} == NOOPS
         assert noops.noop_offsets(one.store, 0, 100) == noops.noop_offsets(apart.store, 0, 100) == sorted(NOOPS)
