@@ -61,7 +61,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -71,24 +71,28 @@ from compaction.rewrite import (
     CleanedGroup,
     CleanerAbortedError,
     CleaningJob,
+    CompactionKey,
     IsTombstone,
     KeyOf,
     OffsetMap,
     Pacer,
-    PassOutput,
     PassAbandonedError,
+    PassOutput,
+    RecordKeyOf,
     discard_cleaned,
     group_segments,
     null_value,
     record_key,
     run_pass,
+    skip_reason,
 )
 from eventlog.cleaned import CleanedSegment
 from eventlog.errors import EpochlogError
 from eventlog.log import Log
 
-__all__ = ["CleanResult", "CleanerAbortedError", "CleanerFailedError", "IsTombstone", "KeyOf", "LogCleaner",
-           "OffsetMap", "Pacer", "clean_log", "group_segments", "null_value", "record_key"]
+__all__ = ["CleanResult", "CleanerAbortedError", "CleanerFailedError", "CompactionKey", "IsTombstone", "KeyOf",
+           "LogCleaner", "OffsetMap", "Pacer", "RecordKeyOf", "clean_log", "group_segments", "null_value",
+           "record_key", "skip_reason"]
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +127,7 @@ class CleanResult:
     skipped: str | None = None  # why the pass did nothing
     aborted: str | None = None  # why it stopped before the end (what it swapped in stays)
     pass_rss_anon_kib: int = 0  # anonymous memory of the process that ran the pass, offset map built
+    noops_dropped: int = 0      # of `records_dropped`: records that changed nothing (`drop_offsets`)
 
     @property
     def bytes_per_second(self) -> float:
@@ -135,7 +140,7 @@ class CleanResult:
         text = (f"cleaned {self.segments_before} segments into {self.segments_after} below offset "
                 f"{self.cleaned_through}: {self.bytes_before:,} -> {self.bytes_after:,} bytes, "
                 f"{self.records_kept:,} records kept, {self.records_dropped:,} dropped "
-                f"({self.tombstones_dropped:,} tombstones) in {self.seconds:.2f} s")
+                f"({self.tombstones_dropped:,} tombstones, {self.noops_dropped:,} no-ops) in {self.seconds:.2f} s")
         if self.offset_map_full:
             text += f"; offset map full ({self.offset_map_keys:,} keys): the next pass continues at {self.dirty_offset}"
         if self.aborted:
@@ -145,11 +150,18 @@ class CleanResult:
 
 def clean_log(log: Log, clean_below: int, config: CleanerConfig | None = None, *,
               key_of: KeyOf = record_key, is_tombstone: IsTombstone = null_value, force: bool = False,
-              pacer: Pacer | None = None, should_stop: Callable[[], bool] | None = None) -> CleanResult:
+              pacer: Pacer | None = None, should_stop: Callable[[], bool] | None = None,
+              record_key_of: RecordKeyOf | None = None,
+              drop_offsets: Iterable[int] | Callable[[int, int], Iterable[int]] = ()) -> CleanResult:
     """One cleaning pass of `log` below `clean_below` (see the module docstring). The pass's CPU work
-    runs in a worker process when `config.worker_process` (then `key_of` and `is_tombstone` must be
-    importable module-level functions), else in the calling thread; the swaps run in the calling
-    thread. `force` ignores the dirty ratio.
+    runs in a worker process when `config.worker_process` (then `key_of`, `record_key_of` and
+    `is_tombstone` must be importable module-level functions), else in the calling thread; the swaps
+    run in the calling thread. `force` ignores the dirty ratio.
+
+    `record_key_of(key, value)`, when given, replaces `key_of` and can tell records that set a whole
+    entity from records that set part of it (`CompactionKey`). `drop_offsets`: offsets of records that
+    changed nothing when applied (or a function of (dirty offset, clean_below) returning them: called
+    once the pass knows where it starts): those records are dropped and supersede nothing.
 
     Never blocks appends. Raises what the log raises (DiskFullError, LogFailedError...),
     LogCorruptionError (in a thread) or CleanerFailedError (in a worker) for a damaged batch, and
@@ -159,8 +171,14 @@ def clean_log(log: Log, clean_below: int, config: CleanerConfig | None = None, *
     config.validate()
     started = time.perf_counter()
     state = log.cleanable_segments(clean_below)
+    skipped = skip_reason(list(state.segments), state.dirty_offset, config, force=force)
+    if skipped is not None:   # no worker process started for nothing
+        return CleanResult(clean_below, log.start_offset, state.dirty_offset, 0, 0, 0, 0, 0, 0, 0, 0, 0, False,
+                           time.perf_counter() - started, skipped)
+    drop = frozenset(drop_offsets(state.dirty_offset, clean_below) if callable(drop_offsets) else drop_offsets)
     job = CleaningJob(str(log.directory), tuple(state.segments), state.dirty_offset, config,
-                      log.config.segment_bytes, log.config.index_interval_bytes, force, key_of, is_tombstone)
+                      log.config.segment_bytes, log.config.index_interval_bytes, force, key_of, is_tombstone,
+                      record_key_of, drop)
 
     def result(groups: list[CleanedGroup], output: PassOutput, dirty: int, *, skipped: str | None = None,
                aborted: str | None = None) -> CleanResult:
@@ -170,7 +188,7 @@ def clean_log(log: Log, clean_below: int, config: CleanerConfig | None = None, *
                            sum(g.records_read for g in groups), sum(g.records_kept for g in groups),
                            sum(g.records_dropped for g in groups), sum(g.tombstones_dropped for g in groups),
                            output.offset_map_keys, output.offset_map_full, time.perf_counter() - started,
-                           skipped, aborted, output.rss_anon_kib)
+                           skipped, aborted, output.rss_anon_kib, sum(g.noops_dropped for g in groups))
 
     try:
         if config.worker_process:
@@ -259,11 +277,13 @@ class LogCleaner:
     """
 
     def __init__(self, config: CleanerConfig | None = None, *, key_of: KeyOf = record_key,
-                 is_tombstone: IsTombstone = null_value, name: str = "log-cleaner") -> None:
+                 is_tombstone: IsTombstone = null_value, record_key_of: RecordKeyOf | None = None,
+                 name: str = "log-cleaner") -> None:
         self.config = config or CleanerConfig()
         self.config.validate()
         self._key_of = key_of
         self._is_tombstone = is_tombstone
+        self._record_key_of = record_key_of
         self._pacer = Pacer(self.config.max_io_bytes_per_second)   # passes in this thread share it
         self._cond = threading.Condition()
         self._queue: deque[_Request] = deque()
@@ -272,16 +292,21 @@ class LogCleaner:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, log: Log, clean_below: int, *, force: bool = False) -> Future[CleanResult]:
+    def submit(self, log: Log, clean_below: int, *, force: bool = False,
+               drop_offsets: DropOffsets | None = None) -> Future[CleanResult]:
+        """Queue a pass of `log` below `clean_below`. `drop_offsets(dirty offset, clean_below)`, called in
+        the cleaner's thread as the pass starts, returns the offsets of records that changed nothing
+        (see `clean_log`); a request merged into a queued one for the same log keeps the queued one's."""
         with self._cond:
             if self._closed:
                 raise CleanerAbortedError("the log cleaner is closed")
             for i, queued in enumerate(self._queue):
                 if queued.log is log:
                     self._queue[i] = replace(queued, clean_below=max(queued.clean_below, clean_below),
-                                             force=queued.force or force)
+                                             force=queued.force or force,
+                                             drop_offsets=drop_offsets or queued.drop_offsets)
                     return queued.future
-            request = _Request(log, clean_below, force, Future())
+            request = _Request(log, clean_below, force, Future(), drop_offsets)
             self._queue.append(request)
             self._cond.notify()
             return request.future
@@ -317,7 +342,8 @@ class LogCleaner:
             try:
                 outcome = clean_log(request.log, request.clean_below, self.config, key_of=self._key_of,
                                     is_tombstone=self._is_tombstone, force=request.force, pacer=self._pacer,
-                                    should_stop=self._stopping)
+                                    should_stop=self._stopping, record_key_of=self._record_key_of,
+                                    drop_offsets=request.drop_offsets or ())
             except BaseException as exc:  # noqa: BLE001 - handed to the caller through the Future
                 if not isinstance(exc, CleanerAbortedError):
                     logger.error("cleaning %s below %d failed: %s", request.log.directory, request.clean_below, exc)
@@ -327,9 +353,13 @@ class LogCleaner:
             request.future.set_result(outcome)
 
 
+DropOffsets = Callable[[int, int], Iterable[int]]
+
+
 @dataclass(frozen=True, slots=True)
 class _Request:
     log: Log
     clean_below: int
     force: bool
     future: Future[CleanResult]
+    drop_offsets: DropOffsets | None = None

@@ -55,6 +55,12 @@ class CompactionConfig:
     prune_chunk_rows: int = field(default=2_000, metadata=doc(
         "History rows a pruning chunk examines at most (a chunk also stops after about 0.5 ms: it never holds "
         "the event loop longer).", min=10, max=1_000_000))
+    compact_groups: tuple[str, ...] = field(default=("metadata", "kv"), metadata=doc(
+        "Groups whose log is key-compacted instead of truncated (Kafka's cleanup.policy=compact): below "
+        "the horizon each entity keeps its latest record, so a reader of the whole log (a Kafka consumer "
+        "from offset 0, a Faust table's recovery) rebuilds every entity's state. Snapshots are still "
+        "taken. The other groups' logs are truncated below the horizon (cleanup.policy=delete). Every "
+        "name must be a group of [cluster] groups."))
     min_free_disk_bytes: int = field(default=256 << 20, metadata=doc(
         "Below this much free space on the data directory's file system the node refuses writes with the "
         "retriable `disk_full` (and resumes once space is freed). 0: only a failed segment allocation "
@@ -62,7 +68,21 @@ class CompactionConfig:
 
     def validate(self, section: str = "compaction") -> None:
         """Every field is checked on its own (limits above); no rule spans fields: a capped export pin
-        never lowers the horizon below the retention policy, which the horizon honours separately."""
+        never lowers the horizon below the retention policy, which the horizon honours separately.
+        Whether `compact_groups` names existing groups is checked by the node (`check_groups`)."""
+        if len(set(self.compact_groups)) != len(self.compact_groups):
+            raise ConfigError(f"{section}.compact_groups", list(self.compact_groups), "lists a group twice")
+
+    def check_groups(self, groups: tuple[str, ...] | list[str], section: str = "compaction") -> None:
+        """ConfigError when `compact_groups` names a group the cluster does not host."""
+        unknown = [g for g in self.compact_groups if g not in groups]
+        if unknown:
+            raise ConfigError(f"{section}.compact_groups", list(self.compact_groups),
+                              f"names {', '.join(unknown)}, not a group of [cluster] groups ({', '.join(groups)})")
+
+    def cleanup_policy(self, group: str) -> str:
+        """`compact` (key compaction) or `delete` (truncation below the horizon)."""
+        return "compact" if group in self.compact_groups else "delete"
 
 
 @dataclass(frozen=True, slots=True)

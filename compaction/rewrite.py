@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from compaction.config import CleanerConfig
 from eventlog.cleaned import CleanedSegmentWriter
@@ -36,11 +37,30 @@ from eventlog.records import (
     record_spans,
     records_payload,
     retain_spans,
+    span_value,
 )
 from eventlog.segment import segment_name
 
 KeyOf = Callable[[bytes | None], bytes | None]   # record key -> compaction key (None: never compacted)
 IsTombstone = Callable[[Record], bool]
+
+
+class CompactionKey(NamedTuple):
+    """What a record sets, for a key function that looks at whole records (`RecordKeyOf`).
+
+    `entity`: whose state the record writes. `aspect`: None when the record sets the entity's whole
+    state (it supersedes every earlier record of the entity, whatever its aspect); otherwise the part
+    of the state it sets wholly (it supersedes earlier records of that aspect only, and is superseded
+    by a later record of the same aspect or of the whole entity); b"" for a record that changes a part
+    no record sets wholly (only a later whole-state record of the entity supersedes it).
+    """
+
+    entity: bytes
+    aspect: bytes | None = None
+
+
+RecordKeyOf = Callable[[bytes | None, "bytes | memoryview | None"], CompactionKey | None]
+"""(record key, record value) -> what the record sets, or None: never compacted (kept, supersedes nothing)."""
 
 YIELD_INTERVAL_S = 0.002   # in a thread: give the GIL to other threads at least this often
 YIELD_SLEEP_S = 0.0001
@@ -90,6 +110,8 @@ class CleaningJob:
     force: bool = False
     key_of: KeyOf = record_key
     is_tombstone: IsTombstone = null_value
+    record_key_of: RecordKeyOf | None = None   # when set, used instead of `key_of` (it sees the value too)
+    drop_offsets: frozenset[int] = frozenset()  # records that changed nothing: dropped, supersede nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +129,7 @@ class CleanedGroup:
     records_kept: int
     records_dropped: int
     tombstones_dropped: int
+    noops_dropped: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,18 +257,9 @@ def run_pass(job: CleaningJob, pacer: Pacer | None = None,
     pacer = pacer or Pacer(config.max_io_bytes_per_second)
     segments = list(job.segments)
     dirty_from = job.dirty_offset
-    if not segments:
-        return PassOutput(skipped="no sealed segment is wholly below the horizon", mapped_end=dirty_from)
-    dirty = [s for s in segments if s.next_offset > dirty_from]
-    if not dirty:
-        return PassOutput(skipped=f"everything below offset {segments[-1].next_offset} is already cleaned",
-                          mapped_end=dirty_from)
-    total_bytes = sum(s.size for s in segments)
-    dirty_bytes = sum(s.size for s in dirty)
-    ratio = dirty_bytes / total_bytes if total_bytes else 1.0
-    if ratio < config.min_cleanable_dirty_ratio and not job.force:
-        return PassOutput(skipped=f"dirty ratio {ratio:.2f} is below min_cleanable_dirty_ratio "
-                                  f"{config.min_cleanable_dirty_ratio}", mapped_end=dirty_from)
+    skipped = skip_reason(segments, dirty_from, config, force=job.force)
+    if skipped is not None:
+        return PassOutput(skipped=skipped, mapped_end=dirty_from)
     directory = Path(job.directory)
     written: list[CleanedGroup] = []
     lock_fd = _lock_cleaner(directory)
@@ -253,6 +267,25 @@ def run_pass(job: CleaningJob, pacer: Pacer | None = None,
         return _run_locked(job, segments, dirty_from, directory, written, pacer, should_stop, started)
     finally:
         os.close(lock_fd)   # releases the flock
+
+
+def skip_reason(segments: list[SealedSegment], dirty_offset: int, config: CleanerConfig, *,
+                force: bool = False) -> str | None:
+    """Why a pass over `segments` (the sealed segments wholly below the horizon) would do nothing, or
+    None when it is worth running: the dirty section (from `dirty_offset`) must hold at least
+    `min_cleanable_dirty_ratio` of their bytes, unless `force`. Cheap: the node asks before it
+    starts a worker process."""
+    if not segments:
+        return "no sealed segment is wholly below the horizon"
+    dirty = [s for s in segments if s.next_offset > dirty_offset]
+    if not dirty:
+        return f"everything below offset {segments[-1].next_offset} is already cleaned"
+    total_bytes = sum(s.size for s in segments)
+    dirty_bytes = sum(s.size for s in dirty)
+    ratio = dirty_bytes / total_bytes if total_bytes else 1.0
+    if ratio < config.min_cleanable_dirty_ratio and not force:
+        return f"dirty ratio {ratio:.2f} is below min_cleanable_dirty_ratio {config.min_cleanable_dirty_ratio}"
+    return None
 
 
 def _lock_cleaner(directory: Path) -> int:
@@ -279,8 +312,9 @@ def _run_locked(job: CleaningJob, segments: list[SealedSegment], dirty_from: int
         delete_horizon_ms = (None if clean_max_ts is None or clean_max_ts < 0
                              else clean_max_ts - config.delete_retention_ms)
         offset_map = OffsetMap(config.offset_map_max_keys)
+        slots = _slot_function(job)
         mapped_end, full = _build_offset_map([m for m in mapped if m.meta.next_offset > dirty_from],
-                                             dirty_from, offset_map, job.key_of, pacer, should_stop)
+                                             dirty_from, offset_map, slots, job.drop_offsets, pacer, should_stop)
         rss_anon = _rss_anon_kib()
         to_clean = [m for m in mapped if m.meta.base_offset < mapped_end]
         by_base = {m.meta.base_offset: m for m in to_clean}
@@ -292,8 +326,8 @@ def _run_locked(job: CleaningJob, segments: list[SealedSegment], dirty_from: int
             members = [by_base[s.base_offset] for s in group]
             writer = CleanedSegmentWriter(directory, base, end, job.index_interval_bytes)
             try:
-                stats = _clean_group(members, writer, offset_map, mapped_end, delete_horizon_ms, job.key_of,
-                                     job.is_tombstone, pacer, should_stop)
+                stats = _clean_group(members, writer, offset_map, mapped_end, delete_horizon_ms, slots,
+                                     job.drop_offsets, job.is_tombstone, pacer, should_stop)
                 if len(group) == 1 and group[0].cleaned and end <= new_dirty and stats.records_dropped == 0:
                     writer.discard()   # cleaned before, nothing to drop now: no swap
                     continue
@@ -304,7 +338,7 @@ def _run_locked(job: CleaningJob, segments: list[SealedSegment], dirty_from: int
             new_dirty = max(new_dirty, min(end, mapped_end))
             written.append(CleanedGroup(base, end, cleaned.size, cleaned.indexes, new_dirty, len(group),
                                         stats.bytes_before, stats.records_read, stats.records_kept,
-                                        stats.records_dropped, stats.tombstones_dropped))
+                                        stats.records_dropped, stats.tombstones_dropped, stats.noops_dropped))
     except BaseException:
         for g in written:
             discard_cleaned(directory, g)
@@ -380,8 +414,42 @@ def _spans(header: BatchHeader, raw: memoryview) -> tuple[bytes | memoryview, li
     return payload, record_spans(header, payload)
 
 
-def _build_offset_map(dirty: list[_Mapped], dirty_from: int, offset_map: OffsetMap, key_of: KeyOf,
-                      pacer: Pacer, should_stop: Callable[[], bool] | None) -> tuple[int, bool]:
+_ASPECT_SEPARATOR = b"\x00"
+_PARTIAL = b""   # the aspect slot of a partial record (an aspect slot is never empty: entity + NUL + aspect)
+
+Slots = Callable[[bytes | None, "bytes | memoryview", RecordSpan], "tuple[bytes, bytes | None] | None"]
+"""(record key, batch payload, span) -> the record's offset-map slots (entity slot, aspect slot), or None:
+never compacted. Aspect slot None: the record sets the whole entity (mapped at, and superseded by, the
+entity slot); `_PARTIAL`: superseded by the entity slot, mapped nowhere; else mapped at the aspect
+slot, superseded by either."""
+
+
+def _slot_function(job: CleaningJob) -> Slots:
+    """The offset-map slots of a record, from the job's key function."""
+    record_key_of = job.record_key_of
+    if record_key_of is None:
+        key_of = job.key_of
+
+        def by_key(key: bytes | None, payload: bytes | memoryview, span: RecordSpan) -> tuple[bytes, None] | None:
+            found = key_of(key)
+            return None if found is None else (found, None)
+        return by_key
+
+    def by_record(key: bytes | None, payload: bytes | memoryview,
+                  span: RecordSpan) -> tuple[bytes, bytes | None] | None:
+        found = record_key_of(key, None if span.null_value else span_value(payload, span))
+        if found is None:
+            return None
+        if found.aspect is None:
+            return found.entity, None
+        if not found.aspect:
+            return found.entity, _PARTIAL   # superseded by a whole-state record of the entity only
+        return found.entity, found.entity + _ASPECT_SEPARATOR + found.aspect
+    return by_record
+
+
+def _build_offset_map(dirty: list[_Mapped], dirty_from: int, offset_map: OffsetMap, slots: Slots,
+                      drop: frozenset[int], pacer: Pacer, should_stop: Callable[[], bool] | None) -> tuple[int, bool]:
     """Map the dirty section; returns (offset where mapping stopped, whether the map filled up).
 
     A segment is mapped only if its record count fits in what is left of the map (a conservative
@@ -402,11 +470,17 @@ def _build_offset_map(dirty: list[_Mapped], dirty_from: int, offset_map: OffsetM
             decoded = _spans(header, raw)
             if decoded is None:
                 continue
+            payload = decoded[0]
             for span in decoded[1]:
-                if span.offset < dirty_from:
+                if span.offset < dirty_from or span.offset in drop:
+                    continue                  # a record that changed nothing supersedes nothing
+                found = slots(span.key, payload, span)
+                if found is None:
                     continue
-                key = key_of(span.key)
-                if key is not None and not offset_map.put(key, span.offset):
+                entity, aspect = found
+                if aspect == _PARTIAL:
+                    continue                  # a partial record is the latest of nothing
+                if not offset_map.put(entity if aspect is None else aspect, span.offset):
                     return span.offset, True
         mapped_end = seg.meta.next_offset
     return mapped_end, False
@@ -419,11 +493,12 @@ class _GroupStats:
     records_kept: int = 0
     records_dropped: int = 0
     tombstones_dropped: int = 0
+    noops_dropped: int = 0
 
 
 def _clean_group(group: list[_Mapped], writer: CleanedSegmentWriter, offset_map: OffsetMap, mapped_end: int,
-                 delete_horizon_ms: int | None, key_of: KeyOf, is_tombstone: IsTombstone, pacer: Pacer,
-                 should_stop: Callable[[], bool] | None) -> _GroupStats:
+                 delete_horizon_ms: int | None, slots: Slots, drop: frozenset[int], is_tombstone: IsTombstone,
+                 pacer: Pacer, should_stop: Callable[[], bool] | None) -> _GroupStats:
     stats = _GroupStats()
     for seg in group:
         stats.bytes_before += seg.size
@@ -443,13 +518,25 @@ def _clean_group(group: list[_Mapped], writer: CleanedSegmentWriter, offset_map:
             expired = delete_horizon_ms is not None and header.max_timestamp < delete_horizon_ms
             kept: list[RecordSpan] = []
             for span in spans:
-                key = key_of(span.key) if span.offset < mapped_end else None
-                if key is not None:
-                    latest = offset_map.get(key)
+                if span.offset >= mapped_end:
+                    kept.append(span)
+                    continue
+                if span.offset in drop:
+                    stats.records_dropped += 1
+                    stats.noops_dropped += 1
+                    continue
+                found = slots(span.key, payload, span)
+                if found is not None:
+                    entity, aspect = found
+                    latest = offset_map.get(entity)
+                    if aspect is not None and aspect != _PARTIAL:
+                        by_aspect = offset_map.get(aspect)
+                        if by_aspect is not None and (latest is None or by_aspect > latest):
+                            latest = by_aspect
                     if latest is not None and span.offset < latest:
                         stats.records_dropped += 1
                         continue
-                    if expired and _is_tombstone(is_tombstone, header, payload, span):
+                    if aspect is None and expired and _is_tombstone(is_tombstone, header, payload, span):
                         stats.records_dropped += 1
                         stats.tombstones_dropped += 1
                         continue

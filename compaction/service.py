@@ -20,9 +20,10 @@ without holding the loop. After a pass that deleted many rows, RocksDB compacts 
 families in a thread to give the space back. The free space of the data directory is measured
 with every check; below `min_free_disk_bytes` the groups refuse writes (`space_guard`).
 
-The key-compaction cleaner (compaction/cleaner.py, another module) gets the offset below which it
-may rewrite sealed segments from `cleanable_below(group)`; `on_check` callbacks run after every
-check with each group's horizon, for the node to wire it.
+Groups listed in `compact_groups` are never truncated: their log below the horizon is key-compacted
+instead (compaction/cleaning.py, driven from every check); the pruning rounds also delete the
+`noops` rows of records the log no longer holds as written. `on_check` callbacks run after every
+check with each group's horizon.
 
 Call everything from the node's event loop; every step is short (a chunk, a few file renames), and
 what is slow (unlinking segments, writing snapshots, RocksDB compaction) runs in threads.
@@ -38,7 +39,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from compaction.config import CompactionConfig
+from compaction.cleaning import NodeCleaner
+from compaction.config import CleanerConfig, CompactionConfig
 from compaction.policy import GroupFacts, Horizon, SegmentSpan, horizon
 from eventlog.errors import EpochlogError
 from eventlog.raft.node import Role
@@ -80,8 +82,9 @@ class CompactionService:
 
     def __init__(self, config: CompactionConfig, groups: Callable[[], Mapping[str, RaftGroup]],
                  views: Mapping[str, ViewsStateMachine], export_watermarks: Callable[[str], dict[str, int]],
-                 data_dir: Path) -> None:
+                 data_dir: Path, cleaner_config: CleanerConfig | None = None) -> None:
         self.config = config
+        self.cleaning = NodeCleaner(config, cleaner_config or CleanerConfig(), groups, views)
         self._groups = groups
         self._views = views
         self._export_watermarks = export_watermarks
@@ -96,11 +99,13 @@ class CompactionService:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
+        self.cleaning.start()
         self._tasks = [loop.create_task(self._every(self.config.check_interval_ms, self.check), name="compaction-check")]
         if self.config.prune_interval_ms:
             self._tasks.append(loop.create_task(self._prune_loop(), name="compaction-prune"))
 
     async def stop(self) -> None:
+        await self.cleaning.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -130,7 +135,10 @@ class CompactionService:
     # --- hooks the runtime calls -------------------------------------------------------------------
 
     def retention_floor(self, group: str) -> int | None:
-        """The lowest offset `group`'s log must keep besides what its snapshot needs (RaftGroup hook)."""
+        """The lowest offset `group`'s log must keep besides what its snapshot needs (RaftGroup hook):
+        0 for a compact group (never truncated: it is key-compacted instead)."""
+        if self.config.cleanup_policy(group) == "compact":
+            return 0
         h = self.horizon_of(group)
         return None if h is None else h.history_floor
 
@@ -139,7 +147,8 @@ class CompactionService:
         return self._space_reason
 
     def cleanable_below(self, group: str) -> int | None:
-        """The offset below which the key-compaction cleaner may rewrite `group`'s sealed segments."""
+        """The offset below which the key-compaction cleaner may rewrite `group`'s sealed segments
+        (the horizon's log floor; compaction/cleaning.py also keeps it at or below the commit offset + 1)."""
         state = self.groups.get(group)
         return None if state is None or state.horizon is None else state.horizon.cleanable_below()
 
@@ -175,6 +184,7 @@ class CompactionService:
             self._warn_capped(name, state, h)
             self._propose_floor(name, group, state, h)
             group.truncate_log()
+            self.cleaning.check(name, group, h)
             for callback in self.on_check:
                 callback(name, h)
             state.last_check_seconds = time.perf_counter() - started
@@ -190,6 +200,7 @@ class CompactionService:
                 continue
             step = views.prune_step(self.config.prune_chunk_rows, PRUNE_STEP_S)
             busy = busy or views.pruner.busy
+            self.cleaning.forget_noops(name, group, views)
             state = self.groups.setdefault(name, GroupRetention())
             state.rows_since_reclaim += step.deleted
             if step.pass_done and state.rows_since_reclaim >= RECLAIM_MIN_ROWS:

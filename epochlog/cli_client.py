@@ -550,7 +550,8 @@ def _group_view(statuses: Sequence[p.StatusInfo | ClientError], group: str) -> t
 @click.option("--node", "node_id", type=click.IntRange(min=1), default=None,
               help="Snapshot on this node [default: the group's leader].")
 def snapshot_command(target: Target, group: str, node_id: int | None) -> None:
-    """Snapshot GROUP's views at its applied offset and drop the log below; prints the offset."""
+    """Snapshot GROUP's views at its applied offset and drop the log below (a key-compacted group: its
+    cleaner compacts it instead); prints the offset."""
     async def body(client: AsyncClient) -> int:
         if node_id is None:
             return await client.snapshot(group)
@@ -571,7 +572,7 @@ def compaction_group() -> None:
 
 @_cluster_command(compaction_group, "status")
 def compaction_status(target: Target) -> None:
-    """Per group and node: log offsets, segments and bytes, snapshot, the horizon and what bounds it,
+    """Per group and node: log offsets, segments and bytes, snapshot, the horizon and what bounds it, key compaction,
     the history floor and pruning, views size, the last retention run, capped export pins, disk."""
     async def body(client: AsyncClient) -> list[tuple[p.MemberInfo, p.CompactionInfo | ClientError]]:
         members = [m for m in (await client.status()).members if m.client_address]
@@ -599,6 +600,7 @@ def compaction_status(target: Target) -> None:
             for g in reply.groups:
                 doc = {"node": member.id, **msgspec.structs.asdict(g)}
                 doc["pins"] = [msgspec.structs.asdict(x) for x in g.pins]
+                doc["last_clean"] = None if g.last_clean is None else msgspec.structs.asdict(g.last_clean)
                 groups.append(doc)
     groups.sort(key=lambda d: (d["group"], d["node"]))
     document = {"groups": groups, "nodes": nodes}
@@ -606,13 +608,33 @@ def compaction_status(target: Target) -> None:
     def human() -> None:
         def mb(n: int) -> str:
             return f"{n / 1e6:.1f}"
+        def floor(g: dict[str, Any]) -> str:
+            if g["cleanup_policy"] == "compact":
+                return f"compact below {g['clean_below']} (cleaned to {g['clean_end_offset']})"
+            return f"{g['log_floor']} ({g['log_bound']})"
         rows = [(g["group"], g["node"], g["role"], f"{g['log_start']}..{g['log_end']}", g["segments"],
                  mb(g["log_bytes"]), g["snapshot_offset"], f"{g['horizon']} ({g['horizon_bound']})",
-                 f"{g['log_floor']} ({g['log_bound']})", g["history_floor"], g["pruned_floor"],
+                 floor(g), g["history_floor"], g["pruned_floor"],
                  mb(g["views_bytes"]), f"{g['last_run_ms']}ms") for g in groups]
         _table(("GROUP", "NODE", "ROLE", "LOG", "SEGS", "LOG_MB", "SNAPSHOT", "HORIZON (BOUND)",
-                "LOG_FLOOR (BOUND)", "HISTORY_FLOOR", "PRUNED", "VIEWS_MB", "LAST_RUN"), rows)
+                "LOG_FLOOR (BOUND) / KEY COMPACTION", "HISTORY_FLOOR", "PRUNED", "VIEWS_MB", "LAST_RUN"), rows)
         for g in groups:
+            if g["cleanup_policy"] == "compact":
+                last = g["last_clean"]
+                where = f"group {g['group']} node {g['node']}: key compaction"
+                state = ("a pass is running" if g["clean_running"] else
+                         f"waiting: {g['clean_waiting']}" if g["clean_waiting"] else "a pass is due")
+                click.echo(f"{where}: {g['cleaned_segments']} cleaned segments, {g['clean_passes']} passes, "
+                           f"{mb(g['clean_bytes_reclaimed'])} MB reclaimed since start; {state}")
+                if last is not None:
+                    click.echo(f"{where}: last pass below {last['clean_below']}: {last['segments_before']} -> "
+                               f"{last['segments_after']} segments, {mb(last['bytes_before'])} -> "
+                               f"{mb(last['bytes_after'])} MB, {last['records_kept']} records kept, "
+                               f"{last['records_dropped']} dropped ({last['tombstones_dropped']} tombstones, "
+                               f"{last['noops_dropped']} no-ops) in {last['seconds']:.2f}s"
+                               + (f"; stopped early: {last['aborted']}" if last["aborted"] else ""))
+                if g["clean_error"]:
+                    click.echo(f"{where}: last pass failed: {g['clean_error']}")
             for pin in g["pins"]:
                 if pin["capped_by"]:
                     click.echo(f"group {g['group']} node {g['node']}: export {pin['table']} (watermark "

@@ -44,6 +44,11 @@ Families (counters get the `_total` suffix on the wire):
     epochlog_segments_deleted_total{group}   counter     log segments retention deleted
     epochlog_history_rows_pruned_total{group} counter    history rows deleted below the floor
     epochlog_disk_full{group}                gauge       1 while this node refuses writes for lack of disk space
+    epochlog_clean_end_offset{group}         gauge       end of the key-compacted range of the log
+    epochlog_cleaner_passes_total{group}     counter     key-compaction passes that rewrote segments
+    epochlog_cleaner_failures_total{group}   counter
+    epochlog_cleaner_bytes_reclaimed_total{group} counter log bytes key compaction reclaimed
+    epochlog_cleaner_records_dropped_total{group} counter records it dropped (superseded, tombstones, no-ops)
 """
 
 from __future__ import annotations
@@ -148,6 +153,13 @@ class _GroupCollector(Collector):
         pruned = counter("epochlog_history_rows_pruned", "History rows deleted below the history floor.")
         disk_full = gauge("epochlog_disk_full", "1 while this node refuses writes to the group for lack of disk "
                           "space.")
+        clean_end = gauge("epochlog_clean_end_offset", "End of the key-compacted range of the group's log (the log "
+                          "start when nothing is cleaned).")
+        clean_passes = counter("epochlog_cleaner_passes", "Key-compaction passes that rewrote segments.")
+        clean_failures = counter("epochlog_cleaner_failures", "Key-compaction passes that failed (retried).")
+        clean_reclaimed = counter("epochlog_cleaner_bytes_reclaimed", "Log bytes key compaction reclaimed.")
+        clean_dropped = counter("epochlog_cleaner_records_dropped", "Records key compaction dropped "
+                                "(superseded, expired tombstones, no-ops).")
         groups = self.node.host.groups
         for info in self.node.status().groups:
             g = info.group
@@ -181,6 +193,13 @@ class _GroupCollector(Collector):
             segments.add_metric([g], group.snapshots.segments_deleted)
             pruned.add_metric([g], views.pruner.counters.rows_deleted)
             disk_full.add_metric([g], 1 if group.disk_full else 0)
+            cleaning = self.node.compaction.cleaning.state(g)
+            clean_end.add_metric([g], group.storage.log.clean_end_offset)
+            clean_passes.add_metric([g], cleaning.passes)
+            clean_failures.add_metric([g], cleaning.passes_failed)
+            clean_reclaimed.add_metric([g], cleaning.bytes_reclaimed)
+            clean_dropped.add_metric([g], cleaning.records_dropped)
         yield from (commit, applied, last, start, term, leader, is_leader, lag, member_lag, member_lag_s,
                     stalls, elections, changes, proposals, events, halted, floor, snapshot, snapshots,
-                    snapshot_failures, segments, pruned, disk_full)
+                    snapshot_failures, segments, pruned, disk_full, clean_end, clean_passes, clean_failures,
+                    clean_reclaimed, clean_dropped)

@@ -28,7 +28,7 @@ from eventlog.configuration import from_mapping
 from eventlog.errors import ConfigError, OffsetOutOfRangeError
 from eventlog.raft.errors import CompactedError, NotLeaderError
 from eventlog.raft.runtime.config import MemberConfig, NodeConfigs
-from eventlog.raft.runtime.group import RaftGroup
+from eventlog.raft.runtime.group import RaftGroup, full_history_start
 from eventlog.raft.runtime.host import NodeHost
 from compaction.config import compaction_configs
 from compaction.service import CompactionService, allocated_bytes
@@ -43,7 +43,8 @@ from statemachines import events as ev
 from statemachines.apply import HALTED
 from statemachines.query import MAX_LIMIT, Query
 from statemachines.state import Outcome, encode
-from statemachines.store import ViewsConfig, ViewStore, version_key
+from statemachines.noops import changed_views
+from statemachines.store import ViewsConfig
 from statemachines.views import ViewsStateMachine
 
 logger = logging.getLogger(__name__)
@@ -69,9 +70,10 @@ class Node:
         self.member = configs.cluster.member(node_id) if member is None else member
         self.views: dict[str, ViewsStateMachine] = {}
         compaction_config, self.cleaner_config = compaction_configs(configs.compaction)
+        compaction_config.check_groups(configs.cluster.groups)
         self.compaction = CompactionService(compaction_config,
                                             lambda: self.host.groups, self.views, self.export_watermarks,
-                                            self.data_dir)
+                                            self.data_dir, self.cleaner_config)
         self.host = NodeHost(node_id, self.data_dir, configs, self._open_views, seed=seed, member=self.member,
                              retention_floor=self.compaction.retention_floor,
                              space_guard=self.compaction.space_guard)
@@ -251,7 +253,7 @@ class Node:
         log = group.storage.log
         applied = group.sm.applied_index
         offset = max(call.from_offset, 0)
-        if offset < log.start_offset:
+        if offset < full_history_start(log):
             raise _compacted(group, offset)
         out: list[p.EventRecord] = []
         next_offset = offset
@@ -260,9 +262,12 @@ class Node:
                 chunk = log.read(offset, call.max_bytes, max_offset=applied + 1)
             except OffsetOutOfRangeError:
                 raise _compacted(group, offset) from None
+            if offset < log.clean_end_offset:   # cleaned while it was read: records may be missing
+                raise _compacted(group, offset)
             if chunk is not None:
-                store = self.views[call.group].store
-                floor = store.history_floor
+                views = self.views[call.group]
+                store = views.store
+                start = views.applier.noops_from
                 for batch in chunk.batches():
                     if batch.header.is_control:
                         continue
@@ -272,17 +277,16 @@ class Node:
                         out.append(p.EventRecord(record.offset, _key_text(record.key),
                                                  None if record.value is None else bytes(record.value),
                                                  record.timestamp, batch.header.leader_epoch,
-                                                 None if record.offset < floor   # its row may be pruned
-                                                 else _changed_views(store, record.key, record.offset)))
+                                                 changed_views(store.get, record.key, record.offset, start)))
                 next_offset = out[-1].offset + 1 if len(out) >= call.max_events else max(offset, chunk.next_offset)
-        return p.Events(out, next_offset, log.start_offset, group.node.log.committed)
+        return p.Events(out, next_offset, full_history_start(log), group.node.log.committed)
 
     async def watch(self, call: p.Watch) -> tuple[str, int, AsyncIterator[p.EventRecord]]:
         """(group, first offset, the records) for a watch; the iterator raises CompactedError on a gap."""
         group_name = call.group or group_of_key(call.prefix if "/" in call.prefix else call.prefix + "/")
         group = self.serving(group_name)
         start = call.from_offset if call.from_offset >= 0 else group.sm.applied_index + 1
-        if start < group.storage.log.start_offset:
+        if start < full_history_start(group.storage.log):
             raise _compacted(group, start)
 
         async def records() -> AsyncIterator[p.EventRecord]:
@@ -331,7 +335,29 @@ class Node:
                 0.0 if state is None else state.last_check_at,
                 0.0 if state is None else round(state.last_check_seconds * 1000, 2),
                 snap.segments_deleted, group.disk_full))
+            self._add_cleaning(out[-1], name, group)
         return p.CompactionInfo(self.node_id, out, self.compaction.free_disk_bytes)
+
+    def _add_cleaning(self, info: p.CompactionGroupInfo, name: str, group: RaftGroup) -> None:
+        """The key-compaction fields of a group's `CompactionGroupInfo`."""
+        log = group.storage.log
+        c = self.compaction.cleaning.state(name)
+        info.cleanup_policy = c.policy
+        info.clean_end_offset = log.clean_end_offset
+        info.cleaned_segments = len(log.cleaned_segments)
+        info.clean_below = c.clean_below if c.policy == "compact" else -1
+        info.clean_waiting = c.waiting
+        info.clean_running = c.running
+        info.clean_passes = c.passes
+        info.clean_failures = c.passes_failed
+        info.clean_error = c.last_error
+        info.clean_bytes_reclaimed = c.bytes_reclaimed
+        last = c.last
+        if last is not None:
+            info.last_clean = p.CleanPassInfo(
+                last.clean_below, last.cleaned_through, round(last.seconds, 3), last.segments_before,
+                last.segments_after, last.bytes_before, last.bytes_after, last.records_kept, last.records_dropped,
+                last.tombstones_dropped, last.noops_dropped, c.last_finished_at, last.aborted or "")
 
     def member_list(self) -> p.Members:
         return self.membership.list()
@@ -396,20 +422,13 @@ def _result(group: str, offset: int, outcome: object | None) -> p.WriteResult:
 
 
 def _compacted(group: RaftGroup, offset: int) -> CompactedError:
-    return CompactedError(f"compacted: offset {offset} is no longer in the log of group {group.name} (it starts at "
-                          f"{group.storage.log.start_offset}); resync from the snapshot at offset "
-                          f"{group.storage.snapshot().index}, then read from the offset after it")
-
-
-def _changed_views(store: ViewStore, key: bytes | memoryview | None, offset: int) -> bool:
-    """Whether applying the record at `offset` changed the views: every applied event writes a history
-    row for its entity key (a Txn: for each op's key, the first one's is its record key after
-    `txn/`) at its own offset; a rejected event or a retry of an applied request id writes none."""
-    if not key:
-        return False
-    entity = bytes(key)
-    entity = entity[4:] if entity.startswith(b"txn/") else entity
-    return store.get("versions", version_key(entity, offset)) is not None
+    log = group.storage.log
+    where = (f"it starts at {log.start_offset}" if log.clean_end_offset <= log.start_offset else
+             f"it starts at {log.start_offset} and is key-compacted below {log.clean_end_offset}: only each "
+             f"entity's latest record is left there")
+    return CompactedError(f"compacted: offset {offset} is no longer in the log of group {group.name} record by record "
+                          f"({where}); resync from the snapshot at offset {group.storage.snapshot().index} (or read "
+                          f"the views), then read from the offset after it")
 
 
 def _key_text(key: bytes | memoryview | None) -> str:

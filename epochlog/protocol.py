@@ -374,7 +374,8 @@ class WatchEvents(msgspec.Struct, tag="watch_events"):
 class Events(msgspec.Struct, tag="events"):
     events: list[EventRecord]
     next_offset: int
-    log_start: int
+    log_start: int                        # the first offset served record by record (the log start, or the
+                                          # end of its key-compacted range): below it, `compacted`
     commit_offset: int
 
 
@@ -523,6 +524,24 @@ class ExportPinInfo(msgspec.Struct, array_like=True):
     capped_by: str = ""                   # the export_max_pin_* key that capped it ("": not capped)
 
 
+class CleanPassInfo(msgspec.Struct):
+    """The last key-compaction pass of a group on this node."""
+
+    clean_below: int                      # the offset it cleaned below
+    cleaned_through: int                  # end of the last segment it rewrote
+    seconds: float
+    segments_before: int
+    segments_after: int
+    bytes_before: int
+    bytes_after: int
+    records_kept: int
+    records_dropped: int                  # superseded, tombstones and no-ops together
+    tombstones_dropped: int
+    noops_dropped: int                    # records that changed nothing when applied
+    finished_at: float                    # Unix time
+    aborted: str = ""                     # why it stopped early ("": it did not)
+
+
 class CompactionGroupInfo(msgspec.Struct):
     group: str
     role: str
@@ -549,6 +568,17 @@ class CompactionGroupInfo(msgspec.Struct):
     last_run_ms: float                    # how long it took on the event loop
     segments_deleted: int                 # since the node started
     disk_full: str                        # why this node refuses writes to the group ("": it does not)
+    cleanup_policy: str = "delete"        # "compact": key-compacted below the horizon; "delete": truncated
+    clean_end_offset: int = -1            # the key-compacted range ends here (the log start: none)
+    cleaned_segments: int = 0
+    clean_below: int = -1                 # the next pass cleans below this offset (-1: not compact)
+    clean_waiting: str = ""               # why no pass runs now ("": one runs or is due)
+    clean_running: bool = False
+    clean_passes: int = 0                 # passes that rewrote segments, since the node started
+    clean_failures: int = 0
+    clean_error: str = ""                 # why the last pass failed ("": it did not)
+    clean_bytes_reclaimed: int = 0        # since the node started
+    last_clean: CleanPassInfo | None = None
 
 
 class CompactionInfo(msgspec.Struct, tag="compaction_info"):

@@ -453,10 +453,18 @@ class Log:
             return max(self._clean_end, self._bases[0])
 
     @property
+    def cleaner_dirty_offset(self) -> int:
+        """Where the cleaner's next pass starts mapping: every record below it was judged by a pass
+        (the log start when nothing was cleaned)."""
+        with self._lock:
+            return max(self._cleaner.dirty_offset, self._bases[0])
+
+    @property
     def cleaned_segments(self) -> list[tuple[int, int]]:
         """(base, end) of every cleaned segment."""
         with self._lock:
             return [(s.base_offset, s.next_offset) for s in self._segments if s.cleaned]
+
     def segment_spans(self) -> list[tuple[int, int, int]]:
         """(base offset, next offset, bytes of batches) of every segment, oldest first (retention)."""
         with self._lock:

@@ -389,6 +389,24 @@ def record_spans(header: BatchHeader, payload: bytes | memoryview) -> list[Recor
     return out
 
 
+def span_value(payload: bytes | memoryview, span: RecordSpan) -> memoryview | None:
+    """The value of the record `span` locates in `payload` (a view of it, no copy; None for a null
+    value): what a key function that looks at the value needs, without decoding the record."""
+    view = memoryview(payload)
+    _length, pos = decode_varint(view, span.start)
+    pos += 1                                        # attributes
+    _ts, pos = decode_varint(view, pos)
+    _delta, pos = decode_varint(view, pos)
+    klen, pos = decode_varint(view, pos)
+    pos += max(klen, 0)
+    vlen, pos = decode_varint(view, pos)
+    if vlen < 0:
+        return None
+    if pos + vlen > span.end:
+        raise InvalidBatchError(f"the value of the record at offset {span.offset} runs past the record")
+    return view[pos:pos + vlen]
+
+
 def retain_spans(header: BatchHeader, payload: bytes | memoryview, spans: Sequence[RecordSpan]) -> bytes:
     """`retain_records` from raw record bytes: the kept records are copied as they are (their offset
     and timestamp deltas stay valid: the batch keeps its base offset and base timestamp)."""

@@ -34,11 +34,19 @@ from typing import Any
 
 import msgspec
 
-from eventlog.log import read_offsets_checkpoint
 from eventlog.cleaned import cleaned_ranges
-from eventlog.offline import effective_layout, segment_files
-from eventlog.records import (HEADER_SIZE, MAGIC, MIN_BATCH_LENGTH, RecordBatch, check_batch,
-                              TIMESTAMP_TYPE_MASK, decode_varint, read_header)
+from eventlog.log import read_offsets_checkpoint
+from eventlog.offline import effective_layout
+from eventlog.records import (
+    HEADER_SIZE,
+    MAGIC,
+    MIN_BATCH_LENGTH,
+    TIMESTAMP_TYPE_MASK,
+    RecordBatch,
+    check_batch,
+    decode_varint,
+    read_header,
+)
 from spark.errors import ExportError
 from spark.records import SourceRecord
 
@@ -191,9 +199,16 @@ class OfflineSource:
 
 
 def log_start(log_dir: Path) -> int:
+    """The first offset the segment files hold every committed record of, as written: past the log
+    start and past the key-compacted range (cleaned segments hold each entity's latest record only),
+    as the node's read_events reports it online. An export's first run reports what lies below as a
+    gap."""
     start, _ = read_offsets_checkpoint(log_dir)
-    files = segment_files(log_dir)
-    return max(start, files[0][0]) if files else start
+    cleaner, files, _ = effective_layout(log_dir)
+    if not files:
+        return start
+    cleaned = cleaned_ranges(cleaner, [b for b, _ in files])
+    return max(start, files[0][0], max(cleaned.values(), default=0))
 
 
 def commit_bound(g: OfflineGroup) -> int:
@@ -355,6 +370,7 @@ class ViewsLookup:
     def __init__(self, db: object, versions: object) -> None:
         self._db = db
         self._versions = versions
+        self._cfs: dict[str, Any] = {"versions": versions}
 
     @classmethod
     def open(cls, path: Path) -> ViewsLookup | None:
@@ -362,11 +378,11 @@ class ViewsLookup:
             return None
         from rocksdict import AccessType, Options, Rdict
 
-        from statemachines.store import ALL_CFS
-
         try:
+            # Every family the database has (views written before a family existed lack it).
+            families = [name for name in Rdict.list_cf(str(path)) if name != "default"]
             db = Rdict(str(path), Options(raw_mode=True),
-                       column_families={name: Options(raw_mode=True) for name in ALL_CFS},
+                       column_families={name: Options(raw_mode=True) for name in families},
                        access_type=AccessType.read_only())
         except Exception:   # noqa: BLE001 - no views is an answer too: records then say "unknown"
             return None
@@ -379,15 +395,26 @@ class ViewsLookup:
         return -1 if raw is None else decode_offset(raw)
 
     def applied_at(self, record_key: str, offset: int) -> bool | None:
-        """None below the views' history floor, where the row may have been pruned (unknown)."""
-        from statemachines.store import HISTORY_FLOOR, decode_offset, version_key
+        """As the node answers online (statemachines/noops.py `changed_views`): from the `noops` rows,
+        else from the history; None below the history floor where its row may be pruned (unknown)."""
+        from statemachines.noops import changed_views, noops_from_meta
+        from statemachines.store import NOOPS_FROM
 
-        floor = self._db.get(HISTORY_FLOOR)  # type: ignore[attr-defined]
-        if floor is not None and offset < decode_offset(floor):
-            return None
-        entity = record_key[4:] if record_key.startswith("txn/") else record_key
-        return self._versions.get(version_key(entity.encode(), offset)) is not None  # type: ignore[attr-defined]
+        start = noops_from_meta(self._db.get(NOOPS_FROM))  # type: ignore[attr-defined]
+        return changed_views(self._get, record_key.encode(), offset, start)
+
+    def _get(self, cf: str, key: bytes) -> bytes | None:
+        if cf == "":
+            return self._db.get(key)  # type: ignore[attr-defined,no-any-return]
+        if cf not in self._cfs:
+            try:
+                self._cfs[cf] = self._db.get_column_family(cf)  # type: ignore[attr-defined]
+            except Exception:   # noqa: BLE001 - a family these views do not have: nothing in it
+                self._cfs[cf] = None
+        family = self._cfs[cf]
+        return None if family is None else family.get(key)
 
     def close(self) -> None:
         self._versions = None
+        self._cfs.clear()
         self._db.close()  # type: ignore[attr-defined]

@@ -9,7 +9,9 @@ proposing); if its request id was seen within the dedupe window (and at or above
 below which request ids are forgotten too), return the first outcome and change nothing; check its
 conditions (epochs, expected versions) against the current state, including the writes of earlier
 records in the same batch; then write the new entity state, its history row in `versions`, and
-lease attachments. A rejected event changes nothing (savepoints).
+lease attachments. A rejected event changes nothing (savepoints); every record that changed nothing
+gets a `noops` row at its offset in the same WriteBatch (statemachines/noops.py: key compaction drops
+those records).
 
 A record this code cannot apply, two cases:
 
@@ -45,6 +47,8 @@ from eventlog.errors import InvalidBatchError
 from eventlog.raft.types import Entry, EntryKind
 from eventlog.records import Record, RecordBatch
 from statemachines import events as ev
+from statemachines.noops import CF as NOOPS
+from statemachines.noops import ensure_noops_from
 from statemachines.state import (
     BrokerState,
     ConfigState,
@@ -181,6 +185,7 @@ class Applier:
         self.halt: Halt | None = None      # set when a record cannot be applied here (see the module doc)
         raw = store.meta(SKIPPED)
         self.skipped: frozenset[int] = frozenset(msgspec.msgpack.decode(raw, type=list[int]) if raw else ())
+        self.noops_from = ensure_noops_from(store)
 
     def skip(self, offset: int) -> None:
         """Record, durably, that the record at `offset` (where this applier halted) is skipped: applied
@@ -223,6 +228,7 @@ class Applier:
                     for record in _records(entry, self.skipped):
                         outcomes[record.offset] = self._apply_record(entry_ov, record.key, record.value,
                                                                      record.offset)
+                    _record_noops(entry_ov, entry, outcomes)
             except _CannotApply as stop:   # nothing of this entry is applied: the views end before it
                 halted = self.halt = stop.halt
                 del self.lease_changes[leases_before:]
@@ -354,6 +360,18 @@ def _records(entry: Entry, skipped: frozenset[int]) -> list[Record]:
             return []
         raise _CannotApply(entry.index, f"the record batch of entry {entry.index} does not parse: {exc}",
                            "a bug or a damaged log: report it with this log line") from None
+
+
+def _record_noops(ov: Overlay, entry: Entry, outcomes: dict[int, Outcome]) -> None:
+    """One `noops` row per record of a NORMAL entry that changed nothing: rejected, a retried request id
+    (`duplicate`), skipped, or not a record at all (an unparseable batch skipped whole). Part of the
+    entry's writes, hence of the digest (statemachines/noops.py says who reads them)."""
+    for offset in range(entry.index, entry.last_index + 1):
+        outcome = outcomes.get(offset)
+        if outcome is None:
+            ov.put(NOOPS, encode_offset(offset), SKIPPED_CODE.encode())
+        elif not outcome.ok or outcome.duplicate:
+            ov.put(NOOPS, encode_offset(offset), (outcome.code or "duplicate").encode())
 
 
 def _not_applied(outcomes: dict[int, Outcome], entry: Entry, halt: Halt) -> None:

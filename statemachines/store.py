@@ -9,8 +9,11 @@ Column families:
     lease_keys    lease id (20 digits) + b"/" + attached entity key -> b""
     dedupe        actor + b"\\0" + request id -> the offset and outcome of the first application
     dedupe_expiry 8-byte offset + dedupe key -> b"" (evicts request ids past the dedupe window)
+    noops         8-byte offset -> outcome code: a record whose applying changed nothing (rejected, a
+                  retried request id, skipped), written with the apply (statemachines/noops.py)
     default       meta: b"applied" (8-byte offset), b"digest" (running SHA-256 over applied mutations),
-                  b"history_floor" (8-byte offset: history below it is pruned, see statemachines/prune.py)
+                  b"history_floor" (8-byte offset: history below it is pruned, see statemachines/prune.py),
+                  b"noops_from" (8-byte offset: `noops` rows exist from there on)
 
 Memory: one LRU block cache (`block_cache_bytes`) holds data, index and filter blocks, and the
 memtables of every column family are charged to it through a write buffer manager
@@ -50,12 +53,13 @@ from eventlog.configuration import doc
 ENTITY_CFS = {"broker": "brokers", "group": "broker_groups", "topic": "topics", "offset": "offsets", "kv": "kv",
               "lease": "leases", "session": "sessions", "config": "config", "member": "members",
               "kafka-group": "kafka_groups"}
-INTERNAL_CFS = ("versions", "lease_keys", "dedupe", "dedupe_expiry")
+INTERNAL_CFS = ("versions", "lease_keys", "dedupe", "dedupe_expiry", "noops")
 ALL_CFS = (*ENTITY_CFS.values(), *INTERNAL_CFS)
 META = ""  # the default column family: meta keys
 APPLIED = b"applied"
 DIGEST = b"digest"
 HISTORY_FLOOR = b"history_floor"
+NOOPS_FROM = b"noops_from"
 _OFFSET = struct.Struct(">q")
 
 

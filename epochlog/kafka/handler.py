@@ -706,13 +706,15 @@ class _Held:
 
 
 def _read_hosted(ref: PartitionRef, offset: int, high_watermark: int, max_bytes: int) -> list[Buffer]:
-    """The hosted partition's records from `offset` below the high watermark, re-encoded (hosted.py);
-    reads at most about `max_bytes` of the kv log."""
-    log = ref.group.storage.log
-    chunk = log.read(offset, max_bytes, max_offset=high_watermark)
-    if chunk.next_offset <= offset:
-        return []
-    return list(hosted.filter_batches(chunk.batches(), hosted.entity_prefix(ref.topic, ref.partition), offset))
+    """The hosted partition's records from `offset` below its high watermark, re-encoded (hosted.py);
+    reads at most about `max_bytes` of the kv log, below the kv commit offset (a kv batch may run past
+    the partition's watermark: its records from there on are not served yet)."""
+    group = ref.group
+    log = group.storage.log
+    chunk = log.read(offset, max_bytes, max_offset=group.node.log.committed + 1)
+    epoch = log.epoch_for_offset(high_watermark - 1) or group.node.term
+    return list(hosted.filter_batches(chunk.batches(), hosted.entity_prefix(ref.topic, ref.partition), offset,
+                                      high_watermark, epoch))
 
 
 def _read_committed(group: RaftGroup, offset: int, high_watermark: int, max_bytes: int) -> list[Buffer]:

@@ -131,31 +131,52 @@ def span_batch(records: list[Record], base_offset: int, last_offset: int, leader
     return bytes(batch)
 
 
-def filter_batches(batches: Iterable[Any], prefix: bytes, from_offset: int) -> list[bytes]:
+def filter_batches(batches: Iterable[Any], prefix: bytes, from_offset: int, until: int | None = None,
+                   epoch: int = 0) -> list[bytes]:
     """Kafka batches of the partition with `prefix` re-encoded from kv log batches: one per run of
-    consecutive batches of the same leader epoch."""
+    consecutive batches of the same leader epoch, covering offsets [from_offset, until) at most.
+
+    With `until` (the partition's high watermark) the batches always reach `until - 1` when
+    `from_offset` is below it, even where the kv log holds nothing of the partition up to there: a
+    kv batch that runs past the watermark (another record after the partition's last one), or a
+    range key compaction emptied (the partition's last record was a tombstone or a no-op it
+    dropped). Without that a reader positioned below the watermark would get nothing, forever
+    (`epoch` is then the empty span's leader epoch)."""
     out: list[bytes] = []
     run: list[Record] = []
     run_start = run_end = run_epoch = None
+    covered = from_offset            # the first offset no batch of `out` covers
+
+    def flush() -> None:
+        nonlocal run, run_start, covered
+        if run_start is not None and run_end is not None and run_end >= run_start:
+            out.append(span_batch(run, run_start, run_end, run_epoch))   # type: ignore[arg-type]
+            covered = run_end + 1
+        run, run_start = [], None
+
     for batch in batches:
         h = batch.header
+        if until is not None and h.base_offset >= until:
+            break
         if run_epoch is not None and h.leader_epoch != run_epoch:
-            out.append(span_batch(run, run_start, run_end, run_epoch))   # type: ignore[arg-type]
-            run, run_start = [], None
+            flush()
         if run_start is None:
             run_start = max(h.base_offset, from_offset)
         run_epoch = h.leader_epoch
         run_end = h.base_offset + h.last_offset_delta
+        if until is not None:
+            run_end = min(run_end, until - 1)
         if h.is_control:
             continue
         for record in batch.records():
-            if record.offset < from_offset:
+            if record.offset < from_offset or (until is not None and record.offset >= until):
                 continue
             found = unwrap(prefix, record.key, record.value)
             if found is not None:
                 run.append(Record(record.offset, record.timestamp, found[0], found[1]))
-    if run_start is not None and run_end is not None and run_end >= run_start:
-        out.append(span_batch(run, run_start, run_end, run_epoch))   # type: ignore[arg-type]
+    flush()
+    if until is not None and covered < until:
+        out.append(span_batch([], covered, until - 1, run_epoch if run_epoch is not None else epoch))
     return out
 
 

@@ -13,9 +13,14 @@ entries; they commit in its term or it loses leadership, and then the next leade
 (`check`). `sync` reads a log's headers; the caller decides when (the Kafka face: before each
 idempotent append on the leader). Not thread-safe: call from one loop.
 
-Producers whose batches all left the log (compaction) are unknown again: their next batch is
+Producers whose batches all left the log (truncation) are unknown again: their next batch is
 accepted whatever its sequence (the state that could refuse it is gone), as Kafka does once it has
-expired a producer's state.
+expired a producer's state. A rebuild reads the log from where it holds every batch as written
+(`full_history_start`): below, key compaction may have dropped a producer's latest batches whole
+and kept older ones, which would make its next batch look like a gap (Kafka's cleaner keeps the last
+batch of every producer instead; here those producers are unknown again, like expired ones). A
+batch's last sequence is its base sequence plus its last offset delta (Kafka's definition, true of a
+batch that lost records too).
 """
 
 from __future__ import annotations
@@ -24,11 +29,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Final
 
-from eventlog.log import Log
-from eventlog.records import NO_PRODUCER_ID, BatchHeader
 from epochlog.kafka import errors as ke
 from epochlog.kafka.errors import KafkaError
 from epochlog.kafka.hosted import partition_key_of
+from eventlog.log import Log
+from eventlog.raft.runtime.group import full_history_start
+from eventlog.records import NO_PRODUCER_ID, BatchHeader
 
 CACHED_BATCHES: Final = 5          # Kafka keeps the last 5 batches per producer (max in-flight requests)
 SEQUENCE_MODULUS: Final = 1 << 31  # sequences wrap at Int32.MAX_VALUE
@@ -75,7 +81,7 @@ class ProducerStateTable:
             entry = self.producers[(partition, h.producer_id)] = ProducerEntry(h.producer_epoch)
         elif h.producer_epoch < entry.epoch:
             return   # a fenced epoch's batch (cannot be appended by this code; ignore it)
-        entry.batches.append(BatchMeta(h.base_sequence, last_sequence(h.base_sequence, h.records_count),
+        entry.batches.append(BatchMeta(h.base_sequence, last_sequence(h.base_sequence, h.last_offset_delta + 1),
                                        h.base_offset, h.base_offset + h.last_offset_delta))
 
     def check(self, producer_id: int, epoch: int, first_seq: int, count: int,
@@ -104,11 +110,11 @@ class ProducerStateTable:
         return None
 
     def sync(self, log: Log, term: int) -> None:
-        """Read the headers of every batch appended to `log` since the last call (all of them after a
-        term change, or when the log was truncated or compacted under the scan)."""
+        """Read the headers of every batch appended to `log` since the last call (all of them from
+        `full_history_start` after a term change, or when the log was truncated under the scan)."""
         if term != self.term or self.scanned_to < log.start_offset or self.scanned_to > log.end_offset:
             self.producers.clear()
-            self.scanned_to = log.start_offset
+            self.scanned_to = full_history_start(log)
             self.term = term
         while self.scanned_to < log.end_offset:
             chunk = log.read(self.scanned_to, 4 << 20)

@@ -178,6 +178,9 @@ BAD = [
     (("clients",), "frame_timeout_ms", 10, "clients.frame_timeout_ms = 10: must be >= 100"),
     (("compaction",), "retain_offsets", -1, "compaction.retain_offsets = -1: must be >= 0"),
     (("compaction", "cleaner"), "worker_nice", 40, "compaction.cleaner.worker_nice = 40: must be"),
+    (("compaction",), "compact_groups", ["kv", "kv-9"], "compaction.compact_groups = ['kv', 'kv-9']: names kv-9, "
+                                                        "not a group of [cluster] groups"),
+    (("compaction",), "compact_groups", ["kv", "kv"], "compaction.compact_groups = ['kv', 'kv']: lists a group twice"),
     ((), "raft2", {}, "config raft2 = {}: unknown section"),
 ]
 

@@ -12,6 +12,8 @@ import pytest
 from kafka.protocol.consumer.fetch import FetchResponse
 from kafka.record.memory_records import MemoryRecords
 
+from compaction.cleaner import clean_log
+from compaction.config import CleanerConfig
 from epochlog.kafka import errors as ke
 from epochlog.kafka import hosted
 from epochlog.kafka.errors import KafkaError, kafka_code
@@ -22,7 +24,15 @@ from eventlog.config import LogConfig
 from eventlog.errors import InvalidBatchError
 from eventlog.log import Log
 from eventlog.raft.errors import NotLeaderError
-from eventlog.records import Record, encode_batch, encode_records, iter_batches
+from eventlog.records import (
+    Record,
+    RecordBatch,
+    encode_batch,
+    encode_records,
+    iter_batches,
+    read_header,
+    retain_records,
+)
 from statemachines import events as ev
 
 
@@ -89,6 +99,47 @@ def test_the_producer_table_dedupes_refuses_gaps_and_is_rebuilt_from_the_log(tmp
         log.close()
 
 
+def test_the_producer_table_rebuilds_from_past_the_key_compacted_range(tmp_path: Path) -> None:
+    """Key compaction may drop a producer's newest batch whole (or some of its records) and keep an
+    older one: a new leader reads producer state only from where the log is as written, so the
+    producer is unknown (its next batch accepted) instead of seeing a gap."""
+    config = LogConfig(segment_bytes=4096, flush_policy="interval", preallocate_next_segment=False)
+    log = Log.open(tmp_path / "log", config)
+    try:
+        log.append(_producer_batch(7, 0, 0, 2, key=b"kv/a"), epoch=1)          # seq 0-1: kept (a is never rewritten)
+        log.append(_producer_batch(7, 0, 2, 3, key=b"kv/b"), epoch=1)          # seq 2-4: b is rewritten below
+        for i in range(60):
+            log.append(encode_batch([(b"kv/b", b"x" * 100)], timestamp_ms=1), epoch=1)
+        clean_log(log, log.segment_bases()[-1], CleanerConfig(worker_process=False))
+        assert log.clean_end_offset > 5 and [b.header.base_sequence for b in log.batches()
+                                             if b.header.producer_id == 7] == [0]
+        fresh = ProducerStateTable()
+        fresh.sync(log, term=2)
+        assert fresh.check(7, 0, 5, 1) is None          # the producer's next batch: no gap from the older one
+        log.append(_producer_batch(7, 0, 5, 1), epoch=1)
+        fresh.sync(log, term=2)
+        with pytest.raises(KafkaError) as gap:
+            fresh.check(7, 0, 9, 1)                     # known again from its batch above the range
+        assert gap.value.kafka_code == ke.OUT_OF_ORDER_SEQUENCE_NUMBER
+    finally:
+        log.close()
+
+
+def test_a_batch_that_lost_records_keeps_its_last_sequence(tmp_path: Path) -> None:
+    log = Log.open(tmp_path / "log", LogConfig(segment_bytes=1 << 20, flush_policy="interval"))
+    try:
+        raw = bytearray(encode_batch([(b"kv/a", b"1"), (b"kv/b", b"2"), (b"kv/c", b"3")], timestamp_ms=1,
+                                     producer_id=7, producer_epoch=0, base_sequence=10))
+        header = read_header(raw)
+        kept = list(RecordBatch.parse(raw).records())[:1]        # what compaction leaves of it
+        log.append(retain_records(header, kept), epoch=1)
+        table = ProducerStateTable()
+        table.sync(log, term=1)
+        assert table.check(7, 0, 13, 1) is None                   # 10..12 were the batch: 13 follows
+    finally:
+        log.close()
+
+
 @pytest.mark.parametrize("key", [None, b"", b"k", bytes(range(256)), "ключ".encode()])
 def test_hosted_records_wrap_as_valid_kv_events_and_unwrap(key: bytes | None) -> None:
     for value in (b"v", b"", None):
@@ -133,6 +184,32 @@ def test_hosted_partitions_are_served_as_batches_kafka_python_reads(tmp_path: Pa
         last = batch.base_offset + batch.last_offset_delta
     assert got == expected
     assert last == offset - 1 and epochs == [1, 2, 3]                  # spans every source offset, by epoch
+
+
+def test_hosted_batches_reach_the_partitions_high_watermark() -> None:
+    """A kv batch that runs past the partition's watermark (a record of another key after its last one)
+    is served up to the watermark only; a range with nothing of the partition left (key compaction
+    dropped its last record) is one empty span: a reader's position always reaches the watermark."""
+    prefix = hosted.entity_prefix("t", 0)
+    mine = ev.event_record(hosted.wrap("t", 0, b"k", b"v"))
+    other = ev.event_record(ev.KvPut(name="other", value=b"x"))
+    batch = encode_records([Record(10, 1, *mine), Record(11, 1, *other), Record(12, 1, *mine)], base_offset=10,
+                           leader_epoch=3)
+
+    def parse(served: list[bytes]) -> list[tuple[int, int, list[int]]]:
+        records = MemoryRecords(b"".join(served))
+        out = []
+        while (b := records.next_batch()) is not None:
+            assert b.validate_crc()
+            out.append((b.base_offset, b.base_offset + b.last_offset_delta, [r.offset for r in b]))
+        return out
+
+    assert parse(hosted.filter_batches(iter_batches(batch), prefix, 10, until=11)) == [(10, 10, [10])]
+    assert parse(hosted.filter_batches(iter_batches(batch), prefix, 10, until=13)) == [(10, 12, [10, 12])]
+    later = encode_records([Record(20, 1, *other)], base_offset=20, leader_epoch=3)
+    assert parse(hosted.filter_batches(iter_batches(later), prefix, 14, until=17, epoch=3)) == [(14, 16, [])]
+    assert parse(hosted.filter_batches(iter_batches(b""), prefix, 14, until=17, epoch=3)) == [(14, 16, [])]
+    assert hosted.filter_batches(iter_batches(later), prefix, 17, until=17) == []
 
 
 def test_errors_map_through_one_table() -> None:

@@ -94,7 +94,8 @@ class NodeCluster:
     """`size` `epochlog serve` processes of one cluster (see the module docstring).
 
     `groups`, `tick_interval_ms`, `snapshot_every_entries` go to `[cluster]`; `cluster`, `raft`, `log`,
-    `views`, `clients` and `compaction` are extra keys of those sections; `grpc` gives every member a
+    `views`, `clients` and `compaction` are extra keys of those sections (a dict value is a sub-table:
+`compaction={"cleaner": {...}}` is `[compaction.cleaner]`); `grpc` gives every member a
     gRPC address too. Logs get 1 MiB segments and the views small caches unless told otherwise (the
     defaults would cost each node hundreds of MiB). `env` adds environment variables to every process
     started (e.g. EPOCHLOG_FAULTS).
@@ -145,8 +146,13 @@ class NodeCluster:
                                 ("clients", self.clients), ("compaction", self.compaction)):
             if values:
                 lines.append(f"[{section}]")
-                lines += [f"{k} = {_toml(v)}" for k, v in values.items()]
+                lines += [f"{k} = {_toml(v)}" for k, v in values.items() if not isinstance(v, dict)]
                 lines.append("")
+                for name, table in values.items():   # a sub-table, e.g. compaction={"cleaner": {...}}
+                    if isinstance(table, dict):
+                        lines.append(f"[{section}.{name}]")
+                        lines += [f"{k} = {_toml(v)}" for k, v in table.items()]
+                        lines.append("")
         return "\n".join(lines)
 
     # --- addresses -------------------------------------------------------------------------------
@@ -364,4 +370,6 @@ def _toml(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
     return repr(value)

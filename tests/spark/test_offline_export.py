@@ -149,3 +149,35 @@ def test_audit_refuses_bad_input_before_starting_spark(tmp_path: Path) -> None:
     when = datetime(2026, 1, 1, tzinfo=timezone.utc)
     assert _epochlog("audit", "diff", "--table", str(table), "--from", (when + timedelta(days=1)).isoformat(),
                      "--to", when.isoformat()).returncode == 3
+
+
+def test_a_key_compacted_range_is_a_gap_for_the_first_export(tmp_path: Path) -> None:
+    """An export starts where the log holds every record as written: past the key-compacted range (as the
+    node's read_events reports it online), so a first run reports that range as skipped (a gap), as it
+    does for a truncated one, instead of exporting each entity's latest record as if it were history."""
+    from compaction.cleaner import clean_log
+    from compaction.config import CleanerConfig
+    from compaction.event_keys import compaction_key, is_delete
+    from eventlog.config import LogConfig
+    from eventlog.log import Log
+    from eventlog.records import encode_batch
+    from spark.plan import ExportPlan
+
+    log = Log.open(tmp_path / "node" / "groups" / "kv" / "log",
+                   LogConfig(segment_bytes=4096, flush_policy="fsync", preallocate_next_segment=False))
+    try:
+        for i in range(300):
+            event = ev.KvPut(name=f"k{i % 7}", value=b"v" * 40)
+            log.append(encode_batch([ev.event_record(event)], timestamp_ms=BASE_TIMESTAMP_MS + i), epoch=1)
+        clean_log(log, log.segment_bases()[-1], CleanerConfig(worker_process=False), record_key_of=compaction_key,
+                  is_tombstone=is_delete)
+        end = log.clean_end_offset
+    finally:
+        log.close()
+    assert end > 0
+    bounds = OfflineSource.discover(tmp_path / "node").bounds()
+    assert bounds["kv"][0] == end
+    plan = ExportPlan.make({}, {"kv": (bounds["kv"][0], 299)})
+    (kv,) = plan.groups
+    assert (kv.start, kv.skipped) == (end, end)
+

@@ -40,6 +40,7 @@ from hypothesis.stateful import (
 
 from eventlog.raft.types import Entry
 from statemachines.events import EventError
+from statemachines.noops import noop_offsets
 from statemachines.query import Query
 from statemachines.store import ViewsConfig
 from statemachines.views import ViewsStateMachine
@@ -71,6 +72,7 @@ class ViewsVersusModel(RuleBasedStateMachine):
         self.entries: list[Entry] = []
         self.checks = 0
         self.reopened = False
+        self.noops: set[int] = set()
 
     @property
     def query(self) -> Query:
@@ -83,6 +85,9 @@ class ViewsVersusModel(RuleBasedStateMachine):
         check_outcomes(outcomes, expected)
         self.entries += entries
         assert self.sm.applied_index == self.model.applied
+        # Every record that changed nothing (rejected or a retry) has its `noops` row, and no other.
+        self.noops |= {o for o, want in expected.items() if not want.ok or want.duplicate}
+        assert set(noop_offsets(self.sm.store, 0, self.model.applied + 1)) == self.noops
 
     @precondition(lambda self: self.entries)
     @rule(pick=st.integers(0, 1 << 16), limit=st.integers(1, 3))

@@ -174,10 +174,17 @@ CRASH_STEPS: dict[str, tuple[str, str]] = {
     "truncate.detach": ("eventlog.raft.runtime.log_storage", "LogStorage.detach_through"),    # log start, renames
     "truncate.unlink": ("eventlog.raft.runtime.group", "_unlink_all"),                        # a thread
     "prune.chunk": ("statemachines.prune", "HistoryPruner.step"),
+    "clean.swap": ("eventlog.log", "Log.swap_cleaned"),                      # key compaction's swap (a thread)
+    # In the cleaner's worker process (compaction/worker.py installs the point too): a crash there
+    # kills the node that spawned it first, then the worker.
+    "clean.pass": ("compaction.rewrite", "run_pass"),                        # the whole pass, files written
+    "clean.write": ("eventlog.cleaned", "CleanedSegmentWriter.finish"),      # a cleaned file fsynced
 }
 """The steps a crash point can name. Inside a step, every file-system call (`os.rename`, `os.replace`,
 `os.unlink`, `os.rmdir`, `os.mkdir`, `os.fsync`, `os.fdatasync`) of the thread running it is an "io",
 and so is a WriteBatch the pruner writes (`ViewStore.write` within `prune.chunk`)."""
+WORKER_STEPS = ("clean.pass", "clean.write")
+"""Steps that run in the cleaner's worker process, not in the node."""
 COUNTED_AT_FIRST_IO = ("truncate.detach", "prune.chunk")
 """Steps called often with nothing to do: only a run that does an io counts (and `before` is just
 before that first io). The others count every run, from its start."""
@@ -207,17 +214,31 @@ class CrashPoint:
         return f"{self.step}:{self.point}@{self.occurrence}"
 
 
-def _die(where: str) -> None:
-    print(f"epochlog-crash: SIGKILL at {where} (monotonic={time.monotonic():.6f})", file=sys.stderr, flush=True)
+def _kill(where: str, first: int | None = None) -> None:
+    line = f"epochlog-crash: SIGKILL at {where} (monotonic={time.monotonic():.6f})"
+    print(line, file=sys.stderr, flush=True)
+    if first:
+        # The worker's stderr is a pipe its node reads; the node's own stderr (a file in the tests) says
+        # where it died instead.
+        try:
+            with open(f"/proc/{first}/fd/2", "a") as err:
+                err.write(f"{line} (in the cleaner's worker process {os.getpid()}: its node first)\n")
+        except OSError:
+            pass
+        os.kill(first, signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def install_crash_point(target: CrashPoint) -> None:
-    """Wrap the steps and the file-system calls so the process kills itself at `target`.
+def install_crash_point(target: CrashPoint, *, kill_first: int | None = None) -> None:
+    """Wrap the steps and the file-system calls so the process kills itself at `target` (after
+    SIGKILLing process `kill_first`: the cleaner's worker takes its node down with it).
 
     The wrappers are thread-aware (a step's ios are those of the thread running it), so a snapshot
     written in a thread and the loop's own file operations are told apart."""
     import importlib
+
+    def _die(where: str) -> None:
+        _kill(where, kill_first)
 
     local = threading.local()   # .run: [step, ios so far, its run number once it counts] of this thread's step
     runs: dict[str, int] = {}
@@ -272,18 +293,22 @@ def install_crash_point(target: CrashPoint) -> None:
             return result
         return wrapper
 
-    for step, (module_name, path) in CRASH_STEPS.items():
-        owner: Any = importlib.import_module(module_name)
-        *parents, attr = path.split(".")
-        for part in parents:
-            owner = getattr(owner, part)
-        setattr(owner, attr, wrap_step(step, getattr(owner, attr)))
-    store = importlib.import_module("statemachines.store")
-    store.ViewStore.write = wrap_io(store.ViewStore.write)   # a pruning chunk's WriteBatch is its io
+    module_name, path = CRASH_STEPS[target.step]   # only the target's step (a worker imports little)
+    owner: Any = importlib.import_module(module_name)
+    *parents, attr = path.split(".")
+    for part in parents:
+        owner = getattr(owner, part)
+    setattr(owner, attr, wrap_step(target.step, getattr(owner, attr)))
+    if target.step == "prune.chunk":
+        store = importlib.import_module("statemachines.store")
+        store.ViewStore.write = wrap_io(store.ViewStore.write)   # a pruning chunk's WriteBatch is its io
     print(f"epochlog-crash: armed at {target}", file=sys.stderr, flush=True)
 
 
-def install_crash_point_from_env() -> None:
+def install_crash_point_from_env(*, kill_first: int | None = None, steps: tuple[str, ...] | None = None) -> None:
+    """Install `EPOCHLOG_CRASH_AT` if it names one of `steps` (default: any)."""
     text = os.environ.get(CRASH_ENV_VAR, "")
     if text.strip():
-        install_crash_point(CrashPoint.parse(text.strip()))
+        target = CrashPoint.parse(text.strip())
+        if steps is None or target.step in steps:
+            install_crash_point(target, kill_first=kill_first)

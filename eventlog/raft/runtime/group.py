@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Protocol
 
 from eventlog.errors import BatchTooLargeError, DiskFullError, EpochlogError
+from eventlog.log import Log
 from eventlog.raft.config import RaftConfig
 from eventlog.errors import OffsetOutOfRangeError
 from eventlog.raft.errors import (
@@ -369,8 +370,10 @@ class RaftGroup:
         """Committed records whose key starts with `prefix`, from `from_offset` on, as they are applied.
 
         Reads the log in chunks of at most `chunk_bytes`, as fast as the consumer pulls (that is the
-        flow control). A watcher whose offset is no longer in the log gets CompactedError naming the
-        snapshot to resync from: never a silent gap.
+        flow control). A watcher whose offset is no longer in the log record by record (truncated, or
+        key-compacted: `full_history_start`) gets CompactedError naming the snapshot to resync from:
+        never a silent gap. The check follows each read, so a pass that cleaned the range meanwhile is
+        caught too (the cleaned range only grows).
         """
         offset = max(0, from_offset)
         log = self.storage.log
@@ -384,10 +387,11 @@ class RaftGroup:
                 chunk = log.read(offset, chunk_bytes, max_offset=applied + 1)
             except OffsetOutOfRangeError:
                 chunk = None
-            if chunk is None or offset < log.start_offset:
-                raise CompactedError(f"compacted: offset {offset} is no longer in the log (it starts at "
-                                     f"{log.start_offset}); resync from the snapshot at offset "
-                                     f"{self.storage.snapshot().index}, then watch from the offset after it")
+            if chunk is None or offset < full_history_start(log):
+                raise CompactedError(f"compacted: offset {offset} is no longer in the log record by record (it "
+                                     f"starts at {log.start_offset}, key-compacted below {log.clean_end_offset}); "
+                                     f"resync from the snapshot at offset {self.storage.snapshot().index}, then "
+                                     f"watch from the offset after it")
             for batch in chunk.batches():
                 if batch.header.is_control:
                     continue
@@ -965,6 +969,14 @@ def _unlink_all(paths: Sequence[Path]) -> None:
             path.unlink(missing_ok=True)
         except OSError as exc:   # left for the next open, which removes `.deleted` files
             logger.warning("could not remove %s: %s", path, exc)
+
+
+def full_history_start(log: Log) -> int:
+    """The first offset from which `log` holds every committed record as written: past the log start
+    and past what key compaction rewrote (`Log.clean_end_offset`, the log start when nothing was
+    cleaned). Below it, readers who were promised every event (watch, read_events, exports) are told
+    `compacted`; Kafka consumers read the compacted records (each entity's latest)."""
+    return max(log.start_offset, log.clean_end_offset)
 
 
 def initial_conf(members: Sequence[int]) -> ConfState:
