@@ -12,7 +12,6 @@ leaders to add it as a learner, and learns everything else (membership included)
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import random
