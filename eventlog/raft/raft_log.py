@@ -51,6 +51,8 @@ class RaftLog:
         return self.storage.first_index()
 
     def snapshot_index(self) -> int:
+        """The index before the first entry held: the snapshot's, or below it when the storage still
+        holds entries the snapshot covers."""
         return self.first_index() - 1
 
     def stable_last_index(self) -> int:
@@ -112,8 +114,10 @@ class RaftLog:
             if term <= max_term:
                 return i
             i = self.entry_bounds(i)[0] - 1
-        if i == snap and (self.term(snap) or 0) <= max_term:
-            return snap
+        if i == snap:
+            term = self.term(snap)
+            if term is not None and term <= max_term:
+                return snap
         return snap - 1
 
     # --- reading -------------------------------------------------------------------------------

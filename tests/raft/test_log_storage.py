@@ -72,16 +72,28 @@ def test_snapshots_keep_the_previous_one_readable_and_install_resets_the_log(tmp
     st.append(chain(0, 1, 40))
     first = st.create_snapshot(9, CONF, lambda p: p.write_bytes(b"state@9" * 100))
     second = st.create_snapshot(19, CONF, lambda p: p.write_bytes(b"state@19" * 100))
-    assert st.snapshot() == second and st.first_index() == 20
-    assert st.log.start_offset == 0, "segments stay until compact(): a lagging follower may still read them"
+    assert st.snapshot() == second and st.log.start_offset == 0
+    # The log still holds what the snapshots cover: a follower lagging behind them catches up from it.
+    assert st.first_index() == 0 and st.term(-1) == 0
+    assert (st.term(9), st.entry_bounds(19)) == (1, (18, 19)), "the entry ending at the snapshot, from the log"
+    assert [e.index for e in st.entries(0, 20, 1 << 20)] == list(range(0, 20, 2))
     assert st.snapshot_chunk(first.index, 0, 7) == b"state@9", "a transfer of the previous one can finish"
     st.create_snapshot(29, CONF, lambda p: p.write_bytes(b"x"))
     with pytest.raises(CompactedError):
         st.snapshot_chunk(first.index, 0, 7)
     st.compact(29)
-    assert st.first_index() == 30 and st.term(29) == 1
+    assert st.log.start_offset == 0 and st.first_index() == 0, "no segment lies wholly at or below 29"
+    st.append(chain(80, 1, 200))                      # offsets 80-479, several 16 KiB segments
+    st.create_snapshot(479, CONF, lambda p: p.write_bytes(b"y"))
+    assert st.compact(479) >= 1 and 0 < (start := st.log.start_offset) < 480
+    # The term before the log's new start is unknown: the core is served from the entry after the
+    # first one held (its predecessor's term is in the log), still below the snapshot.
+    assert st.first_index() == start + 2 and st.term(start + 1) == 1 and st.term(479) == 1
+    assert st.entries(start + 2, start + 4, 1 << 20)[0].index == start + 2
     with pytest.raises(CompactedError):
-        st.term(5)
+        st.term(start - 1)
+    with pytest.raises(CompactedError):
+        st.entries(start, start + 2, 1 << 20)
     st.close()
 
     follower = LogStorage.open(tmp_path / "b", CFG, CONF)

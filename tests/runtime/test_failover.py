@@ -12,7 +12,9 @@ the leader of `g0` is killed with SIGKILL. Checked:
 - the killed node restarts and catches up: by log in the first test; in the second, the survivors
   snapshot and compact their logs while it is down (snapshot_every_entries), so their logs start
   beyond its old log end and only an InstallSnapshot can bring it back; its status must then show a
-  snapshot past its old log end and the same applied digest and record count as the others.
+  snapshot past its old log end and the same applied digest and record count as the others. In the
+  third the survivors snapshot past its old log end but their logs (64 MiB segments) still hold the
+  entries it lacks: it must catch up from the log, keeping its log from offset 0 (no install).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def _old_log_end(cluster: Cluster, node: int, group: str) -> int:
     return rows[-1].last_offset + 1 if rows else 0
 
 
-async def _failover(cluster: Cluster, *, by_snapshot: bool) -> None:
+async def _failover(cluster: Cluster, *, by_snapshot: bool, snapshots_ahead: bool = False) -> None:
     await cluster.start()
     streams = {g: WriteStream(cluster, g, proposers=4) for g in GROUPS}
     for s in streams.values():
@@ -79,6 +81,12 @@ async def _failover(cluster: Cluster, *, by_snapshot: bool) -> None:
             states = await cluster.states("g0", survivors)
             return len(states) == 2 and all(s.log_start > old_end for s in states.values())
         await wait_for(compacted, 30.0, f"the survivors to compact g0 beyond offset {old_end}")
+    elif snapshots_ahead:
+        # Keep writing until every survivor took a snapshot past the victim's old log end.
+        async def snapshotted() -> bool:
+            states = await cluster.states("g0", survivors)
+            return len(states) == 2 and all(s.snapshot_index > old_end for s in states.values())
+        await wait_for(snapshotted, 30.0, f"the survivors to snapshot g0 beyond offset {old_end}")
     else:
         await asyncio.sleep(0.5)
 
@@ -96,6 +104,8 @@ async def _failover(cluster: Cluster, *, by_snapshot: bool) -> None:
     if by_snapshot:
         assert restarted.snapshot_index > old_end, (old_end, restarted)
         assert restarted.log_start > old_end, (old_end, restarted)
+    elif snapshots_ahead:
+        assert restarted.log_start == 0, f"installed a snapshot instead of catching up from the log: {restarted}"
     else:
         assert restarted.snapshot_index == -1 and restarted.log_start == 0, restarted
     print(f"node {victim} back: old g0 log end {old_end}, now {restarted}")
@@ -129,3 +139,11 @@ def test_leader_killed_mid_stream_catch_up_by_snapshot(cluster_factory: Callable
     # the killed node is down, so its next index falls below their first index.
     cluster = cluster_factory(groups=GROUPS, snapshot_every_entries=200, log={"segment_bytes": 16 << 10})
     run_test(cluster, lambda c: _failover(c, by_snapshot=True))
+
+
+def test_leader_killed_mid_stream_catch_up_by_log_behind_the_snapshots(
+        cluster_factory: Callable[..., Cluster]) -> None:
+    # A snapshot every 200 offsets, but 16 MiB segments: no segment lies wholly below a snapshot, so
+    # the survivors' logs keep every entry and the victim needs no InstallSnapshot.
+    cluster = cluster_factory(groups=GROUPS, snapshot_every_entries=200, log={"segment_bytes": 16 << 20})
+    run_test(cluster, lambda c: _failover(c, by_snapshot=False, snapshots_ahead=True))

@@ -31,7 +31,7 @@ from pathlib import Path
 import msgspec
 
 from eventlog.config import LogConfig
-from eventlog.errors import LogCorruptionError
+from eventlog.errors import EpochlogError, LogCorruptionError
 from eventlog.fileutil import atomic_write, fsync_dir, io_error
 from eventlog.log import Log
 from eventlog.raft.errors import CompactedError, UnavailableError
@@ -62,6 +62,7 @@ class LogStorage:
         self._snapshot = snapshot
         self._conf_offsets = list(state.conf_offsets)
         self._snapshot_seq = 0
+        self._anchor: tuple[int, int | None] = (-1, None)   # see _anchored
 
     @classmethod
     def open(cls, directory: str | Path, log_config: LogConfig, initial_conf: ConfState) -> LogStorage:
@@ -101,9 +102,36 @@ class LogStorage:
         return HardState(term=s.term, vote=s.vote, commit=s.commit), self._snapshot
 
     def first_index(self) -> int:
-        # Below clean_end_offset key compaction may have rewritten entries: never served (a follower
-        # that needs them gets the snapshot), so the cleaner must stay at or below snapshot + 1.
-        return max(self.log.start_offset, self.log.clean_end_offset, self._snapshot.index + 1)
+        """The first entry served to the core: the log's, when it still holds entries the snapshot
+        covers, so a follower that lags behind the latest snapshot catches up from the log (and keeps
+        a key-compacted prefix); it installs a snapshot only when it needs an entry the log no longer
+        holds as written.
+
+        Below `clean_end_offset` key compaction may have rewritten entries: never served (a follower
+        that needs them gets the snapshot), so the cleaner must stay at or below snapshot + 1. The core
+        checks the term of the offset before the first entry it sends, so the first entry served is
+        one whose predecessor's term is known (`_anchored`)."""
+        snapshot_next = self._snapshot.index + 1
+        held = max(self.log.start_offset, self.log.clean_end_offset)
+        if held < snapshot_next:
+            first = self._anchored(held)
+            if first is not None and first < snapshot_next:
+                return first
+        return max(held, snapshot_next)
+
+    def _anchored(self, held: int) -> int | None:
+        """`held` when the term of the offset before it is known (offset -1: term 0; the end of a
+        cleaned range: the leader epoch cache), else the offset after the entry at `held` (after a
+        truncation the epoch before the log start is gone). Cached per `held`: the core asks often."""
+        if held == 0 or self.log.epoch_for_offset(held - 1) is not None:
+            return held
+        if self._anchor[0] != held:
+            try:
+                first: int | None = self._entry_at(held).last_index + 1
+            except (EpochlogError, StopIteration):
+                first = None
+            self._anchor = (held, first)
+        return self._anchor[1]
 
     def last_index(self) -> int:
         return max(self.log.end_offset - 1, self._snapshot.index)
@@ -111,8 +139,11 @@ class LogStorage:
     def term(self, index: int) -> int:
         if index == self._snapshot.index:
             return self._snapshot.term
-        if index < self.first_index() - 1:
-            raise CompactedError(f"index {index} is compacted (log starts at {self.first_index()})")
+        first = self.first_index()
+        if index < first - 1:
+            raise CompactedError(f"index {index} is compacted (log starts at {first})")
+        if index == -1:
+            return 0   # the empty prefix every log shares
         term = self._log_term(index)
         if term is None:
             raise UnavailableError(f"index {index} is beyond the last index {self.last_index()}")
@@ -135,12 +166,17 @@ class LogStorage:
                 out.append(entry)
                 size += entry.size
             offset = chunk.next_offset
+        if lo < max(self.log.start_offset, self.log.clean_end_offset):
+            # A cleaner pass swapped in a cleaned segment while this read ran (entries below the
+            # snapshot are served while the cleaner may still clean them): what was read may lack records.
+            raise CompactedError(f"index {lo} was compacted while it was read")
         if not out and lo <= self.last_index():
             raise UnavailableError(f"no entry starts at {lo}")
         return out
 
     def entry_bounds(self, index: int) -> tuple[int, int]:
-        if index == self._snapshot.index:
+        if index == self._snapshot.index and not (
+                max(self.log.start_offset, self.log.clean_end_offset) <= index < self.log.end_offset):
             return index, index
         e = self._entry_at(index)
         return e.index, e.last_index
