@@ -257,10 +257,20 @@ def _extra(args: argparse.Namespace) -> str:
     return text
 
 
+def _table_step(samples: list[dict[str, Any]]) -> int:
+    """disk_table shows every step-th sample (and the last), at most about 16 rows."""
+    return max(1, len(samples) // 16)
+
+
+def _thinned(samples: list[dict[str, Any]]) -> str:
+    step = _table_step(samples)
+    return "" if step == 1 else f"; 1 sample in {step} shown, the summary below uses all {len(samples)}"
+
+
 def disk_table(result: dict[str, Any]) -> str:
     rows = ["| t (s) | events | log MB | views MB | snapshots MB |", "|---:|---:|---:|---:|---:|"]
     samples = result["samples"]
-    step = max(1, len(samples) // 16)
+    step = _table_step(samples)
     shown = samples[::step] + ([samples[-1]] if (len(samples) - 1) % step else [])
     for s in shown:
         rows.append(f"| {s['t']} | {s['events']:,} | {_mb(s['log'])} | {_mb(s['views'])} | {_mb(s['snapshots'])} |")
@@ -373,13 +383,6 @@ def _qa_row(label: str, r: dict[str, Any]) -> str:
             f"{_mb(total['log'] + total['views'] + total['snapshots'])} |")
 
 
-def _sample_gap(samples: list[dict[str, Any]]) -> float:
-    """The median time between samples: a loaded machine stretches `--sample-s` (the sizes are read
-    in a thread, the sampler shares the writers' loop)."""
-    gaps = sorted(b["t"] - a["t"] for a, b in zip(samples, samples[1:]) if b["events"] > a["events"])
-    return gaps[len(gaps) // 2] if gaps else 0.0
-
-
 def render(results: dict[str, Any], args: argparse.Namespace) -> str:
     """The markdown of the `compaction` section of bench/RESULTS.md."""
     out = []
@@ -413,7 +416,8 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
                 "(100,000 offsets by default), request ids above the history floor, and RocksDB's not yet "
                 "compacted garbage; two snapshots are kept.", "",
                 f"Batches of {f['batch']} puts per `Write`, {args.concurrency} in flight; {f['events_per_s']:,} "
-                f"events/s; {f['errors']} failed calls. Sampled every {_sample_gap(f['samples']):.0f} s (all groups; MB = "
+                f"events/s; {f['errors']} failed calls. Sampled every {args.sample_s:.0f} s{_thinned(f['samples'])} "
+                "(all groups; MB = "
                 "10^6 bytes allocated):", "", disk_table(f), ""]
         samples = f["samples"]
         half = [s for s in samples if s["events"] >= f["events"] // 2]
