@@ -13,7 +13,7 @@ the leader of `g0` is killed with SIGKILL. Checked:
   snapshot and compact their logs while it is down (snapshot_every_entries), so their logs start
   beyond its old log end and only an InstallSnapshot can bring it back; its status must then show a
   snapshot past its old log end and the same applied digest and record count as the others. In the
-  third the survivors snapshot past its old log end but their logs (64 MiB segments) still hold the
+  third the survivors snapshot past its old log end but their logs (16 MiB segments) still hold the
   entries it lacks: it must catch up from the log, keeping its log from offset 0 (no install).
 """
 

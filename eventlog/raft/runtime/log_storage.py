@@ -84,7 +84,7 @@ class LogStorage:
             self.log.reset(snap.index + 1)  # the snapshot was installed; the log reset did not happen
         end = self.log.end_offset
         valid = []
-        first = max(self.log.start_offset, self.log.clean_end_offset)
+        first = self._written_from()
         for offset in self._conf_offsets:
             if offset < end and offset >= first and self._entry_at(offset).kind is EntryKind.CONF_CHANGE:
                 valid.append(offset)
@@ -112,7 +112,7 @@ class LogStorage:
         checks the term of the offset before the first entry it sends, so the first entry served is
         one whose predecessor's term is known (`_anchored`)."""
         snapshot_next = self._snapshot.index + 1
-        held = max(self.log.start_offset, self.log.clean_end_offset)
+        held = self._written_from()
         if held < snapshot_next:
             first = self._anchored(held)
             if first is not None and first < snapshot_next:
@@ -132,6 +132,11 @@ class LogStorage:
                 first = None
             self._anchor = (held, first)
         return self._anchor[1]
+
+    def _written_from(self) -> int:
+        """The first offset from which the log holds every entry as written (past the log start and
+        the key-compacted range)."""
+        return max(self.log.start_offset, self.log.clean_end_offset)
 
     def last_index(self) -> int:
         return max(self.log.end_offset - 1, self._snapshot.index)
@@ -166,7 +171,7 @@ class LogStorage:
                 out.append(entry)
                 size += entry.size
             offset = chunk.next_offset
-        if lo < max(self.log.start_offset, self.log.clean_end_offset):
+        if lo < self._written_from():
             # A cleaner pass swapped in a cleaned segment while this read ran (entries below the
             # snapshot are served while the cleaner may still clean them): what was read may lack records.
             raise CompactedError(f"index {lo} was compacted while it was read")
@@ -175,8 +180,7 @@ class LogStorage:
         return out
 
     def entry_bounds(self, index: int) -> tuple[int, int]:
-        if index == self._snapshot.index and not (
-                max(self.log.start_offset, self.log.clean_end_offset) <= index < self.log.end_offset):
+        if index == self._snapshot.index and not self._written_from() <= index < self.log.end_offset:
             return index, index
         e = self._entry_at(index)
         return e.index, e.last_index
