@@ -21,11 +21,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keys", type=int, default=5, help="keys in the keyspace (default 5)")
     ap.add_argument("--dir", type=Path, default=None,
                     help="data directory to use and keep (default: a temporary one, deleted after a clean run)")
+    ap.add_argument("--compaction", action="store_true",
+                    help="snapshots every 200 offsets, 64 KiB segments, 300 offsets retained: truncation, key "
+                         "compaction and pruning run throughout; the views are compared after stopping")
     args = ap.parse_args(argv)
     if args.seconds <= 0 or args.clients < 1 or args.keys < 1:
         ap.error("--seconds, --clients and --keys must be positive")
     seed = args.seed if args.seed is not None else random.SystemRandom().getrandbits(32)
-    params = ChaosParams(seconds=args.seconds, seed=seed, clients=args.clients, keys=args.keys)
+    params = ChaosParams(seconds=args.seconds, seed=seed, clients=args.clients, keys=args.keys,
+                         compaction=args.compaction)
     try:
         return ChaosRun(params, args.dir).run().exit_code
     except (AssertionError, OSError) as exc:   # the cluster could not be set up or went away

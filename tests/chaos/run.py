@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO, cast
+from typing import Any, TextIO, cast
 
 from epochlog.client import AsyncClient, Change, ClientError, InvalidArgumentError, RejectedError
 from eventlog.errors import EpochlogError
@@ -23,6 +23,12 @@ from tests.sim.linearizability import check_history
 
 GROUPS = ("metadata", "offsets", "kv")
 CONVERGE_S = 60.0
+# --compaction: snapshots, truncation (offsets), key compaction (metadata, kv) and history pruning run
+# all the time, so faults land on them and lagging members catch up by log or by snapshot.
+COMPACTION = {"retain_offsets": 300, "check_interval_ms": 100, "prune_interval_ms": 20,
+              "cleaner": {"delete_retention_ms": 1000, "min_cleanable_dirty_ratio": 0.3}}
+COMPACTION_LOG = {"segment_bytes": 64 << 10}
+COMPACTION_SNAPSHOT_EVERY = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +41,7 @@ class ChaosParams:
     nemesis_gap_s: tuple[float, float] = (1.0, 3.0)     # quiet time between two faults
     pause_s: tuple[float, float] = (0.5, 4.0)           # SIGSTOP length
     down_s: tuple[float, float] = (0.5, 3.0)            # kill -9 to restart
+    compaction: bool = False                            # see COMPACTION
 
 
 @dataclass
@@ -46,6 +53,8 @@ class Outcome:
     acked_writes: int = 0
     converged_s: float = -1.0
     commit: int = -1
+    checked_from: int = 0     # the kv logs were compared from here (where every node holds them as written)
+    digests_equal: int = 0    # groups whose views were compared after stopping (compaction runs)
 
     @property
     def exit_code(self) -> int:
@@ -201,15 +210,22 @@ class ChaosRun:
 
     def run(self) -> Outcome:
         p = self.p
-        self.say(f"chaos: seed={p.seed} seconds={p.seconds} clients={p.clients} keys={p.keys} dir={self.root} "
-                 f"(replay: python -m tests.chaos --seconds {p.seconds:g} --seed {p.seed})")
-        cluster = NodeCluster(self.root / "cluster", seed=p.seed, name="chaos")
+        flag = " --compaction" if p.compaction else ""
+        self.say(f"chaos: seed={p.seed} seconds={p.seconds} clients={p.clients} keys={p.keys}{flag} dir={self.root} "
+                 f"(replay: python -m tests.chaos --seconds {p.seconds:g} --seed {p.seed}{flag})")
+        extra: dict[str, Any] = {}
+        if p.compaction:
+            extra = {"snapshot_every_entries": COMPACTION_SNAPSHOT_EVERY, "log": COMPACTION_LOG,
+                     "compaction": COMPACTION}
+        cluster = NodeCluster(self.root / "cluster", seed=p.seed, name="chaos", **extra)
         outcome = Outcome()
         try:
             cluster.start()
             for g in GROUPS:
                 cluster.leader(g, timeout=30)
             asyncio.run(self._run(cluster, outcome))
+            if p.compaction and outcome.converged_s >= 0:
+                self._check_digests(cluster, outcome)
         finally:
             cluster.close()
         self._summary(outcome)
@@ -288,35 +304,55 @@ class ChaosRun:
             outcome.ops[f"{label} {op.status.value}"] += 1
 
     async def _check_replicas(self, cluster: NodeCluster, clients: Clients, outcome: Outcome) -> None:
-        """Every acknowledged write on every replica, at its offset, with its value; logs identical."""
+        """Every acknowledged write on every replica, at its offset, with its value; logs identical.
+
+        With compaction on, a node holds its log record by record only from its full-history start and
+        its views' history only from the history floor: acknowledged writes below are checked by
+        `_check_digests` (equal views), and the logs are compared where all nodes hold them."""
         leader = await asyncio.to_thread(cluster.leader, "kv")
         info = await asyncio.to_thread(cluster.group_status, leader, "kv")
         assert info is not None, f"the kv leader {leader} does not answer"
         kv_commit = info.commit_offset
         outcome.commit = kv_commit
         logs: dict[int, dict[int, tuple[str, bytes | None, bool | None]]] = {}
+        starts: dict[int, int] = {}
         for i in cluster.nodes:
             async with AsyncClient([cluster.endpoint(i)], timeout=10) as client:
-                logs[i] = await _read_log(client, cluster.endpoint(i), kv_commit)
+                starts[i], logs[i] = await _read_log(client, cluster.endpoint(i), kv_commit)
                 for key in clients.keys:
-                    changes = await _history(client, key, kv_commit)
+                    floor, changes = await _history(client, key, kv_commit)
                     for k, value, offset in clients.acked:
-                        if k == key and changes.get(offset) != value:
+                        if k == key and offset >= floor and changes.get(offset) != value:
                             outcome.violations.append(
                                 f"node {i}: the history of {key} lacks the acknowledged write of {value} at "
                                 f"offset {offset} (it has {changes.get(offset)!r} there)")
+        common = max(starts.values())
+        outcome.checked_from = common
         for i, log in logs.items():
             for key, value, offset in clients.acked:
+                if offset < starts[i]:
+                    continue
                 record = log.get(offset)
                 event = decode_event(record[1]) if record is not None and record[1] is not None else None
                 if record is None or record[0] != "kv/" + key or not isinstance(event, KvPut) \
                         or event.value != b"%d" % value or record[2] is False:
                     outcome.violations.append(f"node {i}: acknowledged write {key}={value} at offset {offset} "
                                               f"is not in its log (found {record!r:.120})")
-            if log != logs[1]:
-                diff = sorted(o for o in set(log) | set(logs[1]) if log.get(o) != logs[1].get(o))
+            first = logs[1]
+            diff = sorted(o for o in set(log) | set(first) if o >= common and log.get(o) != first.get(o))
+            if diff:
                 outcome.violations.append(f"node {i}'s kv log differs from node 1's at offsets {diff[:10]}")
         del outcome.violations[20:]
+
+    def _check_digests(self, cluster: NodeCluster, outcome: Outcome) -> None:
+        """Stop the nodes once converged; every group's views must be equal on every node (the state
+        of the compacted, truncated and pruned parts too)."""
+        for group, nodes in cluster.stop_converged(GROUPS).items():
+            if len(set(nodes.values())) != 1:
+                outcome.violations.append(f"{group}: views differ after convergence: "
+                                          + ", ".join(f"node {n} applied {a} digest {d.hex()[:12]}"
+                                                      for n, (a, d) in sorted(nodes.items())))
+            outcome.digests_equal += 1
 
     def _summary(self, o: Outcome) -> None:
         self.say("summary:")
@@ -324,6 +360,9 @@ class ChaosRun:
         self.say(f"  operations: {dict(sorted(o.ops.items()))}")
         self.say(f"  acknowledged writes: {o.acked_writes}; kv commit offset {o.commit}; "
                  + (f"converged {o.converged_s:.2f}s after healing" if o.converged_s >= 0 else "did not converge"))
+        if self.p.compaction:
+            self.say(f"  compaction: kv logs compared from offset {o.checked_from}; views of {o.digests_equal} "
+                     f"groups compared after stopping")
         if o.inconclusive:
             self.say(f"  linearizability search inconclusive: {o.inconclusive}")
         for v in o.violations:
@@ -332,10 +371,12 @@ class ChaosRun:
         self.say(f"chaos seed={self.p.seed}: {verdict}")
 
 
-async def _read_log(client: AsyncClient, endpoint: str, through: int) -> dict[int, tuple[str, bytes | None, bool | None]]:
-    """Node `endpoint`'s kv records through offset `through`: offset -> (key, event bytes, applied)."""
+async def _read_log(client: AsyncClient, endpoint: str,
+                    through: int) -> tuple[int, dict[int, tuple[str, bytes | None, bool | None]]]:
+    """Node `endpoint`'s kv records from where it holds them as written through offset `through`:
+    (that offset, offset -> (key, event bytes, applied))."""
     out: dict[int, tuple[str, bytes | None, bool | None]] = {}
-    offset = 0
+    start = offset = (await client.read_events("kv", through, max_events=1, endpoint=endpoint)).log_start
     while offset <= through:
         events = await client.read_events("kv", offset, max_events=1000, endpoint=endpoint)
         for r in events.events:
@@ -345,21 +386,21 @@ async def _read_log(client: AsyncClient, endpoint: str, through: int) -> dict[in
             raise AssertionError(f"{endpoint}: read_events made no progress at offset {offset} (commit "
                                  f"{events.commit_offset})")
         offset = events.next_offset
-    return out
+    return start, out
 
 
-async def _history(client: AsyncClient, key: str, commit: int) -> dict[int, int | None]:
+async def _history(client: AsyncClient, key: str, commit: int) -> tuple[int, dict[int, int | None]]:
     """`key`'s history on the node `client` talks to, at local consistency once it applied `commit`:
-    offset -> value."""
+    (the history floor, offset -> value); changes below the floor are pruned."""
     out: dict[int, int | None] = {}
     after = -1
+    floor = 0
     while True:
-        changes = cast("list[Change]", await client.history(key, limit=1000, after_offset=after,
-                                                            consistency="local", min_offset=commit))
-        for ch in changes:
+        changes = await client.history(key, limit=1000, after_offset=after, consistency="local", min_offset=commit)
+        floor = max(floor, changes.floor)
+        for ch in cast("list[Change]", changes):
             value = getattr(ch.state, "value", None)
             out[ch.offset] = None if value is None else int(value)
         if len(changes) < 1000:
-            return out
+            return floor, out
         after = changes[-1].offset
-
