@@ -19,7 +19,9 @@ class Storage(Protocol):
     """The durable state of one Raft node, read-only for the core.
 
     Entries are whole batches; `entries(lo, hi)` starts at the entry beginning at `lo` (callers only
-    ask at entry boundaries). Indexes at or below the snapshot index are compacted.
+    ask at entry boundaries). Indexes below `first_index` are compacted: the snapshot index + 1, or
+    lower when the storage still holds entries the snapshot covers (a lagging follower is then sent
+    those instead of the snapshot).
     """
 
     def initial_state(self) -> tuple[HardState, SnapshotMeta]:
@@ -27,7 +29,8 @@ class Storage(Protocol):
         ...
 
     def first_index(self) -> int:
-        """First index held in the log (the snapshot index + 1)."""
+        """First index served: at most the snapshot index + 1, and the term of the index before it is
+        known (`term(first_index() - 1)` answers)."""
         ...
 
     def last_index(self) -> int:
@@ -37,7 +40,7 @@ class Storage(Protocol):
     def term(self, index: int) -> int:
         """Term of the entry holding `index` (or the snapshot's term at the snapshot index).
 
-        Raises CompactedError below the snapshot index, UnavailableError beyond the last index.
+        Raises CompactedError below first_index() - 1, UnavailableError beyond the last index.
         """
         ...
 
@@ -47,7 +50,8 @@ class Storage(Protocol):
         ...
 
     def entry_bounds(self, index: int) -> tuple[int, int]:
-        """(first, last) index of the entry holding `index`; (i, i) for the snapshot index i."""
+        """(first, last) index of the entry holding `index`; (i, i) for the snapshot index i when the
+        log does not hold it."""
         ...
 
     def conf_entries(self) -> list[Entry]:
