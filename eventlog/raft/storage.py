@@ -70,16 +70,22 @@ class Storage(Protocol):
 class MemoryStorage:
     """Storage held in memory, plus the write operations an application performs on a Ready.
 
+    `catch_up_entries`: how many indexes a snapshot leaves in the log below it (whole entries), as
+    the runtime's segmented log keeps whatever whole segments the retention floor holds: a follower
+    lagging by less is sent entries, not the snapshot (`first_index` below the snapshot index).
+
     Not thread-safe. Also used as the durable layer of the simulator's fake disk.
     """
 
-    def __init__(self, conf: ConfState | None = None) -> None:
+    def __init__(self, conf: ConfState | None = None, catch_up_entries: int = 0) -> None:
         self.hard_state = HardState()
         self._snapshot = SnapshotMeta(index=-1, term=0, conf=conf or ConfState())
         self._snapshot_data = b""
         self._entries: list[Entry] = []
         self._starts: list[int] = []
         self.staged: dict[int, bytearray] = {}  # incoming snapshot chunks by snapshot index
+        self.catch_up_entries = catch_up_entries
+        self._before_first = (-1, 0)   # (index, term) just before the first stored entry: the anchor
 
     # --- Storage protocol ------------------------------------------------------------------------
 
@@ -87,6 +93,8 @@ class MemoryStorage:
         return self.hard_state, self._snapshot
 
     def first_index(self) -> int:
+        if self._entries and self._starts[0] <= self._snapshot.index:
+            return self._starts[0]   # entries the snapshot covers are still held
         return self._snapshot.index + 1
 
     def last_index(self) -> int:
@@ -95,15 +103,18 @@ class MemoryStorage:
     def term(self, index: int) -> int:
         if index == self._snapshot.index:
             return self._snapshot.term
-        if index < self._snapshot.index:
-            raise CompactedError(f"index {index} is compacted (snapshot at {self._snapshot.index})")
+        first = self.first_index()
+        if index == first - 1 and first <= self._snapshot.index:
+            return self._before_first[1]
+        if index < first - 1:
+            raise CompactedError(f"index {index} is compacted (log starts at {first})")
         if index > self.last_index():
             raise UnavailableError(f"index {index} is beyond the last index {self.last_index()}")
         return self._entries[bisect_right(self._starts, index) - 1].term
 
     def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
-        if lo <= self._snapshot.index:
-            raise CompactedError(f"index {lo} is compacted (snapshot at {self._snapshot.index})")
+        if lo < self.first_index():
+            raise CompactedError(f"index {lo} is compacted (log starts at {self.first_index()})")
         if lo > self.last_index():
             raise UnavailableError(f"index {lo} is beyond the last index {self.last_index()}")
         i = bisect_right(self._starts, lo) - 1
@@ -120,14 +131,14 @@ class MemoryStorage:
         return out
 
     def entry_bounds(self, index: int) -> tuple[int, int]:
-        if index == self._snapshot.index:
+        if index == self._snapshot.index and not (self._entries and self._starts[0] <= index):
             return index, index
         self.term(index)  # raises for indexes out of range
         e = self._entries[bisect_right(self._starts, index) - 1]
         return e.index, e.last_index
 
     def conf_entries(self) -> list[Entry]:
-        return [e for e in self._entries if e.kind == EntryKind.CONF_CHANGE]
+        return [e for e in self._entries if e.kind == EntryKind.CONF_CHANGE and e.index > self._snapshot.index]
 
     def snapshot(self) -> SnapshotMeta:
         return self._snapshot
@@ -185,6 +196,7 @@ class MemoryStorage:
         # suffix the core does not know about.
         self._entries.clear()
         self._starts.clear()
+        self._before_first = (meta.index, meta.term)
 
     def create_snapshot(self, index: int, conf: ConfState, data: bytes) -> SnapshotMeta:
         """The application took a snapshot of its state at `index` (applied): store it, drop the log."""
@@ -193,11 +205,17 @@ class MemoryStorage:
         assert self._entries[i].last_index == index, "snapshots are taken at entry boundaries"
         meta = SnapshotMeta(index=index, term=self._entries[i].term, conf=conf, size=len(data))
         self._snapshot, self._snapshot_data = meta, data
-        self._drop_through(index)
+        self._drop_through(index - self.catch_up_entries)
         return meta
 
     def _drop_through(self, index: int) -> None:
+        """Drop the entries that end at or before `index` (whole entries only)."""
         i = bisect_right(self._starts, index)
+        if i and self._entries[i - 1].last_index > index:
+            i -= 1                                   # the entry holding `index` stays whole
+        if i:
+            last = self._entries[i - 1]
+            self._before_first = (last.last_index, last.term)
         del self._entries[:i]
         del self._starts[:i]
 

@@ -121,3 +121,30 @@ def test_applied_counts_as_committed_when_the_commit_hint_lags():
     assert (log.committed, log.applied) == (7, 7)
     with pytest.raises(AssertionError):
         RaftLog(storage, committed=3, applied=20)  # applied beyond the log: broken storage
+
+
+def test_memory_storage_keeps_catch_up_entries_below_its_snapshot_as_the_log_does(tmp_path: Path):
+    """The simulator's storage with `catch_up_entries` answers like LogStorage over a log that still
+    holds what its snapshot covers: served from below the snapshot, whole entries, the term before
+    the first one known; an install resets it."""
+    mem = MemoryStorage(CONF, catch_up_entries=5)
+    mem.append(chain(0, 1, 10) + [conf_entry(20, 2, 4)] + chain(21, 2, 5))   # 0-19, conf 20, 21-30
+    mem.create_snapshot(19, CONF, b"s")
+    # 19 - 5 = 14 lies inside the entry [14, 15]: it stays whole, so the log starts at 14.
+    assert (mem.first_index(), mem.term(13), mem.term(19), mem.entry_bounds(19)) == (14, 1, 1, (18, 19))
+    assert [e.index for e in mem.entries(14, 20, 1 << 20)] == [14, 16, 18]
+    assert [e.index for e in mem.conf_entries()] == [20], "only those after the snapshot"
+    with pytest.raises(CompactedError):
+        mem.term(12)
+    log = LogStorage.open(tmp_path / "log", CFG, CONF)
+    log.append(chain(0, 1, 10) + [conf_entry(20, 2, 4)] + chain(21, 2, 5))
+    log.create_snapshot(19, CONF, lambda p: p.write_bytes(b"s"))
+    assert (log.first_index(), log.term(19), log.entry_bounds(19)) == (0, 1, (18, 19))
+    assert [e.index for e in log.entries(14, 20, 1 << 20)] == [e.index for e in mem.entries(14, 20, 1 << 20)]
+    log.close()
+    mem.create_snapshot(30, CONF, b"t")
+    assert mem.first_index() == 25 and mem.term(24) == 2
+    meta = mem.snapshot().__class__(index=40, term=3, conf=CONF, size=1)
+    mem.stage_snapshot_chunk(meta, 0, b"u")
+    mem.install_snapshot(meta)
+    assert (mem.first_index(), mem.last_index(), mem.term(40)) == (41, 40, 3)

@@ -35,7 +35,8 @@ from tests.sim.replica import Replica
 class Cluster:
     def __init__(self, rng: random.Random, cfg: RaftConfig, *, nodes: int, net_faults: NetworkFaults,
                  hooks: Hooks, history: History, max_disk_latency: int, torn: float, snapshot_every: int,
-                 snapshot_padding: int, pipelined: bool = False, views_root: Path | None = None) -> None:
+                 snapshot_padding: int, pipelined: bool = False, views_root: Path | None = None,
+                 catch_up_entries: int = 0) -> None:
         self.rng = rng
         self.cfg = cfg
         self.net = Network(random.Random(rng.getrandbits(64)), net_faults)
@@ -46,6 +47,7 @@ class Cluster:
         self.snapshot_every = snapshot_every
         self.snapshot_padding = snapshot_padding
         self.pipelined = pipelined
+        self.catch_up_entries = catch_up_entries
         self.views_root = views_root   # a directory: every replica keeps real views (views_shadow.py)
         self.views_snapshots: dict[tuple[int, int], Path] = {}
         self.bootstrap = ConfState(voters=tuple(range(1, nodes + 1)))
@@ -63,7 +65,7 @@ class Cluster:
         if self.views_root is not None:
             from tests.sim.views_shadow import ViewsShadow
             views = ViewsShadow(self.views_root / f"n{node_id}" / "group", self.views_snapshots)
-        r = Replica(node_id, MemoryStorage(self.bootstrap), self.cfg, rng=self.rng, net=self.net,
+        r = Replica(node_id, MemoryStorage(self.bootstrap, self.catch_up_entries), self.cfg, rng=self.rng, net=self.net,
                     hooks=self.hooks, history=self.history, max_disk_latency=self.max_disk_latency,
                     torn=self.torn, snapshot_every=self.snapshot_every, snapshot_padding=self.snapshot_padding,
                     pipelined=self.pipelined, views=views)

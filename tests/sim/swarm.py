@@ -58,6 +58,12 @@ class SimParams:
     heal_all: bool
     pipelined: bool              # hand Readys off before their entries are durable (accept/persisted)
     views: bool = False          # every replica also keeps real RocksDB views (views_shadow.py)
+    catch_up_entries: int = 0    # indexes a snapshot leaves in the log below it (MemoryStorage)
+
+
+CATCH_UP_ENTRIES = (0, 2, 10)
+"""Indexes a snapshot leaves in the log below it, by seed: the runtime's log keeps entries its
+snapshot covers, and a lagging follower is sent those instead of the snapshot."""
 
 
 def draw_params(rng: random.Random) -> SimParams:
@@ -168,6 +174,8 @@ class Simulation:
         self.seed = seed
         rng = random.Random(seed)
         self.params = p = draw_params(rng) if tweak is None else tweak(draw_params(rng))
+        # From the seed, not drawn: every seed's other parameters and run stay what they were.
+        self.params = p = replace(p, catch_up_entries=CATCH_UP_ENTRIES[seed % len(CATCH_UP_ENTRIES)])
         if views:
             self.params = p = replace(p, views=True)
         self.history = History()
@@ -177,7 +185,8 @@ class Simulation:
         self.cluster = Cluster(random.Random(rng.getrandbits(64)), p.raft, nodes=p.nodes, net_faults=p.net,
                                hooks=self.hooks, history=self.history, max_disk_latency=p.max_disk_latency,
                                torn=p.torn, snapshot_every=p.snapshot_every, snapshot_padding=p.snapshot_padding,
-                               pipelined=p.pipelined, views_root=self.views_root)
+                               pipelined=p.pipelined, views_root=self.views_root,
+                               catch_up_entries=p.catch_up_entries)
         if p.views:
             from tests.sim.views_shadow import ViewsDigest
             self.checkers.insert(len(self.checkers) - 1, ViewsDigest(self.cluster.replicas))
@@ -361,7 +370,8 @@ def run_seed(seed: int, verbose: bool = False, tweak: Callable[[SimParams], SimP
         result.log = [f"params: {p.nodes} nodes, raft {p.raft}", f"  net {p.net}", f"  faults {p.faults}",
                       f"  workload {p.workload}",
                       f"  disk latency <= {p.max_disk_latency}, torn {p.torn}, snapshot every {p.snapshot_every} "
-                      f"(+{p.snapshot_padding} B), safety {p.safety_ticks} ticks, heal_all {p.heal_all}, "
+                      f"(+{p.snapshot_padding} B, {p.catch_up_entries} indexes kept below), safety {p.safety_ticks} ticks, "
+                      f"heal_all {p.heal_all}, "
                       f"pipelined {p.pipelined}, views {p.views}"]
         result.log += sim.faults.log
     return result
