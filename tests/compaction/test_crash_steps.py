@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import os
 import random
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -37,7 +35,7 @@ from eventlog.config import LogConfig
 from eventlog.raft.runtime.faults import CRASH_ENV_VAR, CRASH_STEPS
 from epochlog.client import Client, ClientError, CompactedError
 from statemachines.views import ViewsStateMachine
-from tests.node.cluster import NodeCluster, wait_until
+from tests.node.cluster import BackgroundWriter, NodeCluster, wait_until
 from tests.runtime.cluster import compare_committed, read_log_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -64,32 +62,21 @@ def _points() -> tuple[int, list[str]]:
     return seed, chosen
 
 
-@dataclass
-class Writer:
+class Writer(BackgroundWriter):
     """Puts and deletes on KEYS through the SDK until stopped; every acknowledged write is recorded."""
 
-    endpoints: list[str]
-    seed: int
-    acked: list[tuple[str, int, bytes | None]]   # (key, offset, value or None for a delete)
-    errors: int = 0
-    _stop: threading.Event = threading.Event()
-
-    def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(60)
+    def __init__(self, endpoints: list[str], seed: int, acked: list[tuple[str, int, bytes | None]]) -> None:
+        super().__init__()
+        self.endpoints = endpoints
+        self.seed = seed
+        self.acked = acked   # (key, offset, value or None for a delete)
+        self.errors = 0
 
     def _run(self) -> None:
         rng = random.Random(self.seed)
         with Client(self.endpoints, timeout=20.0) as client:
             i = 0
-            while not self._stop.is_set():
+            while self.running:
                 key = rng.choice(KEYS)
                 try:
                     if rng.random() < 0.1:

@@ -34,7 +34,6 @@ import os
 import random
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -49,7 +48,7 @@ from statemachines import events as ev
 from statemachines.views import ViewsStateMachine
 from tests.kafka.cluster import KafkaCluster
 from tests.kafka.raw import RawKafka
-from tests.node.cluster import ROOT, wait_until
+from tests.node.cluster import ROOT, BackgroundWriter, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -321,28 +320,20 @@ def _points() -> tuple[int, list[str]]:
     return seed, chosen
 
 
-class Writer:
+class Writer(BackgroundWriter):
     """Overwrites KEYS with 1 KiB values through the SDK until stopped (the cleaner's work)."""
 
     def __init__(self, endpoints: list[str], seed: int) -> None:
+        super().__init__()
         self.endpoints = endpoints
         self.rng = random.Random(seed)
         self.acked = 0
         self.errors = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(60)
 
     def _run(self) -> None:
         with Client(self.endpoints, timeout=20.0) as client:
             i = 0
-            while not self._stop.is_set():
+            while self.running:
                 try:
                     client.commands([ev.KvPut(name=self.rng.choice(KEYS), value=f"{i}:{j}".encode() + PAD)
                                      for j in range(10)])

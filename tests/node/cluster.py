@@ -27,6 +27,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable
@@ -363,6 +364,29 @@ class NodeCluster:
             parts.append(f"--- node {i} incarnation {n.incarnation} pid {n.pid} exit={code} stderr tail:\n"
                          f"{n.stderr()[-1500:]}")
         return "\n".join(parts)
+
+
+class BackgroundWriter:
+    """A daemon thread that writes through the SDK until `stop()`: subclasses implement `_run` and
+    loop while `running`."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def running(self) -> bool:
+        return not self._stop.is_set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        raise NotImplementedError
 
 
 def _toml(value: object) -> str:
