@@ -171,6 +171,9 @@ class EpochlogServicer(pb_grpc.EpochlogServicer):
     async def Snapshot(self, request: pb.SnapshotRequest, context: Ctx) -> Any:
         return await self._unary("snapshot", request, context)
 
+    async def CompactionStatus(self, request: pb.CompactionStatusRequest, context: Ctx) -> Any:
+        return await self._unary("compaction_status", request, context)
+
     async def MemberList(self, request: pb.MemberListRequest, context: Ctx) -> Any:
         return await self._unary("member_list", request, context)
 
@@ -323,6 +326,11 @@ def _snapshot(s: EpochlogServicer, r: pb.SnapshotRequest, timeout: float) -> pb.
     return pb.DoneResponse(offset=s.node.snapshot(p.Snapshot(r.group)).offset)
 
 
+def _compaction_status(s: EpochlogServicer, r: pb.CompactionStatusRequest,
+                       timeout: float) -> pb.CompactionStatusResponse:
+    return cv.compaction(s.node.compaction_status())
+
+
 def _member_list(s: EpochlogServicer, r: pb.MemberListRequest, timeout: float) -> pb.MembersResponse:
     return cv.members(s.node.member_list(), s.grpc_addresses)
 
@@ -345,6 +353,7 @@ async def _member_remove(s: EpochlogServicer, r: pb.MemberRemoveRequest,
 _SYNC: dict[str, Callable[[EpochlogServicer, Any, float], Any]] = {
     "lease_keep_alive": _lease_keep_alive, "read_events": _read_events, "status": _status,
     "transfer_leader": _transfer_leader, "snapshot": _snapshot, "member_list": _member_list,
+    "compaction_status": _compaction_status,
 }
 _ASYNC: dict[str, Handler] = {
     "put": _put, "get": _get, "delete": _delete, "list": _list, "history": _history, "txn": _txn,

@@ -310,6 +310,18 @@ def status(s: p.StatusInfo, grpc_addresses: Mapping[int, str]) -> pb.StatusRespo
                              members=[_member(m, grpc_addresses) for m in s.members])
 
 
+def compaction(c: p.CompactionInfo) -> pb.CompactionStatusResponse:
+    """The native `compaction_info`, field for field (the proto messages use the same names)."""
+    groups = []
+    for g in c.groups:
+        fields = msgspec.structs.asdict(g)
+        pins = [pb.ExportPin(**msgspec.structs.asdict(x)) for x in fields.pop("pins")]
+        last = fields.pop("last_clean")
+        last_clean = None if last is None else pb.CleanPass(**msgspec.structs.asdict(last))
+        groups.append(pb.CompactionGroup(**fields, pins=pins, last_clean=last_clean))
+    return pb.CompactionStatusResponse(node=c.node, groups=groups, free_disk_bytes=c.free_disk_bytes)
+
+
 def members(m: p.Members, grpc_addresses: Mapping[int, str]) -> pb.MembersResponse:
     return pb.MembersResponse(members=[_member(x, grpc_addresses) for x in m.members], voters=m.voters,
                               learners=m.learners)

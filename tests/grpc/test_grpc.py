@@ -18,6 +18,7 @@ import pytest
 
 from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
+from epochlog.client import Client
 from statemachines import events as ev
 from tests.grpc.conftest import GrpcCluster
 
@@ -328,6 +329,23 @@ def test_status_members_and_admin_calls(cluster3: GrpcCluster) -> None:
     err = rpc_error(cluster3.stub(cluster3.follower("metadata")).TransferLeader,
                     pb.TransferLeaderRequest(group="metadata"), timeout=T)
     assert err.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_compaction_status_matches_the_native_call(cluster3: GrpcCluster) -> None:
+    for i in range(1, 4):
+        with Client([cluster3.client[i]], timeout=T) as client:
+            native = client.compaction_status(endpoint=cluster3.client[i])
+        got = cluster3.stub(i).CompactionStatus(pb.CompactionStatusRequest(), timeout=T)
+        assert got.node == i == native.node
+        assert {g.group: g.cleanup_policy for g in got.groups} == {
+            "metadata": "compact", "offsets": "delete", "kv": "compact"}
+        for g, n in zip(got.groups, native.groups, strict=True):
+            # Fields that do not move between the two calls on an idle group.
+            assert (g.group, g.role, g.log_start, g.snapshot_offset, g.history_floor, g.horizon_bound,
+                    g.clean_end_offset, g.clean_below) == (
+                n.group, n.role, n.log_start, n.snapshot_offset, n.history_floor, n.horizon_bound,
+                n.clean_end_offset, n.clean_below), g.group
+            assert g.HasField("last_clean") == (n.last_clean is not None)
 
 
 # --- the Session stream ---------------------------------------------------------------------------

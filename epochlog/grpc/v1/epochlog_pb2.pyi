@@ -664,6 +664,138 @@ class MembersResponse(_message.Message):
     learners: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, members: _Optional[_Iterable[_Union[MemberInfo, _Mapping]]] = ..., voters: _Optional[_Iterable[int]] = ..., learners: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class CompactionStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ExportPin(_message.Message):
+    __slots__ = ("table", "watermark", "floor", "capped_by")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    FLOOR_FIELD_NUMBER: _ClassVar[int]
+    CAPPED_BY_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    watermark: int
+    floor: int
+    capped_by: str
+    def __init__(self, table: _Optional[str] = ..., watermark: _Optional[int] = ..., floor: _Optional[int] = ..., capped_by: _Optional[str] = ...) -> None: ...
+
+class CleanPass(_message.Message):
+    __slots__ = ("clean_below", "cleaned_through", "seconds", "segments_before", "segments_after", "bytes_before", "bytes_after", "records_kept", "records_dropped", "tombstones_dropped", "noops_dropped", "finished_at", "aborted")
+    CLEAN_BELOW_FIELD_NUMBER: _ClassVar[int]
+    CLEANED_THROUGH_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_AFTER_FIELD_NUMBER: _ClassVar[int]
+    BYTES_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_AFTER_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_KEPT_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    TOMBSTONES_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    NOOPS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    ABORTED_FIELD_NUMBER: _ClassVar[int]
+    clean_below: int
+    cleaned_through: int
+    seconds: float
+    segments_before: int
+    segments_after: int
+    bytes_before: int
+    bytes_after: int
+    records_kept: int
+    records_dropped: int
+    tombstones_dropped: int
+    noops_dropped: int
+    finished_at: float
+    aborted: str
+    def __init__(self, clean_below: _Optional[int] = ..., cleaned_through: _Optional[int] = ..., seconds: _Optional[float] = ..., segments_before: _Optional[int] = ..., segments_after: _Optional[int] = ..., bytes_before: _Optional[int] = ..., bytes_after: _Optional[int] = ..., records_kept: _Optional[int] = ..., records_dropped: _Optional[int] = ..., tombstones_dropped: _Optional[int] = ..., noops_dropped: _Optional[int] = ..., finished_at: _Optional[float] = ..., aborted: _Optional[str] = ...) -> None: ...
+
+class CompactionGroup(_message.Message):
+    __slots__ = ("group", "role", "log_start", "log_end", "segments", "log_bytes", "snapshot_offset", "snapshots_taken", "last_snapshot_ms", "last_snapshot_at", "snapshot_error", "history_floor", "horizon", "horizon_bound", "log_floor", "log_bound", "pins", "pruned_floor", "prune_passes", "rows_pruned", "views_bytes", "last_run_at", "last_run_ms", "segments_deleted", "disk_full", "cleanup_policy", "clean_end_offset", "cleaned_segments", "clean_below", "clean_waiting", "clean_running", "clean_passes", "clean_failures", "clean_error", "clean_bytes_reclaimed", "last_clean")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_FIELD_NUMBER: _ClassVar[int]
+    LOG_END_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    LOG_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_TAKEN_FIELD_NUMBER: _ClassVar[int]
+    LAST_SNAPSHOT_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SNAPSHOT_AT_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ERROR_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FLOOR_FIELD_NUMBER: _ClassVar[int]
+    HORIZON_FIELD_NUMBER: _ClassVar[int]
+    HORIZON_BOUND_FIELD_NUMBER: _ClassVar[int]
+    LOG_FLOOR_FIELD_NUMBER: _ClassVar[int]
+    LOG_BOUND_FIELD_NUMBER: _ClassVar[int]
+    PINS_FIELD_NUMBER: _ClassVar[int]
+    PRUNED_FLOOR_FIELD_NUMBER: _ClassVar[int]
+    PRUNE_PASSES_FIELD_NUMBER: _ClassVar[int]
+    ROWS_PRUNED_FIELD_NUMBER: _ClassVar[int]
+    VIEWS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAST_RUN_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_RUN_MS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_DELETED_FIELD_NUMBER: _ClassVar[int]
+    DISK_FULL_FIELD_NUMBER: _ClassVar[int]
+    CLEANUP_POLICY_FIELD_NUMBER: _ClassVar[int]
+    CLEAN_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CLEANED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    CLEAN_BELOW_FIELD_NUMBER: _ClassVar[int]
+    CLEAN_WAITING_FIELD_NUMBER: _ClassVar[int]
+    CLEAN_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    CLEAN_PASSES_FIELD_NUMBER: _ClassVar[int]
+    CLEAN_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    CLEAN_ERROR_FIELD_NUMBER: _ClassVar[int]
+    CLEAN_BYTES_RECLAIMED_FIELD_NUMBER: _ClassVar[int]
+    LAST_CLEAN_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    role: str
+    log_start: int
+    log_end: int
+    segments: int
+    log_bytes: int
+    snapshot_offset: int
+    snapshots_taken: int
+    last_snapshot_ms: float
+    last_snapshot_at: float
+    snapshot_error: str
+    history_floor: int
+    horizon: int
+    horizon_bound: str
+    log_floor: int
+    log_bound: str
+    pins: _containers.RepeatedCompositeFieldContainer[ExportPin]
+    pruned_floor: int
+    prune_passes: int
+    rows_pruned: int
+    views_bytes: int
+    last_run_at: float
+    last_run_ms: float
+    segments_deleted: int
+    disk_full: str
+    cleanup_policy: str
+    clean_end_offset: int
+    cleaned_segments: int
+    clean_below: int
+    clean_waiting: str
+    clean_running: bool
+    clean_passes: int
+    clean_failures: int
+    clean_error: str
+    clean_bytes_reclaimed: int
+    last_clean: CleanPass
+    def __init__(self, group: _Optional[str] = ..., role: _Optional[str] = ..., log_start: _Optional[int] = ..., log_end: _Optional[int] = ..., segments: _Optional[int] = ..., log_bytes: _Optional[int] = ..., snapshot_offset: _Optional[int] = ..., snapshots_taken: _Optional[int] = ..., last_snapshot_ms: _Optional[float] = ..., last_snapshot_at: _Optional[float] = ..., snapshot_error: _Optional[str] = ..., history_floor: _Optional[int] = ..., horizon: _Optional[int] = ..., horizon_bound: _Optional[str] = ..., log_floor: _Optional[int] = ..., log_bound: _Optional[str] = ..., pins: _Optional[_Iterable[_Union[ExportPin, _Mapping]]] = ..., pruned_floor: _Optional[int] = ..., prune_passes: _Optional[int] = ..., rows_pruned: _Optional[int] = ..., views_bytes: _Optional[int] = ..., last_run_at: _Optional[float] = ..., last_run_ms: _Optional[float] = ..., segments_deleted: _Optional[int] = ..., disk_full: _Optional[str] = ..., cleanup_policy: _Optional[str] = ..., clean_end_offset: _Optional[int] = ..., cleaned_segments: _Optional[int] = ..., clean_below: _Optional[int] = ..., clean_waiting: _Optional[str] = ..., clean_running: _Optional[bool] = ..., clean_passes: _Optional[int] = ..., clean_failures: _Optional[int] = ..., clean_error: _Optional[str] = ..., clean_bytes_reclaimed: _Optional[int] = ..., last_clean: _Optional[_Union[CleanPass, _Mapping]] = ...) -> None: ...
+
+class CompactionStatusResponse(_message.Message):
+    __slots__ = ("node", "groups", "free_disk_bytes")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    FREE_DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    node: int
+    groups: _containers.RepeatedCompositeFieldContainer[CompactionGroup]
+    free_disk_bytes: int
+    def __init__(self, node: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[CompactionGroup, _Mapping]]] = ..., free_disk_bytes: _Optional[int] = ...) -> None: ...
+
 class SessionCall(_message.Message):
     __slots__ = ("id", "timeout_ms", "put", "get", "delete", "list", "history", "txn", "command", "batch", "lease_grant", "lease_keep_alive", "lease_revoke", "read_events", "status")
     ID_FIELD_NUMBER: _ClassVar[int]

@@ -134,6 +134,11 @@ class EpochlogStub:
                 request_serializer=epochlog_dot_v1_dot_epochlog__pb2.MemberRemoveRequest.SerializeToString,
                 response_deserializer=epochlog_dot_v1_dot_epochlog__pb2.MembersResponse.FromString,
                 _registered_method=True)
+        self.CompactionStatus = channel.unary_unary(
+                '/epochlog.v1.Epochlog/CompactionStatus',
+                request_serializer=epochlog_dot_v1_dot_epochlog__pb2.CompactionStatusRequest.SerializeToString,
+                response_deserializer=epochlog_dot_v1_dot_epochlog__pb2.CompactionStatusResponse.FromString,
+                _registered_method=True)
         self.Session = channel.stream_stream(
                 '/epochlog.v1.Epochlog/Session',
                 request_serializer=epochlog_dot_v1_dot_epochlog__pb2.SessionRequest.SerializeToString,
@@ -276,6 +281,13 @@ class EpochlogServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CompactionStatus(self, request, context):
+        """Retention and key compaction of every group on this node (`epochlog compaction status`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Session(self, request_iterator, context):
         """--- many calls on one stream ---
         Each request message carries many calls (with ids chosen by the client); each response message
@@ -389,6 +401,11 @@ def add_EpochlogServicer_to_server(servicer, server):
                     servicer.MemberRemove,
                     request_deserializer=epochlog_dot_v1_dot_epochlog__pb2.MemberRemoveRequest.FromString,
                     response_serializer=epochlog_dot_v1_dot_epochlog__pb2.MembersResponse.SerializeToString,
+            ),
+            'CompactionStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompactionStatus,
+                    request_deserializer=epochlog_dot_v1_dot_epochlog__pb2.CompactionStatusRequest.FromString,
+                    response_serializer=epochlog_dot_v1_dot_epochlog__pb2.CompactionStatusResponse.SerializeToString,
             ),
             'Session': grpc.stream_stream_rpc_method_handler(
                     servicer.Session,
@@ -936,6 +953,33 @@ class Epochlog:
             '/epochlog.v1.Epochlog/MemberRemove',
             epochlog_dot_v1_dot_epochlog__pb2.MemberRemoveRequest.SerializeToString,
             epochlog_dot_v1_dot_epochlog__pb2.MembersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompactionStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/epochlog.v1.Epochlog/CompactionStatus',
+            epochlog_dot_v1_dot_epochlog__pb2.CompactionStatusRequest.SerializeToString,
+            epochlog_dot_v1_dot_epochlog__pb2.CompactionStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
