@@ -247,21 +247,27 @@ def status_command(target: Target) -> None:
     target.emit(document, human)
 
 
-async def _gather_status(client: AsyncClient) -> tuple[list[p.StatusInfo | ClientError], list[p.MemberInfo]]:
-    """Each member's own status (as AsyncClient.cluster_status asks them), paired with the member: the
-    members are those a reachable node lists, and each reply stays with the member it came from."""
+async def _ask_each_member(client: AsyncClient, ask: Callable[[str], Awaitable[T]]
+                           ) -> tuple[list[T | ClientError], list[p.MemberInfo]]:
+    """`ask(address)` of every member a reachable node lists, concurrently; each reply (or the error
+    that stood in for it) stays with the member it came from."""
     first = await client.status()
     members = [m for m in first.members if m.client_address]
 
-    async def one(address: str) -> p.StatusInfo | ClientError:
+    async def one(address: str) -> T | ClientError:
         try:
-            return await client.status(address)
+            return await ask(address)
         except ClientError as exc:
             return exc
         except TimeoutError:
             return ClientError(f"{address} did not answer within {client.timeout:.1f} s", code="unavailable")
 
     return list(await asyncio.gather(*(one(m.client_address) for m in members))), members
+
+
+async def _gather_status(client: AsyncClient) -> tuple[list[p.StatusInfo | ClientError], list[p.MemberInfo]]:
+    """Each member's own status (as AsyncClient.cluster_status asks them), paired with the member."""
+    return await _ask_each_member(client, client.status)
 
 
 def _status_document(statuses: Sequence[p.StatusInfo | ClientError],
@@ -575,17 +581,7 @@ def compaction_status(target: Target) -> None:
     """Per group and node: log offsets, segments and bytes, snapshot, the horizon and what bounds it, key compaction,
     the history floor and pruning, views size, the last retention run, capped export pins, disk."""
     async def body(client: AsyncClient) -> list[tuple[p.MemberInfo, p.CompactionInfo | ClientError]]:
-        members = [m for m in (await client.status()).members if m.client_address]
-
-        async def one(address: str) -> p.CompactionInfo | ClientError:
-            try:
-                return await client.compaction_status(address)
-            except ClientError as exc:
-                return exc
-            except TimeoutError:
-                return ClientError(f"{address} did not answer within {client.timeout:.1f} s", code="unavailable")
-
-        replies = await asyncio.gather(*(one(m.client_address) for m in members))
+        replies, members = await _ask_each_member(client, client.compaction_status)
         return list(zip(members, replies))
 
     replies = target.run(body)
