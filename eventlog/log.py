@@ -41,7 +41,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn, Protocol
+from typing import NoReturn, Protocol, Self
 
 from eventlog.cleaned import (
     CLEANED_SUFFIX,
@@ -75,7 +75,14 @@ from eventlog.fileutil import atomic_write, fsync_dir, io_error
 from eventlog.preallocate import PREALLOCATED_NAME, PreparedFile, SegmentPreallocator
 from eventlog.records import LOG_OVERHEAD, BatchHeader, RecordBatch, check_batch, read_header
 from eventlog.scan import ScanStatus, SegmentScan, scan_segment
-from eventlog.segment import INDEX_SUFFIX, TIMEINDEX_SUFFIX, Segment, parse_segment_name, prepare_file, segment_name
+from eventlog.segment import (
+    INDEX_SUFFIX,
+    TIMEINDEX_SUFFIX,
+    Segment,
+    parse_segment_name,
+    prepare_file,
+    segment_name,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -634,11 +641,17 @@ class Log:
         self._durable.notify_all()
 
     def _roll(self) -> Segment:
-        """Seal the full active segment and start a new one at the log end (lock held)."""
+        """Seal the full active segment and start a new one at the log end (lock held).
+
+        The order is what recovery relies on. The old segment is synced before anything in the new
+        one can be: damage in a segment that has a successor is corruption, never a torn tail. And it
+        is trimmed (sealed) before the new segment's file exists: the recovery point may already be
+        at its end (a close or a truncation leaves it at the log end), and a segment whose successor
+        starts at or below the recovery point is opened as sealed, neither scanned nor trimmed. A
+        crash between the seal and the new file leaves the sealed segment last: scanned and reused.
+        """
         old = self._segments[-1]
         new_base = self._end_offset
-        # The old segment must be complete on disk before anything in the new one can be: recovery
-        # treats damage in a segment that has a successor as corruption, never as a torn tail.
         started = time.perf_counter()
         try:
             old.sync()
@@ -647,11 +660,17 @@ class Log:
             raise
         self._synced(started)
         self._durable_offset = max(self._durable_offset, new_base)
-        new = self._new_segment(new_base)
+        prepared = self._take_prepared()   # a full disk fails here, with the log unchanged
         try:
             old.seal()
         except LogError as exc:
+            prepared.discard()
             self._fail(exc)
+            raise
+        try:
+            new = self._install_segment(new_base, prepared)
+        except LogError as exc:
+            self._fail(exc)   # the old segment is sealed and no new one exists: nowhere to append
             raise
         self._segments.append(new)
         self._bases.append(new_base)
@@ -660,13 +679,17 @@ class Log:
         self._durable.notify_all()
         return new
 
-    def _new_segment(self, base: int) -> Segment:
-        """Put a prepared file in place as the segment starting at `base`."""
+    def _take_prepared(self) -> PreparedFile:
+        """The next segment's file, prepared in the background or now (raises DiskFullError)."""
         prepared = self._preallocator.take() if self._preallocator else None
         if prepared is None:
             tmp = self.directory / PREALLOCATED_NAME
             fd, mm = prepare_file(tmp, self.config.segment_bytes)
             prepared = PreparedFile(tmp, fd, mm)
+        return prepared
+
+    def _install_segment(self, base: int, prepared: PreparedFile) -> Segment:
+        """Put a prepared file in place as the segment starting at `base` (discarded on failure)."""
         path = self.directory / segment_name(base)
         try:
             os.rename(prepared.path, path)
@@ -679,7 +702,7 @@ class Log:
         return Segment.from_prepared(self.directory, base, self.config.index_interval_bytes, prepared.fd, prepared.mm)
 
     def _adopt_new_segment(self, base: int) -> None:
-        seg = self._new_segment(base)
+        seg = self._install_segment(base, self._take_prepared())
         self._segments.append(seg)
         self._bases.append(base)
 
@@ -1121,7 +1144,7 @@ class Log:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = -1
 
-    def __enter__(self) -> Log:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -12,6 +12,9 @@ batch is acknowledged on stdout only once it is durable, one line each, written 
     ACK <base offset> <last offset>     that batch is durable: it must survive any crash
     RETAIN <offset>                     about to call delete_segments_below(offset)
 
+With `EPOCHLOG_CRASH_AT=log.roll:<point>` (eventlog/raft/runtime/faults.py) the child kills itself
+at that point of its first (or n-th) segment roll instead of waiting for the parent's SIGKILL.
+
 Under `fsync` one thread appends (each append returns durable). Under `group` several threads
 append, then each waits with `wait_durable` before acknowledging, so group commits and their
 acknowledgements interleave with rolls. Under `interval` one thread acknowledges as soon as
@@ -35,6 +38,7 @@ from pathlib import Path
 
 from eventlog.config import KIB, LogConfig
 from eventlog.log import Log
+from eventlog.raft.runtime.faults import install_crash_point_from_env
 from eventlog.records import encode_batch
 
 MAX_SECONDS = 20.0
@@ -110,7 +114,7 @@ class _Child:
                     if not self.log.wait_durable(last, timeout=10):
                         raise AssertionError(f"offset {last} not durable after 10 s")
                     self.say(f"ACK {base} {last}")
-            except BaseException:
+            except BaseException:  # noqa: BLE001 - any failure must stop every thread (below)
                 traceback.print_exc()
                 os._exit(2)  # a thread that fails must not leave the others acknowledging
 
@@ -123,6 +127,7 @@ def main(argv: list[str]) -> int:
     directory, policy, seed = Path(argv[0]), argv[1], int(argv[2])
     # Backstop: never outlive the test by much, whatever happens to the parent.
     threading.Timer(MAX_SECONDS, os._exit, args=(3,)).start()
+    install_crash_point_from_env()   # a no-op unless EPOCHLOG_CRASH_AT is set
     log = Log.open(directory, config_for(policy))
     child = _Child(log, random.Random(seed))
     child.say(f"READY {log.start_offset} {log.end_offset}")

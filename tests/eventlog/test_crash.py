@@ -19,6 +19,11 @@ not model: power loss (unsynced pages are lost), which needs the fake disk of th
 
 Replay: EPOCHLOG_CRASH_SEED=<seed printed by the failing test> (the kill moments are real time, so a
 replay is likely but not certain to hit the same state). More rounds: EPOCHLOG_CRASH_ROUNDS=<n>.
+
+A roll is a short window that random kills rarely hit, so `test_sigkill_inside_a_roll` kills the child
+deterministically at every point of one (a crash point, `EPOCHLOG_CRASH_AT=log.roll:<point>`), both
+for a roll at the recovery point (the segment was full when the log was last closed) and for one after
+appends, and runs the same checks.
 """
 
 from __future__ import annotations
@@ -139,6 +144,15 @@ def _absorb(run: _ChildRun, model: _Model, ctx: str) -> None:
             raise AssertionError(f"{ctx}: unexpected child output {line!r}")
 
 
+def _check_clean_reopen(directory: Path, policy: str, model: _Model) -> None:
+    """The last state survives a clean reopen too."""
+    with Log.open(directory, child.config_for(policy)) as log:
+        assert log.recovery is not None and log.recovery.bytes_truncated == 0
+        assert all(log.start_offset <= b for b in model.acked)
+        assert log.end_offset == max(model.acked.values()) + 1
+        assert sum(1 for _ in log.batches()) >= len(model.acked)
+
+
 def _verify_and_append(directory: Path, policy: str, model: _Model, rng: random.Random, ctx: str) -> None:
     """Reopen after the crash; check everything the model promises; append one batch; close."""
     try:
@@ -221,11 +235,53 @@ def test_sigkill_never_loses_acknowledged_batches(tmp_path: Path, policy: str) -
         run = _run_and_kill(directory, policy, rng.getrandbits(32), rng, ctx)
         _absorb(run, model, ctx)
         _verify_and_append(directory, policy, model, rng, ctx)
-    # The last state survives a clean reopen too.
-    with Log.open(directory, child.config_for(policy)) as log:
-        assert log.recovery is not None and log.recovery.bytes_truncated == 0
-        assert all(log.start_offset <= b for b in model.acked)
-        assert log.end_offset == max(model.acked.values()) + 1
+    _check_clean_reopen(directory, policy, model)
     print(f"crash test policy={policy} seed={seed}: {ROUNDS} kills in {time.monotonic() - started:.1f} s, "
           f"{len(model.acked)} acknowledged batches kept, {model.kills_before_ready} kills before READY, "
           f"{model.behind_rolls} inside a roll, {model.torn_tails} torn tails cut ({model.bytes_cut} bytes)")
+
+
+ROLL_POINTS = ["before", *(f"io{k}" for k in range(1, 9)), "after"]  # past the last io is "after"
+
+
+def _fill_and_close(directory: Path, policy: str, model: _Model, *, full: bool) -> None:
+    """Write a few batches, or (`full`) fill the first segment so that no batch the child can write at
+    the log end fits, then close: the recovery point is the log end, and with `full` the child's first
+    append rolls there."""
+    config = child.config_for(policy)
+    with Log.open(directory, config) as log:
+        for i in range(10**6 if full else 5):
+            end = log.end_offset
+            batch = child.encode_for(end, 1)   # the smallest batch any child writes at `end`
+            if full and log.segment_spans()[-1][2] + len(batch) > config.segment_bytes:
+                break
+            log.append(batch, epoch=child.epoch_for(end))
+            model.acked[end] = end
+        assert len(log.segment_bases()) == 1, "the fill rolled"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("point", ROLL_POINTS)
+@pytest.mark.parametrize("full", [True, False], ids=["at-recovery-point", "after-appends"])
+def test_sigkill_inside_a_roll(tmp_path: Path, full: bool, point: str) -> None:
+    """SIGKILL at `point` of the child's first roll: the log opens, keeps every acknowledged batch and
+    reads back whole (a sealed segment below the recovery point is trusted to be trimmed and flushed)."""
+    policy = "fsync"
+    directory = tmp_path / "log"
+    model = _Model()
+    _fill_and_close(directory, policy, model, full=full)
+    ctx = f"roll killed at {point} ({'full segment' if full else 'after appends'})"
+    env = {**os.environ, "EPOCHLOG_CRASH_AT": f"log.roll:{point}"}
+    proc = subprocess.run([sys.executable, "-m", "tests.eventlog.crash_child", str(directory), policy, "1"],
+                          check=False, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                          timeout=START_TIMEOUT_S + child.MAX_SECONDS)
+    stderr = proc.stderr.decode(errors="replace")
+    assert proc.returncode == -signal.SIGKILL, f"{ctx}: rc={proc.returncode}\n{stderr}"
+    assert "epochlog-crash: SIGKILL at log.roll" in stderr, f"{ctx}: killed elsewhere\n{stderr}"
+    lines = proc.stdout.decode("ascii").splitlines()
+    if full:
+        assert not any(line.startswith("ACK") for line in lines), f"{ctx}: the first append did not roll"
+    _absorb(_ChildRun(lines, stderr, proc.returncode), model, ctx)
+    _verify_and_append(directory, policy, model, random.Random(point), ctx)
+    _check_clean_reopen(directory, policy, model)

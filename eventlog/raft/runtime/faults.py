@@ -161,7 +161,7 @@ def install_from_env() -> None:
     print(f"epochlog-faults: installed {', '.join(installed)}", file=sys.stderr, flush=True)
 
 
-# --- crash points: SIGKILL at a chosen step of the compaction work -------------------------------------
+# --- crash points: SIGKILL at a chosen step of the compaction work (or of a segment roll) ------------
 
 CRASH_ENV_VAR = "EPOCHLOG_CRASH_AT"
 
@@ -175,6 +175,7 @@ CRASH_STEPS: dict[str, tuple[str, str]] = {
     "truncate.unlink": ("eventlog.raft.runtime.group", "_unlink_all"),                        # a thread
     "prune.chunk": ("statemachines.prune", "HistoryPruner.step"),
     "clean.swap": ("eventlog.log", "Log.swap_cleaned"),                      # key compaction's swap (a thread)
+    "log.roll": ("eventlog.log", "Log._roll"),                               # seal (trim), new file, checkpoint
     # In the cleaner's worker process (compaction/worker.py installs the point too): a crash there
     # kills the node that spawned it first, then the worker.
     "clean.pass": ("compaction.rewrite", "run_pass"),                        # the whole pass, files written
