@@ -3,6 +3,13 @@
 Every call made while the previous frame is being written joins the next frame: calls are queued
 and the queue is flushed once per turn of the event loop, so 100 concurrent calls cost one frame and
 one write, not 100. Replies are matched to calls by request id.
+
+Liveness: while requests are pending, a watchdog timer checks that the node keeps talking. After
+`Timing.ping_after_s` without a byte from the node it sends a `ping`; after `ping_timeout_s` more
+without one, the connection is declared dead and its pending calls fail with `NoAnswerError`
+(epochlog/client/retry.py). An idle connection, or one whose replies keep arriving, sends no ping;
+the timer is one `call_later` per interval per busy connection. Open watches alone do not count as
+pending (a quiet watch is normal).
 """
 
 from __future__ import annotations
@@ -12,7 +19,8 @@ import itertools
 from typing import Any
 
 from epochlog import protocol as p
-from epochlog.client.errors import ClientError, DeadlineExceededError, UnavailableError, from_wire
+from epochlog.client.errors import ClientError, NoAnswerError, UnavailableError, from_wire
+from epochlog.client.retry import Timing
 
 _GRACE_S = 0.25   # how much longer than the node's deadline a call waits for its answer
 
@@ -25,6 +33,8 @@ class Connection:
         self.client_name = client_name
         self.node_id = 0
         self.cluster = ""
+        self.timing = Timing.from_hello(0)      # the node's, once its hello arrived
+        self.pings_sent = 0
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._ids = itertools.count(1)
@@ -34,24 +44,33 @@ class Connection:
         self._flush_scheduled = False
         self._read_task: asyncio.Task[None] | None = None
         self._closed_error: ClientError | None = None
+        self._heard = 0.0                       # loop time of the last bytes from the node (or of becoming busy)
+        self._ping_sent: float | None = None    # loop time of the ping not yet followed by any bytes
+        self._watchdog: asyncio.TimerHandle | None = None
 
     @property
     def open(self) -> bool:
         return self._writer is not None and self._closed_error is None
 
     async def connect(self, timeout: float) -> None:
+        """Open the connection and exchange hellos, within `timeout` for both (a stopped node accepts
+        TCP connections in its kernel but never says hello)."""
         host, _, port = self.address.rpartition(":")
         try:
-            self._reader, self._writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout)
-            self._writer.write(p.encode_frame(p.ClientHello(p.PROTOCOL_VERSION, self.client_name)))
-            decoder = p.FrameDecoder(p.ServerFrame)
-            frames: list[Any] = []
-            while not frames:
-                data = await asyncio.wait_for(self._reader.read(65536), timeout)
-                if not data:
-                    raise ConnectionError("closed during hello")
-                frames = decoder.feed(data)
-        except (OSError, TimeoutError, ValueError) as exc:
+            async with asyncio.timeout(timeout):
+                self._reader, self._writer = await asyncio.open_connection(host, int(port))
+                self._writer.write(p.encode_frame(p.ClientHello(p.PROTOCOL_VERSION, self.client_name)))
+                decoder = p.FrameDecoder(p.ServerFrame)
+                frames: list[Any] = []
+                while not frames:
+                    data = await self._reader.read(65536)
+                    if not data:
+                        raise ConnectionError("closed during hello")
+                    frames = decoder.feed(data)
+        except TimeoutError:
+            self._abort()
+            raise UnavailableError(f"cannot connect to {self.address}: no hello within {timeout:.2f} s") from None
+        except (OSError, ValueError) as exc:
             self._abort()
             raise UnavailableError(f"cannot connect to {self.address}: {exc}") from None
         hello = frames[0]
@@ -60,21 +79,26 @@ class Connection:
             raise ClientError(f"{self.address} refused the connection: {getattr(hello, 'error', hello)}",
                               code="protocol")
         self.node_id, self.cluster = hello.node, hello.cluster
+        self.timing = Timing.from_hello(hello.election_timeout_ms)
         self._closed_error = None
         self._read_task = asyncio.get_running_loop().create_task(self._read_loop(decoder, frames[1:]))
 
-    async def call(self, call: p.Call, timeout: float) -> p.Result:
+    async def call(self, call: p.Call, timeout: float, *, give_up_s: float | None = None) -> p.Result:
         """Send one request; its result, or raise the error it was answered with.
 
         The node is told the deadline and answers `deadline_exceeded` when it passes; this side
         waits a little longer (network grace) so that precise answer, not a bare timeout, arrives.
+        `give_up_s`: stop waiting sooner (the caller's per-attempt limit). Without an answer in time,
+        NoAnswerError: the request may still be running on the node. Nothing is sent when it raises
+        at once (the connection is closed).
         """
         rid, future = self._send(call, timeout)
+        wait = timeout + _GRACE_S if give_up_s is None else min(give_up_s, timeout + _GRACE_S)
         try:
-            reply: p.Reply = await asyncio.wait_for(future, timeout + _GRACE_S)
+            reply: p.Reply = await asyncio.wait_for(future, wait)
         except TimeoutError:
-            raise DeadlineExceededError(f"{self.address} (node {self.node_id}) did not answer within "
-                                        f"{timeout:.3f} s") from None
+            raise NoAnswerError(f"{self.address} (node {self.node_id}) did not answer within {wait:.3f} s "
+                                f"(no answer)") from None
         finally:
             self._pending.pop(rid, None)
         if reply.error is not None:
@@ -102,10 +126,43 @@ class Connection:
     def _send(self, call: p.Call, timeout: float) -> tuple[int, asyncio.Future[p.Reply]]:
         self._check()
         rid = next(self._ids)
-        future: asyncio.Future[p.Reply] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[p.Reply] = loop.create_future()
+        if self._watchdog is None:   # busy from now on: silence counts from here
+            self._heard = loop.time()
+            self._watchdog = loop.call_later(self.timing.ping_after_s, self._check_alive)
         self._pending[rid] = future
         self._enqueue(p.Request(rid, call, max(1, int(timeout * 1000))))
         return rid, future
+
+    def _check_alive(self) -> None:
+        """The watchdog (runs only while requests are pending): ping a silent node, and declare the
+        connection dead when the ping is not followed by any bytes in time."""
+        self._watchdog = None
+        if not self._pending or self._closed_error is not None:
+            self._ping_sent = None
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        timing = self.timing
+        if self._ping_sent is not None and self._heard < self._ping_sent:
+            left = self._ping_sent + timing.ping_timeout_s - now
+            if left <= 0:
+                self._fail_all(NoAnswerError(
+                    f"{self.address} (node {self.node_id}) sent nothing for {now - self._heard:.2f} s and did not "
+                    f"answer a ping within {timing.ping_timeout_s:.2f} s (no answer): connection closed"))
+                return
+            self._watchdog = loop.call_later(left, self._check_alive)
+            return
+        self._ping_sent = None
+        silent = now - self._heard
+        if silent >= timing.ping_after_s:
+            self._ping_sent = now
+            self.pings_sent += 1
+            self._enqueue(p.Request(next(self._ids), p.Ping()))   # its reply is any bytes: nothing waits for it
+            self._watchdog = loop.call_later(timing.ping_timeout_s, self._check_alive)
+        else:
+            self._watchdog = loop.call_later(timing.ping_after_s - silent, self._check_alive)
 
     def _check(self) -> None:
         if self._closed_error is not None:
@@ -141,6 +198,7 @@ class Connection:
 
     async def _read_loop(self, decoder: p.FrameDecoder, early: list[Any]) -> None:
         assert self._reader is not None
+        loop = asyncio.get_running_loop()
         try:
             for frame in early:
                 self._dispatch(frame)
@@ -148,6 +206,7 @@ class Connection:
                 data = await self._reader.read(1 << 18)
                 if not data:
                     break
+                self._heard = loop.time()
                 for frame in decoder.feed(data):
                     self._dispatch(frame)
         except (OSError, p.FrameError):
@@ -168,7 +227,14 @@ class Connection:
                 future.set_result(reply)
 
     def _fail_all(self, error: ClientError) -> None:
-        self._closed_error = error
+        """Fail everything pending with `error` and close; the first reason stays the connection's."""
+        if self._closed_error is None:
+            self._closed_error = error
+        else:
+            error = self._closed_error
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():
