@@ -58,7 +58,10 @@ class Client:
     def close(self) -> None:
         if self._loop.is_closed():
             return
-        self._run(self.aio.close())
+        try:
+            self._run(self.aio.close())
+        except DeadlineExceededError:
+            pass   # a stuck loop: its connections go with it
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
