@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from epochlog import protocol as p
-from epochlog.client.connection import Connection
+from epochlog.client.connection import GRACE_S, Connection, Sent
 from epochlog.client.errors import (
     ClientError,
     NoAnswerError,
@@ -397,21 +397,20 @@ class AsyncClient:
         group (`group`: of that one only), promoted to voter once caught up unless `auto_promote` is off.
         Safe to retry: what is already done is skipped."""
         result = await self._call(p.MemberAdd(node_id, peer_address, client_address, auto_promote, group),
-                                  group=group or "metadata", leader=True, timeout=max(self.timeout, 30.0),
-                                  patient=True)
+                                  group=group or "metadata", leader=True, timeout=max(self.timeout, 30.0))
         assert isinstance(result, p.Members)
         return result
 
     async def member_promote(self, node_id: int, *, group: str = "") -> p.Members:
         result = await self._call(p.MemberPromote(node_id, group), group=group or "metadata", leader=True,
-                                  timeout=max(self.timeout, 30.0), patient=True)
+                                  timeout=max(self.timeout, 30.0))
         assert isinstance(result, p.Members)
         return result
 
     async def member_remove(self, node_id: int, *, group: str = "") -> p.Members:
         """Remove node `node_id` from every group (`group`: from that one only), then forget its address."""
         result = await self._call(p.MemberRemove(node_id, group), group=group or "metadata", leader=True,
-                                  timeout=max(self.timeout, 30.0), patient=True)
+                                  timeout=max(self.timeout, 30.0))
         assert isinstance(result, p.Members)
         return result
 
@@ -421,13 +420,12 @@ class AsyncClient:
         return await self._call(call, group=group, leader=consistency in _LEADER_READS)
 
     async def _call(self, call: p.Call, *, group: str | None, leader: bool, timeout: float | None = None,
-                    attempts: Attempts | None = None, patient: bool = False) -> p.Result:
+                    attempts: Attempts | None = None) -> p.Result:
         """Send `call` to the group's leader (or any node), retrying retriable failures until the deadline.
 
-        Each attempt waits at most `timing.attempt_s` (doubled after each attempt abandoned), unless
-        `patient` (calls that legitimately run long, e.g. membership changes: they wait as long as the
-        node keeps answering pings). `attempts`, when given, is filled in as the attempts go: whether
-        any attempt may have been proposed (retry.Attempts), however the call ends.
+        An attempt that has no answer after `timing.attempt_s` is left for another node, unless the
+        node still leads `group` (asked, see `_answer`). `attempts`, when given, is filled in as the
+        attempts go: whether any of them may have been proposed (retry.Attempts), however the call ends.
         """
         budget = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
@@ -441,17 +439,19 @@ class AsyncClient:
             if remaining <= 0:
                 raise last or UnavailableError(f"no answer within {budget:.1f} s")
             address = self._pick(group if leader else None, tried)
-            wait = remaining if patient else min(remaining, limit)
-            sent = False
+            sent: Sent | None = None
             try:
-                conn = await self._connection(address, wait)
-                # No suspension point from here until the request is queued on the connection, which
-                # _connection returned open: from now on the request may reach the node.
-                sent = True
+                conn = await self._connection(address, min(remaining, limit))
+                sent = conn.send(call, remaining)   # raises, nothing sent, if the connection closed
                 record.sent += 1
-                result = await conn.call(call, remaining, give_up_s=None if patient else wait)
+                try:
+                    result = await self._answer(conn, sent, group if leader else None, deadline, limit)
+                finally:
+                    conn.forget(sent)
                 record.settle(None)
                 self._suspects.pop(address, None)
+                if leader and group is not None:
+                    self._leaders[group] = address   # it served as the leader: the next call goes straight there
                 return result
             except NotLeaderError as exc:
                 record.settle(exc)
@@ -464,7 +464,7 @@ class AsyncClient:
                     else:
                         self._leaders.pop(group, None)
             except ClientError as exc:
-                if sent:
+                if sent is not None:
                     record.settle(exc)
                 if not exc.retriable:
                     raise
@@ -472,20 +472,50 @@ class AsyncClient:
                 tried.add(address)
                 if group is not None and self._leaders.get(group) == address:
                     self._leaders.pop(group, None)
-                if isinstance(exc, NoAnswerError) or not sent:   # silent, or could not be reached
+                if isinstance(exc, NoAnswerError) or sent is None:   # silent, or could not be reached
                     self._suspects[address] = time.monotonic() + self.timing.suspect_s
-                    if sent:
+                    if sent is not None:
                         limit *= 2   # a node that is only slow gets longer next time
                 else:
                     self._suspects.pop(address, None)
             except BaseException as exc:   # cancelled: an attempt in flight may have been proposed
-                if sent:
+                if sent is not None:
                     record.settle(exc)
                 raise
             if not self._untried(tried):   # a round over every member not suspected: pause, start again
                 tried.clear()
                 await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
                 delay = min(delay * 2, self.timing.backoff_max_s)
+
+    async def _answer(self, conn: Connection, sent: Sent, group: str | None, deadline: float, limit: float) -> p.Result:
+        """The answer to `sent`, waited for `limit` at a time until the call's deadline (plus the grace
+        in which the node's own deadline_exceeded arrives).
+
+        Past each `limit`: a node that still says it leads `group` (a status call, answered from its
+        memory) is slow, not stuck, and is waited for again, twice as long, rather than sent the
+        request a second time (a starved leader would only get more work). Otherwise NoAnswerError:
+        the node stopped answering, or lost its leadership (cut off from its peers, it stepped down),
+        and the call goes elsewhere."""
+        while True:
+            left = deadline + GRACE_S - time.monotonic()
+            try:
+                return await conn.wait(sent, max(0.0, min(limit, left)))
+            except NoAnswerError:
+                if group is None or limit >= left or not await self._still_leads(conn, group, deadline):
+                    raise
+            limit *= 2
+
+    async def _still_leads(self, conn: Connection, group: str, deadline: float) -> bool:
+        """Whether the node behind `conn` says it leads `group` (False when it does not answer in time)."""
+        wait = min(conn.timing.ping_timeout_s, deadline - time.monotonic())
+        if not conn.open or wait <= 0:
+            return False
+        try:
+            status = await conn.call(p.Status(), wait)
+        except ClientError:
+            return False
+        assert isinstance(status, p.StatusInfo)
+        return any(g.group == group and g.role == "leader" for g in status.groups)
 
     def _suspected(self, address: str) -> bool:
         until = self._suspects.get(address)

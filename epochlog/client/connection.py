@@ -16,13 +16,22 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from dataclasses import dataclass
 from typing import Any
 
 from epochlog import protocol as p
 from epochlog.client.errors import ClientError, NoAnswerError, UnavailableError, from_wire
 from epochlog.client.retry import Timing
 
-_GRACE_S = 0.25   # how much longer than the node's deadline a call waits for its answer
+GRACE_S = 0.25   # how much longer than the node's deadline a call waits for its answer
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A request queued on a connection: its id and the future of its reply (see `Connection.send`)."""
+
+    id: int
+    reply: asyncio.Future[p.Reply]
 
 
 class Connection:
@@ -83,28 +92,43 @@ class Connection:
         self._closed_error = None
         self._read_task = asyncio.get_running_loop().create_task(self._read_loop(decoder, frames[1:]))
 
-    async def call(self, call: p.Call, timeout: float, *, give_up_s: float | None = None) -> p.Result:
+    async def call(self, call: p.Call, timeout: float) -> p.Result:
         """Send one request; its result, or raise the error it was answered with.
 
         The node is told the deadline and answers `deadline_exceeded` when it passes; this side
         waits a little longer (network grace) so that precise answer, not a bare timeout, arrives.
-        `give_up_s`: stop waiting sooner (the caller's per-attempt limit). Without an answer in time,
-        NoAnswerError: the request may still be running on the node. Nothing is sent when it raises
-        at once (the connection is closed).
         """
-        rid, future = self._send(call, timeout)
-        wait = timeout + _GRACE_S if give_up_s is None else min(give_up_s, timeout + _GRACE_S)
+        sent = self.send(call, timeout)
         try:
-            reply: p.Reply = await asyncio.wait_for(future, wait)
-        except TimeoutError:
-            raise NoAnswerError(f"{self.address} (node {self.node_id}) did not answer within {wait:.3f} s "
-                                f"(no answer)") from None
+            return await self.wait(sent, timeout + GRACE_S)
         finally:
-            self._pending.pop(rid, None)
+            self.forget(sent)
+
+    def send(self, call: p.Call, timeout: float) -> Sent:
+        """Queue one request, telling the node `timeout` as its deadline; `wait` for its answer, then
+        `forget` it. Raises at once, nothing sent, when the connection is closed."""
+        rid, future = self._send(call, timeout)
+        return Sent(rid, future)
+
+    async def wait(self, sent: Sent, timeout: float) -> p.Result:
+        """The result of `sent`, or raise the error it was answered with (or the connection's, when it
+        closed); NoAnswerError when nothing came within `timeout`: the request stays pending, so it may
+        be waited for again."""
+        done, _ = await asyncio.wait((sent.reply,), timeout=timeout)
+        if not done:
+            raise NoAnswerError(f"{self.address} (node {self.node_id}) did not answer within {timeout:.3f} s "
+                                f"(no answer)")
+        reply = sent.reply.result()
         if reply.error is not None:
             raise from_wire(reply.error)
         assert reply.result is not None
         return reply.result
+
+    def forget(self, sent: Sent) -> None:
+        """Stop waiting for `sent` (answered or abandoned): a late reply is dropped."""
+        self._pending.pop(sent.id, None)
+        if sent.reply.done() and not sent.reply.cancelled():
+            sent.reply.exception()   # retrieved: the connection's failure is reported by whoever waits next
 
     def open_stream(self, call: p.Call) -> tuple[int, asyncio.Queue[p.Reply]]:
         """Send a request whose replies keep coming (watch): a queue receives every reply for it."""

@@ -8,10 +8,12 @@ timeouts, and the call must move there instead of waiting on the old one for the
 Everything here is derived from the cluster's base election timeout E (`ServerHello.election_timeout_ms`;
 a follower campaigns after [E, 2E) without hearing from its leader):
 
-- `attempt_s` (2E, at least 1 s): an attempt without an answer is abandoned after it, and the call
+- `attempt_s` (2E, at least 1 s): an attempt without an answer by then is abandoned, and the call
   moves to the other members, which by then answer `not_leader` naming the new leader if the node
-  was really cut off. The limit doubles after each abandoned attempt of the same call, so a leader
-  that is only slow still gets the rest of the deadline.
+  was really cut off; unless the node says (a status call, answered from memory) that it still
+  leads the group: a leader cut off from its peers steps down within about E (check-quorum), one
+  that still leads is slow, not stuck, and is waited for again rather than sent the request twice.
+  The limit doubles each time, so a slow leader gets the rest of the deadline.
 - `ping_after_s` (E/2) and `ping_timeout_s` (E, at least 0.5 s): a connection with calls pending
   that has received nothing for `ping_after_s` sends a `ping` (answered by the node's loop without
   Raft); receiving nothing for `ping_timeout_s` after it marks the connection dead, and its pending

@@ -12,6 +12,8 @@ client port still answers.
   Client included. Before the fix the first acknowledgement came at the end of the pause.
 - A write refused before it could be proposed (a follower's not_leader, a connection that failed
   to open) is not in doubt.
+- A leader that is slow (its followers' acknowledgements delayed) but still leads is waited for:
+  the write is sent once, not again after each attempt's limit.
 - One node: no ping on an idle connection nor on one whose replies keep coming; a slow call on a
   healthy node survives (its pings are answered); a stopped node's connection is declared dead
   (NoAnswerError, "no answer") long before the call's deadline.
@@ -178,6 +180,42 @@ def test_writes_leave_a_stopped_or_isolated_kv_leader(node_cluster_factory: Call
         assert not writers.failures, f"{len(writers.failures)} writer calls failed: {writers.failures[:3]}"
 
     asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_a_slow_leader_is_waited_for_not_sent_the_write_twice(node_cluster_factory: Callable[..., NodeCluster]) -> None:
+    """The followers' messages reach the kv leader 1.5 s late (its heartbeats reach them on time, and the
+    delay grows in steps shorter than an election timeout, so the leader keeps hearing from a quorum and
+    keeps leading): every write takes longer than an attempt's limit (1 s), and the SDK, told by the
+    node that it still leads, waits for the one attempt instead of sending the write again."""
+    cluster = node_cluster_factory(proxied=True)
+    cluster.start()
+    delay_s = 1.5
+
+    async def main() -> None:
+        leader = await asyncio.to_thread(cluster.leader, "kv")
+        assert cluster.net is not None
+        async with AsyncClient(cluster.endpoints, timeout=WRITER_TIMEOUT_S) as client:
+            await client.put("liveness/slow-warm", b"")
+            assert client.timing.attempt_s < delay_s
+            followers = [i for i in cluster.nodes if i != leader]
+            try:
+                for step in range(1, 11):
+                    for follower in followers:
+                        await asyncio.to_thread(cluster.net.delay, follower, leader, delay_s * step / 10)
+                    await asyncio.sleep(0.25)
+                record = Attempts()
+                written, took = await timed(client._call(_put("liveness/slow", b"s"), group="kv", leader=True,
+                                                         attempts=record))
+            finally:
+                await asyncio.to_thread(cluster.net.heal)
+            assert isinstance(written, p.Written) and written.results[0].ok, written
+            assert took >= delay_s, took
+            assert record.sent == 1 and not record.in_doubt, record
+            info = await asyncio.to_thread(cluster.group_status, leader, "kv")
+            assert info is not None and info.role == "leader", "the leader lost its leadership: no slow leader tested"
+            print(f"a write on a leader whose acknowledgements arrive {delay_s} s late took {took:.2f} s, one attempt")
+
+    asyncio.run(asyncio.wait_for(main(), 60))
 
 
 def test_pings_only_while_a_call_waits_in_silence_and_a_stopped_node_is_declared_dead(
