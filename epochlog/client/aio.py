@@ -488,33 +488,35 @@ class AsyncClient:
                 delay = min(delay * 2, self.timing.backoff_max_s)
 
     async def _answer(self, conn: Connection, sent: Sent, group: str | None, deadline: float, limit: float) -> p.Result:
-        """The answer to `sent`, waited for `limit` at a time until the call's deadline (plus the grace
-        in which the node's own deadline_exceeded arrives).
+        """The answer to `sent`, until the call's deadline (plus the grace in which the node's own
+        deadline_exceeded arrives).
 
-        Past each `limit`: a node that still says it leads `group` (a status call, answered from its
-        memory) is slow, not stuck, and is waited for again, twice as long, rather than sent the
-        request a second time (a starved leader would only get more work). Otherwise NoAnswerError:
-        the node stopped answering, or lost its leadership (cut off from its peers, it stepped down),
-        and the call goes elsewhere."""
+        Past `limit` without one: a node that still says it leads `group` (a status request, answered
+        from its memory, shared by the calls waiting on the connection) is slow, not stuck, and is
+        waited for again, asked again every election timeout, rather than sent the request a second
+        time (a starved leader would only get more work). Otherwise NoAnswerError: the node stopped
+        answering, or lost its leadership (cut off from its peers, it stepped down), and the call
+        goes elsewhere."""
+        wait = limit
         while True:
             left = deadline + GRACE_S - time.monotonic()
             try:
-                return await conn.wait(sent, max(0.0, min(limit, left)))
+                return await conn.wait(sent, max(0.0, min(wait, left)))
             except NoAnswerError:
-                if group is None or limit >= left or not await self._still_leads(conn, group, deadline):
+                if group is None or wait >= left or not await self._still_leads(conn, group, deadline):
                     raise
-            limit *= 2
+            wait = conn.timing.election_timeout_s
 
     async def _still_leads(self, conn: Connection, group: str, deadline: float) -> bool:
         """Whether the node behind `conn` says it leads `group` (False when it does not answer in time)."""
-        wait = min(conn.timing.ping_timeout_s, deadline - time.monotonic())
+        timing = conn.timing
+        wait = min(timing.ping_timeout_s, deadline - time.monotonic())
         if not conn.open or wait <= 0:
             return False
         try:
-            status = await conn.call(p.Status(), wait)
+            status = await conn.status(wait, max_age_s=timing.election_timeout_s / 2)
         except ClientError:
             return False
-        assert isinstance(status, p.StatusInfo)
         return any(g.group == group and g.role == "leader" for g in status.groups)
 
     def _suspected(self, address: str) -> bool:

@@ -56,6 +56,8 @@ class Connection:
         self._heard = 0.0                       # loop time of the last bytes from the node (or of becoming busy)
         self._ping_sent: float | None = None    # loop time of the ping not yet followed by any bytes
         self._watchdog: asyncio.TimerHandle | None = None
+        self._status: asyncio.Task[p.Result] | None = None   # the latest status request (shared, see `status`)
+        self._status_asked = 0.0
 
     @property
     def open(self) -> bool:
@@ -103,6 +105,23 @@ class Connection:
             return await self.wait(sent, timeout + GRACE_S)
         finally:
             self.forget(sent)
+
+    async def status(self, timeout: float, max_age_s: float) -> p.StatusInfo:
+        """The node's status (from its memory); callers less than `max_age_s` apart share one request, so
+        many calls asking whether their node still leads cost one question."""
+        loop = asyncio.get_running_loop()
+        asked = self._status
+        if asked is None or (asked.done() and loop.time() - self._status_asked >= max_age_s):
+            self._status_asked = loop.time()
+            asked = self._status = loop.create_task(self.call(p.Status(), timeout))
+            asked.add_done_callback(lambda t: t.cancelled() or t.exception())   # retrieved, whoever waits
+        try:
+            result = await asyncio.wait_for(asyncio.shield(asked), timeout + GRACE_S)
+        except TimeoutError:
+            raise NoAnswerError(f"{self.address} (node {self.node_id}) did not answer a status request within "
+                                f"{timeout:.3f} s (no answer)") from None
+        assert isinstance(result, p.StatusInfo)
+        return result
 
     def send(self, call: p.Call, timeout: float) -> Sent:
         """Queue one request, telling the node `timeout` as its deadline; `wait` for its answer, then

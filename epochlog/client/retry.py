@@ -11,9 +11,9 @@ a follower campaigns after [E, 2E) without hearing from its leader):
 - `attempt_s` (2E, at least 1 s): an attempt without an answer by then is abandoned, and the call
   moves to the other members, which by then answer `not_leader` naming the new leader if the node
   was really cut off; unless the node says (a status call, answered from memory) that it still
-  leads the group: a leader cut off from its peers steps down within about E (check-quorum), one
-  that still leads is slow, not stuck, and is waited for again rather than sent the request twice.
-  The limit doubles each time, so a slow leader gets the rest of the deadline.
+  leads the group: a leader cut off from its peers steps down within one or two E (check-quorum),
+  one that still leads is slow, not stuck, and is waited for (asked again every E) rather than sent
+  the request twice. The limit doubles for the call's next attempts.
 - `ping_after_s` (E/2) and `ping_timeout_s` (E, at least 0.5 s): a connection with calls pending
   that has received nothing for `ping_after_s` sends a `ping` (answered by the node's loop without
   Raft); receiving nothing for `ping_timeout_s` after it marks the connection dead, and its pending
