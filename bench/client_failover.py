@@ -212,13 +212,13 @@ def cli() -> None:
     table = summary(rows)
     print("\n".join(table))
     if not args.no_write:
-        body = [f"{args.writers} writer clients (AsyncClient, timeout {args.timeout:g} s, one put at a time each) "
+        body = [(f"{args.writers} writer clients (AsyncClient, timeout {args.timeout:g} s, one put at a time each) "
                 f"on 3 `epochlog serve` nodes on loopback (default [raft] and [cluster] timing: election timeout "
                 f"10 ticks of 50 ms), peer links through tests/runtime/proxy.py. `stop`: SIGSTOP of the kv leader "
                 f"for the pause, then SIGCONT; `isolate`: every frame of its peer links dropped both ways for the "
                 f"pause (its client port stays reachable). First ack: the first acknowledged write received more "
                 f"than {STRAGGLER_S} s after the fault; elected: when another node first said it leads kv. Load "
-                f"average (1, 5, 15 min) before the run: {load}; per round in the JSON lines below.", "",
+                f"average (1, 5, 15 min) before the run: {load}; per round in the JSON lines below."), "",
                 *table, "", "Rounds (JSON lines):", "", "```", *(json.dumps(r) for r in rows), "```"]
         write_section("client-failover", "\n".join(body))
 

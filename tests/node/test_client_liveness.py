@@ -77,12 +77,12 @@ class Writers:
         await asyncio.wait_for(asyncio.gather(*self.tasks), WRITER_TIMEOUT_S + 5)
 
 
-async def timed(what: Awaitable[T]) -> tuple[T | BaseException, float]:
-    """What `what` returned or raised, and how long it took."""
+async def timed(what: Awaitable[T]) -> tuple[T | ClientError, float]:
+    """What `what` returned or the ClientError it raised, and how long it took."""
     started = time.monotonic()
     try:
-        result: T | BaseException = await what
-    except Exception as exc:
+        result: T | ClientError = await what
+    except ClientError as exc:
         result = exc
     return result, time.monotonic() - started
 
