@@ -31,6 +31,7 @@ import asyncio
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -220,7 +221,8 @@ def cli() -> None:
                 f"than {STRAGGLER_S} s after the fault; elected: when another node first said it leads kv. Load "
                 f"average (1, 5, 15 min) before the run: {load}; per round in the JSON lines below."), "",
                 *table, "", "Rounds (JSON lines):", "", "```", *(json.dumps(r) for r in rows), "```"]
-        write_section("client-failover", "\n".join(body))
+        write_section("client-failover", "\n".join(body),
+                      command=" ".join([".venv/bin/python", "-m", "bench.client_failover", *sys.argv[1:]]))
 
 
 if __name__ == "__main__":
