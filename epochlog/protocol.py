@@ -64,6 +64,7 @@ class ServerHello(msgspec.Struct, tag="server_hello"):
     cluster: str
     node: int
     error: str = ""          # non-empty: the server refuses the connection (e.g. an unknown version)
+    election_timeout_ms: int = 0   # the cluster's base election timeout (0: not told; the SDK assumes 1000)
 
 
 # --- requests ---------------------------------------------------------------------------------------
@@ -156,6 +157,11 @@ class ReadEvents(msgspec.Struct, tag="read_events"):
 
 class Status(msgspec.Struct, tag="status"):
     pass
+
+
+class Ping(msgspec.Struct, tag="ping"):
+    """Are you there? Answered `done` at once from the node's loop (no Raft, no disk): the SDK sends it
+    on a connection that has calls pending and has been silent, to tell a slow call from a stopped node."""
 
 
 class TransferLeader(msgspec.Struct, tag="transfer_leader"):
@@ -282,7 +288,7 @@ class BrokerList(msgspec.Struct, tag="broker_list"):
 
 
 Call = (Write | Get | Gets | List | History | LeaseGrant | LeaseKeepAlive | Watch | WatchAck | CancelWatch
-        | ReadEvents | Status | TransferLeader | Snapshot | CompactionStatus | MemberList | MemberAdd
+        | ReadEvents | Status | Ping | TransferLeader | Snapshot | CompactionStatus | MemberList | MemberAdd
         | MemberPromote | MemberRemove | BrokerRegister | BrokerHeartbeats | SyncStateSetReport | BrokerShutdown
         | RouteQuery | BrokerList | GroupSkip)
 

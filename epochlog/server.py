@@ -94,6 +94,9 @@ class ClientService:
         self.rpc_children: dict[str, Any] = {}   # op -> its latency histogram child (labels() is not free)
         self.partial_bytes = 0                    # sum of every connection's `decoder.pending_bytes`
         self.limit_closes = 0                     # connections closed for a limit (budget or frame timeout)
+        # Told to every client in its hello: the SDK sizes its per-attempt timeouts and pings from it.
+        configs = node.configs
+        self.election_timeout_ms = configs.raft.election_timeout_ticks * configs.cluster.tick_interval_ms
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
@@ -263,7 +266,8 @@ class ClientConnection(asyncio.Protocol):
             self.transport.close()
             return
         self.greeted = True
-        self.transport.write(p.encode_frame(p.ServerHello(p.PROTOCOL_VERSION, self.node.cluster, self.node.node_id)))
+        self.transport.write(p.encode_frame(p.ServerHello(p.PROTOCOL_VERSION, self.node.cluster, self.node.node_id,
+                                                          election_timeout_ms=self.service.election_timeout_ms)))
 
     def _fail(self, message: str) -> None:
         logger.warning("closing client connection %s: %s", self._peer(), message)
@@ -484,6 +488,7 @@ _SYNC: dict[type, Callable[[ClientConnection, Any], p.Result]] = {
     p.LeaseKeepAlive: lambda c, call: c.node.lease_keepalive(call),
     p.ReadEvents: lambda c, call: c.node.read_events(call),
     p.Status: lambda c, call: c.node.status(),
+    p.Ping: lambda c, call: p.Done(),                                      # liveness: answered from the loop
     p.TransferLeader: lambda c, call: c.node.transfer_leader(call),
     p.Snapshot: lambda c, call: c.node.snapshot(call),
     p.CompactionStatus: lambda c, call: c.node.compaction_status(),

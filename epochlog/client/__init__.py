@@ -2,11 +2,11 @@
 
 from epochlog.client.aio import AsyncClient, Change, Entity, History, KeyValue, Page, WatchedEvent
 from epochlog.client.errors import (ClientError, CompactedError, DeadlineExceededError, DiskFullError,
-                                    InvalidArgumentError, NotFoundError, NotLeaderError, RejectedError,
-                                    UnavailableError)
+                                    InvalidArgumentError, NoAnswerError, NotFoundError, NotLeaderError,
+                                    RejectedError, UnavailableError)
 from epochlog.client.sync import Client
 
 __all__ = ["AsyncClient", "Change", "Client", "ClientError", "CompactedError", "DeadlineExceededError",
            "DiskFullError", "Entity", "History",
-           "InvalidArgumentError", "KeyValue", "NotFoundError", "NotLeaderError", "Page", "RejectedError",
+           "InvalidArgumentError", "KeyValue", "NoAnswerError", "NotFoundError", "NotLeaderError", "Page", "RejectedError",
            "UnavailableError", "WatchedEvent"]

@@ -4,6 +4,10 @@ Writes carry request ids (one per event, chosen before the first attempt), so a 
 a lost reply or a leader change is applied at most once: the node answers a retry with the first
 attempt's result. Every write returns its commit offset; pass it as `min_offset` to read your own
 writes on any node with `consistency="local"`.
+
+A call never outlives its `timeout` (plus a network grace of a fraction of a second); within it, an
+attempt on a node that stopped answering is abandoned after about two election timeouts and the call
+moves to the other members (epochlog/client/retry.py).
 """
 
 from __future__ import annotations
@@ -19,8 +23,16 @@ from typing import Any, TypeVar
 import msgspec
 
 from epochlog import protocol as p
-from epochlog.client.connection import Connection
-from epochlog.client.errors import ClientError, NotLeaderError, RejectedError, UnavailableError, from_wire
+from epochlog.client.connection import GRACE_S, Connection, Sent
+from epochlog.client.errors import (
+    ClientError,
+    NoAnswerError,
+    NotLeaderError,
+    RejectedError,
+    UnavailableError,
+    from_wire,
+)
+from epochlog.client.retry import Attempts, Timing
 from epochlog.routing import group_of_event, group_of_key
 from statemachines import events as ev
 from statemachines.state import KvState, decode_state
@@ -91,6 +103,8 @@ class AsyncClient:
         self._connections: dict[str, Connection] = {}
         self._connecting: dict[str, asyncio.Future[Connection]] = {}
         self._leaders: dict[str, str] = {}   # group -> client address of its leader
+        self._suspects: dict[str, float] = {}   # address -> monotonic time until which it is avoided
+        self.timing = Timing.from_hello(0)      # from the latest hello (one cluster: one election timeout)
         self._rr = random.randrange(len(self.endpoints))
 
     async def __aenter__(self) -> AsyncClient:
@@ -290,7 +304,7 @@ class AsyncClient:
         commit offset waits for it, and spares the leader)."""
         call = p.ReadEvents(group, from_offset, max_events, max_bytes)
         if endpoint is not None:
-            result = await (await self._connection(endpoint, self.timeout)).call(call, self.timeout)
+            result = await self._call_on(endpoint, call)
         else:
             result = await self._call(call, group=group, leader=True)
         assert isinstance(result, p.Events)
@@ -301,8 +315,7 @@ class AsyncClient:
     async def status(self, endpoint: str | None = None) -> p.StatusInfo:
         """One node's view of every group (the first reachable endpoint unless one is named)."""
         if endpoint is not None:
-            conn = await self._connection(endpoint, self.timeout)
-            result = await conn.call(p.Status(), self.timeout)
+            result = await self._call_on(endpoint, p.Status())
         else:
             result = await self._call(p.Status(), group=None, leader=False)
         assert isinstance(result, p.StatusInfo)
@@ -316,10 +329,8 @@ class AsyncClient:
         async def one(address: str) -> p.StatusInfo | ClientError:
             try:
                 return await self.status(address)
-            except ClientError as exc:
+            except ClientError as exc:   # unreachable, or connected but silent (NoAnswerError)
                 return exc
-            except TimeoutError:   # connected, but no reply: a stalled node
-                return UnavailableError(f"{address} did not answer within {self.timeout:.1f} s")
 
         return list(await asyncio.gather(*(one(a) for a in addresses)))
 
@@ -327,7 +338,9 @@ class AsyncClient:
         """The client address of `group`'s leader as a node's status names it (until the deadline)."""
         deadline = time.monotonic() + self.timeout
         while True:
-            info = await self.status()
+            info = await self._call(p.Status(), group=None, leader=False,
+                                    timeout=max(0.001, deadline - time.monotonic()))
+            assert isinstance(info, p.StatusInfo)
             leader = next((g.leader for g in info.groups if g.group == group), None)
             if leader is None:
                 raise ClientError(f"no group {group!r} (groups: {', '.join(g.group for g in info.groups)})",
@@ -351,7 +364,7 @@ class AsyncClient:
         call = p.Snapshot(group)
         if endpoint is None:
             endpoint = await self._leader_address(group)
-        result = await (await self._connection(endpoint, self.timeout)).call(call, self.timeout)
+        result = await self._call_on(endpoint, call)
         assert isinstance(result, p.Done)
         return result.offset
 
@@ -360,15 +373,14 @@ class AsyncClient:
 
         Operator recovery (README "Events"): only when no Epochlog version can apply the record, on
         every member halted there (`epochlog group skip` checks every member first)."""
-        result = await (await self._connection(endpoint, self.timeout)).call(p.GroupSkip(group, offset),
-                                                                             self.timeout)
+        result = await self._call_on(endpoint, p.GroupSkip(group, offset))
         assert isinstance(result, p.Done)
         return result.offset
 
     async def compaction_status(self, endpoint: str | None = None) -> p.CompactionInfo:
         """One node's retention of every group (the first reachable endpoint unless one is named)."""
         if endpoint is not None:
-            result = await (await self._connection(endpoint, self.timeout)).call(p.CompactionStatus(), self.timeout)
+            result = await self._call_on(endpoint, p.CompactionStatus())
         else:
             result = await self._call(p.CompactionStatus(), group=None, leader=False)
         assert isinstance(result, p.CompactionInfo)
@@ -407,10 +419,18 @@ class AsyncClient:
     async def _read(self, call: p.Call, group: str, consistency: str) -> p.Result:
         return await self._call(call, group=group, leader=consistency in _LEADER_READS)
 
-    async def _call(self, call: p.Call, *, group: str | None, leader: bool, timeout: float | None = None) -> p.Result:
-        """Send `call` to the group's leader (or any node), retrying retriable failures until the deadline."""
+    async def _call(self, call: p.Call, *, group: str | None, leader: bool, timeout: float | None = None,
+                    attempts: Attempts | None = None) -> p.Result:
+        """Send `call` to the group's leader (or any node), retrying retriable failures until the deadline.
+
+        An attempt that has no answer after `timing.attempt_s` is left for another node, unless the
+        node still leads `group` (asked, see `_answer`). `attempts`, when given, is filled in as the
+        attempts go: whether any of them may have been proposed (retry.Attempts), however the call ends.
+        """
         budget = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
+        record = Attempts() if attempts is None else attempts
+        limit = self.timing.attempt_s
         delay = 0.02
         last: ClientError | None = None
         tried: set[str] = set()
@@ -419,31 +439,100 @@ class AsyncClient:
             if remaining <= 0:
                 raise last or UnavailableError(f"no answer within {budget:.1f} s")
             address = self._pick(group if leader else None, tried)
+            sent: Sent | None = None
             try:
-                conn = await self._connection(address, remaining)
-                return await conn.call(call, remaining)
+                conn = await self._connection(address, min(remaining, limit))
+                sent = conn.send(call, remaining)   # raises, nothing sent, if the connection closed
+                record.sent += 1
+                try:
+                    result = await self._answer(conn, sent, group if leader else None, deadline, limit)
+                finally:
+                    conn.forget(sent)
+                record.settle(None)
+                self._suspects.pop(address, None)
+                if leader and group is not None:
+                    self._leaders[group] = address   # it served as the leader: the next call goes straight there
+                return result
             except NotLeaderError as exc:
+                record.settle(exc)
+                self._suspects.pop(address, None)
                 last = exc
+                tried.add(address)
                 if group is not None:
                     if exc.leader_address and exc.leader_address != address:
-                        self._leaders[group] = exc.leader_address
-                        continue   # straight to the leader named
-                    self._leaders.pop(group, None)
-                tried.add(address)
+                        self._leaders[group] = exc.leader_address   # _pick goes there next, unless tried or suspect
+                    else:
+                        self._leaders.pop(group, None)
             except ClientError as exc:
+                if sent is not None:
+                    record.settle(exc)
                 if not exc.retriable:
                     raise
                 last = exc
                 tried.add(address)
                 if group is not None and self._leaders.get(group) == address:
                     self._leaders.pop(group, None)
-            except TimeoutError:
-                last = UnavailableError(f"{address} did not answer within {budget:.1f} s")
-                tried.add(address)
-            if len(tried) >= len(self._known_addresses()):
+                if isinstance(exc, NoAnswerError) or sent is None:   # silent, or could not be reached
+                    self._suspects[address] = time.monotonic() + self.timing.suspect_s
+                    if sent is not None:
+                        limit *= 2   # a node that is only slow gets longer next time
+                else:
+                    self._suspects.pop(address, None)
+            except BaseException as exc:   # cancelled: an attempt in flight may have been proposed
+                if sent is not None:
+                    record.settle(exc)
+                raise
+            if not self._untried(tried):   # a round over every member not suspected: pause, start again
                 tried.clear()
                 await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-                delay = min(delay * 2, 0.5)
+                delay = min(delay * 2, self.timing.backoff_max_s)
+
+    async def _answer(self, conn: Connection, sent: Sent, group: str | None, deadline: float, limit: float) -> p.Result:
+        """The answer to `sent`, until the call's deadline (plus the grace in which the node's own
+        deadline_exceeded arrives).
+
+        Past `limit` without one: a node that still says it leads `group` (a status request, answered
+        from its memory, shared by the calls waiting on the connection) is slow, not stuck, and is
+        waited for again, asked again every election timeout, rather than sent the request a second
+        time (a starved leader would only get more work). Otherwise NoAnswerError: the node stopped
+        answering, or lost its leadership (cut off from its peers, it stepped down), and the call
+        goes elsewhere."""
+        wait = limit
+        while True:
+            left = deadline + GRACE_S - time.monotonic()
+            try:
+                return await conn.wait(sent, max(0.0, min(wait, left)))
+            except NoAnswerError:
+                if group is None or wait >= left or not await self._still_leads(conn, group, deadline):
+                    raise
+            wait = conn.timing.election_timeout_s
+
+    async def _still_leads(self, conn: Connection, group: str, deadline: float) -> bool:
+        """Whether the node behind `conn` says it leads `group` (False when it does not answer in time)."""
+        timing = conn.timing
+        wait = min(timing.ping_timeout_s, deadline - time.monotonic())
+        if not conn.open or wait <= 0:
+            return False
+        try:
+            status = await conn.status(wait, max_age_s=timing.election_timeout_s / 2)
+        except ClientError:
+            return False
+        return any(g.group == group and g.role == "leader" for g in status.groups)
+
+    def _suspected(self, address: str) -> bool:
+        until = self._suspects.get(address)
+        if until is None:
+            return False
+        if until <= time.monotonic():
+            del self._suspects[address]
+            return False
+        return True
+
+    def _untried(self, tried: set[str]) -> list[str]:
+        """Known addresses not tried yet in this round, suspects left out (all of them, if every one is suspect)."""
+        known = self._known_addresses()
+        healthy = [a for a in known if not self._suspected(a)] or known
+        return [a for a in healthy if a not in tried]
 
     def _known_addresses(self) -> list[str]:
         known = list(self.endpoints)
@@ -453,11 +542,17 @@ class AsyncClient:
     def _pick(self, group: str | None, tried: set[str]) -> str:
         if group is not None:
             leader = self._leaders.get(group)
-            if leader is not None and leader not in tried:
+            if leader is not None and leader not in tried and not self._suspected(leader):
                 return leader
-        candidates = [a for a in self._known_addresses() if a not in tried] or self._known_addresses()
+        candidates = self._untried(tried) or self._known_addresses()
         self._rr = (self._rr + 1) % len(candidates)
         return candidates[self._rr]
+
+    async def _call_on(self, address: str, call: p.Call) -> p.Result:
+        """`call` on the node at `address` only, connecting included, within the client's timeout."""
+        deadline = time.monotonic() + self.timeout
+        conn = await self._connection(address, self.timeout)
+        return await conn.call(call, max(0.001, deadline - time.monotonic()))
 
     async def _any_connection(self, timeout: float, avoid: set[str] | None = None) -> Connection:
         """A connection to a reachable node, preferring those not in `avoid` (emptied once all were)."""
@@ -476,22 +571,31 @@ class AsyncClient:
         raise last or UnavailableError("no endpoint reachable")
 
     async def _connection(self, address: str, timeout: float) -> Connection:
+        """An open connection to `address` (UnavailableError within `timeout` if there is none)."""
         conn = self._connections.get(address)
         if conn is not None and conn.open:
             return conn
         pending = self._connecting.get(address)
-        if pending is not None:
-            return await asyncio.shield(pending)
+        if pending is not None:   # another call is connecting: wait for it, within this call's time
+            try:
+                conn = await asyncio.wait_for(asyncio.shield(pending), timeout)
+            except TimeoutError:
+                raise UnavailableError(f"cannot connect to {address}: no hello within {timeout:.2f} s") from None
+            if not conn.open:     # it died while this call was being resumed
+                raise UnavailableError(f"the connection to {address} closed as it opened")
+            return conn
         future: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
         self._connecting[address] = future
         try:
             conn = Connection(address, client_name=self.name)
             await conn.connect(min(timeout, 5.0))
             self._connections[address] = conn
+            self.timing = conn.timing
             future.set_result(conn)
             return conn
-        except BaseException as exc:
-            future.set_exception(exc)
+        except BaseException as exc:   # waiters get a connection error, even when this call was cancelled
+            future.set_exception(exc if isinstance(exc, Exception)
+                                 else UnavailableError(f"connecting to {address} was abandoned"))
             future.exception()   # retrieved: waiters re-raise it
             raise
         finally:

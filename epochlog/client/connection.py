@@ -3,18 +3,35 @@
 Every call made while the previous frame is being written joins the next frame: calls are queued
 and the queue is flushed once per turn of the event loop, so 100 concurrent calls cost one frame and
 one write, not 100. Replies are matched to calls by request id.
+
+Liveness: while requests are pending, a watchdog timer checks that the node keeps talking. After
+`Timing.ping_after_s` without a byte from the node it sends a `ping`; after `ping_timeout_s` more
+without one, the connection is declared dead and its pending calls fail with `NoAnswerError`
+(epochlog/client/retry.py). An idle connection, or one whose replies keep arriving, sends no ping;
+the timer is one `call_later` per interval per busy connection. Open watches alone do not count as
+pending (a quiet watch is normal).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+from dataclasses import dataclass
 from typing import Any
 
 from epochlog import protocol as p
-from epochlog.client.errors import ClientError, DeadlineExceededError, UnavailableError, from_wire
+from epochlog.client.errors import ClientError, NoAnswerError, UnavailableError, from_wire
+from epochlog.client.retry import Timing
 
-_GRACE_S = 0.25   # how much longer than the node's deadline a call waits for its answer
+GRACE_S = 0.25   # how much longer than the node's deadline a call waits for its answer
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A request queued on a connection: its id and the future of its reply (see `Connection.send`)."""
+
+    id: int
+    reply: asyncio.Future[p.Reply]
 
 
 class Connection:
@@ -25,6 +42,8 @@ class Connection:
         self.client_name = client_name
         self.node_id = 0
         self.cluster = ""
+        self.timing = Timing.from_hello(0)      # the node's, once its hello arrived
+        self.pings_sent = 0
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._ids = itertools.count(1)
@@ -34,24 +53,35 @@ class Connection:
         self._flush_scheduled = False
         self._read_task: asyncio.Task[None] | None = None
         self._closed_error: ClientError | None = None
+        self._heard = 0.0                       # loop time of the last bytes from the node (or of becoming busy)
+        self._ping_sent: float | None = None    # loop time of the ping not yet followed by any bytes
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._status: asyncio.Task[p.Result] | None = None   # the latest status request (shared, see `status`)
+        self._status_asked = 0.0
 
     @property
     def open(self) -> bool:
         return self._writer is not None and self._closed_error is None
 
     async def connect(self, timeout: float) -> None:
+        """Open the connection and exchange hellos, within `timeout` for both (a stopped node accepts
+        TCP connections in its kernel but never says hello)."""
         host, _, port = self.address.rpartition(":")
         try:
-            self._reader, self._writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout)
-            self._writer.write(p.encode_frame(p.ClientHello(p.PROTOCOL_VERSION, self.client_name)))
-            decoder = p.FrameDecoder(p.ServerFrame)
-            frames: list[Any] = []
-            while not frames:
-                data = await asyncio.wait_for(self._reader.read(65536), timeout)
-                if not data:
-                    raise ConnectionError("closed during hello")
-                frames = decoder.feed(data)
-        except (OSError, TimeoutError, ValueError) as exc:
+            async with asyncio.timeout(timeout):
+                self._reader, self._writer = await asyncio.open_connection(host, int(port))
+                self._writer.write(p.encode_frame(p.ClientHello(p.PROTOCOL_VERSION, self.client_name)))
+                decoder = p.FrameDecoder(p.ServerFrame)
+                frames: list[Any] = []
+                while not frames:
+                    data = await self._reader.read(65536)
+                    if not data:
+                        raise ConnectionError("closed during hello")
+                    frames = decoder.feed(data)
+        except TimeoutError:
+            self._abort()
+            raise UnavailableError(f"cannot connect to {self.address}: no hello within {timeout:.2f} s") from None
+        except (OSError, ValueError) as exc:
             self._abort()
             raise UnavailableError(f"cannot connect to {self.address}: {exc}") from None
         hello = frames[0]
@@ -60,6 +90,7 @@ class Connection:
             raise ClientError(f"{self.address} refused the connection: {getattr(hello, 'error', hello)}",
                               code="protocol")
         self.node_id, self.cluster = hello.node, hello.cluster
+        self.timing = Timing.from_hello(hello.election_timeout_ms)
         self._closed_error = None
         self._read_task = asyncio.get_running_loop().create_task(self._read_loop(decoder, frames[1:]))
 
@@ -69,18 +100,54 @@ class Connection:
         The node is told the deadline and answers `deadline_exceeded` when it passes; this side
         waits a little longer (network grace) so that precise answer, not a bare timeout, arrives.
         """
-        rid, future = self._send(call, timeout)
+        sent = self.send(call, timeout)
         try:
-            reply: p.Reply = await asyncio.wait_for(future, timeout + _GRACE_S)
-        except TimeoutError:
-            raise DeadlineExceededError(f"{self.address} (node {self.node_id}) did not answer within "
-                                        f"{timeout:.3f} s") from None
+            return await self.wait(sent, timeout + GRACE_S)
         finally:
-            self._pending.pop(rid, None)
+            self.forget(sent)
+
+    async def status(self, timeout: float, max_age_s: float) -> p.StatusInfo:
+        """The node's status (from its memory); callers less than `max_age_s` apart share one request, so
+        many calls asking whether their node still leads cost one question."""
+        loop = asyncio.get_running_loop()
+        asked = self._status
+        if asked is None or (asked.done() and loop.time() - self._status_asked >= max_age_s):
+            self._status_asked = loop.time()
+            asked = self._status = loop.create_task(self.call(p.Status(), timeout))
+            asked.add_done_callback(lambda t: t.cancelled() or t.exception())   # retrieved, whoever waits
+        try:
+            result = await asyncio.wait_for(asyncio.shield(asked), timeout + GRACE_S)
+        except TimeoutError:
+            raise NoAnswerError(f"{self.address} (node {self.node_id}) did not answer a status request within "
+                                f"{timeout:.3f} s (no answer)") from None
+        assert isinstance(result, p.StatusInfo)
+        return result
+
+    def send(self, call: p.Call, timeout: float) -> Sent:
+        """Queue one request, telling the node `timeout` as its deadline; `wait` for its answer, then
+        `forget` it. Raises at once, nothing sent, when the connection is closed."""
+        rid, future = self._send(call, timeout)
+        return Sent(rid, future)
+
+    async def wait(self, sent: Sent, timeout: float) -> p.Result:
+        """The result of `sent`, or raise the error it was answered with (or the connection's, when it
+        closed); NoAnswerError when nothing came within `timeout`: the request stays pending, so it may
+        be waited for again."""
+        done, _ = await asyncio.wait((sent.reply,), timeout=timeout)
+        if not done:
+            raise NoAnswerError(f"{self.address} (node {self.node_id}) did not answer within {timeout:.3f} s "
+                                f"(no answer)")
+        reply = sent.reply.result()
         if reply.error is not None:
             raise from_wire(reply.error)
         assert reply.result is not None
         return reply.result
+
+    def forget(self, sent: Sent) -> None:
+        """Stop waiting for `sent` (answered or abandoned): a late reply is dropped."""
+        self._pending.pop(sent.id, None)
+        if sent.reply.done() and not sent.reply.cancelled():
+            sent.reply.exception()   # retrieved: the connection's failure is reported by whoever waits next
 
     def open_stream(self, call: p.Call) -> tuple[int, asyncio.Queue[p.Reply]]:
         """Send a request whose replies keep coming (watch): a queue receives every reply for it."""
@@ -102,10 +169,43 @@ class Connection:
     def _send(self, call: p.Call, timeout: float) -> tuple[int, asyncio.Future[p.Reply]]:
         self._check()
         rid = next(self._ids)
-        future: asyncio.Future[p.Reply] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[p.Reply] = loop.create_future()
+        if self._watchdog is None:   # busy from now on: silence counts from here
+            self._heard = loop.time()
+            self._watchdog = loop.call_later(self.timing.ping_after_s, self._check_alive)
         self._pending[rid] = future
         self._enqueue(p.Request(rid, call, max(1, int(timeout * 1000))))
         return rid, future
+
+    def _check_alive(self) -> None:
+        """The watchdog (runs only while requests are pending): ping a silent node, and declare the
+        connection dead when the ping is not followed by any bytes in time."""
+        self._watchdog = None
+        if not self._pending or self._closed_error is not None:
+            self._ping_sent = None
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        timing = self.timing
+        if self._ping_sent is not None and self._heard < self._ping_sent:
+            left = self._ping_sent + timing.ping_timeout_s - now
+            if left <= 0:
+                self._fail_all(NoAnswerError(
+                    f"{self.address} (node {self.node_id}) sent nothing for {now - self._heard:.2f} s and did not "
+                    f"answer a ping within {timing.ping_timeout_s:.2f} s (no answer): connection closed"))
+                return
+            self._watchdog = loop.call_later(left, self._check_alive)
+            return
+        self._ping_sent = None
+        silent = now - self._heard
+        if silent >= timing.ping_after_s:
+            self._ping_sent = now
+            self.pings_sent += 1
+            self._enqueue(p.Request(next(self._ids), p.Ping()))   # its reply is any bytes: nothing waits for it
+            self._watchdog = loop.call_later(timing.ping_timeout_s, self._check_alive)
+        else:
+            self._watchdog = loop.call_later(timing.ping_after_s - silent, self._check_alive)
 
     def _check(self) -> None:
         if self._closed_error is not None:
@@ -141,6 +241,7 @@ class Connection:
 
     async def _read_loop(self, decoder: p.FrameDecoder, early: list[Any]) -> None:
         assert self._reader is not None
+        loop = asyncio.get_running_loop()
         try:
             for frame in early:
                 self._dispatch(frame)
@@ -148,6 +249,7 @@ class Connection:
                 data = await self._reader.read(1 << 18)
                 if not data:
                     break
+                self._heard = loop.time()
                 for frame in decoder.feed(data):
                     self._dispatch(frame)
         except (OSError, p.FrameError):
@@ -168,7 +270,14 @@ class Connection:
                 future.set_result(reply)
 
     def _fail_all(self, error: ClientError) -> None:
-        self._closed_error = error
+        """Fail everything pending with `error` and close; the first reason stays the connection's."""
+        if self._closed_error is None:
+            self._closed_error = error
+        else:
+            error = self._closed_error
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():

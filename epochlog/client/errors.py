@@ -61,6 +61,12 @@ class UnavailableError(ClientError):
     retriable = True
 
 
+class NoAnswerError(UnavailableError):
+    """A node did not answer: no reply to an attempt within its per-attempt limit, or the connection
+    missed its liveness pings (it is closed). The request may or may not have been applied there; the
+    SDK retries it elsewhere within the call's deadline (epochlog/client/retry.py)."""
+
+
 class RejectedError(ClientError):
     """The command was committed but changed nothing: `reason` says why (version_mismatch, stale_epoch,
     not_found, already_exists, condition_failed...); `offset` is where it was committed."""

@@ -1,6 +1,8 @@
 """The blocking client: an AsyncClient driven by a private event loop on a background thread.
 
 Thread-safe: calls from many threads share the client's connections (and its frame coalescing).
+A calling thread waits at most the call's timeout plus `WAIT_GRACE_S`, whatever happens on the loop
+thread (a call never outlives its deadline, even if the loop is stuck).
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from typing import Any, TypeVar
 
 from epochlog import protocol as p
 from epochlog.client.aio import AsyncClient, Entity, History, KeyValue, Page, WatchedEvent
-from epochlog.client.errors import ClientError
+from epochlog.client.errors import ClientError, DeadlineExceededError
 
 T = TypeVar("T")
+
+WAIT_GRACE_S = 1.0   # beyond the call's own bound (its timeout plus the network grace), for a busy loop
 
 
 class Client:
@@ -33,13 +37,31 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+    def _run(self, coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run `coroutine` on the client's loop; DeadlineExceededError (and the coroutine cancelled) if
+        it has not finished within `timeout` (default: the client's) plus WAIT_GRACE_S."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        limit = (self.aio.timeout if timeout is None else timeout) + WAIT_GRACE_S
+        try:
+            return future.result(limit)
+        except TimeoutError:
+            if future.done() and not future.cancelled():
+                return future.result()   # finished as the wait ran out
+            future.cancel()
+            raise DeadlineExceededError(f"the call did not finish within {limit:.1f} s (the client's loop is "
+                                        f"stuck or starved)") from None
+
+    @property
+    def _member_s(self) -> float:
+        return max(self.aio.timeout, 30.0)   # as AsyncClient's membership calls
 
     def close(self) -> None:
         if self._loop.is_closed():
             return
-        self._run(self.aio.close())
+        try:
+            self._run(self.aio.close())
+        except DeadlineExceededError:
+            pass   # a stuck loop: its connections go with it
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
@@ -96,13 +118,13 @@ class Client:
         return self._run(self.aio.status(endpoint))
 
     def cluster_status(self) -> list[p.StatusInfo | ClientError]:
-        return self._run(self.aio.cluster_status())
+        return self._run(self.aio.cluster_status(), 2 * self.aio.timeout)   # one node, then every member
 
     def transfer_leader(self, group: str, to: int = 0) -> None:
         self._run(self.aio.transfer_leader(group, to))
 
     def snapshot(self, group: str, endpoint: str | None = None) -> int:
-        return self._run(self.aio.snapshot(group, endpoint))
+        return self._run(self.aio.snapshot(group, endpoint), 2 * self.aio.timeout)   # find the leader, then ask it
 
     def compaction_status(self, endpoint: str | None = None) -> p.CompactionInfo:
         return self._run(self.aio.compaction_status(endpoint))
@@ -111,13 +133,13 @@ class Client:
         return self._run(self.aio.members())
 
     def member_add(self, node_id: int, peer_address: str, client_address: str = "", **kw: Any) -> p.Members:
-        return self._run(self.aio.member_add(node_id, peer_address, client_address, **kw))
+        return self._run(self.aio.member_add(node_id, peer_address, client_address, **kw), self._member_s)
 
     def member_promote(self, node_id: int, **kw: Any) -> p.Members:
-        return self._run(self.aio.member_promote(node_id, **kw))
+        return self._run(self.aio.member_promote(node_id, **kw), self._member_s)
 
     def member_remove(self, node_id: int, **kw: Any) -> p.Members:
-        return self._run(self.aio.member_remove(node_id, **kw))
+        return self._run(self.aio.member_remove(node_id, **kw), self._member_s)
 
     def watch(self, prefix: str, *, from_offset: int = -1, window: int = 4096) -> Iterator[WatchedEvent]:
         """Events under `prefix` as they commit; stop by closing the iterator (or breaking out of a for)."""

@@ -6,6 +6,11 @@ member as `python -m epochlog serve --config cluster.toml --node-id N --data-dir
 stdout and stderr in files (one pair per incarnation: `node-<id>.<n>.out/.err`). A node counts as
 started once its stdout has the `READY <id> <client address>` line.
 
+With `proxied=True` every peer link goes through a `tests.runtime.proxy.Link` (`net`, a ProxyNetwork:
+`net.isolate(node)` cuts a node off from its peers while its client port stays reachable): each
+node then gets its own config (`node-<id>.toml`), naming the links as the peer addresses of the
+members it dials (the lower id dials); `config_path` keeps the real addresses, for the CLI.
+
 A node can run another build of Epochlog (`ServeNode.build`, tests/node/builds.py: an older one
 without the leader's check, a newer one knowing a newer schema) for mixed-version tests.
 
@@ -40,6 +45,7 @@ from epochlog.client import Client
 from eventlog.errors import EpochlogError
 from statemachines.store import APPLIED, DIGEST, ViewStore, decode_offset
 from tests.runtime.cluster import free_ports
+from tests.runtime.proxy import ProxyNetwork
 
 T = TypeVar("T")
 
@@ -108,7 +114,7 @@ class NodeCluster:
                  log: dict[str, object] | None = None, views: dict[str, object] | None = None,
                  clients: dict[str, object] | None = None, grpc: bool = False,
                  cluster: dict[str, object] | None = None,
-                 compaction: dict[str, object] | None = None) -> None:
+                 compaction: dict[str, object] | None = None, proxied: bool = False) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.seed = seed
@@ -133,14 +139,28 @@ class NodeCluster:
             for i in range(1, size + 1)}
         self.config_path = root / "cluster.toml"
         self.config_path.write_text(self.config_text())
+        self.net: ProxyNetwork | None = None
+        if proxied:
+            self.net = ProxyNetwork()
+            links = {(a, b): self.net.add_link(a, b, _host_port(self.nodes[b].peer_address))
+                     for a in self.nodes for b in self.nodes if a < b}
+            for i in self.nodes:
+                dialed = {j: f"127.0.0.1:{links[(i, j)]}" for j in self.nodes if i < j}
+                self.node_config_path(i).write_text(self.config_text(dialed))
 
-    def config_text(self) -> str:
+    def node_config_path(self, node_id: int) -> Path:
+        """The config node `node_id` runs with (its own when proxied)."""
+        return self.root / f"node-{node_id}.toml" if self.net is not None else self.config_path
+
+    def config_text(self, peer_addresses: dict[int, str] | None = None) -> str:
+        """The cluster's TOML; `peer_addresses` replaces members' peer addresses (a proxied node's view)."""
+        peers = peer_addresses or {}
         lines = ["[cluster]", f'name = "{self.name}"', "groups = [" + ", ".join(f'"{g}"' for g in self.groups) + "]",
                  f"tick_interval_ms = {self.tick_interval_ms}",
                  f"snapshot_every_entries = {self.snapshot_every_entries}",
                  *(f"{k} = {_toml(v)}" for k, v in self.cluster_extra.items()), ""]
         for n in self.nodes.values():
-            lines += ["[[cluster.members]]", f"id = {n.id}", f'peer_address = "{n.peer_address}"',
+            lines += ["[[cluster.members]]", f"id = {n.id}", f'peer_address = "{peers.get(n.id, n.peer_address)}"',
                       f'client_address = "{n.client_address}"', f'admin_address = "{n.admin_address}"']
             lines += [f'grpc_address = "{n.grpc_address}"', ""] if n.grpc_address else [""]
         for section, values in (("raft", self.raft), ("log", self.log), ("views", self.views),
@@ -191,7 +211,7 @@ class NodeCluster:
         env.update(self.env)
         with open(node.out_path, "wb") as out, open(node.err_path, "wb") as err:
             node.proc = subprocess.Popen(
-                [sys.executable, *program, "serve", "--config", str(self.config_path),
+                [sys.executable, *program, "serve", "--config", str(self.node_config_path(node_id)),
                  "--node-id", str(node_id), "--data-dir", str(node.data_dir),
                  "--seed", str(self.rng.getrandbits(32))],
                 cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
@@ -299,7 +319,7 @@ class NodeCluster:
             store.close()
 
     def close(self) -> None:
-        """Kill every process still running (by its pid). Idempotent; teardown calls it."""
+        """Kill every process still running (by its pid), then stop the proxies. Idempotent; teardown calls it."""
         for node in self.nodes.values():
             if node.proc is not None and node.proc.poll() is None:
                 node.proc.send_signal(signal.SIGKILL)
@@ -307,6 +327,8 @@ class NodeCluster:
                     node.proc.wait(STOP_TIMEOUT_S)
                 except subprocess.TimeoutExpired:
                     pass
+        if self.net is not None:
+            self.net.close()
 
     # --- what the nodes say (through the SDK; these block) ----------------------------------------
 
@@ -387,6 +409,11 @@ class BackgroundWriter:
 
     def _run(self) -> None:
         raise NotImplementedError
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host, int(port)
 
 
 def _toml(value: object) -> str:
