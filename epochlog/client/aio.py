@@ -1,9 +1,11 @@
 """The asyncio client: finds each group's leader, follows leader changes, retries safely.
 
-Writes carry request ids (one per event, chosen before the first attempt), so a write retried after
-a lost reply or a leader change is applied at most once: the node answers a retry with the first
-attempt's result. Every write returns its commit offset; pass it as `min_offset` to read your own
-writes on any node with `consistency="local"`.
+Writes are requests of a client session (one per group, epochlog/client/sessions.py), numbered before
+the first attempt, so a write retried after a lost reply or a leader change is applied at most once:
+the node answers a retry with the first attempt's result, and a retry it can no longer judge is
+refused, never applied again (the SDK raises OutcomeUnknownError when that hides an earlier attempt's
+fate). Every write returns its commit offset; pass it as `min_offset` to read your own writes on any
+node with `consistency="local"`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -21,8 +22,18 @@ import msgspec
 from epochlog import protocol as p
 from epochlog.client.connection import Connection
 from epochlog.client.errors import ClientError, NotLeaderError, RejectedError, UnavailableError, from_wire
+from epochlog.client.sessions import (
+    REQUEST_EXPIRED,
+    SESSION_EXPIRED,
+    Attempts,
+    ClientSessions,
+    GroupSession,
+    OutcomeUnknownError,
+)
 from epochlog.routing import group_of_event, group_of_key
 from statemachines import events as ev
+from statemachines.request_ids import uuid7
+from statemachines.sessions import session_id_at
 from statemachines.state import KvState, decode_state
 
 R = TypeVar("R")
@@ -92,6 +103,7 @@ class AsyncClient:
         self._connecting: dict[str, asyncio.Future[Connection]] = {}
         self._leaders: dict[str, str] = {}   # group -> client address of its leader
         self._rr = random.randrange(len(self.endpoints))
+        self._sessions = ClientSessions(name, self._open_session)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -100,6 +112,7 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
+        await self._close_sessions()
         for conn in list(self._connections.values()):
             await conn.close()
         self._connections.clear()
@@ -154,9 +167,8 @@ class AsyncClient:
 
     async def lease_grant(self, ttl_ms: int) -> p.Lease:
         lease_id = random.getrandbits(62) | 1
-        result = await self._call(p.LeaseGrant(ttl_ms, lease_id, _request_id()), group="kv", leader=True)
-        assert isinstance(result, p.Lease)
-        return result
+        written = await self.command(ev.LeaseGranted(lease_id=lease_id, ttl_ms=ttl_ms, actor=self.actor))
+        return p.Lease(lease_id, ttl_ms, written.offset)
 
     async def lease_keepalive(self, lease_id: int) -> int:
         """Restart the lease's clock; its TTL in ms."""
@@ -178,17 +190,19 @@ class AsyncClient:
 
     async def commands(self, events: Sequence[ev.Event]) -> list[p.WriteResult]:
         """Append many events in one call; one result per event (rejections are results, not errors).
-        Events of one group are committed together, in order."""
-        stamped = [e if e.request_id else msgspec.structs.replace(e, request_id=_request_id()) for e in events]
+        Events of one group are committed together, in order.
+
+        Each write is applied at most once, however often it is retried (client sessions:
+        epochlog/client/sessions.py); OutcomeUnknownError when a retry could not learn whether an
+        earlier attempt was applied."""
+        stamped = [e if e.request_id else msgspec.structs.replace(e, request_id=uuid7()) for e in events]
         if self.actor:
             stamped = [e if e.actor else msgspec.structs.replace(e, actor=self.actor) for e in stamped]
         for e in stamped:
             e.validate()
         groups = {group_of_event(e) for e in stamped}
         if len(groups) == 1:
-            result = await self._call(p.Write(stamped), group=groups.pop(), leader=True)  # type: ignore[arg-type]
-            assert isinstance(result, p.Written)
-            return result.results
+            return await self._write_in_session(groups.pop(), stamped)
         # One call per group, each to its leader, concurrently; results in the caller's order.
         order: dict[str, list[int]] = {}
         for i, e in enumerate(stamped):
@@ -199,6 +213,64 @@ class AsyncClient:
             for i, r in zip(idx, part):
                 results[i] = r
         return [r for r in results if r is not None]
+
+    async def _write_in_session(self, group: str, events: list[ev.Event]) -> list[p.WriteResult]:
+        """One group's events as requests of this client's session in that group (see `commands`)."""
+        attempts = Attempts()
+        deadline = time.monotonic() + self.timeout
+        while True:
+            session = await self._sessions.get(group)
+            seqs = session.take(len(events))
+            below = session.answered_below
+            requests = [msgspec.structs.replace(e, session_id=session.id, seq=seq, answered_below=below,
+                                                v=max(e.v, ev.SESSIONS_SCHEMA))
+                        for e, seq in zip(events, seqs)]
+            try:
+                result = await self._call(p.Write(requests), group=group, leader=True,  # type: ignore[arg-type]
+                                          timeout=max(0.001, deadline - time.monotonic()), attempts=attempts)
+            finally:
+                session.answered(seqs)
+            assert isinstance(result, p.Written)
+            refused = [r for r in result.results if r.code in (SESSION_EXPIRED, REQUEST_EXPIRED)]
+            if not refused:
+                return result.results
+            self._sessions.expired(session)
+            if attempts.in_doubt:
+                raise OutcomeUnknownError(
+                    f"the write to group {group} may or may not have been applied: an earlier attempt got no "
+                    f"answer, and its session expired before a retry could learn the outcome ({refused[0].message}); "
+                    f"read the state to find out")
+            if len(refused) < len(result.results) or time.monotonic() >= deadline:
+                return result.results   # some applied: the refused ones are results like any rejection
+            # Refused, and no attempt could have been applied: the same write under a new session.
+
+    async def _open_session(self, group: str, client: str) -> int:
+        """Open a client session in `group`: its id (the offset its ClientSessionOpened committed at + 1)."""
+        opened = ev.ClientSessionOpened(group=group, client=client, actor=self.actor)
+        result = await self._call(p.Write([opened]), group=group, leader=True)
+        assert isinstance(result, p.Written)
+        (written,) = result.results
+        if not written.ok:
+            raise ClientError(f"cannot open a client session in group {group}: {written.code}: {written.message}",
+                              code=written.code or "internal")
+        return session_id_at(written.offset)
+
+    async def _close_sessions(self) -> None:
+        """Close every open session (best effort, briefly: an unclosed session expires by itself)."""
+        sessions = self._sessions.open_sessions()
+        self._sessions.forget_all()
+
+        async def close(session: GroupSession) -> None:
+            (seq,) = session.take(1)
+            closed = ev.ClientSessionClosed(group=session.group, client=self._sessions.client, actor=self.actor,
+                                            session_id=session.id, seq=seq, answered_below=session.answered_below,
+                                            v=ev.SESSIONS_SCHEMA)
+            try:
+                await self._call(p.Write([closed]), group=session.group, leader=True, timeout=min(self.timeout, 2.0))
+            except (ClientError, TimeoutError):
+                pass
+
+        await asyncio.gather(*(close(s) for s in sessions))
 
     async def get_entity(self, key: str, *, consistency: str = "linearizable", min_offset: int = -1,
                          as_of: int | None = None) -> Entity | None:
@@ -407,8 +479,12 @@ class AsyncClient:
     async def _read(self, call: p.Call, group: str, consistency: str) -> p.Result:
         return await self._call(call, group=group, leader=consistency in _LEADER_READS)
 
-    async def _call(self, call: p.Call, *, group: str | None, leader: bool, timeout: float | None = None) -> p.Result:
-        """Send `call` to the group's leader (or any node), retrying retriable failures until the deadline."""
+    async def _call(self, call: p.Call, *, group: str | None, leader: bool, timeout: float | None = None,
+                    attempts: Attempts | None = None) -> p.Result:
+        """Send `call` to the group's leader (or any node), retrying retriable failures until the deadline.
+
+        `attempts` learns the fate of each failed attempt (a write's sessions need to know whether one
+        may have been proposed without an answer)."""
         budget = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
         delay = 0.02
@@ -419,8 +495,10 @@ class AsyncClient:
             if remaining <= 0:
                 raise last or UnavailableError(f"no answer within {budget:.1f} s")
             address = self._pick(group if leader else None, tried)
+            sent = False
             try:
                 conn = await self._connection(address, remaining)
+                sent = True
                 return await conn.call(call, remaining)
             except NotLeaderError as exc:
                 last = exc
@@ -431,6 +509,8 @@ class AsyncClient:
                     self._leaders.pop(group, None)
                 tried.add(address)
             except ClientError as exc:
+                if attempts is not None and sent:
+                    attempts.failed(exc.code)
                 if not exc.retriable:
                     raise
                 last = exc
@@ -438,6 +518,8 @@ class AsyncClient:
                 if group is not None and self._leaders.get(group) == address:
                     self._leaders.pop(group, None)
             except TimeoutError:
+                if attempts is not None:
+                    attempts.sent_and_lost()
                 last = UnavailableError(f"{address} did not answer within {budget:.1f} s")
                 tried.add(address)
             if len(tried) >= len(self._known_addresses()):
@@ -496,10 +578,6 @@ class AsyncClient:
             raise
         finally:
             del self._connecting[address]
-
-
-def _request_id() -> str:
-    return uuid.uuid4().hex
 
 
 def _entity(item: p.Item) -> Entity:

@@ -480,8 +480,7 @@ class KafkaHandler:
                 logger.warning("produce to %s-%s refused: %s", topic, partition, exc)
             return code, -1, f"{type(exc).__name__}: {exc}", -1
 
-    @staticmethod
-    def _decode_batch(ref: PartitionRef, data: bytes | None) -> tuple[Any, list[tuple[bytes, bytes]]]:
+    def _decode_batch(self, ref: PartitionRef, data: bytes | None) -> tuple[Any, list[tuple[bytes, bytes]]]:
         """The batch's header and its records as validated (entity key, event) pairs; nothing is
         appended unless every record is a valid event of the partition's group (for a hosted topic:
         every record wraps as a valid kv event, hosted.wrap)."""
@@ -514,9 +513,7 @@ class KafkaHandler:
             if record.value is None:
                 raise KafkaError(ke.INVALID_RECORD, f"record {i}: the value must be an event, not null")
             try:
-                event = ev.decode_event(record.value)
-                if isinstance(event, ev.MemberAdded | ev.MemberRemoved):
-                    raise ev.EventError("member records are written by member_add and member_remove only")
+                event = self.node.client_event(ev.decode_event(record.value))
                 key, value = ev.event_record(event)
                 owner = group_of_event(event)
             except (EpochlogError, RecursionError) as exc:   # RecursionError: nested too deeply to decode

@@ -140,7 +140,7 @@ def test_a_batch_with_one_invalid_record_is_refused_whole(kafka_cluster: KafkaCl
             ([(None, ev.encode_event(ev.TopicCreated(name=f"t{tag}")))], 87),          # a metadata event in __kv
             ([(None, ev.encode_event(ev.MemberAdded(node_id=9, peer_address="h:1")))], 87),
             ([good, (None, msgspec.msgpack.encode(                                      # a newer schema (issue 11)
-                {"type": "KvPut", "v": 2, "name": f"bad-{tag}/1", "value": b"x"}))], 87),
+                {"type": "KvPut", "v": ev.KvPut.VERSION + 1, "name": f"bad-{tag}/1", "value": b"x"}))], 87),
             ([good, (None, b"\x84" + msgspec.msgpack.encode(                            # an unknown field
                 {"type": "KvPut", "name": f"bad-{tag}/1", "value": b"x"})[1:]                # nested too deeply
                 + b"\xa2zz" + b"\x91" * 100_000 + b"\xc0")], 87),
