@@ -45,9 +45,9 @@ import msgspec
 
 from eventlog.errors import InvalidBatchError
 from eventlog.raft.types import Entry, EntryKind
-from eventlog.records import BatchHeader, Record, RecordBatch
+from eventlog.records import NO_PRODUCER_ID, BatchHeader, Record, RecordBatch
 from statemachines import events as ev
-from statemachines import request_ids, sessions
+from statemachines import producers, request_ids, sessions
 from statemachines.noops import CF as NOOPS
 from statemachines.noops import ensure_noops_from
 from statemachines.state import (
@@ -229,12 +229,15 @@ class Applier:
                 if entry.kind is EntryKind.NORMAL:
                     header, records = _records(entry, self.skipped)
                     self.now_ms = sessions.Clock.advance(entry_ov, header.max_timestamp if header else 0)
-                    for record in records:
-                        outcomes[record.offset] = self._apply_record(entry_ov, record.key, record.value,
-                                                                     record.offset)
+                    instead = _producer_batch(entry_ov, entry, header, records, self.now_ms)
+                    for i, record in enumerate(records):
+                        outcomes[record.offset] = (
+                            self._apply_record(entry_ov, record.key, record.value, record.offset) if instead is None
+                            else msgspec.structs.replace(instead, offset=instead.offset + i))
                     _record_noops(entry_ov, entry, outcomes)
                     sessions.expire(entry_ov, self.now_ms)
                     request_ids.forget(entry_ov, self.now_ms)
+                    producers.expire(entry_ov, self.now_ms)
             except _CannotApply as stop:   # nothing of this entry is applied: the views end before it
                 halted = self.halt = stop.halt
                 del self.lease_changes[leases_before:]
@@ -383,6 +386,17 @@ def _records(entry: Entry, skipped: frozenset[int]) -> tuple[BatchHeader | None,
             return None, []
         raise _CannotApply(entry.index, f"the record batch of entry {entry.index} does not parse: {exc}",
                            "a bug or a damaged log: report it with this log line") from None
+
+
+def _producer_batch(ov: Overlay, entry: Entry, header: BatchHeader | None, records: list[Record],
+                    now_ms: int) -> Outcome | None:
+    """For the batch of a Kafka idempotent producer (statemachines/producers.py): None to apply its
+    records, or what its first record gets instead (a retry's outcome at the original offset, or a
+    refusal; the others follow, offset by offset)."""
+    if header is None or header.producer_id == NO_PRODUCER_ID or header.base_sequence < 0 or not records:
+        return None
+    return producers.apply_batch(ov, producers.partition_of(records[0].key), header.producer_id,
+                                 header.producer_epoch, header.base_sequence, entry.index, entry.last_index, now_ms)
 
 
 def _record_noops(ov: Overlay, entry: Entry, outcomes: dict[int, Outcome]) -> None:

@@ -16,6 +16,9 @@ Column families:
                   (statemachines/sessions.py)
     request_times 8-byte time (ms) of a time-ordered request id + dedupe key -> b"" (forgets those
                   request ids by committed time: statemachines/request_ids.py)
+    producers, producer_deadlines
+                  Kafka idempotent producers' sequence state and its expiry order
+                  (statemachines/producers.py)
     default       meta: b"applied" (8-byte offset), b"digest" (running SHA-256 over applied mutations),
                   b"history_floor" (8-byte offset: history below it is pruned, see statemachines/prune.py),
                   b"noops_from" (8-byte offset: `noops` rows exist from there on), b"committed_ms" (the
@@ -60,7 +63,7 @@ ENTITY_CFS = {"broker": "brokers", "group": "broker_groups", "topic": "topics", 
               "lease": "leases", "session": "sessions", "config": "config", "member": "members",
               "kafka-group": "kafka_groups"}
 INTERNAL_CFS = ("versions", "lease_keys", "dedupe", "dedupe_expiry", "noops", "client_sessions", "session_outcomes",
-                "session_deadlines", "request_times")
+                "session_deadlines", "request_times", "producers", "producer_deadlines")
 ALL_CFS = (*ENTITY_CFS.values(), *INTERNAL_CFS)
 META = ""  # the default column family: meta keys
 APPLIED = b"applied"

@@ -90,7 +90,11 @@ class AsyncClient:
     """A client of one cluster. `endpoints`: client addresses ("host:port") of some of its nodes."""
 
     def __init__(self, endpoints: Sequence[str] | str, *, timeout: float = 10.0, actor: str = "",
-                 name: str = "epochlog-python") -> None:
+                 name: str = "epochlog-python", sessions: bool = True) -> None:
+        """`sessions`: writes are requests of a client session (one per group, opened by the first write,
+        closed by `close`): exactly once for retries however late. Off (for a client that makes a write
+        or two and exits, like the CLI), each write carries a UUIDv7 request id instead: exactly once for
+        retries within an hour (statemachines/request_ids.py), without the session's two extra records."""
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e.strip()]
         self.endpoints = [e.strip() for e in endpoints]
@@ -104,6 +108,7 @@ class AsyncClient:
         self._leaders: dict[str, str] = {}   # group -> client address of its leader
         self._rr = random.randrange(len(self.endpoints))
         self._sessions = ClientSessions(name, self._open_session)
+        self.use_sessions = sessions
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -122,7 +127,9 @@ class AsyncClient:
     async def put(self, name: str, value: bytes, *, lease: int = 0, expected_version: int | None = None,
                   request_id: str = "") -> p.WriteResult:
         """Set `name`; with `expected_version` a compare-and-set (0: must not exist). Raises RejectedError
-        if the condition failed."""
+        if the condition failed. `request_id`: your own idempotency key, a UUIDv7
+        (`statemachines.request_ids.uuid7()`): the same key within an hour is applied once, whichever
+        client sends it; without one, this client's session makes its retries safe."""
         return await self.command(ev.KvPut(name=name, value=value, lease=lease, expected_version=expected_version,
                                            actor=self.actor, request_id=request_id))
 
@@ -202,7 +209,8 @@ class AsyncClient:
             e.validate()
         groups = {group_of_event(e) for e in stamped}
         if len(groups) == 1:
-            return await self._write_in_session(groups.pop(), stamped)
+            own_ids = [bool(e.request_id) for e in events]   # the caller's idempotency keys: no session
+            return await self._write_in_session(groups.pop(), stamped, own_ids)
         # One call per group, each to its leader, concurrently; results in the caller's order.
         order: dict[str, list[int]] = {}
         for i, e in enumerate(stamped):
@@ -214,17 +222,27 @@ class AsyncClient:
                 results[i] = r
         return [r for r in results if r is not None]
 
-    async def _write_in_session(self, group: str, events: list[ev.Event]) -> list[p.WriteResult]:
-        """One group's events as requests of this client's session in that group (see `commands`)."""
+    async def _write_in_session(self, group: str, events: list[ev.Event], own_ids: list[bool]) -> list[p.WriteResult]:
+        """One group's events as requests of this client's session in that group (see `commands`), or,
+        without sessions, with their UUIDv7 request ids. An event that came with its own request id (the
+        caller's idempotency key, reused across clients or restarts) is sent with it and no session."""
         attempts = Attempts()
+        if not self.use_sessions or all(own_ids):
+            result = await self._call(p.Write(events), group=group, leader=True, attempts=attempts)  # type: ignore[arg-type]
+            assert isinstance(result, p.Written)
+            refused = next((r for r in result.results if r.code == REQUEST_EXPIRED), None)
+            if refused is not None and attempts.in_doubt:
+                raise OutcomeUnknownError(f"the write to group {group} may or may not have been applied: an earlier "
+                                          f"attempt got no answer, and the retry came too late ({refused.message})")
+            return result.results
         deadline = time.monotonic() + self.timeout
         while True:
             session = await self._sessions.get(group)
             seqs = session.take(len(events))
             below = session.answered_below
-            requests = [msgspec.structs.replace(e, session_id=session.id, seq=seq, answered_below=below,
-                                                v=max(e.v, ev.SESSIONS_SCHEMA))
-                        for e, seq in zip(events, seqs)]
+            requests = [e if own else msgspec.structs.replace(e, session_id=session.id, seq=seq, answered_below=below,
+                                                              v=max(e.v, ev.SESSIONS_SCHEMA))
+                        for e, seq, own in zip(events, seqs, own_ids)]
             try:
                 result = await self._call(p.Write(requests), group=group, leader=True,  # type: ignore[arg-type]
                                           timeout=max(0.001, deadline - time.monotonic()), attempts=attempts)

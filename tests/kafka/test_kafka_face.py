@@ -403,7 +403,7 @@ def test_fetch_long_polls_until_a_commit_and_acks_1_answers_from_the_leaders_log
 
         def write_soon() -> None:
             time.sleep(0.5)
-            with Client(kafka_cluster.endpoints) as client:
+            with Client(kafka_cluster.endpoints, sessions=False) as client:   # one record: no session opened
                 written.append(client.put(f"poll-{tag}/x", b"1").offset)
 
         writer = threading.Thread(target=write_soon)

@@ -26,11 +26,12 @@ import pytest
 from epochlog import protocol as p
 from epochlog.client import Client, ClientError
 from statemachines import events as ev
+from statemachines.request_ids import uuid7
 from tests.node.cluster import ROOT, NodeCluster, wait_until
 from tests.node.raw import RawConnection, http_get
 
 NEWER = ev.KvPut.VERSION + 1   # a schema version only a newer Epochlog knows
-POISON = {"type": "KvPut", "v": NEWER, "actor": "qa", "request_id": "poison-1", "name": "poison", "value": b"x"}
+POISON = {"type": "KvPut", "v": NEWER, "actor": "qa", "request_id": uuid7(), "name": "poison", "value": b"x"}
 
 
 def _put_raw(address: str, event: dict[str, Any], rid: int = 1) -> list[Any]:
