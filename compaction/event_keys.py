@@ -11,8 +11,9 @@ Whole state (the entity now equals this; supersedes every earlier record of the 
 BrokerRegistered, TopicCreated, OffsetCommitted, KvPut (hosted Kafka topics' records included),
 LeaseGranted, SessionOpened, ConfigChanged, MemberAdded, MemberRemoved (kept: it keeps a configured
 member out), KafkaGroupStored, HistoryPruned (one entity, `retention/history`: only the latest floor
-matters), and the deletes BrokerUnregistered, TopicDeleted, KvDeleted, SessionClosed, ConfigChanged
-with no value.
+matters), ClientSessionOpened (the sessions themselves live in the views: statemachines/sessions.py),
+and the deletes BrokerUnregistered, TopicDeleted, KvDeleted, SessionClosed, ClientSessionClosed,
+ConfigChanged with no value.
 
 Part of the state, set wholly (an *aspect*: superseded by a later record of the aspect or of the
 whole entity): BrokerFenced / BrokerUnfenced (the `fenced` flag of a registered broker).
@@ -46,11 +47,11 @@ from statemachines import events as ev
 WHOLE: Final = frozenset({
     "BrokerRegistered", "BrokerUnregistered", "TopicCreated", "TopicDeleted", "OffsetCommitted", "KvPut",
     "KvDeleted", "LeaseGranted", "SessionOpened", "SessionClosed", "ConfigChanged", "MemberAdded",
-    "MemberRemoved", "KafkaGroupStored", "HistoryPruned"})
+    "MemberRemoved", "KafkaGroupStored", "HistoryPruned", "ClientSessionOpened", "ClientSessionClosed"})
 ASPECTS: Final = {"BrokerFenced": b"fenced", "BrokerUnfenced": b"fenced"}
 PARTIAL: Final = frozenset({"TopicUpdated"})
 NEVER: Final = frozenset({"Txn", "LeaseRevoked", "LeaseExpired", "SyncStateSetChanged", "MasterElected"})
-DELETES: Final = frozenset({"BrokerUnregistered", "TopicDeleted", "KvDeleted", "SessionClosed"})
+DELETES: Final = frozenset({"BrokerUnregistered", "TopicDeleted", "KvDeleted", "SessionClosed", "ClientSessionClosed"})
 CONTROL_PREFIX: Final = b"__raft/"
 
 _STR8 = 0xD9

@@ -317,7 +317,7 @@ def _kv_state(name: str, value: bytes, version: int, created: int) -> bytes:
 
 
 TS = 1735689600000   # 2025-01-01T00:00:00Z in ms: the examples' record timestamp
-PUT = ev.KvPut(name="app/color", value=b"blue", actor="svc-a", request_id="7d0e4c2a")
+PUT = ev.KvPut(name="app/color", value=b"blue", actor="svc-a", request_id="019ab2c4-8e1f-7a3b-9c4d-5e6f7a8b9c0d")
 
 
 def examples() -> list[Example]:
@@ -395,7 +395,7 @@ def examples() -> list[Example]:
                 "The answer to `History(key=\"kv/app/size\")`: each event that changed it, with the state "
                 "after it (nil: deleted)."),
         Example("grant a lease", Direction.CLIENT,
-                p.Requests([p.Request(12, p.LeaseGrant(10_000, request_id="lease-req-1"), 5000),
+                p.Requests([p.Request(12, p.LeaseGrant(10_000, request_id="019ab2c4-9a30-7b12-8f00-1d2e3f405162"), 5000),
                             p.Request(13, p.LeaseKeepAlive(4242424243), 5000)]),
                 "A 10 s lease (the server picks its id) and a keepalive of another one."),
         Example("leases", Direction.SERVER,

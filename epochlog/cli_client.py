@@ -86,7 +86,8 @@ class Target:
     def run(self, body: Callable[[AsyncClient], Awaitable[T]]) -> T:
         """Run `body` with a client of the cluster on a fresh event loop; the client is closed after."""
         async def main() -> T:
-            async with AsyncClient(list(self.endpoints), timeout=self.timeout, name="epochlog-cli") as client:
+            async with AsyncClient(list(self.endpoints), timeout=self.timeout, name="epochlog-cli",
+                                   sessions=False) as client:
                 try:
                     return await body(client)
                 except TimeoutError:   # a call straight to one node (status, snapshot --node) got no reply
@@ -106,7 +107,8 @@ class Target:
             stop = asyncio.Event()
             loop.add_signal_handler(signal.SIGINT, stop.set)
             try:
-                async with AsyncClient(list(self.endpoints), timeout=self.timeout, name="epochlog-cli") as client:
+                async with AsyncClient(list(self.endpoints), timeout=self.timeout, name="epochlog-cli",
+                                   sessions=False) as client:
                     work = asyncio.ensure_future(body(client, stop))
                     stopped = asyncio.ensure_future(stop.wait())
                     await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)

@@ -24,6 +24,8 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+import msgspec
+
 from eventlog.configuration import from_mapping
 from eventlog.errors import ConfigError, OffsetOutOfRangeError
 from eventlog.raft.errors import CompactedError, NotLeaderError
@@ -42,6 +44,7 @@ from epochlog.routing import REQUIRED_GROUPS, group_of_event, group_of_key
 from statemachines import events as ev
 from statemachines.apply import HALTED
 from statemachines.query import MAX_LIMIT, Query
+from statemachines.request_ids import check_client_request_id
 from statemachines.state import Outcome, encode
 from statemachines.noops import changed_views
 from statemachines.store import ViewsConfig
@@ -174,10 +177,7 @@ class Node:
         by_group: dict[str, list[int]] = defaultdict(list)
         records: dict[str, list[tuple[bytes | None, bytes | None]]] = defaultdict(list)
         for i, event in enumerate(events):
-            if isinstance(event, ev.MemberAdded | ev.MemberRemoved):
-                raise NodeError("member records are written by member_add and member_remove only")
-            if isinstance(event, ev.HistoryPruned):
-                raise NodeError("history floors are written by the node's compaction service only")
+            event = self.client_event(event)
             record = ev.event_record(event)
             group = group_of_event(event)
             by_group[group].append(i)
@@ -197,6 +197,25 @@ class Node:
                                            f"retry (request ids make it safe) on a member that applies it")
                 results[i] = _result(group, done.offset + j, outcome)
         return [r for r in results if r is not None]
+
+    def client_event(self, event: ev.Event) -> ev.Event:
+        """A client's event as the node proposes it, or NodeError/EventError (nothing is appended).
+
+        The rules every client face shares: member records and history floors are the node's own; a
+        request id without a session must be time-ordered (statemachines/request_ids.py); a session
+        opens with the bounds of this node's `[views]` config, stamped here so that every replica applies
+        the leader's (statemachines/sessions.py)."""
+        if isinstance(event, ev.MemberAdded | ev.MemberRemoved):
+            raise NodeError("member records are written by member_add and member_remove only")
+        if isinstance(event, ev.HistoryPruned):
+            raise NodeError("history floors are written by the node's compaction service only")
+        check_client_request_id(event)
+        if isinstance(event, ev.ClientSessionOpened):
+            c = self.views_config
+            event = msgspec.structs.replace(event, timeout_ms=c.client_session_timeout_ms,
+                                            max_outcomes=c.client_session_max_outcomes,
+                                            max_sessions=c.client_sessions_max)
+        return event
 
     async def lease_grant(self, call: p.LeaseGrant) -> p.Lease:
         lease_id = call.lease_id or (secrets.randbits(62) | 1)

@@ -395,7 +395,7 @@ class HaltInfo(msgspec.Struct, array_like=True):
     """Why a group stopped applying on this node (epochlog/halts.py)."""
 
     offset: int                           # the record it cannot apply; the views end before its entry
-    reason: str                           # e.g. "KvPut version 2 is newer than this Epochlog knows (1)"
+    reason: str                           # e.g. "KvPut version 3 is newer than this Epochlog knows (2)"
     fix: str                              # what to do: upgrade this node, or report a bug
 
 

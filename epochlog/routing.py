@@ -6,6 +6,8 @@ Entities are routed by kind so that everything one command can touch atomically 
     member/                         -> metadata   (node addresses: written by membership changes only)
     offset/ kafka-group/            -> offsets    (consumer offsets, Kafka consumer groups: own leader)
     kv/ lease/ session/             -> kv         (leases delete the kv entries and sessions attached)
+    client-session/<group>/         -> <group>    (a writing client's session is in the group it writes
+                                                   to: statemachines/sessions.py)
 
 A transaction must stay within one group.
 """
@@ -22,8 +24,15 @@ GROUP_OF_KIND = {
 REQUIRED_GROUPS = ("metadata", "offsets", "kv")
 
 
+CLIENT_SESSION_KIND = "client-session"
+
+
 def group_of_key(key: str) -> str:
     kind = key.split("/", 1)[0]
+    if kind == CLIENT_SESSION_KIND:
+        parts = key.split("/", 2)
+        if len(parts) == 3 and parts[1]:
+            return parts[1]
     group = GROUP_OF_KIND.get(kind)
     if group is None or "/" not in key:
         raise EventError(f"{key!r} is not an entity key (one of {', '.join(k + '/...' for k in GROUP_OF_KIND)})")

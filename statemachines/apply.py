@@ -45,8 +45,9 @@ import msgspec
 
 from eventlog.errors import InvalidBatchError
 from eventlog.raft.types import Entry, EntryKind
-from eventlog.records import Record, RecordBatch
+from eventlog.records import NO_PRODUCER_ID, BatchHeader, Record, RecordBatch
 from statemachines import events as ev
+from statemachines import producers, request_ids, sessions
 from statemachines.noops import CF as NOOPS
 from statemachines.noops import ensure_noops_from
 from statemachines.state import (
@@ -186,6 +187,7 @@ class Applier:
         raw = store.meta(SKIPPED)
         self.skipped: frozenset[int] = frozenset(msgspec.msgpack.decode(raw, type=list[int]) if raw else ())
         self.noops_from = ensure_noops_from(store)
+        self.now_ms = 0   # the committed clock at the entry being applied (statemachines/sessions.py)
 
     def skip(self, offset: int) -> None:
         """Record, durably, that the record at `offset` (where this applier halted) is skipped: applied
@@ -225,10 +227,17 @@ class Applier:
             leases_before = len(self.lease_changes)
             try:
                 if entry.kind is EntryKind.NORMAL:
-                    for record in _records(entry, self.skipped):
-                        outcomes[record.offset] = self._apply_record(entry_ov, record.key, record.value,
-                                                                     record.offset)
+                    header, records = _records(entry, self.skipped)
+                    self.now_ms = sessions.Clock.advance(entry_ov, header.max_timestamp if header else 0)
+                    instead = _producer_batch(entry_ov, entry, header, records, self.now_ms)
+                    for i, record in enumerate(records):
+                        outcomes[record.offset] = (
+                            self._apply_record(entry_ov, record.key, record.value, record.offset) if instead is None
+                            else msgspec.structs.replace(instead, offset=instead.offset + i))
                     _record_noops(entry_ov, entry, outcomes)
+                    sessions.expire(entry_ov, self.now_ms)
+                    request_ids.forget(entry_ov, self.now_ms)
+                    producers.expire(entry_ov, self.now_ms)
             except _CannotApply as stop:   # nothing of this entry is applied: the views end before it
                 halted = self.halt = stop.halt
                 del self.lease_changes[leases_before:]
@@ -271,15 +280,26 @@ class Applier:
             raise _CannotApply(offset, f"{exc} in this process", "a node with a deeper stack may apply it") from None
         if key != event.key().encode():
             return Outcome(False, offset, "invalid_argument", f"record key {key!r} is not the event's key")
+        admitted: sessions.Admission | None = None
         dedupe_key = None
-        if event.request_id:
+        request_time = None
+        if event.session_id and invalid is None:   # a request of a client session (statemachines/sessions.py)
+            admitted = sessions.admit(ov, event, offset, self.now_ms)
+            if admitted.outcome is not None:
+                return admitted.outcome
+        elif event.request_id:
             dedupe_key = event.actor.encode() + b"\x00" + event.request_id.encode()
+            request_time = request_ids.time_of(event.request_id) if not event.session_id else None
+            if request_time is not None:   # time-ordered: remembered by committed time (request_ids.py)
+                refused = request_ids.admit(ov, request_time, offset, self.now_ms)
+                if refused is not None:
+                    return refused
             first = ov.get("dedupe", dedupe_key)
             if first is not None:
                 o = decode_outcome(first)
                 floor = ov.get(META, HISTORY_FLOOR)
-                if offset - o.offset <= self.config.dedupe_window_offsets and (
-                        floor is None or o.offset >= decode_offset(floor)):   # not yet evicted: still forgotten
+                if request_time is not None or (offset - o.offset <= self.config.dedupe_window_offsets and (
+                        floor is None or o.offset >= decode_offset(floor))):   # not yet evicted: still forgotten
                     return Outcome(o.ok, o.offset, o.code, o.message, duplicate=True)
         savepoint = Overlay(self.store, ov)
         try:
@@ -299,9 +319,14 @@ class Applier:
                 self.lease_changes.append((event.lease_id, event.ttl_ms, offset))
             elif isinstance(event, ev.LeaseRevoked | ev.LeaseExpired):
                 self.lease_changes.append((event.lease_id, 0, offset))
-        if dedupe_key is not None:
+        if admitted is not None and admitted.session is not None:
+            sessions.record(ov, event, admitted.session, outcome)
+        elif dedupe_key is not None:
             ov.put("dedupe", dedupe_key, encode(outcome))
-            ov.put("dedupe_expiry", encode_offset(offset) + dedupe_key, b"")
+            if request_time is not None:
+                request_ids.remember(ov, request_time, dedupe_key)
+            else:
+                ov.put("dedupe_expiry", encode_offset(offset) + dedupe_key, b"")
         return outcome
 
     def _evict_dedupe(self, ov: Overlay, last_offset: int, limit: int) -> None:
@@ -349,17 +374,29 @@ class Applier:
         ov.put("versions", version_key(raw_key, offset), encode(Version(_tag(event), None)))
 
 
-def _records(entry: Entry, skipped: frozenset[int]) -> list[Record]:
-    """The records of a NORMAL entry. Its CRC was checked when it was stored; a batch that still does
-    not parse (a writer's bug) halts the group like any entry this code cannot apply (at its first
-    offset: skipping that offset skips the whole entry)."""
+def _records(entry: Entry, skipped: frozenset[int]) -> tuple[BatchHeader | None, list[Record]]:
+    """The batch header and records of a NORMAL entry. Its CRC was checked when it was stored; a batch
+    that still does not parse (a writer's bug) halts the group like any entry this code cannot apply (at
+    its first offset: skipping that offset skips the whole entry)."""
     try:
-        return list(RecordBatch.parse(entry.data, verify_crc=False).records())
+        batch = RecordBatch.parse(entry.data, verify_crc=False)
+        return batch.header, list(batch.records())
     except InvalidBatchError as exc:
         if entry.index in skipped:
-            return []
+            return None, []
         raise _CannotApply(entry.index, f"the record batch of entry {entry.index} does not parse: {exc}",
                            "a bug or a damaged log: report it with this log line") from None
+
+
+def _producer_batch(ov: Overlay, entry: Entry, header: BatchHeader | None, records: list[Record],
+                    now_ms: int) -> Outcome | None:
+    """For the batch of a Kafka idempotent producer (statemachines/producers.py): None to apply its
+    records, or what its first record gets instead (a retry's outcome at the original offset, or a
+    refusal; the others follow, offset by offset)."""
+    if header is None or header.producer_id == NO_PRODUCER_ID or header.base_sequence < 0 or not records:
+        return None
+    return producers.apply_batch(ov, producers.partition_of(records[0].key), header.producer_id,
+                                 header.producer_epoch, header.base_sequence, entry.index, entry.last_index, now_ms)
 
 
 def _record_noops(ov: Overlay, entry: Entry, outcomes: dict[int, Outcome]) -> None:
@@ -695,6 +732,16 @@ def _history_pruned(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcom
     return _ok(offset)
 
 
+def _client_session_opened(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.ClientSessionOpened)
+    return sessions.open_session(ov, e, offset, a.now_ms)
+
+
+def _client_session_closed(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.ClientSessionClosed)
+    return sessions.close_session(ov, e, offset)
+
+
 def _txn(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     assert isinstance(e, ev.Txn)
     for cond in e.conditions:
@@ -733,4 +780,6 @@ _HANDLERS: dict[type, Handler] = {
     ev.MemberRemoved: _member_removed,
     ev.KafkaGroupStored: _kafka_group_stored,
     ev.HistoryPruned: _history_pruned,
+    ev.ClientSessionOpened: _client_session_opened,
+    ev.ClientSessionClosed: _client_session_closed,
 }

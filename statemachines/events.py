@@ -30,6 +30,7 @@ from eventlog.errors import EpochlogError
 MAX_KEY_BYTES = 1024
 MAX_VALUE_BYTES = 1 << 20
 MAX_NAME = 128
+MAX_SEQ = 2**63 - 1
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _TOPIC = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._:-]{0,127}$")
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$")
@@ -61,13 +62,27 @@ def _name(field: str, value: str) -> None:
                          f"starting with a letter or digit")
 
 
-class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
-    """Base of every event. `VERSION` is the newest schema version of the type this code knows."""
+SESSIONS_SCHEMA = 2
+"""The schema version an event needs to carry client-session fields: a node that knows only version 1
+would ignore them and apply a retry twice, so it must refuse (halt on) such an event instead."""
 
-    VERSION: ClassVar[int] = 1
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of every event. `VERSION` is the newest schema version of the type this code knows.
+
+    `session_id`, `seq` and `answered_below` place the event in a client session (statemachines/
+    sessions.py): request `seq` of session `session_id` of this group (opened at offset
+    session_id - 1), sent when every request of the session below `answered_below` had been answered.
+    0: no session.
+    """
+
+    VERSION: ClassVar[int] = 2
     v: int = 1
     actor: str = ""
     request_id: str = ""
+    session_id: int = 0
+    seq: int = 0
+    answered_below: int = 0
 
     def key(self) -> str:
         raise NotImplementedError
@@ -79,6 +94,18 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
             raise EventError("request_id is longer than 128 characters")
         if self.v < 1:
             raise EventError(f"schema version {self.v} is not valid")
+        if self.session_id:
+            if self.session_id < 0 or not 1 <= self.seq <= MAX_SEQ:
+                raise EventError(f"a request of a session has a session id >= 0 and a seq of 1-{MAX_SEQ}, "
+                                 f"got session {self.session_id} seq {self.seq}")
+            if not 0 <= self.answered_below <= self.seq:
+                raise EventError(f"answered_below {self.answered_below} must be between 0 and the request's "
+                                 f"seq {self.seq}")
+            if self.v < SESSIONS_SCHEMA:
+                raise EventError(f"an event in a client session has schema version {SESSIONS_SCHEMA} or newer "
+                                 f"(v={self.v})")
+        elif self.seq or self.answered_below:
+            raise EventError("seq and answered_below belong to a request of a session (session_id is 0)")
 
 
 # --- brokers (the controller's registry) -----------------------------------------------------------
@@ -390,6 +417,49 @@ class ConfigChanged(Event, frozen=True, kw_only=True, tag="ConfigChanged"):
         _name("config name", self.name)
 
 
+# --- client sessions (statemachines/sessions.py) ------------------------------------------------------
+
+class _ClientSessionEvent(Event, frozen=True, kw_only=True):
+    group: str       # the Raft group the session is in (the record key names it, for routing)
+    client: str      # the client that opened it: a name and a random part (diagnostics; the record key)
+
+    def key(self) -> str:
+        return f"client-session/{self.group}/{self.client}"
+
+    def validate(self) -> None:
+        super().validate()
+        _name("group", self.group)
+        if not 1 <= len(self.client.encode()) <= 256 or "\x00" in self.client:
+            raise EventError("client is 1-256 bytes of UTF-8 without NUL")
+
+
+class ClientSessionOpened(_ClientSessionEvent, frozen=True, kw_only=True, tag="ClientSessionOpened"):
+    """A writing client's session in `group`; its id is the offset this record commits at. The leader
+    stamps the bounds from its config before proposing, so every replica applies the same ones."""
+
+    timeout_ms: int = 3_600_000
+    max_outcomes: int = 10_000
+    max_sessions: int = 100_000
+
+    def validate(self) -> None:
+        super().validate()
+        if self.session_id:
+            raise EventError("a session is opened outside any session")
+        if not 1_000 <= self.timeout_ms <= 30 * 24 * 3600 * 1000:
+            raise EventError(f"timeout_ms must be between 1 s and 30 days, got {self.timeout_ms}")
+        if not 1 <= self.max_outcomes <= 1_000_000 or not 1 <= self.max_sessions <= 100_000_000:
+            raise EventError("max_outcomes (1-1000000) and max_sessions (1-100000000) are positive")
+
+
+class ClientSessionClosed(_ClientSessionEvent, frozen=True, kw_only=True, tag="ClientSessionClosed"):
+    """The client is done with its session (a request of that session): its outcomes are forgotten."""
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.session_id:
+            raise EventError("a session is closed by a request of that session (session_id)")
+
+
 # --- cluster members (written by the node's membership operations, never by clients) -----------------
 
 class _MemberEvent(Event, frozen=True, kw_only=True):
@@ -483,7 +553,8 @@ class Txn(Event, frozen=True, kw_only=True, tag="Txn"):
 AnyEvent = (BrokerRegistered | BrokerFenced | BrokerUnfenced | BrokerUnregistered | SyncStateSetChanged
             | MasterElected | TopicCreated | TopicUpdated | TopicDeleted | OffsetCommitted | KvPut | KvDeleted
             | LeaseGranted | LeaseRevoked | LeaseExpired | SessionOpened | SessionClosed | ConfigChanged | Txn
-            | MemberAdded | MemberRemoved | KafkaGroupStored | HistoryPruned)
+            | MemberAdded | MemberRemoved | KafkaGroupStored | HistoryPruned | ClientSessionOpened
+            | ClientSessionClosed)
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__struct_config__.tag: cls for cls in AnyEvent.__args__  # type: ignore[attr-defined]
 }

@@ -11,9 +11,18 @@ Column families:
     dedupe_expiry 8-byte offset + dedupe key -> b"" (evicts request ids past the dedupe window)
     noops         8-byte offset -> outcome code: a record whose applying changed nothing (rejected, a
                   retried request id, skipped), written with the apply (statemachines/noops.py)
+    client_sessions, session_outcomes, session_deadlines
+                  live client sessions, the outcomes they keep, their expiry order
+                  (statemachines/sessions.py)
+    request_times 8-byte time (ms) of a time-ordered request id + dedupe key -> b"" (forgets those
+                  request ids by committed time: statemachines/request_ids.py)
+    producers, producer_deadlines
+                  Kafka idempotent producers' sequence state and its expiry order
+                  (statemachines/producers.py)
     default       meta: b"applied" (8-byte offset), b"digest" (running SHA-256 over applied mutations),
                   b"history_floor" (8-byte offset: history below it is pruned, see statemachines/prune.py),
-                  b"noops_from" (8-byte offset: `noops` rows exist from there on)
+                  b"noops_from" (8-byte offset: `noops` rows exist from there on), b"committed_ms" (the
+                  committed clock), b"client_sessions_live" (how many sessions are live)
 
 Memory: one LRU block cache (`block_cache_bytes`) holds data, index and filter blocks, and the
 memtables of every column family are charged to it through a write buffer manager
@@ -53,7 +62,8 @@ from eventlog.configuration import doc
 ENTITY_CFS = {"broker": "brokers", "group": "broker_groups", "topic": "topics", "offset": "offsets", "kv": "kv",
               "lease": "leases", "session": "sessions", "config": "config", "member": "members",
               "kafka-group": "kafka_groups"}
-INTERNAL_CFS = ("versions", "lease_keys", "dedupe", "dedupe_expiry", "noops")
+INTERNAL_CFS = ("versions", "lease_keys", "dedupe", "dedupe_expiry", "noops", "client_sessions", "session_outcomes",
+                "session_deadlines", "request_times", "producers", "producer_deadlines")
 ALL_CFS = (*ENTITY_CFS.values(), *INTERNAL_CFS)
 META = ""  # the default column family: meta keys
 APPLIED = b"applied"
@@ -100,9 +110,20 @@ class ViewsConfig:
     write_buffer_bytes: int = field(default=32 << 20, metadata=doc(
         "Total memtable memory of all column families (part of the block cache budget).", min=1 << 20))
     dedupe_window_offsets: int = field(default=1_000_000, metadata=doc(
-        "A request id is remembered for this many offsets, and no further back than the history floor "
-        "([compaction] retain_offsets and export pins): a retry within both returns the first outcome.",
-        min=1))
+        "A request id the node wrote itself (not a UUIDv7) is remembered for this many offsets, and no further "
+        "back than the history floor. Clients use client sessions or UUIDv7 request ids, which do not depend on "
+        "it (statemachines/sessions.py, request_ids.py).", min=1))
+    client_session_timeout_ms: int = field(default=3_600_000, metadata=doc(
+        "A client session expires this long (committed time) after its latest request; a retry after that "
+        "is refused (session_expired), never applied twice. Stamped into each session as it opens, by the "
+        "leader that opens it.", min=1_000, max=30 * 24 * 3600 * 1000))
+    client_session_max_outcomes: int = field(default=10_000, metadata=doc(
+        "Most request outcomes a client session keeps (requests it sent but has not seen answered): past it "
+        "the oldest are forgotten, and their retries refused. Stamped into each session as it opens.",
+        min=1, max=1_000_000))
+    client_sessions_max: int = field(default=100_000, metadata=doc(
+        "Most live client sessions per group: opening one more evicts the session closest to expiry. Stamped "
+        "into each session as it opens.", min=1, max=100_000_000))
 
     def validate(self, section: str = "views") -> None:
         from eventlog.errors import ConfigError

@@ -4,9 +4,10 @@ from epochlog.client.aio import AsyncClient, Change, Entity, History, KeyValue, 
 from epochlog.client.errors import (ClientError, CompactedError, DeadlineExceededError, DiskFullError,
                                     InvalidArgumentError, NoAnswerError, NotFoundError, NotLeaderError,
                                     RejectedError, UnavailableError)
+from epochlog.client.sessions import OutcomeUnknownError
 from epochlog.client.sync import Client
 
 __all__ = ["AsyncClient", "Change", "Client", "ClientError", "CompactedError", "DeadlineExceededError",
-           "DiskFullError", "Entity", "History",
-           "InvalidArgumentError", "KeyValue", "NoAnswerError", "NotFoundError", "NotLeaderError", "Page", "RejectedError",
+           "DiskFullError", "Entity", "History", "InvalidArgumentError", "KeyValue", "NoAnswerError",
+           "NotFoundError", "NotLeaderError", "OutcomeUnknownError", "Page", "RejectedError",
            "UnavailableError", "WatchedEvent"]

@@ -1,9 +1,11 @@
 """The asyncio client: finds each group's leader, follows leader changes, retries safely.
 
-Writes carry request ids (one per event, chosen before the first attempt), so a write retried after
-a lost reply or a leader change is applied at most once: the node answers a retry with the first
-attempt's result. Every write returns its commit offset; pass it as `min_offset` to read your own
-writes on any node with `consistency="local"`.
+Writes are requests of a client session (one per group, epochlog/client/sessions.py), numbered before
+the first attempt, so a write retried after a lost reply or a leader change is applied at most once:
+the node answers a retry with the first attempt's result, and a retry it can no longer judge is
+refused, never applied again (the SDK raises OutcomeUnknownError when that hides an earlier attempt's
+fate). Every write returns its commit offset; pass it as `min_offset` to read your own writes on any
+node with `consistency="local"`.
 
 A call never outlives its `timeout` (plus a network grace of a fraction of a second); within it, an
 attempt on a node that stopped answering is abandoned after about two election timeouts and the call
@@ -15,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -33,8 +34,17 @@ from epochlog.client.errors import (
     from_wire,
 )
 from epochlog.client.retry import Attempts, Timing
+from epochlog.client.sessions import (
+    REQUEST_EXPIRED,
+    SESSION_EXPIRED,
+    ClientSessions,
+    GroupSession,
+    OutcomeUnknownError,
+)
 from epochlog.routing import group_of_event, group_of_key
 from statemachines import events as ev
+from statemachines.request_ids import uuid7
+from statemachines.sessions import session_id_at
 from statemachines.state import KvState, decode_state
 
 R = TypeVar("R")
@@ -91,7 +101,11 @@ class AsyncClient:
     """A client of one cluster. `endpoints`: client addresses ("host:port") of some of its nodes."""
 
     def __init__(self, endpoints: Sequence[str] | str, *, timeout: float = 10.0, actor: str = "",
-                 name: str = "epochlog-python") -> None:
+                 name: str = "epochlog-python", sessions: bool = True) -> None:
+        """`sessions`: writes are requests of a client session (one per group, opened by the first write,
+        closed by `close`): exactly once for retries however late. Off (for a client that makes a write
+        or two and exits, like the CLI), each write carries a UUIDv7 request id instead: exactly once for
+        retries within an hour (statemachines/request_ids.py), without the session's two extra records."""
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e.strip()]
         self.endpoints = [e.strip() for e in endpoints]
@@ -106,6 +120,8 @@ class AsyncClient:
         self._suspects: dict[str, float] = {}   # address -> monotonic time until which it is avoided
         self.timing = Timing.from_hello(0)      # from the latest hello (one cluster: one election timeout)
         self._rr = random.randrange(len(self.endpoints))
+        self._sessions = ClientSessions(name, self._open_session)
+        self.use_sessions = sessions
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -114,6 +130,7 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
+        await self._close_sessions()
         for conn in list(self._connections.values()):
             await conn.close()
         self._connections.clear()
@@ -123,7 +140,9 @@ class AsyncClient:
     async def put(self, name: str, value: bytes, *, lease: int = 0, expected_version: int | None = None,
                   request_id: str = "") -> p.WriteResult:
         """Set `name`; with `expected_version` a compare-and-set (0: must not exist). Raises RejectedError
-        if the condition failed."""
+        if the condition failed. `request_id`: your own idempotency key, a UUIDv7
+        (`statemachines.request_ids.uuid7()`): the same key within an hour is applied once, whichever
+        client sends it; without one, this client's session makes its retries safe."""
         return await self.command(ev.KvPut(name=name, value=value, lease=lease, expected_version=expected_version,
                                            actor=self.actor, request_id=request_id))
 
@@ -168,9 +187,8 @@ class AsyncClient:
 
     async def lease_grant(self, ttl_ms: int) -> p.Lease:
         lease_id = random.getrandbits(62) | 1
-        result = await self._call(p.LeaseGrant(ttl_ms, lease_id, _request_id()), group="kv", leader=True)
-        assert isinstance(result, p.Lease)
-        return result
+        written = await self.command(ev.LeaseGranted(lease_id=lease_id, ttl_ms=ttl_ms, actor=self.actor))
+        return p.Lease(lease_id, ttl_ms, written.offset)
 
     async def lease_keepalive(self, lease_id: int) -> int:
         """Restart the lease's clock; its TTL in ms."""
@@ -192,17 +210,20 @@ class AsyncClient:
 
     async def commands(self, events: Sequence[ev.Event]) -> list[p.WriteResult]:
         """Append many events in one call; one result per event (rejections are results, not errors).
-        Events of one group are committed together, in order."""
-        stamped = [e if e.request_id else msgspec.structs.replace(e, request_id=_request_id()) for e in events]
+        Events of one group are committed together, in order.
+
+        Each write is applied at most once, however often it is retried (client sessions:
+        epochlog/client/sessions.py); OutcomeUnknownError when a retry could not learn whether an
+        earlier attempt was applied."""
+        stamped = [e if e.request_id else msgspec.structs.replace(e, request_id=uuid7()) for e in events]
         if self.actor:
             stamped = [e if e.actor else msgspec.structs.replace(e, actor=self.actor) for e in stamped]
         for e in stamped:
             e.validate()
         groups = {group_of_event(e) for e in stamped}
         if len(groups) == 1:
-            result = await self._call(p.Write(stamped), group=groups.pop(), leader=True)  # type: ignore[arg-type]
-            assert isinstance(result, p.Written)
-            return result.results
+            own_ids = [bool(e.request_id) for e in events]   # the caller's idempotency keys: no session
+            return await self._write_in_session(groups.pop(), stamped, own_ids)
         # One call per group, each to its leader, concurrently; results in the caller's order.
         order: dict[str, list[int]] = {}
         for i, e in enumerate(stamped):
@@ -213,6 +234,74 @@ class AsyncClient:
             for i, r in zip(idx, part):
                 results[i] = r
         return [r for r in results if r is not None]
+
+    async def _write_in_session(self, group: str, events: list[ev.Event], own_ids: list[bool]) -> list[p.WriteResult]:
+        """One group's events as requests of this client's session in that group (see `commands`), or,
+        without sessions, with their UUIDv7 request ids. An event that came with its own request id (the
+        caller's idempotency key, reused across clients or restarts) is sent with it and no session."""
+        attempts = Attempts()
+        if not self.use_sessions or all(own_ids):
+            result = await self._call(p.Write(events), group=group, leader=True, attempts=attempts)  # type: ignore[arg-type]
+            assert isinstance(result, p.Written)
+            refused = next((r for r in result.results if r.code == REQUEST_EXPIRED), None)
+            if refused is not None and attempts.in_doubt:
+                raise OutcomeUnknownError(f"the write to group {group} may or may not have been applied: an earlier "
+                                          f"attempt got no answer, and the retry came too late ({refused.message})")
+            return result.results
+        deadline = time.monotonic() + self.timeout
+        while True:
+            session = await self._sessions.get(group)
+            seqs = session.take(len(events))
+            below = session.answered_below
+            requests = [e if own else msgspec.structs.replace(e, session_id=session.id, seq=seq, answered_below=below,
+                                                              v=max(e.v, ev.SESSIONS_SCHEMA))
+                        for e, seq, own in zip(events, seqs, own_ids)]
+            try:
+                result = await self._call(p.Write(requests), group=group, leader=True,  # type: ignore[arg-type]
+                                          timeout=max(0.001, deadline - time.monotonic()), attempts=attempts)
+            finally:
+                session.answered(seqs)
+            assert isinstance(result, p.Written)
+            refused = [r for r in result.results if r.code in (SESSION_EXPIRED, REQUEST_EXPIRED)]
+            if not refused:
+                return result.results
+            self._sessions.expired(session)
+            if attempts.in_doubt:
+                raise OutcomeUnknownError(
+                    f"the write to group {group} may or may not have been applied: an earlier attempt got no "
+                    f"answer, and its session expired before a retry could learn the outcome ({refused[0].message}); "
+                    f"read the state to find out")
+            if len(refused) < len(result.results) or time.monotonic() >= deadline:
+                return result.results   # some applied: the refused ones are results like any rejection
+            # Refused, and no attempt could have been applied: the same write under a new session.
+
+    async def _open_session(self, group: str, client: str) -> int:
+        """Open a client session in `group`: its id (the offset its ClientSessionOpened committed at + 1)."""
+        opened = ev.ClientSessionOpened(group=group, client=client, actor=self.actor)
+        result = await self._call(p.Write([opened]), group=group, leader=True)
+        assert isinstance(result, p.Written)
+        (written,) = result.results
+        if not written.ok:
+            raise ClientError(f"cannot open a client session in group {group}: {written.code}: {written.message}",
+                              code=written.code or "internal")
+        return session_id_at(written.offset)
+
+    async def _close_sessions(self) -> None:
+        """Close every open session (best effort, briefly: an unclosed session expires by itself)."""
+        sessions = self._sessions.open_sessions()
+        self._sessions.forget_all()
+
+        async def close(session: GroupSession) -> None:
+            (seq,) = session.take(1)
+            closed = ev.ClientSessionClosed(group=session.group, client=self._sessions.client, actor=self.actor,
+                                            session_id=session.id, seq=seq, answered_below=session.answered_below,
+                                            v=ev.SESSIONS_SCHEMA)
+            try:
+                await self._call(p.Write([closed]), group=session.group, leader=True, timeout=min(self.timeout, 2.0))
+            except (ClientError, TimeoutError):
+                pass
+
+        await asyncio.gather(*(close(s) for s in sessions))
 
     async def get_entity(self, key: str, *, consistency: str = "linearizable", min_offset: int = -1,
                          as_of: int | None = None) -> Entity | None:
@@ -600,10 +689,6 @@ class AsyncClient:
             raise
         finally:
             del self._connecting[address]
-
-
-def _request_id() -> str:
-    return uuid.uuid4().hex
 
 
 def _entity(item: p.Item) -> Entity:

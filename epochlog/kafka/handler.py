@@ -16,7 +16,9 @@ CORRUPT_MESSAGE for a bad CRC) and nothing is appended. Accepted records are pro
 producer gets is the record's offset in the topic. acks=-1 answers once committed (majority, on
 disk), acks=1 once in the leader's log, acks=0 not at all. Idempotent producers
 (epochlog/kafka/producers.py) get producer ids from InitProducerId (the offset of a committed
-event in the metadata group: unique across failovers) and per-partition sequence dedupe.
+event in the metadata group: unique across failovers) and per-partition sequence dedupe, whose state
+is in the views (statemachines/producers.py), so a retry is answered with its original offset, or
+refused, across leader changes, snapshots and compaction: never appended twice.
 
 Consumer groups are epochlog/kafka/groups.py's.
 
@@ -57,10 +59,11 @@ from eventlog.records import NO_PRODUCER_ID, iter_batches
 from epochlog.kafka import errors as ke
 from epochlog.kafka import hosted
 from epochlog.kafka.errors import KafkaError, UnsupportedRequest, kafka_code
-from epochlog.kafka.producers import ProducerStateTable
+from epochlog.kafka import producers
 from epochlog.kafka.wire import Buffer, FetchPartitionOut, encode_fetch_response, response_frame
 from epochlog.routing import group_of_event
 from statemachines import events as ev
+from statemachines.state import Outcome
 
 if TYPE_CHECKING:
     from epochlog.node import Node
@@ -123,7 +126,6 @@ class KafkaHandler:
         self.node = node
         self.brokers = brokers
         self.node_id = node_id
-        self.producer_tables: dict[str, ProducerStateTable] = {}
         self._producer_locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._metadata_cache: dict[tuple[int, tuple[str, ...] | None], tuple[object, bytes]] = {}
         self._background: set[asyncio.Task[Any]] = set()
@@ -480,8 +482,7 @@ class KafkaHandler:
                 logger.warning("produce to %s-%s refused: %s", topic, partition, exc)
             return code, -1, f"{type(exc).__name__}: {exc}", -1
 
-    @staticmethod
-    def _decode_batch(ref: PartitionRef, data: bytes | None) -> tuple[Any, list[tuple[bytes, bytes]]]:
+    def _decode_batch(self, ref: PartitionRef, data: bytes | None) -> tuple[Any, list[tuple[bytes, bytes]]]:
         """The batch's header and its records as validated (entity key, event) pairs; nothing is
         appended unless every record is a valid event of the partition's group (for a hosted topic:
         every record wraps as a valid kv event, hosted.wrap)."""
@@ -514,9 +515,7 @@ class KafkaHandler:
             if record.value is None:
                 raise KafkaError(ke.INVALID_RECORD, f"record {i}: the value must be an event, not null")
             try:
-                event = ev.decode_event(record.value)
-                if isinstance(event, ev.MemberAdded | ev.MemberRemoved):
-                    raise ev.EventError("member records are written by member_add and member_remove only")
+                event = self.node.client_event(ev.decode_event(record.value))
                 key, value = ev.event_record(event)
                 owner = group_of_event(event)
             except (EpochlogError, RecursionError) as exc:   # RecursionError: nested too deeply to decode
@@ -542,9 +541,9 @@ class KafkaHandler:
         lock = _Held(self._producer_locks.setdefault((group.name, h.producer_id), asyncio.Lock()))
         try:
             await asyncio.wait_for(lock.acquire(), timeout)
-            table = self.producer_tables.setdefault(group.name, ProducerStateTable())
-            table.sync(group.storage.log, group.node.term)
-            duplicate = table.check(h.producer_id, h.producer_epoch, h.base_sequence, len(records), ref.key)
+            views = self.node.views[group.name]
+            duplicate = producers.check(views.store, group.storage.log, views.applied_index, h.producer_id,
+                                        h.producer_epoch, h.base_sequence, len(records), ref.key)
             if duplicate is not None:
                 lock.release()
                 if acks == -1:
@@ -554,7 +553,7 @@ class KafkaHandler:
             return await self._submit(group, records, stamp, acks, timeout, lock)
         finally:
             lock.release()
-            if len(self._producer_locks) > 10_000:   # forget idle producers' locks (state lives in the table)
+            if len(self._producer_locks) > 10_000:   # forget idle producers' locks (state lives in the views)
                 for key in [k for k, v in self._producer_locks.items() if not v.locked()]:
                     del self._producer_locks[key]
 
@@ -572,6 +571,12 @@ class KafkaHandler:
         submit = asyncio.ensure_future(group.submit(list(records), producer=stamp, on_appended=on_appended))
         if acks == -1:
             done: Committed = await asyncio.wait_for(asyncio.shield(submit), timeout)
+            first = done.outcomes[0] if done.outcomes else None
+            if isinstance(first, Outcome) and stamp is not None:
+                if first.duplicate:   # the applier found it in the producer's state: the original offset
+                    return first.offset
+                if not first.ok and first.code in producers.CODE_OF_REFUSAL:
+                    raise KafkaError(producers.CODE_OF_REFUSAL[first.code], first.message)
             return done.offset
         self._watch(submit)
         # acks 0/1: the leader's log has it, or the proposal failed before that (not the leader...).

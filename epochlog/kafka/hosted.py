@@ -32,12 +32,13 @@ from typing import Any, Final
 
 from eventlog.records import HEADER, HEADER_SIZE, LOG_OVERHEAD, MAGIC, Record, crc32c, encode_records
 from statemachines import events as ev
+from statemachines.producers import HOSTED_NAME_PREFIX, partition_of
 from statemachines.query import MAX_LIMIT, Query
 from statemachines.state import ConfigState
 
 HOST_GROUP: Final = "kv"
 TOPIC_SCOPE: Final = "kafka-topic"
-NAME_PREFIX: Final = "kafka/"
+NAME_PREFIX: Final = HOSTED_NAME_PREFIX
 MAX_PARTITIONS: Final = 256
 TOPIC_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")   # Kafka's characters, ConfigChanged's rules
 
@@ -79,15 +80,6 @@ def hosted_topics(metadata_views: Any) -> dict[str, HostedTopic]:
 def entity_prefix(topic: str, partition: int) -> bytes:
     """The record-key prefix of a hosted partition's records in the kv log."""
     return f"kv/{NAME_PREFIX}{topic}/{partition}/".encode()
-
-
-def partition_key_of(key: bytes | None) -> str:
-    """Which partition a stored batch's first record belongs to, for producer state: "T/P" for a
-    hosted partition, "" for the group's own topic."""
-    if key is None or not key.startswith(b"kv/" + NAME_PREFIX.encode()):
-        return ""
-    parts = key.split(b"/", 4)
-    return f"{parts[2].decode()}/{parts[3].decode()}" if len(parts) == 5 else ""
 
 
 def wrap(topic: str, partition: int, key: bytes | None, value: bytes | None) -> ev.Event:
@@ -206,7 +198,7 @@ class HostedIndex:
                     continue
                 for record in batch.records():
                     if record.key is not None and record.key.startswith(prefix):
-                        self.last[partition_key_of(record.key)] = record.offset
+                        self.last[partition_of(record.key)] = record.offset
             self.scanned_to = chunk.next_offset
 
     def high_watermark(self, partition_key: str, log_start: int) -> int:

@@ -1,128 +1,85 @@
-"""Idempotent producers: per-partition sequence state, rebuilt from the log (as Kafka does).
+"""Idempotent producers on the leader: is an incoming batch new, a retry, or refused?
 
 An idempotent Kafka producer stamps each batch with (producer id, producer epoch, base sequence);
-the leader appends a batch only if its first sequence follows the producer's last one, answers a
-retry of one of the producer's last `CACHED_BATCHES` batches with that batch's original offset, and
-refuses a gap with OUT_OF_ORDER_SEQUENCE_NUMBER. Epochlog stores each producer batch as its own
-Raft entry whose RecordBatch header keeps the producer's id, epoch and base sequence (the records
-keep their count and order), so the state is a function of the log: a new leader rebuilds it by
-reading the batch headers of its log, uncommitted tail included (a Raft leader never drops its own
-entries; they commit in its term or it loses leadership, and then the next leader rebuilds again).
+Epochlog stores each producer batch as its own Raft entry whose RecordBatch header keeps them, and
+applies them with the producer's state in the views (statemachines/producers.py: the rules, `judge`,
+and why a batch is never applied twice even if it reached the log twice). The leader decides before
+appending, on the same rules, from the producer's committed state in its views plus the producer's
+batches in its log past the applied offset (appended, not yet applied: a Raft leader never drops its
+own entries; they commit in its term or it loses leadership):
 
-`ProducerStateTable` is pure: it is fed batch headers (`observe`) and asked about an incoming batch
-(`check`). `sync` reads a log's headers; the caller decides when (the Kafka face: before each
-idempotent append on the leader). Not thread-safe: call from one loop.
+- a retry of one of the producer's last CACHED_BATCHES batches gets that batch's original offset and
+  is not appended;
+- a gap is OUT_OF_ORDER_SEQUENCE_NUMBER, an older epoch INVALID_PRODUCER_EPOCH, and a producer with no
+  state (expired, after `producer.id.expiration` of committed time) may only start at sequence 0:
+  any other batch is refused with UNKNOWN_PRODUCER_ID rather than appended a second time (kafka-python
+  and aiokafka then bump the producer's epoch, KIP-360).
 
-Producers whose batches all left the log (truncation) are unknown again: their next batch is
-accepted whatever its sequence (the state that could refuse it is gone), as Kafka does once it has
-expired a producer's state. A rebuild reads the log from where it holds every batch as written
-(`full_history_start`): below, key compaction may have dropped a producer's latest batches whole
-and kept older ones, which would make its next batch look like a gap (Kafka's cleaner keeps the last
-batch of every producer instead; here those producers are unknown again, like expired ones). A
-batch's last sequence is its base sequence plus its last offset delta (Kafka's definition, true of a
-batch that lost records too).
+Leader changes, snapshots and key compaction lose nothing: the state is in the views. Call from the
+node's loop (it reads the views and the log).
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Final
 
 from epochlog.kafka import errors as ke
 from epochlog.kafka.errors import KafkaError
-from epochlog.kafka.hosted import partition_key_of
 from eventlog.log import Log
-from eventlog.raft.runtime.group import full_history_start
-from eventlog.records import NO_PRODUCER_ID, BatchHeader
+from eventlog.records import NO_PRODUCER_ID
+from statemachines import producers as sp
+from statemachines.producers import BatchMeta, ProducerState, Verdict
 
-CACHED_BATCHES: Final = 5          # Kafka keeps the last 5 batches per producer (max in-flight requests)
-SEQUENCE_MODULUS: Final = 1 << 31  # sequences wrap at Int32.MAX_VALUE
-
-
-@dataclass(frozen=True, slots=True)
-class BatchMeta:
-    first_seq: int
-    last_seq: int
-    first_offset: int
-    last_offset: int
+CODE_OF_REFUSAL: Final = {sp.OUT_OF_ORDER: ke.OUT_OF_ORDER_SEQUENCE_NUMBER, sp.INVALID_EPOCH: ke.INVALID_PRODUCER_EPOCH,
+                          sp.UNKNOWN_PRODUCER: ke.UNKNOWN_PRODUCER_ID}
+"""Outcome code of a refused producer batch (statemachines/producers.py) -> Kafka error code."""
 
 
-@dataclass(slots=True)
-class ProducerEntry:
-    epoch: int
-    batches: deque[BatchMeta] = field(default_factory=lambda: deque(maxlen=CACHED_BATCHES))
+def check(views: sp.Reader, log: Log, applied: int, producer_id: int, epoch: int, first_seq: int, count: int,
+          partition: str = "") -> BatchMeta | None:
+    """None: append the batch. A BatchMeta: it is a retry of that stored batch (answer its offsets).
+    Raises KafkaError OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH or UNKNOWN_PRODUCER_ID.
 
-    @property
-    def last_seq(self) -> int:
-        return self.batches[-1].last_seq if self.batches else -1
+    `views` holds the state applied through `applied`; the producer's batches in `log` past it are
+    applied on top here, as the applier will."""
+    state = sp.load(views, partition, producer_id)
+    for batch in _pending(log, applied, producer_id, partition):
+        state = _after(state, producer_id, batch)
+    j = sp.judge(state, producer_id, epoch, first_seq, count, leader=True)
+    if j.verdict is Verdict.DUPLICATE:
+        return j.batch
+    if j.verdict is Verdict.REFUSED:
+        raise KafkaError(CODE_OF_REFUSAL[j.code], j.message)
+    return None
 
 
-def last_sequence(first_seq: int, count: int) -> int:
-    return (first_seq + count - 1) % SEQUENCE_MODULUS
+def _pending(log: Log, applied: int, producer_id: int, partition: str) -> list[tuple[int, int, BatchMeta]]:
+    """(epoch, first sequence, batch) of the producer's batches of `partition` in `log` past `applied`."""
+    out = []
+    offset = max(applied + 1, log.start_offset)
+    while offset < log.end_offset:
+        chunk = log.read(offset, 4 << 20)
+        if chunk is None or chunk.next_offset <= offset:
+            break
+        for batch in chunk.batches():
+            h = batch.header
+            if h.producer_id != producer_id or h.producer_id == NO_PRODUCER_ID or h.base_sequence < 0 or h.is_control:
+                continue
+            first = next(iter(batch.records()), None)
+            if sp.partition_of(None if first is None else first.key) != partition:
+                continue
+            last = h.base_offset + h.last_offset_delta
+            out.append((h.producer_epoch, h.base_sequence,
+                        BatchMeta(h.base_sequence, sp.last_sequence(h.base_sequence, h.last_offset_delta + 1),
+                                  h.base_offset, last)))
+        offset = chunk.next_offset
+    return out
 
 
-class ProducerStateTable:
-    """The producers of the partitions one Raft group's log holds: its own topic (partition key "")
-    and the hosted partitions (epochlog/kafka/hosted.py: partition key "topic/partition", from the
-    first record key of a batch). Sequences are per (partition, producer), as in Kafka."""
-
-    def __init__(self) -> None:
-        self.producers: dict[tuple[str, int], ProducerEntry] = {}
-        self.scanned_to = -1      # next offset to read; -1: never scanned
-        self.term = -1            # the leader term the scan belongs to
-
-    def observe(self, h: BatchHeader, partition: str = "") -> None:
-        """Account for a batch stored in the log (of `partition`)."""
-        if h.producer_id == NO_PRODUCER_ID or h.base_sequence < 0 or h.is_control:
-            return
-        entry = self.producers.get((partition, h.producer_id))
-        if entry is None or h.producer_epoch > entry.epoch:
-            entry = self.producers[(partition, h.producer_id)] = ProducerEntry(h.producer_epoch)
-        elif h.producer_epoch < entry.epoch:
-            return   # a fenced epoch's batch (cannot be appended by this code; ignore it)
-        entry.batches.append(BatchMeta(h.base_sequence, last_sequence(h.base_sequence, h.last_offset_delta + 1),
-                                       h.base_offset, h.base_offset + h.last_offset_delta))
-
-    def check(self, producer_id: int, epoch: int, first_seq: int, count: int,
-              partition: str = "") -> BatchMeta | None:
-        """None: append the batch. A BatchMeta: it is a retry of that stored batch (answer its offsets).
-        Raises KafkaError OUT_OF_ORDER_SEQUENCE_NUMBER or INVALID_PRODUCER_EPOCH."""
-        entry = self.producers.get((partition, producer_id))
-        if entry is None:
-            return None
-        if epoch < entry.epoch:
-            raise KafkaError(ke.INVALID_PRODUCER_EPOCH, f"producer {producer_id} epoch {epoch} is older than the "
-                                                        f"current epoch {entry.epoch}")
-        last = last_sequence(first_seq, count)
-        if epoch > entry.epoch:
-            if first_seq != 0:
-                raise KafkaError(ke.OUT_OF_ORDER_SEQUENCE_NUMBER, f"producer {producer_id}: a new epoch {epoch} "
-                                                                  f"starts at sequence 0, not {first_seq}")
-            return None
-        for b in entry.batches:
-            if b.first_seq == first_seq and b.last_seq == last:
-                return b
-        expected = (entry.last_seq + 1) % SEQUENCE_MODULUS
-        if first_seq != expected:
-            raise KafkaError(ke.OUT_OF_ORDER_SEQUENCE_NUMBER,
-                             f"producer {producer_id} epoch {epoch}: sequence {first_seq}, expected {expected}")
-        return None
-
-    def sync(self, log: Log, term: int) -> None:
-        """Read the headers of every batch appended to `log` since the last call (all of them from
-        `full_history_start` after a term change, or when the log was truncated under the scan)."""
-        if term != self.term or self.scanned_to < log.start_offset or self.scanned_to > log.end_offset:
-            self.producers.clear()
-            self.scanned_to = full_history_start(log)
-            self.term = term
-        while self.scanned_to < log.end_offset:
-            chunk = log.read(self.scanned_to, 4 << 20)
-            if chunk.next_offset <= self.scanned_to:
-                break
-            for batch in chunk.batches():
-                h = batch.header
-                if h.producer_id != NO_PRODUCER_ID and not h.is_control:
-                    first = next(iter(batch.records()), None)
-                    self.observe(h, partition_key_of(None if first is None else first.key))
-            self.scanned_to = chunk.next_offset
+def _after(state: ProducerState | None, producer_id: int, pending: tuple[int, int, BatchMeta]) -> ProducerState | None:
+    """The state once a pending batch is applied (as the applier judges it)."""
+    epoch, first_seq, batch = pending
+    count = batch.last_offset - batch.first_offset + 1
+    if sp.judge(state, producer_id, epoch, first_seq, count, leader=False).verdict is not Verdict.APPEND:
+        return state
+    return sp.appended(state, epoch, batch, state.deadline_ms if state is not None else 0)

@@ -12,6 +12,8 @@ from eventlog.records import encode_batch, stamp
 from statemachines import events as ev
 from statemachines.views import ViewsStateMachine
 
+NEWER = ev.KvPut.VERSION + 1   # a schema version a newer Epochlog writes
+
 EXAMPLES: list[ev.Event] = [
     ev.BrokerRegistered(cluster="c1", group="broker-a", name="b0", address="10.0.0.1:10911", incarnation="i-1",
                         broker_id=0, broker_epoch=1, actor="controller", request_id="r-1"),
@@ -72,8 +74,8 @@ def test_old_readers_ignore_optional_fields_added_later() -> None:
 
 
 def test_a_newer_schema_version_or_type_is_refused_clearly() -> None:
-    with pytest.raises(ev.SchemaVersionError, match="KvPut version 2 is newer than this Epochlog knows"):
-        ev.decode_event(_as_newer_writer(ev.KvPut(name="a", value=b"1"), v=2))
+    with pytest.raises(ev.SchemaVersionError, match=f"KvPut version {NEWER} is newer than this Epochlog knows"):
+        ev.decode_event(_as_newer_writer(ev.KvPut(name="a", value=b"1"), v=NEWER))
     with pytest.raises(ev.SchemaVersionError, match="unknown event type 'QuotaChanged'"):
         ev.decode_event(_as_newer_writer(ev.KvPut(name="a", value=b"1"), type="QuotaChanged"))
     with pytest.raises(ev.EventError, match="malformed"):
@@ -104,14 +106,14 @@ def test_validation_names_the_problem_and_produces_no_record(event: ev.Event, me
 def test_applying_an_event_of_a_newer_schema_halts_instead_of_diverging() -> None:
     """A replica that cannot read an event must not apply it differently from one that can: it halts
     before it, without raising (the node and its other groups go on)."""
-    raw = _as_newer_writer(ev.KvPut(name="a", value=b"1"), v=2)
+    raw = _as_newer_writer(ev.KvPut(name="a", value=b"1"), v=NEWER)
     data = bytearray(encode_batch([(b"kv/a", raw)], timestamp_ms=1))
     stamp(data, 0, 1)
     sm = ViewsStateMachine(tempfile.mkdtemp())
     try:
         outcomes = sm.apply([Entry(0, 1, 1, EntryKind.NORMAL, bytes(data))])
         assert sm.applied_index == -1, "nothing was applied"
-        assert sm.halt is not None and sm.halt.offset == 0 and "KvPut version 2" in sm.halt.reason
+        assert sm.halt is not None and sm.halt.offset == 0 and f"KvPut version {NEWER}" in sm.halt.reason
         assert outcomes[0].code == "group_halted" and not outcomes[0].ok
     finally:
         sm.close()
@@ -120,8 +122,8 @@ def test_applying_an_event_of_a_newer_schema_halts_instead_of_diverging() -> Non
 def test_the_leader_refuses_what_the_applier_could_not_apply() -> None:
     """`event_record` (the leader's check) refuses a newer schema version, in a Txn's operations too, with
     invalid_argument: nothing is proposed that would halt the group."""
-    with pytest.raises(ev.EventError, match="KvPut version 2 is newer than this Epochlog knows .1.: refused") as e:
-        ev.event_record(ev.KvPut(name="a", value=b"1", v=2))
+    with pytest.raises(ev.EventError, match=f"KvPut version {NEWER} is newer than this Epochlog knows .{NEWER - 1}.: refused") as e:
+        ev.event_record(ev.KvPut(name="a", value=b"1", v=NEWER))
     assert e.value.code == "invalid_argument"
     txn = ev.Txn(ops=(ev.KvPut(name="a", value=b"1"), ev.KvDeleted(name="b", v=3)))
     with pytest.raises(ev.EventError, match="KvDeleted version 3"):

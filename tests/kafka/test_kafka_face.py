@@ -140,7 +140,7 @@ def test_a_batch_with_one_invalid_record_is_refused_whole(kafka_cluster: KafkaCl
             ([(None, ev.encode_event(ev.TopicCreated(name=f"t{tag}")))], 87),          # a metadata event in __kv
             ([(None, ev.encode_event(ev.MemberAdded(node_id=9, peer_address="h:1")))], 87),
             ([good, (None, msgspec.msgpack.encode(                                      # a newer schema (issue 11)
-                {"type": "KvPut", "v": 2, "name": f"bad-{tag}/1", "value": b"x"}))], 87),
+                {"type": "KvPut", "v": ev.KvPut.VERSION + 1, "name": f"bad-{tag}/1", "value": b"x"}))], 87),
             ([good, (None, b"\x84" + msgspec.msgpack.encode(                            # an unknown field
                 {"type": "KvPut", "name": f"bad-{tag}/1", "value": b"x"})[1:]                # nested too deeply
                 + b"\xa2zz" + b"\x91" * 100_000 + b"\xc0")], 87),
@@ -403,7 +403,7 @@ def test_fetch_long_polls_until_a_commit_and_acks_1_answers_from_the_leaders_log
 
         def write_soon() -> None:
             time.sleep(0.5)
-            with Client(kafka_cluster.endpoints) as client:
+            with Client(kafka_cluster.endpoints, sessions=False) as client:   # one record: no session opened
                 written.append(client.put(f"poll-{tag}/x", b"1").offset)
 
         writer = threading.Thread(target=write_soon)

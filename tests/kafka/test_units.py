@@ -1,5 +1,5 @@
 """The Kafka face's pure parts, without processes: the zero-copy Fetch encoding (decoded by
-kafka-python's own classes), the producer sequence table (fed a real log), the hosted-topic record
+kafka-python's own classes), the producers' sequence checks (a real log and real views), the hosted-topic record
 wrapping and the batches served for it (parsed by kafka-python's record reader), the group
 protocol choice."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kafka.protocol.consumer.fetch import FetchResponse
@@ -18,7 +19,7 @@ from epochlog.kafka import errors as ke
 from epochlog.kafka import hosted
 from epochlog.kafka.errors import KafkaError, kafka_code
 from epochlog.kafka.groups import Group, Member, _select_protocol
-from epochlog.kafka.producers import ProducerStateTable
+from epochlog.kafka import producers
 from epochlog.kafka.wire import FetchPartitionOut, encode_fetch_response
 from eventlog.config import LogConfig
 from eventlog.errors import InvalidBatchError
@@ -33,7 +34,11 @@ from eventlog.records import (
     read_header,
     retain_records,
 )
+from eventlog.raft.runtime.entries import batch_to_entry
 from statemachines import events as ev
+from statemachines import producers as sp
+from statemachines.store import encode_offset
+from statemachines.views import ViewsStateMachine
 
 
 @pytest.mark.parametrize("version", range(4, 13))
@@ -60,84 +65,106 @@ def test_fetch_records_are_views_not_copies() -> None:
     assert any(b is view for b in out)
 
 
-def _producer_batch(pid: int, epoch: int, seq: int, n: int, key: bytes = b"kv/x") -> bytes:
-    return encode_batch([(key, b"v")] * n, timestamp_ms=1, producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+def _producer_batch(pid: int, epoch: int, seq: int, n: int, key: bytes = b"kv/x", at: int = 1) -> bytes:
+    records = [(key, ev.encode_event(ev.KvPut(name=key.decode()[3:], value=b"v%d" % (seq + i)))) for i in range(n)]
+    return encode_batch(records, timestamp_ms=at, producer_id=pid, producer_epoch=epoch, base_sequence=seq)
 
 
-def test_the_producer_table_dedupes_refuses_gaps_and_is_rebuilt_from_the_log(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "log", LogConfig(segment_bytes=1 << 20, flush_policy="interval"))
+class _Leader:
+    """A group's log and views as a leader holds them: batches appended, some applied (`apply_to`)."""
+
+    def __init__(self, root: Path) -> None:
+        self.log = Log.open(root / "log", LogConfig(segment_bytes=4096, flush_policy="interval",
+                                                    preallocate_next_segment=False))
+        self.views = ViewsStateMachine(root / "views-group")
+
+    def append(self, data: bytes) -> int:
+        return self.log.append(data, epoch=1)
+
+    def apply_to(self, offset: int) -> dict[int, Any]:
+        entries = [batch_to_entry(b) for b in self.log.batches(self.views.applied_index + 1)
+                   if b.header.base_offset <= offset]
+        return dict(self.views.apply(entries))
+
+    def check(self, pid: int, epoch: int, seq: int, n: int, partition: str = "") -> Any:
+        return producers.check(self.views.store, self.log, self.views.applied_index, pid, epoch, seq, n, partition)
+
+    def close(self) -> None:
+        self.views.close()
+        self.log.close()
+
+
+def _refused(leader: _Leader, code: int, *args: Any) -> None:
+    with pytest.raises(KafkaError) as refused:
+        leader.check(*args)
+    assert refused.value.kafka_code == code, refused.value
+
+
+def test_the_leader_judges_a_batch_from_the_views_and_the_unapplied_tail(tmp_path: Path) -> None:
+    leader = _Leader(tmp_path)
     try:
-        table = ProducerStateTable()
-        table.sync(log, term=1)
-        assert table.check(7, 0, 0, 3) is None                         # unknown producer: append
-        log.append(_producer_batch(7, 0, 0, 3), epoch=1)
-        log.append(encode_batch([(b"kv/y", b"v")], timestamp_ms=1), epoch=1)   # not a producer's batch
-        log.append(_producer_batch(7, 0, 3, 2), epoch=1)
-        table.sync(log, term=1)
-        retry = table.check(7, 0, 0, 3)
+        assert leader.check(7, 0, 0, 3) is None                               # unknown producer, first batch
+        _refused(leader, ke.UNKNOWN_PRODUCER_ID, 7, 0, 5, 1)                  # unknown, not from 0: refused
+        leader.append(_producer_batch(7, 0, 0, 3))                            # offsets 0-2
+        leader.append(encode_batch([(b"kv/y", ev.encode_event(ev.KvPut(name="y", value=b"v")))], timestamp_ms=1))
+        leader.apply_to(3)                                                    # in the views now
+        leader.append(_producer_batch(7, 0, 3, 2))                            # offsets 4-5: not applied yet
+        retry = leader.check(7, 0, 0, 3)
         assert retry is not None and (retry.first_offset, retry.last_offset) == (0, 2)
-        assert table.check(7, 0, 3, 2) is not None and table.check(7, 0, 3, 2).first_offset == 4
-        assert table.check(7, 0, 5, 1) is None                         # the next one
-        with pytest.raises(KafkaError) as gap:
-            table.check(7, 0, 9, 1)
-        assert gap.value.kafka_code == ke.OUT_OF_ORDER_SEQUENCE_NUMBER
-        with pytest.raises(KafkaError) as zombie:
-            table.check(7, 0, 1, 1)                                     # inside a stored batch
-        assert zombie.value.kafka_code == ke.OUT_OF_ORDER_SEQUENCE_NUMBER
-        log.append(_producer_batch(7, 1, 0, 1), epoch=1)               # a bumped epoch starts at 0
-        fresh = ProducerStateTable()
-        fresh.sync(log, term=2)                                        # a new leader reads it all
-        assert fresh.check(7, 1, 1, 1) is None
-        with pytest.raises(KafkaError) as fenced:
-            fresh.check(7, 0, 5, 1)
-        assert fenced.value.kafka_code == ke.INVALID_PRODUCER_EPOCH
+        tail = leader.check(7, 0, 3, 2)
+        assert tail is not None and (tail.first_offset, tail.last_offset) == (4, 5)
+        assert leader.check(7, 0, 5, 1) is None                               # the next one
+        _refused(leader, ke.OUT_OF_ORDER_SEQUENCE_NUMBER, 7, 0, 9, 1)         # a gap
+        _refused(leader, ke.OUT_OF_ORDER_SEQUENCE_NUMBER, 7, 0, 1, 1)         # inside a stored batch
+        leader.append(_producer_batch(7, 1, 0, 1))                            # a bumped epoch starts at 0
+        leader.apply_to(10)
+        assert leader.check(7, 1, 1, 1) is None
+        _refused(leader, ke.INVALID_PRODUCER_EPOCH, 7, 0, 5, 1)
         # Sequences are per partition: a hosted partition's batches do not move the topic's.
-        log.append(_producer_batch(7, 1, 0, 4, key=b"kv/kafka/t/0/kAA"), epoch=1)
-        fresh.sync(log, term=2)
-        assert fresh.check(7, 1, 4, 1, "t/0") is None and fresh.check(7, 1, 1, 1) is None
+        leader.append(_producer_batch(7, 1, 0, 4, key=b"kv/kafka/t/0/kAA"))
+        assert leader.check(7, 1, 4, 1, "t/0") is None and leader.check(7, 1, 1, 1) is None
     finally:
-        log.close()
+        leader.close()
 
 
-def test_the_producer_table_rebuilds_from_past_the_key_compacted_range(tmp_path: Path) -> None:
-    """Key compaction may drop a producer's newest batch whole (or some of its records) and keep an
-    older one: a new leader reads producer state only from where the log is as written, so the
-    producer is unknown (its next batch accepted) instead of seeing a gap."""
-    config = LogConfig(segment_bytes=4096, flush_policy="interval", preallocate_next_segment=False)
-    log = Log.open(tmp_path / "log", config)
+def test_a_batch_in_the_log_twice_is_applied_once_and_compaction_forgets_nothing(tmp_path: Path) -> None:
+    """The applier judges every producer batch on the same rules: a second copy (a retry a new leader
+    appended before it applied the first) changes nothing and answers with the first offsets. The state
+    lives in the views, so a log cleaned of the producer's batches still knows them (the retry after a
+    failover over a key-compacted log used to be appended again)."""
+    leader = _Leader(tmp_path)
     try:
-        log.append(_producer_batch(7, 0, 0, 2, key=b"kv/a"), epoch=1)          # seq 0-1: kept (a is never rewritten)
-        log.append(_producer_batch(7, 0, 2, 3, key=b"kv/b"), epoch=1)          # seq 2-4: b is rewritten below
+        leader.append(_producer_batch(7, 0, 0, 2, key=b"kv/a"))               # 0-1
+        leader.append(_producer_batch(7, 0, 0, 2, key=b"kv/a"))               # 2-3: the same batch again
         for i in range(60):
-            log.append(encode_batch([(b"kv/b", b"x" * 100)], timestamp_ms=1), epoch=1)
-        clean_log(log, log.segment_bases()[-1], CleanerConfig(worker_process=False))
-        assert log.clean_end_offset > 5 and [b.header.base_sequence for b in log.batches()
-                                             if b.header.producer_id == 7] == [0]
-        fresh = ProducerStateTable()
-        fresh.sync(log, term=2)
-        assert fresh.check(7, 0, 5, 1) is None          # the producer's next batch: no gap from the older one
-        log.append(_producer_batch(7, 0, 5, 1), epoch=1)
-        fresh.sync(log, term=2)
-        with pytest.raises(KafkaError) as gap:
-            fresh.check(7, 0, 9, 1)                     # known again from its batch above the range
-        assert gap.value.kafka_code == ke.OUT_OF_ORDER_SEQUENCE_NUMBER
+            leader.append(encode_batch([(b"kv/a", ev.encode_event(ev.KvPut(name="a", value=b"x" * 100)))],
+                                       timestamp_ms=1))
+        outcomes = leader.apply_to(leader.log.end_offset)
+        assert outcomes[2].duplicate and outcomes[2].offset == 0 and outcomes[3].offset == 1
+        assert leader.views.store.get("noops", encode_offset(2)) is not None
+        clean_log(leader.log, leader.log.segment_bases()[-1], CleanerConfig(worker_process=False), force=True,
+                  drop_offsets=[2, 3])
+        assert not [b for b in leader.log.batches() if b.header.producer_id == 7], "the cleaner dropped them"
+        retry = leader.check(7, 0, 0, 2)
+        assert retry is not None and retry.first_offset == 0
+        _refused(leader, ke.OUT_OF_ORDER_SEQUENCE_NUMBER, 7, 0, 5, 1)
     finally:
-        log.close()
+        leader.close()
 
 
-def test_a_batch_that_lost_records_keeps_its_last_sequence(tmp_path: Path) -> None:
-    log = Log.open(tmp_path / "log", LogConfig(segment_bytes=1 << 20, flush_policy="interval"))
+def test_producer_state_expires_by_committed_time_then_only_a_new_start_is_accepted(tmp_path: Path) -> None:
+    leader = _Leader(tmp_path)
     try:
-        raw = bytearray(encode_batch([(b"kv/a", b"1"), (b"kv/b", b"2"), (b"kv/c", b"3")], timestamp_ms=1,
-                                     producer_id=7, producer_epoch=0, base_sequence=10))
-        header = read_header(raw)
-        kept = list(RecordBatch.parse(raw).records())[:1]        # what compaction leaves of it
-        log.append(retain_records(header, kept), epoch=1)
-        table = ProducerStateTable()
-        table.sync(log, term=1)
-        assert table.check(7, 0, 13, 1) is None                   # 10..12 were the batch: 13 follows
+        t0 = 1_700_000_000_000
+        leader.append(_producer_batch(7, 0, 0, 2, at=t0))
+        leader.append(encode_batch([(b"kv/y", ev.encode_event(ev.KvPut(name="y", value=b"v")))],
+                                   timestamp_ms=t0 + sp.PRODUCER_EXPIRY_MS + 1))
+        leader.apply_to(leader.log.end_offset)
+        assert sp.load(leader.views.store, "", 7) is None
+        _refused(leader, ke.UNKNOWN_PRODUCER_ID, 7, 0, 0 + 2, 1)
+        assert leader.check(7, 0, 0, 1) is None
     finally:
-        log.close()
+        leader.close()
 
 
 @pytest.mark.parametrize("key", [None, b"", b"k", bytes(range(256)), "ключ".encode()])
@@ -146,7 +173,7 @@ def test_hosted_records_wrap_as_valid_kv_events_and_unwrap(key: bytes | None) ->
         event = hosted.wrap("orders", 3, key, value)
         entity, encoded = ev.event_record(event)                       # validates
         assert entity.startswith(hosted.entity_prefix("orders", 3))
-        assert hosted.partition_key_of(entity) == "orders/3"
+        assert sp.partition_of(entity) == "orders/3"
         assert hosted.unwrap(hosted.entity_prefix("orders", 3), entity, encoded) == (key, value)
         assert hosted.unwrap(hosted.entity_prefix("orders", 4), entity, encoded) is None
 

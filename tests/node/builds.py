@@ -4,8 +4,8 @@
 
 - `unchecked`: a node from before the leader's check: it proposes any event that decodes, a newer
   schema version included (what wrote the poison record of issue 11);
-- `kvput-v2`: a newer Epochlog that knows KvPut schema version 2 (same fields: it applies a v2 put
-  as it applies a v1 one).
+- `kvput-newer`: a newer Epochlog that knows the next KvPut schema version (same fields: it applies a
+  put of that version as it applies one of this tree's).
 
 Everything else is the code of this tree; the build is changed before the CLI starts.
 """
@@ -16,7 +16,7 @@ import sys
 
 from statemachines import events as ev
 
-BUILDS = ("unchecked", "kvput-v2")
+BUILDS = ("unchecked", "kvput-newer")
 
 
 def _unchecked_record(event: ev.Event) -> tuple[bytes, bytes]:
@@ -27,8 +27,8 @@ def main(argv: list[str]) -> None:
     build, args = argv[0], argv[1:]
     if build == "unchecked":
         ev.event_record = _unchecked_record   # Node.write calls ev.event_record
-    elif build == "kvput-v2":
-        ev.KvPut.VERSION = 2
+    elif build == "kvput-newer":
+        ev.KvPut.VERSION += 1
     else:
         raise SystemExit(f"unknown build {build!r} (builds: {', '.join(BUILDS)})")
     from epochlog.cli import main as cli_main

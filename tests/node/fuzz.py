@@ -37,6 +37,7 @@ import msgspec
 
 from eventlog.errors import EpochlogError
 from epochlog.grpc.v1 import epochlog_pb2 as pb
+from statemachines.request_ids import uuid7
 from tests.node.raw import RawConnection
 
 MAX_FRAME = 16 << 20
@@ -131,7 +132,7 @@ def corpus(rng: random.Random) -> dict[str, Any]:
         {"type": "cancel_watch", "watch_id": 98},
         {"type": "lease_keepalive", "lease_id": 12345},
         {"type": "write", "events": [{"type": "KvPut", "v": 1, "name": name, "value": rng.randbytes(8),
-                                      "request_id": f"fz-{rng.getrandbits(48)}"}]},
+                                      "request_id": uuid7()}]},
         {"type": "write", "events": [{"type": "KvDeleted", "name": name, "expected_version": None}]},
         {"type": "write", "events": [{"type": "Txn", "conditions": [{"key": f"kv/{name}", "version": 0}],
                                       "ops": [{"type": "KvPut", "name": name, "value": b"t"}]}]},
@@ -416,7 +417,7 @@ def grpc_message(rng: random.Random, method: str) -> Any:
     name = f"fuzz/{rng.randrange(50)}"
     if method == "Put":
         return pb.PutRequest(name=rng.choice([name, "", "a\x00b"]), value=rng.randbytes(rng.randrange(0, 20)),
-                             request_id=f"g-{rng.getrandbits(40)}")
+                             request_id=rng.choice([uuid7(), f"g-{rng.getrandbits(40)}"]))
     if method == "Get":
         m = pb.GetRequest(key=rng.choice([f"kv/{name}", "nope", "kv/"]), consistency=rng.randrange(0, 6))
         if rng.random() < 0.5:

@@ -7,7 +7,7 @@
    `unchecked`): every node halts the kv group at that offset and nothing else. No process exits;
    the other groups serve; status, /readyz and /metrics say where and why; a restart halts again
    (no crash loop); `epochlog group skip` on every member resumes them with equal views.
-3. A mixed-version cluster: a newer node (`kvput-v2`) writes a record the older ones cannot read.
+3. A mixed-version cluster: a newer node (`kvput-newer`) writes a record the older ones cannot read.
    They halt (no exit) while the newer leader goes on committing; a halted node does not keep the
    leadership; an upgraded node applies the record after a restart and ends with the same digest.
 """
@@ -26,10 +26,12 @@ import pytest
 from epochlog import protocol as p
 from epochlog.client import Client, ClientError
 from statemachines import events as ev
+from statemachines.request_ids import uuid7
 from tests.node.cluster import ROOT, NodeCluster, wait_until
 from tests.node.raw import RawConnection, http_get
 
-POISON = {"type": "KvPut", "v": 2, "actor": "qa", "request_id": "poison-1", "name": "poison", "value": b"x"}
+NEWER = ev.KvPut.VERSION + 1   # a schema version only a newer Epochlog knows
+POISON = {"type": "KvPut", "v": NEWER, "actor": "qa", "request_id": uuid7(), "name": "poison", "value": b"x"}
 
 
 def _put_raw(address: str, event: dict[str, Any], rid: int = 1) -> list[Any]:
@@ -92,7 +94,7 @@ def test_a_write_of_a_newer_schema_version_is_refused_by_the_leader_and_appends_
 
     reply = _put_raw(cluster.endpoint(leader), POISON)             # exactly what QA sent
     assert reply[1] is None and reply[2][0] == "invalid_argument", reply
-    assert "KvPut version 2 is newer than this Epochlog knows (1)" in reply[2][1] and not reply[2][2]
+    assert f"KvPut version {NEWER} is newer than this Epochlog knows ({NEWER - 1})" in reply[2][1] and not reply[2][2]
     # The same inside a transaction, and an event type no version has: refused alike.
     txn = {"type": "Txn", "ops": [{"type": "KvDeleted", "v": 7, "name": "x"}]}
     assert _put_raw(cluster.endpoint(leader), txn)[2][0] == "invalid_argument"
@@ -127,7 +129,7 @@ def test_a_poison_record_halts_only_that_group_never_kills_a_node_and_skip_recov
     time.sleep(1.5)                             # the old code exited within milliseconds
     _all_running(cluster)
     halt = _halt(cluster, 2)
-    assert halt is not None and "KvPut version 2 is newer than this Epochlog knows (1)" in halt.reason
+    assert halt is not None and f"KvPut version {NEWER} is newer than this Epochlog knows ({NEWER - 1})" in halt.reason
     assert "upgrade this node" in halt.fix
 
     # The node goes on: its other groups serve; kv answers group_halted (retriable) on every node.
@@ -145,7 +147,7 @@ def test_a_poison_record_halts_only_that_group_never_kills_a_node_and_skip_recov
         conn.close()
     admin = cluster.nodes[2].admin_address
     status, body = http_get(admin, "/readyz")
-    assert status == 503 and f"group kv halted at offset {poison}" in body and "KvPut version 2" in body, body
+    assert status == 503 and f"group kv halted at offset {poison}" in body and f"KvPut version {NEWER}" in body, body
     assert http_get(admin, "/healthz") == (200, "ok\n"), "halted is not dead: a liveness restart would not help"
     metrics = http_get(admin, "/metrics")[1]
     assert 'epochlog_apply_halted{group="kv"} 1.0' in metrics
@@ -183,7 +185,7 @@ def test_a_poison_record_halts_only_that_group_never_kills_a_node_and_skip_recov
 def test_a_mixed_version_cluster_halts_the_older_nodes_the_newer_leader_goes_on_and_an_upgrade_resumes(
         node_cluster_factory: Callable[..., NodeCluster]) -> None:
     cluster = node_cluster_factory()
-    cluster.nodes[1].build = "kvput-v2"         # a newer Epochlog; nodes 2 and 3 are this tree's
+    cluster.nodes[1].build = "kvput-newer"         # a newer Epochlog; nodes 2 and 3 are this tree's
     cluster.start()
     _move_leader(cluster, "kv", 1)
     reply = _put_raw(cluster.endpoint(1), POISON)
@@ -200,7 +202,7 @@ def test_a_mixed_version_cluster_halts_the_older_nodes_the_newer_leader_goes_on_
     assert g1 is not None and g1.commit_offset >= later and g1.role == "leader"
 
     # Upgrade node 2: a restart of the newer build applies the record and catches up.
-    cluster.nodes[2].build = "kvput-v2"
+    cluster.nodes[2].build = "kvput-newer"
     cluster.restart(2)
     assert cluster.wait_applied(2, "kv", later).halted is None
 
@@ -225,7 +227,7 @@ def test_a_mixed_version_cluster_halts_the_older_nodes_the_newer_leader_goes_on_
     assert _halt(cluster, 3) is not None and cluster.nodes[3].running
 
     # Upgrade the rest: everyone applies everything, with equal views.
-    cluster.nodes[3].build = "kvput-v2"
+    cluster.nodes[3].build = "kvput-newer"
     cluster.restart(3)
     cluster.start([1])
     for node in cluster.nodes:

@@ -81,14 +81,15 @@ def _chunks(entries: list[Entry], cuts: list[bool]) -> list[list[Entry]]:
 
 
 def _one_record_per_entry(entries: list[Entry]) -> list[Entry]:
-    """The same records, each in an entry of its own (NOOP entries kept)."""
+    """The same records (with their timestamps: the committed clock reads them), each in an entry of its
+    own (NOOP entries kept)."""
     out = []
     for entry in entries:
         if entry.kind is not EntryKind.NORMAL:
             out.append(entry)
             continue
         for record in RecordBatch.parse(entry.data).records():
-            data = bytearray(encode_batch([(record.key, record.value)], timestamp_ms=1))
+            data = bytearray(encode_batch([(record.key, record.value)], timestamp_ms=record.timestamp))
             stamp(data, record.offset, entry.term)
             out.append(Entry(record.offset, entry.term, 1, EntryKind.NORMAL, bytes(data)))
     return out

@@ -22,6 +22,8 @@ from statemachines import apply
 from statemachines import events as ev
 from statemachines.views import ViewsStateMachine
 
+NEWER = ev.KvPut.VERSION + 1   # a schema version only a newer Epochlog knows
+
 
 def _raw(event: ev.Event, **changes: object) -> bytes:
     """The record value a writer that does not check (an old node, a newer one) would produce."""
@@ -73,12 +75,12 @@ def views_dir(tmp_path: Path) -> Iterator[Any]:
 
 
 def _poisoned_log() -> tuple[LogBuilder, int]:
-    """A log with a KvPut of schema version 2 in the middle of an entry, writes before and after."""
+    """A log with a KvPut of a newer schema version in the middle of an entry, writes before and after."""
     log = LogBuilder()
     log.put("a", request_id="r-a")
     log.noop()
     ok = ev.event_record(ev.KvPut(name="b", value=b"before, same entry"))
-    poison = (b"kv/poison", _raw(ev.KvPut(name="poison", value=b"x"), v=2))
+    poison = (b"kv/poison", _raw(ev.KvPut(name="poison", value=b"x"), v=NEWER))
     entry = log.add(ok, poison)
     log.put("c", request_id="r-c")
     log.put("a", value=b"v2")
@@ -90,7 +92,7 @@ def test_a_newer_record_halts_before_its_entry_and_a_replay_halts_at_the_same_pl
     sm = views_dir("n1")
     outcomes = sm.apply(log.entries)
     assert sm.halt is not None and sm.halt.offset == poison
-    assert "KvPut version 2 is newer than this Epochlog knows (1)" in sm.halt.reason
+    assert f"KvPut version {NEWER} is newer than this Epochlog knows ({NEWER - 1})" in sm.halt.reason
     assert "upgrade this node" in sm.halt.fix
     assert "epochlog group skip --group kv --offset" in sm.halt.describe("kv")
     # The views end before the poisoned entry: the other record of that entry is not applied either.
@@ -119,7 +121,7 @@ def test_an_upgraded_node_applies_it_and_ends_with_the_digest_of_a_node_that_alw
     old.apply(log.entries)
     assert old.halt is not None
     old.close()
-    monkeypatch.setattr(ev.KvPut, "VERSION", 2)   # this process now "knows" KvPut v2: an upgraded node
+    monkeypatch.setattr(ev.KvPut, "VERSION", NEWER)   # this process now "knows" the newer KvPut: an upgraded node
     upgraded = views_dir("old")
     upgraded.apply([e for e in log.entries if e.last_index > upgraded.applied_index])
     newer = views_dir("newer")
@@ -169,8 +171,8 @@ def test_a_skip_is_a_rejection_alike_on_every_replica_and_survives_a_replay(view
 def test_an_unknown_type_or_a_newer_txn_operation_halts_a_malformed_record_is_rejected(views_dir: Any) -> None:
     cases: list[tuple[bytes, str | None]] = [
         (_raw(ev.KvPut(name="x", value=b"1"), type="QuotaChanged"), "unknown event type 'QuotaChanged'"),
-        (ev.encode_event(ev.Txn(ops=(ev.KvPut(name="x", value=b"1"), ev.KvDeleted(name="y", v=2)))),
-         "KvDeleted version 2"),
+        (ev.encode_event(ev.Txn(ops=(ev.KvPut(name="x", value=b"1"), ev.KvDeleted(name="y", v=NEWER)))),
+         f"KvDeleted version {NEWER}"),
         (b"\x93not an event", None),
         (_raw(ev.KvPut(name="x", value=b"1"), lease=-4), None),                 # invalid field: rejected
         (_raw(ev.KvPut(name="x", value=b"1"), value="a str, not bin"), None),   # wrong type: rejected

@@ -1,0 +1,107 @@
+"""Request ids without a session: a retry gets the first outcome or a clear refusal, never a second apply.
+
+A client that does not open a session (statemachines/sessions.py) may still make a write idempotent
+with a request id. The applier remembers the outcome of each (actor, request id) in the `dedupe`
+rows; the question is how long, since a retry can come arbitrarily late (a call stuck on a deposed
+leader, retried once the partition heals). An id that carries the time it was made answers it:
+
+- a time-ordered id (a UUIDv7: its first 48 bits are the client's clock in ms when it made the id)
+  is remembered until the committed clock (sessions.Clock) passes its time + RETENTION_MS. A request
+  whose id is older than that is refused with `request_expired`: it may have been applied, and it is
+  not applied again. An id more than MAX_AHEAD_MS ahead of the committed clock is refused as
+  invalid (it would be remembered for too long). Deterministic: only committed data decides.
+- any other id is written by the node itself (a lease expiry's `expire/<lease>/<version>`, whose
+  second application changes nothing anyway) or was written before this rule: the dedupe window
+  of the applier (`dedupe_window_offsets`, and no further back than the history floor) applies.
+  Client faces refuse such ids (`check_client_request_id`), so no client relies on the window.
+
+Rows: `request_times` 8-byte time (ms) + dedupe key -> b"", the forgetting order of time-ordered
+ids (the `dedupe` row itself is the applier's). Pure functions over the applier's pending writes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Final
+
+from statemachines import events as ev
+from statemachines.state import Outcome
+from statemachines.store import META, decode_offset, encode_offset
+
+if TYPE_CHECKING:
+    from statemachines.apply import Overlay
+
+RETENTION_MS: Final = 3_600_000
+"""How long past its time a time-ordered request id is remembered (committed time)."""
+MAX_AHEAD_MS: Final = 3_600_000
+"""How far ahead of the committed clock a request id's time may be."""
+REQUEST_EXPIRED: Final = "request_expired"
+TIMES: Final = "request_times"
+FORGET_PER_ENTRY: Final = 128
+FORGET_CHECK_MS: Final = 1_000
+FORGOTTEN_TO: Final = b"request_times_checked_ms"
+
+
+def uuid7(at_ms: int | None = None) -> str:
+    """A UUIDv7 (RFC 9562): 48 bits of Unix time in ms (now, or `at_ms`), then random bits."""
+    ms = time.time_ns() // 1_000_000 if at_ms is None else at_ms
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = ((ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | (rand >> 68 & 0xFFF) << 64 | 0b10 << 62
+             | rand & ((1 << 62) - 1))
+    h = f"{value:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def time_of(request_id: str) -> int | None:
+    """The time (ms) a UUIDv7 request id was made, or None when the id is not a UUIDv7."""
+    text = request_id.replace("-", "") if len(request_id) == 36 else request_id
+    if len(text) != 32 or text[12] != "7" or text[16] not in "89abAB":
+        return None
+    try:
+        return int(text[:12], 16)
+    except ValueError:
+        return None
+
+
+def check_client_request_id(event: ev.Event) -> None:
+    """A client's write: a request id without a session must be a UUIDv7 (EventError otherwise).
+
+    Client faces call it before proposing; the node's own writes do not."""
+    if event.request_id and not event.session_id and time_of(event.request_id) is None:
+        raise ev.EventError(f"request id {event.request_id!r} is no UUIDv7: a request id without a client session "
+                            f"must carry the time it was made (a UUIDv7), so that a late retry is refused rather "
+                            f"than applied twice; or open a session (docs/protocol.md, exactly once)")
+
+
+def admit(ov: Overlay, request_time: int, offset: int, now_ms: int) -> Outcome | None:
+    """A refusal for a time-ordered request id outside its window at `now_ms`, else None (look it up)."""
+    if request_time + RETENTION_MS < now_ms:
+        return Outcome(False, offset, REQUEST_EXPIRED,
+                       f"the request id was made {(now_ms - request_time) / 1000:.0f} s before the cluster's "
+                       f"committed time, past the {RETENTION_MS // 1000} s it is remembered: the request may have "
+                       f"been applied, and is not applied again (check the client's clock)")
+    if request_time > now_ms + MAX_AHEAD_MS and now_ms > 0:
+        return Outcome(False, offset, "invalid_argument",
+                       f"the request id's time is {(request_time - now_ms) / 1000:.0f} s ahead of the cluster's "
+                       f"committed time (at most {MAX_AHEAD_MS // 1000} s): check the client's clock")
+    return None
+
+
+def remember(ov: Overlay, request_time: int, dedupe_key: bytes) -> None:
+    """Index a time-ordered request id's dedupe row for forgetting."""
+    ov.put(TIMES, encode_offset(request_time) + dedupe_key, b"")
+
+
+def forget(ov: Overlay, now_ms: int) -> None:
+    """Forget time-ordered request ids past their window (once per FORGET_CHECK_MS of committed time,
+    at most FORGET_PER_ENTRY per entry; call once per entry)."""
+    raw = ov.get(META, FORGOTTEN_TO)
+    if raw is not None and now_ms - decode_offset(raw) < FORGET_CHECK_MS:
+        return
+    rows = ov.scan(TIMES, b"", encode_offset(max(0, now_ms - RETENTION_MS)), FORGET_PER_ENTRY)
+    for key, _ in rows:
+        ov.delete(TIMES, key)
+        ov.delete("dedupe", key[8:])
+    if len(rows) < FORGET_PER_ENTRY:
+        ov.put(META, FORGOTTEN_TO, encode_offset(now_ms))

@@ -1,0 +1,244 @@
+"""Client sessions: a write is applied at most once, whatever retries, leader changes and compaction do.
+
+Theory of operation (the Raft dissertation, section 6.3; Kafka's producer ids). A writing client
+opens a session in a group with a `ClientSessionOpened` event; the session's id is the offset that
+record commits at plus one (`session_id_at`: 0 means "no session"), unique in the group's log whichever
+leader committed it. The client numbers its
+requests (`seq`, from 1) and says, with each, below which sequence every request of the session was
+answered (`answered_below`). Every replica keeps, per live session, the outcome of each request from
+the lowest sequence still unanswered on, in the views: snapshots carry them, and neither the history
+floor nor log compaction touches them. Applying a request of a session:
+
+- its outcome is kept: it is a retry, answered with the first outcome; it changes nothing;
+- the session is unknown or expired, or the request's sequence is below what the session keeps: it
+  is refused with `session_expired` (it may have been applied once, and is never applied again);
+- otherwise it is applied and its outcome kept.
+
+Time is the committed clock (`Clock`): the leader's append timestamps of the entries, made monotonic
+(the highest seen so far), so every replica expires the same sessions at the same offset. A session
+lives `timeout_ms` past its latest request. The leader that proposes `ClientSessionOpened` stamps the
+timeout and the bounds from its `[views]` config, so replicas never apply their own config: at most
+`max_outcomes` outcomes per session (older ones are forgotten as if answered) and `max_sessions` live
+sessions in the group (opening one more evicts the session closest to its deadline first). Expired
+sessions are dropped by the entries that follow, at most `EXPIRE_SESSIONS_PER_ENTRY` per entry, so a
+burst of expiries drains over several entries instead of stalling one apply.
+
+Rows (column families of statemachines/store.py):
+
+    client_sessions    8-byte session id -> ClientSession
+    session_outcomes   8-byte session id + 8-byte seq -> the request's Outcome
+    session_deadlines  8-byte deadline (ms) + 8-byte session id -> b"" (expiry and eviction order)
+    meta               b"client_sessions_live": 8-byte count of live sessions;
+                       b"client_sessions_checked_ms": when entries last found no more expired sessions;
+                       b"committed_ms": the committed clock
+
+Pure functions of the committed records over the applier's pending writes: call from the applier.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+import msgspec
+
+from statemachines import events as ev
+from statemachines.state import Outcome, decode_outcome, encode
+from statemachines.store import META, decode_offset, encode_offset, prefix_upper_bound
+
+if TYPE_CHECKING:
+    from statemachines.apply import Overlay
+
+SESSIONS: Final = "client_sessions"
+OUTCOMES: Final = "session_outcomes"
+DEADLINES: Final = "session_deadlines"
+LIVE: Final = b"client_sessions_live"
+COMMITTED_MS: Final = b"committed_ms"
+SESSION_EXPIRED: Final = "session_expired"
+EXPIRE_SESSIONS_PER_ENTRY: Final = 4
+"""Expired sessions dropped per entry at most (each takes its kept outcomes with it)."""
+EXPIRE_CHECK_MS: Final = 1_000
+"""How often (committed time) entries look for expired sessions."""
+EXPIRY_CHECKED: Final = b"client_sessions_checked_ms"
+DEADLINE_STEP: Final = 8
+"""A session's deadline row moves only once the deadline advanced by timeout/DEADLINE_STEP: one write
+per request fewer, for a session that may expire up to that much early."""
+_FORGET_ONE_BY_ONE: Final = 64
+
+
+class ClientSession(msgspec.Struct, frozen=True, array_like=True):
+    """A live session: its bounds (stamped when it opened), when it expires, and from which sequence
+    its outcomes are kept (requests below are refused)."""
+
+    client: str
+    timeout_ms: int
+    max_outcomes: int
+    deadline_ms: int
+    kept_from: int = 1
+
+
+_session_decoder = msgspec.msgpack.Decoder(ClientSession)
+
+
+class Clock:
+    """The committed clock of a group: the highest leader timestamp of the entries applied so far."""
+
+    @staticmethod
+    def advance(ov: Overlay, entry_max_timestamp: int) -> int:
+        raw = ov.get(META, COMMITTED_MS)
+        now = decode_offset(raw) if raw is not None else 0
+        if entry_max_timestamp > now:
+            now = entry_max_timestamp
+            ov.put(META, COMMITTED_MS, encode_offset(now))
+        return now
+
+    @staticmethod
+    def now(ov: Overlay) -> int:
+        raw = ov.get(META, COMMITTED_MS)
+        return decode_offset(raw) if raw is not None else 0
+
+
+def session_id_at(offset: int) -> int:
+    """The id of the session opened by the record at `offset` (0 is no session; offsets start at 0)."""
+    return offset + 1
+
+
+def _id(session_id: int) -> bytes:
+    return encode_offset(session_id)
+
+
+def _outcome_key(session_id: int, seq: int) -> bytes:
+    return encode_offset(session_id) + encode_offset(seq)
+
+
+def _refused(offset: int, message: str) -> Outcome:
+    return Outcome(False, offset, SESSION_EXPIRED, message)
+
+
+def open_session(ov: Overlay, e: ev.ClientSessionOpened, offset: int, now_ms: int) -> Outcome:
+    """Apply `ClientSessionOpened` at `offset`: that session is live until now + timeout."""
+    while _live(ov) >= e.max_sessions:   # evict the session closest to its deadline (LRU for equal timeouts)
+        first = ov.scan(DEADLINES, b"", None, 1)
+        if not first:
+            break
+        _drop(ov, decode_offset(first[0][0][8:]))
+    deadline = now_ms + e.timeout_ms
+    sid = session_id_at(offset)
+    ov.put(SESSIONS, _id(sid), encode(ClientSession(e.client, e.timeout_ms, e.max_outcomes, deadline)))
+    ov.put(DEADLINES, encode_offset(deadline) + _id(sid), b"")
+    ov.put(META, LIVE, encode_offset(_live(ov) + 1))
+    return Outcome(True, offset)
+
+
+def close_session(ov: Overlay, e: ev.ClientSessionClosed, offset: int) -> Outcome:
+    """Apply `ClientSessionClosed` (admitted as a request of its session): the session goes."""
+    if ov.get(SESSIONS, _id(e.session_id)) is None:
+        return _refused(offset, f"session {e.session_id} is not open")
+    _drop(ov, e.session_id)
+    return Outcome(True, offset)
+
+
+class Admission(msgspec.Struct, frozen=True):
+    """What `admit` decided: `outcome` is the answer when the request must not be applied (a retry's
+    first outcome, or a refusal); else None and `session` is the state to `record` the outcome in."""
+
+    outcome: Outcome | None
+    session: ClientSession | None
+
+
+def admit(ov: Overlay, e: ev.Event, offset: int, now_ms: int) -> Admission:
+    """Decide whether the request `e` of a session (at `offset`) is applied (see the module docstring)."""
+    sid = e.session_id
+    raw = ov.get(SESSIONS, _id(sid))
+    if raw is None:
+        return Admission(_refused(offset, f"session {sid} of group is unknown or expired: the request may have "
+                                          f"been applied before, and is not applied again"), None)
+    session = _session_decoder.decode(raw)
+    if now_ms >= session.deadline_ms:
+        _drop(ov, sid)
+        return Admission(_refused(offset, f"session {sid} expired (no request for {session.timeout_ms} ms): the "
+                                          f"request may have been applied before, and is not applied again"), None)
+    kept_from = session.kept_from
+    if e.answered_below > kept_from:
+        _forget(ov, sid, kept_from, e.answered_below, session.max_outcomes)
+        kept_from = e.answered_below
+    session = _touch(ov, sid, session, kept_from, now_ms)
+    if e.seq < kept_from:
+        return Admission(_refused(offset, f"request {e.seq} of session {sid} was answered and forgotten (the "
+                                          f"session keeps requests from {kept_from} on): not applied again"), None)
+    first = ov.get(OUTCOMES, _outcome_key(sid, e.seq))
+    if first is not None:
+        o = decode_outcome(first)
+        return Admission(Outcome(o.ok, o.offset, o.code, o.message, duplicate=True), None)
+    return Admission(None, session)
+
+
+def record(ov: Overlay, e: ev.Event, session: ClientSession, outcome: Outcome) -> None:
+    """Keep the outcome of an admitted request (if its session is still live: a close ends it)."""
+    sid = e.session_id
+    if ov.get(SESSIONS, _id(sid)) is None:
+        return
+    ov.put(OUTCOMES, _outcome_key(sid, e.seq), encode(outcome))
+    if e.seq >= session.kept_from + session.max_outcomes:   # keep at most max_outcomes: forget the oldest
+        kept_from = e.seq - session.max_outcomes + 1
+        _forget(ov, sid, session.kept_from, kept_from, session.max_outcomes)
+        ov.put(SESSIONS, _id(sid), encode(msgspec.structs.replace(session, kept_from=kept_from)))
+
+
+def expire(ov: Overlay, now_ms: int) -> None:
+    """Drop sessions whose deadline passed: call once per entry. It looks at most once per
+    EXPIRE_CHECK_MS of committed time, and drops at most EXPIRE_SESSIONS_PER_ENTRY sessions; while
+    some are left it looks again at the next entry."""
+    raw = ov.get(META, EXPIRY_CHECKED)
+    if raw is not None and now_ms - decode_offset(raw) < EXPIRE_CHECK_MS:
+        return
+    if _live(ov) == 0:
+        return
+    due = ov.scan(DEADLINES, b"", encode_offset(now_ms + 1), EXPIRE_SESSIONS_PER_ENTRY)
+    for key, _ in due:
+        _drop(ov, decode_offset(key[8:]))
+    if len(due) < EXPIRE_SESSIONS_PER_ENTRY:
+        ov.put(META, EXPIRY_CHECKED, encode_offset(now_ms))
+
+
+def _touch(ov: Overlay, sid: int, s: ClientSession, kept_from: int, now_ms: int) -> ClientSession:
+    """The session after a request at `now_ms`: its deadline pushed on (in steps), `kept_from` raised."""
+    deadline = s.deadline_ms
+    if now_ms + s.timeout_ms - deadline >= max(1, s.timeout_ms // DEADLINE_STEP):
+        ov.delete(DEADLINES, encode_offset(deadline) + _id(sid))
+        deadline = now_ms + s.timeout_ms
+        ov.put(DEADLINES, encode_offset(deadline) + _id(sid), b"")
+    if deadline == s.deadline_ms and kept_from == s.kept_from:
+        return s
+    s = msgspec.structs.replace(s, deadline_ms=deadline, kept_from=kept_from)
+    ov.put(SESSIONS, _id(sid), encode(s))
+    return s
+
+
+def _forget(ov: Overlay, sid: int, lo: int, hi: int, max_outcomes: int) -> None:
+    """Delete the kept outcomes of sequences [lo, hi): one by one when few, else those that exist
+    (a session keeps at most `max_outcomes` of them)."""
+    if hi - lo <= _FORGET_ONE_BY_ONE:
+        for seq in range(lo, hi):
+            ov.delete(OUTCOMES, _outcome_key(sid, seq))
+        return
+    for key, _ in ov.scan(OUTCOMES, _outcome_key(sid, lo), _outcome_key(sid, hi), max_outcomes):
+        ov.delete(OUTCOMES, key)
+
+
+def _drop(ov: Overlay, sid: int) -> None:
+    """Remove a session with its outcomes and deadline row; one live session fewer."""
+    raw = ov.get(SESSIONS, _id(sid))
+    if raw is None:
+        return
+    session = _session_decoder.decode(raw)
+    prefix = _id(sid)
+    for key, _ in ov.scan(OUTCOMES, prefix, prefix_upper_bound(prefix), session.max_outcomes + 1):
+        ov.delete(OUTCOMES, key)
+    ov.delete(DEADLINES, encode_offset(session.deadline_ms) + prefix)
+    ov.delete(SESSIONS, prefix)
+    ov.put(META, LIVE, encode_offset(max(0, _live(ov) - 1)))
+
+
+def _live(ov: Overlay) -> int:
+    raw = ov.get(META, LIVE)
+    return decode_offset(raw) if raw is not None else 0
