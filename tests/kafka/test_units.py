@@ -27,12 +27,9 @@ from eventlog.log import Log
 from eventlog.raft.errors import NotLeaderError
 from eventlog.records import (
     Record,
-    RecordBatch,
     encode_batch,
     encode_records,
     iter_batches,
-    read_header,
-    retain_records,
 )
 from eventlog.raft.runtime.entries import batch_to_entry
 from statemachines import events as ev
