@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-import uuid
+
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -42,6 +42,7 @@ from epochlog.client.errors import NotLeaderError, UnavailableError
 from epochlog.client.retry import Attempts, Timing, fate_unknown
 from epochlog.client.sync import WAIT_GRACE_S
 from statemachines import events as ev
+from statemachines.request_ids import uuid7
 from tests.node.cluster import NodeCluster
 from tests.runtime.cluster import free_ports
 
@@ -103,7 +104,7 @@ async def until(check: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 def _put(name: str, value: bytes) -> p.Write:
-    return p.Write([ev.KvPut(name=name, value=value, request_id=uuid.uuid4().hex)])
+    return p.Write([ev.KvPut(name=name, value=value, request_id=uuid7())])
 
 
 @pytest.mark.parametrize("fault", ["stop", "isolate"])

@@ -12,7 +12,7 @@ offsets, snapshots every 100), leadership moves, and the very same request arriv
 2. a request of a client session likewise, across a leader change and on a member that installed a
    snapshot (the session's outcomes travel in the snapshot);
 3. a session that expired refuses the retry (`session_expired`) and changes nothing; the SDK re-opens a
-   session by itself for a write that is not in doubt.
+   session by itself for a write that is not in doubt, and raises OutcomeUnknownError for one that is.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import msgspec
 
 import pytest
 
-from epochlog.client import Client
+from epochlog.client import Client, OutcomeUnknownError
 from statemachines import events as ev
 from statemachines.request_ids import uuid7
 from statemachines.sessions import SESSION_EXPIRED
@@ -169,3 +169,27 @@ def test_an_expired_session_refuses_the_retry_and_the_sdk_reopens_for_a_new_writ
         finally:
             sdk.close()
 
+
+
+def test_an_in_doubt_write_whose_session_expired_is_outcome_unknown_and_never_resent(
+        node_cluster_factory: Callable[..., NodeCluster]) -> None:
+    """The SDK's rule: a write whose attempt got no answer (sent to a leader that stopped) and whose
+    session expired before the retry could learn its fate raises OutcomeUnknownError; it is not sent
+    again under a new session, so it is applied nowhere here (the stopped leader never proposed it)."""
+    cluster = node_cluster_factory(views={"client_session_timeout_ms": 1_000})
+    cluster.start()
+    leader = cluster.leader("kv")
+    client = Client(cluster.endpoints, timeout=20.0)
+    try:
+        client.put("eo/doubt/warm", b"1")            # opens the session; the leader is now known
+        time.sleep(1.5)                               # the session's deadline passes: any later entry expires it
+        cluster.pause(leader)
+        try:
+            with pytest.raises(OutcomeUnknownError, match="may or may not have been applied"):
+                client.put("eo/doubt/x", b"lost?")
+        finally:
+            cluster.resume(leader)
+        assert client.get("eo/doubt/x") is None, "the in-doubt write was not re-sent under a new session"
+        assert client.put("eo/doubt/x", b"again").ok  # the client goes on with a new session
+    finally:
+        client.close()
