@@ -137,7 +137,7 @@ class WatchEvent:
     applied: bool | None       # applying it changed the state machine (None: the watch was not told)
 
 
-ChangedIn = Callable[[int, int], Callable[[bytes | None, int], "bool | None"]]
+ChangedIn = Callable[[int, int], Callable[[bytes | None, int], bool | None]]
 """`changed(lo, hi)`: for the applied records of offsets [lo, hi), a function (record key, offset) ->
 whether applying that record changed the state machine (None: unknown). The state machine's own
 knowledge (the views' `noops` rows): a committed record may be a rejected write or a retry."""
