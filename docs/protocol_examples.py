@@ -318,6 +318,8 @@ def _kv_state(name: str, value: bytes, version: int, created: int) -> bytes:
 
 TS = 1735689600000   # 2025-01-01T00:00:00Z in ms: the examples' record timestamp
 PUT = ev.KvPut(name="app/color", value=b"blue", actor="svc-a", request_id="019ab2c4-8e1f-7a3b-9c4d-5e6f7a8b9c0d")
+CAS = ev.KvPut(name="app/color", value=b"red", expected_version=40)   # Example 9's, rejected at offset 43
+TERM = 3   # the term of the leader that appended the examples' records
 
 
 def examples() -> list[Example]:
@@ -367,11 +369,14 @@ def examples() -> list[Example]:
         Example("watch started, then events", Direction.SERVER,
                 p.Replies([p.Reply(7, p.WatchStarted(7, "kv", 42)),
                            p.Reply(7, p.WatchEvents(7, [
-                               p.EventRecord(42, "kv/app/color", ev.encode_event(PUT), TS),
+                               p.EventRecord(42, "kv/app/color", ev.encode_event(PUT), TS, TERM, True),
+                               p.EventRecord(43, "kv/app/color", ev.encode_event(CAS), TS + 1, TERM, False),
                                p.EventRecord(45, "kv/app/size",
-                                             ev.encode_event(ev.KvDeleted(name="app/size")), TS + 3)]))]),
-                "All replies of a watch carry its request id. Each record's `value` is the event, msgpack "
-                "(offsets 43 and 44 were other keys)."),
+                                             ev.encode_event(ev.KvDeleted(name="app/size")), TS + 3, TERM,
+                                             True)]))]),
+                "All replies of a watch carry its request id. Each record's `value` is the event, msgpack; "
+                "`applied` false at 43: the compare-and-set of Example 9, committed but rejected (offset 44 "
+                "was another key)."),
         Example("acknowledge and cancel", Direction.CLIENT,
                 p.Requests([p.Request(8, p.WatchAck(7, 2), 0), p.Request(9, p.CancelWatch(7), 0)]),
                 "Flow control: 2 events of watch 7 processed. Then the watch is cancelled."),
@@ -406,11 +411,10 @@ def examples() -> list[Example]:
                 p.Requests([p.Request(14, p.ReadEvents("kv", 42, max_events=2), 5000)]),
                 "An exporter reads group `kv` from offset 42."),
         Example("events", Direction.SERVER,
-                p.Replies([p.Reply(14, p.Events([p.EventRecord(42, "kv/app/color", ev.encode_event(PUT), TS),
-                                                 p.EventRecord(43, "kv/app/color",
-                                                               ev.encode_event(ev.KvPut(
-                                                                   name="app/color", value=b"red",
-                                                                   expected_version=40)), TS + 1)],
+                p.Replies([p.Reply(14, p.Events([p.EventRecord(42, "kv/app/color", ev.encode_event(PUT), TS,
+                                                               TERM, True),
+                                                 p.EventRecord(43, "kv/app/color", ev.encode_event(CAS), TS + 1,
+                                                               TERM, False)],
                                                 44, 0, 46))]),
                 "Continue from `next_offset`."),
         Example("compacted", Direction.SERVER,

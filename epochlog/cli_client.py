@@ -34,7 +34,7 @@ import click
 import msgspec
 
 from epochlog import protocol as p
-from epochlog.client import AsyncClient, ClientError, KeyValue, NotFoundError
+from epochlog.client import AsyncClient, ClientError, KeyValue, NotFoundError, WatchedEvent
 from statemachines import events as ev
 from statemachines.state import KvState
 
@@ -423,11 +423,18 @@ def history_command(target: Target, key: str, limit: int, after_offset: int) -> 
 @click.argument("prefix", default="")
 @click.option("--from", "from_offset", type=click.IntRange(min=0), default=None,
               help="First offset to stream [default: the next write].")
-@click.option("--count", type=click.IntRange(min=1), default=None, help="Stop after this many events.")
-def watch_command(target: Target, prefix: str, from_offset: int | None, count: int | None) -> None:
-    """Stream the changes of keys starting with PREFIX until Ctrl-C (or --count events)."""
+@click.option("--count", type=click.IntRange(min=1), default=None,
+              help="Stop after printing this many events (with --all, those that changed nothing count too).")
+@click.option("--all", "show_all", is_flag=True,
+              help="Also print the committed writes that changed nothing (rejected, retried, skipped), marked.")
+def watch_command(target: Target, prefix: str, from_offset: int | None, count: int | None, show_all: bool) -> None:
+    """Stream the changes of keys starting with PREFIX until Ctrl-C (or --count events).
+
+    Only writes that changed a key are printed, unless --all: then every committed write, and the
+    APPLIED column (`applied` in --json) tells which changed nothing (a failed compare-and-set, a
+    retried request, a record the operator skipped)."""
     if not target.as_json:
-        click.echo(f"{'OFFSET':<10}{'EVENT':<12}{'KEY':<24}VALUE")
+        click.echo(f"{'OFFSET':<10}{'TERM':<6}{'APPLIED  ' if show_all else ''}{'EVENT':<12}{'KEY':<24}VALUE")
 
     async def body(client: AsyncClient, stop: asyncio.Event) -> None:
         seen = 0
@@ -436,12 +443,16 @@ def watch_command(target: Target, prefix: str, from_offset: int | None, count: i
             async for watched in stream:
                 if stop.is_set():
                     return
-                document = _event_document(watched.offset, watched.key, watched.event, watched.timestamp)
+                if watched.applied is False and not show_all:
+                    continue
+                document = _event_document(watched)
                 if target.as_json:
                     click.echo(json.dumps(document))
                 else:
                     shown = "" if document["value"] is None else _shown(document)
-                    click.echo(f"{document['offset']:<10}{document['event']:<12}{document['key']:<24}{shown}")
+                    marker = f"{_applied_marker(watched.applied):<9}" if show_all else ""
+                    click.echo(f"{document['offset']:<10}{document['term']:<6}{marker}{document['event']:<12}"
+                               f"{document['key']:<24}{shown}")
                 seen += 1
                 if count is not None and seen >= count:
                     return
@@ -450,12 +461,20 @@ def watch_command(target: Target, prefix: str, from_offset: int | None, count: i
     target.stream(body)
 
 
-def _event_document(offset: int, key: str, event: ev.Event | None, timestamp: int) -> dict[str, Any]:
-    """A watched kv event: the key as a kv name, the event type and the value a put wrote."""
+def _event_document(watched: WatchedEvent) -> dict[str, Any]:
+    """A watched kv event: the key as a kv name, the event type, the value a put wrote, and whether it
+    changed anything (`applied`: false for a rejected, retried or skipped write; null: unknown)."""
+    event = watched.event
     value = event.value if isinstance(event, ev.KvPut) else None
-    return {"offset": offset, "key": key[3:] if key.startswith("kv/") else key,
-            "event": type(event).__name__ if event is not None else None, "timestamp": timestamp,
-            **_value_fields(value)}
+    key = watched.key
+    return {"offset": watched.offset, "key": key[3:] if key.startswith("kv/") else key,
+            "event": type(event).__name__ if event is not None else None, "timestamp": watched.timestamp,
+            **_value_fields(value), "term": watched.term, "applied": watched.applied}
+
+
+def _applied_marker(applied: bool | None) -> str:
+    """The APPLIED column: yes, no (the write changed nothing) or ? (the node could not tell)."""
+    return "?" if applied is None else "yes" if applied else "no"
 
 
 @click.group("events")
@@ -475,7 +494,7 @@ def events_tail(target: Target, group: str, from_offset: int | None, last: int |
                 max_events: int | None) -> None:
     """Print the committed events of GROUP from an offset (read from the leader, so none is missed)."""
     if not target.as_json:
-        click.echo(f"{'OFFSET':<10}{'TIMESTAMP':<15}{'KEY':<32}EVENT")
+        click.echo(f"{'OFFSET':<10}{'TIMESTAMP':<15}{'TERM':<6}{'APPLIED':<9}{'KEY':<32}EVENT")
 
     async def body(client: AsyncClient, stop: asyncio.Event) -> None:
         offset = from_offset
@@ -508,11 +527,13 @@ def _print_record(target: Target, group: str, record: p.EventRecord) -> None:
     if target.as_json:
         click.echo(json.dumps({"group": group, "offset": record.offset, "key": record.key,
                                "timestamp": record.timestamp,
-                               "type": None if event is None else type(event).__name__, "event": fields}))
+                               "type": None if event is None else type(event).__name__, "event": fields,
+                               "term": record.term, "applied": record.applied}))
         return
     summary = "-" if fields is None else " ".join(f"{k}={v}" for k, v in fields.items()
                                                   if v not in ("", None) and k not in ("request_id",))
-    click.echo(f"{record.offset:<10}{record.timestamp:<15}{record.key:<32}{summary}")
+    click.echo(f"{record.offset:<10}{record.timestamp:<15}{record.term:<6}{_applied_marker(record.applied):<9}"
+               f"{record.key:<32}{summary}")
 
 
 @click.group("leader")

@@ -21,7 +21,7 @@ import json
 import logging
 import secrets
 from collections import defaultdict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import msgspec
@@ -46,7 +46,7 @@ from statemachines.apply import HALTED
 from statemachines.query import MAX_LIMIT, Query
 from statemachines.request_ids import check_client_request_id
 from statemachines.state import Outcome, encode
-from statemachines.noops import changed_views
+from statemachines.noops import ChangedViews, changed_views_in
 from statemachines.store import ViewsConfig
 from statemachines.views import ViewsStateMachine
 
@@ -284,9 +284,7 @@ class Node:
             if offset < log.clean_end_offset:   # cleaned while it was read: records may be missing
                 raise _compacted(group, offset)
             if chunk is not None:
-                views = self.views[call.group]
-                store = views.store
-                start = views.applier.noops_from
+                changed = self._changed_views(call.group)(offset, chunk.next_offset)
                 for batch in chunk.batches():
                     if batch.header.is_control:
                         continue
@@ -296,7 +294,7 @@ class Node:
                         out.append(p.EventRecord(record.offset, _key_text(record.key),
                                                  None if record.value is None else bytes(record.value),
                                                  record.timestamp, batch.header.leader_epoch,
-                                                 changed_views(store.get, record.key, record.offset, start)))
+                                                 changed(record.key, record.offset)))
                 next_offset = out[-1].offset + 1 if len(out) >= call.max_events else max(offset, chunk.next_offset)
         return p.Events(out, next_offset, full_history_start(log), group.node.log.committed)
 
@@ -309,10 +307,18 @@ class Node:
             raise _compacted(group, start)
 
         async def records() -> AsyncIterator[p.EventRecord]:
-            async for e in group.watch(call.prefix.encode(), start):
-                yield p.EventRecord(e.offset, _key_text(e.key), e.value, e.timestamp)
+            async for e in group.watch(call.prefix.encode(), start, changed=self._changed_views(group_name)):
+                yield p.EventRecord(e.offset, _key_text(e.key), e.value, e.timestamp, e.term, e.applied)
 
         return group_name, start, records()
+
+    def _changed_views(self, group: str) -> Callable[[int, int], ChangedViews]:
+        """Whether the records of a log chunk changed the group's views (`applied` of read_events and
+        watch): the views (and their store) of the moment, as a snapshot install replaces them."""
+        def changed(lo: int, hi: int) -> ChangedViews:
+            views = self.views[group]
+            return changed_views_in(views.store, lo, hi, views.applier.noops_from)
+        return changed
 
     # --- cluster ----------------------------------------------------------------------------------
 

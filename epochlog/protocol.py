@@ -368,8 +368,8 @@ class EventRecord(msgspec.Struct, array_like=True):
     key: str
     value: bytes | None                   # the event, msgpack (statemachines.events.decode_event)
     timestamp: int
-    term: int = -1                        # read_events: the term that wrote it (-1: not given)
-    applied: bool | None = None           # read_events: applying it changed the views (False: rejected or a retry)
+    term: int = -1                        # the term of the leader that appended it (-1: not given)
+    applied: bool | None = None           # it changed the views (false: rejected, retry, skipped; nil: unknown)
 
 
 class WatchEvents(msgspec.Struct, tag="watch_events"):

@@ -102,3 +102,26 @@ def changed_views(get: Callable[[str, bytes], bytes | None], record_key: bytes |
     entity = bytes(record_key)
     entity = entity[4:] if entity.startswith(b"txn/") else entity
     return get("versions", version_key(entity, offset)) is not None
+
+
+ChangedViews = Callable[[bytes | memoryview | None, int], bool | None]
+"""(record key, offset) -> whether applying the record changed the views (None: unknown)."""
+
+
+def changed_views_in(store: ViewStore, lo: int, hi: int, start: int) -> ChangedViews:
+    """`changed_views` for the applied records of offsets [lo, hi) (ask about no other), from one scan
+    of their `noops` rows (readers of a log chunk: watch, read_events) instead of one lookup per record.
+    Use it before the rows can change: on the loop, with no await between reading the chunk and this
+    call (rows of records still in the log are never forgotten)."""
+    noops = frozenset(noop_offsets(store, max(lo, start), hi))
+    if lo >= start:   # every record of the range has its row or changed something: watch's hot loop
+
+        def changed(record_key: bytes | memoryview | None, offset: int) -> bool | None:
+            return offset not in noops
+        return changed
+
+    def changed_or_from_history(record_key: bytes | memoryview | None, offset: int) -> bool | None:
+        if offset >= start:
+            return offset not in noops
+        return changed_views(store.get, record_key, offset, start)
+    return changed_or_from_history

@@ -91,10 +91,17 @@ class History(list[Change]):
 
 @dataclass(frozen=True, slots=True)
 class WatchedEvent:
+    """A committed event of a watch. Not every one changed anything: `applied` is False for a write
+    that was rejected (a failed compare-and-set...), a retry answered with its first outcome, or a
+    record the operator skipped; a consumer rebuilding state applies only the applied ones."""
+
     offset: int
     key: str
     event: ev.Event | None
     timestamp: int
+    term: int = -1                  # the term of the leader that appended it (-1: the server did not say)
+    applied: bool | None = None     # applying it changed the views (None: the server did not say, or
+                                    # views older than the record's no-op bookkeeping; docs/protocol.md §8)
 
 
 class AsyncClient:
@@ -347,7 +354,8 @@ class AsyncClient:
 
         If the node serving the watch goes away, the watch resumes on another node from the offset
         after the last event delivered: no gaps, no repeats. A watch behind the log start raises
-        CompactedError.
+        CompactedError. Every committed event comes, including those that changed nothing
+        (`WatchedEvent.applied` False): skip them to rebuild the views.
         """
         group = group_of_key(prefix if "/" in prefix else prefix + "/")
         next_offset = from_offset
@@ -375,7 +383,7 @@ class AsyncClient:
                         for r in result.events:
                             next_offset = r.offset + 1
                             yield WatchedEvent(r.offset, r.key, None if r.value is None else ev.decode_event(r.value),
-                                               r.timestamp)
+                                               r.timestamp, r.term, r.applied)
                         unacked += len(result.events)
                         if unacked * 2 >= window:
                             conn.send_oneway(p.WatchAck(rid, unacked))

@@ -285,7 +285,8 @@ def lease(lease_: p.Lease) -> pb.LeaseResponse:
 def event(r: p.EventRecord, json: bool) -> pb.Event:
     value = r.value or b""
     return pb.Event(offset=r.offset, key=r.key, type=event_type(value), event_msgpack=value,
-                    timestamp=r.timestamp, event_json=to_json(value) if json and value else "")
+                    timestamp=r.timestamp, event_json=to_json(value) if json and value else "",
+                    term=r.term, applied=r.applied)   # applied None: the field stays absent
 
 
 def events(e: p.Events, json: bool) -> pb.ReadEventsResponse:

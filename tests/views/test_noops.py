@@ -48,6 +48,9 @@ def test_rows_are_the_records_that_changed_nothing_and_replicas_agree(tmp_path: 
         keys = [e[0] if isinstance(e, tuple) else e.key().encode() for e in EVENTS]
         changed = [noops.changed_views(one.store.get, key, o, 0) for o, key in enumerate(keys)]
         assert changed == [o not in NOOPS for o in range(len(EVENTS))]
+        for lo, hi in ((0, len(EVENTS)), (2, 4), (5, 6)):     # one scan per range (watch, read_events) agrees
+            in_range = noops.changed_views_in(one.store, lo, hi, 0)
+            assert [in_range(keys[o], o) for o in range(lo, hi)] == changed[lo:hi], (lo, hi)
     finally:
         one.close()
         apart.close()
@@ -84,5 +87,7 @@ def test_views_from_before_the_rows_fall_back_to_the_history(tmp_path: Path) -> 
         assert noops.noop_offsets(sm.store, 0, 10) == [2, 3]
         flags = [noops.changed_views(sm.store.get, b"kv/a", o, sm.applier.noops_from) for o in range(3)]
         assert flags == [True, False, False]      # 0, 1 from the history (versions rows); 2 from its row
+        in_range = noops.changed_views_in(sm.store, 0, 4, sm.applier.noops_from)   # a range across noops_from
+        assert [in_range(b"kv/a", o) for o in range(3)] == flags
     finally:
         sm.close()

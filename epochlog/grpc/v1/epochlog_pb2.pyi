@@ -467,20 +467,24 @@ class LeaseResponse(_message.Message):
     def __init__(self, lease_id: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("offset", "key", "type", "event_msgpack", "timestamp", "event_json")
+    __slots__ = ("offset", "key", "type", "event_msgpack", "timestamp", "event_json", "term", "applied")
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     EVENT_MSGPACK_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     EVENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
     offset: int
     key: str
     type: str
     event_msgpack: bytes
     timestamp: int
     event_json: str
-    def __init__(self, offset: _Optional[int] = ..., key: _Optional[str] = ..., type: _Optional[str] = ..., event_msgpack: _Optional[bytes] = ..., timestamp: _Optional[int] = ..., event_json: _Optional[str] = ...) -> None: ...
+    term: int
+    applied: bool
+    def __init__(self, offset: _Optional[int] = ..., key: _Optional[str] = ..., type: _Optional[str] = ..., event_msgpack: _Optional[bytes] = ..., timestamp: _Optional[int] = ..., event_json: _Optional[str] = ..., term: _Optional[int] = ..., applied: _Optional[bool] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("prefix", "from_offset", "group", "json")

@@ -133,6 +133,14 @@ class WatchEvent:
     key: bytes
     value: bytes | None
     timestamp: int
+    term: int                  # the term of the leader that appended it (its batch's leader epoch)
+    applied: bool | None       # applying it changed the state machine (None: the watch was not told)
+
+
+ChangedIn = Callable[[int, int], Callable[[bytes | None, int], bool | None]]
+"""`changed(lo, hi)`: for the applied records of offsets [lo, hi), a function (record key, offset) ->
+whether applying that record changed the state machine (None: unknown). The state machine's own
+knowledge (the views' `noops` rows): a committed record may be a rejected write or a retry."""
 
 
 @dataclass(slots=True)
@@ -365,7 +373,7 @@ class RaftGroup:
         await self.wait_applied(target, timeout)
         return self.sm.applied_index
 
-    async def watch(self, prefix: bytes, from_offset: int, *,
+    async def watch(self, prefix: bytes, from_offset: int, *, changed: ChangedIn | None = None,
                     chunk_bytes: int = 1 << 20) -> AsyncIterator[WatchEvent]:
         """Committed records whose key starts with `prefix`, from `from_offset` on, as they are applied.
 
@@ -374,6 +382,10 @@ class RaftGroup:
         key-compacted: `full_history_start`) gets CompactedError naming the snapshot to resync from:
         never a silent gap. The check follows each read, so a pass that cleaned the range meanwhile is
         caught too (the cleaned range only grows).
+
+        Each event says whether it changed the state machine (`changed`, asked once per chunk right
+        after the check, before the first event of the chunk is yielded: no other task of the loop
+        ran since the read, so what it reports is about exactly the records read, all applied).
         """
         offset = max(0, from_offset)
         log = self.storage.log
@@ -392,12 +404,15 @@ class RaftGroup:
                                      f"starts at {log.start_offset}, key-compacted below {log.clean_end_offset}); "
                                      f"resync from the snapshot at offset {self.storage.snapshot().index}, then "
                                      f"watch from the offset after it")
+            applied_flag = None if changed is None else changed(offset, chunk.next_offset)
             for batch in chunk.batches():
                 if batch.header.is_control:
                     continue
+                term = batch.header.leader_epoch
                 for record in batch.records():
                     if record.offset >= offset and record.key is not None and record.key.startswith(prefix):
-                        yield WatchEvent(record.offset, record.key, record.value, record.timestamp)
+                        yield WatchEvent(record.offset, record.key, record.value, record.timestamp, term,
+                                         None if applied_flag is None else applied_flag(record.key, record.offset))
             offset = max(offset, chunk.next_offset)
             if chunk.next_offset == chunk.start_offset:
                 await self.wait_applied(offset)
