@@ -26,6 +26,7 @@ from epochlog.client import AsyncClient, Client, RejectedError, WatchedEvent
 from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
 from statemachines import events as ev
+from statemachines.request_ids import uuid7
 from tests.node.cluster import NodeCluster
 from tests.node.test_cli import run
 
@@ -56,9 +57,9 @@ def client(cluster: NodeCluster) -> Iterator[Client]:
 
 
 def send_twice(client: Client, event: ev.KvPut) -> tuple[p.WriteResult, p.WriteResult]:
-    """The same write sent twice, as by a client retrying after a lost reply. (Today a retry is named
-    by an explicit request id; when client sessions name it, only this helper changes.)"""
-    stamped = msgspec.structs.replace(event, request_id=f"retry-{uuid.uuid4().hex}")
+    """The same write sent twice, as by a client retrying after a lost reply: the same idempotency key
+    (a UUIDv7 request id, which the SDK sends as it is, without its session)."""
+    stamped = msgspec.structs.replace(event, request_id=uuid7())
     [first] = client.commands([stamped])
     [second] = client.commands([stamped])
     assert first.ok and second.duplicate and second.offset == first.offset, (first, second)
