@@ -25,7 +25,7 @@ latest batch, as Kafka's `producer.id.expiration.ms`, and at most MAX_PRODUCERS 
 
     producers           partition key + b"\\0" + 8-byte producer id -> ProducerState
     producer_deadlines  8-byte deadline (ms) + producers key -> b""
-    meta                b"producers_live": 8-byte count; b"producers_checked_ms"
+    meta                b"producers_live": 8-byte count; b"producers_checked_ms" (deadlines.py)
 
 Pure functions over the applier's pending writes (and a store, for the leader's reads).
 """
@@ -37,22 +37,20 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 import msgspec
 
+from statemachines.deadlines import Deadlines
 from statemachines.state import Outcome, encode
-from statemachines.store import META, decode_offset, encode_offset
+from statemachines.store import encode_offset
 
 if TYPE_CHECKING:
     from statemachines.apply import Overlay
 
 PRODUCERS: Final = "producers"
-DEADLINES: Final = "producer_deadlines"
-LIVE: Final = b"producers_live"
-CHECKED: Final = b"producers_checked_ms"
+DEADLINES: Final = Deadlines("producer_deadlines", live=b"producers_live", checked=b"producers_checked_ms",
+                             per_entry=16)
 CACHED_BATCHES: Final = 5            # Kafka keeps the last 5 batches per producer (max in-flight requests)
 SEQUENCE_MODULUS: Final = 1 << 31    # sequences wrap at Int32.MAX_VALUE
 PRODUCER_EXPIRY_MS: Final = 86_400_000
 MAX_PRODUCERS: Final = 100_000
-EXPIRE_PER_ENTRY: Final = 16
-EXPIRE_CHECK_MS: Final = 1_000
 DEADLINE_STEP_MS: Final = 60_000     # the deadline row moves at most once a minute per producer
 
 # Outcome codes of refused producer batches (the Kafka face maps them to Kafka's error codes).
@@ -171,7 +169,7 @@ def apply_batch(ov: Overlay, partition: str, producer_id: int, epoch: int, first
     key = producer_key(partition, producer_id)
     state = load(ov, partition, producer_id)
     if state is not None and now_ms >= state.deadline_ms:
-        _drop(ov, key, state)
+        _evict(ov, state.deadline_ms, key)
         state = None
     count = last_offset - first_offset + 1
     j = judge(state, producer_id, epoch, first_seq, count, leader=False)
@@ -182,55 +180,30 @@ def apply_batch(ov: Overlay, partition: str, producer_id: int, epoch: int, first
     if j.verdict is Verdict.REFUSED:
         return Outcome(False, first_offset, j.code, j.message)
     if state is None:
-        while _live(ov) >= MAX_PRODUCERS:
-            first = ov.scan(DEADLINES, b"", None, 1)
-            if not first:
+        while DEADLINES.count(ov) >= MAX_PRODUCERS:   # evict the one closest to its deadline
+            first = DEADLINES.first(ov)
+            if first is None:
                 break
-            victim = first[0][0][8:]
-            raw = ov.get(PRODUCERS, victim)
-            if raw is None:
-                ov.delete(DEADLINES, first[0][0])
-                continue
-            _drop(ov, victim, _decoder.decode(raw))
-        ov.put(META, LIVE, encode_offset(_live(ov) + 1))
+            _evict(ov, *first)
     deadline = now_ms + PRODUCER_EXPIRY_MS
-    if state is not None and deadline - state.deadline_ms < DEADLINE_STEP_MS:
+    if state is None:
+        DEADLINES.add(ov, deadline, key)
+    elif deadline - state.deadline_ms >= DEADLINE_STEP_MS:
+        DEADLINES.move(ov, state.deadline_ms, deadline, key)
+    else:
         deadline = state.deadline_ms
-    elif state is not None:
-        ov.delete(DEADLINES, encode_offset(state.deadline_ms) + key)
-    if state is None or deadline != state.deadline_ms:
-        ov.put(DEADLINES, encode_offset(deadline) + key, b"")
     batch = BatchMeta(first_seq, last_sequence(first_seq, count), first_offset, last_offset)
     ov.put(PRODUCERS, key, encode(appended(state, epoch, batch, deadline)))
     return None
 
 
 def expire(ov: Overlay, now_ms: int) -> None:
-    """Drop producers whose deadline passed (once per EXPIRE_CHECK_MS of committed time, at most
-    EXPIRE_PER_ENTRY per entry: call once per entry)."""
-    raw = ov.get(META, CHECKED)
-    if raw is not None and now_ms - decode_offset(raw) < EXPIRE_CHECK_MS:
-        return
-    if _live(ov) == 0:
-        return
-    due = ov.scan(DEADLINES, b"", encode_offset(now_ms + 1), EXPIRE_PER_ENTRY)
-    for deadline_key, _ in due:
-        key = deadline_key[8:]
-        state_raw = ov.get(PRODUCERS, key)
-        if state_raw is None:
-            ov.delete(DEADLINES, deadline_key)
-        else:
-            _drop(ov, key, _decoder.decode(state_raw))
-    if len(due) < EXPIRE_PER_ENTRY:
-        ov.put(META, CHECKED, encode_offset(now_ms))
+    """Drop producers whose deadline passed (a few per entry: statemachines/deadlines.py); call once per entry."""
+    for deadline, key in DEADLINES.due(ov, now_ms):
+        _evict(ov, deadline, key)
 
 
-def _drop(ov: Overlay, key: bytes, state: ProducerState) -> None:
+def _evict(ov: Overlay, deadline_ms: int, key: bytes) -> None:
+    """Forget the producer whose deadline row is (deadline_ms, key)."""
     ov.delete(PRODUCERS, key)
-    ov.delete(DEADLINES, encode_offset(state.deadline_ms) + key)
-    ov.put(META, LIVE, encode_offset(max(0, _live(ov) - 1)))
-
-
-def _live(ov: Overlay) -> int:
-    raw = ov.get(META, LIVE)
-    return decode_offset(raw) if raw is not None else 0
+    DEADLINES.remove(ov, deadline_ms, key)

@@ -15,8 +15,9 @@ leader, retried once the partition heals). An id that carries the time it was ma
   of the applier (`dedupe_window_offsets`, and no further back than the history floor) applies.
   Client faces refuse such ids (`check_client_request_id`), so no client relies on the window.
 
-Rows: `request_times` 8-byte time (ms) + dedupe key -> b"", the forgetting order of time-ordered
-ids (the `dedupe` row itself is the applier's). Pure functions over the applier's pending writes.
+Rows: `request_times` 8-byte time (ms) it is forgotten at + dedupe key -> b"" (statemachines/
+deadlines.py; the `dedupe` row itself is the applier's). Pure functions over the applier's pending
+writes.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ import time
 from typing import TYPE_CHECKING, Final
 
 from statemachines import events as ev
+from statemachines.deadlines import Deadlines
 from statemachines.state import Outcome
-from statemachines.store import META, decode_offset, encode_offset
 
 if TYPE_CHECKING:
     from statemachines.apply import Overlay
@@ -37,10 +38,8 @@ RETENTION_MS: Final = 3_600_000
 MAX_AHEAD_MS: Final = 3_600_000
 """How far ahead of the committed clock a request id's time may be."""
 REQUEST_EXPIRED: Final = "request_expired"
-TIMES: Final = "request_times"
-FORGET_PER_ENTRY: Final = 128
-FORGET_CHECK_MS: Final = 1_000
-FORGOTTEN_TO: Final = b"request_times_checked_ms"
+TIMES: Final = Deadlines("request_times", live=None, checked=b"request_times_checked_ms", per_entry=128)
+"""When each time-ordered request id is forgotten: the first committed time `admit` refuses it."""
 
 
 def uuid7(at_ms: int | None = None) -> str:
@@ -89,19 +88,13 @@ def admit(ov: Overlay, request_time: int, offset: int, now_ms: int) -> Outcome |
 
 
 def remember(ov: Overlay, request_time: int, dedupe_key: bytes) -> None:
-    """Index a time-ordered request id's dedupe row for forgetting."""
-    ov.put(TIMES, encode_offset(request_time) + dedupe_key, b"")
+    """Index a time-ordered request id's dedupe row for forgetting (when `admit` starts refusing it)."""
+    TIMES.add(ov, request_time + RETENTION_MS + 1, dedupe_key)
 
 
 def forget(ov: Overlay, now_ms: int) -> None:
-    """Forget time-ordered request ids past their window (once per FORGET_CHECK_MS of committed time,
-    at most FORGET_PER_ENTRY per entry; call once per entry)."""
-    raw = ov.get(META, FORGOTTEN_TO)
-    if raw is not None and now_ms - decode_offset(raw) < FORGET_CHECK_MS:
-        return
-    rows = ov.scan(TIMES, b"", encode_offset(max(0, now_ms - RETENTION_MS)), FORGET_PER_ENTRY)
-    for key, _ in rows:
-        ov.delete(TIMES, key)
-        ov.delete("dedupe", key[8:])
-    if len(rows) < FORGET_PER_ENTRY:
-        ov.put(META, FORGOTTEN_TO, encode_offset(now_ms))
+    """Forget time-ordered request ids past their window (a few per entry: statemachines/deadlines.py);
+    call once per entry."""
+    for deadline, dedupe_key in TIMES.due(ov, now_ms):
+        TIMES.remove(ov, deadline, dedupe_key)
+        ov.delete("dedupe", dedupe_key)

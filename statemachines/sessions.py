@@ -20,7 +20,7 @@ lives `timeout_ms` past its latest request. The leader that proposes `ClientSess
 timeout and the bounds from its `[views]` config, so replicas never apply their own config: at most
 `max_outcomes` outcomes per session (older ones are forgotten as if answered) and `max_sessions` live
 sessions in the group (opening one more evicts the session closest to its deadline first). Expired
-sessions are dropped by the entries that follow, at most `EXPIRE_SESSIONS_PER_ENTRY` per entry, so a
+sessions are dropped by the entries that follow, a few per entry (statemachines/deadlines.py), so a
 burst of expiries drains over several entries instead of stalling one apply.
 
 Rows (column families of statemachines/store.py):
@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from statemachines import events as ev
+from statemachines.deadlines import Deadlines
 from statemachines.state import Outcome, decode_outcome, encode
 from statemachines.store import META, decode_offset, encode_offset, prefix_upper_bound
 
@@ -50,15 +51,11 @@ if TYPE_CHECKING:
 
 SESSIONS: Final = "client_sessions"
 OUTCOMES: Final = "session_outcomes"
-DEADLINES: Final = "session_deadlines"
-LIVE: Final = b"client_sessions_live"
+DEADLINES: Final = Deadlines("session_deadlines", live=b"client_sessions_live",
+                             checked=b"client_sessions_checked_ms", per_entry=4)
+"""Expiry order; at most 4 expired sessions dropped per entry (each takes its kept outcomes with it)."""
 COMMITTED_MS: Final = b"committed_ms"
 SESSION_EXPIRED: Final = "session_expired"
-EXPIRE_SESSIONS_PER_ENTRY: Final = 4
-"""Expired sessions dropped per entry at most (each takes its kept outcomes with it)."""
-EXPIRE_CHECK_MS: Final = 1_000
-"""How often (committed time) entries look for expired sessions."""
-EXPIRY_CHECKED: Final = b"client_sessions_checked_ms"
 DEADLINE_STEP: Final = 8
 """A session's deadline row moves only once the deadline advanced by timeout/DEADLINE_STEP: one write
 per request fewer, for a session that may expire up to that much early."""
@@ -116,16 +113,15 @@ def _refused(offset: int, message: str) -> Outcome:
 
 def open_session(ov: Overlay, e: ev.ClientSessionOpened, offset: int, now_ms: int) -> Outcome:
     """Apply `ClientSessionOpened` at `offset`: that session is live until now + timeout."""
-    while _live(ov) >= e.max_sessions:   # evict the session closest to its deadline (LRU for equal timeouts)
-        first = ov.scan(DEADLINES, b"", None, 1)
-        if not first:
+    while DEADLINES.count(ov) >= e.max_sessions:   # evict the one closest to its deadline (LRU for equal timeouts)
+        first = DEADLINES.first(ov)
+        if first is None:
             break
-        _drop(ov, decode_offset(first[0][0][8:]))
+        _evict(ov, *first)
     deadline = now_ms + e.timeout_ms
     sid = session_id_at(offset)
     ov.put(SESSIONS, _id(sid), encode(ClientSession(e.client, e.timeout_ms, e.max_outcomes, deadline)))
-    ov.put(DEADLINES, encode_offset(deadline) + _id(sid), b"")
-    ov.put(META, LIVE, encode_offset(_live(ov) + 1))
+    DEADLINES.add(ov, deadline, _id(sid))
     return Outcome(True, offset)
 
 
@@ -185,28 +181,17 @@ def record(ov: Overlay, e: ev.Event, session: ClientSession, outcome: Outcome) -
 
 
 def expire(ov: Overlay, now_ms: int) -> None:
-    """Drop sessions whose deadline passed: call once per entry. It looks at most once per
-    EXPIRE_CHECK_MS of committed time, and drops at most EXPIRE_SESSIONS_PER_ENTRY sessions; while
-    some are left it looks again at the next entry."""
-    raw = ov.get(META, EXPIRY_CHECKED)
-    if raw is not None and now_ms - decode_offset(raw) < EXPIRE_CHECK_MS:
-        return
-    if _live(ov) == 0:
-        return
-    due = ov.scan(DEADLINES, b"", encode_offset(now_ms + 1), EXPIRE_SESSIONS_PER_ENTRY)
-    for key, _ in due:
-        _drop(ov, decode_offset(key[8:]))
-    if len(due) < EXPIRE_SESSIONS_PER_ENTRY:
-        ov.put(META, EXPIRY_CHECKED, encode_offset(now_ms))
+    """Drop sessions whose deadline passed (a few per entry: statemachines/deadlines.py); call once per entry."""
+    for deadline, key in DEADLINES.due(ov, now_ms):
+        _evict(ov, deadline, key)
 
 
 def _touch(ov: Overlay, sid: int, s: ClientSession, kept_from: int, now_ms: int) -> ClientSession:
     """The session after a request at `now_ms`: its deadline pushed on (in steps), `kept_from` raised."""
     deadline = s.deadline_ms
     if now_ms + s.timeout_ms - deadline >= max(1, s.timeout_ms // DEADLINE_STEP):
-        ov.delete(DEADLINES, encode_offset(deadline) + _id(sid))
+        DEADLINES.move(ov, deadline, now_ms + s.timeout_ms, _id(sid))
         deadline = now_ms + s.timeout_ms
-        ov.put(DEADLINES, encode_offset(deadline) + _id(sid), b"")
     if deadline == s.deadline_ms and kept_from == s.kept_from:
         return s
     s = msgspec.structs.replace(s, deadline_ms=deadline, kept_from=kept_from)
@@ -226,19 +211,18 @@ def _forget(ov: Overlay, sid: int, lo: int, hi: int, max_outcomes: int) -> None:
 
 
 def _drop(ov: Overlay, sid: int) -> None:
-    """Remove a session with its outcomes and deadline row; one live session fewer."""
+    """Remove a live session (its outcomes and deadline row too)."""
     raw = ov.get(SESSIONS, _id(sid))
-    if raw is None:
-        return
-    session = _session_decoder.decode(raw)
-    prefix = _id(sid)
-    for key, _ in ov.scan(OUTCOMES, prefix, prefix_upper_bound(prefix), session.max_outcomes + 1):
-        ov.delete(OUTCOMES, key)
-    ov.delete(DEADLINES, encode_offset(session.deadline_ms) + prefix)
-    ov.delete(SESSIONS, prefix)
-    ov.put(META, LIVE, encode_offset(max(0, _live(ov) - 1)))
+    if raw is not None:
+        _evict(ov, _session_decoder.decode(raw).deadline_ms, _id(sid))
 
 
-def _live(ov: Overlay) -> int:
-    raw = ov.get(META, LIVE)
-    return decode_offset(raw) if raw is not None else 0
+def _evict(ov: Overlay, deadline_ms: int, key: bytes) -> None:
+    """Remove the session whose deadline row is (deadline_ms, key), with its outcomes."""
+    raw = ov.get(SESSIONS, key)
+    if raw is not None:
+        max_outcomes = _session_decoder.decode(raw).max_outcomes
+        for outcome_key, _ in ov.scan(OUTCOMES, key, prefix_upper_bound(key), max_outcomes + 1):
+            ov.delete(OUTCOMES, outcome_key)
+        ov.delete(SESSIONS, key)
+    DEADLINES.remove(ov, deadline_ms, key)

@@ -156,9 +156,9 @@ def test_expired_sessions_are_dropped_by_later_entries_and_the_count_stays_right
         log.add(ev.KvPut(name="tick", value=b"%d" % i), at=T0 + 60_000 + 2_000 * i)
     sm.apply(log.entries)
     assert list(sm.store.scan(sessions.SESSIONS, b"")) == []
-    assert list(sm.store.scan(sessions.DEADLINES, b"")) == []
+    assert list(sm.store.scan(sessions.DEADLINES.cf, b"")) == []
     assert list(sm.store.scan(sessions.OUTCOMES, b"")) == []
-    assert sm.store.meta(sessions.LIVE) == b"\x00" * 8
+    assert sm.store.meta(sessions.DEADLINES.live) == b"\x00" * 8
 
 
 def test_a_session_keeps_at_most_max_outcomes(views: Any) -> None:
