@@ -8,7 +8,6 @@ Real RocksDB views in temporary directories; entries are built as the Raft log h
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -55,23 +54,6 @@ class LogBuilder:
         self.entries.append(entry)
         self.next += 1
         return entry
-
-
-@pytest.fixture
-def views_dir(tmp_path: Path) -> Iterator[Any]:
-    opened: list[ViewsStateMachine] = []
-
-    def open_(name: str) -> ViewsStateMachine:
-        sm = ViewsStateMachine(tmp_path / name / "kv")
-        opened.append(sm)
-        return sm
-
-    yield open_
-    for sm in opened:
-        try:
-            sm.close()
-        except Exception:  # noqa: BLE001 - closed already
-            pass
 
 
 def _poisoned_log() -> tuple[LogBuilder, int]:

@@ -10,7 +10,6 @@ batches hold the same views; snapshots carry the sessions.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,23 +54,6 @@ def put(session: int, seq: int, name: str, value: bytes, *, below: int | None = 
                     answered_below=seq if below is None else below, v=ev.SESSIONS_SCHEMA, **kw)
 
 
-@pytest.fixture
-def views(tmp_path: Path) -> Iterator[Any]:
-    opened: list[ViewsStateMachine] = []
-
-    def open_(name: str, config: ViewsConfig | None = None) -> ViewsStateMachine:
-        sm = ViewsStateMachine(tmp_path / name / "kv", config)
-        opened.append(sm)
-        return sm
-
-    yield open_
-    for sm in opened:
-        try:
-            sm.close()
-        except Exception:  # noqa: BLE001 - closed already
-            pass
-
-
 def value_of(sm: ViewsStateMachine, name: str) -> bytes | None:
     raw = sm.store.get("kv", f"kv/{name}".encode())
     if raw is None:
@@ -80,10 +62,10 @@ def value_of(sm: ViewsStateMachine, name: str) -> bytes | None:
     return decode_state(f"kv/{name}".encode(), raw).value  # type: ignore[attr-defined, no-any-return]
 
 
-def test_a_retry_gets_the_first_outcome_whatever_the_history_floor_and_the_dedupe_window(views: Any) -> None:
+def test_a_retry_gets_the_first_outcome_whatever_the_history_floor_and_the_dedupe_window(views_dir: Any) -> None:
     """The issue-17 mechanism: a retry arrives after more than the dedupe window and the history floor
     moved past its first application. With a session it is answered, never applied again."""
-    sm = views("a", ViewsConfig(dedupe_window_offsets=3))
+    sm = views_dir("a", ViewsConfig(dedupe_window_offsets=3))
     log = Log()
     sid = log.open()
     first = log.add(put(sid, 1, "x", b"old", below=1))
@@ -98,8 +80,8 @@ def test_a_retry_gets_the_first_outcome_whatever_the_history_floor_and_the_dedup
     assert value_of(sm, "x") == b"v11", "the retry changed nothing"
 
 
-def test_a_request_below_what_the_session_keeps_is_refused_not_applied(views: Any) -> None:
-    sm = views("a")
+def test_a_request_below_what_the_session_keeps_is_refused_not_applied(views_dir: Any) -> None:
+    sm = views_dir("a")
     log = Log()
     sid = log.open()
     log.add(put(sid, 1, "x", b"one", below=1))
@@ -111,8 +93,8 @@ def test_a_request_below_what_the_session_keeps_is_refused_not_applied(views: An
     assert value_of(sm, "x") == b"two"
 
 
-def test_an_unknown_session_is_refused(views: Any) -> None:
-    sm = views("a")
+def test_an_unknown_session_is_refused(views_dir: Any) -> None:
+    sm = views_dir("a")
     log = Log()
     sid = log.open()
     stray = log.add(put(sid + 1_000, 1, "x", b"1"))
@@ -120,8 +102,8 @@ def test_an_unknown_session_is_refused(views: Any) -> None:
     assert outcomes[stray.index].code == sessions.SESSION_EXPIRED and value_of(sm, "x") is None
 
 
-def test_a_session_expires_by_committed_time_and_its_retries_are_refused(views: Any) -> None:
-    sm = views("a")
+def test_a_session_expires_by_committed_time_and_its_retries_are_refused(views_dir: Any) -> None:
+    sm = views_dir("a")
     log = Log()
     sid = log.open(timeout_ms=10_000, at=T0)
     applied = log.add(put(sid, 1, "x", b"1"), at=T0 + 1_000)
@@ -134,8 +116,8 @@ def test_a_session_expires_by_committed_time_and_its_retries_are_refused(views: 
     assert list(sm.store.scan(sessions.OUTCOMES, b"")) == []
 
 
-def test_activity_keeps_a_session_alive(views: Any) -> None:
-    sm = views("a")
+def test_activity_keeps_a_session_alive(views_dir: Any) -> None:
+    sm = views_dir("a")
     log = Log()
     sid = log.open(timeout_ms=10_000, at=T0)
     for i in range(1, 8):   # a request every 6 s for 42 s: never 10 s idle
@@ -146,8 +128,8 @@ def test_activity_keeps_a_session_alive(views: Any) -> None:
     assert outcomes[retry.index].duplicate
 
 
-def test_expired_sessions_are_dropped_by_later_entries_and_the_count_stays_right(views: Any) -> None:
-    sm = views("a")
+def test_expired_sessions_are_dropped_by_later_entries_and_the_count_stays_right(views_dir: Any) -> None:
+    sm = views_dir("a")
     log = Log()
     ids = [log.open(f"c{i}", timeout_ms=5_000, at=T0 + i) for i in range(9)]
     for i, sid in enumerate(ids):
@@ -161,8 +143,8 @@ def test_expired_sessions_are_dropped_by_later_entries_and_the_count_stays_right
     assert sm.store.meta(sessions.DEADLINES.live) == b"\x00" * 8
 
 
-def test_a_session_keeps_at_most_max_outcomes(views: Any) -> None:
-    sm = views("a")
+def test_a_session_keeps_at_most_max_outcomes(views_dir: Any) -> None:
+    sm = views_dir("a")
     log = Log()
     sid = log.open(max_outcomes=3)
     for seq in range(1, 7):   # nothing answered: the client never raises answered_below
@@ -176,8 +158,8 @@ def test_a_session_keeps_at_most_max_outcomes(views: Any) -> None:
     assert len(list(sm.store.scan(sessions.OUTCOMES, b""))) == 3
 
 
-def test_opening_past_max_sessions_evicts_the_one_closest_to_expiry(views: Any) -> None:
-    sm = views("a")
+def test_opening_past_max_sessions_evicts_the_one_closest_to_expiry(views_dir: Any) -> None:
+    sm = views_dir("a")
     log = Log()
     old = log.open("old", max_sessions=2, at=T0)
     busy = log.open("busy", max_sessions=2, at=T0 + 1)
@@ -191,8 +173,8 @@ def test_opening_past_max_sessions_evicts_the_one_closest_to_expiry(views: Any) 
     assert len(list(sm.store.scan(sessions.SESSIONS, b""))) == 2
 
 
-def test_a_closed_session_forgets_everything_and_refuses_its_retries(views: Any) -> None:
-    sm = views("a")
+def test_a_closed_session_forgets_everything_and_refuses_its_retries(views_dir: Any) -> None:
+    sm = views_dir("a")
     log = Log()
     sid = log.open()
     log.add(put(sid, 1, "x", b"1"))
@@ -204,7 +186,7 @@ def test_a_closed_session_forgets_everything_and_refuses_its_retries(views: Any)
     assert list(sm.store.scan(sessions.SESSIONS, b"")) == [] and list(sm.store.scan(sessions.OUTCOMES, b"")) == []
 
 
-def test_sessions_are_equal_on_replicas_whatever_their_batches_and_survive_a_snapshot(views: Any,
+def test_sessions_are_equal_on_replicas_whatever_their_batches_and_survive_a_snapshot(views_dir: Any,
                                                                                         tmp_path: Path) -> None:
     log = Log()
     a = log.open("a", timeout_ms=20_000, max_outcomes=4, at=T0)
@@ -215,24 +197,24 @@ def test_sessions_are_equal_on_replicas_whatever_their_batches_and_survive_a_sna
     log.add(put(a, 28, "k3", b"28", below=26), at=T0 + 40_000)
     for i in range(3):
         log.add(ev.KvPut(name="late", value=b"%d" % i), at=T0 + 70_000 + 1_500 * i)
-    one_call = views("one")
+    one_call = views_dir("one")
     one_call.apply(log.entries)
-    singly = views("singly")
+    singly = views_dir("singly")
     for e in log.entries:
         singly.apply([e])
     assert one_call.digest == singly.digest
     snap = tmp_path / "snap"
     one_call.write_snapshot(snap)
-    restored = views("restored")
+    restored = views_dir("restored")
     restored.restore(snap, SnapshotMeta(index=one_call.applied_index, term=1, conf=ConfState(voters=(1,))))
     assert restored.digest == one_call.digest
     assert list(restored.store.scan(sessions.SESSIONS, b"")) == list(one_call.store.scan(sessions.SESSIONS, b""))
 
 
-def test_a_time_ordered_request_id_is_remembered_for_its_window_then_refused(views: Any) -> None:
+def test_a_time_ordered_request_id_is_remembered_for_its_window_then_refused(views_dir: Any) -> None:
     """Without a session: a UUIDv7 request id's retry is a duplicate for RETENTION_MS past its time,
     whatever the dedupe window and the history floor; after it, refused, never applied again."""
-    sm = views("a", ViewsConfig(dedupe_window_offsets=2))
+    sm = views_dir("a", ViewsConfig(dedupe_window_offsets=2))
     log = Log()
     rid = request_ids.uuid7(T0)
     first = log.add(ev.KvPut(name="x", value=b"1", request_id=rid), at=T0)
