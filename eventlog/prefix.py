@@ -168,7 +168,8 @@ def link_parts(source: Path, directory: Path, parts: tuple[PrefixPart, ...]) -> 
         for suffix in _SUFFIXES:
             origin, target = source / segment_name(p.base, suffix), prefix_path(directory, p.base, suffix)
             try:
-                target.unlink(missing_ok=True)   # a leftover of an earlier attempt
+                if os.path.lexists(target):   # a leftover of an earlier attempt
+                    target.unlink()
                 os.link(origin, target)
             except FileNotFoundError:
                 if suffix == LOG_SUFFIX:
