@@ -475,9 +475,9 @@ class LogStorage:
         for _, p in sorted(snapshots, reverse=True)[keep:]:
             shutil.rmtree(p, ignore_errors=True)
         names = {p.name for _, p in kept}
-        for index, image in list(self._images.items()):
-            if f"{index}-{image.meta.term}" not in names:
-                self._drop_image(self._images.pop(index))
+        for image in list(self._images.values()):
+            if self.snapshot_dir(image.meta).name not in names:
+                self._drop_image(self._images.pop(image.meta.index))
 
     def close(self) -> None:
         for image in self._images.values():

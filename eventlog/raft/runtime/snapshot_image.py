@@ -42,6 +42,7 @@ import struct
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import msgspec
 from msgspec.structs import replace
@@ -50,7 +51,7 @@ from eventlog.errors import LogCorruptionError
 from eventlog.fileutil import atomic_write, fsync_dir, io_error
 from eventlog.index import IndexBuilder
 from eventlog.log import Log
-from eventlog.prefix import PrefixInstall, PrefixPart, check_parts
+from eventlog.prefix import PrefixInstall, PrefixPart
 from eventlog.raft.types import SnapshotMeta
 from eventlog.records import LOG_OVERHEAD, MIN_BATCH_LENGTH, check_batch
 from eventlog.segment import INDEX_SUFFIX, TIMEINDEX_SUFFIX, segment_name
@@ -122,8 +123,11 @@ class SnapshotImage:
             if source == -1:
                 out.append(self.head[lo - start:hi - start])
                 continue
-            assert self.links is not None or source == -2
-            path = self.data if source == -2 else self.links / segment_name(self.parts[source].base)  # type: ignore[operator]
+            if source == -2:
+                path = self.data
+            else:
+                assert self.links is not None
+                path = self.links / segment_name(self.parts[source].base)
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 got = os.pread(fd, hi - lo, lo - start)
@@ -139,7 +143,7 @@ def build_image(meta: SnapshotMeta, data: Path, log: Log | None) -> SnapshotImag
     """The image of the snapshot `meta` (its data in file `data`), with the prefix of `log` below
     `meta.index + 1` when `log` is given and holds it (not linked yet: `SnapshotImage.links`)."""
     end = meta.index + 1
-    generation, parts = 0, []
+    generation, parts = 0, list[PrefixPart]()
     epochs: list[tuple[int, int]] = []
     dirty = 0
     if log is not None and log.start_offset < end <= log.end_offset:
@@ -173,18 +177,18 @@ class _PartCheck:
             length = int.from_bytes(buf[pos + 8:pos + 12], "big", signed=True)
             total = LOG_OVERHEAD + length
             if length < MIN_BATCH_LENGTH or self.checked + total > self.part.size:
-                self._bad(f"batch length {length} does not fit the part")
+                self.fail(f"batch length {length} does not fit the part")
             if len(buf) - pos < total:
                 break
             header = check_batch(buf, pos, pos + total)
             if isinstance(header, str):
-                self._bad(header)
+                self.fail(header)
             if header.base_offset < self.next_offset or header.next_offset > self.part.end:
-                self._bad(f"batch [{header.base_offset}, {header.last_offset}] is out of order or outside "
+                self.fail(f"batch [{header.base_offset}, {header.last_offset}] is out of order or outside "
                           f"[{self.next_offset}, {self.part.end})")
             expected = self.epoch_of(header.base_offset)
             if header.leader_epoch != expected:
-                self._bad(f"batch epoch {header.leader_epoch} at offset {header.base_offset}, the image's epoch "
+                self.fail(f"batch epoch {header.leader_epoch} at offset {header.base_offset}, the image's epoch "
                           f"cache says {expected}")
             self.indexes.add(header.base_offset, self.checked, total, header.max_timestamp)
             self.next_offset = header.next_offset
@@ -196,7 +200,7 @@ class _PartCheck:
     def complete(self) -> bool:
         return self.checked == self.part.size and not self._carry
 
-    def _bad(self, problem: str) -> None:
+    def fail(self, problem: str) -> NoReturn:
         raise LogCorruptionError(str(self.path), self.checked, f"snapshot image, prefix part {self.part}: {problem}")
 
 
@@ -257,7 +261,7 @@ class ImageStaging:
                 if magic != MAGIC or not 2 <= length <= MAX_HEADER_BYTES:
                     self._bad(f"not a snapshot image (magic {magic!r}, header of {length} bytes)")
             return taken
-        need = _FRAME.size + _FRAME.unpack(self._head[:_FRAME.size])[1]
+        need: int = _FRAME.size + _FRAME.unpack(self._head[:_FRAME.size])[1]
         taken = min(need - len(self._head), len(view))
         self._head += bytes(view[:taken])
         if len(self._head) == need:
@@ -267,8 +271,7 @@ class ImageStaging:
     def _parse_head(self) -> None:
         try:
             header = msgspec.json.decode(self._head[_FRAME.size:], type=ImageHeader)
-            if header.parts:
-                check_parts(header.prefix, self.meta.index + 1)
+            if header.parts:   # what the log will be told to install: checked now
                 PrefixInstall(self.meta.index + 1, header.dirty_offset, header.prefix, header.epochs)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError, AssertionError) as exc:
             self._bad(f"bad image header: {exc}")
@@ -318,7 +321,7 @@ class ImageStaging:
             if check is None:
                 continue
             if not check.complete:
-                check._bad("ends inside a batch")
+                check.fail("ends inside a batch")
             check.indexes.seal()   # derived data: written, not synced (a bad one is rebuilt)
             path.with_name(segment_name(check.part.base, INDEX_SUFFIX)).write_bytes(check.indexes.index.to_bytes())
             path.with_name(segment_name(check.part.base, TIMEINDEX_SUFFIX)).write_bytes(
@@ -331,5 +334,5 @@ class ImageStaging:
         fsync_dir(self.directory)
         return install
 
-    def _bad(self, problem: str) -> None:
+    def _bad(self, problem: str) -> NoReturn:
         raise LogCorruptionError(str(self.directory), self.received, f"snapshot image {self.meta.index}: {problem}")
