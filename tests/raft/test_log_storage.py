@@ -10,6 +10,7 @@ from eventlog.config import LogConfig
 from eventlog.raft.confchange import encode_conf_change
 from eventlog.raft.errors import CompactedError
 from eventlog.raft.raft_log import RaftLog
+from eventlog.raft.runtime import log_storage
 from eventlog.raft.runtime.entries import batch_to_entry, entry_to_batch
 from eventlog.raft.runtime.log_storage import LogStorage
 from eventlog.raft.runtime.snapshot_image import ImageHeader
@@ -68,7 +69,8 @@ def test_append_truncate_and_reopen(tmp_path: Path):
     again.close()
 
 
-def test_snapshots_keep_the_previous_one_readable_and_install_resets_the_log(tmp_path: Path):
+def test_snapshots_keep_the_previous_one_readable_and_install_resets_the_log(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch):
     st = LogStorage.open(tmp_path / "a", CFG, CONF)
     st.append(chain(0, 1, 40))
     first = st.create_snapshot(9, CONF, lambda p: p.write_bytes(b"state@9" * 100))
@@ -84,6 +86,10 @@ def test_snapshots_keep_the_previous_one_readable_and_install_resets_the_log(tmp
     rest = st.snapshot_chunk(first.index, 12, sent.size)
     assert rest.endswith(b"state@9" * 100) and len(head + rest) == sent.size, "a transfer of the previous one can finish"
     st.create_snapshot(29, CONF, lambda p: p.write_bytes(b"x"))
+    assert not st.snapshot_dir(first).exists()
+    assert st.snapshot_chunk(first.index, 0, 12) == head, "a transfer still reading a dropped snapshot goes on"
+    monkeypatch.setattr(log_storage, "IMAGE_IDLE_S", 0.0)   # ... until no chunk was read from it for that long
+    st.snapshot()
     with pytest.raises(CompactedError):
         st.snapshot_chunk(first.index, 0, 7)
     st.compact(29)

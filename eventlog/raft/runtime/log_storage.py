@@ -8,7 +8,7 @@ Layout of a group directory::
                                     (+ `prefix/`: a received log prefix until the log adopted it)
     snapshots/incoming.tmp          chunks of a snapshot being received from the leader
     snapshots/local-*.tmp           a snapshot of this node being written (removed on open)
-    snapshots/*.image-*.tmp         hard links to the log segments an image being sent reads (removed on open)
+    snapshots/*.image-*.tmp         hard links to the files (data, log segments) of an image being sent (removed on open)
 
 A snapshot travels as an *image* (eventlog/raft/runtime/snapshot_image.py): its data, and for a
 group that `ships_log_prefix` (key-compacted: its log is kept from its start for Kafka readers) the
@@ -39,6 +39,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -59,6 +60,8 @@ SNAPSHOTS = "snapshots"
 INCOMING = "incoming.tmp"
 READ_AHEAD = 4
 """Image chunks read ahead at most (one per transfer under way, up to this many transfers)."""
+IMAGE_IDLE_S = 60.0
+"""An image whose snapshot was replaced stays while a transfer read from it this recently."""
 
 
 class QuorumState(msgspec.Struct):
@@ -229,6 +232,7 @@ class LogStorage:
         snap = self._snapshot
         if snap.index < 0:
             return snap
+        self._drop_idle_images()
         image = self._images.get(snap.index)
         if image is None or image.meta.term != snap.term or (not image.linked and self._stale(image)):
             image = self._images[snap.index] = self._build_image(snap)
@@ -240,15 +244,17 @@ class LogStorage:
         return self._snapshot
 
     def snapshot_chunk(self, index: int, offset: int, max_bytes: int) -> bytes:
-        """Chunk of the image of the current snapshot or of the one before it (a transfer in progress
-        when a new snapshot is taken finishes instead of starting over, so a slow follower is not
-        starved). The first read of an image links the log files it covers; if one changed since it
-        was listed, the image is built again and CompactedError makes the core start over with it."""
+        """Chunk of the image of snapshot `index`: the current one, or an older one a transfer is
+        still reading (a transfer in progress when new snapshots are taken finishes instead of
+        starting over, so a slow follower is not starved). The first read of an image links its
+        files; if a log segment changed since it was listed, the image is built again and
+        CompactedError makes the core start over with it."""
         image = self._images.get(index)
         if image is None:
             raise CompactedError(f"snapshot {index} was replaced by snapshot {self._snapshot.index}")
         if not image.linked:
             self._link(image)
+        image.last_read = time.monotonic()
         ahead = self._ahead.pop((index, offset, max_bytes), None)
         if ahead is not None and ahead.done() and not ahead.cancelled() and ahead.exception() is None:
             data = ahead.result()
@@ -287,11 +293,24 @@ class LogStorage:
         links = self.directory / SNAPSHOTS / f"{image.meta.index}-{image.meta.term}.image-{self._snapshot_seq}.tmp"
         shutil.rmtree(links, ignore_errors=True)
         links.mkdir()
-        if self.log.link_prefix(image.generation, image.parts, links):
-            image.links = links
-            return True
-        shutil.rmtree(links, ignore_errors=True)
-        return False
+        if image.parts and not self.log.link_prefix(image.generation, image.parts, links):
+            shutil.rmtree(links, ignore_errors=True)
+            return False
+        try:
+            os.link(image.data, links / "data")
+        except OSError as exc:
+            shutil.rmtree(links, ignore_errors=True)
+            raise io_error(f"linking {image.data}", exc) from exc
+        image.data, image.links = links / "data", links
+        return True
+
+    def _drop_idle_images(self) -> None:
+        """Drop the images of snapshots no longer kept, but those a transfer read from lately."""
+        now = time.monotonic()
+        for image in list(self._images.values()):
+            if (not self.snapshot_dir(image.meta).exists()
+                    and (not image.linked or now - image.last_read > IMAGE_IDLE_S)):
+                self._drop_image(self._images.pop(image.meta.index))
 
     def _drop_image(self, image: SnapshotImage) -> None:
         for key in [k for k in self._ahead if k[0] == image.meta.index]:
@@ -464,20 +483,16 @@ class LogStorage:
 
     def _drop_old_snapshots(self, keep: int = 2) -> None:
         """Keep the newest `keep` snapshots (a transfer of the previous one may be under way), and the
-        images of those only."""
+        images of those (and of any a transfer is still reading)."""
         snapshots = []
         for p in (self.directory / SNAPSHOTS).iterdir():
             if p.name == INCOMING or p.name.endswith(".tmp"):
                 continue
             index, _, _term = p.name.partition("-")
             snapshots.append((int(index), p))
-        kept = sorted(snapshots, reverse=True)[:keep]
         for _, p in sorted(snapshots, reverse=True)[keep:]:
             shutil.rmtree(p, ignore_errors=True)
-        names = {p.name for _, p in kept}
-        for image in list(self._images.values()):
-            if self.snapshot_dir(image.meta).name not in names:
-                self._drop_image(self._images.pop(image.meta.index))
+        self._drop_idle_images()
 
     def close(self) -> None:
         for image in self._images.values():

@@ -20,13 +20,14 @@ key's latest record whichever member leads.
 Serving (`SnapshotImage`). The leader cannot change an image once a transfer has read from it: a
 chunk is asked for by snapshot index and byte offset only. So an image is built from a listing of the
 log (cheap: `LogStorage.snapshot()` builds it whenever the core asks for the snapshot), and the first
-time a chunk is read the listed files are hard-linked into a directory of its own (`Log.link_prefix`,
-refused if a segment file changed since the listing: then the image is listed and linked again and
-the transfer starts over). From then on the image's bytes are fixed: the log's cleaner may swap
-segments and the linked files stay. Sealed files never change in place, so reads need no lock and
-run in any thread (`read`); the link directory is removed with its snapshot. Disk cost: nothing
-while the log keeps the same files; a segment the cleaner replaces while an image links it keeps
-its blocks until that snapshot is dropped (two newer snapshots later).
+time a chunk is read its files (the snapshot's `data` and the listed segments) are hard-linked into a
+directory of its own (`Log.link_prefix`, refused if a segment file changed since the listing: then
+the image is listed and linked again and the transfer starts over). From then on the image's bytes
+are fixed and its own: the log's cleaner may swap segments, newer snapshots may replace its
+snapshot, and a transfer still reading it goes on (`LogStorage` drops an image once its snapshot is
+gone and no chunk was read from it for a while). Sealed files never change in place, so reads need
+no lock and run in any thread (`read`). Disk cost: nothing while the log keeps the same files; a
+segment the cleaner replaces while an image links it keeps its blocks until the image is dropped.
 
 Receiving (`ImageStaging`). Chunks arrive in order; each is written, durably, to `data` or to
 `prefix/<segment name>` in the incoming snapshot directory, and every batch of a part is checked as
@@ -93,10 +94,11 @@ class SnapshotImage:
 
     meta: SnapshotMeta
     head: bytes
-    data: Path                          # the snapshot's `data` file
+    data: Path                          # the snapshot's `data` file (its link, once linked)
     parts: list[PrefixPart]
     generation: int                     # the log's files generation the parts were listed at
-    links: Path | None = None           # the directory of hard links to the parts' files, once linked
+    links: Path | None = None           # the directory of hard links to its files, once linked
+    last_read: float = 0.0              # time.monotonic() of the last chunk read (the owner's)
     _pieces: list[tuple[int, int, int]] = field(default_factory=list)   # (start, length, source: -1 head, -2 data, i part)
 
     def __post_init__(self) -> None:
@@ -109,11 +111,11 @@ class SnapshotImage:
 
     @property
     def linked(self) -> bool:
-        return self.links is not None or not self.parts
+        return self.links is not None
 
     def read(self, offset: int, max_bytes: int) -> bytes:
         """Bytes [offset, offset + max_bytes) of the image (fewer at its end)."""
-        assert self.linked, "read before the parts were linked"
+        assert self.linked, "read before its files were linked"
         out = []
         end = min(self.meta.size, offset + max_bytes)
         for start, length, source in self._pieces:
