@@ -142,6 +142,12 @@ class CompactionService:
         h = self.horizon_of(group)
         return None if h is None else h.history_floor
 
+    def ships_log_prefix(self, group: str) -> bool:
+        """Whether `group`'s snapshots carry its log below them to a follower (NodeHost hook): a compact
+        group's key-compacted log is its Kafka topic's history, which a follower that installs a
+        snapshot must keep (eventlog/raft/runtime/snapshot_image.py)."""
+        return self.config.cleanup_policy(group) == "compact"
+
     def space_guard(self) -> str | None:
         """Why the groups must refuse writes for lack of free space (RaftGroup hook), or None."""
         return self._space_reason

@@ -41,6 +41,7 @@ Families (counters get the `_total` suffix on the wire):
     epochlog_snapshot_offset{group}          gauge       the latest snapshot's offset (-1: none)
     epochlog_snapshots_total{group}          counter     snapshots this node took
     epochlog_snapshot_failures_total{group}  counter
+    epochlog_snapshots_installed_total{group} counter    snapshots this node installed from the leader
     epochlog_segments_deleted_total{group}   counter     log segments retention deleted
     epochlog_history_rows_pruned_total{group} counter    history rows deleted below the floor
     epochlog_disk_full{group}                gauge       1 while this node refuses writes for lack of disk space
@@ -149,6 +150,7 @@ class _GroupCollector(Collector):
         snapshot = gauge("epochlog_snapshot_offset", "Offset of the latest snapshot (-1: none).")
         snapshots = counter("epochlog_snapshots", "Snapshots this node took.")
         snapshot_failures = counter("epochlog_snapshot_failures", "Snapshots that failed (retried later).")
+        installed = counter("epochlog_snapshots_installed", "Snapshots this node installed from the leader.")
         segments = counter("epochlog_segments_deleted", "Log segments deleted by retention.")
         pruned = counter("epochlog_history_rows_pruned", "History rows deleted below the history floor.")
         disk_full = gauge("epochlog_disk_full", "1 while this node refuses writes to the group for lack of disk "
@@ -190,6 +192,7 @@ class _GroupCollector(Collector):
             snapshot.add_metric([g], info.snapshot_offset)
             snapshots.add_metric([g], group.snapshots.taken)
             snapshot_failures.add_metric([g], group.snapshots.failed)
+            installed.add_metric([g], group.snapshots.installed)
             segments.add_metric([g], group.snapshots.segments_deleted)
             pruned.add_metric([g], views.pruner.counters.rows_deleted)
             disk_full.add_metric([g], 1 if group.disk_full else 0)
@@ -201,5 +204,5 @@ class _GroupCollector(Collector):
             clean_dropped.add_metric([g], cleaning.records_dropped)
         yield from (commit, applied, last, start, term, leader, is_leader, lag, member_lag, member_lag_s,
                     stalls, elections, changes, proposals, events, halted, floor, snapshot, snapshots,
-                    snapshot_failures, segments, pruned, disk_full, clean_end, clean_passes, clean_failures,
+                    snapshot_failures, installed, segments, pruned, disk_full, clean_end, clean_passes, clean_failures,
                     clean_reclaimed, clean_dropped)

@@ -79,7 +79,8 @@ class Node:
                                             self.data_dir, self.cleaner_config)
         self.host = NodeHost(node_id, self.data_dir, configs, self._open_views, seed=seed, member=self.member,
                              retention_floor=self.compaction.retention_floor,
-                             space_guard=self.compaction.space_guard)
+                             space_guard=self.compaction.space_guard,
+                             ships_log_prefix=self.compaction.ships_log_prefix)
         self.membership = Membership(self)
         self.halts = Halts(self)
 

@@ -8,6 +8,7 @@ Directory layout::
     leader-epoch-checkpoint          epoch -> start offset     (see eventlog.epoch_cache)
     log-offsets-checkpoint           "0\\n<log start offset> <recovery point>\\n"
     cleaner-checkpoint               the segments key compaction rewrote (see eventlog.cleaned)
+    prefix-install                   only while a snapshot's log prefix is installed (see eventlog.prefix)
     preallocated.tmp                 the next segment, prepared in the background
     .lock                            flock held while a process has the log open
 
@@ -22,6 +23,8 @@ the flush policy (see `LogConfig`). `durable_offset` is the end of the prefix kn
 
 Key compaction (`compaction/cleaner.py`) reads sealed segment files without the lock and hands back a cleaned segment that `swap_cleaned` puts in place of the segments it
 replaces, crash-safely (`eventlog.cleaned`); reads of a cleaned range skip the offsets it dropped.
+A follower installing a snapshot can reset the log onto a prefix of the leader's (`reset` with a
+`PrefixInstall`, crash-safe too: `eventlog.prefix`), whose segments then count as cleaned.
 
 Thread-safety: all public methods may be called from any thread; state is guarded by one lock.
 The group/interval flusher thread holds the lock only to take a snapshot, never while syncing.
@@ -73,6 +76,7 @@ from eventlog.errors import (
 )
 from eventlog.fileutil import atomic_write, fsync_dir, io_error
 from eventlog.preallocate import PREALLOCATED_NAME, PreparedFile, SegmentPreallocator
+from eventlog.prefix import PREFIX_SUFFIX, PrefixInstall, PrefixPart, link_parts, replace_segments
 from eventlog.records import LOG_OVERHEAD, BatchHeader, RecordBatch, check_batch, read_header
 from eventlog.scan import ScanStatus, SegmentScan, scan_segment
 from eventlog.segment import (
@@ -243,6 +247,7 @@ class Log:
         self._failure: LogError | None = None
         self._closed = False
         self._generation = 0  # bumped by truncation: a sync that raced with one proves nothing
+        self._files_generation = 0  # bumped whenever a segment file below the end changes (prefix_parts)
         self._files_lock = threading.Lock()  # sealed segment files: see the module docstring
         self._cleaner = CleanerCheckpoint()
         self._clean_end = 0   # end of the last cleaned segment (see clean_end_offset)
@@ -281,6 +286,7 @@ class Log:
 
     def _recover(self, repair: bool) -> None:
         started = time.perf_counter()
+        self._finish_interrupted_install()
         self._cleaner = finish_interrupted_swap(self.directory)
         self._remove_leftovers()
         self._log_start, self._recovery_point = read_offsets_checkpoint(self.directory)
@@ -396,10 +402,39 @@ class Log:
         if changed:
             cache.write()
 
+    def _finish_interrupted_install(self) -> None:
+        """Roll forward a prefix install a crash interrupted after its commit point (steps 3-7 of
+        `eventlog.prefix`); nothing when there is no `prefix-install` journal."""
+        install = PrefixInstall.load(self.directory)
+        if install is None:
+            return
+        logger.warning("%s: completing an interrupted install of a log prefix [%d, %d)", self.directory,
+                       install.start, install.end)
+        replace_segments(self.directory, install)
+        self._write_install_checkpoints(install)
+        active = self.directory / segment_name(install.end)
+        if not active.exists():
+            try:
+                os.close(os.open(active, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+            except OSError as exc:
+                raise io_error(f"creating {active}", exc) from exc
+            fsync_dir(self.directory)
+        PrefixInstall.remove(self.directory)
+
+    def _write_install_checkpoints(self, install: PrefixInstall) -> None:
+        """Step 5 of `eventlog.prefix`: the cleaner, leader epoch and offsets checkpoints of the log a
+        prefix install leaves (and this object's copies of them)."""
+        self._cleaner = CleanerCheckpoint(install.dirty_offset, tuple((p.base, p.end) for p in install.parts))
+        self._cleaner.write(self.directory)
+        self._epochs = LeaderEpochCache(self.directory / EPOCH_CHECKPOINT_NAME, list(install.epochs))
+        self._epochs.write()
+        self._log_start, self._recovery_point = install.start, install.end
+        self._write_offsets_checkpoint()
+
     def _remove_leftovers(self) -> None:
         for p in self.directory.iterdir():
             name = p.name
-            if name.endswith((".tmp", ".deleted")) or name == PREALLOCATED_NAME:
+            if name.endswith((".tmp", ".deleted", PREFIX_SUFFIX)) or name == PREALLOCATED_NAME:
                 p.unlink(missing_ok=True)
             elif name.endswith((INDEX_SUFFIX, TIMEINDEX_SUFFIX)):
                 stem = name.rsplit(".", 1)[0]
@@ -458,6 +493,12 @@ class Log:
         Raft storage serves no entry below it (a follower that needs one gets a snapshot)."""
         with self._lock:
             return max(self._clean_end, self._bases[0])
+
+    @property
+    def files_generation(self) -> int:
+        """Changes whenever a segment file below the log end changes (a swap, a deletion, a truncation,
+        a reset): what `prefix_parts` listed is still on disk as long as it has not moved."""
+        return self._files_generation
 
     @property
     def cleaner_dirty_offset(self) -> int:
@@ -911,6 +952,7 @@ class Log:
                                               f"[{h.base_offset}, {h.last_offset}]")
             # Validated; from here on a failure leaves the log half-truncated, so it is fatal.
             self._generation += 1
+            self._files_generation += 1
             try:
                 if self._recovery_point > offset:
                     self._recovery_point = offset
@@ -976,6 +1018,7 @@ class Log:
             if not count:
                 return []
             doomed = self._segments[:count]
+            self._files_generation += 1
             del self._segments[:count]
             del self._bases[:count]
             self._log_start = self._bases[0]
@@ -1000,11 +1043,20 @@ class Log:
                 self._epochs.write()
             return detached
 
-    def reset(self, offset: int) -> None:
-        """Drop everything and continue empty at `offset` (a follower installing a snapshot)."""
+    def reset(self, offset: int, prefix: PrefixInstall | None = None, source: Path | None = None) -> None:
+        """Drop everything and continue empty at `offset` (a follower installing a snapshot).
+
+        With `prefix` (its part files `<base>.log` in directory `source`, hard-linked, so `source`
+        keeps its copies): the log then holds those segments below `offset`, as cleaned segments
+        (`clean_end_offset` = `offset`), crash-safely (`eventlog.prefix`)."""
+        if prefix is not None:
+            assert source is not None and prefix.end == offset, (prefix.end, offset, source)
+            self._reset_onto(prefix, source)
+            return
         with self._files_lock, self._lock:
             self._check_writable()
             self._generation += 1
+            self._files_generation += 1
             self._log_start = self._recovery_point = offset
             self._write_offsets_checkpoint()
             for seg in self._segments:
@@ -1020,6 +1072,76 @@ class Log:
             self._adopt_new_segment(offset)
             self._end_offset = self._durable_offset = offset
             self._durable.notify_all()
+
+    def _reset_onto(self, install: PrefixInstall, source: Path) -> None:
+        """`reset` with a prefix: the steps of `eventlog.prefix`."""
+        with self._files_lock, self._lock:
+            self._check_writable()
+            self._generation += 1
+            self._files_generation += 1
+            link_parts(source, self.directory, install.parts)                    # 1 (a failure: the old log stands)
+            install.write(self.directory)                                        # 2: the commit point
+            try:
+                for seg in self._segments:
+                    seg.close()
+                replace_segments(self.directory, install)                        # 3, 4
+                self._segments, self._bases = [], []
+                self._write_install_checkpoints(install)                         # 5
+                for p in install.parts:
+                    self._segments.append(Segment.sealed_lazy(self.directory, p.base, p.end,
+                                                              self.config.index_interval_bytes, cleaned=True))
+                    self._bases.append(p.base)
+                self._adopt_new_segment(install.end)                             # 6
+                self._segments_changed()
+                PrefixInstall.remove(self.directory)                             # 7
+            except LogError as exc:
+                self._fail(exc)   # open rolls the install forward
+                raise
+            self._end_offset = self._durable_offset = install.end
+            self._durable.notify_all()
+
+    # --- a prefix for a follower (eventlog.prefix, eventlog/raft/runtime/snapshot_image.py) ----------
+
+    def prefix_parts(self, end_offset: int) -> tuple[int, list[PrefixPart]]:
+        """The segments holding offsets below `end_offset` (a batch boundary), from the log start, the
+        one holding `end_offset` cut there, and the files generation they describe (`link_prefix`)."""
+        with self._lock:
+            if self._closed:
+                raise LogClosedError(f"log {self.directory} is closed")
+            if not self._bases[0] <= end_offset <= self._end_offset:
+                raise OffsetOutOfRangeError(end_offset, self._bases[0], self._end_offset)
+            parts = []
+            for seg in self._segments:
+                if seg.base_offset >= end_offset:
+                    break
+                if seg.next_offset <= end_offset:
+                    parts.append(PrefixPart(seg.base_offset, seg.next_offset, seg.size))
+                    continue
+                found = seg.locate(end_offset)
+                if found is not None and found[1].base_offset < end_offset:
+                    raise OffsetMismatchError(f"offset {end_offset} falls inside the batch "
+                                              f"[{found[1].base_offset}, {found[1].last_offset}]")
+                parts.append(PrefixPart(seg.base_offset, end_offset, seg.size if found is None else found[0]))
+            return self._files_generation, parts
+
+    def link_prefix(self, generation: int, parts: list[PrefixPart], target: Path) -> bool:
+        """Hard-link the files of `parts` (from `prefix_parts`) into directory `target`, so they stay
+        readable whatever the log does next (a swap renames a new file in place; a deletion unlinks).
+        False, and nothing linked, when a segment file changed since `generation`. Under the files
+        lock, which every change of a segment file below the end takes (appends and rolls do not
+        change the bytes of a part)."""
+        with self._files_lock:
+            with self._lock:
+                if self._closed:
+                    raise LogClosedError(f"log {self.directory} is closed")
+                if generation != self._files_generation:
+                    return False
+            try:
+                for p in parts:
+                    os.link(self.directory / segment_name(p.base), target / segment_name(p.base))
+            except OSError as exc:
+                raise io_error(f"linking the segments of {self.directory} into {target}", exc) from exc
+            return True
 
     # --- key compaction (see eventlog.cleaned and compaction/cleaner.py) ------------------------
 
@@ -1085,6 +1207,7 @@ class Log:
                 # Only appends (at the end) could change the list meanwhile: the rest takes the files lock.
                 assert self._bases[i] == base and self._bases[j] == end, (self._bases, base, end)
                 old = self._segments[i:j]
+                self._files_generation += 1
                 self._segments[i:j] = [new]
                 self._bases[i:j] = [base]
                 self._segments_changed()

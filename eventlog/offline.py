@@ -5,8 +5,8 @@ or a backup, and at a running node's log (with the caveat that the tail may be m
 the same rules as recovery (`eventlog.scan`) to every segment, including those below the recovery
 point that `Log.open` would trust, so `verify` says exactly what `Log.open` would do. Cleaned
 segments (key compaction, `eventlog.cleaned`) are checked by the cleaner checkpoint's rules, and a
-swap a crash interrupted is judged on the files `Log.open` would end up with (it finishes or undoes
-the swap before anything else).
+swap or a log prefix install (`eventlog.prefix`) a crash interrupted is judged on the files
+`Log.open` would end up with (it finishes or undoes them before anything else).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from eventlog.epoch_cache import CHECKPOINT_NAME as EPOCH_CHECKPOINT_NAME
 from eventlog.epoch_cache import LeaderEpochCache
 from eventlog.errors import EpochlogError, LogError
 from eventlog.log import read_offsets_checkpoint
+from eventlog.prefix import PrefixInstall, prefix_path
 from eventlog.records import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, RecordBatch, check_batch, read_header
 from eventlog.scan import ScanStatus, scan_segment
 from eventlog.segment import LOG_SUFFIX, parse_segment_name
@@ -62,7 +63,7 @@ class VerifyReport:
     log_start_offset: int = 0
     recovery_point: int = 0
     epochs: list[tuple[int, int]] = field(default_factory=list)
-    interrupted_swap: str | None = None   # what open would do with a cleaner swap a crash interrupted
+    interrupted_swap: str | None = None   # what open would do with a cleaner swap or prefix install a crash interrupted
     torn_tail: bool = False
 
     def _worsen(self, verdict: Verdict, problem: str) -> None:
@@ -106,7 +107,17 @@ def _mapped(path: Path) -> Iterator[memoryview]:
 
 def effective_layout(directory: Path) -> tuple[CleanerCheckpoint, list[tuple[int, Path]], str | None]:
     """The cleaner checkpoint and segment files as `Log.open` would have them once it finished or
-    undid an interrupted swap (`eventlog.cleaned`), and a sentence saying which it would do."""
+    undid an interrupted swap (`eventlog.cleaned`) or finished a prefix install (`eventlog.prefix`),
+    and a sentence saying which it would do."""
+    install = PrefixInstall.load(directory)
+    if install is not None:
+        files = []
+        for p in install.parts:
+            staged = prefix_path(directory, p.base)
+            files.append((p.base, staged if staged.exists() else directory / staged.name[:-len(".prefix")]))
+        sentence = (f"an install of a log prefix [{install.start}, {install.end}) was interrupted after its "
+                    f"commit point: open completes it")
+        return CleanerCheckpoint(install.dirty_offset, tuple((p.base, p.end) for p in install.parts)), files, sentence
     checkpoint = CleanerCheckpoint.load(directory)
     files = segment_files(directory)
     if checkpoint.swap is None:
@@ -136,7 +147,13 @@ def verify_log_dir(directory: str | Path) -> VerifyReport:
     report.log_start_offset, report.recovery_point = read_offsets_checkpoint(directory)
     expected_epoch = None
     checkpoint = directory / EPOCH_CHECKPOINT_NAME
-    if checkpoint.exists():
+    install = PrefixInstall.load(directory)
+    if install is not None:   # what open writes as it completes the install (the active segment is empty)
+        report.log_start_offset, report.recovery_point = install.start, install.end
+        cache = LeaderEpochCache(checkpoint, list(install.epochs))
+        report.epochs = cache.entries
+        expected_epoch = cache.epoch_for_offset
+    elif checkpoint.exists():
         try:
             cache = LeaderEpochCache.load(checkpoint)
             report.epochs = cache.entries

@@ -14,9 +14,14 @@
    - an aiokafka consumer reading the hosted topic from its start, as Faust recovers a table, gets
      the latest value of every key (tombstoned keys gone) from fewer records than were produced;
    - `read_events` and `watch` from below E answer `compacted`;
-   - the follower, started again, catches up by snapshot (its log starts past 0); stopped, the three
-     nodes hold the same applied offset and views digest, and `epochlog log verify` passes on every
-     node's log.
+   - the follower, started again, installs a snapshot of each compact group (`metadata` too: config
+     entries overwritten and deleted meanwhile), with the leader's key-compacted log below it (its log
+     still starts at 0). Leadership of `kv` and `metadata` then moves to it: read from offset 0 with
+     kafka-python, `__kv` and `__metadata` give every key's latest applied record (the views' value at
+     the views' version, through the SDK), one record per key below the old leader's cleaned range
+     end, deleted keys gone, no rejected or retried value; the hosted topic recovers whole from it;
+     `read_events` below its cleaned range answers `compacted`; stopped, the three nodes hold the
+     same applied offset and views digest, and `epochlog log verify` passes on every node's log.
 2. kill -9 while the cleaner works (EPOCHLOG_CRASH_AT, eventlog/raft/runtime/faults.py): a node
    SIGKILLs itself in the middle of the node-side swap of a cleaned segment (before it, after the
    checkpoint's swap line, around the commit rename, while the replaced segments are renamed, after
@@ -56,6 +61,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 KV = TopicPartition("__kv", 0)
 KEYS = [f"cmp/k{i:02d}" for i in range(20)]
 GONE = [f"cmp/gone-{i}" for i in range(5)]
+META = TopicPartition("__metadata", 0)
+CONFIGS = [f"c{i:02d}" for i in range(10)]          # config/cmp/<name>: metadata entities
+GONE_CONFIGS = [f"gone-{i}" for i in range(3)]
 PAD = b"." * 1024
 CLEANER = {"delete_retention_ms": 1000}
 COMPACTION = {"retain_offsets": 300, "check_interval_ms": 100, "prune_interval_ms": 20, "cleaner": CLEANER}
@@ -137,6 +145,31 @@ def _digests(cluster: KafkaCluster, groups: tuple[str, ...] = ("metadata", "kv")
     return out
 
 
+def _group(info: p.CompactionInfo, group: str) -> p.CompactionGroupInfo:
+    return next(g for g in info.groups if g.group == group)
+
+
+def _read_topic(cluster: KafkaCluster, tp: TopicPartition) -> list[Any]:
+    """Every record of `tp` from offset 0 to its end, with kafka-python (the log start must be 0)."""
+    consumer = KafkaConsumer(bootstrap_servers=cluster.bootstrap, enable_auto_commit=False)
+    try:
+        consumer.assign([tp])
+        assert consumer.beginning_offsets([tp])[tp] == 0, f"{tp.topic} no longer starts at 0"
+        high = consumer.end_offsets([tp])[tp]
+        consumer.seek_to_beginning(tp)
+        return _consume(consumer, tp, high)
+    finally:
+        consumer.close()
+
+
+def _latest_by_key(records: list[Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for r in records:
+        if r.key is not None:
+            out[r.key.decode()] = r
+    return out
+
+
 def _settle(cluster: KafkaCluster, nodes: list[int]) -> None:
     """Wait until every node in `nodes` applied each group's commit offset (nothing is written)."""
     for group in cluster.groups:
@@ -152,7 +185,8 @@ def test_kafka_readers_see_the_latest_applied_value_of_every_key(
                                     compaction=COMPACTION)
     cluster.start()
     leader = cluster.leader("kv")
-    follower = next(n for n in cluster.nodes if n != leader)
+    meta_leader = cluster.leader("metadata")
+    follower = next(n for n in cluster.nodes if n != leader and n != meta_leader)
     cluster.stop(follower)                                  # kept down past the cleaning
     running = [n for n in cluster.nodes if n != follower]
     latest: dict[str, tuple[int, bytes | None]] = {}        # key -> (offset, value or None) of its latest APPLIED write
@@ -175,6 +209,9 @@ def test_kafka_readers_see_the_latest_applied_value_of_every_key(
         for name in GONE:
             client.put(name, b"soon gone")
             latest[name] = (client.delete(name).offset, None)
+        for name in GONE_CONFIGS:
+            client.command(ev.ConfigChanged(scope="cmp", name=name, value="soon gone"))
+            client.command(ev.ConfigChanged(scope="cmp", name=name, value=None))
 
         _create_topic(cluster, HOSTED)
         producer = KafkaProducer(bootstrap_servers=cluster.bootstrap, acks="all")
@@ -203,6 +240,8 @@ def test_kafka_readers_see_the_latest_applied_value_of_every_key(
                 assert result.ok, result
                 latest[name] = (result.offset, value)
                 written_bytes += len(value)
+            # And metadata entities (about 4.5 MiB in all), overwritten as long.
+            client.commands([ev.ConfigChanged(scope="cmp", name=n, value=f"{r}:" + "." * 1000) for n in CONFIGS])
         print(f"{rounds * len(KEYS)} puts ({written_bytes / 1e6:.1f} MB) in {time.monotonic() - started:.1f}s, "
               f"{produced} records to {HOSTED}")
 
@@ -213,6 +252,17 @@ def test_kafka_readers_see_the_latest_applied_value_of_every_key(
                     and last.tombstones_dropped >= 0 and kv.clean_end_offset > latest[KEYS[0]][0] - 3000)
             return kv if done else None
         kv = wait_until(cleaned, 120, "passes of the kv leader's cleaner", interval=0.5)
+
+        def meta_cleaned() -> int | None:
+            g = _group(client.compaction_status(cluster.endpoint(meta_leader)), "metadata")
+            print(f"metadata leader {meta_leader}: cleaned below {g.clean_end_offset} ({g.clean_passes} passes, "
+                  f"waiting: {g.clean_waiting!r}, last {g.last_clean})")
+            if g.clean_end_offset < 1000:
+                return None
+            keys = _latest_by_key(_read_topic(cluster, META))
+            return None if any(f"config/cmp/{n}" in keys for n in GONE_CONFIGS) else g.clean_end_offset
+        meta_end = wait_until(meta_cleaned, 120, "the metadata leader's cleaner past the deletes' retention",
+                              interval=3.0)
         print(f"leader {leader}: kv {kv.log_start}..{kv.log_end}, cleaned below {kv.clean_end_offset} "
               f"({kv.cleaned_segments} cleaned segments, {kv.clean_passes} passes, "
               f"{kv.clean_bytes_reclaimed / 1e6:.1f} MB reclaimed), {kv.log_bytes / 1e6:.1f} MB on disk; "
@@ -280,10 +330,62 @@ def test_kafka_readers_see_the_latest_applied_value_of_every_key(
 
     cluster.start([follower])
     _settle(cluster, list(cluster.nodes))
+    installed = cluster.metrics(follower)
     with Client(cluster.endpoints, timeout=30.0) as client:
-        mine = _kv(client.compaction_status(cluster.endpoint(follower)))
-        assert mine.log_start > 0, mine            # it installed a snapshot: its log starts behind it
+        for group in ("kv", "metadata"):
+            assert installed[("epochlog_snapshots_installed_total", (("group", group),))] >= 1, group
+            mine = _group(client.compaction_status(cluster.endpoint(follower)), group)
+            # It installed a snapshot with the leader's log below it: its log still starts at 0.
+            assert mine.log_start == 0 and mine.clean_end_offset > 0, mine
         assert client.get("cmp/cas", consistency="local", min_offset=0).value == b"cas-applied"
+
+        # The member that installed the snapshots leads; readers from offset 0 still get every key.
+        for group in ("kv", "metadata"):
+            def moved(group: str = group) -> bool:
+                if cluster.leader(group) == follower:
+                    return True
+                try:
+                    client.transfer_leader(group, to=follower)
+                except ClientError as exc:
+                    print(f"transfer of {group}: {exc}")
+                return False
+            wait_until(moved, 60, f"{group} led by node {follower}", interval=1.0)
+        views_kv: dict[str, Any] = {}
+        after = None
+        while True:
+            page = client.list("", limit=1000, after=after)
+            views_kv.update((item.name, item) for item in page.items)
+            if page.next_after is None:
+                break
+            after = page.next_after
+        views_meta = {e.key: e for e in client.list_entities("config/cmp/", limit=1000).items}
+        with pytest.raises(CompactedError):
+            client.read_events("kv", 0)
+    assert len(views_meta) == len(CONFIGS) and len(views_kv) >= len(KEYS)
+    for tp, views, deleted in ((KV, {f"kv/{k}": (v.version, v.value) for k, v in views_kv.items()},
+                                [f"kv/{n}" for n in GONE]),
+                               (META, {k: (e.version, e.state.value) for k, e in views_meta.items()},
+                                [f"config/cmp/{n}" for n in GONE_CONFIGS])):
+        records = _read_topic(cluster, tp)
+        top = _latest_by_key(records)
+        for key, (version, value) in views.items():
+            found = top.get(key)
+            assert found is not None, f"{tp.topic} from node {follower}: {key} (version {version}) is missing"
+            event = ev.decode_event(found.value)
+            assert found.offset == version and event.value == value, (tp.topic, key, found.offset, version, event)
+        assert not [k for k in deleted if k in top], f"{tp.topic}: deleted keys past the delete retention"
+        end = kv.clean_end_offset if tp is KV else meta_end   # the old leader's cleaned range
+        below: dict[str, int] = {}
+        for r in records:
+            if r.offset < end and r.key is not None:
+                below[r.key.decode()] = below.get(r.key.decode(), 0) + 1
+        assert all(n == 1 for n in below.values()), {k: n for k, n in below.items() if n > 1}
+        print(f"{tp.topic} read from node {follower}: {len(records)} records, {len(top)} keys, "
+              f"{len(views)} in the views")
+    values = {getattr(ev.decode_event(r.value), "value", None) for r in _read_topic(cluster, KV)}
+    assert b"cas-rejected" not in values and b"retry-second" not in values
+    recovered, _ = asyncio.run(_recover(cluster.bootstrap, HOSTED))
+    assert recovered == table, "the hosted topic recovered from the new leader"
     text = subprocess.run([sys.executable, "-m", "epochlog", "compaction", "status", "--endpoints",
                            ",".join(cluster.endpoints)], capture_output=True, text=True, cwd=ROOT, timeout=60,
                           check=False)

@@ -10,8 +10,10 @@ from eventlog.config import LogConfig
 from eventlog.raft.confchange import encode_conf_change
 from eventlog.raft.errors import CompactedError
 from eventlog.raft.raft_log import RaftLog
+from eventlog.raft.runtime import log_storage
 from eventlog.raft.runtime.entries import batch_to_entry, entry_to_batch
 from eventlog.raft.runtime.log_storage import LogStorage
+from eventlog.raft.runtime.snapshot_image import ImageHeader
 from eventlog.raft.storage import MemoryStorage
 from eventlog.raft.types import ConfChange, ConfChangeKind, ConfState, Entry, EntryKind, HardState
 from eventlog.records import RecordBatch, encode_batch
@@ -67,18 +69,27 @@ def test_append_truncate_and_reopen(tmp_path: Path):
     again.close()
 
 
-def test_snapshots_keep_the_previous_one_readable_and_install_resets_the_log(tmp_path: Path):
+def test_snapshots_keep_the_previous_one_readable_and_install_resets_the_log(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch):
     st = LogStorage.open(tmp_path / "a", CFG, CONF)
     st.append(chain(0, 1, 40))
     first = st.create_snapshot(9, CONF, lambda p: p.write_bytes(b"state@9" * 100))
+    sent = st.snapshot()                     # a transfer of it starts: the core sees its image's size
+    head = st.snapshot_chunk(first.index, 0, 12)
     second = st.create_snapshot(19, CONF, lambda p: p.write_bytes(b"state@19" * 100))
-    assert st.snapshot() == second and st.log.start_offset == 0
+    assert st.latest_snapshot == second and st.log.start_offset == 0
+    assert st.snapshot().index == 19 and sent.size > first.size == 700, "the image frames the data"
     # The log still holds what the snapshots cover: a follower lagging behind them catches up from it.
     assert st.first_index() == 0 and st.term(-1) == 0
     assert (st.term(9), st.entry_bounds(19)) == (1, (18, 19)), "the entry ending at the snapshot, from the log"
     assert [e.index for e in st.entries(0, 20, 1 << 20)] == list(range(0, 20, 2))
-    assert st.snapshot_chunk(first.index, 0, 7) == b"state@9", "a transfer of the previous one can finish"
+    rest = st.snapshot_chunk(first.index, 12, sent.size)
+    assert rest.endswith(b"state@9" * 100) and len(head + rest) == sent.size, "a transfer of the previous one can finish"
     st.create_snapshot(29, CONF, lambda p: p.write_bytes(b"x"))
+    assert not st.snapshot_dir(first).exists()
+    assert st.snapshot_chunk(first.index, 0, 12) == head, "a transfer still reading a dropped snapshot goes on"
+    monkeypatch.setattr(log_storage, "IMAGE_IDLE_S", 0.0)   # ... until no chunk was read from it for that long
+    st.snapshot()
     with pytest.raises(CompactedError):
         st.snapshot_chunk(first.index, 0, 7)
     st.compact(29)
@@ -99,15 +110,17 @@ def test_snapshots_keep_the_previous_one_readable_and_install_resets_the_log(tmp
     follower = LogStorage.open(tmp_path / "b", CFG, CONF)
     follower.append(chain(0, 1, 5))
     data = b"snapshot bytes" * 50
-    meta = second.__class__(index=55, term=3, conf=CONF, size=len(data))
-    follower.stage_snapshot_chunk(meta, 0, data[:100])
-    follower.stage_snapshot_chunk(meta, 100, data[100:])
+    head = ImageHeader(len(data)).encode()
+    meta = second.__class__(index=55, term=3, conf=CONF, size=len(head) + len(data))
+    follower.stage_snapshot_chunk(meta, 0, (head + data)[:100])
+    follower.stage_snapshot_chunk(meta, 100, (head + data)[100:])
     path = follower.install_snapshot(meta)
     assert (path / "data").read_bytes() == data
     assert (follower.first_index(), follower.last_index(), follower.term(55)) == (56, 55, 3)
     follower.append(chain(56, 3, 2))
     follower.close()
     reopened = LogStorage.open(tmp_path / "b", CFG, CONF)
+    assert (reopened.latest_snapshot.index, reopened.latest_snapshot.size) == (55, len(data))
     assert (reopened.snapshot(), reopened.first_index(), reopened.last_index()) == (meta, 56, 59)
     reopened.close()
 

@@ -162,6 +162,7 @@ class SnapshotCounters:
 
     taken: int = 0
     failed: int = 0
+    installed: int = 0              # snapshots received from the leader and installed
     last_offset: int = -1
     last_seconds: float = 0.0       # the last snapshot, from its start to its installation
     last_finished_at: float = 0.0   # time.time() of that (0: none yet)
@@ -702,6 +703,7 @@ class RaftGroup:
             path = storage.install_snapshot(rd.snapshot)
             self.sm.restore(path / "data", rd.snapshot)
             self._last_snapshot_index = rd.snapshot.index
+            self.snapshots.installed += 1
             self._wake_applied()
         if rd.entries:
             # Entries from here on replace any stored suffix: earlier Readys no longer wait for the

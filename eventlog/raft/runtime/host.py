@@ -38,9 +38,11 @@ class NodeHost:
                  state_machine: StateMachineFactory, *, seed: int | None = None,
                  member: MemberConfig | None = None,
                  retention_floor: Callable[[str], int | None] | None = None,
-                 space_guard: Callable[[], str | None] | None = None) -> None:
+                 space_guard: Callable[[], str | None] | None = None,
+                 ships_log_prefix: Callable[[str], bool] | None = None) -> None:
         self.node_id = node_id
         self._retention_floor = retention_floor   # group name -> RaftGroup.retention_floor
+        self._ships_log_prefix = ships_log_prefix  # group name -> LogStorage.ships_log_prefix (default: no)
         self._space_guard = space_guard           # RaftGroup.space_guard of every group
         self.data_dir = Path(data_dir)
         self.configs = configs
@@ -64,7 +66,8 @@ class NodeHost:
         conf = initial_conf([m.id for m in cluster.members])
         for name in cluster.groups:
             directory = self.data_dir / "groups" / name
-            storage = LogStorage.open(directory, self.configs.log, conf)
+            ships = self._ships_log_prefix is not None and self._ships_log_prefix(name)
+            storage = LogStorage.open(directory, self.configs.log, conf, ships_log_prefix=ships)
             sm = self._factory(name, directory)
             snap = storage.snapshot()
             if sm.applied_index < snap.index:

@@ -5,8 +5,17 @@ Layout of a group directory::
     quorum-state                    JSON: term, vote, commit, membership entries (atomic writes)
     log/                            the segmented log (eventlog.log); entries as record batches
     snapshots/<index>-<term>/       a snapshot: `data` (opaque bytes of the state machine) + `meta`
+                                    (+ `prefix/`: a received log prefix until the log adopted it)
     snapshots/incoming.tmp          chunks of a snapshot being received from the leader
     snapshots/local-*.tmp           a snapshot of this node being written (removed on open)
+    snapshots/*.image-*.tmp         hard links to the files (data, log segments) of an image being sent (removed on open)
+
+A snapshot travels as an *image* (eventlog/raft/runtime/snapshot_image.py): its data, and for a
+group that `ships_log_prefix` (key-compacted: its log is kept from its start for Kafka readers) the
+log below the snapshot too. `snapshot()` gives the core the image's size; a follower stages the
+image into `incoming.tmp` (data, `prefix/` segment files, checked batch by batch) and installing it
+resets the log onto that prefix (`Log.reset` with a `PrefixInstall`), so its log keeps the
+key-compacted history the leader's has, as cleaned segments that Raft never serves as entries.
 
 `quorum-state` also lists the offsets of membership-change entries, so a restart need not read the
 whole log to find the configuration: entries past `conf_scanned_to` are scanned on open, listed
@@ -16,15 +25,21 @@ Durability: `append` writes entries (durable once the log's durable offset passe
 waits for it before anything that acknowledges them); `set_hard_state`, snapshot staging and
 installation are durable when they return. A snapshot of this node is written in three steps
 (`new_snapshot_dir`, the data plus `seal_snapshot_data` in any thread, `finish_snapshot`): a crash at
-any step leaves the previous snapshot current and the log untouched.
+any step leaves the previous snapshot current and the log untouched. Installing one renames the
+staged directory into place (the commit point), then resets the log (with its prefix: crash-safe in
+the log, `eventlog.prefix`), then drops the manifest of `prefix/`: a crash anywhere is finished on
+open (`_reconcile`), which installs the prefix again unless the log already holds it.
 
-Not thread-safe: used by one group's task (the log itself is thread-safe).
+Not thread-safe: used by one group's task (the log itself is thread-safe). Chunks of an image are
+read ahead in a thread of its own (the image's files never change once linked).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,13 +49,19 @@ from eventlog.config import LogConfig
 from eventlog.errors import EpochlogError, LogCorruptionError
 from eventlog.fileutil import atomic_write, fsync_dir, io_error
 from eventlog.log import Log
+from eventlog.prefix import PrefixInstall
 from eventlog.raft.errors import CompactedError, UnavailableError
 from eventlog.raft.runtime.entries import batch_to_entry, entry_to_batch
+from eventlog.raft.runtime.snapshot_image import PREFIX_DIR, ImageStaging, SnapshotImage, build_image
 from eventlog.raft.types import ConfState, Entry, EntryKind, HardState, SnapshotMeta
 
 QUORUM_STATE = "quorum-state"
 SNAPSHOTS = "snapshots"
 INCOMING = "incoming.tmp"
+READ_AHEAD = 4
+"""Image chunks read ahead at most (one per transfer under way, up to this many transfers)."""
+IMAGE_IDLE_S = 60.0
+"""An image whose snapshot was replaced stays while a transfer read from it this recently."""
 
 
 class QuorumState(msgspec.Struct):
@@ -55,32 +76,47 @@ class QuorumState(msgspec.Struct):
 class LogStorage:
     """`eventlog.raft.storage.Storage` backed by a segmented log, a quorum-state file and snapshots."""
 
-    def __init__(self, directory: Path, log: Log, state: QuorumState, snapshot: SnapshotMeta) -> None:
+    def __init__(self, directory: Path, log: Log, state: QuorumState, snapshot: SnapshotMeta, *,
+                 ships_log_prefix: bool = False) -> None:
         self.directory = directory
         self.log = log
+        self.ships_log_prefix = ships_log_prefix   # images carry the log below the snapshot (module docstring)
         self._state = state
         self._snapshot = snapshot
         self._conf_offsets = list(state.conf_offsets)
         self._snapshot_seq = 0
         self._anchor: tuple[int, int | None] = (-1, None)   # see _anchored
+        self._images: dict[int, SnapshotImage] = {}          # snapshot index -> its image, as served
+        self._staging: ImageStaging | None = None            # the image being received
+        self._ahead: dict[tuple[int, int, int], concurrent.futures.Future[bytes]] = {}
+        self._reader: concurrent.futures.ThreadPoolExecutor | None = None
 
     @classmethod
-    def open(cls, directory: str | Path, log_config: LogConfig, initial_conf: ConfState) -> LogStorage:
-        """Open (or create) a group's storage; `initial_conf` is the membership of a new group."""
+    def open(cls, directory: str | Path, log_config: LogConfig, initial_conf: ConfState, *,
+             ships_log_prefix: bool = False) -> LogStorage:
+        """Open (or create) a group's storage; `initial_conf` is the membership of a new group, and
+        `ships_log_prefix` says whether snapshots sent from here carry the log below them (a group
+        whose log is key-compacted rather than truncated)."""
         path = Path(directory)
         (path / SNAPSHOTS).mkdir(parents=True, exist_ok=True)
         state = _read_quorum_state(path / QUORUM_STATE)
         snapshot = _latest_snapshot(path / SNAPSHOTS) or SnapshotMeta(index=-1, term=0, conf=initial_conf)
         log = Log.open(path / "log", log_config)
-        storage = cls(path, log, state, snapshot)
+        storage = cls(path, log, state, snapshot, ships_log_prefix=ships_log_prefix)
         storage._reconcile()
         return storage
 
     def _reconcile(self) -> None:
-        """Repair what a crash between two writes can leave: a log behind its snapshot, stale offsets."""
+        """Repair what a crash between two writes can leave: a log behind its snapshot, a log prefix
+        not adopted, stale offsets."""
         snap = self._snapshot
+        if snap.index >= 0:
+            self._adopt_prefix(self.snapshot_dir(snap), snap, reopened=True)
+        # The term at the snapshot index is compared only where the log holds it as written: in a
+        # key-compacted range its batch may be gone (and it was committed anyway).
         if snap.index >= 0 and (self.log.end_offset <= snap.index or self.log.start_offset > snap.index + 1
-                                or self._log_term(snap.index) not in (None, snap.term)):
+                                or (self._written_from() <= snap.index
+                                    and self._log_term(snap.index) not in (None, snap.term))):
             self.log.reset(snap.index + 1)  # the snapshot was installed; the log reset did not happen
         end = self.log.end_offset
         valid = []
@@ -189,17 +225,103 @@ class LogStorage:
         return [self._entry_at(o) for o in self._conf_offsets]
 
     def snapshot(self) -> SnapshotMeta:
+        """The latest snapshot as it is sent: `size` is its image's (data and, when this group
+        `ships_log_prefix`, the log below it). Built from a listing of the log the first time (and
+        again while no transfer read it, when the log's files changed); `latest_snapshot` is the
+        snapshot as stored."""
+        snap = self._snapshot
+        if snap.index < 0:
+            return snap
+        self._drop_idle_images()
+        image = self._images.get(snap.index)
+        if image is None or image.meta.term != snap.term or (not image.linked and self._stale(image)):
+            image = self._images[snap.index] = self._build_image(snap)
+        return image.meta
+
+    @property
+    def latest_snapshot(self) -> SnapshotMeta:
+        """The latest snapshot as stored (`size`: its data's)."""
         return self._snapshot
 
     def snapshot_chunk(self, index: int, offset: int, max_bytes: int) -> bytes:
-        """Chunk of the current snapshot or of the one before it (a transfer in progress when a new
-        snapshot is taken finishes instead of starting over, so a slow follower is not starved)."""
-        for p in (self.directory / SNAPSHOTS).glob(f"{index}-*"):
-            if p.is_dir() and not p.name.endswith(".tmp"):
-                with open(p / "data", "rb") as f:
-                    f.seek(offset)
-                    return f.read(max_bytes)
-        raise CompactedError(f"snapshot {index} was replaced by snapshot {self._snapshot.index}")
+        """Chunk of the image of snapshot `index`: the current one, or an older one a transfer is
+        still reading (a transfer in progress when new snapshots are taken finishes instead of
+        starting over, so a slow follower is not starved). The first read of an image links its
+        files; if a log segment changed since it was listed, the image is built again and
+        CompactedError makes the core start over with it."""
+        image = self._images.get(index)
+        if image is None:
+            raise CompactedError(f"snapshot {index} was replaced by snapshot {self._snapshot.index}")
+        if not image.linked:
+            self._link(image)
+        image.last_read = time.monotonic()
+        ahead = self._ahead.pop((index, offset, max_bytes), None)
+        if ahead is not None and ahead.done() and not ahead.cancelled() and ahead.exception() is None:
+            data = ahead.result()
+        else:
+            data = image.read(offset, max_bytes)
+        following = offset + len(data)
+        if data and following < image.meta.size:
+            while len(self._ahead) >= READ_AHEAD:
+                self._ahead.pop(next(iter(self._ahead))).cancel()
+            self._ahead[(index, following, max_bytes)] = self._reader_pool().submit(image.read, following, max_bytes)
+        return data
+
+    def _build_image(self, snap: SnapshotMeta) -> SnapshotImage:
+        old = self._images.pop(snap.index, None)
+        if old is not None:
+            self._drop_image(old)
+        return build_image(snap, self.snapshot_dir(snap) / "data", self.log if self.ships_log_prefix else None)
+
+    def _stale(self, image: SnapshotImage) -> bool:
+        return bool(image.parts) and self.log.files_generation != image.generation
+
+    def _link(self, image: SnapshotImage) -> None:
+        if self._try_link(image):
+            return
+        # A segment file changed since the listing (a cleaner swap): no transfer read this image, so
+        # it is built again, and linked now so that the transfer starting over gets a fixed one (if
+        # the log changed once more meanwhile, it is linked at its first read).
+        fresh = self._images[image.meta.index] = self._build_image(image.meta)
+        self._try_link(fresh)
+        raise CompactedError(f"the log below snapshot {image.meta.index} changed while its image was listed")
+
+    def _try_link(self, image: SnapshotImage) -> bool:
+        if image.linked:
+            return True
+        self._snapshot_seq += 1
+        links = self.directory / SNAPSHOTS / f"{image.meta.index}-{image.meta.term}.image-{self._snapshot_seq}.tmp"
+        shutil.rmtree(links, ignore_errors=True)
+        links.mkdir()
+        if image.parts and not self.log.link_prefix(image.generation, image.parts, links):
+            shutil.rmtree(links, ignore_errors=True)
+            return False
+        try:
+            os.link(image.data, links / "data")
+        except OSError as exc:
+            shutil.rmtree(links, ignore_errors=True)
+            raise io_error(f"linking {image.data}", exc) from exc
+        image.data, image.links = links / "data", links
+        return True
+
+    def _drop_idle_images(self) -> None:
+        """Drop the images of snapshots no longer kept, but those a transfer read from lately."""
+        now = time.monotonic()
+        for image in list(self._images.values()):
+            if (not self.snapshot_dir(image.meta).exists()
+                    and (not image.linked or now - image.last_read > IMAGE_IDLE_S)):
+                self._drop_image(self._images.pop(image.meta.index))
+
+    def _drop_image(self, image: SnapshotImage) -> None:
+        for key in [k for k in self._ahead if k[0] == image.meta.index]:
+            self._ahead.pop(key).cancel()
+        if image.links is not None:   # unlinking a replaced segment frees its blocks: off the loop
+            self._reader_pool().submit(shutil.rmtree, image.links, True)
+
+    def _reader_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._reader is None:
+            self._reader = concurrent.futures.ThreadPoolExecutor(1, f"snapshot-image-{self.directory.name}")
+        return self._reader
 
     # --- writes (the runtime applying a Ready) -------------------------------------------------
 
@@ -234,45 +356,65 @@ class LogStorage:
         atomic_write(self.directory / QUORUM_STATE, msgspec.json.encode(self._state))
 
     def stage_snapshot_chunk(self, meta: SnapshotMeta, offset: int, data: bytes) -> None:
-        """Write a received chunk of snapshot `meta` at `offset` (durable on return)."""
+        """Write a received chunk of the image of snapshot `meta` at `offset` (durable on return).
+
+        Chunks come in order from offset 0 (the core accepts no other); offset 0 starts over."""
         path = self.directory / SNAPSHOTS / INCOMING
         if offset == 0:
             shutil.rmtree(path, ignore_errors=True)
             path.mkdir()
             (path / "meta").write_bytes(msgspec.json.encode(meta))
-        elif msgspec.json.decode((path / "meta").read_bytes(), type=SnapshotMeta) != meta:
+            self._staging = ImageStaging(path, meta, self.log.config.index_interval_bytes)
+        elif self._staging is None or self._staging.meta != meta:
             raise LogCorruptionError(str(path), offset, f"chunk of snapshot {meta.index} on another snapshot")
-        fd = os.open(path / "data", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            os.ftruncate(fd, offset)
-            os.pwrite(fd, data, offset)
-            os.fsync(fd)
-        except OSError as exc:
-            raise io_error(f"staging snapshot chunk in {path}", exc) from exc
-        finally:
-            os.close(fd)
+        self._staging.write(offset, data)
 
     def install_snapshot(self, meta: SnapshotMeta) -> Path:
-        """Make the staged snapshot the current one and reset the log behind it; returns its directory.
+        """Make the staged snapshot the current one and reset the log behind it (onto the image's
+        log prefix, if it has one); returns its directory.
 
         The state machine loads its state from `<dir>/data` afterwards.
         """
         staged = self.directory / SNAPSHOTS / INCOMING
-        if os.path.getsize(staged / "data") != meta.size:
-            raise LogCorruptionError(str(staged / "data"), 0, f"staged snapshot is not {meta.size} bytes")
+        staging = self._staging
+        if staging is None or staging.meta != meta:
+            raise LogCorruptionError(str(staged), 0, f"no staged image of snapshot {meta.index}")
+        staging.finish()
+        self._staging = None
+        stored = msgspec.json.decode((staged / "meta").read_bytes(), type=SnapshotMeta)
         target = self.snapshot_dir(meta)
         shutil.rmtree(target, ignore_errors=True)
-        fsync_dir(staged)
         os.rename(staged, target)
         fsync_dir(target.parent)
-        self._snapshot = meta
+        self._snapshot = stored
         # The whole log goes: the core asks for an install only when its log does not hold the
         # snapshot's last entry (it keeps a matching suffix itself, §5.6), so anything stored past it
         # would be a suffix the core no longer knows about.
-        self.log.reset(meta.index + 1)
+        self._adopt_prefix(target, stored, reopened=False)
         self._conf_offsets = []
         self._drop_old_snapshots()
         return target
+
+    def _adopt_prefix(self, directory: Path, snap: SnapshotMeta, *, reopened: bool) -> None:
+        """Reset the log behind installed snapshot `snap` (in `directory`), onto the log prefix it
+        brought (`prefix/`), then forget the prefix. `reopened`: finishing what a crash interrupted,
+        so only a prefix not yet adopted is installed (the log ends at the snapshot and its cleaned
+        segments are the prefix's: it was)."""
+        source = directory / PREFIX_DIR
+        install = PrefixInstall.load(source) if source.is_dir() else None
+        if install is not None:
+            log = self.log
+            adopted = (log.end_offset == install.end and log.start_offset == install.start
+                       and log.cleaned_segments[:len(install.parts)] == [(p.base, p.end) for p in install.parts])
+            if not (reopened and adopted):
+                log.reset(snap.index + 1, install, source)
+            # First the manifest, strictly: left behind, it would install the prefix again on open,
+            # over entries appended since.
+            PrefixInstall.remove(source)
+        elif not reopened:
+            self.log.reset(snap.index + 1)
+        if source.exists():
+            shutil.rmtree(source, ignore_errors=True)
 
     def create_snapshot(self, index: int, conf: ConfState, write_data: Callable[[Path], None]) -> SnapshotMeta:
         """Record the state machine's snapshot at applied `index`: `write_data(path)` writes the bytes.
@@ -340,7 +482,8 @@ class LogStorage:
         return self.directory / SNAPSHOTS / f"{meta.index}-{meta.term}"
 
     def _drop_old_snapshots(self, keep: int = 2) -> None:
-        """Keep the newest `keep` snapshots (a transfer of the previous one may be under way)."""
+        """Keep the newest `keep` snapshots (a transfer of the previous one may be under way), and the
+        images of those (and of any a transfer is still reading)."""
         snapshots = []
         for p in (self.directory / SNAPSHOTS).iterdir():
             if p.name == INCOMING or p.name.endswith(".tmp"):
@@ -349,8 +492,15 @@ class LogStorage:
             snapshots.append((int(index), p))
         for _, p in sorted(snapshots, reverse=True)[keep:]:
             shutil.rmtree(p, ignore_errors=True)
+        self._drop_idle_images()
 
     def close(self) -> None:
+        for image in self._images.values():
+            self._drop_image(image)
+        self._images.clear()
+        if self._reader is not None:
+            self._reader.shutdown(wait=True)
+            self._reader = None
         self.log.close()
 
     # --- helpers -------------------------------------------------------------------------------
