@@ -16,7 +16,8 @@ Theory of operation. A run starts three `epochlog serve` processes on 127.0.0.1 
 
 Meanwhile a log tail reads the committed kv records (tests/chaos/observers.py) and, with `--watch`, a
 consumer applies the SDK's watch of the keys to its own copy. `--compaction` and `--short-retention`
-make the nodes snapshot, truncate, key-compact and prune under the faults (see run.py).
+make the nodes snapshot, truncate, key-compact and prune under the faults (see run.py; short
+retention keeps 150 offsets, so members back from a fault catch up by snapshot).
 
 Then it heals (every link passes, everything resumes and restarts), waits for every member of every
 group to converge (each applied the leader's commit offset, and the leader's match for each reached

@@ -26,8 +26,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="snapshots every 200 offsets, 64 KiB segments, 300 offsets retained: truncation, key "
                          "compaction and pruning run throughout; the views are compared after stopping")
     ap.add_argument("--short-retention", action="store_true",
-                    help="retain_offsets = 150 and snapshots every 100 offsets: the history floor (and the window "
-                         "of request-id deduplication) stays 150 offsets behind")
+                    help="--compaction with 150 offsets retained and snapshots every 100: the history floor (and "
+                         "the window of request-id deduplication) stays 150 offsets behind, and members back from "
+                         "a fault catch up by snapshot")
     ap.add_argument("--partitions", action="store_true",
                     help="the nemesis also isolates leaders and followers from their peers (client ports stay "
                          "reachable) and cuts peer links one way, through frame-aware proxies between the nodes "
