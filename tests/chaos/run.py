@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 from epochlog.client import AsyncClient, Change, ClientError, InvalidArgumentError, RejectedError
+from epochlog.client.errors import CompactedError
 from eventlog.errors import EpochlogError
 from statemachines.events import KvPut, decode_event
 from tests.chaos.nemesis import GROUPS, Nemesis
@@ -424,19 +425,27 @@ class ChaosRun:
 async def _read_log(client: AsyncClient, endpoint: str,
                     through: int) -> tuple[int, dict[int, tuple[str, bytes | None, bool | None]]]:
     """Node `endpoint`'s kv records from where it holds them as written through offset `through`:
-    (that offset, offset -> (key, event bytes, applied))."""
-    out: dict[int, tuple[str, bytes | None, bool | None]] = {}
-    start = offset = (await client.read_events("kv", through, max_events=1, endpoint=endpoint)).log_start
-    while offset <= through:
-        events = await client.read_events("kv", offset, max_events=1000, endpoint=endpoint)
-        for r in events.events:
-            if r.offset <= through:
-                out[r.offset] = (r.key, r.value, r.applied)
-        if events.next_offset <= offset:
-            raise AssertionError(f"{endpoint}: read_events made no progress at offset {offset} (commit "
-                                 f"{events.commit_offset})")
-        offset = events.next_offset
-    return start, out
+    (that offset, offset -> (key, event bytes, applied)). Read again from the new start if the
+    cleaner moves it meanwhile."""
+    for _ in range(3):
+        out: dict[int, tuple[str, bytes | None, bool | None]] = {}
+        # Asked past its end, a node says where its log starts without refusing (one that just installed
+        # a snapshot at `through` holds nothing as written through it, and would answer `compacted`).
+        start = offset = (await client.read_events("kv", 1 << 62, max_events=1, endpoint=endpoint)).log_start
+        try:
+            while offset <= through:
+                events = await client.read_events("kv", offset, max_events=1000, endpoint=endpoint)
+                for r in events.events:
+                    if r.offset <= through:
+                        out[r.offset] = (r.key, r.value, r.applied)
+                if events.next_offset <= offset:
+                    raise AssertionError(f"{endpoint}: read_events made no progress at offset {offset} (commit "
+                                         f"{events.commit_offset})")
+                offset = events.next_offset
+        except CompactedError:
+            continue
+        return start, out
+    raise AssertionError(f"{endpoint}: the kv log start kept moving while it was read")
 
 
 async def _history(client: AsyncClient, key: str, commit: int) -> tuple[int, dict[int, int | None]]:
