@@ -3,8 +3,8 @@
 Theory of operation. Both follow the chaos keys (`kv/chaos/`) from offset 0 while the run goes on,
 each with its own SDK client:
 
-- `LogTail` reads committed records with `read_events` (leader-routed), which says of each whether
-  applying it changed the views (`applied`). It is the checker's record of where each value was
+- `LogTail` reads committed records with `read_events` (from whichever node is ahead), which says
+  of each whether applying it changed the views (`applied`). It is the checker's record of where each value was
   applied (tests/chaos/versions.py), taken before key compaction or a snapshot install can drop the
   records. Where the log no longer holds a range (`compacted`) the tail skips it and says so
   (`coverage`).
@@ -58,9 +58,14 @@ class Replay:
 
 
 class LogTail:
-    """The committed kv records of the chaos keys, read from offset 0 on (see the module docstring)."""
+    """The committed kv records of the chaos keys, read from offset 0 on (see the module docstring).
 
-    def __init__(self, endpoints: Sequence[str], timeout: float) -> None:
+    Any node's applied records are committed ones, so the tail reads from one node at a time and asks
+    the next one whenever a read fails or brings nothing new: a node cut off from its peers, or
+    paused, stops moving while the others go on, and the cleaner may compact what the tail has not
+    read yet. A range is skipped (a gap) only when every node says it no longer holds it."""
+
+    def __init__(self, endpoints: Sequence[str], timeout: float = 1.0) -> None:
         self.endpoints = list(endpoints)
         self.timeout = timeout
         self.records: dict[int, LogRecord] = {}
@@ -68,6 +73,8 @@ class LogTail:
         self.next_offset = 0
         self.gaps: list[tuple[int, int]] = []
         self.stop = asyncio.Event()
+        self._at = 0                                  # the node asked next (index into endpoints)
+        self._compacted: dict[str, int] = {}          # node -> its log start, when it refused next_offset
 
     @property
     def coverage(self) -> Coverage:
@@ -95,20 +102,28 @@ class LogTail:
         return True
 
     async def _step(self, client: AsyncClient) -> bool:
-        """Read one chunk; whether it got anywhere."""
+        """Read one chunk from the current node; whether it got anywhere."""
+        endpoint = self.endpoints[self._at]
         try:
-            got = await client.read_events("kv", self.next_offset, max_events=1000)
+            got = await client.read_events("kv", self.next_offset, max_events=1000, endpoint=endpoint)
         except CompactedError:
-            try:
-                start = (await client.read_events("kv", 1 << 62, max_events=1)).log_start
+            try:   # asked past its end, a node says where its log starts
+                start = (await client.read_events("kv", 1 << 62, max_events=1, endpoint=endpoint)).log_start
+                self._compacted[endpoint] = start
             except (ClientError, EpochlogError, TimeoutError, OSError):
+                pass
+            self._at = (self._at + 1) % len(self.endpoints)
+            if len(self._compacted) < len(self.endpoints):
                 return False
+            start = min(self._compacted.values())
+            self._compacted.clear()
             if start <= self.next_offset:
                 return False
             self.gaps.append((self.next_offset, start))
             self.next_offset = start
             return True
         except (ClientError, EpochlogError, TimeoutError, OSError):
+            self._at = (self._at + 1) % len(self.endpoints)
             return False
         for r in got.events:
             if r.offset < self.next_offset or not r.key.startswith(PREFIX):
@@ -119,6 +134,10 @@ class LogTail:
             self.events.append((r.offset, event, r.applied))
         progressed = got.next_offset > self.next_offset
         self.next_offset = max(self.next_offset, got.next_offset)
+        if progressed:
+            self._compacted.clear()
+        else:
+            self._at = (self._at + 1) % len(self.endpoints)
         return progressed
 
 

@@ -218,7 +218,7 @@ class ChaosRun:
         clients = Clients(cluster.endpoints, p, random.Random(self.rng.getrandbits(64)))
         nemesis = Nemesis(cluster, random.Random(self.rng.getrandbits(64)), self.out, partitions=p.partitions,
                           gap_s=p.nemesis_gap_s, pause_s=p.pause_s, down_s=p.down_s, isolate_s=p.isolate_s)
-        tail = LogTail(cluster.endpoints, p.op_timeout_s)
+        tail = LogTail(cluster.endpoints)
         watcher = WatchConsumer(cluster.endpoints, p.op_timeout_s) if p.watch else None
         following = asyncio.ensure_future(tail.run())
         watching = asyncio.ensure_future(watcher.run()) if watcher is not None else None
