@@ -49,7 +49,7 @@ def test_a_short_chaos_run_with_compaction_finds_no_violation(tmp_path: Path) ->
 
 def test_a_short_chaos_run_with_partitions_short_retention_and_a_watch_finds_no_violation(tmp_path: Path) -> None:
     # Needs the fixes of issue 17 (client sessions, the SDK leaving a deposed or paused leader, and
-    # `applied` on watched events). On main at 4260cef this run fails: the watch consumer replays
+    # `applied` on watched events; merged in a59a150). On 4260cef this run fails: the watch consumer replays
     # rejected compare-and-sets as puts (5 seeds in 6), and about one 20 s run in six catches an
     # acknowledged put applied twice (seed 51: "chaos/k1: value 969 applied twice at offsets 982 and
     # 1292 (982: in the log, a read by client 0 ...; 1292: acknowledged, in the log)"). The first
