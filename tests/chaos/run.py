@@ -6,7 +6,6 @@ import asyncio
 import random
 import shutil
 import tempfile
-import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -15,20 +14,31 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 from epochlog.client import AsyncClient, Change, ClientError, InvalidArgumentError, RejectedError
+from epochlog.client.errors import CompactedError
 from eventlog.errors import EpochlogError
 from statemachines.events import KvPut, decode_event
+from tests.chaos.nemesis import GROUPS, Nemesis
+from tests.chaos.observers import LogTail, Replay, WatchConsumer
+from tests.chaos.versions import Read, check_versions
 from tests.node.cluster import NodeCluster
 from tests.sim.history import History
 from tests.sim.linearizability import check_history
 
-GROUPS = ("metadata", "offsets", "kv")
+OP_TIMEOUT_S = 3.0   # a client call's timeout (the SDK's default is 10 s)
 CONVERGE_S = 60.0
+CATCH_UP_S = 30.0    # after convergence, for the log tail and the watch to reach the commit offset
 # --compaction: snapshots, truncation (offsets), key compaction (metadata, kv) and history pruning run
 # all the time, so faults land on them and lagging members catch up by log or by snapshot.
 COMPACTION = {"retain_offsets": 300, "check_interval_ms": 100, "prune_interval_ms": 20,
               "cleaner": {"delete_retention_ms": 1000, "min_cleanable_dirty_ratio": 0.3}}
 COMPACTION_LOG = {"segment_bytes": 64 << 10}
 COMPACTION_SNAPSHOT_EVERY = 200
+# --short-retention: --compaction with the history floor (and with it the window in which request ids
+# are deduplicated) 150 offsets behind the applied offset and a snapshot every 100 offsets, so a member
+# back from a fault catches up by snapshot: what an outside tester needed to see an acknowledged put
+# applied twice (issue 17).
+SHORT_RETENTION = {**COMPACTION, "retain_offsets": 150}
+SHORT_RETENTION_SNAPSHOT_EVERY = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,11 +47,22 @@ class ChaosParams:
     seed: int
     clients: int = 6
     keys: int = 5
-    op_timeout_s: float = 3.0
+    op_timeout_s: float = OP_TIMEOUT_S
     nemesis_gap_s: tuple[float, float] = (1.0, 3.0)     # quiet time between two faults
     pause_s: tuple[float, float] = (0.5, 4.0)           # SIGSTOP length
     down_s: tuple[float, float] = (0.5, 3.0)            # kill -9 to restart
+    isolate_s: tuple[float, float] = (1.0, 5.0)         # a partition (isolation or one-way cut) to its heal
     compaction: bool = False                            # see COMPACTION
+    short_retention: bool = False                       # see SHORT_RETENTION (implies compaction)
+    partitions: bool = False                            # the nemesis also cuts peer links (tests/chaos/nemesis.py)
+    watch: bool = False                                 # a watch consumer's replay must equal the final views
+
+    def flags(self) -> str:
+        """The command-line flags of the modes on, for the replay line."""
+        on = [("--compaction", self.compaction), ("--short-retention", self.short_retention),
+              ("--partitions", self.partitions), ("--watch", self.watch)]
+        timeout = [f"--op-timeout {self.op_timeout_s:g}"] if self.op_timeout_s != OP_TIMEOUT_S else []
+        return "".join(f" {flag}" for flag in [name for name, yes in on if yes] + timeout)
 
 
 @dataclass
@@ -55,6 +76,10 @@ class Outcome:
     commit: int = -1
     checked_from: int = 0     # the kv logs were compared from here (where every node holds them as written)
     digests_equal: int = 0    # groups whose views were compared after stopping (compaction runs)
+    reads_checked: int = 0    # reads whose version was checked (tests/chaos/versions.py)
+    tail: str = ""            # what the log tail covered
+    watch: str = ""           # what the watch consumer did
+    views_compared: int = 0   # nodes whose final views were compared with the replays
 
     @property
     def exit_code(self) -> int:
@@ -80,10 +105,13 @@ class Clients:
         self.history = History()
         self.stop = asyncio.Event()
         self.acked: list[tuple[str, int, int]] = []    # (key, value, offset) of acknowledged writes
+        self.reads: list[Read] = []                     # reads that returned a value, with its version
+        self.written: list[int] = []                    # the value of every write sent
         self._value = 0
 
     def _next_value(self) -> int:
         self._value += 1
+        self.written.append(self._value)
         return self._value
 
     async def run(self) -> None:
@@ -119,6 +147,7 @@ class Clients:
         self.history.ok(op, value)
         if kv is not None:
             seen.append((value, kv.version))
+            self.reads.append(Read(cid, key, int(kv.value), kv.version, consistency))
 
     async def _write(self, client: AsyncClient, cid: int, key: str, kind: str, seen: list[tuple[int | None, int]],
                      rng: random.Random) -> None:
@@ -143,59 +172,6 @@ class Clients:
         seen.append((value, result.offset))
 
 
-class Nemesis:
-    """Faults drawn from the seed, one node at a time (a majority always stays up), in a thread."""
-
-    def __init__(self, cluster: NodeCluster, params: ChaosParams, rng: random.Random, out: TextIO) -> None:
-        self.cluster = cluster
-        self.p = params
-        self.rng = rng
-        self.out = out
-        self.stop = threading.Event()
-        self.faults: Counter[str] = Counter()
-        self.started = time.monotonic()
-
-    def note(self, what: str) -> None:
-        print(f"  [{time.monotonic() - self.started:6.2f}s] {what}", file=self.out, flush=True)
-
-    def run(self) -> None:
-        rng = self.rng
-        while not self.stop.wait(rng.uniform(*self.p.nemesis_gap_s)):
-            kind = rng.choices(("pause", "kill"), weights=(3, 2))[0]
-            role = rng.choices(("leader", "follower"), weights=(3, 1))[0]
-            group = rng.choices(GROUPS, weights=(1, 1, 4))[0]
-            victim = self._pick(role, group)
-            if victim is None:
-                continue
-            if kind == "pause":
-                seconds = rng.uniform(*self.p.pause_s)
-                self.note(f"SIGSTOP node {victim} ({group} {role}) for {seconds:.2f}s")
-                self.cluster.pause(victim)
-                try:
-                    self.stop.wait(seconds)
-                finally:
-                    self.cluster.resume(victim)
-                self.note(f"SIGCONT node {victim}")
-            else:
-                seconds = rng.uniform(*self.p.down_s)
-                self.note(f"kill -9 node {victim} ({group} {role}), restart after {seconds:.2f}s")
-                self.cluster.kill9(victim)
-                self.stop.wait(seconds)
-                self.cluster.restart(victim)
-                self.note(f"node {victim} restarted (READY)")
-            self.faults[f"{kind} {role}"] += 1
-
-    def _pick(self, role: str, group: str) -> int | None:
-        try:
-            leader = self.cluster.leader(group, timeout=3.0)
-        except AssertionError:
-            return self.rng.choice(self.cluster.running()) if self.cluster.running() else None
-        if role == "leader":
-            return leader
-        followers = [i for i in self.cluster.running() if i != leader]
-        return self.rng.choice(followers) if followers else None
-
-
 class ChaosRun:
     def __init__(self, params: ChaosParams, root: Path | None = None, out: TextIO | None = None) -> None:
         import sys
@@ -210,21 +186,23 @@ class ChaosRun:
 
     def run(self) -> Outcome:
         p = self.p
-        flag = " --compaction" if p.compaction else ""
-        self.say(f"chaos: seed={p.seed} seconds={p.seconds} clients={p.clients} keys={p.keys}{flag} dir={self.root} "
-                 f"(replay: python -m tests.chaos --seconds {p.seconds:g} --seed {p.seed}{flag})")
+        self.say(f"chaos: seed={p.seed} seconds={p.seconds} clients={p.clients} keys={p.keys}{p.flags()} "
+                 f"dir={self.root} (replay: python -m tests.chaos --seconds {p.seconds:g} --seed {p.seed}{p.flags()})")
         extra: dict[str, Any] = {}
-        if p.compaction:
+        if p.short_retention:
+            extra = {"snapshot_every_entries": SHORT_RETENTION_SNAPSHOT_EVERY, "log": COMPACTION_LOG,
+                     "compaction": SHORT_RETENTION}
+        elif p.compaction:
             extra = {"snapshot_every_entries": COMPACTION_SNAPSHOT_EVERY, "log": COMPACTION_LOG,
                      "compaction": COMPACTION}
-        cluster = NodeCluster(self.root / "cluster", seed=p.seed, name="chaos", **extra)
+        cluster = NodeCluster(self.root / "cluster", seed=p.seed, name="chaos", proxied=p.partitions, **extra)
         outcome = Outcome()
         try:
             cluster.start()
             for g in GROUPS:
                 cluster.leader(g, timeout=30)
             asyncio.run(self._run(cluster, outcome))
-            if p.compaction and outcome.converged_s >= 0:
+            if (p.compaction or p.short_retention) and outcome.converged_s >= 0:
                 self._check_digests(cluster, outcome)
         finally:
             cluster.close()
@@ -238,7 +216,12 @@ class ChaosRun:
     async def _run(self, cluster: NodeCluster, outcome: Outcome) -> None:
         p = self.p
         clients = Clients(cluster.endpoints, p, random.Random(self.rng.getrandbits(64)))
-        nemesis = Nemesis(cluster, p, random.Random(self.rng.getrandbits(64)), self.out)
+        nemesis = Nemesis(cluster, random.Random(self.rng.getrandbits(64)), self.out, partitions=p.partitions,
+                          gap_s=p.nemesis_gap_s, pause_s=p.pause_s, down_s=p.down_s, isolate_s=p.isolate_s)
+        tail = LogTail(cluster.endpoints)
+        watcher = WatchConsumer(cluster.endpoints, p.op_timeout_s) if p.watch else None
+        following = asyncio.ensure_future(tail.run())
+        watching = asyncio.ensure_future(watcher.run()) if watcher is not None else None
         self.say("nemesis:")
         workload = asyncio.ensure_future(clients.run())
         faults = asyncio.ensure_future(asyncio.to_thread(nemesis.run))
@@ -247,10 +230,14 @@ class ChaosRun:
         finally:
             nemesis.stop.set()
             clients.stop.set()
+            tail.stop.set()
             await faults
             await asyncio.wait_for(workload, p.op_timeout_s * 3 + 10)
+            await asyncio.wait_for(following, p.op_timeout_s * 3 + 10)
         outcome.faults = nemesis.faults
-        # Heal: every node runs and none is stopped.
+        # Heal: every link passes, every node runs and none is stopped.
+        if cluster.net is not None:
+            cluster.net.heal()
         for i in cluster.nodes:
             if cluster.nodes[i].running:
                 cluster.resume(i)
@@ -270,8 +257,70 @@ class ChaosRun:
         elif verdict.inconclusive:
             outcome.inconclusive = f"key {verdict.key}: {verdict.detail}"
         outcome.acked_writes = len(clients.acked)
-        if not stuck:
-            await self._check_replicas(cluster, clients, outcome)
+        try:
+            if not stuck:
+                await self._check_replicas(cluster, clients, outcome)
+                await self._check_observers(cluster, clients, tail, watcher, outcome)
+        finally:
+            if watching is not None:
+                watching.cancel()
+                await asyncio.gather(watching, return_exceptions=True)
+        outcome.violations += check_versions(clients.acked, clients.reads, tail.records, tail.coverage,
+                                             clients.written)
+        outcome.reads_checked = len(clients.reads)
+        gaps = ", ".join(f"[{lo}, {hi})" for lo, hi in tail.gaps)
+        outcome.tail = (f"{len(tail.records)} chaos records in offsets [0, {tail.next_offset})"
+                        + (f" except compacted {gaps}" if gaps else ""))
+        del outcome.violations[20:]
+
+    async def _check_observers(self, cluster: NodeCluster, clients: Clients, tail: LogTail,
+                               watcher: WatchConsumer | None, outcome: Outcome) -> None:
+        """Once converged: the tail read through the commit offset, the watch delivered the last chaos
+        event, and replaying each (the tail when it holds the whole log) yields every node's views."""
+        commit = outcome.commit
+        if not await tail.drain(commit, CATCH_UP_S):
+            outcome.violations.append(f"the log tail did not reach the commit offset {commit} within {CATCH_UP_S:.0f}s "
+                                      f"(next offset {tail.next_offset})")
+            return
+        last = max((o for o in tail.records if o <= commit), default=-1)
+        replays: dict[str, Replay] = {}
+        if not tail.gaps and all(r.applied is not None for r in tail.records.values()):
+            replays["the log's replay"] = replay = Replay()
+            for offset, event, applied in tail.events:
+                if offset <= commit:
+                    replay.apply(offset, event, applied)
+        if watcher is not None:
+            deadline = time.monotonic() + CATCH_UP_S
+            while watcher.last_offset < last and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            outcome.violations += [f"watch: {problem}" for problem in watcher.problems[:5]]
+            outcome.watch = (f"{watcher.events} events, {watcher.replay.skipped} marked not applied"
+                             + ("" if watcher.flag_seen else " (the watch does not say `applied`)")
+                             + (f", re-listed at offsets {watcher.relisted}" if watcher.relisted else "")
+                             + (f", {len(watcher.errors)} watch calls failed (last: {watcher.errors[-1]:.100})"
+                                if watcher.errors else ""))
+            if watcher.last_offset < last:
+                outcome.violations.append(f"watch: the last chaos event (offset {last}) was not delivered within "
+                                          f"{CATCH_UP_S:.0f}s of convergence (last delivered: {watcher.last_offset})")
+            else:
+                replays["the watch's replay"] = watcher.replay
+        names = list(clients.keys)
+        differ: dict[tuple[str, str], list[int]] = {}   # (replay, its differences) -> nodes
+        for i in cluster.nodes if replays else ():
+            views: dict[str, tuple[int, int]] = {}
+            async with AsyncClient([cluster.endpoint(i)], timeout=10) as client:
+                for name in names:
+                    kv = await client.get(name, consistency="local", min_offset=commit)
+                    if kv is not None:
+                        views[name] = (int(kv.value), kv.version)
+            for what, replay in replays.items():
+                diff = "; ".join(f"{n}: {replay.state.get(n)} vs {views.get(n)}" for n in names
+                                 if replay.state.get(n) != views.get(n))
+                if diff:
+                    differ.setdefault((what, diff), []).append(i)
+            outcome.views_compared += 1
+        outcome.violations += [f"{what} differs from the views (value, version) of node(s) {nodes} at offset "
+                               f"{commit}: {diff}" for (what, diff), nodes in differ.items()]
 
     def _converge(self, cluster: NodeCluster) -> str:
         """Wait until every member of every group applied its leader's commit offset and the leader
@@ -342,7 +391,6 @@ class ChaosRun:
             diff = sorted(o for o in set(log) | set(first) if o >= common and log.get(o) != first.get(o))
             if diff:
                 outcome.violations.append(f"node {i}'s kv log differs from node 1's at offsets {diff[:10]}")
-        del outcome.violations[20:]
 
     def _check_digests(self, cluster: NodeCluster, outcome: Outcome) -> None:
         """Stop the nodes once converged; every group's views must be equal on every node (the state
@@ -360,9 +408,12 @@ class ChaosRun:
         self.say(f"  operations: {dict(sorted(o.ops.items()))}")
         self.say(f"  acknowledged writes: {o.acked_writes}; kv commit offset {o.commit}; "
                  + (f"converged {o.converged_s:.2f}s after healing" if o.converged_s >= 0 else "did not converge"))
-        if self.p.compaction:
+        if self.p.compaction or self.p.short_retention:
             self.say(f"  compaction: kv logs compared from offset {o.checked_from}; views of {o.digests_equal} "
                      f"groups compared after stopping")
+        self.say(f"  versions: {o.reads_checked} reads checked; log tail: {o.tail or 'none'}")
+        if self.p.watch:
+            self.say(f"  watch: {o.watch or 'not checked'}; final views of {o.views_compared} nodes compared")
         if o.inconclusive:
             self.say(f"  linearizability search inconclusive: {o.inconclusive}")
         for v in o.violations:
@@ -374,19 +425,27 @@ class ChaosRun:
 async def _read_log(client: AsyncClient, endpoint: str,
                     through: int) -> tuple[int, dict[int, tuple[str, bytes | None, bool | None]]]:
     """Node `endpoint`'s kv records from where it holds them as written through offset `through`:
-    (that offset, offset -> (key, event bytes, applied))."""
-    out: dict[int, tuple[str, bytes | None, bool | None]] = {}
-    start = offset = (await client.read_events("kv", through, max_events=1, endpoint=endpoint)).log_start
-    while offset <= through:
-        events = await client.read_events("kv", offset, max_events=1000, endpoint=endpoint)
-        for r in events.events:
-            if r.offset <= through:
-                out[r.offset] = (r.key, r.value, r.applied)
-        if events.next_offset <= offset:
-            raise AssertionError(f"{endpoint}: read_events made no progress at offset {offset} (commit "
-                                 f"{events.commit_offset})")
-        offset = events.next_offset
-    return start, out
+    (that offset, offset -> (key, event bytes, applied)). Read again from the new start if the
+    cleaner moves it meanwhile."""
+    for _ in range(3):
+        out: dict[int, tuple[str, bytes | None, bool | None]] = {}
+        # Asked past its end, a node says where its log starts without refusing (one that just installed
+        # a snapshot at `through` holds nothing as written through it, and would answer `compacted`).
+        start = offset = (await client.read_events("kv", 1 << 62, max_events=1, endpoint=endpoint)).log_start
+        try:
+            while offset <= through:
+                events = await client.read_events("kv", offset, max_events=1000, endpoint=endpoint)
+                for r in events.events:
+                    if r.offset <= through:
+                        out[r.offset] = (r.key, r.value, r.applied)
+                if events.next_offset <= offset:
+                    raise AssertionError(f"{endpoint}: read_events made no progress at offset {offset} (commit "
+                                         f"{events.commit_offset})")
+                offset = events.next_offset
+        except CompactedError:
+            continue
+        return start, out
+    raise AssertionError(f"{endpoint}: the kv log start kept moving while it was read")
 
 
 async def _history(client: AsyncClient, key: str, commit: int) -> tuple[int, dict[int, int | None]]:
