@@ -165,7 +165,7 @@ class ClusterCA:
         directory = Path(directory)
         ca = cls.load(directory) if (directory / "ca.crt").exists() else cls.create(directory, cluster)
         if ca.cluster != cluster:
-            raise CertsError(f"the CA in {directory} is cluster {ca.cluster!r}'s, not {cluster!r}'s")
+            raise CertsError(f"the CA in {directory} is for cluster {ca.cluster!r}, not {cluster!r}")
         return ca
 
     # --- issuing -------------------------------------------------------------------------------
@@ -195,8 +195,7 @@ class ClusterCA:
                 .sign(self.key, hashes.SHA256()))
         return cert, key
 
-    def _save(self, out: Path, stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> IssuedFiles:
-        files = IssuedFiles(out / f"{stem}.crt", out / f"{stem}.key", out / "ca.crt")
+    def _save(self, files: IssuedFiles, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> IssuedFiles:
         _write(files.key, _key_pem(key), 0o600)
         _write(files.cert, _cert_pem(cert), 0o644)
         _write(files.ca, _cert_pem(self.cert), 0o644)
@@ -205,11 +204,17 @@ class ClusterCA:
     def issue_member(self, node_id: int, out: str | Path, *, days: int = LEAF_DAYS) -> IssuedFiles:
         """Node `node_id`'s certificate and key (and the CA's certificate) in `out` as node.crt, node.key,
         ca.crt: the layout of [cluster.tls] when `out` is `<node data dir>/tls`."""
+        out = Path(out)
+        return self.issue_member_files(node_id, IssuedFiles(out / "node.crt", out / "node.key", out / "ca.crt"),
+                                       days=days)
+
+    def issue_member_files(self, node_id: int, files: IssuedFiles, *, days: int = LEAF_DAYS) -> IssuedFiles:
+        """`issue_member` to the paths of `files` (a [cluster.tls] with other file names)."""
         if node_id < 1:
             raise CertsError(f"node id {node_id}: must be a positive integer")
         cert, key = self._issue(node_identity(self.cluster, node_id), f"node-{node_id}",
                                 [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH], days)
-        return self._save(Path(out), "node", cert, key)
+        return self._save(files, cert, key)
 
     def issue_client(self, name: str, out: str | Path, *, days: int = LEAF_DAYS) -> IssuedFiles:
         """A client certificate (`<name>.crt`, `<name>.key`, ca.crt in `out`) for the client faces; the
@@ -218,7 +223,8 @@ class ClusterCA:
             raise CertsError(f"client name {name!r}: a plain file name is needed")
         cert, key = self._issue(client_identity(self.cluster, name), f"client-{name}",
                                 [ExtendedKeyUsageOID.CLIENT_AUTH], days)
-        return self._save(Path(out), name, cert, key)
+        out = Path(out)
+        return self._save(IssuedFiles(out / f"{name}.crt", out / f"{name}.key", out / "ca.crt"), cert, key)
 
     def issued(self, cert: x509.Certificate) -> bool:
         """Whether this CA signed `cert`."""
@@ -228,13 +234,13 @@ class ClusterCA:
             return False
         return True
 
-    def member_is_current(self, node_id: int, cert_path: Path, key_path: Path, ca_path: Path) -> bool:
+    def member_is_current(self, node_id: int, files: IssuedFiles) -> bool:
         """Whether the files hold a certificate this CA issued to `node_id`, with its key, valid for at
         least RENEW_BEFORE more (what `up` checks before re-issuing)."""
         try:
-            cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
-            key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
-            ca_copy = x509.load_pem_x509_certificate(ca_path.read_bytes())
+            cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
+            key = serialization.load_pem_private_key(files.key.read_bytes(), password=None)
+            ca_copy = x509.load_pem_x509_certificate(files.ca.read_bytes())
         except (OSError, ValueError, TypeError):
             return False
         return (ca_copy == self.cert and self.issued(cert) and key.public_key() == cert.public_key()

@@ -1,6 +1,9 @@
 """A cluster of real `epochlog serve` processes for end-to-end tests of the node, the SDK and the CLI.
 
-Theory of operation. `NodeCluster` writes one TOML config (`cluster.toml`, every member with a
+Theory of operation. `NodeCluster` makes a CA for the cluster (`<root>/ca`) and gives each node a member
+certificate in `<data dir>/tls` before it first starts (tests/tls.py: the members speak mutual TLS, as
+in production; `insecure=True` writes `[cluster.tls] insecure = true` instead), writes one TOML config
+(`cluster.toml`, every member with a
 peer, client and admin address on free 127.0.0.1 ports) under the test's directory and runs each
 member as `python -m epochlog serve --config cluster.toml --node-id N --data-dir node-N`, with
 stdout and stderr in files (one pair per incarnation: `node-<id>.<n>.out/.err`). A node counts as
@@ -40,6 +43,7 @@ from epochlog.client import Client
 from eventlog.errors import EpochlogError
 from statemachines.store import APPLIED, DIGEST, ViewStore, decode_offset
 from tests.runtime.cluster import free_ports
+from tests.tls import provision
 
 T = TypeVar("T")
 
@@ -108,8 +112,9 @@ class NodeCluster:
                  log: dict[str, object] | None = None, views: dict[str, object] | None = None,
                  clients: dict[str, object] | None = None, grpc: bool = False,
                  cluster: dict[str, object] | None = None,
-                 compaction: dict[str, object] | None = None) -> None:
+                 compaction: dict[str, object] | None = None, insecure: bool = False) -> None:
         self.root = root
+        self.insecure = insecure
         self.root.mkdir(parents=True, exist_ok=True)
         self.seed = seed
         self.rng = random.Random(seed)
@@ -143,6 +148,8 @@ class NodeCluster:
             lines += ["[[cluster.members]]", f"id = {n.id}", f'peer_address = "{n.peer_address}"',
                       f'client_address = "{n.client_address}"', f'admin_address = "{n.admin_address}"']
             lines += [f'grpc_address = "{n.grpc_address}"', ""] if n.grpc_address else [""]
+        if self.insecure:
+            lines += ["[cluster.tls]", "insecure = true", ""]
         for section, values in (("raft", self.raft), ("log", self.log), ("views", self.views),
                                 ("clients", self.clients), ("compaction", self.compaction)):
             if values:
@@ -180,9 +187,15 @@ class NodeCluster:
         for i in ids if wait else ():
             self.wait_ready(i)
 
+    def provision_tls(self, node_id: int) -> None:
+        """Node `node_id`'s member certificate in `<data dir>/tls` (made once; the CA on first use)."""
+        if not self.insecure:
+            provision(self.root / "ca", self.name, {node_id: self.nodes[node_id].data_dir})
+
     def _spawn(self, node_id: int) -> None:
         node = self.nodes[node_id]
         assert not node.running, f"node {node_id} is already running"
+        self.provision_tls(node_id)
         node.incarnation += 1
         node.out_path = self.root / f"node-{node_id}.{node.incarnation}.out"
         node.err_path = self.root / f"node-{node_id}.{node.incarnation}.err"
