@@ -98,7 +98,8 @@ class ServeNode:
 class NodeCluster:
     """`size` `epochlog serve` processes of one cluster (see the module docstring).
 
-    `groups`, `tick_interval_ms`, `snapshot_every_entries` go to `[cluster]`; `cluster`, `raft`, `log`,
+    `groups`, `tick_interval_ms`, `snapshot_every_entries` go to `[cluster]`; `cluster` (a dict value is a
+    sub-table: `cluster={"peer_limits": {...}}`), `raft`, `log`,
     `views`, `clients` and `compaction` are extra keys of those sections (a dict value is a sub-table:
 `compaction={"cleaner": {...}}` is `[compaction.cleaner]`); `grpc` gives every member a
     gRPC address too. Logs get 1 MiB segments and the views small caches unless told otherwise (the
@@ -143,13 +144,16 @@ class NodeCluster:
         lines = ["[cluster]", f'name = "{self.name}"', "groups = [" + ", ".join(f'"{g}"' for g in self.groups) + "]",
                  f"tick_interval_ms = {self.tick_interval_ms}",
                  f"snapshot_every_entries = {self.snapshot_every_entries}",
-                 *(f"{k} = {_toml(v)}" for k, v in self.cluster_extra.items()), ""]
+                 *(f"{k} = {_toml(v)}" for k, v in self.cluster_extra.items() if not isinstance(v, dict)), ""]
         for n in self.nodes.values():
             lines += ["[[cluster.members]]", f"id = {n.id}", f'peer_address = "{n.peer_address}"',
                       f'client_address = "{n.client_address}"', f'admin_address = "{n.admin_address}"']
             lines += [f'grpc_address = "{n.grpc_address}"', ""] if n.grpc_address else [""]
+        tables = {k: dict(v) for k, v in self.cluster_extra.items() if isinstance(v, dict)}
         if self.insecure:
-            lines += ["[cluster.tls]", "insecure = true", ""]
+            tables["tls"] = {**tables.get("tls", {}), "insecure": True}
+        for name, table in tables.items():   # e.g. cluster={"peer_limits": {...}} is [cluster.peer_limits]
+            lines += [f"[cluster.{name}]", *(f"{k} = {_toml(v)}" for k, v in table.items()), ""]
         for section, values in (("raft", self.raft), ("log", self.log), ("views", self.views),
                                 ("clients", self.clients), ("compaction", self.compaction)):
             if values:
