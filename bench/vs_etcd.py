@@ -158,7 +158,9 @@ def run_epochlog(case: tuple[str, str, int, int, list[str], list[str]], n: int, 
                               "--server-pids", ",".join(str(p.pid) for p in procs), *our_args],
                              cwd=ROOT, capture_output=True, text=True, timeout=300)
         if out.returncode != 0:
-            raise RuntimeError(f"bench.node_load failed ({out.returncode}):\n{out.stderr[-3000:]}")
+            tails = "".join(f"\n--- node-{i}.log:\n" + (data / f"node-{i}.log").read_text(errors="replace")[-1500:]
+                            for i in (1, 2, 3))
+            raise RuntimeError(f"bench.node_load failed ({out.returncode}):\n{out.stderr[-3000:]}{tails}")
         return last_json_line(out.stdout)
     finally:
         for proc in procs:
