@@ -481,3 +481,14 @@ def test_missing_or_wrong_tls_files_refuse_the_node_with_one_line(pki: Pki, tmp_
     with pytest.raises(ConfigError, match="cluster.tls.key_file = .*cannot be used with"):
         load_peer_tls(wrong_key, pki.node_dir(1), CLUSTER, 1)
     assert load_peer_tls(PeerTlsConfig(insecure=True), tmp_path / "empty", CLUSTER, 1) is None
+
+
+def test_an_expired_certificate_refuses_the_node_and_one_near_its_end_warns(
+        pki: Pki, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pki.ca.issue_member(1, tmp_path / "expired" / "tls", days=0)   # valid until the moment it was made
+    with pytest.raises(ConfigError, match=r"cluster.tls.cert_file = .* is valid from .* UTC, not now"):
+        load_peer_tls(PeerTlsConfig(), tmp_path / "expired", CLUSTER, 1)
+    pki.ca.issue_member(1, tmp_path / "soon" / "tls", days=10)
+    with caplog.at_level(logging.WARNING, logger="eventlog.raft.runtime.tls"):
+        assert load_peer_tls(PeerTlsConfig(), tmp_path / "soon", CLUSTER, 1) is not None
+    assert any("expires on" in r.getMessage() for r in caplog.records)
