@@ -177,6 +177,8 @@ BAD = [
     (("cluster", "tls"), "insecure", "yes", "cluster.tls.insecure = 'yes': must be true or false"),
     (("cluster", "tls"), "ca_path", "x", "cluster.tls.ca_path = 'x': unknown key"),
     (("cluster", "peer_limits"), "hello_timeout_ms", 5, "cluster.peer_limits.hello_timeout_ms = 5: must be >= 100"),
+    (("cluster", "peer_limits"), "partial_frames_bytes", 2 << 20, "cluster.peer_limits.partial_frames_bytes = "
+                                                                  "2097152: must hold the largest frame"),
     (("raft",), "election_timeout_ticks", 1, "raft.election_timeout_ticks = 1: must be >= 2"),
     (("raft",), "heartbeat_interval_ticks", 10, "raft.heartbeat_interval_ticks = 10: must be below"),
     (("log",), "flush_policy", "sometimes", "log.flush_policy = 'sometimes': must be one of"),
