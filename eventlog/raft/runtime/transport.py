@@ -74,6 +74,7 @@ MAX_FRAME_BYTES = 256 << 20      # any frame, once the hello is done
 HELLO_MAX_BYTES = 4096           # a frame before the hello (a hello is a cluster name and a node id)
 FRAME_SPLIT_BYTES = 4 << 20      # a flush cuts its batch into frames of about this size
 LOG_INTERVAL_S = 10.0            # at most one WARNING per reason for closing a connection this often
+READ_BUFFER_BYTES = 64 << 10     # each connection's receive buffer (see _Connection)
 
 
 class Hello(msgspec.Struct, tag="hello"):
@@ -131,7 +132,7 @@ class FrameReader:
         """Bytes received of frames not yet taken (the next frame's, complete or not)."""
         return len(self._buf) - self._pos
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | memoryview) -> None:
         self._buf += data
 
     def next_frame(self) -> Frame | None:
@@ -186,7 +187,11 @@ class ConnectionCloses:
         logger.warning("node %s: closing peer connection (%s): %s%s", self.node_id, reason, what, more)
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(asyncio.BufferedProtocol):
+    """One peer connection. A BufferedProtocol: the TLS layer (asyncio's and uvloop's) decrypts straight
+    into `get_buffer`'s fixed buffer, where a plain Protocol costs a 256 KiB allocation and an
+    SSLWantReadError per read; the bytes are then fed to the FrameReader."""
+
     def __init__(self, owner: PeerTransport, dialed_peer: int | None, address: Any = None) -> None:
         self.owner = owner
         self.peer = dialed_peer            # known up front when we dialed; else from the hello
@@ -201,6 +206,7 @@ class _Connection(asyncio.Protocol):
         self.counted = 0                   # this connection's part of owner.partial_bytes
         self.frame_since: float | None = None   # when the incomplete frame's first byte came (after the hello)
         self.holds_slot = False            # counted in owner.unauthenticated
+        self._received = memoryview(bytearray(READ_BUFFER_BYTES))
 
     def describe(self) -> str:
         who = f"node {self.peer}" if self.peer is not None else "an unidentified peer"
@@ -228,7 +234,13 @@ class _Connection(asyncio.Protocol):
                 return
         transport.write(encode_frame(Hello(owner.cluster, owner.node_id)))
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._received
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._received[:nbytes])
+
+    def data_received(self, data: bytes | memoryview) -> None:
         transport = self.transport
         if transport is None or transport.is_closing():
             return
