@@ -73,7 +73,7 @@ def main() -> None:
     body = "\n".join(lines) + "\n\n" + summary
     print(body)
     if not args.no_write:
-        write_section("peer-tls", body)
+        write_section("peer-tls", body, command=f"python -m bench.peer_tls --rounds {args.rounds} --n {args.n}")
 
 
 if __name__ == "__main__":
