@@ -101,6 +101,10 @@ class Server:
             "[cluster]\nname = \"bench\"\ngroups = [\"metadata\", \"offsets\", \"kv\"]\n" + self.cluster_extra + "\n"
             f"[[cluster.members]]\nid = 1\npeer_address = \"127.0.0.1:{peer}\"\nclient_address = \"{self.address}\"\n\n"
             f"[log]\nsegment_bytes = {self.segment_bytes}\n\n" + self.extra_config)
+        if not (self.data_dir / "tls" / "node.crt").exists():   # peer TLS files (an older build ignores them)
+            from epochlog.certs import ClusterCA
+
+            ClusterCA.load_or_create(self.scratch / "ca", "bench").issue_member(1, self.data_dir / "tls")
         env = dict(os.environ)
         if self.server_root != ROOT:
             env["PYTHONPATH"] = str(self.server_root)

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import msgspec
 
+from epochlog.certs import ClusterCA
+
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
 
@@ -74,6 +76,7 @@ def run(tree: Path, connections: int, frame_mib: int) -> dict[str, object]:
     config.write_text(f'[cluster]\nname = "frame-memory"\ngroups = ["metadata", "offsets", "kv"]\n\n'
                       f'[[cluster.members]]\nid = 1\npeer_address = "{peer}"\nclient_address = "{client}"\n\n'
                       f"[log]\nsegment_bytes = {MIB}\n")
+    ClusterCA.create(work / "ca", "frame-memory").issue_member(1, work / "data" / "tls")   # peer TLS files
     out = work / "node.out"
     env = {**os.environ, "PYTHONPATH": str(tree)}
     with out.open("wb") as sink:

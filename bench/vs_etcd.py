@@ -9,6 +9,10 @@ The ratio column is Epochlog / etcd (> 1: Epochlog is faster).
     .venv/bin/python -m bench.vs_etcd                 # every case (~10 minutes)
     .venv/bin/python -m bench.vs_etcd --scale 0.2     # fewer requests per case (smoke run)
     .venv/bin/python -m bench.vs_etcd --only put-c1   # one case
+    .venv/bin/python -m bench.vs_etcd --peer-tls off  # Epochlog's peers in plaintext ([cluster.tls] insecure)
+
+Epochlog's members speak mutual TLS by default (a CA and member certificates are made per cluster);
+bench/peer_tls.py compares put-c16 with and without it.
 
 Needs /usr/bin/etcd (Debian: apt-get install etcd-server) and the etcd stubs/venv the anchor builds
 (first run: `--setup-etcd` creates /tmp/etcd-bench-venv and /tmp/etcd-bench-stubs as the anchor's
@@ -30,9 +34,13 @@ import time
 from pathlib import Path
 
 from bench.results import write_section
+from epochlog.certs import ClusterCA
 
 ROOT = Path(__file__).resolve().parents[1]
-ANCHOR = (ROOT / ".." / "shared" / "anchors" / "etcd").resolve()
+# ../shared of the main checkout; a git worktree under /work/wt/<branch> finds it one level further up.
+ANCHOR = next((p for p in ((ROOT / ".." / "shared" / "anchors" / "etcd").resolve(),
+                           (ROOT / ".." / ".." / "shared" / "anchors" / "etcd").resolve()) if p.exists()),
+              (ROOT / ".." / "shared" / "anchors" / "etcd").resolve())
 ETCD_VENV = Path(os.environ.get("VENV", "/tmp/etcd-bench-venv"))
 ETCD_STUBS = Path(os.environ.get("ETCD_STUBS", "/tmp/etcd-bench-stubs"))
 
@@ -111,20 +119,28 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def epochlog_config(path: Path, ports: list[int]) -> list[str]:
+def epochlog_config(path: Path, ports: list[int], *, peer_tls: bool = True) -> list[str]:
+    """A 3-node config; with `peer_tls` a CA and the members' certificates next to it (the default
+    [cluster.tls] layout of data dirs node-N), else `[cluster.tls] insecure = true`."""
     members = "".join(
         f'\n[[cluster.members]]\nid = {i}\npeer_address = "127.0.0.1:{ports[i - 1]}"\n'
         f'client_address = "127.0.0.1:{ports[i + 2]}"\n' for i in (1, 2, 3))
-    path.write_text('[cluster]\nname = "bench"\ngroups = ["metadata", "offsets", "kv"]\n' + members)
+    tls = "" if peer_tls else "\n[cluster.tls]\ninsecure = true\n"
+    path.write_text('[cluster]\nname = "bench"\ngroups = ["metadata", "offsets", "kv"]\n' + members + tls)
+    if peer_tls:
+        ca = ClusterCA.create(path.parent / "ca", "bench")
+        for i in (1, 2, 3):
+            ca.issue_member(i, path.parent / f"node-{i}" / "tls")
     return [f"127.0.0.1:{ports[i + 2]}" for i in (1, 2, 3)]
 
 
-def run_epochlog(case: tuple[str, str, int, int, list[str], list[str]], n: int, scratch: Path) -> dict[str, object]:
+def run_epochlog(case: tuple[str, str, int, int, list[str], list[str]], n: int, scratch: Path, *,
+                 peer_tls: bool = True) -> dict[str, object]:
     label, workload, conc, _, _, our_args = case
-    data = scratch / f"epochlog-{label}"
+    data = scratch / f"epochlog-{label}-{'tls' if peer_tls else 'plain'}"
     data.mkdir(parents=True)
     config = data / "cluster.toml"
-    endpoints = epochlog_config(config, free_ports(6))
+    endpoints = epochlog_config(config, free_ports(6), peer_tls=peer_tls)
     procs: list[subprocess.Popen[bytes]] = []
     py = sys.executable
     try:
@@ -142,7 +158,9 @@ def run_epochlog(case: tuple[str, str, int, int, list[str], list[str]], n: int, 
                               "--server-pids", ",".join(str(p.pid) for p in procs), *our_args],
                              cwd=ROOT, capture_output=True, text=True, timeout=300)
         if out.returncode != 0:
-            raise RuntimeError(f"bench.node_load failed ({out.returncode}):\n{out.stderr[-3000:]}")
+            tails = "".join(f"\n--- node-{i}.log:\n" + (data / f"node-{i}.log").read_text(errors="replace")[-1500:]
+                            for i in (1, 2, 3))
+            raise RuntimeError(f"bench.node_load failed ({out.returncode}):\n{out.stderr[-3000:]}{tails}")
         return last_json_line(out.stdout)
     finally:
         for proc in procs:
@@ -186,6 +204,8 @@ def main() -> None:
     ap.add_argument("--setup-etcd", action="store_true", help="build the etcd client venv and stubs first")
     ap.add_argument("--no-write", action="store_true", help="do not write bench/RESULTS.md")
     ap.add_argument("--out", type=Path, default=None, help="also append every JSON result to this file")
+    ap.add_argument("--peer-tls", choices=("on", "off"), default="on",
+                    help="Epochlog's members speak mutual TLS (the default) or plaintext ([cluster.tls] insecure)")
     ap.add_argument("--from-jsonl", type=Path, default=None,
                     help="render the results of an earlier run (its --out file) instead of running")
     args = ap.parse_args()
@@ -209,7 +229,7 @@ def main() -> None:
             n = max(200, int(case[3] * args.scale))
             etcd = run_etcd(case, n, scratch)
             log(f"{case[0]}: etcd {etcd['ops_per_s']} ops/s p50 {etcd['latency_ms']['p50']} ms")  # type: ignore[index]
-            ours = run_epochlog(case, n, scratch)
+            ours = run_epochlog(case, n, scratch, peer_tls=args.peer_tls == "on")
             log(f"{case[0]}: epochlog {ours['ops_per_s']} ops/s p50 {ours['latency_ms']['p50']} ms "  # type: ignore[index]
                 f"errors {ours['errors']}")
             rows.append((case[0], etcd, ours))
@@ -236,7 +256,8 @@ def report(rows: list[tuple[str, dict[str, object], dict[str, object]]], args: a
     write_section("vs-etcd", body + "\n\n" + "\n".join(cpu) +
                   f"\n\nFresh 3-node clusters per case and system; one client process each "
                   f"(etcd: the anchor's grpc.aio generator; Epochlog: bench/node_load.py over the SDK); "
-                  f"requests per case scaled by {args.scale}. Server CPU is the sum over the three nodes. "
+                  f"requests per case scaled by {args.scale}; Epochlog's peer TLS {args.peer_tls}. "
+                  f"Server CPU is the sum over the three nodes. "
                   f"Load average when rendered: {' '.join(loadavg)}. "
                   f"Run-to-run spread on this shared machine is 10-25 %: compare ratios within one run.",
                   command=command)

@@ -1,6 +1,7 @@
 """The `epochlog` command line.
 
-Offline tools (`log dump|verify|clean`, `demo`), `serve` (run a node), `up` (a local cluster), and the
+Offline tools (`log dump|verify|clean`, `demo`), `serve` (run a node), `up` (a local cluster), `certs`
+(the cluster CA and its certificates: epochlog/cli_certs.py), and the
 client commands of a running cluster (`status`, `put`, `get`, `ls`, `del`, `watch`, `history`,
 `events tail`, `leader transfer`, `snapshot`, `member ...`: epochlog/cli_client.py).
 
@@ -20,9 +21,9 @@ from pathlib import Path
 
 import click
 
-from epochlog import cli_brokers, cli_client
-from spark import cli as spark_cli
+from epochlog import cli_brokers, cli_certs, cli_client
 from eventlog.errors import EpochlogError
+from spark import cli as spark_cli
 
 EXIT_ERROR = 3
 EXIT_USAGE = 64
@@ -220,11 +221,11 @@ def serve_command(config_path: Path, node_id: int, data_dir: Path | None, seed: 
     """Run node N of the cluster described in the config, with all its groups, until SIGTERM/SIGINT."""
     import asyncio
 
+    from epochlog.identity import resolve_member
+    from epochlog.logs import configure
+    from epochlog.serve import serve
     from eventlog.raft.runtime import faults
     from eventlog.raft.runtime.config import load_node_configs
-    from epochlog.logs import configure
-    from epochlog.identity import resolve_member
-    from epochlog.serve import serve
 
     configure("json" if log_format == "json" else "text", node_id)
     try:
@@ -241,6 +242,7 @@ def serve_command(config_path: Path, node_id: int, data_dir: Path | None, seed: 
 
 cli_client.register(cli)
 cli_brokers.register(cli)   # brokers, routes, topic create, broker run, sim brokers (the controller)
+cli_certs.register(cli)     # certs init|member|client|show (the cluster CA)
 spark_cli.register(cli)   # export, audit (pyspark is imported only when they run)
 
 

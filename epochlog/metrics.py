@@ -50,6 +50,10 @@ Families (counters get the `_total` suffix on the wire):
     epochlog_cleaner_failures_total{group}   counter
     epochlog_cleaner_bytes_reclaimed_total{group} counter log bytes key compaction reclaimed
     epochlog_cleaner_records_dropped_total{group} counter records it dropped (superseded, tombstones, no-ops)
+    epochlog_peer_connections_closed_total{reason} counter peer connections the transport closed or refused:
+                                                         tls_handshake, identity, hello_timeout, frame_timeout,
+                                                         partial_frames, unauthenticated_connections, bad_frame
+                                                         (eventlog.raft.runtime.transport)
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ class Metrics:
         self.log_appended_bytes = Counter("epochlog_log_appended_bytes", "Bytes appended to a group's log.",
                                           ["group"], registry=r)
         self.registry.register(_GroupCollector(node))
+        self.registry.register(_PeerCollector(node))
         for name, group in node.host.groups.items():
             group.storage.log.observer = _LogTimings(self, name)
 
@@ -206,3 +211,20 @@ class _GroupCollector(Collector):
                     stalls, elections, changes, proposals, events, halted, floor, snapshot, snapshots,
                     snapshot_failures, installed, segments, pruned, disk_full, clean_end, clean_passes, clean_failures,
                     clean_reclaimed, clean_dropped)
+
+
+class _PeerCollector(Collector):
+    """The peer transport's closed connections by reason, read at scrape time."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def collect(self) -> Iterator[Metric]:
+        closed = CounterMetricFamily("epochlog_peer_connections_closed", "Peer connections this node closed or "
+                                     "refused, by reason (a limit of [cluster.peer_limits], a failed TLS "
+                                     "handshake, an identity refused, a bad frame).", labels=["reason"])
+        transport = self.node.host.transport
+        if transport is not None:
+            for reason, count in sorted(transport.closes.counts.items()):
+                closed.add_metric([reason], count)
+        yield closed

@@ -17,6 +17,12 @@ leader, term, commit and applied offsets, events/s (the rate of the commit offse
 `RATE_WINDOW_S`), and each member's lag (the leader's commit offset minus the member's own applied
 offset). On a terminal the rows are drawn with rich.live; otherwise one plain line per second.
 
+Peer TLS (`ensure_certificates`, before any node starts): unless the config says `[cluster.tls]
+insecure`, `up` keeps the cluster's CA in `<data-dir>/ca/` and each member's certificate, key and CA
+copy where `[cluster.tls]` says (by default `<data-dir>/node-N/tls/`), made when missing and re-issued
+when this CA issued them and they expire within 30 days; files the CA did not issue are left to the
+node's own check. So a local cluster is mutual TLS without any configuration.
+
 Stopping (SIGINT, SIGTERM, or the end of `--seconds`): the demo load finishes, then SIGTERM to every
 node, a wait of up to `STOP_TIMEOUT_S`, SIGKILL for what is left (a second signal does that at once).
 The data stays: the same command resumes the cluster from disk.
@@ -534,10 +540,38 @@ class Outcome:
         self.reasons.append(reason)
 
 
+def ensure_certificates(plan: Plan) -> list[str]:
+    """The local cluster's CA and member certificates (see the module docstring); what was made."""
+    from epochlog.certs import ClusterCA, IssuedFiles, load_certificate
+
+    tls = plan.configs.cluster.tls
+    if tls.insecure:
+        return []
+    ca_dir = plan.data_dir / "ca"
+    made = [] if (ca_dir / "ca.crt").exists() else [f"the cluster CA in {ca_dir}"]
+    ca = ClusterCA.load_or_create(ca_dir, plan.configs.cluster.name)
+    for m in plan.members:
+        node_dir = plan.node_dir(m.id)
+        files = IssuedFiles(tls.path("cert_file", node_dir), tls.path("key_file", node_dir),
+                            tls.path("ca_file", node_dir))
+        if ca.member_is_current(m.id, files):
+            continue
+        if files.cert.exists() and not ca.issued(load_certificate(files.cert)):
+            continue   # not ours: the node checks it at start
+        ca.issue_member_files(m.id, files)
+        made.append(f"node {m.id}'s certificate {files.cert}")
+    return made
+
+
 def up(config_path: Path, *, nodes: int | None, data_dir: Path, seconds: float | None, demo_load: bool,
        live: bool | None = None) -> int:
     """Run the cluster until a signal (or `seconds` after every group has a leader); the exit code."""
     plan = make_plan(config_path, nodes, data_dir)
+    made = ensure_certificates(plan)
+    if made:
+        print(f"peer TLS: made {', '.join(made)}", flush=True)
+    elif plan.configs.cluster.tls.insecure:
+        print("peer TLS is OFF ([cluster.tls] insecure = true): the nodes log a warning", flush=True)
     return asyncio.run(_run(plan, seconds=seconds, demo_load=demo_load,
                             live=sys.stdout.isatty() if live is None else live))
 

@@ -30,6 +30,7 @@ from epochlog.client.errors import ClientError
 from epochlog.logs import ContextFilter
 from epochlog.serve import RunningNode
 from tests.runtime.cluster import free_ports
+from tests.tls import provision
 
 T = TypeVar("T")
 
@@ -57,6 +58,7 @@ def write_config(root: Path, members: int, rng: random.Random) -> Path:
               '[views]', 'block_cache_bytes = 8388608', 'write_buffer_bytes = 1048576', '']
     path = root / "cluster.toml"
     path.write_text("\n".join(lines))
+    provision(root / "ca", "admin-test", {i: root / f"n{i}" for i in range(1, members + 1)})   # data dirs n<id>
     return path
 
 

@@ -23,19 +23,27 @@ import pytest
 
 from compaction.config import CleanerConfig, CompactionConfig, compaction_configs
 from controller.config import ControllerConfig, controller_config
+from epochlog.client import Client
+from epochlog.server import ClientServiceConfig
 from eventlog.config import LogConfig
 from eventlog.configuration import from_mapping, load_toml
 from eventlog.raft.config import RaftConfig
-from eventlog.raft.runtime.config import ClusterConfig, MemberConfig, load_node_configs
-from epochlog.client import Client
-from epochlog.server import ClientServiceConfig
+from eventlog.raft.runtime.config import (
+    ClusterConfig,
+    MemberConfig,
+    PeerLimitsConfig,
+    PeerTlsConfig,
+    load_node_configs,
+)
 from statemachines.store import ViewsConfig
 from tests.epochlog.local_cluster import ROOT, cluster_document, epochlog_argv, scheme_bases, write_config
+from tests.tls import provision
 
 CONFIGS = ROOT / "configs"
 PRODUCTION = CONFIGS / "production.example.toml"
 SHIPPED = ("single.toml", "local-3.toml", "production.example.toml")
-SECTIONS: dict[str, Any] = {"cluster": ClusterConfig, "cluster.members": MemberConfig, "raft": RaftConfig,
+SECTIONS: dict[str, Any] = {"cluster": ClusterConfig, "cluster.members": MemberConfig,
+                            "cluster.tls": PeerTlsConfig, "cluster.peer_limits": PeerLimitsConfig, "raft": RaftConfig,
                             "log": LogConfig, "views": ViewsConfig, "controller": ControllerConfig,
                             "clients": ClientServiceConfig,
                             "compaction": CompactionConfig,
@@ -52,16 +60,16 @@ def rng() -> random.Random:
 
 def documented_keys(text: str) -> dict[tuple[str, str], str]:
     """(section, key) -> the comment block just above the key's line (first occurrence; a key may be
-    commented out, `# key = value`, when the example leaves it unset). `[[cluster.members]]` counts
-    as the key `members` of [cluster]."""
+    commented out, `# key = value`, when the example leaves it unset). A sub-table, `[[cluster.members]]`
+    or `[cluster.tls]`, counts as the key `members` (`tls`) of [cluster]."""
     found: dict[tuple[str, str], str] = {}
     section, comments = "", []
     for line in text.splitlines():
         header = re.match(r"^\[\[?([a-z_.]+)\]\]?$", line)
         if header:
             section = header.group(1)
-            if line.startswith("[["):
-                parent, _, key = section.rpartition(".")
+            parent, _, key = section.rpartition(".")
+            if parent:
                 found.setdefault((parent, key), "\n".join(comments))
             comments = []
             continue
@@ -98,7 +106,7 @@ def test_production_example_documents_every_key_with_its_default():
             if not f.metadata.get("doc") or "Default:" not in comment:
                 undocumented.append(f"{section}.{f.name}")
                 continue
-            if section != "cluster.members" and f.name != "members":
+            if section != "cluster.members" and f.name != "members" and f.default is not dataclasses.MISSING:
                 expected = f"Default: {toml_literal(f.default)}"
                 if expected not in comment:
                     wrong_default.append(f"{section}.{f.name} (expected {expected!r})")
@@ -112,6 +120,7 @@ def test_production_example_uses_the_defaults_it_does_not_explain():
                                                           "clients", "compaction"}
     configs = load_node_configs(PRODUCTION)
     assert configs.raft == RaftConfig() and configs.log == LogConfig()
+    assert configs.cluster.tls == PeerTlsConfig() and configs.cluster.peer_limits == PeerLimitsConfig()
     assert compaction_configs(configs.compaction) == (CompactionConfig(), CleanerConfig())
     cluster = configs.cluster
     assert (cluster.snapshot_every_entries, cluster.snapshot_every_bytes) == (
@@ -139,6 +148,7 @@ def test_single_toml_serves_one_node(tmp_path, rng):
         document["cluster"]["members"][0][kind] = f"127.0.0.1:{base + 1}"
     document["log"]["segment_bytes"] = 1 << 20   # the shipped 64 MiB would preallocate 0.4 GB here
     config = write_config(tmp_path / "single.toml", document)
+    provision(tmp_path / "ca", "single", {1: tmp_path / "node-1"})   # peer TLS: the default layout
     out = tmp_path / "serve.out"
     with out.open("wb") as sink:
         proc = subprocess.Popen(epochlog_argv("serve", "--config", str(config), "--node-id", "1",
@@ -169,6 +179,11 @@ BAD = [
     (("cluster",), "nmae", "x", "cluster.nmae = 'x': unknown key"),
     (("cluster", "members", 0), "peer_address", "nowhere", "cluster.members[0].peer_address = 'nowhere': "
                                                             "must be host:port"),
+    (("cluster", "tls"), "insecure", "yes", "cluster.tls.insecure = 'yes': must be true or false"),
+    (("cluster", "tls"), "ca_path", "x", "cluster.tls.ca_path = 'x': unknown key"),
+    (("cluster", "peer_limits"), "hello_timeout_ms", 5, "cluster.peer_limits.hello_timeout_ms = 5: must be >= 100"),
+    (("cluster", "peer_limits"), "partial_frames_bytes", 2 << 20,
+     "cluster.peer_limits.partial_frames_bytes = 2097152: must hold the largest frame"),
     (("raft",), "election_timeout_ticks", 1, "raft.election_timeout_ticks = 1: must be >= 2"),
     (("raft",), "heartbeat_interval_ticks", 10, "raft.heartbeat_interval_ticks = 10: must be below"),
     (("log",), "flush_policy", "sometimes", "log.flush_policy = 'sometimes': must be one of"),
@@ -187,6 +202,8 @@ BAD = [
 
 def test_a_wrong_key_or_value_stops_serve_with_exit_3_naming_it(tmp_path, rng):
     base = cluster_document(1, rng)
+    base["cluster"]["tls"] = {}
+    base["cluster"]["peer_limits"] = {}
     base["raft"] = {}
     base["controller"] = {}
     base["clients"] = {}
@@ -220,3 +237,46 @@ def test_a_wrong_key_or_value_stops_serve_with_exit_3_naming_it(tmp_path, rng):
                 proc.wait()
     assert not failures, "\n\n".join(failures)
 
+
+
+def test_a_node_without_its_tls_files_refuses_to_start_with_one_line_and_exit_3(tmp_path, rng):
+    config = write_config(tmp_path / "node.toml", cluster_document(1, rng, name="tls-test"))
+    done = subprocess.run(epochlog_argv("serve", "--config", str(config), "--node-id", "1",
+                                        "--data-dir", str(tmp_path / "n1")),
+                          capture_output=True, text=True, timeout=90, cwd=ROOT, check=False)
+    assert done.returncode == 3, done
+    assert "READY" not in done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: config cluster.tls.ca_file = ") and \
+        "n1/tls/ca.crt" in lines[0] and "file not found" in lines[0], done.stderr
+    # Another node's certificate is refused the same way: the node would speak as node 2.
+    provision(tmp_path / "ca", "tls-test", {2: tmp_path / "n1"})
+    done = subprocess.run(epochlog_argv("serve", "--config", str(config), "--node-id", "1",
+                                        "--data-dir", str(tmp_path / "n1")),
+                          capture_output=True, text=True, timeout=90, cwd=ROOT, check=False)
+    assert done.returncode == 3 and "not this node (epochlog://tls-test/node/1)" in done.stderr, done
+
+
+def test_insecure_peers_are_a_warning_at_start(tmp_path, rng):
+    document = cluster_document(1, rng, name="insecure-test")
+    document["cluster"]["tls"] = {"insecure": True}
+    config = write_config(tmp_path / "node.toml", document)
+    err, out = tmp_path / "serve.err", tmp_path / "serve.out"
+    with err.open("wb") as sink, out.open("wb") as stdout:
+        proc = subprocess.Popen(epochlog_argv("serve", "--config", str(config), "--node-id", "1",
+                                              "--data-dir", str(tmp_path / "n1")),
+                                stdout=stdout, stderr=sink, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while "READY 1 " not in out.read_text():   # signal handlers installed
+            assert proc.poll() is None, err.read_text()
+            assert time.monotonic() < deadline, err.read_text()
+            time.sleep(0.05)
+        line = next(x for x in err.read_text().splitlines() if "peer TLS is OFF" in x)
+        assert " WARNING " in line and "insecure = true" in line
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -24,7 +24,8 @@ import pytest
 from eventlog.configuration import load_toml
 from eventlog.errors import EpochlogError
 from epochlog import protocol as p
-from epochlog.up import ClusterView, UpError, make_plan
+from epochlog.certs import CertsError, ClusterCA
+from epochlog.up import ClusterView, UpError, ensure_certificates, make_plan
 from tests.epochlog.local_cluster import (ROOT, cluster_document, epochlog_argv, kill_leftovers,
                                           live_node_pids, recorded_nodes, run_epochlog, write_config)
 
@@ -78,6 +79,12 @@ def test_bounded_run_shows_leaders_then_a_second_run_resumes_from_disk(tmp_path,
     assert out.count("stopped, exit code 0") == 3 and "stopped cleanly" in out, out
     assert_all_stopped(data_dir)
     pids1 = {n["pid"] for n in recorded_nodes(data_dir).values()}
+    # Secure by default: up made the CA and every member's certificate; the nodes spoke mutual TLS.
+    assert f"peer TLS: made the cluster CA in {data_dir / 'ca'}" in out, out
+    for i in (1, 2, 3):
+        assert (data_dir / f"node-{i}" / "tls" / "node.key").stat().st_mode & 0o777 == 0o600
+        assert "peer TLS is OFF" not in (data_dir / f"node-{i}.log").read_text()
+    assert (data_dir / "ca" / "ca.key").stat().st_mode & 0o777 == 0o600
 
     second = run_epochlog("up", "--config", str(config), "--data-dir", str(data_dir), "--once", "--demo-load",
                           timeout=UP_TIMEOUT_S)
@@ -86,6 +93,7 @@ def test_bounded_run_shows_leaders_then_a_second_run_resumes_from_disk(tmp_path,
     assert set(leaders(out2)) == GROUPS, out2
     # The second run numbered itself from the first run's counter and found every key it wrote.
     assert f"demo load, run 2: {puts1} keys from earlier runs found" in out2, (out, out2)
+    assert "peer TLS: made" not in out2, "the second run must keep the certificates of the first"
     commit = re.search(r"group kv: leader \d, term \d+, commit (\d+)", out2)
     assert commit and int(commit.group(1)) > puts1, out2
     assert_all_stopped(data_dir)
@@ -240,3 +248,22 @@ def test_configs_are_checked_before_any_process_starts(tmp_path, rng):
     assert "log.flush_policy = 'sometimes'" in result.stderr
     assert not (tmp_path / "d").exists()
     assert load_toml(config)["log"]["flush_policy"] == "sometimes"
+
+
+def test_up_certificates_are_made_once_renewed_near_their_end_and_others_left_alone(tmp_path, rng):
+    config = write_config(tmp_path / "cluster.toml", cluster_document(3, rng, name="certs-test"))
+    data = tmp_path / "data"
+    plan = make_plan(config, None, data)
+    made = ensure_certificates(plan)
+    assert made[0] == f"the cluster CA in {data / 'ca'}" and len(made) == 4, made
+    assert ensure_certificates(plan) == []
+    ca = ClusterCA.load(data / "ca")
+    ca.issue_member(2, data / "node-2" / "tls", days=10)            # ours, near its end: renewed
+    ClusterCA.create(tmp_path / "other-ca", "certs-test").issue_member(3, data / "node-3" / "tls")  # not ours: kept
+    foreign = (data / "node-3" / "tls" / "node.crt").read_bytes()
+    assert ensure_certificates(plan) == [f"node 2's certificate {data / 'node-2' / 'tls' / 'node.crt'}"]
+    assert (data / "node-3" / "tls" / "node.crt").read_bytes() == foreign
+    # A CA of another cluster in the data directory is refused (exit 3 through the CLI).
+    other = write_config(tmp_path / "other.toml", cluster_document(3, rng, name="another"))
+    with pytest.raises(CertsError, match="is for cluster 'certs-test', not 'another'"):
+        ensure_certificates(make_plan(other, None, data))

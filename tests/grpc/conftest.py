@@ -27,6 +27,7 @@ import pytest
 from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
 from tests.runtime.cluster import free_ports
+from tests.tls import provision
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30.0
@@ -59,6 +60,7 @@ class GrpcCluster:
         self.channels: dict[int, grpc.Channel] = {}
 
     def start(self) -> None:
+        provision(self.root / "ca", "grpc-test", {i: self.root / f"node-{i}" for i in range(1, self.size + 1)})
         env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHLOG_")}
         for i in range(1, self.size + 1):
             out_path, err_path = self.root / f"node-{i}.out", self.root / f"node-{i}.err"

@@ -1,6 +1,9 @@
 """A cluster of real `epochlog serve` processes for end-to-end tests of the node, the SDK and the CLI.
 
-Theory of operation. `NodeCluster` writes one TOML config (`cluster.toml`, every member with a
+Theory of operation. `NodeCluster` makes a CA for the cluster (`<root>/ca`) and gives each node a member
+certificate in `<data dir>/tls` before it first starts (tests/tls.py: the members speak mutual TLS, as
+in production; `insecure=True` writes `[cluster.tls] insecure = true` instead), writes one TOML config
+(`cluster.toml`, every member with a
 peer, client and admin address on free 127.0.0.1 ports) under the test's directory and runs each
 member as `python -m epochlog serve --config cluster.toml --node-id N --data-dir node-N`, with
 stdout and stderr in files (one pair per incarnation: `node-<id>.<n>.out/.err`). A node counts as
@@ -30,6 +33,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -45,7 +49,10 @@ from epochlog.client import Client
 from eventlog.errors import EpochlogError
 from statemachines.store import APPLIED, DIGEST, ViewStore, decode_offset
 from tests.runtime.cluster import free_ports
+from eventlog.raft.runtime.config import PeerTlsConfig
+from eventlog.raft.runtime.tls import load_peer_tls
 from tests.runtime.proxy import ProxyNetwork
+from tests.tls import provision
 
 T = TypeVar("T")
 
@@ -100,7 +107,8 @@ class ServeNode:
 class NodeCluster:
     """`size` `epochlog serve` processes of one cluster (see the module docstring).
 
-    `groups`, `tick_interval_ms`, `snapshot_every_entries` go to `[cluster]`; `cluster`, `raft`, `log`,
+    `groups`, `tick_interval_ms`, `snapshot_every_entries` go to `[cluster]`; `cluster` (a dict value is a
+    sub-table: `cluster={"peer_limits": {...}}`), `raft`, `log`,
     `views`, `clients` and `compaction` are extra keys of those sections (a dict value is a sub-table:
 `compaction={"cleaner": {...}}` is `[compaction.cleaner]`); `grpc` gives every member a
     gRPC address too. Logs get 1 MiB segments and the views small caches unless told otherwise (the
@@ -114,8 +122,10 @@ class NodeCluster:
                  log: dict[str, object] | None = None, views: dict[str, object] | None = None,
                  clients: dict[str, object] | None = None, grpc: bool = False,
                  cluster: dict[str, object] | None = None,
-                 compaction: dict[str, object] | None = None, proxied: bool = False) -> None:
+                 compaction: dict[str, object] | None = None, proxied: bool = False,
+                 insecure: bool = False) -> None:
         self.root = root
+        self.insecure = insecure
         self.root.mkdir(parents=True, exist_ok=True)
         self.seed = seed
         self.rng = random.Random(seed)
@@ -142,7 +152,17 @@ class NodeCluster:
         self.net: ProxyNetwork | None = None
         if proxied:
             self.net = ProxyNetwork()
-            links = {(a, b): self.net.add_link(a, b, _host_port(self.nodes[b].peer_address))
+            for i in self.nodes:   # the links terminate TLS with both members' certificates: made up front
+                self.provision_tls(i)
+            tls = {i: load_peer_tls(PeerTlsConfig(insecure=insecure), n.data_dir, self.name, i)
+                   for i, n in self.nodes.items()}
+
+            def contexts(a: int, b: int) -> tuple[ssl.SSLContext, ssl.SSLContext] | None:
+                """a dials b: the link shows b's certificate to a, and a's to b."""
+                ta, tb = tls[a], tls[b]
+                return None if ta is None or tb is None else (tb.server, ta.client)
+
+            links = {(a, b): self.net.add_link(a, b, _host_port(self.nodes[b].peer_address), tls=contexts(a, b))
                      for a in self.nodes for b in self.nodes if a < b}
             for i in self.nodes:
                 dialed = {j: f"127.0.0.1:{links[(i, j)]}" for j in self.nodes if i < j}
@@ -158,11 +178,16 @@ class NodeCluster:
         lines = ["[cluster]", f'name = "{self.name}"', "groups = [" + ", ".join(f'"{g}"' for g in self.groups) + "]",
                  f"tick_interval_ms = {self.tick_interval_ms}",
                  f"snapshot_every_entries = {self.snapshot_every_entries}",
-                 *(f"{k} = {_toml(v)}" for k, v in self.cluster_extra.items()), ""]
+                 *(f"{k} = {_toml(v)}" for k, v in self.cluster_extra.items() if not isinstance(v, dict)), ""]
         for n in self.nodes.values():
             lines += ["[[cluster.members]]", f"id = {n.id}", f'peer_address = "{peers.get(n.id, n.peer_address)}"',
                       f'client_address = "{n.client_address}"', f'admin_address = "{n.admin_address}"']
             lines += [f'grpc_address = "{n.grpc_address}"', ""] if n.grpc_address else [""]
+        tables = {k: dict(v) for k, v in self.cluster_extra.items() if isinstance(v, dict)}
+        if self.insecure:
+            tables["tls"] = {**tables.get("tls", {}), "insecure": True}
+        for name, table in tables.items():   # e.g. cluster={"peer_limits": {...}} is [cluster.peer_limits]
+            lines += [f"[cluster.{name}]", *(f"{k} = {_toml(v)}" for k, v in table.items()), ""]
         for section, values in (("raft", self.raft), ("log", self.log), ("views", self.views),
                                 ("clients", self.clients), ("compaction", self.compaction)):
             if values:
@@ -200,9 +225,15 @@ class NodeCluster:
         for i in ids if wait else ():
             self.wait_ready(i)
 
+    def provision_tls(self, node_id: int) -> None:
+        """Node `node_id`'s member certificate in `<data dir>/tls` (made once; the CA on first use)."""
+        if not self.insecure:
+            provision(self.root / "ca", self.name, {node_id: self.nodes[node_id].data_dir})
+
     def _spawn(self, node_id: int) -> None:
         node = self.nodes[node_id]
         assert not node.running, f"node {node_id} is already running"
+        self.provision_tls(node_id)
         node.incarnation += 1
         node.out_path = self.root / f"node-{node_id}.{node.incarnation}.out"
         node.err_path = self.root / f"node-{node_id}.{node.incarnation}.err"

@@ -19,6 +19,7 @@ from epochlog.client.connection import Connection
 from epochlog.client.errors import ClientError, DeadlineExceededError
 from epochlog.serve import RunningNode
 from tests.runtime.cluster import free_ports
+from tests.tls import provision
 
 
 def _config(root: Path) -> Path:
@@ -27,6 +28,7 @@ def _config(root: Path) -> Path:
     path.write_text(f'[cluster]\nname = "deadlines"\ngroups = ["metadata", "offsets", "kv"]\ntick_interval_ms = 20\n'
                     f'[[cluster.members]]\nid = 1\npeer_address = "127.0.0.1:{peer}"\n'
                     f'client_address = "127.0.0.1:{client}"\n[log]\nsegment_bytes = 1048576\n')
+    provision(root / "ca", "deadlines", {1: root / "n1"})
     return path
 
 

@@ -38,6 +38,7 @@ def spawn_joiner(cluster: NodeCluster, node_id: int) -> ServeNode:
     node = ServeNode(node_id, f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}", f"127.0.0.1:{ports[2]}",
                      cluster.root / f"node-{node_id}")
     cluster.nodes[node_id] = node   # cluster.close() kills it too; cluster.restart() starts it without flags
+    cluster.provision_tls(node_id)  # a member certificate of the cluster's CA, as an operator would issue
     node.incarnation = 0
     node.out_path = cluster.root / f"node-{node_id}.0.out"
     node.err_path = cluster.root / f"node-{node_id}.0.err"

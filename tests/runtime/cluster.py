@@ -1,7 +1,10 @@
 """A cluster of real node processes for tests: configs, processes, leaders, writers, offline logs.
 
-Theory of operation. `Cluster` writes one TOML config per node (free 127.0.0.1 ports; with
-`proxied=True` the dialer of each pair reaches its peer through a `tests.runtime.proxy.Link`, so
+Theory of operation. `Cluster` makes a CA for the cluster and each member's certificate in its data
+directory (tests/tls.py: the peers speak mutual TLS, as in production; `insecure=True` writes
+`[cluster.tls] insecure = true` instead) and writes one TOML config per node (free 127.0.0.1 ports; with
+`proxied=True` the dialer of each pair reaches its peer through a `tests.runtime.proxy.Link`, which
+terminates TLS on both sides with the two members' certificates, so
 the configs differ per node: only a node's own `peer_address` must be its real listening address;
 `node_raft` can also give one node its own `[raft]` settings, e.g. a shorter election timeout),
 starts each node as `python -m eventlog.raft.runtime.process` with stdout and stderr in files under
@@ -45,10 +48,13 @@ from typing import TypeVar
 
 from eventlog.config import LogConfig
 from eventlog.log import Log
+from eventlog.raft.runtime.config import PeerTlsConfig
 from eventlog.raft.runtime.faults import ENV_VAR as FAULTS_ENV
 from eventlog.raft.runtime.faults import HEAL_ENV_VAR as FAULTS_HEAL_ENV
 from eventlog.raft.runtime.harness import Committed, Failed, GroupState, HarnessClient
+from eventlog.raft.runtime.tls import load_peer_tls
 from tests.runtime.proxy import ProxyNetwork
+from tests.tls import provision
 
 T = TypeVar("T")
 
@@ -159,8 +165,10 @@ class Cluster:
                  tick_interval_ms: int = 50,
                  snapshot_every_entries: int = 0, raft: dict[str, object] | None = None,
                  log: dict[str, object] | None = None, proxied: bool = False, seed: int = 0,
-                 node_raft: dict[int, dict[str, object]] | None = None) -> None:
+                 node_raft: dict[int, dict[str, object]] | None = None, insecure: bool = False) -> None:
         self.root = root
+        self.name = "runtime-test"
+        self.insecure = insecure
         self.root.mkdir(parents=True, exist_ok=True)
         self.groups = groups
         self.seed = seed
@@ -177,10 +185,20 @@ class Cluster:
         self.net: ProxyNetwork | None = None
         self.peer_addresses: dict[int, dict[int, str]] = {}   # node -> member -> address in its config
         try:
+            if not insecure:
+                provision(root / "ca", self.name, {i: n.data_dir for i, n in self.nodes.items()})
             if proxied:
                 self.net = ProxyNetwork()
-                proxy_ports = {(a, b): self.net.add_link(a, b, ("127.0.0.1", self.nodes[b].peer_port))
-                               for a in self.nodes for b in self.nodes if a < b}
+                tls = {i: load_peer_tls(PeerTlsConfig(insecure=insecure), n.data_dir, self.name, i)
+                       for i, n in self.nodes.items()}
+                proxy_ports = {}
+                for a in self.nodes:
+                    for b in self.nodes:
+                        if a < b:   # a dials b: the link shows b's certificate to a, and a's to b
+                            ta, tb = tls[a], tls[b]
+                            contexts = None if ta is None or tb is None else (tb.server, ta.client)
+                            proxy_ports[(a, b)] = self.net.add_link(a, b, ("127.0.0.1", self.nodes[b].peer_port),
+                                                                    tls=contexts)
             for i in self.nodes:
                 addresses = {}
                 for j, node in self.nodes.items():
@@ -194,11 +212,13 @@ class Cluster:
             raise
 
     def _config_text(self, addresses: dict[int, str], raft: dict[str, object]) -> str:
-        lines = ["[cluster]", 'name = "runtime-test"', f"groups = {list(self.groups)!r}".replace("'", '"'),
+        lines = ["[cluster]", f'name = "{self.name}"', f"groups = {list(self.groups)!r}".replace("'", '"'),
                  f"tick_interval_ms = {self.tick_interval_ms}",
                  f"snapshot_every_entries = {self.snapshot_every_entries}", ""]
         for i, address in addresses.items():
             lines += ["[[cluster.members]]", f"id = {i}", f'peer_address = "{address}"', ""]
+        if self.insecure:
+            lines += ["[cluster.tls]", "insecure = true", ""]
         for section, values in (("raft", raft), ("log", self.log)):
             lines.append(f"[{section}]")
             for k, v in values.items():

@@ -5,6 +5,11 @@ connection per pair of nodes, dialed by the lower id. A `Link` sits on that conn
 dialer's config the acceptor's `peer_address` is the link's listening address, and the link forwards
 to the acceptor's real address (only a node's own `peer_address` must be real: it listens there).
 
+With TLS between the members (the default) a link terminates it on both sides: the test made the
+members' certificates, so the link shows the acceptor's certificate to the dialer and the dialer's to
+the acceptor (each side verifies a certificate of the cluster CA naming the node it expects) and sees
+the frames in the clear. A cluster with `insecure` peers gets a plain TCP link.
+
 Each direction of a link is parsed into the transport's frames (4-byte big-endian length + payload),
 and a decision is taken per whole frame, so a receiver never sees a frame cut in the middle:
 
@@ -28,6 +33,7 @@ to the transport; the deterministic simulator in tests/sim covers message-level 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -67,8 +73,11 @@ class _Pipe:
 class Link:
     """The proxy of the connection between `dialer` (lower id) and `acceptor`. Use on the proxy loop."""
 
-    def __init__(self, dialer: int, acceptor: int, target: tuple[str, int]) -> None:
+    def __init__(self, dialer: int, acceptor: int, target: tuple[str, int],
+                 tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None) -> None:
+        """`tls`: (the acceptor's server context, the dialer's client context), or None for plain TCP."""
         assert dialer < acceptor, (dialer, acceptor)
+        self.tls = tls
         self.dialer = dialer
         self.acceptor = acceptor
         self.target = target
@@ -82,7 +91,8 @@ class Link:
         self.port = 0
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0,
+                                                  ssl=None if self.tls is None else self.tls[0])
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def close(self) -> None:
@@ -105,7 +115,10 @@ class Link:
             down_w.transport.abort()
             return
         try:
-            up_r, up_w = await asyncio.open_connection(*self.target)
+            if self.tls is None:
+                up_r, up_w = await asyncio.open_connection(*self.target)
+            else:
+                up_r, up_w = await asyncio.open_connection(*self.target, ssl=self.tls[1], server_hostname="")
         except OSError:
             down_w.transport.abort()   # the acceptor is down: the dialer sees a failed connection
             return
@@ -191,11 +204,13 @@ class ProxyNetwork:
             return fn()
         return self._call(run())
 
-    def add_link(self, a: int, b: int, target: tuple[str, int]) -> int:
+    def add_link(self, a: int, b: int, target: tuple[str, int],
+                 tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None) -> int:
         """Proxy the connection between nodes `a` and `b` (the lower dials) to the acceptor's real
-        address `target`; returns the port the dialer must use as the acceptor's peer_address."""
+        address `target` (`tls`: see `Link`); returns the port the dialer must use as the acceptor's
+        peer_address."""
         dialer, acceptor = sorted((a, b))
-        link = Link(dialer, acceptor, target)
+        link = Link(dialer, acceptor, target, tls)
         self._call(link.start())
         self.links[(dialer, acceptor)] = link
         return link.port

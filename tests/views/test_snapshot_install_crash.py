@@ -34,6 +34,7 @@ from statemachines import events as ev
 from statemachines.state import Outcome
 from statemachines.views import ViewsStateMachine
 from tests.runtime.cluster import free_ports
+from tests.tls import provision
 from tests.views import crash_child as child
 from tests.views.test_crash import dump, first_difference
 
@@ -57,6 +58,7 @@ class Nodes:
         self.ports = ports
         self.configs = child.cluster_configs(ports, SNAPSHOT_EVERY)
         self.hosts: dict[int, NodeHost] = {}
+        provision(root / "ca", self.configs.cluster.name, {i: root / f"n{i}" for i in (1, 2, 3)})   # peer TLS
 
     async def start(self, node: int) -> None:
         host = NodeHost(node, self.root / f"n{node}", self.configs,

@@ -22,6 +22,7 @@ from statemachines import events as ev
 from statemachines.query import Query
 from statemachines.views import ViewsStateMachine
 from tests.runtime.cluster import free_ports
+from tests.tls import provision
 
 GROUP = "kv-0"
 TICK_MS = 20
@@ -39,6 +40,7 @@ class Hosts:
                                    RaftConfig(), LogConfig(segment_bytes=64 * 1024))
         self.root = root
         self.hosts: dict[int, NodeHost] = {}
+        provision(root / "ca", "membership", {i: root / f"n{i}" for i in (1, 2, 3, 4)})   # peer TLS
 
     async def start(self, node: int) -> NodeHost:
         member = MemberConfig(id=4, peer_address=self.addresses[4]) if node == 4 else None

@@ -21,6 +21,7 @@ from statemachines.query import Query
 from statemachines.state import Outcome
 from statemachines.views import ViewsStateMachine
 from tests.runtime.cluster import free_ports
+from tests.tls import provision
 
 GROUP = "kv-0"
 TICK_MS = 20
@@ -36,6 +37,7 @@ class Trio:
                                    RaftConfig(), LogConfig(segment_bytes=64 * 1024))
         self.root = root
         self.hosts: dict[int, NodeHost] = {}
+        provision(root / "ca", "views", {i: root / f"n{i}" for i in (1, 2, 3)})   # peer TLS
 
     async def start(self, node: int) -> None:
         host = NodeHost(node, self.root / f"n{node}", self.configs,

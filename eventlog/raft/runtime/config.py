@@ -10,6 +10,8 @@ from eventlog.configuration import doc, from_mapping, load_toml
 from eventlog.errors import ConfigError
 from eventlog.raft.config import RaftConfig
 
+MAX_CLUSTER_NAME_BYTES = 256   # the name goes in every peer hello (eventlog.raft.runtime.transport)
+
 
 def parse_address(text: str, key: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
@@ -46,6 +48,49 @@ class MemberConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class PeerTlsConfig:
+    """Mutual TLS between members (`[cluster.tls]`): eventlog.raft.runtime.tls, README "Peer security".
+
+    Relative paths are relative to the node's data directory, so the layout `epochlog up` and
+    `epochlog certs member` write (`<data dir>/tls/`) needs no configuration.
+    """
+
+    insecure: bool = field(default=False, metadata=doc(
+        "Plaintext peer connections: no TLS, and a peer is whoever its hello claims to be (anyone who "
+        "can reach a peer port can act as a member). For development only; logged as a WARNING at start."))
+    ca_file: str = field(default="tls/ca.crt", metadata=doc(
+        "PEM certificate of the cluster CA: a peer must present a certificate it issued."))
+    cert_file: str = field(default="tls/node.crt", metadata=doc(
+        "PEM certificate of this node, issued by the CA, naming this cluster and node id (epochlog certs member)."))
+    key_file: str = field(default="tls/node.key", metadata=doc(
+        "PEM private key of cert_file (keep it 0600)."))
+
+    def path(self, name: str, data_dir: str | Path) -> Path:
+        """The file `name` (ca_file, cert_file or key_file) resolved against the node's data directory."""
+        value = Path(getattr(self, name))
+        return value if value.is_absolute() else Path(data_dir) / value
+
+
+@dataclass(frozen=True, slots=True)
+class PeerLimitsConfig:
+    """What one peer connection may hold and for how long (`[cluster.peer_limits]`); each limit closes
+    the offending connection, counts it and logs it (at a bounded rate): eventlog.raft.runtime.transport."""
+
+    hello_timeout_ms: int = field(default=10_000, metadata=doc(
+        "A connection must complete its TLS handshake and its hello within this many ms of being "
+        "accepted (or dialed).", min=100, max=600_000))
+    frame_timeout_ms: int = field(default=30_000, metadata=doc(
+        "A frame must arrive in full within this many ms of its first byte.", min=100, max=3_600_000))
+    partial_frames_bytes: int = field(default=64 << 20, metadata=doc(
+        "Memory for frames being received, summed over every peer connection: a connection whose partly "
+        "received frame would take the sum past it is closed. At least the largest frame a member sends "
+        "(checked at start from [raft] and [log]).", min=1 << 20))
+    unauthenticated_connections: int = field(default=64, metadata=doc(
+        "Accepted connections whose TLS handshake or hello is not done yet: one more is closed at once.",
+        min=1, max=100_000))
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterConfig:
     """The members, the Raft groups every node hosts, and timing."""
 
@@ -71,8 +116,14 @@ class ClusterConfig:
     lag_warning_repeat_ms: int = field(default=30_000, metadata=doc(
         "How often the warning repeats while the member stays behind (an info line says when it caught "
         "up).", min=100, max=86_400_000))
+    tls: PeerTlsConfig = field(default_factory=PeerTlsConfig, metadata=doc(
+        "Mutual TLS between members ([cluster.tls]): on unless insecure = true."))
+    peer_limits: PeerLimitsConfig = field(default_factory=PeerLimitsConfig, metadata=doc(
+        "Limits of the peer port ([cluster.peer_limits])."))
 
     def validate(self, section: str = "cluster") -> None:
+        if not self.name or len(self.name.encode()) > MAX_CLUSTER_NAME_BYTES:
+            raise ConfigError(f"{section}.name", self.name, f"must be 1 to {MAX_CLUSTER_NAME_BYTES} bytes")
         ids = [m.id for m in self.members]
         if not ids:
             raise ConfigError(f"{section}.members", [], "at least one member is required")

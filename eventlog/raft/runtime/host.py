@@ -23,7 +23,8 @@ from eventlog.raft.runtime.config import MemberConfig, NodeConfigs, parse_addres
 from eventlog.raft.runtime.group import RaftGroup, StateMachine, initial_conf
 from eventlog.raft.runtime.lag import LagMonitor
 from eventlog.raft.runtime.log_storage import LogStorage
-from eventlog.raft.runtime.transport import PeerTransport
+from eventlog.raft.runtime.tls import PeerTls, load_peer_tls
+from eventlog.raft.runtime.transport import MAX_FRAME_BYTES, PeerTransport, largest_frame_bytes
 from eventlog.raft.types import Message
 
 logger = logging.getLogger(__name__)
@@ -57,11 +58,13 @@ class NodeHost:
 
     async def start(self) -> None:
         cluster = self.configs.cluster
+        tls = self._peer_tls()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._check_cluster_id()
         peers = {m.id: parse_address(m.peer_address, f"cluster.members[{m.id}].peer_address")
                  for m in (*cluster.members, self.member)}
         self.transport = PeerTransport(self.node_id, cluster.name, peers, peers[self.node_id], self._deliver,
+                                       tls=tls, limits=cluster.peer_limits,
                                        dial_lower_ms=0 if self.configured else 1000)
         conf = initial_conf([m.id for m in cluster.members])
         for name in cluster.groups:
@@ -90,6 +93,26 @@ class NodeHost:
         for group in self.groups.values():
             group.start()
         await self.transport.start()
+
+    def _peer_tls(self) -> PeerTls | None:
+        """The peer TLS contexts (ConfigError when a file is missing or wrong), after checking that the
+        peer port's partial-frame budget holds the largest frame a member sends."""
+        cluster = self.configs.cluster
+        largest = largest_frame_bytes(self.configs.raft, self.configs.log)
+        if largest > MAX_FRAME_BYTES:
+            raise ConfigError("raft.max_append_bytes", self.configs.raft.max_append_bytes,
+                              f"with [log] and snapshot_chunk_bytes a peer frame may be {largest} bytes, above "
+                              f"the limit of {MAX_FRAME_BYTES}")
+        if cluster.peer_limits.partial_frames_bytes < largest:
+            raise ConfigError("cluster.peer_limits.partial_frames_bytes", cluster.peer_limits.partial_frames_bytes,
+                              f"must hold the largest frame a member sends with these [raft] and [log] settings "
+                              f"({largest} bytes)")
+        tls = load_peer_tls(cluster.tls, self.data_dir, cluster.name, self.node_id)
+        if tls is None:
+            logger.warning("node %s: peer TLS is OFF ([cluster.tls] insecure = true): peers are not "
+                           "authenticated, anyone who can reach %s can act as a member; for development only",
+                           self.node_id, self.member.peer_address)
+        return tls
 
     def _check_cluster_id(self) -> None:
         marker = self.data_dir / "cluster-id"
