@@ -1,0 +1,315 @@
+"""The peer checks (eventlog/raft/peer_check.py), table-driven over real cores.
+
+Each case builds a `RaftNode` over a `MemoryStorage` in a known state, hands the checker a message
+as it would come off the network, and expects a drop reason (or None: the core may step it). For
+the inputs that stopped real nodes (issue 18), `test_the_core_fails_on_what_the_check_drops` shows
+the core itself asserts or raises on them: the check is what keeps a node up.
+
+The runtime's entry check (eventlog/raft/runtime/entries.py: the record batch a NORMAL entry must
+hold) is tested at the end against real encoded batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from eventlog.raft import ConfChange, ConfChangeKind, ConfState, Entry, EntryKind, RaftError, RaftNode, Role
+from eventlog.raft.confchange import encode_conf_change
+from eventlog.raft.peer_check import (
+    BAD_ENTRY,
+    MALFORMED,
+    NOT_LEADER,
+    NOT_MEMBER,
+    NOT_VOTER,
+    SNAPSHOT_CHUNK,
+    SRC_MISMATCH,
+    TERM_LIMIT,
+    WRONG_DST,
+    PeerCheck,
+)
+from eventlog.raft.runtime.entries import check_entry
+from eventlog.raft.types import (
+    MAX_TERM,
+    Append,
+    AppendResp,
+    Heartbeat,
+    HeartbeatResp,
+    InstallSnapshot,
+    InstallSnapshotResp,
+    Message,
+    PreVote,
+    SnapshotMeta,
+    TimeoutNow,
+    Vote,
+    VoteResp,
+)
+from eventlog.records import Record as LogRecord
+from eventlog.records import encode_batch, encode_records
+from tests.raft.paper import ack, drain, elect, log_of, node, storage
+
+STRANGER = 42     # never a member, not in the address book
+NEWCOMER = 7      # in the address book (added at runtime), in no configuration the node holds yet
+CHECK = PeerCheck(known_peer=lambda peer: peer == NEWCOMER)
+CONF3 = ConfState(voters=(1, 2, 3))
+
+
+def follower() -> RaftNode:
+    """Node 1, follower of node 2 in term 2, voters (1,2,3); log 1/0, 2/1..3 (a batch), 2/4; commit 0."""
+    n = node(1, storage(entries=log_of([1, (2, 3), 2]), term=2, commit=0), check_quorum=True)
+    n.step(Heartbeat(term=2, src=2, dst=1, commit=0))
+    drain(n)
+    assert (n.role, n.leader, n.log.committed) == (Role.FOLLOWER, 2, 0)
+    return n
+
+
+def leader() -> RaftNode:
+    """Node 1, leader of term 3 over voters (1,2,3), its no-op at 5 acknowledged by node 2."""
+    n = node(1, storage(entries=log_of([1, (2, 3), 2]), term=2, commit=3))
+    sent = elect(n)
+    ack(n, sent, [2])
+    assert n.role is Role.LEADER and n.term == 3
+    return n
+
+
+def append(n: RaftNode, **kw: object) -> Append:
+    """An append from node 2 of term 2 after 2/4 (what its leader would send next), fields overridden."""
+    fields: dict[str, object] = {"term": 2, "src": 2, "dst": n.id, "prev_index": 4, "prev_term": 2,
+                                 "entries": (Entry(index=5, term=2, data=b"x"),), "commit": 4}
+    fields.update(kw)
+    return Append(**fields)  # type: ignore[arg-type]
+
+
+def snapshot_chunk(**kw: object) -> InstallSnapshot:
+    meta = SnapshotMeta(index=9, term=2, conf=CONF3, size=10)
+    fields: dict[str, object] = {"term": 2, "src": 2, "dst": 1, "meta": meta, "offset": 0, "data": b"0123456789",
+                                 "done": True}
+    fields.update(kw)
+    return InstallSnapshot(**fields)  # type: ignore[arg-type]
+
+
+def conf_entry(index: int, kind: ConfChangeKind, node_id: int, term: int = 2) -> Entry:
+    return Entry(index=index, term=term, kind=EntryKind.CONF_CHANGE, data=encode_conf_change(ConfChange(kind, node_id)))
+
+
+Case = tuple[str, Callable[[], RaftNode], Callable[[RaftNode], Message], str | None]
+
+CASES: list[Case] = [
+    # --- what an honest peer sends passes --------------------------------------------------------
+    ("append from the leader", follower, lambda n: append(n), None),
+    ("heartbeat from the leader", follower, lambda n: Heartbeat(term=2, src=2, dst=1, commit=3), None),
+    ("vote request of a voter in a newer term", follower,
+     lambda n: Vote(term=3, src=3, dst=1, last_index=4, last_term=2), None),
+    ("append of a new leader (newer term)", follower, lambda n: append(n, term=3, src=3), None),
+    ("last snapshot chunk", follower, lambda n: snapshot_chunk(), None),
+    ("first of two snapshot chunks", follower, lambda n: snapshot_chunk(data=b"01234", done=False), None),
+    ("acknowledgement of the leader's last entry", leader, lambda n: AppendResp(term=3, src=3, dst=1, index=5), None),
+    ("answer to the latest heartbeat round", leader,
+     lambda n: HeartbeatResp(term=3, src=2, dst=1, ctx=n.heartbeat_round), None),
+    # --- identity --------------------------------------------------------------------------------
+    ("src is not the peer", follower, lambda n: append(n, src=3), SRC_MISMATCH),   # sent by peer 2
+    ("src is this node", follower, lambda n: Heartbeat(term=2, src=1, dst=1, commit=3), SRC_MISMATCH),
+    ("dst is another node (issue 18: AssertionError)", follower,
+     lambda n: Heartbeat(term=2, src=2, dst=9, commit=3), WRONG_DST),
+    # --- terms -----------------------------------------------------------------------------------
+    ("vote with term 10^12 (issue 18: the int32 epoch)", follower,
+     lambda n: Vote(term=10**12, src=2, dst=1, last_index=10**12, last_term=10**12 - 1, transfer=True), TERM_LIMIT),
+    ("pre-vote one above the limit", follower,
+     lambda n: PreVote(term=MAX_TERM + 1, src=2, dst=1, last_index=4, last_term=2), TERM_LIMIT),
+    ("entry term above the limit", follower,
+     lambda n: append(n, term=MAX_TERM, entries=(Entry(index=5, term=MAX_TERM + 1),)), TERM_LIMIT),
+    ("negative term", follower, lambda n: append(n, term=-1), MALFORMED),
+    ("vote whose last term is not below its term", follower,
+     lambda n: Vote(term=3, src=3, dst=1, last_index=4, last_term=3), MALFORMED),
+    # --- fields ----------------------------------------------------------------------------------
+    ("heartbeat commit below -1", follower, lambda n: Heartbeat(term=2, src=2, dst=1, commit=-5), MALFORMED),
+    ("prev index below -1", follower, lambda n: append(n, prev_index=-2, prev_term=0, entries=()), MALFORMED),
+    ("prev term above the append's", follower, lambda n: append(n, prev_term=3), MALFORMED),
+    ("no prev entry but a prev term", follower, lambda n: append(n, prev_index=-1, prev_term=1, entries=()),
+     MALFORMED),
+    ("entries with a gap", follower, lambda n: append(n, entries=(Entry(index=6, term=2),)), MALFORMED),
+    ("entry of a term above the append's", follower, lambda n: append(n, entries=(Entry(index=5, term=3),)),
+     MALFORMED),
+    ("entry terms going down", follower,
+     lambda n: append(n, term=3, entries=(Entry(index=5, term=3), Entry(index=6, term=2))), MALFORMED),
+    ("entry covering no index", follower, lambda n: append(n, entries=(Entry(index=5, term=2, count=0),)),
+     MALFORMED),
+    ("no-op covering two indexes", follower,
+     lambda n: append(n, entries=(Entry(index=5, term=2, count=2, kind=EntryKind.NOOP),)), MALFORMED),
+    ("configuration entry that does not decode", follower,
+     lambda n: append(n, entries=(Entry(index=5, term=2, kind=EntryKind.CONF_CHANGE, data=b"\xc1"),)), MALFORMED),
+    ("acknowledgement at a negative offset of a snapshot", leader,
+     lambda n: InstallSnapshotResp(term=3, src=2, dst=1, index=9, offset=-1), MALFORMED),
+    # --- snapshot chunks (issue 18: RaftError when the last chunk ends before the size) ------------
+    ("last chunk ending before the size", follower, lambda n: snapshot_chunk(data=b"01234"), SNAPSHOT_CHUNK),
+    ("chunk running past the size", follower, lambda n: snapshot_chunk(data=b"0123456789ab"), SNAPSHOT_CHUNK),
+    ("negative offset", follower, lambda n: snapshot_chunk(offset=-3, data=b"0123456789ab"), SNAPSHOT_CHUNK),
+    ("chunk reaching the size not marked last", follower, lambda n: snapshot_chunk(done=False), SNAPSHOT_CHUNK),
+    ("empty chunk not marked last", follower, lambda n: snapshot_chunk(data=b"", done=False), SNAPSHOT_CHUNK),
+    ("snapshot of a later term than the message", follower,
+     lambda n: snapshot_chunk(meta=SnapshotMeta(index=9, term=3, conf=CONF3, size=10)), MALFORMED),
+    ("snapshot whose membership has no voter", follower,
+     lambda n: snapshot_chunk(meta=SnapshotMeta(index=9, term=2, conf=ConfState(), size=10)), SNAPSHOT_CHUNK),
+    # --- membership --------------------------------------------------------------------------------
+    ("append from a stranger (issue 18: applied)", follower,
+     lambda n: append(n, term=3, src=STRANGER), NOT_MEMBER),
+    ("heartbeat from a stranger", follower, lambda n: Heartbeat(term=3, src=STRANGER, dst=1, commit=4), NOT_MEMBER),
+    ("vote request from a stranger", follower,
+     lambda n: Vote(term=3, src=STRANGER, dst=1, last_index=9, last_term=2, transfer=True), NOT_VOTER),
+    ("response from a stranger", leader, lambda n: AppendResp(term=4, src=STRANGER, dst=1, index=-1, reject=True),
+     NOT_MEMBER),
+    ("vote request from a member added after this log ends", follower,
+     lambda n: Vote(term=3, src=NEWCOMER, dst=1, last_index=9, last_term=2), None),
+    ("append from a leader added after this log ends", follower, lambda n: append(n, term=3, src=NEWCOMER), None),
+    # --- leadership --------------------------------------------------------------------------------
+    ("append from another node in the leader's term", follower, lambda n: append(n, src=3), NOT_LEADER),
+    ("timeout-now from another node than the leader", follower, lambda n: TimeoutNow(term=2, src=3, dst=1),
+     NOT_LEADER),
+    ("append to the leader in its own term", leader, lambda n: append(n, term=3, prev_index=5, prev_term=3,
+                                                                  entries=()), NOT_LEADER),
+    ("acknowledgement beyond the leader's log", leader, lambda n: AppendResp(term=3, src=2, dst=1, index=50),
+     MALFORMED),
+    ("acknowledgement inside an entry (a commit inside one)", leader,
+     lambda n: AppendResp(term=3, src=2, dst=1, index=2), MALFORMED),
+    ("answer to a heartbeat round not started", leader,
+     lambda n: HeartbeatResp(term=3, src=2, dst=1, ctx=n.heartbeat_round + 5), MALFORMED),
+    # --- against the log ---------------------------------------------------------------------------
+    ("append after an index inside an entry", follower,
+     lambda n: append(n, prev_index=2, prev_term=2, entries=(Entry(index=3, term=2),)), BAD_ENTRY),
+    ("entry held with other boundaries (same term)", follower,
+     lambda n: append(n, prev_index=0, prev_term=1, entries=(Entry(index=1, term=2, count=2),)), BAD_ENTRY),
+    ("removal of a node that is not a member", follower,
+     lambda n: append(n, entries=(conf_entry(5, ConfChangeKind.REMOVE, 9),)), BAD_ENTRY),
+    ("a second add of the same learner", follower,
+     lambda n: append(n, entries=(conf_entry(5, ConfChangeKind.ADD_LEARNER, 4),
+                                  conf_entry(6, ConfChangeKind.ADD_LEARNER, 4))), BAD_ENTRY),
+    ("an add then a removal, in order", follower,
+     lambda n: append(n, entries=(conf_entry(5, ConfChangeKind.ADD_LEARNER, 4),
+                                  conf_entry(6, ConfChangeKind.REMOVE, 4))), None),
+]
+
+
+@pytest.mark.parametrize(("make", "message", "reason"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_check(make: Callable[[], RaftNode], message: Callable[[RaftNode], Message], reason: str | None) -> None:
+    n = make()
+    m = message(n)
+    peer = m.src if reason != SRC_MISMATCH or m.src == n.id else 2
+    drop = CHECK.check(n, peer, m)
+    assert (drop and drop.reason) == reason, drop
+    if drop is None:
+        n.step(m)   # what passes, the core takes
+        drain(n)
+
+
+CORE_FAILS = [
+    ("dst is another node", lambda n: Heartbeat(term=2, src=2, dst=9, commit=3), AssertionError),
+    ("last chunk ending before the size", lambda n: snapshot_chunk(data=b"01234"), RaftError),
+    ("append after an index inside an entry",
+     lambda n: append(n, prev_index=2, prev_term=2, entries=(Entry(index=3, term=2),)), AssertionError),
+    ("entry held with other boundaries", lambda n: append(n, prev_index=0, prev_term=1,
+                                                          entries=(Entry(index=1, term=2, count=2),)), AssertionError),
+    ("removal of a node that is not a member",
+     lambda n: append(n, entries=(conf_entry(5, ConfChangeKind.REMOVE, 9),)), RaftError),
+    ("entries with a gap", lambda n: append(n, entries=(Entry(index=6, term=2),)), AssertionError),
+]
+
+
+@pytest.mark.parametrize(("message", "error"), [c[1:] for c in CORE_FAILS], ids=[c[0] for c in CORE_FAILS])
+def test_the_core_fails_on_what_the_check_drops(message: Callable[[RaftNode], Message],
+                                                 error: type[BaseException]) -> None:
+    n = follower()
+    m = message(n)
+    assert CHECK.check(n, m.src, m) is not None
+    with pytest.raises(error):
+        n.step(m)
+        drain(n)
+
+
+def test_a_forged_acknowledgement_inside_an_entry_stops_the_leader() -> None:
+    """A match inside an entry is a next index inside one (and a commit index inside one): the leader
+    asserts. The leader-side check drops it first."""
+    n = leader()
+    m = AppendResp(term=3, src=3, dst=1, index=2)
+    assert CHECK.check(n, 3, m) is not None
+    with pytest.raises(AssertionError):
+        n.step(m)
+        drain(n)
+
+
+# --- membership changes in flight, removed and joining nodes ---------------------------------------
+
+def test_a_voter_whose_removal_is_in_flight_may_still_campaign() -> None:
+    """Thesis §4.2.2: a leader that appended its own removal may have to win again before it commits;
+    once the removal is committed here, its vote requests are dropped (§4.2.3: no disruption)."""
+    n = follower()
+    n.step(append(n, entries=(conf_entry(5, ConfChangeKind.REMOVE, 3),), commit=4))
+    drain(n)
+    assert n.conf.voters == (1, 2) and n.log.committed == 4
+    vote = Vote(term=3, src=3, dst=1, last_index=5, last_term=2)
+    assert CHECK.check(n, 3, vote) is None, "the removal is not committed: 3 may be needed to commit it"
+    n.step(Heartbeat(term=2, src=2, dst=1, commit=5))
+    drain(n)
+    drop = CHECK.check(n, 3, vote)
+    assert drop is not None and drop.reason == NOT_VOTER
+    assert CHECK.check(n, 3, append(n, term=3, src=3, prev_index=5, entries=())).reason == NOT_MEMBER  # type: ignore[union-attr]
+
+
+def test_a_learner_is_a_member_but_not_a_voter() -> None:
+    n = follower()
+    n.step(append(n, entries=(conf_entry(5, ConfChangeKind.ADD_LEARNER, 4),), commit=5))
+    drain(n)
+    assert n.conf.learners == (4,)
+    assert CHECK.check(n, 4, PreVote(term=3, src=4, dst=1, last_index=5, last_term=2)).reason == NOT_VOTER  # type: ignore[union-attr]
+    assert CHECK.check(n, 4, VoteResp(term=2, src=4, dst=1, granted=False)) is None
+
+
+def test_a_node_not_in_its_own_configuration_takes_any_leader() -> None:
+    """A node being added starts from a configuration without itself and cannot know its leader (the
+    cluster may have replaced every configured member since): it takes a leader's messages from any
+    peer the transport admitted; vote requests still need a voter."""
+    n = node(4, storage(voters=(1, 2, 3)))
+    assert CHECK.check(n, STRANGER, Append(term=5, src=STRANGER, dst=4, prev_index=-1, prev_term=0, entries=(),
+                                           commit=-1)) is None
+    drop = CHECK.check(n, STRANGER, Vote(term=5, src=STRANGER, dst=4, last_index=-1, last_term=0))
+    assert drop is not None and drop.reason == NOT_VOTER
+
+
+def test_a_removed_member_is_not_taken_for_a_newcomer() -> None:
+    """The address book may still list a removed member for a while: a configuration this node holds
+    lists it, so it is not someone this node has not heard of."""
+    n = follower()
+    n.step(append(n, entries=(conf_entry(5, ConfChangeKind.REMOVE, 3),), commit=5))
+    drain(n)
+    check = PeerCheck(known_peer=lambda peer: True)
+    drop = check.check(n, 3, Vote(term=3, src=3, dst=1, last_index=5, last_term=2))
+    assert drop is not None and drop.reason == NOT_VOTER
+
+
+def test_entry_data_is_checked_by_the_hook() -> None:
+    n = follower()
+    check = PeerCheck(known_peer=lambda peer: False, check_entry=lambda e: "no" if e.data == b"bad" else None)
+    assert check.check(n, 2, append(n)) is None
+    drop = check.check(n, 2, append(n, entries=(Entry(index=5, term=2, data=b"bad"),)))
+    assert drop is not None and drop.reason == BAD_ENTRY
+
+
+# --- the runtime's entry check: the record batch of a NORMAL entry --------------------------------
+
+def _batch(count: int = 2) -> bytes:
+    return encode_batch([(b"k%d" % i, b"v") for i in range(count)], timestamp_ms=1)
+
+
+def test_runtime_entry_check() -> None:
+    ok = Entry(index=5, term=2, count=2, data=_batch())
+    assert check_entry(ok, 1 << 20) is None
+    assert "covers 3 indexes" in (check_entry(Entry(index=5, term=2, count=3, data=_batch()), 1 << 20) or "")
+    assert "not a record batch" in (check_entry(Entry(index=5, term=2, data=b"garbage"), 1 << 20) or "")
+    flipped = bytearray(_batch())
+    flipped[-1] ^= 1
+    assert "CRC" in (check_entry(Entry(index=5, term=2, count=2, data=bytes(flipped)), 1 << 20) or "")
+    assert "follow" in (check_entry(Entry(index=5, term=2, count=2, data=_batch() + b"x"), 1 << 20) or "")
+    assert "exceeds" in (check_entry(ok, 64) or "")
+    control = encode_records([LogRecord(0, -1, b"__raft/noop", b"")], control=True)
+    assert "control" in (check_entry(Entry(index=5, term=2, data=bytes(control)), 1 << 20) or "")
+    assert check_entry(Entry(index=5, term=2, kind=EntryKind.NOOP), 1) is None   # stored from its fields
