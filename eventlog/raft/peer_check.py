@@ -13,16 +13,16 @@ it). The checks, in order:
    NOOP or configuration entry covers one index, a configuration entry decodes; a snapshot chunk
    lies within its snapshot, only the last one ends at its size, and the snapshot's membership is
    well formed; entry data is what the storage can hold (`check_entry`, given by the runtime).
-3. membership, as this node sees the group: the configuration in force at its commit index and
-   every later one in its log (changes in flight count both ways: a voter being removed may still
-   have to win an election, thesis §4.2.2). Requests for votes come from a voter of one of them,
-   messages only a leader sends from a voter, responses from a voter or learner: a removed server
-   cannot disrupt the group (thesis §4.2.3) and a stranger cannot lead it. A sender in none of them
-   may be a member this node has not heard of yet (its log lags behind the change that added it):
-   it is accepted when `known_peer` (the node's address book) knows it and no configuration this
-   node holds lists it (those list removed members). A node that is in none of its own
-   configurations (a node being added that has not yet received the entry adding it) cannot know
-   its leader: it accepts messages only a leader sends from any peer.
+3. membership, as this node sees the group: the sender is a voter or learner of the configuration
+   in force at its commit index or of a later one in its log (changes in flight count both ways: a
+   voter being removed may still have to win an election, thesis §4.2.2; a learner may have been
+   promoted by entries this node lacks). So a removed server cannot disrupt the group (thesis
+   §4.2.3) and a stranger can neither lead it nor raise its term. Requests and a leader's messages
+   from a sender in none of them are still taken in two cases where this node's view may lag: the
+   sender is in the node's address book (`known_peer`) and no configuration this node holds lists
+   it (a member added by entries this node has not received; configurations that list it and no
+   longer do are its removal); or this node is in none of its own configurations (a node being
+   added that has not received the entry adding it cannot know its leader), for a leader's message.
 4. leadership: one leader per term (Election Safety, §5.2), so in this node's term a leader's
    message comes from the leader it knows of; as leader, a response acknowledges no index beyond
    its log or inside one of its entries, and no heartbeat round it has not started.
@@ -84,12 +84,11 @@ TERM_LIMIT = "term_limit"            # a term above MAX_TERM
 MALFORMED = "malformed"              # a field out of range or inconsistent with the others
 SNAPSHOT_CHUNK = "snapshot_chunk"    # a snapshot chunk outside its snapshot, or a bad snapshot meta
 BAD_ENTRY = "bad_entry"              # entries the storage or this log cannot take as they are
-NOT_VOTER = "not_voter"              # a vote request from a node that is not a voter here
-NOT_MEMBER = "not_member"            # a leader's message or a response from a non-member
+NOT_MEMBER = "not_member"            # from a node that is not a member as this node sees the group
 NOT_LEADER = "not_leader"            # a leader's message from another node than this term's leader
 UNKNOWN_GROUP = "unknown_group"      # (the host's) a message for a group this node does not run
-REASONS = (SRC_MISMATCH, WRONG_DST, TERM_LIMIT, MALFORMED, SNAPSHOT_CHUNK, BAD_ENTRY, NOT_VOTER, NOT_MEMBER,
-           NOT_LEADER, UNKNOWN_GROUP)
+REASONS = (SRC_MISMATCH, WRONG_DST, TERM_LIMIT, MALFORMED, SNAPSHOT_CHUNK, BAD_ENTRY, NOT_MEMBER, NOT_LEADER,
+           UNKNOWN_GROUP)
 
 _LEADER_MESSAGES = (Append, Heartbeat, InstallSnapshot, TimeoutNow)
 _RESPONSES = (PreVoteResp, VoteResp, AppendResp, HeartbeatResp, InstallSnapshotResp)
@@ -145,17 +144,14 @@ class PeerCheck:
     def _check_membership(self, node: RaftNode, m: Message) -> Drop | None:
         src = m.src
         in_force = node.confs_since(node.log.committed)
-        if isinstance(m, Vote | PreVote):
-            if any(src in c.voters for c in in_force) or self._unheard_of(node, src):
-                return None
-            return Drop(NOT_VOTER, f"{type(m).__name__} from {src}, not a voter")
-        if isinstance(m, _LEADER_MESSAGES):
-            if (any(src in c.voters for c in in_force) or self._unheard_of(node, src)
-                    or not any(c.contains(node.id) for c in in_force)):
-                return None
-            return Drop(NOT_MEMBER, f"{type(m).__name__} from {src}, not a voter")
         if any(c.contains(src) for c in in_force):
             return None
+        if isinstance(m, _RESPONSES):
+            return Drop(NOT_MEMBER, f"{type(m).__name__} from {src}, not a member")
+        if self._unheard_of(node, src):
+            return None
+        if isinstance(m, _LEADER_MESSAGES) and not any(c.contains(node.id) for c in in_force):
+            return None   # not a member itself yet: it cannot know who leads
         return Drop(NOT_MEMBER, f"{type(m).__name__} from {src}, not a member")
 
     def _unheard_of(self, node: RaftNode, src: int) -> bool:
