@@ -20,6 +20,7 @@ xfail until then.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -214,3 +215,33 @@ def test_a_forged_append_claiming_a_members_id_needs_mutual_tls(
     raw.close()
     a.check_unmoved()
     a.assert_nowhere(key)
+
+
+def test_a_cluster_whose_term_passed_the_limit_starts_and_says_why(
+        node_cluster_factory: Callable[..., NodeCluster]) -> None:
+    """What issue 18's vote left on disk: the kv term at 10^12 + 1 in every node's quorum-state. Every
+    start used to campaign, lead, and exit on the int32 epoch of its no-op. Now every node starts and
+    stays up; the kv group elects no one, and each node says why (CRITICAL, epochlog_term_exhausted);
+    the other groups serve."""
+    c = node_cluster_factory(raft={"election_timeout_ticks": 10})
+    c.start()
+    c.leader(GROUP)
+    assert set(c.stop_all().values()) == {0}
+    for n in c.nodes.values():
+        path = n.data_dir / "groups" / GROUP / "quorum-state"
+        state = json.loads(path.read_text())
+        state.update(term=10**12 + 1, vote=0)
+        path.write_text(json.dumps(state))
+    c.start()
+    wait_until(lambda: all("term 1000000000001 is at the limit 2147483647" in c.nodes[n].stderr() for n in c.nodes),
+               15.0, "the CRITICAL line on every node")
+    for group in c.groups:
+        if group != GROUP:
+            c.leader(group)
+    time.sleep(2.0)   # several election timeouts
+    assert c.running() == list(c.nodes), c.describe()
+    for n in c.nodes:
+        info = c.group_status(n, GROUP)
+        assert info is not None and info.leader == 0 and info.term == 10**12 + 1, info
+        assert c.metrics(n)[("epochlog_term_exhausted", (("group", GROUP),))] == 1
+        assert "CRITICAL" in c.nodes[n].stderr()
