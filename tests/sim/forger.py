@@ -19,7 +19,10 @@ classes, each something the node runtime met or must refuse (issue 18):
 - impossible answers, to a leader: an acknowledgement beyond its log, an answer to a heartbeat
   round it never started;
 - a second leader: a member's leader message in the target's term when the target knows another
-  leader of that term.
+  leader of that term;
+- a log shape no leader sends, in the name of the target's leader, in its term and right where the
+  target's log is: a configuration change that does not apply (removing a node that is not a
+  member), an append after an index inside a batch, a batch the target holds in other boundaries.
 
 The forged messages never reach a core (they are all dropped, or the seed fails), so the rest of
 the run is the one the seed would have without them. Not thread-safe; one per simulation run.
@@ -29,11 +32,14 @@ from __future__ import annotations
 
 import random
 
+from eventlog.raft.confchange import encode_conf_change
 from eventlog.raft.node import Role
 from eventlog.raft.types import (
     MAX_TERM,
     Append,
     AppendResp,
+    ConfChange,
+    ConfChangeKind,
     Entry,
     EntryKind,
     Heartbeat,
@@ -50,7 +56,7 @@ from tests.sim.replica import Replica
 
 STRANGER = 1000    # ids from here on were never members (the simulator's nodes are numbered from 1)
 CLASSES = ("stranger", "spoofed", "misdirected", "term_limit", "malformed", "snapshot_chunk", "impossible_answer",
-           "second_leader")
+           "second_leader", "log_shape")
 
 
 class Forger:
@@ -148,4 +154,32 @@ class Forger:
                                     TimeoutNow(term=n.term, src=src, dst=r.id),
                                     Append(term=n.term, src=src, dst=r.id, prev_index=last, prev_term=last_term,
                                            entries=(), commit=last)])
+        if kind == "log_shape":
+            return self._log_shape(r)
         raise AssertionError(kind)
+
+    def _log_shape(self, r: Replica) -> tuple[int, Message] | None:
+        n = r.node
+        assert n is not None
+        leader, log = n.leader, n.log
+        if leader in (0, r.id) or n.role is not Role.FOLLOWER:
+            return None
+        last, last_term = log.last_index(), log.last_term()
+        remove = Entry(index=last + 1, term=n.term, kind=EntryKind.CONF_CHANGE,
+                       data=encode_conf_change(ConfChange(ConfChangeKind.REMOVE, STRANGER)))
+        choices: list[Message] = [Append(term=n.term, src=leader, dst=r.id, prev_index=last, prev_term=last_term,
+                                         entries=(remove,), commit=-1)]
+        batches = [e for e in log.unstable if e.count > 1 and e.index > log.committed]
+        if not batches and last > log.committed and last >= log.first_index():
+            first, end = log.entry_bounds(last)
+            if end > first > log.committed:
+                batches = [Entry(index=first, term=log.term(last) or 0, count=end - first + 1)]
+        if batches:
+            e = self.rng.choice(batches)
+            choices += [
+                Append(term=n.term, src=leader, dst=r.id, prev_index=e.index, prev_term=e.term,   # inside e
+                       entries=(Entry(index=e.index + 1, term=e.term),), commit=-1),
+                Append(term=n.term, src=leader, dst=r.id, prev_index=e.index - 1,                 # e, regrouped
+                       prev_term=log.term(e.index - 1) or 0, entries=(Entry(index=e.index, term=e.term, count=1),),
+                       commit=-1)]
+        return leader, self.rng.choice(choices)

@@ -274,6 +274,7 @@ def _never(*args: object) -> None:
     ("no field check", peer_check, "_check_fields", _never, {"forged-accepted"}),
     ("no membership check", PeerCheck, "_check_membership", _never, {"forged-accepted"}),
     ("no leadership check", peer_check, "_check_leadership", _never, {"forged-accepted"}),
+    ("no check against the log", peer_check, "_check_against_log", _never, {"forged-accepted"}),
     ("a log check that drops honest appends", peer_check, "_check_against_log",
      lambda node, m: peer_check.Drop(peer_check.BAD_ENTRY, "mutant"), {"false-drop"}),
 ])

@@ -584,8 +584,8 @@ class RaftGroup:
             return
         self._term_limit_said_at = self.loop.time()
         logger.critical("group %s: term %d is at the limit %d (the int32 partitionLeaderEpoch of a record batch): "
-                        "node %s can never start another election%s; its data stays readable, move it to a new "
-                        "cluster (README, Raft)", self.name, n.term, MAX_TERM, self.node_id,
+                        "node %s can never start another election%s; the data stays readable (epochlog export "
+                        "--offline), the group has to be rebuilt in a new cluster (README, Raft)", self.name, n.term, MAX_TERM, self.node_id,
                         f" (node {n.leader} leads in this term for now)" if n.leader else "")
 
     def _check_clock(self) -> None:
