@@ -26,9 +26,10 @@ it). The checks, in order:
 4. leadership: one leader per term (Election Safety, §5.2), so in this node's term a leader's
    message comes from the leader it knows of; as leader, a response acknowledges no index beyond
    its log or inside one of its entries, and no heartbeat round it has not started.
-5. the log, for an append the core will apply: prev_index ends an entry of this log, entries it
-   already holds have the same boundaries, configuration changes apply in order from the
-   configuration at prev_index.
+5. the log, for a leader's message the core will act on: the commit index it sets ends an entry
+   (else the entry would be applied past the commit index), an append's prev_index ends an entry of
+   this log, entries it already holds have the same boundaries, and its configuration changes apply
+   in order from the configuration at prev_index.
 
 A dropped message is as if the network lost it: Raft tolerates loss (a leader retries, a candidate
 times out), so dropping is always safe, and an honest member's message is dropped only when it is
@@ -129,7 +130,7 @@ class PeerCheck:
             drop = self._check_membership(node, m)
         if drop is None:
             drop = _check_leadership(node, m)
-        if drop is None and isinstance(m, Append):
+        if drop is None and isinstance(m, Append | Heartbeat | InstallSnapshot) and m.term >= node.term:
             drop = _check_against_log(node, m)
         return drop
 
@@ -278,13 +279,35 @@ def _check_leadership(node: RaftNode, m: Message) -> Drop | None:
     return None
 
 
-def _check_against_log(node: RaftNode, m: Append) -> Drop | None:
-    """What the core asserts of an append it applies (a log-shape it takes from an honest leader)."""
+def _inside_entry(node: RaftNode, index: int) -> bool:
+    """Whether `index`, a new commit index this node's log holds, falls inside an entry (not at its end)."""
     log = node.log
-    if m.term < node.term or m.prev_index < log.committed or not log.match_term(m.prev_index, m.prev_term):
-        return None   # the core answers without appending (stale term, behind the commit, no match)
+    return log.committed < index and index >= log.first_index() and log.entry_bounds(index)[1] != index
+
+
+def _check_against_log(node: RaftNode, m: Append | Heartbeat | InstallSnapshot) -> Drop | None:
+    """What the core asserts of a leader's message it acts on (a log shape an honest leader never sends):
+    the commit index it sets ends an entry, the entries it appends fit the log."""
+    log = node.log
+    if isinstance(m, Heartbeat):
+        commit = min(m.commit, log.last_index())
+        if _inside_entry(node, commit):
+            return Drop(BAD_ENTRY, f"commit {commit} is inside an entry")
+        return None
+    if isinstance(m, InstallSnapshot):
+        meta = m.meta
+        if log.match_term(meta.index, meta.term) and _inside_entry(node, meta.index):
+            return Drop(BAD_ENTRY, f"snapshot index {meta.index} is inside an entry held")
+        return None
+    if m.prev_index < log.committed or not log.match_term(m.prev_index, m.prev_term):
+        return None   # the core answers without appending (behind the commit, no match)
     if m.prev_index >= log.first_index() and log.entry_bounds(m.prev_index)[1] != m.prev_index:
         return Drop(BAD_ENTRY, f"prev index {m.prev_index} is inside an entry")
+    last_new = m.entries[-1].last_index if m.entries else m.prev_index
+    commit = min(m.commit, last_new)
+    if (commit <= m.prev_index and _inside_entry(node, commit)) or (
+            commit > m.prev_index and all(e.last_index != commit for e in m.entries)):
+        return Drop(BAD_ENTRY, f"commit {commit} is inside an entry")
     conf = node.conf_at(m.prev_index)
     holding = True
     for e in m.entries:

@@ -22,7 +22,8 @@ classes, each something the node runtime met or must refuse (issue 18):
   leader of that term;
 - a log shape no leader sends, in the name of the target's leader, in its term and right where the
   target's log is: a configuration change that does not apply (removing a node that is not a
-  member), an append after an index inside a batch, a batch the target holds in other boundaries.
+  member), an append after an index inside a batch, a batch the target holds in other boundaries, a
+  commit index inside a batch.
 
 The forged messages never reach a core (they are all dropped, or the seed fails), so the rest of
 the run is the one the seed would have without them. Not thread-safe; one per simulation run.
@@ -181,5 +182,6 @@ class Forger:
                        entries=(Entry(index=e.index + 1, term=e.term),), commit=-1),
                 Append(term=n.term, src=leader, dst=r.id, prev_index=e.index - 1,                 # e, regrouped
                        prev_term=log.term(e.index - 1) or 0, entries=(Entry(index=e.index, term=e.term, count=1),),
-                       commit=-1)]
+                       commit=-1),
+                Heartbeat(term=n.term, src=leader, dst=r.id, commit=e.index)]                     # commit inside e
         return leader, self.rng.choice(choices)
