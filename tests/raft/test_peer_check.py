@@ -11,12 +11,15 @@ hold) is tested at the end against real encoded batches.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from eventlog.config import LogConfig
 from eventlog.raft import ConfChange, ConfChangeKind, ConfState, Entry, EntryKind, RaftError, RaftNode, Role
 from eventlog.raft.confchange import encode_conf_change
 from eventlog.raft.peer_check import (
@@ -31,6 +34,7 @@ from eventlog.raft.peer_check import (
     PeerCheck,
 )
 from eventlog.raft.runtime.entries import check_entry
+from eventlog.raft.runtime.log_storage import LogStorage
 from eventlog.raft.types import (
     MAX_TERM,
     Append,
@@ -49,7 +53,7 @@ from eventlog.raft.types import (
 )
 from eventlog.records import Record as LogRecord
 from eventlog.records import encode_batch, encode_records
-from tests.raft.paper import ack, drain, elect, log_of, node, storage
+from tests.raft.paper import ack, config, drain, elect, log_of, node, storage
 
 STRANGER = 42     # never a member, not in the address book
 NEWCOMER = 7      # in the address book (added at runtime), in no configuration the node holds yet
@@ -334,8 +338,9 @@ def test_runtime_entry_check() -> None:
 
 # --- what passes the check never breaks the core ---------------------------------------------------
 
-def _random_message(rng: random.Random, n: RaftNode) -> Message:
-    """A message from member 2 or 3 with fields near the node's own state, often inconsistent."""
+def _random_message(rng: random.Random, n: RaftNode, batches: bool = False) -> Message:
+    """A message from member 2 or 3 with fields near the node's own state, often inconsistent. With
+    `batches`, NORMAL entries hold record batches (as the node runtime stores them)."""
     src = rng.choice((2, 3))
     last = n.log.last_index()
 
@@ -369,6 +374,8 @@ def _random_message(rng: random.Random, n: RaftNode) -> Message:
             if ek is EntryKind.CONF_CHANGE:
                 data = encode_conf_change(ConfChange(rng.choice(list(ConfChangeKind)), rng.randint(1, 5)))
             count = rng.choice((1, 1, 2, 3)) if ek is EntryKind.NORMAL else rng.choice((1, 1, 1, 2))
+            if ek is EntryKind.NORMAL and batches:
+                data = _batch(rng.choice((count, count, count, count + 1)))   # a batch, mostly of `count` records
             entries.append(Entry(index=at, term=t, count=count, kind=ek, data=data))
             at, t = at + count, t + rng.choice((0, 0, 1))
         return Append(term=term(), src=src, dst=1, prev_index=prev, prev_term=term_at(prev), entries=tuple(entries),
@@ -437,3 +444,68 @@ def test_what_the_check_lets_through_never_stops_the_core(start: str) -> None:
             except Exception as exc:
                 raise AssertionError(f"seed {seed}, run {run}, step {step}: {m!r} broke {n!r}: {exc!r}") from exc
     assert passed > 1000
+
+
+# --- the same over the runtime's storage: the segmented log, the quorum state, snapshot files --------
+
+def _handle_on_disk(n: RaftNode) -> None:
+    """Handle every Ready of `n` as the runtime does, over its LogStorage (no state machine)."""
+    st = n.log.storage
+    assert isinstance(st, LogStorage)
+    while n.has_ready():
+        rd = n.ready()
+        for c in rd.snapshot_chunks:
+            st.stage_snapshot_chunk(c.meta, c.offset, c.data)
+        if rd.snapshot is not None:
+            st.install_snapshot(rd.snapshot)
+        if rd.entries:
+            st.append(rd.entries)
+        if rd.hard_state is not None:
+            st.set_hard_state(rd.hard_state)
+        n.advance()
+
+
+def _on_disk(path: Path, leading: bool) -> RaftNode:
+    """Node 1 over a LogStorage in `path`: follower of node 2 in term 2 holding 1/0, 2/1..3, 2/4 (commit
+    0), or, `leading`, the leader of term 3 over that log."""
+    st = LogStorage.open(path, LogConfig(segment_bytes=4096, flush_policy="fsync"), CONF3)
+    n = RaftNode(1, st, config(check_quorum=True), random.Random(1))
+    entries = (Entry(0, 1, data=_batch(1)), Entry(1, 2, count=3, data=_batch(3)), Entry(4, 2, data=_batch(1)))
+    n.step(Append(term=2, src=2, dst=1, prev_index=-1, prev_term=0, entries=entries, commit=0))
+    _handle_on_disk(n)
+    if leading:
+        for _ in range(40):
+            n.tick()
+        _handle_on_disk(n)
+        n.step(VoteResp(term=n.term, src=2, dst=1, granted=True))
+        _handle_on_disk(n)
+        assert n.role is Role.LEADER, n
+    return n
+
+
+@pytest.mark.parametrize("leading", [False, True], ids=["follower", "leader"])
+def test_what_the_check_lets_through_never_stops_the_runtime_storage(tmp_path: Path, leading: bool) -> None:
+    """As above, with the runtime's own entry check and storage: a message that passes never makes the
+    segmented log, the quorum state or the snapshot files refuse what the core hands them."""
+    seed = int(os.environ.get("EPOCHLOG_PEER_FUZZ_SEED") or random.SystemRandom().getrandbits(32))
+    print(f"seed={seed} (replay with EPOCHLOG_PEER_FUZZ_SEED={seed})")
+    rng = random.Random(seed)
+    check = PeerCheck(known_peer=lambda peer: False, check_entry=functools.partial(check_entry, max_batch_bytes=1 << 20))
+    passed = 0
+    for run in range(max(1, RUNS // 5)):
+        n = _on_disk(tmp_path / f"run-{run}", leading)
+        for step in range(60):
+            m = _random_message(rng, n, batches=True)
+            if check.check(n, m.src, m) is not None:
+                continue
+            passed += 1
+            try:
+                n.step(m)
+                _handle_on_disk(n)
+                if step % 7 == 0:
+                    n.tick()
+                    _handle_on_disk(n)
+            except Exception as exc:
+                raise AssertionError(f"seed {seed}, run {run}, step {step}: {m!r} broke {n!r}: {exc!r}") from exc
+        n.log.storage.close()   # type: ignore[attr-defined]
+    assert passed > 100
