@@ -6,30 +6,35 @@ types are the transport's own (eventlog/raft/runtime/transport.py): a 4-byte len
 `Hello` or `Batch` of (group, message). The node answers a peer it accepted on that connection, so
 `received()` shows what it sent to the id this connection claimed.
 
-This is a plain TCP connection: once peers use mutual TLS, a node refuses it at the handshake
-(`accepted()` says whether the node took the hello). Blocking, with a timeout on every read.
+Plain TCP, or TLS with a client context (`tls`: once peers use mutual TLS, a certificate the node
+accepts, e.g. one the cluster's CA issued to a node that is not a member). `accepted()` says whether
+the node took the hello. Blocking, with a timeout on every read.
 """
 
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 
 import msgspec
 
-from eventlog.raft.runtime.transport import Batch, FrameReader, Hello, encode_frame
+from eventlog.raft.runtime.transport import Batch, Hello, encode_frame
 from eventlog.raft.types import Message
+
+_FRAME = msgspec.msgpack.Decoder(Hello | Batch)
 
 
 class RawPeer:
     def __init__(self, address: str, cluster: str, node_id: int, timeout: float = 5.0,
-                 first: tuple[str, list[Message]] | None = None) -> None:
+                 first: tuple[str, list[Message]] | None = None, tls: ssl.SSLContext | None = None) -> None:
         """Connect and say hello as `node_id`; `first`: a batch (group, messages) sent in the same
         write as the hello (it reaches the node before it can act on the hello)."""
         host, _, port = address.rpartition(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self.sock = tls.wrap_socket(sock) if tls is not None else sock
         self.sock.settimeout(timeout)
-        self.reader = FrameReader()
+        self._buf = b""
         self.frames: list[Hello | Batch] = []
         self.closed_by_node = False
         data = encode_frame(Hello(cluster, node_id))
@@ -52,15 +57,19 @@ class RawPeer:
                 data = self.sock.recv(1 << 16)
             except TimeoutError:
                 return
-            except ConnectionResetError:
+            except (ConnectionError, ssl.SSLError, OSError):
                 data = b""
             if not data:
                 self.closed_by_node = True
                 return
-            try:
-                self.frames += self.reader.feed(data)
-            except (ValueError, msgspec.DecodeError):
-                self.closed_by_node = True
+            self._buf += data
+            while len(self._buf) >= 4 and len(self._buf) >= 4 + int.from_bytes(self._buf[:4], "big"):
+                end = 4 + int.from_bytes(self._buf[:4], "big")
+                try:
+                    self.frames.append(_FRAME.decode(self._buf[4:end]))
+                except msgspec.DecodeError:
+                    self.closed_by_node = True
+                self._buf = self._buf[end:]
 
     def accepted(self, timeout: float = 5.0) -> bool:
         """Whether the node sent its hello and kept the connection open for a moment."""
@@ -76,5 +85,8 @@ class RawPeer:
         self._pump(seconds)
         return [gm for f in self.frames if isinstance(f, Batch) for gm in f.msgs]
 
-    def close(self) -> None:
+    def close(self, linger: float = 0.3) -> None:
+        """Close once the node had `linger` seconds to read what was sent: closing with unread data
+        (e.g. TLS session tickets) resets the connection, and a reset may beat the node's read."""
+        self._pump(linger)
         self.sock.close()

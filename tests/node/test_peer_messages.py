@@ -12,15 +12,19 @@ id 42 (tests/node/raw_peer.py), then sends what used to stop, fork or corrupt th
 
 Each is dropped before Raft sees it and counted (`epochlog_peer_messages_dropped_total{reason}`): no
 node exits, the kv group keeps its leader and term, no forged record is in any node's log, and the
-cluster keeps taking writes; at the end every node stops with the same views digest. The same
-Append claiming a member's id over a plain connection is stopped only by mutual TLS (the
-peer-security branch): `test_a_forged_append_claiming_a_members_id_needs_mutual_tls` is a strict
-xfail until then.
+cluster keeps taking writes; at the end every node stops with the same views digest.
+
+Once NodeCluster speaks mutual TLS (the peer-security branch), the outsider connects with a
+certificate the cluster's CA issued to node 42 (`outsider_tls`): authenticated, not a member, and
+stopped by the checks all the same. The same Append claiming a member's id is stopped only by mutual
+TLS: `test_a_forged_append_claiming_a_members_id_is_stopped_by_mutual_tls` asserts so there, and on
+plain connections asserts that the forged record lands, then reports an xfail.
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -123,8 +127,25 @@ class Attack:
                     f"{[e.offset for e in events if e.key == key]}"
 
 
+def outsider_tls(c: NodeCluster, node_id: int = STRANGER) -> ssl.SSLContext | None:
+    """With mutual TLS between members (branch peer-security: NodeCluster then gives the cluster a CA),
+    a client context holding a certificate the cluster's own CA issued to `node_id`, a node that is not
+    a member: the transport authenticates it, and only the checks here stop what it sends (a removed
+    node's certificate is still valid). Without (this branch, or an `insecure` cluster): None, plain
+    connections, on which id 42 is just claimed."""
+    if getattr(c, "insecure", True) or not (c.root / "ca").exists():
+        return None
+    from epochlog.certs import ClusterCA  # type: ignore[import-not-found,unused-ignore]
+    files = ClusterCA.load(c.root / "ca").issue_member(node_id, c.root / f"outsider-{node_id}")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    ctx.load_cert_chain(str(files.cert), str(files.key))
+    return ctx
+
+
 def peer(c: NodeCluster, node: int, node_id: int = STRANGER) -> RawPeer:
-    return RawPeer(c.nodes[node].peer_address, c.name, node_id)
+    return RawPeer(c.nodes[node].peer_address, c.name, node_id, tls=outsider_tls(c, node_id))
 
 
 def test_a_vote_with_a_term_beyond_the_limit_is_dropped(cluster: NodeCluster) -> None:
@@ -193,15 +214,15 @@ def test_a_forged_append_from_a_non_member_is_dropped(cluster: NodeCluster) -> N
     a.assert_nowhere(key)
 
 
-@pytest.mark.xfail(strict=True, reason="over a plain connection any process can claim a member's id: only "
-                                       "mutual TLS (branch peer-security) stops it; enable after merging it")
-def test_a_forged_append_claiming_a_members_id_needs_mutual_tls(
+def test_a_forged_append_claiming_a_members_id_is_stopped_by_mutual_tls(
         node_cluster_factory: Callable[..., NodeCluster]) -> None:
     """The kv leader's id, claimed on a new connection to a follower, with an append right after the
     follower's last entry in the leader's term: the peer checks cannot tell it from the leader's own
-    (same id, term and log position). With mutual TLS the node refuses the connection at the handshake
-    and nothing is appended anywhere. (A cluster of its own: today the forged record lands on that
-    follower, whose views then differ for good.)"""
+    (same id, term and log position). With mutual TLS between members (peer-security) the outsider's
+    certificate names node 42, the node refuses the hello claiming the leader, and nothing is appended
+    anywhere. On plain connections (this branch, or an insecure cluster) the forged record lands on the
+    follower, whose views then differ for good: asserted, then reported as xfail, so the gap stays
+    visible. (A cluster of its own, which this may break.)"""
     cluster = node_cluster_factory(raft={"election_timeout_ticks": 20})
     cluster.start()
     a = Attack(cluster)
@@ -210,11 +231,21 @@ def test_a_forged_append_claiming_a_members_id_needs_mutual_tls(
     forged = a.forged_entry(key, follower, a.term)
     forged = Append(term=forged.term, src=a.leader, dst=forged.dst, prev_index=forged.prev_index,
                     prev_term=forged.prev_term, entries=forged.entries, commit=forged.commit)
-    raw = RawPeer(cluster.nodes[follower].peer_address, cluster.name, a.leader, first=(GROUP, [forged]))
+    tls = outsider_tls(cluster)   # with mutual TLS: a valid certificate, of node 42
+    raw = RawPeer(cluster.nodes[follower].peer_address, cluster.name, a.leader, first=(GROUP, [forged]), tls=tls)
     raw.received(1.0)
     raw.close()
+    if tls is None:
+        wait_until(lambda: _holds(cluster, follower, key, a.status[follower].last_offset), 15.0,
+                   "the forged record on the follower (plain connections authenticate no one)")
+        pytest.xfail("over a plain connection any process can claim a member's id: only mutual TLS stops it")
     a.check_unmoved()
     a.assert_nowhere(key)
+
+
+def _holds(c: NodeCluster, node: int, key: str, start: int) -> bool:
+    with Client(c.endpoints, timeout=10.0) as client:
+        return any(e.key == key for e in client.read_events(GROUP, start, endpoint=c.endpoint(node)).events)
 
 
 def test_a_cluster_whose_term_passed_the_limit_starts_and_says_why(
@@ -243,5 +274,6 @@ def test_a_cluster_whose_term_passed_the_limit_starts_and_says_why(
     for n in c.nodes:
         info = c.group_status(n, GROUP)
         assert info is not None and info.leader == 0 and info.term == 10**12 + 1, info
-        assert c.metrics(n)[("epochlog_term_exhausted", (("group", GROUP),))] == 1
+        wait_until(lambda: c.metrics(n).get(("epochlog_term_exhausted", (("group", GROUP),))) == 1, 10.0,
+                   f"epochlog_term_exhausted of {GROUP} on node {n}")
         assert "CRITICAL" in c.nodes[n].stderr()
