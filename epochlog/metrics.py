@@ -54,6 +54,10 @@ Families (counters get the `_total` suffix on the wire):
                                                          tls_handshake, identity, hello_timeout, frame_timeout,
                                                          partial_frames, unauthenticated_connections, bad_frame
                                                          (eventlog.raft.runtime.transport)
+    epochlog_peer_messages_dropped_total{reason} counter  peer messages the checks dropped before Raft saw them
+                                                         (eventlog/raft/peer_check.py names the reasons)
+    epochlog_term_exhausted{group}           gauge       1 once the term reached its limit (2^31 - 1): this node
+                                                         can never start another election in the group
 """
 
 from __future__ import annotations
@@ -167,6 +171,12 @@ class _GroupCollector(Collector):
         clean_reclaimed = counter("epochlog_cleaner_bytes_reclaimed", "Log bytes key compaction reclaimed.")
         clean_dropped = counter("epochlog_cleaner_records_dropped", "Records key compaction dropped "
                                 "(superseded, expired tombstones, no-ops).")
+        exhausted = gauge("epochlog_term_exhausted", "1 once the group's term reached its limit (2^31 - 1, the "
+                          "int32 partitionLeaderEpoch): this node can never start another election in the group.")
+        peer_drops = CounterMetricFamily("epochlog_peer_messages_dropped", "Messages from peers dropped by the "
+                                         "checks before the Raft core saw them, by reason.", labels=["reason"])
+        for reason, count in self.node.host.peer_drops.counts.items():
+            peer_drops.add_metric([reason], count)
         groups = self.node.host.groups
         for info in self.node.status().groups:
             g = info.group
@@ -201,6 +211,7 @@ class _GroupCollector(Collector):
             segments.add_metric([g], group.snapshots.segments_deleted)
             pruned.add_metric([g], views.pruner.counters.rows_deleted)
             disk_full.add_metric([g], 1 if group.disk_full else 0)
+            exhausted.add_metric([g], 1 if group.node.term_exhausted else 0)
             cleaning = self.node.compaction.cleaning.state(g)
             clean_end.add_metric([g], group.storage.log.clean_end_offset)
             clean_passes.add_metric([g], cleaning.passes)
@@ -210,7 +221,7 @@ class _GroupCollector(Collector):
         yield from (commit, applied, last, start, term, leader, is_leader, lag, member_lag, member_lag_s,
                     stalls, elections, changes, proposals, events, halted, floor, snapshot, snapshots,
                     snapshot_failures, installed, segments, pruned, disk_full, clean_end, clean_passes, clean_failures,
-                    clean_reclaimed, clean_dropped)
+                    clean_reclaimed, clean_dropped, exhausted, peer_drops)
 
 
 class _PeerCollector(Collector):

@@ -54,6 +54,7 @@ from eventlog.raft.progress import Progress, ProgressState, committed_index, maj
 from eventlog.raft.raft_log import RaftLog
 from eventlog.raft.storage import Storage
 from eventlog.raft.types import (
+    MAX_TERM,
     Append,
     AppendResp,
     ConfChange,
@@ -210,13 +211,35 @@ class RaftNode:
                 return conf
         return self._confs[0][1]
 
+    @property
+    def term_exhausted(self) -> bool:
+        """The term reached MAX_TERM: this node can never start another election (a loud error for
+        the runtime to report; a leader in that term leads on until it loses office)."""
+        return self.term >= MAX_TERM
+
+    def confs_since(self, index: int) -> tuple[ConfState, ...]:
+        """The configuration in force at `index` and every later one in the log, oldest first. From
+        the commit index: every configuration a change in flight may still leave in force."""
+        return (self.conf_at(index), *(conf for at, conf in self._confs if at > index))
+
+    @property
+    def heartbeat_round(self) -> int:
+        """The latest heartbeat round this node started as leader (its followers echo it)."""
+        return self._round
+
     def tick(self) -> None:
         self.ticks += 1
         self._tick()
 
     def step(self, m: Message) -> None:
-        """Handle a message from a peer (messages for other nodes are a caller bug)."""
+        """Handle a message from a peer (messages for other nodes are a caller bug).
+
+        The core trusts its peers to follow the protocol: the runtime checks every message from the
+        network first (eventlog/raft/peer_check.py). Only the term limit is the core's own rule.
+        """
         assert m.dst == self.id, f"message for {m.dst} stepped into node {self.id}"
+        if m.term > MAX_TERM:
+            return  # a term no node can write (types.MAX_TERM): never adopted, granted or answered
         if m.term > self.term:
             if isinstance(m, Vote | PreVote) and self._in_lease() and not (isinstance(m, Vote) and m.transfer):
                 return  # we heard from a live leader recently: ignore the disruption (§4.2.3)
@@ -532,7 +555,7 @@ class RaftNode:
         Only a transfer marks its Vote requests `transfer`, which makes followers ignore their
         leader lease; an election after a won pre-vote must still respect it.
         """
-        if not self._promotable():
+        if not self._promotable() or self.term_exhausted:
             return
         if self.cfg.pre_vote and not (transfer or pre_voted):
             self._become_pre_candidate()

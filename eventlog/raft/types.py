@@ -15,6 +15,15 @@ import enum
 
 import msgspec
 
+MAX_TERM = (1 << 31) - 1
+"""The highest term a node holds, campaigns for or accepts from a peer.
+
+The node runtime stores each entry's term as its RecordBatch's int32 partitionLeaderEpoch
+(eventlog/raft/runtime/entries.py), so a higher term could never be written. A node whose term
+reaches it cannot start another election (`RaftNode.term_exhausted`): about two billion elections,
+so in practice only terms a member forged get there; the peer checks (eventlog/raft/peer_check.py)
+refuse any term above it."""
+
 
 class EntryKind(enum.IntEnum):
     NORMAL = 0        # application data (a record batch)

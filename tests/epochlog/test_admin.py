@@ -135,7 +135,10 @@ def test_metrics_health_and_readiness_of_a_single_node(tmp_path: Path, seed: int
             assert sample(m, "epochlog_snapshot_offset", group="kv") == snapshot >= last_write
             assert sample(m, "epochlog_history_floor", group="kv") == 0    # the default keeps 100,000 offsets
             assert sample(m, "epochlog_disk_full", group="kv") == 0
+            assert sample(m, "epochlog_peer_messages_dropped_total", reason="not_member") == 0
+            assert sample(m, "epochlog_peer_messages_dropped_total", reason="term_limit") == 0
             for g in GROUPS:
+                assert sample(m, "epochlog_term_exhausted", group=g) == 0
                 assert sample(m, "epochlog_leader_changes_total", group=g) >= 1
                 assert sample(m, "epochlog_elections_started_total", group=g) >= 1
                 assert sample(m, "epochlog_is_leader", group=g) == 1

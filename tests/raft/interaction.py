@@ -508,21 +508,25 @@ def _config(args: Args) -> RaftConfig:
 
 
 def cmd_add_nodes(env: Env, a: Args) -> None:
-    """add-nodes N [voters=(..)] [learners=(..)] [config...]: N new nodes with an empty log; the
+    """add-nodes N [voters=(..)] [learners=(..)] [term=T] [config...]: N new nodes with an empty log; the
     configuration (if given) is their initial snapshot's. Without it a node is blank: it learns the
-    membership from the leader's log or snapshot."""
+    membership from the leader's log or snapshot. `term=T`: their disk holds term T already (as if
+    they had lived through T terms without writing an entry)."""
     count = int(a.pos[0])
     voters = parse_ids(a.get("voters") or "()")
     learners = parse_ids(a.get("learners") or "()")
+    term = a.num("term", 0)
     cfg = _config(a)
     pipelined = a.get("pipelined") == "true"
     conf = ConfState(voters=tuple(sorted(voters)), learners=tuple(sorted(learners)))
     first = max(env.peers, default=0) + 1
     for nid in range(first, first + count):
-        peer = Peer(nid, MemoryStorage(conf), cfg, pipelined=pipelined)
+        storage = MemoryStorage(conf)
+        storage.set_hard_state(HardState(term=term))
+        peer = Peer(nid, storage, cfg, pipelined=pipelined)
         env.peers[nid] = peer
         peer.start()
-        env.say(f"{nid}: follower term=0 {fmt_conf(conf)}" + (" pipelined" if pipelined else ""))
+        env.say(f"{nid}: follower term={term} {fmt_conf(conf)}" + (" pipelined" if pipelined else ""))
     env.say(f"config: election={cfg.election_timeout_ticks} heartbeat={cfg.heartbeat_interval_ticks} "
             f"pre-vote={str(cfg.pre_vote).lower()} check-quorum={str(cfg.check_quorum).lower()} "
             f"max-inflight={cfg.max_inflight_appends} max-append-bytes={cfg.max_append_bytes} "
@@ -764,7 +768,8 @@ def cmd_status(env: Env, a: Args) -> None:
         node = env.node(nid)
         peer = env.peers[nid]
         env.say(_role_line(node) + f" commit={node.log.committed} applied={peer.applied_index} "
-                f"last={node.log.last_index()} {fmt_conf(node.conf)}")
+                f"last={node.log.last_index()} {fmt_conf(node.conf)}"
+                + (" term-exhausted" if node.term_exhausted else ""))
         if node.role.value == "leader":
             for pid, pr in sorted(node.progress.items()):
                 paused = pr.is_paused(node.cfg.max_inflight_appends, node.cfg.max_inflight_bytes)

@@ -36,6 +36,7 @@ from eventlog.raft import (
     Role,
 )
 from eventlog.raft.types import (
+    MAX_TERM,
     Append,
     AppendResp,
     Heartbeat,
@@ -1153,6 +1154,44 @@ def test_ready_contract_is_enforced() -> None:
     n.advance()
     with pytest.raises(RaftError):
         n.advance()
+
+
+# --- The term limit (an implementation rule: types.MAX_TERM) -------------------------------------
+
+
+def test_no_term_above_the_limit_is_adopted_granted_or_answered() -> None:
+    """"The highest term a node holds, campaigns for or accepts from a peer" (types.MAX_TERM: a
+    term is stored as a record batch's int32 partitionLeaderEpoch)."""
+    above = MAX_TERM + 1
+    for msg in (Vote(term=above, src=2, dst=1, last_index=9, last_term=above - 1, transfer=True),
+                PreVote(term=above, src=2, dst=1, last_index=9, last_term=above - 1),
+                Append(term=above, src=2, dst=1, prev_index=-1, prev_term=0, entries=(Entry(0, above),), commit=0),
+                Heartbeat(term=above, src=2, dst=1, commit=-1),
+                TimeoutNow(term=above, src=2, dst=1)):
+        n = node(1, storage(term=2))
+        n.step(msg)
+        assert (n.term, n.role, n.leader, n.vote) == (2, Role.FOLLOWER, 0, 0), msg
+        assert drain(n) == [], msg
+        assert n.log.last_index() == -1
+
+
+@pytest.mark.parametrize("pre_vote", [False, True])
+def test_the_last_term_is_won_then_no_election_can_follow(pre_vote: bool) -> None:
+    """A node one term below the limit may still campaign for the last term and lead in it; a node
+    in the last term never starts an election (`term_exhausted`), however long it waits."""
+    n = node(1, storage(term=MAX_TERM - 1), pre_vote=pre_vote)
+    assert not n.term_exhausted
+    elect(n)
+    assert (n.role, n.term) == (Role.LEADER, MAX_TERM) and n.term_exhausted
+    follower = node(2, storage(term=MAX_TERM), pre_vote=pre_vote)
+    assert follower.term_exhausted
+    for _ in range(40):
+        follower.tick()
+    follower.campaign()
+    follower.step(TimeoutNow(term=MAX_TERM, src=1, dst=2))
+    assert follower.role is Role.FOLLOWER and follower.term == MAX_TERM
+    sent = drain(follower)
+    assert of(sent, PreVote) == [] and of(sent, Vote) == []
 
 
 # --- STYLE practice 1: the core is sans-IO ------------------------------------------------------

@@ -33,7 +33,12 @@ Invariants (Raft paper figure 3, thesis chapter 3, and what the application reli
   rare client history that would expose a stale read;
 - state-digest: all replicas that applied through index i have identical KV + membership state
   (digest) at i, whether they got there by applying entries or by installing a snapshot;
-- linearizability: the client history of KV operations is linearizable (at the end of the run).
+- linearizability: the client history of KV operations is linearizable (at the end of the run);
+- peer-checks (eventlog/raft/peer_check.py): every message the forger made (tests/sim/forger.py) is
+  dropped before the core sees it ("forged-accepted" otherwise), and an honest message is dropped
+  only as stale -- from a server that is no longer a member as the receiver sees it -- never for
+  its identity, its fields, its term, its log shape or its leadership ("false-drop": a check that
+  would cost an honest cluster its messages).
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ from typing import TYPE_CHECKING
 
 from eventlog.raft.errors import CompactedError, UnavailableError
 from eventlog.raft.node import Ready
-from eventlog.raft.types import Entry, HardState, SnapshotMeta
+from eventlog.raft.peer_check import NOT_MEMBER, Drop
+from eventlog.raft.types import Entry, HardState, Message, SnapshotMeta
 from tests.sim.history import History
 from tests.sim.linearizability import check_history
 
@@ -68,6 +74,7 @@ class Checker:
     def crashed(self, r: Replica, applied: int) -> None: ...
     def restarted(self, r: Replica, hard: HardState) -> None: ...
     def lease_read(self, r: Replica, term: int, index: int) -> None: ...
+    def peer_message(self, r: Replica, peer: int, m: Message, drop: Drop | None, forged: bool) -> None: ...
     def finish(self) -> None: ...
 
 
@@ -108,6 +115,10 @@ class Hooks:
     def lease_read(self, r: Replica, term: int, index: int) -> None:
         for c in self.checkers:
             c.lease_read(r, term, index)
+
+    def peer_message(self, r: Replica, peer: int, m: Message, drop: Drop | None, forged: bool) -> None:
+        for c in self.checkers:
+            c.peer_message(r, peer, m, drop, forged)
 
     def finish(self) -> None:
         for c in self.checkers:
@@ -336,7 +347,28 @@ class Linearizability(Checker):
             self.inconclusive_detail = f"key {verdict.key!r}: {verdict.detail}"
 
 
+class PeerChecks(Checker):
+    """Forged messages are all dropped; honest ones only as stale (see the module docstring)."""
+
+    STALE = frozenset({NOT_MEMBER})
+
+    def __init__(self) -> None:
+        self.honest_drops: dict[str, int] = {}
+        self.forged = 0
+
+    def peer_message(self, r: Replica, peer: int, m: Message, drop: Drop | None, forged: bool) -> None:
+        if forged:
+            self.forged += 1
+            if drop is None:
+                raise InvariantViolation("forged-accepted", f"n{r.id} ({r.node!r}) took {m!r} from peer {peer}")
+        elif drop is not None:
+            self.honest_drops[drop.reason] = self.honest_drops.get(drop.reason, 0) + 1
+            if drop.reason not in self.STALE:
+                raise InvariantViolation("false-drop", f"n{r.id} ({r.node!r}) dropped an honest {m!r}: "
+                                                       f"{drop.reason}: {drop.detail}")
+
+
 def standard_checkers(history: History, *, pipelined: bool = False) -> list[Checker]:
     committed = CommittedPrefix()
     return [ElectionSafety(), VoteDurability(), LogMatching(), committed, CommitDurability(pipelined),
-            LeaderCompleteness(committed), LeaseSafety(), StateDigest(), Linearizability(history)]
+            LeaderCompleteness(committed), LeaseSafety(), StateDigest(), PeerChecks(), Linearizability(history)]

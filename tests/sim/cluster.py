@@ -5,8 +5,9 @@ One tick, in this order (everything is deterministic given the seed):
 1. the fault injector acts (crash, restart, partition, heal, membership change, transfer);
 2. clients issue operations and give up on old ones;
 3. a node resumed from a pause steps the messages that arrived while it was paused; then the
-   network delivers every message due now: each is stepped into its live destination (held in
-   the inbox of a paused one);
+   network delivers every message due now: each is checked as the runtime checks peer messages
+   (eventlog/raft/peer_check.py) and stepped into its live destination (held in the inbox of a
+   paused one);
 4. every live core that is not paused ticks;
 5. disk writes due now complete (send what waited for them, apply, advance / persisted);
 6. every live replica that is not paused takes Readys while it may (one at a time, or pipelined).
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from eventlog.raft.config import RaftConfig
 from eventlog.raft.node import Role
+from eventlog.raft.peer_check import PeerCheck
 from eventlog.raft.storage import MemoryStorage
 from eventlog.raft.types import ConfState
 from tests.sim.checkers import Hooks
@@ -51,6 +53,9 @@ class Cluster:
         self.views_root = views_root   # a directory: every replica keeps real views (views_shadow.py)
         self.views_snapshots: dict[tuple[int, int], Path] = {}
         self.bootstrap = ConfState(voters=tuple(range(1, nodes + 1)))
+        # Every server ever created is in the address book (the runtime's drops removed ones: a
+        # superset here, so the checks are tested at their most permissive).
+        self.peer_check = PeerCheck(known_peer=lambda peer: peer in self.replicas)
         self.replicas: dict[int, Replica] = {}
         self.now = 0
         self.before_tick: list[Callable[[int], None]] = []   # fault injector, workload
@@ -68,7 +73,7 @@ class Cluster:
         r = Replica(node_id, MemoryStorage(self.bootstrap, self.catch_up_entries), self.cfg, rng=self.rng, net=self.net,
                     hooks=self.hooks, history=self.history, max_disk_latency=self.max_disk_latency,
                     torn=self.torn, snapshot_every=self.snapshot_every, snapshot_padding=self.snapshot_padding,
-                    pipelined=self.pipelined, views=views)
+                    peer_check=self.peer_check, pipelined=self.pipelined, views=views)
         self.replicas[node_id] = r
         return r
 
@@ -99,14 +104,14 @@ class Cluster:
                 backlog, resumed.inbox = resumed.inbox, []
                 for m in backlog:
                     if resumed.node is not None:
-                        resumed.step(m)
+                        resumed.receive(m.src, m)
         for m in self.net.due(now):
             dst = replicas.get(m.dst)
             if dst is not None and dst.node is not None:
                 if dst.paused:
                     dst.inbox.append(m)
                 else:
-                    dst.step(m)
+                    dst.receive(m.src, m)
         live = [r for r in replicas.values() if r.node is not None and not r.paused]
         for r in live:
             r.tick()

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 
 from eventlog.raft.config import RaftConfig
 from eventlog.raft.node import RaftNode, Ready, Role
+from eventlog.raft.peer_check import PeerCheck
 from eventlog.raft.persist_queue import PersistQueue
 from eventlog.raft.storage import MemoryStorage
 from eventlog.raft.types import Entry, EntryKind, Message
@@ -75,9 +76,10 @@ class Waiter:
 class Replica:
     def __init__(self, node_id: int, storage: MemoryStorage, cfg: RaftConfig, *, rng: random.Random,
                  net: Network, hooks: Hooks, history: History, max_disk_latency: int, torn: float,
-                 snapshot_every: int, snapshot_padding: int, pipelined: bool = False,
+                 snapshot_every: int, snapshot_padding: int, peer_check: PeerCheck, pipelined: bool = False,
                  views: ViewsShadow | None = None) -> None:
         self.id = node_id
+        self.peer_check = peer_check
         self.cfg = cfg
         self._rng = rng            # the cluster's source: derives each incarnation's own Random
         self.net = net
@@ -185,6 +187,16 @@ class Replica:
         assert self.node is not None
         self.node.step(m)
         self.observe()
+
+    def receive(self, peer: int, m: Message, *, forged: bool = False) -> None:
+        """A message off the network, from `peer` (the sender the network authenticates): checked as
+        the runtime checks it (eventlog/raft/peer_check.py), then stepped unless dropped. `forged`: a
+        nemesis made it (tests/sim/forger.py); the hooks judge whether it had to be dropped."""
+        assert self.node is not None
+        drop = self.peer_check.check(self.node, peer, m)
+        self.hooks.peer_message(self, peer, m, drop, forged)
+        if drop is None:
+            self.step(m)
 
     def tick(self) -> None:
         assert self.node is not None

@@ -8,6 +8,7 @@ a seed replays exactly (`python -m tests.sim --start SEED --seeds 1 -v`).
 Phases:
 
 1. safety (`safety_ticks`): clients, and every fault the seed enabled. Checkers watch throughout.
+   The forger (forger.py) hands servers forged messages throughout, in both phases.
 2. liveness: no more crashes (crashed nodes restart now), pauses (paused nodes resume now),
    partitions, churn, transfers or new client operations; no loss, duplication or reordering
    (delays stay). Either the whole network heals, or one voter stays isolated when every
@@ -37,6 +38,7 @@ from eventlog.raft.progress import majority
 from tests.sim.checkers import Hooks, InvariantViolation, Linearizability, standard_checkers
 from tests.sim.cluster import Cluster
 from tests.sim.faults import FaultInjector, FaultParams
+from tests.sim.forger import Forger
 from tests.sim.history import History, Operation, Status
 from tests.sim.network import NetworkFaults
 from tests.sim.workload import Client, Workload, WorkloadParams
@@ -59,11 +61,17 @@ class SimParams:
     pipelined: bool              # hand Readys off before their entries are durable (accept/persisted)
     views: bool = False          # every replica also keeps real RocksDB views (views_shadow.py)
     catch_up_entries: int = 0    # indexes a snapshot leaves in the log below it (MemoryStorage)
+    forge_prob: float | None = None   # per tick: the forger hands a server a forged message (None: by seed)
 
 
 CATCH_UP_ENTRIES = (0, 2, 10)
 """Indexes a snapshot leaves in the log below it, by seed: the runtime's log keeps entries its
 snapshot covers, and a lagging follower is sent those instead of the snapshot."""
+
+FORGE_PROBS = (0.0, 0.05, 0.2, 0.5)
+"""Per tick, how often the forger (forger.py) hands a server a message no honest member sends, by
+seed (`seed // 3`, so every rate meets every CATCH_UP_ENTRIES): forged messages never reach a core,
+so the rest of a seed's run is what it was without them."""
 
 
 def draw_params(rng: random.Random) -> SimParams:
@@ -176,6 +184,8 @@ class Simulation:
         self.params = p = draw_params(rng) if tweak is None else tweak(draw_params(rng))
         # From the seed, not drawn: every seed's other parameters and run stay what they were.
         self.params = p = replace(p, catch_up_entries=CATCH_UP_ENTRIES[seed % len(CATCH_UP_ENTRIES)])
+        if p.forge_prob is None:
+            self.params = p = replace(p, forge_prob=FORGE_PROBS[seed // 3 % len(FORGE_PROBS)])
         if views:
             self.params = p = replace(p, views=True)
         self.history = History()
@@ -192,7 +202,8 @@ class Simulation:
             self.checkers.insert(len(self.checkers) - 1, ViewsDigest(self.cluster.replicas))
         self.faults = FaultInjector(self.cluster, random.Random(rng.getrandbits(64)), p.faults)
         self.workload = Workload(self.cluster, self.history, random.Random(rng.getrandbits(64)), p.workload)
-        self.cluster.before_tick += [self.faults.step, self.workload.step]
+        self.forger = Forger(self.cluster, random.Random(rng.getrandbits(64)), p.forge_prob or 0.0)
+        self.cluster.before_tick += [self.faults.step, self.workload.step, self.forger.step]
         self.isolated: int = 0
         self._probe_index = -1
 
@@ -221,6 +232,7 @@ class Simulation:
         result.faults = dict(self.faults.counts)
         result.faults["torn"] = sum(r.disk.torn_writes for r in c.replicas.values())
         result.faults["snapshots_installed"] = sum(r.snapshots_installed for r in c.replicas.values())
+        result.faults["forged"] = sum(self.forger.counts.values())
         lin = next(ch for ch in self.checkers if isinstance(ch, Linearizability))
         result.inconclusive = lin.inconclusive
         if lin.inconclusive and not result.detail:
@@ -372,7 +384,7 @@ def run_seed(seed: int, verbose: bool = False, tweak: Callable[[SimParams], SimP
                       f"  disk latency <= {p.max_disk_latency}, torn {p.torn}, snapshot every {p.snapshot_every} "
                       f"(+{p.snapshot_padding} B, {p.catch_up_entries} indexes kept below), safety {p.safety_ticks} ticks, "
                       f"heal_all {p.heal_all}, "
-                      f"pipelined {p.pipelined}, views {p.views}"]
+                      f"pipelined {p.pipelined}, views {p.views}, forge {p.forge_prob}/tick"]
         result.log += sim.faults.log
     return result
 

@@ -9,7 +9,9 @@
   forgotten votes) within a few hundred seeds -- the simulator has teeth;
 - the pause nemesis (issue 11) alone: its seeds converge, and they catch the two bugs it found
   when reverted (acknowledgements held for replaced entries: a stuck follower; a lease kept
-  across a pause: a stale read).
+  across a pause: a stale read);
+- the forger nemesis (issue 18) at a high rate: every forged message is dropped, honest ones only
+  when stale; a missing or too strict peer check is caught (forged-accepted, false-drop, liveness).
 """
 
 from __future__ import annotations
@@ -18,20 +20,25 @@ import dataclasses
 import os
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 import pytest
 
+from eventlog.raft import peer_check
 from eventlog.raft.node import RaftNode, Ready
+from eventlog.raft.peer_check import PeerCheck
 from eventlog.raft.persist_queue import PersistQueue
+from eventlog.raft.types import AppendResp, HeartbeatResp, InstallSnapshotResp, Message, PreVoteResp, VoteResp
 from tests.sim.campaign import failure_line, run_campaign
 from tests.sim.disk import FakeDisk
+from tests.sim.forger import CLASSES as FORGER_CLASSES
 from tests.sim.history import History
 from tests.sim.linearizability import check_history
 from tests.sim.replica import Replica
-from tests.sim.swarm import SimParams, run_seed
+from tests.sim.swarm import SimParams, Simulation, run_seed
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -233,3 +240,86 @@ def test_a_cluster_that_never_elects_fails_the_liveness_phase(monkeypatch: pytes
     monkeypatch.setattr(RaftNode, "tick", lambda self: None)   # no timeouts: nobody ever campaigns
     r = run_seed(3)
     assert r.invariant == "liveness" and r.detail.startswith("no leader"), r.detail
+
+
+# --- the forger nemesis and the peer checks (issue 18) ---------------------------------------------
+
+def _forging(p: SimParams) -> SimParams:
+    return dataclasses.replace(p, forge_prob=0.5)
+
+
+FORGE_SEEDS = 100
+
+
+def test_forged_messages_are_all_dropped_and_honest_ones_only_when_stale() -> None:
+    """Every seed's own faults plus a forged message every other tick: each is dropped before a core
+    sees it (else "forged-accepted"), no honest message is dropped but a stale one (else
+    "false-drop"), and every other invariant, liveness included, holds."""
+    counts: Counter[str] = Counter()
+    for seed in range(FORGE_SEEDS):
+        sim = Simulation(seed, _forging)
+        r = sim.run()
+        assert r.ok, f"seed {seed}: {r.invariant}: {r.detail}"
+        counts.update(sim.forger.counts)
+    print(f"forged messages by class over {FORGE_SEEDS} seeds: {dict(counts)}")
+    assert all(counts[c] > 20 for c in FORGER_CLASSES), counts
+
+
+def _never(*args: object) -> None:
+    return None
+
+
+@pytest.mark.parametrize(("name", "target", "attr", "mutant", "expected"), [
+    ("no check at all", PeerCheck, "check", _never, {"forged-accepted"}),
+    ("no field check", peer_check, "_check_fields", _never, {"forged-accepted"}),
+    ("no membership check", PeerCheck, "_check_membership", _never, {"forged-accepted"}),
+    ("no leadership check", peer_check, "_check_leadership", _never, {"forged-accepted"}),
+    ("no check against the log", peer_check, "_check_against_log", _never, {"forged-accepted"}),
+    ("a log check that drops honest appends", peer_check, "_check_against_log",
+     lambda node, m: peer_check.Drop(peer_check.BAD_ENTRY, "mutant"), {"false-drop"}),
+])
+def test_the_forger_catches_a_broken_check(monkeypatch: pytest.MonkeyPatch, name: str, target: object, attr: str,
+                                           mutant: Callable[..., object], expected: set[str]) -> None:
+    monkeypatch.setattr(target, attr, mutant)
+    seed, invariant = _first_failure(_forging, 50)
+    print(f"{name}: caught by seed {seed}: {invariant}")
+    assert seed >= 0, f"{name}: no seed out of 50 caught it"
+    assert invariant in expected, f"{name}: seed {seed} failed on {invariant}"
+
+
+def _churning(p: SimParams) -> SimParams:
+    """Membership churn with crashes: members added, promoted and removed while others are down."""
+    return dataclasses.replace(
+        p, nodes=max(3, p.nodes), raft=dataclasses.replace(p.raft, pre_vote=True),
+        faults=dataclasses.replace(p.faults, churn_prob=0.05, max_new_nodes=6, crash_prob=0.01, max_down=1,
+                                   restart_max_ticks=100, transfer_prob=0.02))
+
+
+def _voters_lead(self: PeerCheck, node: RaftNode, m: Message) -> peer_check.Drop | None:
+    """The membership check, except that a learner (as this node sees it) may not campaign or lead."""
+    in_force = node.confs_since(node.log.committed)
+    if (not isinstance(m, AppendResp | HeartbeatResp | InstallSnapshotResp | PreVoteResp | VoteResp)
+            and not any(m.src in c.voters for c in in_force) and any(m.src in c.learners for c in in_force)):
+        return peer_check.Drop(peer_check.NOT_MEMBER, "mutant: a learner")
+    return _real_membership(self, node, m)
+
+
+_real_membership = PeerCheck._check_membership
+
+
+@pytest.mark.parametrize(("name", "attr", "mutant"), [
+    # A member added by entries a lagging node has not received yet, then elected: without the
+    # address book it is a stranger to that node.
+    ("no newcomers from the address book", "_unheard_of", lambda self, node, src: False),
+    # A learner promoted by entries a lagging node lacks, then elected.
+    ("only voters campaign and lead", "_check_membership", _voters_lead),
+])
+def test_the_membership_check_keeps_lagging_members_live(monkeypatch: pytest.MonkeyPatch, name: str, attr: str,
+                                                         mutant: Callable[..., object]) -> None:
+    """Why the membership check takes what it takes: a stricter one leaves a lagging member behind for
+    good (or the group without a leader), which the liveness phase catches."""
+    monkeypatch.setattr(PeerCheck, attr, mutant)
+    seed, invariant = _first_failure(_churning, 60)
+    print(f"{name}: caught by seed {seed}: {invariant}")
+    assert seed >= 0, f"{name}: no seed out of 60 caught it"
+    assert invariant == "liveness", f"{name}: seed {seed} failed on {invariant}"

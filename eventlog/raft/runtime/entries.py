@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from eventlog.errors import InvalidBatchError
 from eventlog.raft.types import Entry, EntryKind
-from eventlog.records import RecordBatch, encode_records, read_header, stamp
 from eventlog.records import Record as LogRecord
+from eventlog.records import RecordBatch, check_batch, encode_records, read_header, stamp
 
 NOOP_KEY = b"__raft/noop"
 CONF_KEY = b"__raft/conf"
@@ -35,6 +35,29 @@ def entry_to_batch(entry: Entry) -> bytes | bytearray:
         return data
     record = LogRecord(entry.index, NO_TIMESTAMP, _KEY_BY_KIND[entry.kind], entry.data)
     return encode_records([record], leader_epoch=entry.term, control=True)
+
+
+def check_entry(entry: Entry, max_batch_bytes: int) -> str | None:
+    """Why a peer's `entry` cannot be stored as it is (None: it can). A NORMAL entry's data must be
+    one valid record batch (CRC included) of `count` records, not a control batch, within the log's
+    batch limit: what `entry_to_batch` and `Log.append_replica` require, checked before the Raft core
+    takes the entry (eventlog/raft/peer_check.py) so a bad one is dropped, not fatal. NOOP and
+    configuration entries become batches made here from their fields (the core checks those)."""
+    if entry.kind is not EntryKind.NORMAL:
+        return None
+    data = entry.data
+    header = check_batch(data, 0, len(data))
+    if isinstance(header, str):
+        return f"not a record batch: {header}"
+    if header.size != len(data):
+        return f"{len(data) - header.size} bytes follow its record batch"
+    if header.is_control:
+        return "a control batch in a normal entry"
+    if header.last_offset_delta + 1 != entry.count:
+        return f"it covers {entry.count} indexes but its batch holds {header.last_offset_delta + 1}"
+    if header.size > max_batch_bytes:
+        return f"its batch of {header.size} bytes exceeds the limit of {max_batch_bytes}"
+    return None
 
 
 def batch_to_entry(batch: RecordBatch) -> Entry:

@@ -68,10 +68,22 @@ from eventlog.raft.errors import (
     RaftError,
 )
 from eventlog.raft.node import RaftNode, Ready, Role, SoftState
+from eventlog.raft.peer_check import PeerCheck
 from eventlog.raft.persist_queue import PersistQueue
 from eventlog.raft.runtime.lag import Behind, LagMonitor
 from eventlog.raft.runtime.log_storage import LogStorage, seal_snapshot_data
-from eventlog.raft.types import Append, ConfChange, ConfState, Entry, EntryKind, HardState, Message, SnapshotMeta
+from eventlog.raft.runtime.peer_drops import PeerDrops
+from eventlog.raft.types import (
+    MAX_TERM,
+    Append,
+    ConfChange,
+    ConfState,
+    Entry,
+    EntryKind,
+    HardState,
+    Message,
+    SnapshotMeta,
+)
 from eventlog.records import encode_batch
 
 logger = logging.getLogger(__name__)
@@ -80,6 +92,9 @@ Send = Callable[[int, str, Message], None]
 
 SNAPSHOT_RETRY_S = 5.0
 """After a failed snapshot (e.g. a full disk) the next one waits this long."""
+
+TERM_LIMIT_REPEAT_S = 60.0
+"""While the term is at its limit (types.MAX_TERM), the CRITICAL line saying so repeats this often."""
 
 CURRENT_GROUP: contextvars.ContextVar[RaftGroup | None] = contextvars.ContextVar("raft_group", default=None)
 """The group whose task (or a task it spawned) is running: lets log records name group and term."""
@@ -212,7 +227,8 @@ class RaftGroup:
     def __init__(self, name: str, node_id: int, storage: LogStorage, state_machine: StateMachine,
                  raft_config: RaftConfig, send: Send, *, tick_interval_ms: int, rng: random.Random,
                  snapshot_every_entries: int = 0, snapshot_every_bytes: int = 0,
-                 max_batch_bytes: int = 1 << 20, lag: LagMonitor | None = None) -> None:
+                 max_batch_bytes: int = 1 << 20, lag: LagMonitor | None = None,
+                 peer_check: PeerCheck | None = None, peer_drops: PeerDrops | None = None) -> None:
         self.name = name
         self.node_id = node_id
         self.storage = storage
@@ -224,7 +240,9 @@ class RaftGroup:
         self.max_batch_bytes = max_batch_bytes
         self.node = RaftNode(node_id, storage, raft_config, rng, applied=state_machine.applied_index)
         self.loop = asyncio.get_running_loop()
-        self._inbox: list[Message] = []
+        self._inbox: list[tuple[int, Message]] = []   # (the peer it came from, the message)
+        self.peer_check = peer_check if peer_check is not None else PeerCheck(known_peer=lambda _: False)
+        self.peer_drops = peer_drops if peer_drops is not None else PeerDrops(node_id)
         self._proposals: list[_Proposal] = []
         self._reads: dict[int, asyncio.Future[int]] = {}
         self._read_seq = 0
@@ -256,6 +274,7 @@ class RaftGroup:
         self._seen_term = self.node.term
         self._seen_leadership = (self.node.term, self.node.leader)
         self._last_tick_at = self.loop.time()   # when the core last ticked (see _check_clock)
+        self._term_limit_said_at = -math.inf
         # The leader's view of how far behind each member is (logged, and read by metrics).
         self.lag = lag if lag is not None else LagMonitor(warn_after_s=10.0)
         self._lag_term = 0      # the term the monitor watches as leader (0: not leading)
@@ -304,9 +323,9 @@ class RaftGroup:
 
     # --- inputs --------------------------------------------------------------------------------
 
-    def deliver(self, msg: Message) -> None:
-        """A message from a peer (called by the transport)."""
-        self._inbox.append(msg)
+    def deliver(self, peer: int, msg: Message) -> None:
+        """A message from `peer` (called by the transport; checked just before the core steps it)."""
+        self._inbox.append((peer, msg))
         self._wake.set()
 
     async def propose(self, records: list[tuple[bytes | None, bytes | None]]) -> int:
@@ -544,6 +563,7 @@ class RaftGroup:
                 next_tick = self.loop.time() + self.tick_interval  # we were stalled: do not burst
             self.node.tick()
             self._last_tick_at = self.loop.time()
+            self._check_term_limit()
             self._observe_lag()
             self._wake.set()
             self._state_machine_tick()
@@ -571,6 +591,18 @@ class RaftGroup:
             else:
                 logger.info("group %s: member %s caught up (%d offsets behind) after %.1f s behind", self.name,
                             event.member, event.offsets, event.late_for + self.lag.warn_after)
+
+    def _check_term_limit(self) -> None:
+        """Say loudly, and again every TERM_LIMIT_REPEAT_S, that the term reached its limit: this node can
+        never start another election, so the group is lost once its last leader is (README, "Raft")."""
+        n = self.node
+        if not n.term_exhausted or self.loop.time() - self._term_limit_said_at < TERM_LIMIT_REPEAT_S:
+            return
+        self._term_limit_said_at = self.loop.time()
+        logger.critical("group %s: term %d is at the limit %d (the int32 partitionLeaderEpoch of a record batch): "
+                        "node %s can never start another election%s; the data stays readable (epochlog export "
+                        "--offline), the group has to be rebuilt in a new cluster (README, Raft)", self.name, n.term, MAX_TERM, self.node_id,
+                        f" (node {n.leader} leads in this term for now)" if n.leader else "")
 
     def _check_clock(self) -> None:
         """Void the leader lease when the core's tick clock lags real time.
@@ -632,7 +664,12 @@ class RaftGroup:
     def _step_inbox(self) -> None:
         msgs, self._inbox = self._inbox, []
         full = self._check_space()
-        for m in msgs:
+        node = self.node
+        for peer, m in msgs:
+            drop = self.peer_check.check(node, peer, m)
+            if drop is not None:   # as if the network lost it (eventlog/raft/peer_check.py)
+                self.peer_drops.dropped(self.name, peer, drop, m)
+                continue
             if full and isinstance(m, Append) and m.entries and m.entries[-1].last_index > self.node.log.last_index():
                 # Never acknowledged, so the leader sends it again; by then the disk may have room.
                 self.counters.appends_dropped += 1

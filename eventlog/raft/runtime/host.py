@@ -19,10 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from eventlog.errors import ConfigError
+from eventlog.raft.peer_check import UNKNOWN_GROUP, Drop, PeerCheck
 from eventlog.raft.runtime.config import MemberConfig, NodeConfigs, parse_address
+from eventlog.raft.runtime.entries import check_entry
 from eventlog.raft.runtime.group import RaftGroup, StateMachine, initial_conf
 from eventlog.raft.runtime.lag import LagMonitor
 from eventlog.raft.runtime.log_storage import LogStorage
+from eventlog.raft.runtime.peer_drops import PeerDrops
 from eventlog.raft.runtime.tls import PeerTls, load_peer_tls
 from eventlog.raft.runtime.transport import MAX_FRAME_BYTES, PeerTransport, largest_frame_bytes
 from eventlog.raft.types import Message
@@ -55,6 +58,7 @@ class NodeHost:
         self.configured = any(m.id == node_id for m in configs.cluster.members)
         self.groups: dict[str, RaftGroup] = {}
         self.transport: PeerTransport | None = None
+        self.peer_drops = PeerDrops(node_id)
 
     async def start(self) -> None:
         cluster = self.configs.cluster
@@ -67,6 +71,8 @@ class NodeHost:
                                        tls=tls, limits=cluster.peer_limits,
                                        dial_lower_ms=0 if self.configured else 1000)
         conf = initial_conf([m.id for m in cluster.members])
+        check = PeerCheck(known_peer=self._known_peer,
+                          check_entry=functools.partial(check_entry, max_batch_bytes=self.configs.log.batch_limit_bytes))
         for name in cluster.groups:
             directory = self.data_dir / "groups" / name
             ships = self._ships_log_prefix is not None and self._ships_log_prefix(name)
@@ -85,7 +91,8 @@ class NodeHost:
                               max_batch_bytes=self.configs.log.batch_limit_bytes - 4096,
                               lag=LagMonitor(warn_after_s=cluster.lag_warning_ms / 1000,
                                              min_offsets=cluster.lag_warning_offsets,
-                                             repeat_s=cluster.lag_warning_repeat_ms / 1000))
+                                             repeat_s=cluster.lag_warning_repeat_ms / 1000),
+                              peer_check=check, peer_drops=self.peer_drops)
             if self._retention_floor is not None:   # set before the group can snapshot
                 group.retention_floor = functools.partial(self._retention_floor, name)
             group.space_guard = self._space_guard
@@ -125,9 +132,16 @@ class NodeHost:
             marker.write_text(name + "\n")
 
     def _deliver(self, src: int, group: str, msg: Message) -> None:
+        """A message from peer `src` (as the transport authenticated it): to its group, which checks it."""
         g = self.groups.get(group)
         if g is not None:
-            g.deliver(msg)
+            g.deliver(src, msg)
+        else:
+            self.peer_drops.dropped(group, src, Drop(UNKNOWN_GROUP, "this node runs no such group"), msg)
+
+    def _known_peer(self, peer: int) -> bool:
+        """In this node's address book: a member of the cluster, not a removed one (PeerCheck.known_peer)."""
+        return self.transport is not None and peer in self.transport.peers
 
     def _send(self, dst: int, group: str, msg: Message) -> None:
         assert self.transport is not None
