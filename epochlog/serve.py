@@ -23,6 +23,7 @@ from eventlog.configuration import from_mapping
 from eventlog.raft.runtime.config import MemberConfig, NodeConfigs, parse_address
 from epochlog.admin import AdminServer
 from epochlog.logs import NODE
+from epochlog.loop_monitor import LoopMonitor
 from epochlog.metrics import Metrics
 from epochlog.node import Node
 from epochlog.server import ClientService, ClientServiceConfig
@@ -41,6 +42,7 @@ class RunningNode:
     node: Node
     metrics: Metrics
     clients: ClientService
+    loop: LoopMonitor
     admin: AdminServer | None = None
     grpc: GrpcService | None = None
     kafka: KafkaService | None = None
@@ -64,8 +66,13 @@ class RunningNode:
         member = node.member
         await node.start()
         metrics = Metrics(node)
+        cluster = configs.cluster
+        loop = LoopMonitor(cluster.tick_interval_ms / 1000, cluster.loop_stall_warning_ms / 1000,
+                           metrics.loop_stall_seconds.observe)
+        metrics.track_loop(loop)
+        loop.start()
         clients = ClientService(node, metrics, client_config)
-        running = cls(node, metrics, clients)
+        running = cls(node, metrics, clients, loop)
         try:
             if member.client_address:
                 host, port = parse_address(member.client_address, f"cluster.members[{node_id}].client_address")
@@ -96,6 +103,7 @@ class RunningNode:
         return running
 
     async def stop(self) -> None:
+        await self.loop.close()
         await self.clients.close()
         if self.kafka is not None:
             await self.kafka.close()

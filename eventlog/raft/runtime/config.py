@@ -71,6 +71,10 @@ class ClusterConfig:
     lag_warning_repeat_ms: int = field(default=30_000, metadata=doc(
         "How often the warning repeats while the member stays behind (an info line says when it caught "
         "up).", min=100, max=86_400_000))
+    loop_stall_warning_ms: int = field(default=200, metadata=doc(
+        "The node logs a warning (at most one line per 10 s) when its event loop, which every group's "
+        "heartbeats leave from, ran a timer this much later than due (epochlog_loop_stall_seconds); keep it "
+        "below half the election timeout.", min=1, max=3_600_000))
 
     def validate(self, section: str = "cluster") -> None:
         ids = [m.id for m in self.members]
