@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from eventlog.configuration import from_mapping
 from eventlog.raft.runtime.config import MemberConfig, NodeConfigs, parse_address
 from epochlog.admin import AdminServer
+from epochlog.kafka.config import KafkaServiceConfig
 from epochlog.logs import NODE
 from epochlog.loop_monitor import LoopMonitor
 from epochlog.metrics import Metrics
@@ -62,6 +63,7 @@ class RunningNode:
     async def _start(cls, configs: NodeConfigs, node_id: int, data_dir: str | Path,
                      seed: int | None, member: MemberConfig | None = None) -> RunningNode:
         client_config = from_mapping(ClientServiceConfig, configs.clients, "clients")
+        kafka_config = from_mapping(KafkaServiceConfig, configs.kafka, "kafka")
         node = Node(configs, node_id, data_dir, seed=seed, member=member)
         member = node.member
         await node.start()
@@ -94,7 +96,7 @@ class RunningNode:
                 from epochlog.kafka.server import KafkaService, brokers_of   # kafka-python: only where served
 
                 host, port = parse_address(member.kafka_address, f"cluster.members[{node_id}].kafka_address")
-                running.kafka = KafkaService(node, brokers_of(configs, member))
+                running.kafka = KafkaService(node, brokers_of(configs, member), kafka_config)
                 await running.kafka.start(host, port)
                 running.addresses["kafka"] = f"{host}:{running.kafka.port}"
         except BaseException:

@@ -105,11 +105,12 @@ class ClusterConfig:
 class NodeConfigs:
     """Every component's configuration, as read from one TOML file.
 
-    `views`, `controller`, `clients` and `compaction` stay plain tables here (their sections): the
-    runtime does not depend on the layers above it; the node validates them with
+    `views`, `controller`, `clients`, `kafka` and `compaction` stay plain tables here (their sections):
+    the runtime does not depend on the layers above it; the node validates them with
     `statemachines.store.ViewsConfig`, `controller.config.controller_config`,
-    `epochlog.server.ClientServiceConfig` and `compaction.config.CompactionConfig` (with its
-    `[compaction.cleaner]` table, `compaction.config.CleanerConfig`).
+    `epochlog.server.ClientServiceConfig`, `epochlog.kafka.config.KafkaServiceConfig` and
+    `compaction.config.CompactionConfig` (with its `[compaction.cleaner]` table,
+    `compaction.config.CleanerConfig`).
     """
 
     cluster: ClusterConfig
@@ -119,11 +120,12 @@ class NodeConfigs:
     controller: dict[str, object] | None = None
     clients: dict[str, object] | None = None
     compaction: dict[str, object] | None = None
+    kafka: dict[str, object] | None = None
 
 
 def load_node_configs(path: str | Path) -> NodeConfigs:
     data = load_toml(path)
-    known = {"cluster", "raft", "log", "views", "controller", "clients", "compaction"}
+    known = {"cluster", "raft", "log", "views", "controller", "clients", "compaction", "kafka"}
     for key in data:
         if key not in known:
             raise ConfigError(key, data[key], f"unknown section (known: {', '.join(sorted(known))})")
@@ -131,4 +133,4 @@ def load_node_configs(path: str | Path) -> NodeConfigs:
                        from_mapping(RaftConfig, data.get("raft"), "raft"),
                        from_mapping(LogConfig, data.get("log"), "log"),
                        data.get("views"), data.get("controller"), data.get("clients"),
-                       data.get("compaction"))
+                       data.get("compaction"), data.get("kafka"))
