@@ -53,6 +53,7 @@ from statemachines.views import ViewsStateMachine
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 10.0
+READS_PER_TURN = 256      # get_many serves this many reads per turn of the loop
 EXPORT_WATERMARKS = "config/export/"   # export watermarks (see export_watermarks)
 
 
@@ -239,9 +240,26 @@ class Node:
         return p.Got(None if item is None else p.Item(item.key, encode(item.state), item.version), applied)
 
     async def get_many(self, call: p.Gets, timeout: float = DEFAULT_TIMEOUT_S) -> p.GotMany:
+        """One barrier per group and consistency covers every read of the call (each is taken after the
+        call arrived, so every read keeps its consistency), then the reads are served READS_PER_TURN
+        per turn of the loop: thousands of reads never hold the loop that sends the heartbeats."""
         if len(call.gets) > MAX_LIMIT:
             raise NodeError(f"at most {MAX_LIMIT} reads per call, got {len(call.gets)}")
-        return p.GotMany(list(await asyncio.gather(*(self.get(g, timeout) for g in call.gets))))
+        barriers: dict[tuple[str, str], int] = {}
+        for g in call.gets:
+            key = (group_of_key(g.key), g.consistency)
+            barriers[key] = max(barriers.get(key, -1), g.min_offset)
+        await asyncio.gather(*(self._barrier(group, consistency, min_offset, timeout)
+                               for (group, consistency), min_offset in barriers.items()))
+        got = []
+        for i, g in enumerate(call.gets):
+            if i and i % READS_PER_TURN == 0:
+                await asyncio.sleep(0)
+            group = group_of_key(g.key)
+            applied = self.serving(group).sm.applied_index   # it may have halted since the barrier
+            item = self._query(group).get(g.key, as_of=g.as_of)
+            got.append(p.Got(None if item is None else p.Item(item.key, encode(item.state), item.version), applied))
+        return p.GotMany(got)
 
     async def list(self, call: p.List, timeout: float = DEFAULT_TIMEOUT_S) -> p.Listed:
         if call.end and not call.start:

@@ -13,6 +13,7 @@ Everything a node starts runs with `epochlog.logs.NODE` set to its id, so its lo
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from dataclasses import dataclass, field
@@ -120,6 +121,11 @@ async def serve(configs: NodeConfigs, node_id: int, data_dir: str | Path, *, see
                 member: MemberConfig | None = None) -> int:
     NODE.set(node_id)
     running = await RunningNode.start(configs, node_id, data_dir, seed=seed, member=member)
+    # What start made (modules, configs, the groups' structures) lives as long as the process: keep it
+    # out of the collector's full passes, which then scan only what came after. A pass holds the loop:
+    # under the pipelined-gets attack of tests/node/test_loop_bounds.py on a loaded machine, the
+    # longest went from 100 to 63 ms with this (64 passes over 20 ms in 20 s, then 27).
+    gc.freeze()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
