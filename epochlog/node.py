@@ -27,7 +27,7 @@ from pathlib import Path
 import msgspec
 
 from eventlog.configuration import from_mapping
-from eventlog.errors import ConfigError, OffsetOutOfRangeError
+from eventlog.errors import BatchTooLargeError, ConfigError, OffsetOutOfRangeError
 from eventlog.raft.errors import CompactedError, NotLeaderError
 from eventlog.raft.runtime.config import MemberConfig, NodeConfigs
 from eventlog.raft.runtime.group import RaftGroup, full_history_start
@@ -54,6 +54,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 10.0
 READS_PER_TURN = 256      # get_many serves this many reads per turn of the loop
+EVENTS_PER_TURN = 256     # write checks this many events per turn of the loop
 EXPORT_WATERMARKS = "config/export/"   # export watermarks (see export_watermarks)
 
 
@@ -178,12 +179,20 @@ class Node:
             raise NodeError("a write carries at least one event")
         by_group: dict[str, list[int]] = defaultdict(list)
         records: dict[str, list[tuple[bytes | None, bytes | None]]] = defaultdict(list)
+        sizes: dict[str, int] = defaultdict(int)
         for i, event in enumerate(events):
+            if i and i % EVENTS_PER_TURN == 0:
+                await asyncio.sleep(0)   # thousands of events are checked in slices, the loop running between
             event = self.client_event(event)
             record = ev.event_record(event)
             group = group_of_event(event)
             by_group[group].append(i)
             records[group].append(record)
+            sizes[group] += len(record[0] or b"") + len(record[1] or b"") + 16   # RaftGroup.submit's estimate
+            limit = self.group(group).max_batch_bytes
+            if sizes[group] > limit:   # refused before the rest is checked: the work is bounded by the batch
+                raise BatchTooLargeError(f"the events of group {group} take more than its batch limit ({limit} "
+                                         f"bytes) from event {i} on: split the write")
         for group in by_group:
             self.serving(group)
         names = list(by_group)

@@ -11,7 +11,9 @@ closed with `connection_limit`), and a frame (or the hello) that does not arrive
 Issue 18: idle connections were not capped, and one frame of 100,000 requests ran at once. Now past
 `max_connections` a connection gets `connection_limit` and is closed, and a connection runs at most
 `max_in_flight_requests` requests at once, the rest of its frame waiting its turn (the loop and the
-heartbeats under such a frame: tests/node/test_loop_bounds.py).
+heartbeats under such a frame: tests/node/test_loop_bounds.py). A write of 100,000 events took
+0.5 s of the loop to be refused (too large for a batch); it is now refused as soon as its events
+pass the batch limit.
 """
 
 from __future__ import annotations
@@ -134,5 +136,13 @@ def test_connections_past_the_cap_are_refused_and_a_frame_runs_a_bounded_number_
     assert all(t >= second for t in waves[:4]) and all(t >= 2 * second for t in waves[4:8]), waves
     assert all(t >= 3 * second for t in waves[8:]), waves
     assert at[99] >= 2 * second, f"the ping ran before the requests ahead of it started: {at}"
+
+    # A write of 100,000 events is refused once its events pass the batch limit: the node checks
+    # about what fits in a batch, not all of them.
+    events = [{"type": "KvPut", "name": f"limits/{i}", "value": b"x"} for i in range(100_000)]
+    reply = conn.call(7, {"type": "write", "events": events}, timeout_ms=60_000)
+    assert reply[2][0] == "batch_too_large", reply[2]
+    checked = int(reply[2][1].split("from event ")[1].split()[0])
+    assert checked < 20_000, reply[2][1]
     for c in open_:
         c.close()
