@@ -32,7 +32,8 @@ counted from its bytes, before it is decoded); a frame larger than `DECODE_INLIN
 on a worker thread (the loop keeps running meanwhile); a Produce batch
 larger than the group's batch limit is refused (MESSAGE_TOO_LARGE) before its CRC is even checked,
 a compressed one is inflated at most to that limit (`RecordBatch.records(max_bytes)`), and its
-records are checked in slices of `RECORDS_PER_SLICE` with a turn of the loop between two.
+records are checked in slices of `RECORDS_PER_SLICE` with a turn of the loop between two; a Fetch
+re-encodes at most `HOSTED_FETCH_BYTES` of the kv log for hosted partitions.
 
 Call everything from the node's loop. Nothing here touches a socket (epochlog/kafka/server.py does).
 """
@@ -84,6 +85,7 @@ logger = logging.getLogger(__name__)
 TOPIC_PREFIX = "__"
 MAX_WAIT_MS = 30_000          # a Fetch long-poll waits at most this long, whatever it asks
 MAX_FETCH_BYTES = 64 << 20    # a Fetch response holds at most this much record data, whatever it asks
+HOSTED_FETCH_BYTES = 1 << 20  # ... and re-encodes at most this much of the kv log for hosted partitions
 PRODUCER_ID_SCOPE = "kafka"   # InitProducerId: ConfigChanged(scope, name) in the metadata group
 PRODUCER_ID_NAME = "producer-ids"
 FORWARD_TIMEOUT_S = 2.0       # InitProducerId answers COORDINATOR_NOT_AVAILABLE (retriable) past this:
@@ -422,6 +424,7 @@ class KafkaHandler:
             int, list[tuple[str, list[FetchPartitionOut]]], list[tuple[RaftGroup, int]]]:
         budget = min(request.max_bytes if request.max_bytes > 0 else MAX_FETCH_BYTES, MAX_FETCH_BYTES)
         total = 0
+        hosted_left = HOSTED_FETCH_BYTES   # decoding and re-encoding is work on the loop: bounded per request
         out: list[tuple[str, list[FetchPartitionOut]]] = []
         waits: list[tuple[RaftGroup, int]] = []
         for t in request.topics:
@@ -444,7 +447,9 @@ class KafkaHandler:
                     limit = min(p.partition_max_bytes, budget - total)
                     if offset < readable and (limit > 0 or total == 0):
                         if ref.hosted:
-                            po.records = _read_hosted(ref, offset, readable, max(limit, 1))
+                            scan = min(max(limit, 1), hosted_left)
+                            hosted_left -= scan
+                            po.records = _read_hosted(ref, offset, readable, scan) if scan > 0 else []
                         else:
                             po.records = _read_committed(group, offset, readable, max(limit, 1))
                         total += po.records_bytes
@@ -779,13 +784,16 @@ class _Held:
 def _read_hosted(ref: PartitionRef, offset: int, high_watermark: int, max_bytes: int) -> list[Buffer]:
     """The hosted partition's records from `offset` below its high watermark, re-encoded (hosted.py);
     reads at most about `max_bytes` of the kv log, below the kv commit offset (a kv batch may run past
-    the partition's watermark: its records from there on are not served yet)."""
+    the partition's watermark: its records from there on are not served yet). The batches served
+    cover the offsets read and no more: a read cut short (by `max_bytes`, at a segment's end) must
+    not be taken for a range holding nothing of the partition up to the watermark."""
     group = ref.group
     log = group.storage.log
     chunk = log.read(offset, max_bytes, max_offset=group.node.log.committed + 1)
-    epoch = log.epoch_for_offset(high_watermark - 1) or group.node.term
+    until = min(high_watermark, chunk.next_offset)
+    epoch = log.epoch_for_offset(until - 1) or group.node.term
     return list(hosted.filter_batches(chunk.batches(), hosted.entity_prefix(ref.topic, ref.partition), offset,
-                                      high_watermark, epoch))
+                                      until, epoch))
 
 
 def _read_committed(group: RaftGroup, offset: int, high_watermark: int, max_bytes: int) -> list[Buffer]:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from kafka.protocol.admin.topics import CreateTopicsRequest, CreateTopicsResponse
 from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
 from kafka.protocol.consumer.group import (
     JoinGroupRequest,
@@ -25,6 +26,7 @@ from kafka.protocol.consumer.group import (
 from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 from kafka.record.default_records import DefaultRecordBatchBuilder
+from kafka.record.memory_records import MemoryRecords
 
 from eventlog.records import encode_batch
 from statemachines import events as ev
@@ -196,3 +198,57 @@ def test_connections_past_the_cap_and_stalled_frames_are_closed(node: KafkaClust
     finally:
         for conn in kept:
             conn.close()
+
+
+def test_a_fetch_of_hosted_partitions_re_encodes_a_bounded_part_of_the_kv_log(node: KafkaCluster) -> None:
+    """Hosted partitions are re-encoded from the kv log on the loop: whatever a Fetch asks (64 MiB a
+    partition here), it gets what about 1 MiB of the kv log holds, and fetching on reaches the end.
+    Every record arrives: a read cut short (by that bound, or at the end of a segment: 1 MiB here)
+    used to be answered with an empty batch spanning the rest up to the watermark, so a consumer
+    skipped what it had not been sent (17 of 48 records after 20 fetches)."""
+    records, value = 48, b"v" * 60_000          # one batch each (the test's batch limit is 64 KiB): 2.9 MB
+    with RawKafka(node.bootstrap[0]) as raw:
+        created = raw.call(CreateTopicsRequest(topics=[CreateTopicsRequest.CreatableTopic(
+            name="hosted", num_partitions=2, replication_factor=1, assignments=[], configs=[])],
+            timeout_ms=5000, validate_only=False), CreateTopicsResponse, 3).topics[0]
+        assert created.error_code == 0, created
+        for i in range(records):
+            builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
+                                                producer_epoch=-1, base_sequence=-1, batch_size=2**31 - 1)
+            builder.append(0, timestamp=0, key=f"k{i}".encode(), value=value, headers=[])
+            produced = raw.call(ProduceRequest(transactional_id=None, acks=-1, timeout_ms=5000, topic_data=[
+                ProduceRequest.TopicProduceData(name="hosted", partition_data=[
+                    ProduceRequest.TopicProduceData.PartitionProduceData(index=i % 2, records=bytes(builder.build()))])]),
+                ProduceResponse, 7).responses[0].partition_responses[0]
+            assert produced.error_code == 0, produced
+
+        def fetch(offsets: list[int]) -> list[Any]:
+            return raw.call(FetchRequest(
+                replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=256 << 20, isolation_level=0, session_id=0,
+                session_epoch=-1, topics=[FetchRequest.FetchTopic(topic="hosted", partitions=[
+                    FetchRequest.FetchTopic.FetchPartition(partition=p, current_leader_epoch=-1, fetch_offset=o,
+                                                           last_fetched_epoch=-1, log_start_offset=-1,
+                                                           partition_max_bytes=64 << 20)
+                    for p, o in enumerate(offsets)])], forgotten_topics_data=[], rack_id=""),
+                FetchResponse, 12).responses[0].partitions
+
+        offsets, got, rounds = [0, 0], 0, 0
+        while got < records:
+            rounds += 1
+            assert rounds <= 20, f"{got} of {records} records after 20 fetches"
+            parts = fetch(offsets)
+            size = sum(len(p.records or b"") for p in parts)
+            assert size < (1 << 20) + 2 * 70_000, f"{size} bytes in one Fetch"
+            for p in parts:
+                for batch in _batches(p.records or b""):
+                    got += sum(1 for r in batch if r.value == value)
+                    offsets[p.partition_index] = max(offsets[p.partition_index], batch.next_offset)
+        assert got == records and rounds >= 3, (got, rounds)   # 2.9 MB took several fetches
+
+
+def _batches(data: bytes) -> list[Any]:
+    records = MemoryRecords(data)
+    out = []
+    while (batch := records.next_batch()) is not None:
+        out.append(batch)
+    return out
