@@ -1,4 +1,5 @@
-"""The loop monitor measures how long the event loop held its timers, on a real asyncio loop.
+"""The loop monitor measures how long the event loop held its timers, on a real asyncio loop; and the
+rate-limited WARNING (epochlog.logs.Throttled) used for refusals that input from outside can repeat.
 
 A coroutine that blocks the loop (time.sleep inside it, what a request doing seconds of work does)
 must show up as a stall of at least that long, counted and logged at WARNING once past the bound.
@@ -47,3 +48,19 @@ def test_a_blocked_loop_is_measured_counted_and_logged_once_per_burst(caplog: py
     assert len(lines) == 1, [r.getMessage() for r in lines]   # the second stall falls in the quiet period
     assert "event loop stalled" in lines[0].getMessage() and "loop_stall_warning_ms = 150" in lines[0].getMessage()
 
+
+
+def test_a_throttled_warning_is_logged_once_per_period_and_then_counts_what_it_left_out(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from epochlog.logs import Throttled
+
+    log = logging.getLogger("tests.throttled")
+    throttled = Throttled(log, every_s=0.3)
+    with caplog.at_level(logging.WARNING, logger="tests.throttled"):
+        for i in range(50):
+            throttled.warning("refused %d", i)
+        time.sleep(0.35)
+        throttled.warning("refused %d", 50)
+    lines = [r.getMessage() for r in caplog.records if r.name == "tests.throttled"]
+    assert lines[0] == "refused 0" and len(lines) == 2, lines
+    assert lines[1].startswith("refused 50 (49 more such lines left out"), lines
