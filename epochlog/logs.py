@@ -27,6 +27,7 @@ import contextvars
 import json
 import logging
 import sys
+import time
 from datetime import UTC, datetime
 from typing import Literal, TextIO
 
@@ -36,6 +37,28 @@ LogFormat = Literal["text", "json"]
 LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 
 NODE: contextvars.ContextVar[int | None] = contextvars.ContextVar("epochlog_node", default=None)
+
+
+class Throttled:
+    """A WARNING that input from outside can repeat at will (a refused connection), logged at most once
+    per `every_s` seconds by one `Throttled`: the next line says how many were left out meanwhile."""
+
+    def __init__(self, logger: logging.Logger, every_s: float = 10.0) -> None:
+        self.logger = logger
+        self.every_s = every_s
+        self._last = -every_s
+        self._left_out = 0
+
+    def warning(self, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._last < self.every_s:
+            self._left_out += 1
+            return
+        if self._left_out:
+            message += f" ({self._left_out} more such lines left out over the last {now - self._last:.0f} s)"
+        self.logger.warning(message, *args)
+        self._last = now
+        self._left_out = 0
 
 
 class ContextFilter(logging.Filter):

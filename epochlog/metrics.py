@@ -58,6 +58,12 @@ Families (counters get the `_total` suffix on the wire):
                                                          (eventlog/raft/peer_check.py names the reasons)
     epochlog_term_exhausted{group}           gauge       1 once the term reached its limit (2^31 - 1): this node
                                                          can never start another election in the group
+    epochlog_loop_stall_seconds              histogram   how late the node's event loop ran a timer, measured
+                                                         every tick (epochlog/loop_monitor.py): a leader's
+                                                         heartbeats are that late too
+    epochlog_loop_stall_max_seconds          gauge       the longest such stall since the node started
+    epochlog_loop_stalls_total               counter     stalls longer than [cluster] loop_stall_warning_ms
+                                                         (each logged at WARNING, at a bounded rate)
 """
 
 from __future__ import annotations
@@ -70,9 +76,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from epochlog.loop_monitor import LoopMonitor
     from epochlog.node import Node
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_STALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _DISK_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                  0.05, 0.1, 0.25, 1.0)
 
@@ -93,10 +101,33 @@ class Metrics:
                                            "group's log segment.", ["group"], registry=r, buckets=_DISK_BUCKETS)
         self.log_appended_bytes = Counter("epochlog_log_appended_bytes", "Bytes appended to a group's log.",
                                           ["group"], registry=r)
+        self.loop_stall_seconds = Histogram("epochlog_loop_stall_seconds", "How much later than due the node's "
+                                            "event loop ran a timer (measured every tick): every group's "
+                                            "heartbeats were that late.", registry=r, buckets=_STALL_BUCKETS)
         self.registry.register(_GroupCollector(node))
         self.registry.register(_PeerCollector(node))
         for name, group in node.host.groups.items():
             group.storage.log.observer = _LogTimings(self, name)
+
+
+    def track_loop(self, monitor: LoopMonitor) -> None:
+        """Serve the loop monitor's longest stall and its count of stalls past the warning bound."""
+        self.registry.register(_LoopCollector(monitor))
+
+
+class _LoopCollector(Collector):
+    def __init__(self, monitor: LoopMonitor) -> None:
+        self.monitor = monitor
+
+    def collect(self) -> Iterator[Metric]:
+        longest = GaugeMetricFamily("epochlog_loop_stall_max_seconds", "The longest stall of the node's event "
+                                    "loop since it started (see epochlog_loop_stall_seconds).")
+        longest.add_metric([], self.monitor.longest_s)
+        stalls = CounterMetricFamily("epochlog_loop_stalls", "Stalls of the node's event loop longer than "
+                                     "[cluster] loop_stall_warning_ms (each logged at WARNING, at a bounded "
+                                     "rate).")
+        stalls.add_metric([], self.monitor.stalls)
+        yield from (longest, stalls)
 
 
 class _LogTimings:

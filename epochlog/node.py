@@ -27,7 +27,7 @@ from pathlib import Path
 import msgspec
 
 from eventlog.configuration import from_mapping
-from eventlog.errors import ConfigError, OffsetOutOfRangeError
+from eventlog.errors import BatchTooLargeError, ConfigError, OffsetOutOfRangeError
 from eventlog.raft.errors import CompactedError, NotLeaderError
 from eventlog.raft.runtime.config import MemberConfig, NodeConfigs
 from eventlog.raft.runtime.group import RaftGroup, full_history_start
@@ -53,6 +53,8 @@ from statemachines.views import ViewsStateMachine
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 10.0
+READS_PER_TURN = 256      # get_many serves this many reads per turn of the loop
+EVENTS_PER_TURN = 256     # write checks this many events per turn of the loop
 EXPORT_WATERMARKS = "config/export/"   # export watermarks (see export_watermarks)
 
 
@@ -177,12 +179,20 @@ class Node:
             raise NodeError("a write carries at least one event")
         by_group: dict[str, list[int]] = defaultdict(list)
         records: dict[str, list[tuple[bytes | None, bytes | None]]] = defaultdict(list)
+        sizes: dict[str, int] = defaultdict(int)
         for i, event in enumerate(events):
+            if i and i % EVENTS_PER_TURN == 0:
+                await asyncio.sleep(0)   # thousands of events are checked in slices, the loop running between
             event = self.client_event(event)
             record = ev.event_record(event)
             group = group_of_event(event)
             by_group[group].append(i)
             records[group].append(record)
+            sizes[group] += len(record[0] or b"") + len(record[1] or b"") + 16   # RaftGroup.submit's estimate
+            limit = self.group(group).max_batch_bytes
+            if sizes[group] > limit:   # refused before the rest is checked: the work is bounded by the batch
+                raise BatchTooLargeError(f"the events of group {group} take more than its batch limit ({limit} "
+                                         f"bytes) from event {i} on: split the write")
         for group in by_group:
             self.serving(group)
         names = list(by_group)
@@ -239,9 +249,26 @@ class Node:
         return p.Got(None if item is None else p.Item(item.key, encode(item.state), item.version), applied)
 
     async def get_many(self, call: p.Gets, timeout: float = DEFAULT_TIMEOUT_S) -> p.GotMany:
+        """One barrier per group and consistency covers every read of the call (each is taken after the
+        call arrived, so every read keeps its consistency), then the reads are served READS_PER_TURN
+        per turn of the loop: thousands of reads never hold the loop that sends the heartbeats."""
         if len(call.gets) > MAX_LIMIT:
             raise NodeError(f"at most {MAX_LIMIT} reads per call, got {len(call.gets)}")
-        return p.GotMany(list(await asyncio.gather(*(self.get(g, timeout) for g in call.gets))))
+        barriers: dict[tuple[str, str], int] = {}
+        for g in call.gets:
+            key = (group_of_key(g.key), g.consistency)
+            barriers[key] = max(barriers.get(key, -1), g.min_offset)
+        await asyncio.gather(*(self._barrier(group, consistency, min_offset, timeout)
+                               for (group, consistency), min_offset in barriers.items()))
+        got = []
+        for i, g in enumerate(call.gets):
+            if i and i % READS_PER_TURN == 0:
+                await asyncio.sleep(0)
+            group = group_of_key(g.key)
+            applied = self.serving(group).sm.applied_index   # it may have halted since the barrier
+            item = self._query(group).get(g.key, as_of=g.as_of)
+            got.append(p.Got(None if item is None else p.Item(item.key, encode(item.state), item.version), applied))
+        return p.GotMany(got)
 
     async def list(self, call: p.List, timeout: float = DEFAULT_TIMEOUT_S) -> p.Listed:
         if call.end and not call.start:

@@ -13,6 +13,7 @@ Everything a node starts runs with `epochlog.logs.NODE` set to its id, so its lo
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from dataclasses import dataclass, field
@@ -22,7 +23,9 @@ from typing import TYPE_CHECKING
 from eventlog.configuration import from_mapping
 from eventlog.raft.runtime.config import MemberConfig, NodeConfigs, parse_address
 from epochlog.admin import AdminServer
+from epochlog.kafka.config import KafkaServiceConfig
 from epochlog.logs import NODE
+from epochlog.loop_monitor import LoopMonitor
 from epochlog.metrics import Metrics
 from epochlog.node import Node
 from epochlog.server import ClientService, ClientServiceConfig
@@ -41,6 +44,7 @@ class RunningNode:
     node: Node
     metrics: Metrics
     clients: ClientService
+    loop: LoopMonitor
     admin: AdminServer | None = None
     grpc: GrpcService | None = None
     kafka: KafkaService | None = None
@@ -60,12 +64,18 @@ class RunningNode:
     async def _start(cls, configs: NodeConfigs, node_id: int, data_dir: str | Path,
                      seed: int | None, member: MemberConfig | None = None) -> RunningNode:
         client_config = from_mapping(ClientServiceConfig, configs.clients, "clients")
+        kafka_config = from_mapping(KafkaServiceConfig, configs.kafka, "kafka")
         node = Node(configs, node_id, data_dir, seed=seed, member=member)
         member = node.member
         await node.start()
         metrics = Metrics(node)
+        cluster = configs.cluster
+        loop = LoopMonitor(cluster.tick_interval_ms / 1000, cluster.loop_stall_warning_ms / 1000,
+                           metrics.loop_stall_seconds.observe)
+        metrics.track_loop(loop)
+        loop.start()
         clients = ClientService(node, metrics, client_config)
-        running = cls(node, metrics, clients)
+        running = cls(node, metrics, clients, loop)
         try:
             if member.client_address:
                 host, port = parse_address(member.client_address, f"cluster.members[{node_id}].client_address")
@@ -87,7 +97,7 @@ class RunningNode:
                 from epochlog.kafka.server import KafkaService, brokers_of   # kafka-python: only where served
 
                 host, port = parse_address(member.kafka_address, f"cluster.members[{node_id}].kafka_address")
-                running.kafka = KafkaService(node, brokers_of(configs, member))
+                running.kafka = KafkaService(node, brokers_of(configs, member), kafka_config)
                 await running.kafka.start(host, port)
                 running.addresses["kafka"] = f"{host}:{running.kafka.port}"
         except BaseException:
@@ -96,6 +106,7 @@ class RunningNode:
         return running
 
     async def stop(self) -> None:
+        await self.loop.close()
         await self.clients.close()
         if self.kafka is not None:
             await self.kafka.close()
@@ -110,6 +121,11 @@ async def serve(configs: NodeConfigs, node_id: int, data_dir: str | Path, *, see
                 member: MemberConfig | None = None) -> int:
     NODE.set(node_id)
     running = await RunningNode.start(configs, node_id, data_dir, seed=seed, member=member)
+    # What start made (modules, configs, the groups' structures) lives as long as the process: keep it
+    # out of the collector's full passes, which then scan only what came after. A pass holds the loop:
+    # under the pipelined-gets attack of tests/node/test_loop_bounds.py on a loaded machine, the
+    # longest went from 100 to 63 ms with this (64 passes over 20 ms in 20 s, then 27).
+    gc.freeze()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -16,7 +16,12 @@ Hostile or broken input (docs/protocol.md §1, §11):
   with `connection_limit` (retriable: connect again). Time: a frame (the hello included) must be
   complete within `frame_timeout_ms` of its first byte (of the connection, for the hello), else the
   connection is closed the same way. So stalled or trickling connections neither hold memory nor
-  stay forever.
+  stay forever. Past `max_connections`, a new connection gets the same reply and is closed.
+- Work: the loop that runs the requests also sends every Raft group's heartbeats, so no frame may
+  hold it for long. A connection runs at most `max_in_flight_requests` requests at once (watches
+  apart) and starts at most `REQUESTS_PER_TURN` of them per turn of the loop; the rest of a frame
+  waits in the connection's backlog, and the connection reads nothing more until the backlog is
+  empty (back pressure, as when its replies cannot be written).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,11 +41,14 @@ from eventlog.raft.errors import NotLeaderError
 from epochlog import protocol as p
 from epochlog.metrics import Metrics
 from epochlog.errors import NodeError
+from epochlog.logs import Throttled
 from epochlog.node import DEFAULT_TIMEOUT_S, Node
 
 logger = logging.getLogger(__name__)
 
 MAX_TIMEOUT_S = p.MAX_TIMEOUT_MS / 1000
+REQUESTS_PER_TURN = 128     # requests a connection starts in one turn of the loop (then it lets others run)
+REFUSED_LINGER_S = 1.0      # a refused connection is cut this long after its reply if the client keeps it
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +63,12 @@ class ClientServiceConfig:
         "A frame must be received in full within this many ms of its first byte, and the hello within this "
         "many ms of the connection; else the connection is closed (connection_limit).", min=100,
         max=3_600_000))
+    max_connections: int = field(default=4096, metadata=doc(
+        "Client connections the node keeps open at once; one more gets a connection_limit reply and is "
+        "closed.", min=1))
+    max_in_flight_requests: int = field(default=256, metadata=doc(
+        "Requests of one connection running at once (watches apart); the next ones wait, and the "
+        "connection reads no more until they started.", min=1, max=1_000_000))
 
 
 class DeadlineExceededError(EpochlogError):
@@ -93,7 +108,8 @@ class ClientService:
         self.connections: set[ClientConnection] = set()
         self.rpc_children: dict[str, Any] = {}   # op -> its latency histogram child (labels() is not free)
         self.partial_bytes = 0                    # sum of every connection's `decoder.pending_bytes`
-        self.limit_closes = 0                     # connections closed for a limit (budget or frame timeout)
+        self.limit_closes = 0                     # connections closed for a limit (budget, frame timeout, count)
+        self.refusals = Throttled(logger)         # connections refused past max_connections: logged rarely
         # Told to every client in its hello: the SDK sizes its per-attempt timeouts and pings from it.
         configs = node.configs
         self.election_timeout_ms = configs.raft.election_timeout_ticks * configs.cluster.tick_interval_ms
@@ -143,9 +159,14 @@ class ClientConnection(asyncio.Protocol):
         self.counted = 0                      # this connection's part of service.partial_bytes
         self.waiting_since: float | None = time.monotonic()   # a frame (or the hello) is due since then
         self.greeted = False
+        self.refused = False                  # past max_connections: answered, never served
         self.pending: list[p.Reply] = []
         self.flush_scheduled = False
         self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.backlog: deque[p.Request] = deque()   # requests received, not started yet (in order)
+        self.in_flight = 0                    # requests started and not answered (watches apart)
+        self.reading_paused = False
+        self.pump_scheduled = False
         self.watch_ids: set[int] = set()      # request ids of watches not yet ended (started or not)
         self.watches: dict[int, _WatchState] = {}
         self.can_write = asyncio.Event()
@@ -155,11 +176,34 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio subclasses
-        self.service.connections.add(self)
+        service = self.service
+        if len(service.connections) >= service.config.max_connections:
+            self._refuse(f"the node has {len(service.connections)} client connections open "
+                         f"(max_connections = {service.config.max_connections})")
+            return
+        service.connections.add(self)
+
+    def _refuse(self, message: str) -> None:
+        """One connection_limit reply, then the end of the stream. What the client sends meanwhile (its
+        hello) is read and dropped, so that the close does not reset the connection before the client
+        read the reply; the connection is cut REFUSED_LINGER_S later if the client keeps it."""
+        assert self.transport is not None
+        self.refused = True
+        self.waiting_since = None
+        self.service.limit_closes += 1
+        self.service.refusals.warning("refusing client connection %s: %s", self._peer(), message)
+        error = p.WireError(ConnectionLimitError.code, message, ConnectionLimitError.retriable)
+        self.transport.write(p.encode_frame(p.Replies([p.Reply(0, error=error)])))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.loop.call_later(REFUSED_LINGER_S, self.transport.abort)
+        else:
+            self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.service.connections.discard(self)
         self._release_partial()
+        self.backlog.clear()
         for task in self.tasks.values():
             task.cancel()
         self.tasks.clear()
@@ -167,16 +211,30 @@ class ClientConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.can_write.clear()
-        if self.transport is not None:
-            self.transport.pause_reading()
+        self._update_reading()
 
     def resume_writing(self) -> None:
         self.can_write.set()
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        """Read while replies can be written and no request waits in the backlog. A frame is not
+        overdue for the time the node did not read it."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        paused = not self.can_write.is_set() or bool(self.backlog)
+        if paused != self.reading_paused:
+            self.reading_paused = paused
+            if paused:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
+            if self.greeted:
+                self.waiting_since = None if paused or not self.decoder.pending_bytes else time.monotonic()
 
     def data_received(self, data: bytes) -> None:
-        if self.transport is None or self.transport.is_closing():
+        if self.transport is None or self.transport.is_closing() or self.refused:
             return
         try:
             frames = self.decoder.feed(data)
@@ -198,9 +256,31 @@ class ClientConnection(asyncio.Protocol):
             elif isinstance(frame, p.BadRequest):
                 self.reply_error(frame.id, NodeError(frame.problem))
             else:
-                for request in frame.requests:
-                    self._start(request)
+                self.backlog.extend(frame.requests)
         self._frame_due(bool(frames))
+        if self.backlog:
+            self._pump()
+
+    def _pump(self) -> None:
+        """Start requests from the backlog: at most REQUESTS_PER_TURN now, and while fewer than
+        max_in_flight_requests run; then again next turn, or once a request completes."""
+        self.pump_scheduled = False
+        if self.transport is None or self.transport.is_closing():
+            self.backlog.clear()
+            return
+        cap = self.service.config.max_in_flight_requests
+        started = 0
+        while self.backlog and started < REQUESTS_PER_TURN and self.in_flight < cap:
+            self._start(self.backlog.popleft())
+            started += 1
+        if self.backlog and self.in_flight < cap:
+            self._schedule_pump()      # the slice is done: other work of the loop runs first
+        self._update_reading()
+
+    def _schedule_pump(self) -> None:
+        if not self.pump_scheduled:
+            self.pump_scheduled = True
+            self.loop.call_soon(self._pump)
 
     def _within_budget(self) -> bool:
         """Count the bytes held for incomplete frames against the node's budget; False when the connection
@@ -294,6 +374,7 @@ class ClientConnection(asyncio.Protocol):
             work = functools.partial(_watch, self, request.id, call)
         else:
             work = functools.partial(_ASYNC[type(call)], self, call)
+            self.in_flight += 1
         timeout = DEFAULT_TIMEOUT_S if request.timeout_ms == 0 else min(request.timeout_ms / 1000, MAX_TIMEOUT_S)
         task = self.loop.create_task(self._run(request.id, call, work, timeout))
         self.tasks[request.id] = task
@@ -331,8 +412,11 @@ class ClientConnection(asyncio.Protocol):
                 timer.cancel()
             self.tasks.pop(rid, None)
             self.watch_ids.discard(rid)
-            if not isinstance(call, p.Watch):   # a watch's lifetime is not a latency
+            if not watch:   # a watch's lifetime is not a latency
                 self._observe(call, started)
+                self.in_flight -= 1
+                if self.backlog:
+                    self._schedule_pump()
 
     def _observe(self, call: p.Call, started: float) -> None:
         metrics = self.service.metrics

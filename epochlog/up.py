@@ -109,12 +109,14 @@ class Plan:
 def make_plan(config_path: Path, nodes: int | None, data_dir: Path) -> Plan:
     """Load and check everything before a process starts; raises ConfigError / UpError."""
     from epochlog.routing import REQUIRED_GROUPS
+    from epochlog.kafka.config import KafkaServiceConfig
     from epochlog.server import ClientServiceConfig
     from statemachines.store import ViewsConfig
 
     configs = load_node_configs(config_path)
     from_mapping(ViewsConfig, configs.views, "views")
     from_mapping(ClientServiceConfig, configs.clients, "clients")
+    from_mapping(KafkaServiceConfig, configs.kafka, "kafka")
     missing = [g for g in REQUIRED_GROUPS if g not in configs.cluster.groups]
     if missing:
         raise ConfigError("cluster.groups", list(configs.cluster.groups),

@@ -40,7 +40,7 @@ from typing import Final, NamedTuple
 
 import crc32c as _crc32c
 
-from eventlog.errors import InvalidBatchError, UnsupportedCompressionError
+from eventlog.errors import BatchTooLargeError, InvalidBatchError, UnsupportedCompressionError
 
 MAGIC: Final = 2
 HEADER: Final = struct.Struct(">qiibIhiqqqhii")
@@ -324,20 +324,50 @@ class RecordSpan(NamedTuple):
     end: int
 
 
-def records_payload(header: BatchHeader, raw: bytes | bytearray | memoryview) -> bytes | memoryview:
+def records_payload(header: BatchHeader, raw: bytes | bytearray | memoryview,
+                    max_bytes: int | None = None) -> bytes | memoryview:
     """The records part of a batch (`raw`: the whole batch), decompressed; UnsupportedCompressionError
-    for a codec other than none and gzip."""
+    for a codec other than none and gzip. With `max_bytes`, BatchTooLargeError for a payload larger
+    than that, raised before more than `max_bytes` + 1 bytes are inflated (`gunzip`)."""
+    return _payload(header, memoryview(raw)[HEADER_SIZE:header.size], max_bytes)
+
+
+def _payload(header: BatchHeader, body: memoryview, max_bytes: int | None) -> bytes | memoryview:
     codec = header.compression
-    body = memoryview(raw)[HEADER_SIZE:header.size]
     if codec == 0:
+        if max_bytes is not None and len(body) > max_bytes:
+            raise BatchTooLargeError(f"the batch's records take {len(body)} bytes, more than {max_bytes}")
         return body
     if codec == 1:
-        try:
-            return gzip.decompress(body)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise InvalidBatchError(f"gzip payload does not decompress: {exc}") from None
+        return gunzip(body, max_bytes)
     raise UnsupportedCompressionError(
         f"compression {COMPRESSION_NAMES.get(codec, codec)!s} is not supported (only none and gzip)")
+
+
+def gunzip(data: bytes | memoryview, max_bytes: int | None = None) -> bytes:
+    """What `gzip.decompress(data)` gives (every member; zero padding between and after members is
+    skipped), InvalidBatchError where it raises. With `max_bytes`: BatchTooLargeError as soon as the
+    output passes it, having inflated at most `max_bytes` + 1 bytes: a small batch that would inflate
+    to gigabytes costs no more memory and time than one of `max_bytes`."""
+    out = bytearray()
+    rest = bytes(data)
+    while rest:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)   # gzip framing; checks each member's CRC and size
+        try:
+            if max_bytes is None:
+                out += inflater.decompress(rest)
+            else:
+                out += inflater.decompress(rest, max_bytes - len(out) + 1)
+        except zlib.error as exc:
+            raise InvalidBatchError(f"gzip payload does not decompress: {exc}") from None
+        if max_bytes is not None and len(out) > max_bytes:
+            raise BatchTooLargeError(f"the batch's records inflate to more than {max_bytes} bytes "
+                                     f"({len(data)} bytes compressed)")
+        if not inflater.eof:
+            raise InvalidBatchError("gzip payload does not decompress: compressed data ended before the "
+                                    "end-of-stream marker was reached")
+        rest = inflater.unused_data.lstrip(b"\x00")
+    return bytes(out)
 
 
 def record_spans(header: BatchHeader, payload: bytes | memoryview) -> list[RecordSpan]:
@@ -518,21 +548,12 @@ class RecordBatch:
         """The batch bytes as stored."""
         return self._buf
 
-    def records(self) -> Iterator[Record]:
-        """Decode the records (decompressing gzip; other codecs raise UnsupportedCompressionError)."""
+    def records(self, max_bytes: int | None = None) -> Iterator[Record]:
+        """Decode the records (decompressing gzip; other codecs raise UnsupportedCompressionError).
+        With `max_bytes`: BatchTooLargeError, at once, for records taking more than that uncompressed
+        (a batch from outside: it never inflates past the bound, `gunzip`)."""
         h = self.header
-        codec = h.compression
-        if codec == 0:
-            data: bytes | memoryview = self._buf[HEADER_SIZE:]
-        elif codec == 1:
-            try:
-                data = gzip.decompress(self._buf[HEADER_SIZE:])
-            except (OSError, EOFError, zlib.error) as exc:
-                raise InvalidBatchError(f"gzip payload does not decompress: {exc}") from None
-        else:
-            raise UnsupportedCompressionError(
-                f"compression {COMPRESSION_NAMES.get(codec, codec)!s} is not supported (only none and gzip)")
-        return _iter_records(data, h)
+        return _iter_records(_payload(h, self._buf[HEADER_SIZE:], max_bytes), h)
 
     def __iter__(self) -> Iterator[Record]:
         return self.records()

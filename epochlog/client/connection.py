@@ -85,6 +85,11 @@ class Connection:
             self._abort()
             raise UnavailableError(f"cannot connect to {self.address}: {exc}") from None
         hello = frames[0]
+        if isinstance(hello, p.Replies) and hello.replies and hello.replies[0].error is not None:
+            error = hello.replies[0].error   # refused before the hello: a limit of the node (connection_limit)
+            self._abort()
+            raise ClientError(f"{self.address} refused the connection: {error.message}", code=error.code,
+                              retriable=error.retriable)
         if not isinstance(hello, p.ServerHello) or hello.error:
             self._abort()
             raise ClientError(f"{self.address} refused the connection: {getattr(hello, 'error', hello)}",

@@ -2,7 +2,8 @@
 
 The Kafka face answers every failure with a Kafka error code in the response (never a closed
 connection, except where Kafka itself closes one: an unparsable request, an oversize frame, an API
-or version it does not serve). Errors raised below the adapter keep their Epochlog type; `kafka_code`
+or version it does not serve; and past the node's limits on a request's entries, memory, frame
+time and connections, for which Kafka has no code: docs/kafka.md, "Limits"). Errors raised below the adapter keep their Epochlog type; `kafka_code`
 maps them through `CODE_OF` (by `EpochlogError.code`), so the adapter has one place that decides.
 """
 
@@ -52,6 +53,7 @@ FENCED_LEADER_EPOCH: Final = 74
 UNKNOWN_LEADER_EPOCH: Final = 75
 UNSUPPORTED_COMPRESSION_TYPE: Final = 76
 MEMBER_ID_REQUIRED: Final = 79
+GROUP_MAX_SIZE_REACHED: Final = 81
 INVALID_RECORD: Final = 87
 
 CODE_OF: Final[dict[str, int]] = {

@@ -19,6 +19,13 @@ the coordinator up again and the new one loads the groups from the views).
 Not kept: offset commit metadata strings and committed leader epochs (OffsetFetch answers "" and
 -1), static membership (group.instance.id is recorded, not used to skip rebalances).
 
+Bounded (`[kafka]`, epochlog/kafka/config.py): the coordinator keeps at most `max_groups` groups in
+memory: at the cap, the groups without members or pending member ids whose state is stored leave
+memory (they are read again from the views when used), and a request for one more group, when none
+can leave, is answered GROUP_MAX_SIZE_REACHED. A group holds at most `max_group_members` members and pending
+member ids (MEMBER_ID_REQUIRED hands one out; it lapses after the session timeout asked for, as in
+Kafka); one more is answered GROUP_MAX_SIZE_REACHED.
+
 Call everything from the node's loop.
 """
 
@@ -52,6 +59,7 @@ from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, Fin
 from eventlog.errors import EpochlogError
 from eventlog.raft.node import Role
 from epochlog.kafka import errors as ke
+from epochlog.kafka.config import KafkaServiceConfig
 from epochlog.kafka.errors import KafkaError, kafka_code
 from statemachines import events as ev
 from statemachines.query import MAX_LIMIT, Query
@@ -100,16 +108,25 @@ class Group:
     protocol: str = ""
     leader: str = ""
     members: dict[str, Member] = field(default_factory=dict)
-    pending: set[str] = field(default_factory=set)   # member ids handed out (MEMBER_ID_REQUIRED), not joined
+    # member ids handed out (MEMBER_ID_REQUIRED), not joined yet -> when they lapse (monotonic time)
+    pending: dict[str, float] = field(default_factory=dict)
     rebalance_deadline: float = 0.0
+    stored_generation: int = 0   # the generation the views hold (stored or loaded)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing here that the views do not hold: the group may leave memory."""
+        return (self.state == EMPTY and not self.members and not self.pending
+                and self.stored_generation == self.generation)
 
 
 class GroupCoordinator:
     """The consumer-group APIs of one node's Kafka face (see the module docstring)."""
 
-    def __init__(self, handler: Any) -> None:
+    def __init__(self, handler: Any, config: KafkaServiceConfig | None = None) -> None:
         self.handler = handler
         self.node = handler.node
+        self.config = config or KafkaServiceConfig()
         self.groups: dict[str, Group] = {}
         self.term = -1
         self._task: asyncio.Task[None] | None = None
@@ -160,6 +177,7 @@ class GroupCoordinator:
             return group
         loading = self._loading.get(group_id)
         if loading is None:
+            self._make_room()
             loading = asyncio.get_running_loop().create_future()
             self._loading[group_id] = loading
             try:
@@ -181,6 +199,17 @@ class GroupCoordinator:
         else:
             group = await asyncio.shield(loading)
         return group
+
+    def _make_room(self) -> None:
+        """Room for one more group in memory: drop the idle ones when at the cap; else refuse."""
+        cap = self.config.max_groups
+        if len(self.groups) + len(self._loading) < cap:
+            return
+        for group_id in [i for i, g in self.groups.items() if g.idle]:
+            del self.groups[group_id]
+        if len(self.groups) + len(self._loading) >= cap:
+            raise KafkaError(ke.GROUP_MAX_SIZE_REACHED, f"the coordinator keeps {cap} groups with members "
+                                                        f"(max_groups): no room for another")
 
     def _prepare_rebalance(self, group: Group) -> None:
         if group.state == PREPARING:
@@ -232,6 +261,7 @@ class GroupCoordinator:
         except EpochlogError as exc:
             logger.info("storing Kafka group %s failed: %s", group.group_id, exc)
             raise
+        group.stored_generation = max(group.stored_generation, event.generation)
 
     async def _check_loop(self) -> None:
         """Expire silent members and finish rebalances whose timeout passed."""
@@ -244,6 +274,8 @@ class GroupCoordinator:
                 continue
             now = time.monotonic()
             for group in list(self.groups.values()):
+                for member_id in [i for i, lapses in group.pending.items() if lapses < now]:
+                    del group.pending[member_id]
                 expired = [m for m in group.members.values()
                            if m.join is None and now - m.last_seen > m.session_timeout_ms / 1000]
                 for m in expired:
@@ -319,13 +351,17 @@ class GroupCoordinator:
         rebalance_ms = request.rebalance_timeout_ms if version >= 1 and request.rebalance_timeout_ms > 0 \
             else request.session_timeout_ms
         if not member_id:
+            cap = self.config.max_group_members
+            if len(group.members) + len(group.pending) >= cap:
+                raise KafkaError(ke.GROUP_MAX_SIZE_REACHED, f"group {group.group_id} has {cap} members "
+                                                            f"(max_group_members)")
             member_id = f"{request.header.client_id or 'member'}-{uuid.uuid4()}"
             if version >= 4:
-                group.pending.add(member_id)
+                group.pending[member_id] = time.monotonic() + request.session_timeout_ms / 1000
                 return {"error_code": ke.MEMBER_ID_REQUIRED, "member_id": member_id}
         elif member_id not in group.members and member_id not in group.pending:
             raise KafkaError(ke.UNKNOWN_MEMBER_ID, f"member {member_id} is not in group {group.group_id}")
-        group.pending.discard(member_id)
+        group.pending.pop(member_id, None)
         member = group.members.get(member_id)
         now = time.monotonic()
         if member is None:
@@ -566,7 +602,8 @@ def _from_state(group_id: str, item: Any) -> Group:
         return Group(group_id)
     now = time.monotonic()
     group = Group(group_id, state=STABLE if state.members else EMPTY, generation=state.generation,
-                  protocol_type=state.protocol_type, protocol=state.protocol, leader=state.leader)
+                  protocol_type=state.protocol_type, protocol=state.protocol, leader=state.leader,
+                  stored_generation=state.generation)
     for m in state.members:   # clocks restart in full: a coordinator failover expires nobody who heartbeats
         group.members[m.member_id] = Member(m.member_id, m.group_instance_id, m.client_id, m.session_timeout_ms,
                                             m.rebalance_timeout_ms, state.protocol_type, [(state.protocol, m.metadata)],

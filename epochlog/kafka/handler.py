@@ -25,6 +25,16 @@ Consumer groups are epochlog/kafka/groups.py's.
 A follower answers Produce, Fetch, ListOffsets and OffsetForLeaderEpoch with
 NOT_LEADER_OR_FOLLOWER; Metadata names the Raft leader, so clients go there.
 
+Work per request is bounded, so that no request holds the loop every group's heartbeats leave from
+(docs/kafka.md, "Limits"): a request holding more than `MAX_REQUEST_ENTRIES` entries in its arrays
+(topics, partitions, ...) closes the connection like an unparsable one (a Metadata request is
+counted from its bytes, before it is decoded); a frame larger than `DECODE_INLINE_BYTES` is decoded
+on a worker thread (the loop keeps running meanwhile); a Produce batch
+larger than the group's batch limit is refused (MESSAGE_TOO_LARGE) before its CRC is even checked,
+a compressed one is inflated at most to that limit (`RecordBatch.records(max_bytes)`), and its
+records are checked in slices of `RECORDS_PER_SLICE` with a turn of the loop between two; a Fetch
+re-encodes at most `HOSTED_FETCH_BYTES` of the kv log for hosted partitions.
+
 Call everything from the node's loop. Nothing here touches a socket (epochlog/kafka/server.py does).
 """
 
@@ -35,11 +45,13 @@ import logging
 import struct
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kafka.protocol.admin.topics import CreateTopicsRequest, CreateTopicsResponse
 from kafka.protocol.consumer.fetch import FetchRequest
+from kafka.protocol.data_container import DataContainer
 from kafka.protocol.consumer.offsets import (
     ListOffsetsRequest,
     ListOffsetsResponse,
@@ -60,7 +72,7 @@ from epochlog.kafka import errors as ke
 from epochlog.kafka import hosted
 from epochlog.kafka.errors import KafkaError, UnsupportedRequest, kafka_code
 from epochlog.kafka import producers
-from epochlog.kafka.wire import Buffer, FetchPartitionOut, encode_fetch_response, response_frame
+from epochlog.kafka.wire import Buffer, FetchPartitionOut, encode_fetch_response, metadata_topic_count, response_frame
 from epochlog.routing import group_of_event
 from statemachines import events as ev
 from statemachines.state import Outcome
@@ -73,10 +85,15 @@ logger = logging.getLogger(__name__)
 TOPIC_PREFIX = "__"
 MAX_WAIT_MS = 30_000          # a Fetch long-poll waits at most this long, whatever it asks
 MAX_FETCH_BYTES = 64 << 20    # a Fetch response holds at most this much record data, whatever it asks
+HOSTED_FETCH_BYTES = 1 << 20  # ... and re-encodes at most this much of the kv log for hosted partitions
 PRODUCER_ID_SCOPE = "kafka"   # InitProducerId: ConfigChanged(scope, name) in the metadata group
 PRODUCER_ID_NAME = "producer-ids"
 FORWARD_TIMEOUT_S = 2.0       # InitProducerId answers COORDINATOR_NOT_AVAILABLE (retriable) past this:
                               # kafka-python treats a timed-out InitProducerId as fatal
+DECODE_INLINE_BYTES = 64 << 10   # larger frames are decoded on a worker thread (kafka-python decodes in Python)
+MAX_REQUEST_ENTRIES = 1_000      # array entries (topics, partitions, members, ...) in one request, at any depth
+RECORDS_PER_SLICE = 256          # a Produce batch's records are checked this many per turn of the loop
+METADATA_CACHED_NAMES = 64       # Metadata answers naming more topics than this are not cached
 
 # What this node serves: api key -> (min version, max version). Versions are capped where
 # kafka-python's classes or this adapter stop (Fetch v13+ names topics by id, not served).
@@ -129,6 +146,7 @@ class KafkaHandler:
         self._producer_locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._metadata_cache: dict[tuple[int, tuple[str, ...] | None], tuple[object, bytes]] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self._decoder = ThreadPoolExecutor(1, thread_name_prefix="kafka-decode")   # one: never a crowd of them
         self.groups_coordinator: Any = None   # set by epochlog.kafka.groups when served
         self._apis: dict[int, tuple[type, Handler]] = {
             0: (ProduceRequest, self.produce),
@@ -169,7 +187,15 @@ class KafkaHandler:
             raise UnsupportedRequest(f"API key {api_key} version {version} is not served "
                                      f"(versions {versions[0]}-{versions[1]})")
         try:
-            request = request_class.decode(frame, version=version, header=True)
+            if api_key == 3 and metadata_topic_count(frame, version) > MAX_REQUEST_ENTRIES:
+                raise UnsupportedRequest(f"more than {MAX_REQUEST_ENTRIES} topics named in one request")
+            if len(frame) > DECODE_INLINE_BYTES:
+                loop = asyncio.get_running_loop()
+                request = await loop.run_in_executor(self._decoder, _decode, request_class, frame, version)
+            else:
+                request = _decode(request_class, frame, version)
+        except UnsupportedRequest as exc:
+            raise UnsupportedRequest(f"API key {api_key} v{version}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - any parse failure: a malformed request
             raise UnsupportedRequest(f"API key {api_key} v{version}: malformed request ({exc})") from None
         response = await handler(request, version)
@@ -192,6 +218,7 @@ class KafkaHandler:
     async def close(self) -> None:
         for task in list(self._background):
             task.cancel()
+        self._decoder.shutdown(wait=False, cancel_futures=True)
 
     # --- topics -----------------------------------------------------------------------------------
 
@@ -281,9 +308,10 @@ class KafkaHandler:
         if cached is not None and cached[0] == fingerprint:
             return [cached[1]]
         body = bytes(self._metadata_response(names, version).encode(version=version))
-        if len(self._metadata_cache) > 1024:
-            self._metadata_cache.clear()
-        self._metadata_cache[key] = (fingerprint, body)
+        if names is None or len(names) <= METADATA_CACHED_NAMES:   # the cache's memory stays small
+            if len(self._metadata_cache) > 1024:
+                self._metadata_cache.clear()
+            self._metadata_cache[key] = (fingerprint, body)
         return [body]
 
     def _metadata_response(self, names: tuple[str, ...] | None, version: int) -> Any:
@@ -396,6 +424,7 @@ class KafkaHandler:
             int, list[tuple[str, list[FetchPartitionOut]]], list[tuple[RaftGroup, int]]]:
         budget = min(request.max_bytes if request.max_bytes > 0 else MAX_FETCH_BYTES, MAX_FETCH_BYTES)
         total = 0
+        hosted_left = HOSTED_FETCH_BYTES   # decoding and re-encoding is work on the loop: bounded per request
         out: list[tuple[str, list[FetchPartitionOut]]] = []
         waits: list[tuple[RaftGroup, int]] = []
         for t in request.topics:
@@ -418,7 +447,9 @@ class KafkaHandler:
                     limit = min(p.partition_max_bytes, budget - total)
                     if offset < readable and (limit > 0 or total == 0):
                         if ref.hosted:
-                            po.records = _read_hosted(ref, offset, readable, max(limit, 1))
+                            scan = min(max(limit, 1), hosted_left)
+                            hosted_left -= scan
+                            po.records = _read_hosted(ref, offset, readable, scan) if scan > 0 else []
                         else:
                             po.records = _read_committed(group, offset, readable, max(limit, 1))
                         total += po.records_bytes
@@ -471,7 +502,7 @@ class KafkaHandler:
         """(error code, base offset, error message, log start offset) for one partition's batch."""
         try:
             ref = self._leader(topic, partition)
-            header, records = self._decode_batch(ref, data)
+            header, records = await self._decode_batch(ref, data)
             committed = await self._append(ref, header, records, acks, timeout)
             return ke.NONE, committed, None, ref.group.storage.log.start_offset
         except Exception as exc:  # noqa: BLE001 - every failure is a Kafka error code
@@ -482,13 +513,21 @@ class KafkaHandler:
                 logger.warning("produce to %s-%s refused: %s", topic, partition, exc)
             return code, -1, f"{type(exc).__name__}: {exc}", -1
 
-    def _decode_batch(self, ref: PartitionRef, data: bytes | None) -> tuple[Any, list[tuple[bytes, bytes]]]:
+    async def _decode_batch(self, ref: PartitionRef, data: bytes | None) -> tuple[Any, list[tuple[bytes, bytes]]]:
         """The batch's header and its records as validated (entity key, event) pairs; nothing is
         appended unless every record is a valid event of the partition's group (for a hosted topic:
-        every record wraps as a valid kv event, hosted.wrap)."""
+        every record wraps as a valid kv event, hosted.wrap).
+
+        Bounded work: a batch larger than the group's batch limit is refused before anything else,
+        a compressed one inflates at most to that limit (MESSAGE_TOO_LARGE past it), and the records
+        are checked `RECORDS_PER_SLICE` at a time, the loop running other work between two slices."""
         group = ref.group.name
         if not data:
             raise KafkaError(ke.INVALID_RECORD, "the produce request carries no record batch")
+        limit = ref.group.max_batch_bytes
+        if len(data) > limit:
+            raise KafkaError(ke.MESSAGE_TOO_LARGE, f"a batch of {len(data)} bytes exceeds the batch limit of "
+                                                   f"{TOPIC_PREFIX}{group} ({limit} bytes)")
         try:
             batches = list(iter_batches(data, verify_crc=True))
         except InvalidBatchError as exc:
@@ -503,7 +542,11 @@ class KafkaHandler:
         if h.is_control or h.is_transactional:
             raise KafkaError(ke.INVALID_RECORD, "control and transactional batches are not accepted")
         records: list[tuple[bytes, bytes]] = []
-        for i, record in enumerate(batch.records()):   # UnsupportedCompressionError: snappy, lz4, zstd
+        # BatchTooLargeError (MESSAGE_TOO_LARGE) once the records inflate past the limit;
+        # UnsupportedCompressionError: snappy, lz4, zstd.
+        for i, record in enumerate(batch.records(max_bytes=limit)):
+            if i and i % RECORDS_PER_SLICE == 0:
+                await asyncio.sleep(0)
             if record.headers:
                 raise KafkaError(ke.INVALID_RECORD, f"record {i}: record headers are not stored; send none")
             if ref.hosted:
@@ -691,6 +734,34 @@ class KafkaHandler:
             return (await client.commands([event]))[0]
 
 
+def _decode(request_class: Any, frame: memoryview, version: int) -> Any:
+    """The request of a frame; UnsupportedRequest when it holds more than MAX_REQUEST_ENTRIES array
+    entries, at any depth. Pure: runs on the decoding thread for large frames, and a request refused
+    there is freed there too (the error holds no reference to it)."""
+    request = request_class.decode(frame, version=version, header=True)
+    if _too_many_entries(request):
+        del request
+        raise UnsupportedRequest(f"more than {MAX_REQUEST_ENTRIES} entries (topics, partitions, ...) in one request")
+    return request
+
+
+def _too_many_entries(request: Any) -> bool:
+    entries = 0
+    stack = [request]
+    while stack:
+        item = stack.pop()
+        for name in item.fields:
+            value = getattr(item, name, None)
+            if isinstance(value, list):
+                entries += len(value)
+                if entries > MAX_REQUEST_ENTRIES:
+                    return True
+                stack.extend(v for v in value if isinstance(v, DataContainer))
+            elif isinstance(value, DataContainer):
+                stack.append(value)
+    return False
+
+
 class _Held:
     """An asyncio.Lock this task holds at most once: `release` is idempotent."""
 
@@ -713,13 +784,16 @@ class _Held:
 def _read_hosted(ref: PartitionRef, offset: int, high_watermark: int, max_bytes: int) -> list[Buffer]:
     """The hosted partition's records from `offset` below its high watermark, re-encoded (hosted.py);
     reads at most about `max_bytes` of the kv log, below the kv commit offset (a kv batch may run past
-    the partition's watermark: its records from there on are not served yet)."""
+    the partition's watermark: its records from there on are not served yet). The batches served
+    cover the offsets read and no more: a read cut short (by `max_bytes`, at a segment's end) must
+    not be taken for a range holding nothing of the partition up to the watermark."""
     group = ref.group
     log = group.storage.log
     chunk = log.read(offset, max_bytes, max_offset=group.node.log.committed + 1)
-    epoch = log.epoch_for_offset(high_watermark - 1) or group.node.term
+    until = min(high_watermark, chunk.next_offset)
+    epoch = log.epoch_for_offset(until - 1) or group.node.term
     return list(hosted.filter_batches(chunk.batches(), hosted.entity_prefix(ref.topic, ref.partition), offset,
-                                      high_watermark, epoch))
+                                      until, epoch))
 
 
 def _read_committed(group: RaftGroup, offset: int, high_watermark: int, max_bytes: int) -> list[Buffer]:

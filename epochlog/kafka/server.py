@@ -5,40 +5,72 @@ the channel while a request is in flight), so responses leave in request order. 
 written with `writelines` (one writev under uvloop) of its header and the segment views that Fetch
 returns. Frames above `MAX_REQUEST_BYTES`, unparsable requests and unsupported APIs or versions
 close the connection, as a broker does; ApiVersions of a newer version is answered (error 35).
+
+Limits (`[kafka]`, epochlog/kafka/config.py; docs/kafka.md "Limits"), so that no client holds the
+node's memory or connections for long. A Kafka connection cannot be told why it is closed (the
+protocol has no such frame), so each close is logged instead (at a bounded rate):
+
+- Memory: the bytes of requests received and not yet answered (frames being received, frames
+  waiting behind the one being handled, and that one), summed over every connection, stay within
+  `partial_frames_bytes`: a connection whose bytes would take the sum past it is closed. A
+  connection stops reading once `MAX_QUEUED_REQUESTS` requests wait (back pressure).
+- Time: a frame must be complete within `frame_timeout_ms` of its first byte (time spent with
+  reading paused by the server does not count), else the connection is closed.
+- Connections: past `max_connections` a new connection is closed at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import struct
+import time
 from collections import deque
 from typing import Any
 
+from epochlog.kafka.config import MAX_REQUEST_BYTES, KafkaServiceConfig
 from epochlog.kafka.groups import GroupCoordinator
 from epochlog.kafka.errors import UnsupportedRequest
 from epochlog.kafka.handler import Broker, KafkaHandler
+from epochlog.kafka.wire import FrameTooLarge, RequestFrames
+from epochlog.logs import Throttled
 
 logger = logging.getLogger(__name__)
 
-MAX_REQUEST_BYTES = 100 << 20       # Kafka's socket.request.max.bytes default
 MAX_QUEUED_REQUESTS = 64            # per connection: reading pauses beyond this (back pressure)
 
 
 class KafkaService:
-    """Serves the Kafka protocol for `node` on one address."""
+    """Serves the Kafka protocol for `node` on one address. Use on the node's loop."""
 
-    def __init__(self, node: Any, brokers: dict[int, Broker]) -> None:
+    def __init__(self, node: Any, brokers: dict[int, Broker], config: KafkaServiceConfig | None = None) -> None:
         self.node = node
+        self.config = config or KafkaServiceConfig()
         self.handler = KafkaHandler(node, brokers, node.node_id)
-        self.groups = GroupCoordinator(self.handler)
+        self.groups = GroupCoordinator(self.handler, self.config)
         self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self.connections: set[KafkaConnection] = set()
+        self.held_bytes = 0          # sum of every connection's `held`
+        self.limit_closes = 0        # connections closed for a limit (memory, frame timeout, connections)
+        self.refusals = Throttled(logger)
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: KafkaConnection(self), host, port, reuse_address=True)
+        self._sweeper = loop.create_task(self._sweep(), name="kafka-frame-timeouts")
         self.groups.start()
+
+    async def _sweep(self) -> None:
+        """Close connections whose frame is overdue: one pass per quarter of the timeout (at most 1 s)."""
+        timeout = self.config.frame_timeout_ms / 1000
+        while True:
+            await asyncio.sleep(min(1.0, timeout / 4))
+            now = time.monotonic()
+            for conn in list(self.connections):
+                since = conn.waiting_since
+                if since is not None and now - since > timeout:
+                    conn.close_for_limit(f"a request frame ({conn.frames.pending_bytes} bytes so far) did not "
+                                         f"arrive in full within frame_timeout_ms ({self.config.frame_timeout_ms} ms)")
 
     @property
     def port(self) -> int:
@@ -46,6 +78,10 @@ class KafkaService:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+            self._sweeper = None
         if self._server is not None:
             self._server.close()
             for conn in list(self.connections):
@@ -60,8 +96,10 @@ class KafkaConnection(asyncio.Protocol):
         self.service = service
         self.handler = service.handler
         self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
+        self.frames = RequestFrames(MAX_REQUEST_BYTES)
         self.queue: deque[memoryview] = deque()
+        self.held = 0                 # bytes of this connection counted in service.held_bytes
+        self.waiting_since: float | None = None   # a frame is due since then (None: none, or reading paused)
         self.wake = asyncio.Event()
         self.can_write = asyncio.Event()
         self.can_write.set()
@@ -70,13 +108,21 @@ class KafkaConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.service.connections.add(self)
+        service = self.service
+        if len(service.connections) >= service.config.max_connections:
+            service.limit_closes += 1
+            service.refusals.warning("refusing a Kafka connection from %s: %d are open (max_connections)",
+                                     transport.get_extra_info("peername"), len(service.connections))
+            transport.abort()
+            return
+        service.connections.add(self)
         self.task = asyncio.get_running_loop().create_task(self._serve())
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.service.connections.discard(self)
         if self.task is not None:
             self.task.cancel()
+        self._release()
         self.can_write.set()
 
     def pause_writing(self) -> None:
@@ -90,31 +136,72 @@ class KafkaConnection(asyncio.Protocol):
             self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        buf = self.buffer
-        pos = 0
-        while len(buf) - pos >= 4:
-            (size,) = struct.unpack_from(">i", buf, pos)
-            if size < 0 or size > MAX_REQUEST_BYTES:
-                self._close(f"a request frame of {size} bytes exceeds {MAX_REQUEST_BYTES}")
-                return
-            if len(buf) - pos - 4 < size:
-                break
-            self.queue.append(memoryview(bytes(buf[pos + 4:pos + 4 + size])))
-            pos += 4 + size
-        if pos:
-            del buf[:pos]
-        if self.queue:
+        if self.transport is None or self.transport.is_closing():
+            return
+        if not self._count(len(data)):    # every byte received is held until its request is answered
+            return
+        try:
+            frames = self.frames.feed(data)
+        except FrameTooLarge as exc:
+            self._close(str(exc))
+            return
+        if frames:
+            self.queue.extend(frames)
             self.wake.set()
-        if len(self.queue) >= MAX_QUEUED_REQUESTS and self.transport is not None and not self.reading_paused:
+        if len(self.queue) >= MAX_QUEUED_REQUESTS and not self.reading_paused:
             self.transport.pause_reading()
             self.reading_paused = True
+        self._frame_due(complete=bool(frames))
 
-    def _close(self, reason: str) -> None:
-        logger.warning("closing Kafka connection: %s", reason)
+    def _count(self, grown: int) -> bool:
+        """Count `grown` more bytes held against the node's budget; False when that would pass it (the
+        connection is then closed)."""
+        service = self.service
+        budget = service.config.partial_frames_bytes
+        if service.held_bytes + grown > budget:
+            self.close_for_limit(f"the node's memory for Kafka requests (partial_frames_bytes = {budget}) is in use: "
+                                 f"{service.held_bytes} bytes held over {len(service.connections)} connections; this "
+                                 f"one holds {self.held} and needs {grown} more")
+            return False
+        service.held_bytes += grown
+        self.held += grown
+        return True
+
+    def _uncount(self, size: int) -> None:
+        size = min(size, self.held)
+        self.held -= size
+        self.service.held_bytes -= size
+
+    def _release(self) -> None:
+        """Give back everything this connection holds (it is closing)."""
+        self._uncount(self.held)
+        self.frames.clear()
+        self.queue.clear()
+        self.waiting_since = None
+
+    def _frame_due(self, complete: bool) -> None:
+        """Since when the frame being received is due (the sweeper closes it past frame_timeout_ms)."""
+        if not self.frames.pending_bytes or self.reading_paused:
+            self.waiting_since = None
+        elif complete or self.waiting_since is None:
+            self.waiting_since = time.monotonic()
+
+    def close_for_limit(self, reason: str) -> None:
+        self.service.limit_closes += 1
+        self.service.refusals.warning("closing Kafka connection %s: %s", self._peer(), reason)
+        self._release()
         if self.transport is not None:
             self.transport.close()
-        self.queue.clear()
+
+    def _close(self, reason: str) -> None:
+        logger.warning("closing Kafka connection %s: %s", self._peer(), reason)
+        self._release()
+        if self.transport is not None:
+            self.transport.close()
+
+    def _peer(self) -> str:
+        peer = None if self.transport is None else self.transport.get_extra_info("peername")
+        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
 
     async def _serve(self) -> None:
         try:
@@ -127,6 +214,7 @@ class KafkaConnection(asyncio.Protocol):
                         assert self.transport is not None
                         self.reading_paused = False
                         self.transport.resume_reading()
+                        self._frame_due(complete=True)
                     try:
                         response = await self.handler.handle(frame)
                     except UnsupportedRequest as exc:
@@ -136,6 +224,8 @@ class KafkaConnection(asyncio.Protocol):
                         logger.exception("Kafka request failed")
                         self._close("internal error")
                         return
+                    finally:
+                        self._uncount(len(frame) + 4)   # answered (or failed): its memory is free
                     if response is None:
                         continue
                     if self.transport is None or self.transport.is_closing():

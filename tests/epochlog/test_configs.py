@@ -1,7 +1,7 @@
 """The shipped configs: every key documented, every file loads, a wrong key stops `epochlog serve`.
 
 configs/production.example.toml must show every key of every config dataclass ([cluster] and its
-members, [raft], [log], [views], [controller], [clients], [compaction.cleaner]) with a comment giving
+members, [raft], [log], [views], [controller], [clients], [kafka], [compaction.cleaner]) with a comment giving
 its meaning and `Default: <value>`; the test derives the list of keys from the dataclasses, so a new
 key without documentation fails here.
 """
@@ -35,6 +35,7 @@ from eventlog.raft.runtime.config import (
     PeerTlsConfig,
     load_node_configs,
 )
+from epochlog.kafka.config import KafkaServiceConfig
 from statemachines.store import ViewsConfig
 from tests.epochlog.local_cluster import ROOT, cluster_document, epochlog_argv, scheme_bases, write_config
 from tests.tls import provision
@@ -45,7 +46,7 @@ SHIPPED = ("single.toml", "local-3.toml", "production.example.toml")
 SECTIONS: dict[str, Any] = {"cluster": ClusterConfig, "cluster.members": MemberConfig,
                             "cluster.tls": PeerTlsConfig, "cluster.peer_limits": PeerLimitsConfig, "raft": RaftConfig,
                             "log": LogConfig, "views": ViewsConfig, "controller": ControllerConfig,
-                            "clients": ClientServiceConfig,
+                            "clients": ClientServiceConfig, "kafka": KafkaServiceConfig,
                             "compaction": CompactionConfig,
                             "compaction.cleaner": CleanerConfig}
 KEY_LINE = re.compile(r"^(?:# )?([a-z_]+) = ")
@@ -117,7 +118,7 @@ def test_production_example_documents_every_key_with_its_default():
 
 def test_production_example_uses_the_defaults_it_does_not_explain():
     assert set(tomllib.loads(PRODUCTION.read_text())) == {"cluster", "raft", "log", "views", "controller",
-                                                          "clients", "compaction"}
+                                                          "clients", "kafka", "compaction"}
     configs = load_node_configs(PRODUCTION)
     assert configs.raft == RaftConfig() and configs.log == LogConfig()
     assert configs.cluster.tls == PeerTlsConfig() and configs.cluster.peer_limits == PeerLimitsConfig()
@@ -128,6 +129,7 @@ def test_production_example_uses_the_defaults_it_does_not_explain():
     assert controller_config(configs.controller) == ControllerConfig()
     assert from_mapping(ViewsConfig, configs.views, "views") == ViewsConfig()
     assert from_mapping(ClientServiceConfig, configs.clients, "clients") == ClientServiceConfig()
+    assert from_mapping(KafkaServiceConfig, configs.kafka, "kafka") == KafkaServiceConfig()
     assert [m.id for m in configs.cluster.members] == [1, 2, 3]
 
 
@@ -191,6 +193,7 @@ BAD = [
     (("views",), "write_buffer_bytes", "big", "views.write_buffer_bytes = 'big': must be an integer"),
     (("controller",), "heartbeat_timeout_ms", 500, "controller.heartbeat_timeout_ms = 500: must be above"),
     (("clients",), "frame_timeout_ms", 10, "clients.frame_timeout_ms = 10: must be >= 100"),
+    (("kafka",), "partial_frames_bytes", 1 << 20, "kafka.partial_frames_bytes = 1048576: must be >= 104857604"),
     (("compaction",), "retain_offsets", -1, "compaction.retain_offsets = -1: must be >= 0"),
     (("compaction", "cleaner"), "worker_nice", 40, "compaction.cleaner.worker_nice = 40: must be"),
     (("compaction",), "compact_groups", ["kv", "kv-9"], "compaction.compact_groups = ['kv', 'kv-9']: names kv-9, "
@@ -207,6 +210,7 @@ def test_a_wrong_key_or_value_stops_serve_with_exit_3_naming_it(tmp_path, rng):
     base["raft"] = {}
     base["controller"] = {}
     base["clients"] = {}
+    base["kafka"] = {}
     base["compaction"] = {"cleaner": {}}
     procs = []
     for i, (path, key, value, fragment) in enumerate(BAD):

@@ -22,8 +22,11 @@ leader epoch 0); the tests stamp real values in with `stamp`, which is what the 
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import struct
+import tracemalloc
+import zlib
 from collections.abc import Sequence
 
 import pytest
@@ -35,12 +38,13 @@ from kafka.record.memory_records import MemoryRecords
 from kafka.record.util import encode_varint as kafka_encode_varint
 from kafka.record.util import size_of_varint as kafka_size_of_varint
 
-from eventlog.errors import InvalidBatchError, UnsupportedCompressionError
+from eventlog.errors import BatchTooLargeError, InvalidBatchError, UnsupportedCompressionError
 from eventlog.records import (
     ATTRIBUTES_OFFSET,
     COMPRESSION_NAMES,
     CRC_OFFSET,
     EPOCH_OFFSET,
+    HEADER,
     HEADER_SIZE,
     LENGTH_OFFSET,
     LOG_OVERHEAD,
@@ -56,6 +60,7 @@ from eventlog.records import (
     encode_batch,
     encode_records,
     encode_varint,
+    gunzip,
     iter_batches,
     read_header,
     stamp,
@@ -726,3 +731,60 @@ def test_out_of_range_fields_raise_invalid_batch_error():
         encode_batch([(b"k", b"v")], timestamp_ms=0, producer_epoch=2**15)
     with pytest.raises(InvalidBatchError, match="out of range"):
         encode_records([Record(0, 0, b"k", b"v"), Record(2**31 + 5, 0, b"k", b"v")])
+
+
+# --- bounded decompression (issue 18: a 200 KiB gzip batch inflated to 200 MiB before it was refused) --
+
+def _gzip_outcome(decompress: object, data: bytes) -> bytes | str:
+    try:
+        return decompress(data)   # type: ignore[operator, no-any-return]
+    except (OSError, EOFError, zlib.error, InvalidBatchError):
+        return "refused"
+
+
+@SOME
+@given(members=st.lists(st.binary(max_size=3000), min_size=1, max_size=4), padding=st.integers(0, 8),
+       cut=st.integers(0, 40), flip=st.integers(0, 255), data=st.data())
+def test_gunzip_gives_what_gzip_decompress_gives(members: list[bytes], padding: int, cut: int, flip: int,
+                                                data: st.DataObject) -> None:
+    whole = b"".join(gzip.compress(m, mtime=0) + bytes(padding) for m in members)
+    damaged = bytearray(whole[:len(whole) - cut])
+    if damaged and flip:
+        damaged[data.draw(st.integers(0, len(damaged) - 1), label="pos")] ^= flip
+    for sample in (whole, bytes(damaged)):
+        expected = _gzip_outcome(gzip.decompress, sample)
+        assert _gzip_outcome(gunzip, sample) == expected
+        if expected != "refused":
+            assert gunzip(sample, len(expected)) == expected                  # exactly at the bound
+            if expected:
+                with pytest.raises(BatchTooLargeError):
+                    gunzip(sample, len(expected) - 1)
+
+
+def test_a_gzip_bomb_is_refused_having_inflated_no_more_than_the_bound() -> None:
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 31)
+    bomb = b"".join(deflate.compress(bytes(1 << 20)) for _ in range(200)) + deflate.flush()   # 200 MiB of zeros
+    assert len(bomb) < 300 << 10
+    limit = 1 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(BatchTooLargeError, match="inflate to more than 1048576 bytes"):
+            gunzip(bomb, limit)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * limit + 2 * len(bomb), f"{peak} bytes allocated to refuse it"
+
+    # Through a batch: records(max_bytes) refuses it the same way, records() without a bound does not.
+    batch = bytearray(HEADER.pack(0, HEADER_SIZE - LOG_OVERHEAD + len(bomb), 0, 2, 0, GZIP, 0, 0, 0, -1, -1, -1, 1))
+    batch += bomb
+    recrc(batch)
+    parsed = RecordBatch.parse(bytes(batch))
+    with pytest.raises(BatchTooLargeError):
+        parsed.records(max_bytes=limit)
+    small = kafka_build(_compressible([Record(0, 5, b"k", b"v" * 100)]), compression=GZIP)
+    inflated = len(gzip.decompress(bytes(small[HEADER_SIZE:])))
+    assert ours(small) == [(r.offset, r.timestamp, r.key, r.value, r.headers)
+                           for r in RecordBatch.parse(small).records(max_bytes=inflated)]
+    with pytest.raises(BatchTooLargeError):
+        RecordBatch.parse(small).records(max_bytes=inflated - 1)

@@ -11,13 +11,15 @@ from tests.runtime.cluster import free_ports
 
 
 class KafkaCluster(NodeCluster):
-    """Every member gets `kafka_address` on a free 127.0.0.1 port (kept across restarts)."""
+    """Every member gets `kafka_address` on a free 127.0.0.1 port (kept across restarts); `kafka_config`
+    is the `[kafka]` section (the Kafka face's limits)."""
 
     def __init__(self, root: Path, *, size: int = 3, controller: dict[str, object] | None = None,
-                 **kwargs: Any) -> None:
+                 kafka_config: dict[str, object] | None = None, **kwargs: Any) -> None:
         ports = free_ports(size, random.Random(random.SystemRandom().getrandbits(64)))
         self.kafka = {i: f"127.0.0.1:{ports[i - 1]}" for i in range(1, size + 1)}
         self.controller = dict(controller or {})
+        self.kafka_config = dict(kafka_config or {})
         super().__init__(root, size=size, **kwargs)
 
     def config_text(self) -> str:
@@ -31,6 +33,8 @@ class KafkaCluster(NodeCluster):
                 lines.append(f'kafka_address = "{self.kafka[member]}"')
         if self.controller:
             lines += ["[controller]", *(f"{k} = {v!r}" for k, v in self.controller.items())]
+        if self.kafka_config:
+            lines += ["[kafka]", *(f"{k} = {v!r}" for k, v in self.kafka_config.items())]
         return "\n".join(lines) + "\n"
 
     @property

@@ -1,16 +1,20 @@
 """The Kafka face's pure parts, without processes: the zero-copy Fetch encoding (decoded by
 kafka-python's own classes), the producers' sequence checks (a real log and real views), the hosted-topic record
 wrapping and the batches served for it (parsed by kafka-python's record reader), the group
-protocol choice."""
+protocol choice, the request framing (any cut of the stream) and the topic count read from a
+Metadata request's bytes (against kafka-python's encoding of every version)."""
 
 from __future__ import annotations
 
+import mmap
 import random
+import struct
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kafka.protocol.consumer.fetch import FetchResponse
+from kafka.protocol.metadata.metadata import MetadataRequest
 from kafka.record.memory_records import MemoryRecords
 
 from compaction.cleaner import clean_log
@@ -20,7 +24,14 @@ from epochlog.kafka import hosted
 from epochlog.kafka.errors import KafkaError, kafka_code
 from epochlog.kafka.groups import Group, Member, _select_protocol
 from epochlog.kafka import producers
-from epochlog.kafka.wire import FetchPartitionOut, encode_fetch_response
+from epochlog.kafka.wire import (
+    LARGE_FRAME_BYTES,
+    FetchPartitionOut,
+    FrameTooLarge,
+    RequestFrames,
+    encode_fetch_response,
+    metadata_topic_count,
+)
 from eventlog.config import LogConfig
 from eventlog.errors import InvalidBatchError
 from eventlog.log import Log
@@ -250,3 +261,57 @@ def test_the_group_protocol_is_the_one_most_members_prefer_among_those_all_suppo
         group.members[f"m{i}"] = Member(f"m{i}", None, "c", 1000, 1000, "consumer",
                                         [(name, b"") for name in prefs], 0.0)
     assert _select_protocol(group) == "roundrobin"
+
+
+def test_request_frames_are_cut_from_any_cut_of_the_stream() -> None:
+    seed = random.SystemRandom().getrandbits(32)
+    print(f"seed={seed}")
+    rng = random.Random(seed)
+    for _ in range(100):
+        bodies = [rng.randbytes(rng.choice([0, 1, 17, 5000, LARGE_FRAME_BYTES + 1, 3 * LARGE_FRAME_BYTES]))
+                  for _ in range(rng.randint(1, 5))]
+        stream = b"".join(struct.pack(">i", len(b)) + b for b in bodies)
+        frames = RequestFrames(100 << 20)
+        got: list[bytes] = []
+        pos = 0
+        while pos < len(stream):
+            n = rng.choice([1, 3, 4, 5, 999, 1 << 16, 1 << 20, 4 << 20])
+            got += [bytes(f) for f in frames.feed(stream[pos:pos + n])]
+            pos += n
+            assert frames.pending_bytes <= max(len(b) + 4 for b in bodies)
+        assert got == bodies
+        assert frames.pending_bytes == 0
+
+
+def test_a_large_frame_is_a_view_of_its_own_mapping_filled_as_it_arrives() -> None:
+    size = 3 * LARGE_FRAME_BYTES
+    frames = RequestFrames(100 << 20)
+    assert frames.feed(struct.pack(">i", size) + b"a" * 10) == []
+    assert frames.pending_bytes == 10                       # what arrived, not what is declared
+    assert frames.feed(b"b" * (size - 11)) == []
+    frame, after = frames.feed(b"c" + struct.pack(">i", 2) + b"xy")
+    assert len(frame) == size and bytes(frame[:10]) == b"a" * 10 and bytes(frame[-1:]) == b"c"
+    assert isinstance(frame.obj, mmap.mmap) and bytes(after) == b"xy"
+    assert frames.pending_bytes == 0
+
+
+@pytest.mark.parametrize("size", [-1, (100 << 20) + 1])
+def test_a_frame_above_the_limit_is_refused_at_its_size(size: int) -> None:
+    with pytest.raises(FrameTooLarge):
+        RequestFrames(100 << 20).feed(struct.pack(">i", size))
+
+
+@pytest.mark.parametrize("version", range(0, 14))
+def test_the_topics_of_a_metadata_request_are_counted_from_its_bytes(version: int) -> None:
+    for topics in (None, [], ["a"], [f"topic-{i}" for i in range(1500)]):
+        if topics is None and version == 0:
+            continue                                        # v0 has no null list (empty means all)
+        request = MetadataRequest(topics=None if topics is None else [
+            MetadataRequest.MetadataRequestTopic(name=t) for t in topics], allow_auto_topic_creation=False)
+        request.API_VERSION = version
+        for client_id in (None, "", "a-client"):
+            request.with_header(correlation_id=7, client_id=client_id)
+            frame = memoryview(bytes(request.encode(header=True)))
+            assert metadata_topic_count(frame, version) == (-1 if topics is None else len(topics))
+    with pytest.raises((ValueError, struct.error)):
+        metadata_topic_count(memoryview(b"\x00\x03\x00\x0c\x00\x00\x00\x01\x00"), 12)

@@ -116,6 +116,10 @@ class ClusterConfig:
     lag_warning_repeat_ms: int = field(default=30_000, metadata=doc(
         "How often the warning repeats while the member stays behind (an info line says when it caught "
         "up).", min=100, max=86_400_000))
+    loop_stall_warning_ms: int = field(default=200, metadata=doc(
+        "The node logs a warning (at most one line per 10 s) when its event loop, which every group's "
+        "heartbeats leave from, ran a timer this much later than due (epochlog_loop_stall_seconds); keep it "
+        "below half the election timeout.", min=1, max=3_600_000))
     tls: PeerTlsConfig = field(default_factory=PeerTlsConfig, metadata=doc(
         "Mutual TLS between members ([cluster.tls]): on unless insecure = true."))
     peer_limits: PeerLimitsConfig = field(default_factory=PeerLimitsConfig, metadata=doc(
@@ -152,11 +156,12 @@ class ClusterConfig:
 class NodeConfigs:
     """Every component's configuration, as read from one TOML file.
 
-    `views`, `controller`, `clients` and `compaction` stay plain tables here (their sections): the
-    runtime does not depend on the layers above it; the node validates them with
+    `views`, `controller`, `clients`, `kafka` and `compaction` stay plain tables here (their sections):
+    the runtime does not depend on the layers above it; the node validates them with
     `statemachines.store.ViewsConfig`, `controller.config.controller_config`,
-    `epochlog.server.ClientServiceConfig` and `compaction.config.CompactionConfig` (with its
-    `[compaction.cleaner]` table, `compaction.config.CleanerConfig`).
+    `epochlog.server.ClientServiceConfig`, `epochlog.kafka.config.KafkaServiceConfig` and
+    `compaction.config.CompactionConfig` (with its `[compaction.cleaner]` table,
+    `compaction.config.CleanerConfig`).
     """
 
     cluster: ClusterConfig
@@ -166,11 +171,12 @@ class NodeConfigs:
     controller: dict[str, object] | None = None
     clients: dict[str, object] | None = None
     compaction: dict[str, object] | None = None
+    kafka: dict[str, object] | None = None
 
 
 def load_node_configs(path: str | Path) -> NodeConfigs:
     data = load_toml(path)
-    known = {"cluster", "raft", "log", "views", "controller", "clients", "compaction"}
+    known = {"cluster", "raft", "log", "views", "controller", "clients", "compaction", "kafka"}
     for key in data:
         if key not in known:
             raise ConfigError(key, data[key], f"unknown section (known: {', '.join(sorted(known))})")
@@ -178,4 +184,4 @@ def load_node_configs(path: str | Path) -> NodeConfigs:
                        from_mapping(RaftConfig, data.get("raft"), "raft"),
                        from_mapping(LogConfig, data.get("log"), "log"),
                        data.get("views"), data.get("controller"), data.get("clients"),
-                       data.get("compaction"))
+                       data.get("compaction"), data.get("kafka"))
