@@ -27,7 +27,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from spark.errors import AuditError
@@ -80,12 +80,8 @@ class Audit:
     def __init__(self, spark: Any, snapshot: Snapshot) -> None:
         self.spark = spark
         self.snapshot = snapshot
-        if snapshot.files:
-            df = spark.read.schema(SPARK_DDL).option("basePath", snapshot.root).parquet(*snapshot.files)
-        else:
-            df = spark.createDataFrame([], SPARK_DDL)
         self.view = f"events_v{snapshot.version}"
-        df.createOrReplaceTempView(self.view)
+        table_frame(spark, snapshot, snapshot.files).createOrReplaceTempView(self.view)
 
     def _sql(self, text: str, **args: Any) -> list[Any]:
         return list(self.spark.sql(text.replace("{events}", self.view), args=args).collect())
@@ -139,6 +135,22 @@ class Audit:
                          f"request_id, applied, `timestamp` FROM {{events}} WHERE {' AND '.join(conditions)} "
                          f"ORDER BY `timestamp`, `group`, `offset` LIMIT :limit", **args)
         return [_event_row(r) for r in rows]
+
+
+def table_frame(spark: Any, snapshot: Snapshot, files: list[str]) -> Any:
+    """A DataFrame of the events in `files` (URIs of the snapshot's files): Spark's Parquet reader for
+    a local table, the `epochlog_files` data source (pyarrow's filesystems) for object storage."""
+    if not files:
+        return spark.createDataFrame([], SPARK_DDL)
+    loc = snapshot.location
+    if loc is None or loc.is_local:
+        return spark.read.schema(SPARK_DDL).option("basePath", snapshot.root).parquet(*files)
+    from spark.datasource import FILES_NAME
+
+    prefix = loc.uri.rstrip("/") + "/"
+    relative = [f.removeprefix(prefix) for f in files]
+    return (spark.read.format(FILES_NAME).options(**loc.to_spark_options())
+            .option("files", json.dumps(relative)).load())
 
 
 def _point_filter(point: Point) -> tuple[str, dict[str, Any]]:
@@ -202,8 +214,8 @@ def _ts(value: Any) -> str | None:
         return None
     if isinstance(value, datetime):
         if value.tzinfo is None:
-            value = value.replace(tzinfo=timezone.utc)
-        return value.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            value = value.replace(tzinfo=UTC)
+        return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     return str(value)
 
 

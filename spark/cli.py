@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import click
 
@@ -28,6 +28,16 @@ FOLLOW_INTERVAL_S = 5.0
 
 _master_option = click.option("--master", default=DEFAULT_MASTER, show_default=True,
                               help="Spark master URL (local[N], spark://host:port, yarn...).")
+_storage_option = click.option(
+    "--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+    help="Object storage setting (AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID...); repeatable; "
+         "wins over the AWS_* environment variables.")
+
+
+def _location(table: str, storage_options: tuple[str, ...]) -> Any:
+    from spark.storage import TableLocation, parse_storage_options
+
+    return TableLocation.parse(table, parse_storage_options(storage_options))
 
 
 def register(cli: click.Group) -> None:
@@ -40,8 +50,9 @@ def register(cli: click.Group) -> None:
 # --- export ----------------------------------------------------------------------------------------
 
 @click.command("export")
-@click.option("--to", "table", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="The Delta table (a directory; created on the first run).")
+@click.option("--to", "table", required=True, metavar="PATH|s3://BUCKET/PREFIX",
+              help="The Delta table: a directory or an S3 prefix (created on the first run).")
+@_storage_option
 @click.option("--endpoints", metavar="HOST:PORT,...", help="Client addresses of some nodes [env EPOCHLOG_ENDPOINTS].")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="A cluster config: use every member's client_address.")
@@ -59,7 +70,7 @@ def register(cli: click.Group) -> None:
               help="Delete this table's watermark from the cluster (its logs stop keeping events for it) and exit.")
 @_master_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document per run.")
-def export_command(table: Path, endpoints: str | None, config_path: Path | None, timeout: float,
+def export_command(table: str, storage_options: tuple[str, ...], endpoints: str | None, config_path: Path | None, timeout: float,
                    offline_dir: Path | None, groups: str, follow: bool, interval: float, range_offsets: int,
                    release: bool, master: str, as_json: bool) -> None:
     """Export committed events into the Delta table at --to, exactly once (one Delta commit per run).
@@ -70,6 +81,7 @@ def export_command(table: Path, endpoints: str | None, config_path: Path | None,
     from spark.sources import ClusterSource, OfflineSource
 
     only = tuple(g.strip() for g in groups.split(",") if g.strip())
+    location = _location(table, storage_options)
     if offline_dir is not None:
         if endpoints or config_path or release:
             raise click.UsageError("--offline reads files: no --endpoints, --config or --release with it")
@@ -82,14 +94,14 @@ def export_command(table: Path, endpoints: str | None, config_path: Path | None,
     if release:
         from spark.export import release_watermark
 
-        released = release_watermark(endpoints_used, table, timeout_s=timeout)
-        _emit(as_json, {"released": released, "table": str(table)},
-              f"{'released' if released else 'no watermark recorded for'} {table}")
+        released = release_watermark(endpoints_used, location, timeout_s=timeout)
+        _emit(as_json, {"released": released, "table": str(location)},
+              f"{'released' if released else 'no watermark recorded for'} {location}")
         return
     session = _LazySession(master)
     try:
         while True:
-            _one_run(session, table, source, endpoints_used, range_offsets, timeout, as_json)
+            _one_run(session, location, source, endpoints_used, range_offsets, timeout, as_json)
             if not follow:
                 return
             time.sleep(interval)
@@ -119,7 +131,7 @@ class _LazySession:
             self.session.stop()
 
 
-def _one_run(spark: Any, table: Path, source: Any, endpoints: tuple[str, ...], range_offsets: int,
+def _one_run(spark: Any, table: Any, source: Any, endpoints: tuple[str, ...], range_offsets: int,
              timeout: float, as_json: bool) -> None:
     from spark.export import export_once, report_watermark
 
@@ -137,7 +149,7 @@ def _one_run(spark: Any, table: Path, source: Any, endpoints: tuple[str, ...], r
         "groups": [{"group": g.group, "from": g.start, "to": g.end - 1 if g.offsets else None,
                     "exported_through": result.exported_through.get(g.group, -1), "skipped": g.skipped}
                    for g in result.plan.groups],
-        "watermark_reported": result.watermark_reported}
+        "watermark_reported": result.watermark_reported, "dead_files_removed": len(result.dead_files_removed)}
     if result.table_version is None:
         text = f"nothing new to export (table {table} has every committed event)"
     else:
@@ -157,7 +169,7 @@ class _progress_bar:
         self._task: Any = None
         self._events = 0
 
-    def __enter__(self) -> _progress_bar:
+    def __enter__(self) -> Self:
         if self.enabled:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -196,8 +208,9 @@ def audit_group() -> None:
 
 def _audit_options(f: Callable[..., None]) -> Callable[..., None]:
     options = [
-        click.option("--table", required=True, type=click.Path(file_okay=False, path_type=Path),
+        click.option("--table", required=True, metavar="PATH|s3://BUCKET/PREFIX",
                      help="The Delta table written by `epochlog export`."),
+        _storage_option,
         click.option("--table-version", type=int, default=None,
                      help="Read the table as of this Delta version (time travel)."),
         click.option("--table-as-of", default=None, metavar="TIME",
@@ -214,12 +227,14 @@ def _audit_options(f: Callable[..., None]) -> Callable[..., None]:
 class _AuditRun:
     """The session and snapshot of one audit command."""
 
-    def __init__(self, table: Path, table_version: int | None, table_as_of: str | None, master: str) -> None:
+    def __init__(self, table: str, storage_options: tuple[str, ...], table_version: int | None,
+                 table_as_of: str | None, master: str) -> None:
         from spark.table import resolve
 
         if table_version is not None and table_as_of is not None:
             raise click.UsageError("give --table-version or --table-as-of, not both")
-        self.snapshot = resolve(table, version=table_version, as_of=table_as_of)   # errors before Spark starts
+        location = _location(table, storage_options)
+        self.snapshot = resolve(location, version=table_version, as_of=table_as_of)   # errors before Spark starts
         self.master = master
 
     def __enter__(self) -> Any:
@@ -259,14 +274,14 @@ def _point(at: str | None, offset: int | None, group: str | None, prefix: str, f
 @click.option("--group", default=None, help="The group of --offset [default: the group of --prefix].")
 @click.option("--prefix", default="", help="Only entity keys starting with this (kv/app/, topic/...).")
 @_audit_options
-def audit_state(at: str | None, offset: int | None, group: str | None, prefix: str, table: Path,
-                table_version: int | None, table_as_of: str | None, as_json: bool, as_csv: bool, master: str) -> None:
+def audit_state(at: str | None, offset: int | None, group: str | None, prefix: str, table: str,
+                storage_options: tuple[str, ...], table_version: int | None, table_as_of: str | None, as_json: bool, as_csv: bool, master: str) -> None:
     """The entities as they were at a time or an offset (the views replayed from the history)."""
     from spark.audit import check_prefix
 
     check_prefix(prefix)
     point = _point(at, offset, group, prefix, "--at ")
-    with _AuditRun(table, table_version, table_as_of, master) as audit:
+    with _AuditRun(table, storage_options, table_version, table_as_of, master) as audit:
         rows = audit.state(point, prefix)
     _rows(rows, as_json, as_csv, ("key", "group", "offset", "event_type", "value", "timestamp", "actor"))
 
@@ -274,13 +289,13 @@ def audit_state(at: str | None, offset: int | None, group: str | None, prefix: s
 @audit_group.command("history")
 @click.argument("key")
 @_audit_options
-def audit_history(key: str, table: Path, table_version: int | None, table_as_of: str | None, as_json: bool,
+def audit_history(key: str, table: str, storage_options: tuple[str, ...], table_version: int | None, table_as_of: str | None, as_json: bool,
                   as_csv: bool, master: str) -> None:
     """Every event that touched KEY (an entity key: kv/app/x, topic/orders...), rejected ones included."""
     from spark.audit import check_key
 
     check_key(key)
-    with _AuditRun(table, table_version, table_as_of, master) as audit:
+    with _AuditRun(table, storage_options, table_version, table_as_of, master) as audit:
         rows = audit.history(key)
     _rows(rows, as_json, as_csv, ("group", "offset", "timestamp", "event_type", "applied", "value", "actor",
                                   "request_id"))
@@ -291,7 +306,8 @@ def audit_history(key: str, table: Path, table_version: int | None, table_as_of:
 @click.option("--to", "end", required=True, metavar="TIME", help="The later time.")
 @click.option("--prefix", default="", help="Only entity keys starting with this.")
 @_audit_options
-def audit_diff(start: str, end: str, prefix: str, table: Path, table_version: int | None, table_as_of: str | None,
+def audit_diff(start: str, end: str, prefix: str, table: str, storage_options: tuple[str, ...],
+               table_version: int | None, table_as_of: str | None,
                as_json: bool, as_csv: bool, master: str) -> None:
     """What changed between two times: entities added, removed or changed."""
     from spark.audit import Point, check_prefix
@@ -301,7 +317,7 @@ def audit_diff(start: str, end: str, prefix: str, table: Path, table_version: in
     t1, t2 = parse_time(start), parse_time(end)
     if t2 < t1:
         raise AuditError(f"--to {end} is before --from {start}")
-    with _AuditRun(table, table_version, table_as_of, master) as audit:
+    with _AuditRun(table, storage_options, table_version, table_as_of, master) as audit:
         rows = audit.diff(Point(time=t1), Point(time=t2), prefix)
     _rows(rows, as_json, as_csv, ("key", "change", "before_offset", "after_offset", "before", "after", "actor"))
 
@@ -312,14 +328,14 @@ def audit_diff(start: str, end: str, prefix: str, table: Path, table_version: in
 @click.option("--until", default=None, metavar="TIME", help="Only up to this time.")
 @click.option("--limit", type=click.IntRange(min=1), default=1000, show_default=True)
 @_audit_options
-def audit_actions(actor: str, since: str | None, until: str | None, limit: int, table: Path,
-                  table_version: int | None, table_as_of: str | None, as_json: bool, as_csv: bool, master: str) -> None:
+def audit_actions(actor: str, since: str | None, until: str | None, limit: int, table: str,
+                  storage_options: tuple[str, ...], table_version: int | None, table_as_of: str | None, as_json: bool, as_csv: bool, master: str) -> None:
     """Every event a principal wrote (accepted or rejected), oldest first."""
     from spark.table import parse_time
 
     s = None if since is None else parse_time(since)
     u = None if until is None else parse_time(until)
-    with _AuditRun(table, table_version, table_as_of, master) as audit:
+    with _AuditRun(table, storage_options, table_version, table_as_of, master) as audit:
         rows = audit.actions(actor, since=s, until=u, limit=limit)
     _rows(rows, as_json, as_csv, ("timestamp", "group", "offset", "event_type", "key", "applied", "request_id"))
 
@@ -356,8 +372,10 @@ def table_group() -> None:
     deletion of files no version within a retention needs (vacuum). No Spark needed."""
 
 
-_table_option = click.option("--table", required=True, type=click.Path(file_okay=False, path_type=Path),
-                             help="The Delta table written by `epochlog export`.")
+def _table_option(f: Callable[..., None]) -> Callable[..., None]:
+    f = _storage_option(f)
+    return click.option("--table", required=True, metavar="PATH|s3://BUCKET/PREFIX",
+                        help="The Delta table written by `epochlog export`.")(f)
 
 
 @table_group.command("info")
@@ -365,13 +383,13 @@ _table_option = click.option("--table", required=True, type=click.Path(file_okay
 @click.option("--target-file-mb", type=click.IntRange(min=1), default=128, show_default=True,
               help="Files below half of this count as small.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def table_info(table: Path, target_file_mb: int, as_json: bool) -> None:
+def table_info(table: str, storage_options: tuple[str, ...], target_file_mb: int, as_json: bool) -> None:
     """The current version's files per date partition, small files, unreferenced files on disk, watermarks."""
     from dataclasses import asdict
 
     from spark.maintenance import table_files
 
-    info = table_files(table, target_file_mb << 20)
+    info = table_files(_location(table, storage_options), target_file_mb << 20)
     text = (f"{table}: version {info.version}, {info.files} files ({info.small_files} small) in "
             f"{len(info.partitions)} partitions, {info.rows:,} rows, {info.bytes:,} bytes; "
             f"{info.unreferenced_files} unreferenced files ({info.unreferenced_bytes:,} bytes); "
@@ -384,13 +402,14 @@ def table_info(table: Path, target_file_mb: int, as_json: bool) -> None:
 @click.option("--target-file-mb", type=click.IntRange(min=1), default=128, show_default=True,
               help="Approximate size of the compacted files.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def table_optimize(table: Path, target_file_mb: int, as_json: bool) -> None:
+def table_optimize(table: str, storage_options: tuple[str, ...], target_file_mb: int, as_json: bool) -> None:
     """Rewrite each date partition's small files into larger ones: ONE Delta commit, dataChange=false
     (rows, audit answers and export watermarks unchanged; older versions keep their files until vacuum)."""
     from dataclasses import asdict
 
     from spark.maintenance import optimize_table, table_files
 
+    table = _location(table, storage_options)
     if not as_json:
         before = table_files(table, target_file_mb << 20)
         click.echo(f"optimizing {table}: {before.files} files ({before.small_files} small) in "
@@ -414,13 +433,15 @@ def table_optimize(table: Path, target_file_mb: int, as_json: bool) -> None:
               "still writing and break time travel.")
 @click.option("--dry-run", is_flag=True, help="List the files that would be deleted; delete nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def table_vacuum(table: Path, retain_hours: int, force: bool, dry_run: bool, as_json: bool) -> None:
+def table_vacuum(table: str, storage_options: tuple[str, ...], retain_hours: int, force: bool, dry_run: bool,
+                 as_json: bool) -> None:
     """Delete files no version within the retention references: files an optimize removed, and files of
     killed export or optimize runs (never committed), older than --retain-hours."""
     from dataclasses import asdict
 
     from spark.maintenance import vacuum_table
 
+    table = _location(table, storage_options)
     result = vacuum_table(table, retain_hours=retain_hours, force=force, dry_run=dry_run)
     verb = "would delete" if dry_run else "deleted"
     _emit(as_json, asdict(result), f"{verb} {len(result.files)} files ({result.bytes:,} bytes) older than "

@@ -34,7 +34,8 @@ from spark.commit import DataFile, DayFiles, commit_run, delete_unreferenced
 from spark.plan import ExportPlan
 from spark.records import to_batch
 from spark.sources import ClusterSource, OfflineGroup, OfflineSource
-from spark.table import SPARK_DDL
+from spark.storage import TableLocation
+from spark.table import FILE_SCHEMA, PARTITION_COLUMN, ROW_SCHEMA, SPARK_DDL
 
 READER_NAME = "epochlog"
 WRITER_NAME = "epochlog_delta"
@@ -100,7 +101,7 @@ class FilesWritten(WriterCommitMessage):
 
 class DeltaEventsWriter(DataSourceArrowWriter):
     def __init__(self, options: dict[str, str]) -> None:
-        self.root = options["path"]
+        self.root = TableLocation.from_spark_options(options)
         self.plan_text = options["plan"]
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
@@ -137,3 +138,52 @@ class DeltaEventsSink(DataSource):
         if overwrite:
             raise ValueError("the events table is append-only: use mode('append')")
         return DeltaEventsWriter(dict(self.options))
+
+
+# --- the table's files, read where Spark's own Parquet reader cannot (object storage) ---------------
+
+FILES_NAME = "epochlog_files"
+
+
+class FilePartition(InputPartition):
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+
+
+class TableFilesReader(DataSourceReader):
+    """Parquet files of an events table version read with pyarrow's filesystems (no Hadoop jars), the
+    partition column taken from each file's directory name."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.loc = TableLocation.from_spark_options(options)
+        self.files: list[str] = msgspec.json.decode(options["files"])
+
+    def partitions(self) -> list[InputPartition]:
+        return [FilePartition(f) for f in self.files]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        import pyarrow.parquet as pq
+
+        assert isinstance(partition, FilePartition)
+        day = next((part.split("=", 1)[1] for part in partition.path.split("/")
+                    if part.startswith(PARTITION_COLUMN + "=")), None)
+        fs, _ = self.loc.filesystem()
+        with fs.open_input_file(self.loc.path(partition.path)) as f:
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=64 * 1024, columns=FILE_SCHEMA.names):
+                days = pa.array([day] * batch.num_rows, pa.string())
+                yield pa.RecordBatch.from_arrays([*batch.columns, days], schema=ROW_SCHEMA)
+
+
+class TableFilesSource(DataSource):
+    """`spark.read.format("epochlog_files").options(**location.to_spark_options()).option("files", json)`"""
+
+    @classmethod
+    def name(cls) -> str:
+        return FILES_NAME
+
+    def schema(self) -> str:
+        return SPARK_DDL
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return TableFilesReader(dict(self.options))

@@ -31,11 +31,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
+from spark.cleanup import remove_dead_files
 from spark.errors import ExportError
 from spark.plan import ExportPlan
 from spark.sources import ClusterSource, OfflineSource
+from spark.storage import TableLocation
 from spark.table import exported_through, open_or_create, open_table
 
 WATERMARK_SCOPE = "export"
@@ -51,18 +53,20 @@ class RunResult:
     seconds: float
     watermark_reported: bool = False
     warnings: list[str] = field(default_factory=list)
+    dead_files_removed: list[str] = field(default_factory=list)   # left by failed runs (spark.cleanup)
 
 
 Progress = Callable[[int, int], None]    # (tasks done, tasks) while a run's Spark job runs
 
 
-def export_once(spark: Any | Callable[[], Any], table_root: str | Path, source: ClusterSource | OfflineSource, *,
+def export_once(spark: Any | Callable[[], Any], table_root: str | Path | TableLocation,
+                source: ClusterSource | OfflineSource, *,
                 range_offsets: int = 250_000, progress: Progress | None = None,
                 on_plan: Callable[[ExportPlan], None] | None = None) -> RunResult:
     from spark.datasource import READER_NAME, WRITER_NAME, source_json
 
     started = time.monotonic()
-    root = str(Path(table_root).resolve())
+    root = TableLocation.of(table_root)
     dt = open_or_create(root)
     bounds = source.bounds()
     exported = exported_through(dt, sorted(bounds))
@@ -78,11 +82,12 @@ def export_once(spark: Any | Callable[[], Any], table_root: str | Path, source: 
         spark = spark()   # a factory: the session starts only when there is something to export
     df = (spark.read.format(READER_NAME).option("plan", plan.to_json()).option("source", source_json(source))
           .load())
-    writer = df.write.format(WRITER_NAME).mode("append").option("path", root).option("plan", plan.to_json())
+    writer = df.write.format(WRITER_NAME).mode("append").options(**root.to_spark_options()).option(
+        "plan", plan.to_json())
     with _JobProgress(spark, progress, len(plan.ranges())):
         try:
             writer.save()
-        except Exception as exc:   # noqa: BLE001 - Spark wraps the executors' and the commit's errors
+        except Exception as exc:
             after = exported_through(open_table(root), sorted(bounds))
             if any(after[g.group] < g.end - 1 for g in plan.active()):
                 raise _job_failure(exc) from exc
@@ -95,7 +100,9 @@ def export_once(spark: Any | Callable[[], Any], table_root: str | Path, source: 
             raise ExportError(f"group {g.group}: the run ended but the table says {after[g.group]}, "
                               f"not {g.end - 1} (was the commit lost?)")
     version, rows = _find_commit(after_dt, plan)
-    return RunResult(plan, version, rows, after, time.monotonic() - started, warnings=warnings)
+    removed = remove_dead_files(root, after_dt)   # now that this commit moved the watermarks
+    return RunResult(plan, version, rows, after, time.monotonic() - started, warnings=warnings,
+                     dead_files_removed=removed)
 
 
 def _job_failure(exc: Exception) -> ExportError:
@@ -135,7 +142,7 @@ class _JobProgress:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> _JobProgress:
+    def __enter__(self) -> Self:
         if self.callback is not None:
             self.callback(0, self.tasks)
             self._thread = threading.Thread(target=self._poll, name="export-progress", daemon=True)
@@ -165,13 +172,13 @@ class _JobProgress:
 
 # --- the watermark in the cluster ----------------------------------------------------------------------
 
-def table_id(table_root: str | Path) -> str:
+def table_id(table_root: str | Path | TableLocation) -> str:
     """The config name a table reports its watermark under: `table-<Delta table id>`."""
     dt = open_table(table_root)
     return "table-" + str(dt.metadata().id)  # type: ignore[attr-defined]
 
 
-def report_watermark(endpoints: tuple[str, ...], table_root: str | Path, through: dict[str, int], *,
+def report_watermark(endpoints: tuple[str, ...], table_root: str | Path | TableLocation, through: dict[str, int], *,
                      timeout_s: float = 10.0) -> bool:
     """Record the table's watermark in the cluster (compare-and-set: watermarks only go up; a record
     that would only cover the previous report itself is skipped, so a quiet `--follow` does not keep
@@ -213,7 +220,8 @@ def _only_own_records(client: Any, old: dict[str, int], new: dict[str, int], own
     return all(e.key in (key, "txn/" + key) for e in got.events if e.offset < hi)
 
 
-def release_watermark(endpoints: tuple[str, ...], table_root: str | Path, *, timeout_s: float = 10.0) -> bool:
+def release_watermark(endpoints: tuple[str, ...], table_root: str | Path | TableLocation, *,
+                      timeout_s: float = 10.0) -> bool:
     """Delete the table's watermark record: the logs no longer wait for this table. True if it existed."""
     from epochlog.client import Client
     from statemachines import events as ev

@@ -29,11 +29,11 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from spark.errors import MaintenanceError
-from spark.table import APP_ID_PREFIX, PARTITION_COLUMN, is_table, open_table
+from spark.storage import TableLocation
+from spark.table import APP_ID_PREFIX, PARTITION_COLUMN, Root, is_table, open_table
 
 MIB = 1 << 20
 DEFAULT_TARGET_FILE_BYTES = 128 * MIB
@@ -81,7 +81,7 @@ class VacuumResult:
     seconds: float
 
 
-def _table(root: str | Path) -> Any:
+def _table(root: Root) -> Any:
     if not is_table(root):
         raise MaintenanceError(f"{root} is not a Delta table (export to it first: epochlog export --to {root})")
     try:
@@ -116,7 +116,7 @@ def _exported_groups(dt: Any, commits: int = 1000) -> list[str]:
     return sorted(groups)
 
 
-def table_files(root: str | Path, target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES) -> TableFiles:
+def table_files(root: Root, target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES) -> TableFiles:
     """Files of the current version per partition, how many are small, and the unreferenced ones."""
     import pyarrow as pa
 
@@ -132,15 +132,13 @@ def table_files(root: str | Path, target_file_bytes: int = DEFAULT_TARGET_FILE_B
     for day in days:
         partitions[day] = partitions.get(day, 0) + 1
     referenced = set(paths)
-    base = Path(root)
-    stray = [p for p in base.rglob("*.parquet")
-             if "_delta_log" not in p.parts and p.relative_to(base).as_posix() not in referenced]
+    stray = [f for f in TableLocation.of(root).list_files() if f.path not in referenced]
     return TableFiles(dt.version(), len(paths), int(sum(sizes)), int(sum(r or 0 for r in rows)), partitions,
                       sum(1 for s in sizes if s < target_file_bytes // 2), len(stray),
-                      sum(p.stat().st_size for p in stray), watermarks(dt))
+                      sum(f.size for f in stray), watermarks(dt))
 
 
-def optimize_table(root: str | Path, *, target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
+def optimize_table(root: Root, *, target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
                    max_concurrent_tasks: int | None = None) -> OptimizeResult:
     """Compact each date partition's small files in one Delta commit (see the module docstring)."""
     from deltalake import CommitProperties
@@ -185,7 +183,7 @@ def retention_minimum_hours(dt: Any) -> float:
     return int(match.group(1)) * _UNIT_HOURS[match.group(2).lower()]
 
 
-def vacuum_table(root: str | Path, *, retain_hours: float = DEFAULT_RETAIN_HOURS, force: bool = False,
+def vacuum_table(root: Root, *, retain_hours: float = DEFAULT_RETAIN_HOURS, force: bool = False,
                  dry_run: bool = False) -> VacuumResult:
     """Delete the files no version within `retain_hours` needs (see the module docstring)."""
     started = time.perf_counter()
@@ -200,10 +198,11 @@ def vacuum_table(root: str | Path, *, retain_hours: float = DEFAULT_RETAIN_HOURS
             f"and break time travel to recent versions; pass --force to do it anyway")
     if retain_hours != int(retain_hours):
         raise MaintenanceError(f"retention of {retain_hours} hours: delta-rs takes whole hours")
-    base = Path(root)
+    loc = TableLocation.of(root)
     listed = dt.vacuum(retention_hours=int(retain_hours), dry_run=True, enforce_retention_duration=False, full=True)
-    size = sum((base / p).stat().st_size for p in listed if (base / p).exists())
+    size = sum(loc.size(loc.relative(p)) or 0 for p in listed)
     if not dry_run and listed:
         dt.vacuum(retention_hours=int(retain_hours), dry_run=False, enforce_retention_duration=False, full=True)
     return VacuumResult(_table(root).version(), retain_hours, dry_run, sorted(listed), size,
                         time.perf_counter() - started)
+

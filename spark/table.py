@@ -29,12 +29,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
 
 from spark.errors import AuditError, ExportError
+from spark.storage import TableLocation
+
+Root = str | Path | TableLocation
 
 TABLE_NAME = "events"
 PARTITION_COLUMN = "date"
@@ -71,41 +74,50 @@ def app_id(group: str) -> str:
     return APP_ID_PREFIX + group
 
 
-def is_table(root: str | Path) -> bool:
+def is_table(root: Root) -> bool:
     from deltalake import DeltaTable
 
-    return bool(DeltaTable.is_deltatable(str(root)))
+    loc = TableLocation.of(root)
+    return bool(DeltaTable.is_deltatable(loc.uri, storage_options=loc.delta_options()))
 
 
-def open_table(root: str | Path) -> object:
+def delta_table(root: Root, version: int | None = None) -> object:
+    """deltalake.DeltaTable at `root` (any table, unchecked), latest or as of `version`."""
+    from deltalake import DeltaTable
+
+    loc = TableLocation.of(root)
+    return DeltaTable(loc.uri, version=version, storage_options=loc.delta_options())
+
+
+def open_table(root: Root) -> object:
     """The table at `root` (a deltalake.DeltaTable), checked to be an events table."""
-    from deltalake import DeltaTable
-
     if not is_table(root):
         raise ExportError(f"{root} is not a Delta table")
-    dt = DeltaTable(str(root))
+    dt = delta_table(root)
     _check_schema(dt, root)
     return dt
 
 
-def open_or_create(root: str | Path) -> object:
+def open_or_create(root: Root) -> object:
     """The events table at `root`, created (version 0, empty) if there is none.
 
     Creation races with another exporter are harmless: mode "ignore" keeps whichever came first."""
     from deltalake import DeltaTable
 
-    root = Path(root)
-    if not is_table(root):
-        if root.exists() and not root.is_dir():
-            raise ExportError(f"{root} exists and is not a directory")
-        root.mkdir(parents=True, exist_ok=True)
-        DeltaTable.create(str(root), TABLE_SCHEMA, mode="ignore", partition_by=[PARTITION_COLUMN],
+    loc = TableLocation.of(root)
+    if not is_table(loc):
+        if loc.is_local:
+            path = Path(loc.uri)
+            if path.exists() and not path.is_dir():
+                raise ExportError(f"{path} exists and is not a directory")
+            path.mkdir(parents=True, exist_ok=True)
+        DeltaTable.create(loc.uri, TABLE_SCHEMA, mode="ignore", partition_by=[PARTITION_COLUMN],
                           name=TABLE_NAME, description="Epochlog committed events, one row per event",
-                          configuration=TABLE_CONFIGURATION)
-    return open_table(root)
+                          configuration=TABLE_CONFIGURATION, storage_options=loc.delta_options())
+    return open_table(loc)
 
 
-def _check_schema(dt: object, root: str | Path) -> None:
+def _check_schema(dt: object, root: Root) -> None:
     names = {f.name for f in dt.schema().fields}  # type: ignore[attr-defined]
     missing = [n for n in TABLE_SCHEMA.names if n not in names]
     if missing:
@@ -139,6 +151,7 @@ class Snapshot:
     version: int
     committed_ms: int
     files: list[str]
+    location: TableLocation | None = None
 
 
 def parse_time(text: str) -> datetime:
@@ -146,13 +159,13 @@ def parse_time(text: str) -> datetime:
     milliseconds."""
     raw = text.strip()
     if re.fullmatch(r"-?\d{10,}", raw):
-        return datetime.fromtimestamp(int(raw) / 1000, tz=timezone.utc)
+        return datetime.fromtimestamp(int(raw) / 1000, tz=UTC)
     try:
         value = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
         raise AuditError(f"{text!r} is not a time: use ISO 8601 (2026-11-03T12:00:00Z) or epoch "
                          f"milliseconds") from None
-    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def _history(dt: object) -> list[tuple[int, int]]:
@@ -162,18 +175,18 @@ def _history(dt: object) -> list[tuple[int, int]]:
     return sorted(rows)
 
 
-def resolve(root: str | Path, *, version: int | None = None, as_of: str | datetime | None = None) -> Snapshot:
+def resolve(root: Root, *, version: int | None = None, as_of: str | datetime | None = None) -> Snapshot:
     """The table at `root` as of `version`, or as of the time `as_of` (the last version committed at
     or before it), or its latest version. AuditError for a version that does not exist, a time
     before the table's first version, or a path that is no events table."""
-    from deltalake import DeltaTable
     from deltalake.exceptions import DeltaError
 
+    loc = TableLocation.of(root)
     if version is not None and as_of is not None:
         raise AuditError("give a table version or a time, not both")
     if not is_table(root):
         raise AuditError(f"{root} is not a Delta table (export to it first: epochlog export --to {root})")
-    latest = DeltaTable(str(root))
+    latest = delta_table(loc)
     try:
         _check_schema(latest, root)
     except ExportError as exc:
@@ -184,14 +197,14 @@ def resolve(root: str | Path, *, version: int | None = None, as_of: str | dateti
             raise AuditError(f"table version {version} does not exist: {root} has versions "
                              f"{history[0][0] if history else 0}..{latest.version()}")
         try:
-            dt = DeltaTable(str(root), version=version)
+            dt = delta_table(loc, version)
         except DeltaError as exc:
             raise AuditError(f"table version {version} of {root} cannot be read (its log entry may have "
                              f"been cleaned up): {exc}") from None
     elif as_of is not None:
         when = parse_time(as_of) if isinstance(as_of, str) else as_of
         if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
+            when = when.replace(tzinfo=UTC)
         when_ms = int(when.timestamp() * 1000)
         first = history[0] if history else (0, 0)
         if when_ms < first[1]:
@@ -199,12 +212,12 @@ def resolve(root: str | Path, *, version: int | None = None, as_of: str | dateti
             raise AuditError(f"{when.isoformat()} is before the table existed: its first version "
                              f"({first[0]}) was committed at {_iso(first[1])}")
         chosen = max(v for v, ts in history if ts <= when_ms)
-        dt = DeltaTable(str(root), version=chosen)
+        dt = delta_table(loc, chosen)
     else:
         dt = latest
     ts = dict(history).get(dt.version(), 0)
-    return Snapshot(str(Path(root).resolve()), dt.version(), ts, list(dt.file_uris()))
+    return Snapshot(loc.uri, dt.version(), ts, list(dt.file_uris()), loc)
 
 
 def _iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
