@@ -14,7 +14,6 @@ from __future__ import annotations
 import csv
 import json
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Self
@@ -49,6 +48,18 @@ def register(cli: click.Group) -> None:
 
 # --- export ----------------------------------------------------------------------------------------
 
+def _spark_options(f: Callable[..., None]) -> Callable[..., None]:
+    options = [
+        click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
+                     help="A Spark setting (spark.executor.cores=2, spark.sql.shuffle.partitions=16...); repeatable."),
+        click.option("--driver-memory", default=None, metavar="SIZE", help="spark.driver.memory (512m, 4g...)."),
+        click.option("--executor-memory", default=None, metavar="SIZE", help="spark.executor.memory (512m, 4g...)."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
 @click.command("export")
 @click.option("--to", "table", required=True, metavar="PATH|s3://BUCKET/PREFIX",
               help="The Delta table: a directory or an S3 prefix (created on the first run).")
@@ -61,18 +72,29 @@ def register(cli: click.Group) -> None:
 @click.option("--offline", "offline_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Read the segment files of a stopped node (its data directory) instead of a cluster.")
 @click.option("--groups", default="", metavar="G1,G2", help="Export only these groups [default: all].")
-@click.option("--follow", is_flag=True, help="Keep exporting as the logs grow (a batch run every --interval s).")
+@click.option("--follow", is_flag=True,
+              help="Keep exporting as the logs grow: a Structured Streaming query, a micro-batch every --interval s.")
 @click.option("--interval", type=click.FloatRange(min=0.1), default=FOLLOW_INTERVAL_S, show_default=True,
-              help="Seconds between runs with --follow.")
+              help="Seconds between micro-batches with --follow.")
+@click.option("--checkpoint", default=None, metavar="DIR",
+              help="The streaming query's checkpoint with --follow (a local or HDFS path) "
+                   "[default: <table>/_epochlog/follow-checkpoint for a local table; required for S3].")
+@click.option("--max-offsets-per-run", type=click.IntRange(min=1), default=None,
+              help="Read at most this many offsets (all groups together) per commit: a larger backlog is "
+                   "exported as several commits, each one kept if a later one fails; with --follow, "
+                   "the micro-batch limit (maxOffsetsPerTrigger).")
 @click.option("--range-offsets", type=click.IntRange(min=1), default=250_000, show_default=True,
               help="Offsets per Spark partition.")
 @click.option("--release", is_flag=True,
               help="Delete this table's watermark from the cluster (its logs stop keeping events for it) and exit.")
 @_master_option
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document per run.")
-def export_command(table: str, storage_options: tuple[str, ...], endpoints: str | None, config_path: Path | None, timeout: float,
-                   offline_dir: Path | None, groups: str, follow: bool, interval: float, range_offsets: int,
-                   release: bool, master: str, as_json: bool) -> None:
+@_spark_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document per run (or micro-batch).")
+def export_command(table: str, storage_options: tuple[str, ...], endpoints: str | None, config_path: Path | None,
+                   timeout: float, offline_dir: Path | None, groups: str, follow: bool, interval: float,
+                   checkpoint: str | None, max_offsets_per_run: int | None, range_offsets: int, release: bool,
+                   master: str, spark_conf: tuple[str, ...], driver_memory: str | None, executor_memory: str | None,
+                   as_json: bool) -> None:
     """Export committed events into the Delta table at --to, exactly once (one Delta commit per run).
 
     On a cluster the table's watermark (the highest exported offset per group) is reported back, and
@@ -98,13 +120,19 @@ def export_command(table: str, storage_options: tuple[str, ...], endpoints: str 
         _emit(as_json, {"released": released, "table": str(location)},
               f"{'released' if released else 'no watermark recorded for'} {location}")
         return
-    session = _LazySession(master)
+    if follow and checkpoint is None:
+        if not location.is_local:
+            raise click.UsageError("--follow on object storage needs --checkpoint DIR (Spark keeps its checkpoint "
+                                   "on a local or HDFS path)")
+        checkpoint = location.uri + "/_epochlog/follow-checkpoint"
+    conf = _spark_conf(spark_conf, driver_memory, executor_memory)
+    session = _LazySession(master, conf)
     try:
-        while True:
-            _one_run(session, location, source, endpoints_used, range_offsets, timeout, as_json)
-            if not follow:
-                return
-            time.sleep(interval)
+        if follow:
+            _follow(session(), location, source, endpoints_used, checkpoint or "", interval, max_offsets_per_run,
+                    range_offsets, timeout, as_json)
+        else:
+            _runs(session, location, source, endpoints_used, range_offsets, max_offsets_per_run, timeout, as_json)
     except KeyboardInterrupt:
         if not follow:
             raise click.Abort() from None
@@ -112,18 +140,33 @@ def export_command(table: str, storage_options: tuple[str, ...], endpoints: str 
         session.stop()
 
 
+def _spark_conf(pairs: tuple[str, ...], driver_memory: str | None, executor_memory: str | None) -> dict[str, str]:
+    conf = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise click.UsageError(f"--conf {pair!r}: give KEY=VALUE (e.g. spark.executor.cores=2)")
+        conf[key.strip()] = value
+    if driver_memory:
+        conf["spark.driver.memory"] = driver_memory
+    if executor_memory:
+        conf["spark.executor.memory"] = executor_memory
+    return conf
+
+
 class _LazySession:
     """The SparkSession, started on first use (a run with nothing new starts no JVM)."""
 
-    def __init__(self, master: str) -> None:
+    def __init__(self, master: str, conf: dict[str, str] | None = None) -> None:
         self.master = master
+        self.conf = conf or {}
         self.session: Any = None
 
     def __call__(self) -> Any:
         if self.session is None:
             from spark.session import get_session
 
-            self.session = get_session(self.master, "epochlog-export")
+            self.session = get_session(self.master, "epochlog-export", conf=self.conf)
         return self.session
 
     def stop(self) -> None:
@@ -131,17 +174,44 @@ class _LazySession:
             self.session.stop()
 
 
-def _one_run(spark: Any, table: Any, source: Any, endpoints: tuple[str, ...], range_offsets: int,
-             timeout: float, as_json: bool) -> None:
-    from spark.export import export_once, report_watermark
+def _runs(spark: Any, table: Any, source: Any, endpoints: tuple[str, ...], range_offsets: int,
+          max_offsets: int | None, timeout: float, as_json: bool) -> None:
+    """One run, or bounded runs until the backlog seen at the start is exported (one document each)."""
+    from spark.export import export_backlog, export_once
 
-    with _progress_bar(as_json) as progress:
-        result = export_once(spark, table, source, range_offsets=range_offsets, progress=progress.update,
-                             on_plan=progress.plan)
+    def report(result: Any, progress: _progress_bar) -> None:
+        _report_run(spark, table, result, progress.members, endpoints, timeout, as_json)
+
+    if max_offsets is None:
+        with _progress_bar(as_json) as progress:
+            result = export_once(spark, table, source, range_offsets=range_offsets, progress=progress.update,
+                                 on_plan=progress.plan)
+        report(result, progress)
+        return
+    progress = _progress_bar(as_json)
+
+    def on_run(result: Any) -> None:
+        progress.__exit__(None, None, None)
+        report(result, progress)
+
+    def on_plan(plan: Any, members: list[str]) -> None:
+        progress.__enter__()
+        progress.plan(plan, members)
+
+    export_backlog(spark, table, source, max_offsets=max_offsets, range_offsets=range_offsets,
+                   progress=progress.update, on_plan=on_plan, on_run=on_run)
+
+
+def _report_run(spark: Any, table: Any, result: Any, members: list[str], endpoints: tuple[str, ...],
+                timeout: float, as_json: bool) -> None:
+    from spark.export import report_watermark
+
     if endpoints and result.table_version is not None:
         result.watermark_reported = report_watermark(endpoints, table, result.exported_through, timeout_s=timeout)
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
+    ranges = [{"group": r.group, "from": r.lo, "to": r.hi - 1, "member": m or None}
+              for r, m in zip(result.plan.ranges(), members, strict=False)]
     document = {
         "table": str(table), "table_version": result.table_version, "rows": result.rows,
         "seconds": round(result.seconds, 3),
@@ -149,27 +219,65 @@ def _one_run(spark: Any, table: Any, source: Any, endpoints: tuple[str, ...], ra
         "groups": [{"group": g.group, "from": g.start, "to": g.end - 1 if g.offsets else None,
                     "exported_through": result.exported_through.get(g.group, -1), "skipped": g.skipped}
                    for g in result.plan.groups],
-        "watermark_reported": result.watermark_reported, "dead_files_removed": len(result.dead_files_removed)}
+        "ranges": ranges,
+        "watermark_reported": result.watermark_reported,
+        "dead_files_removed": len(result.dead_files_removed)}
+    if spark.session is not None:
+        document["spark"] = _session_facts(spark.session)
     if result.table_version is None:
         text = f"nothing new to export (table {table} has every committed event)"
     else:
-        ranges = ", ".join(f"{g.group} {g.start}..{g.end - 1}" for g in result.plan.active())
-        text = (f"exported {result.rows} events ({ranges}) in {result.seconds:.1f} s "
+        spans = ", ".join(f"{g.group} {g.start}..{g.end - 1}" for g in result.plan.active())
+        text = (f"exported {result.rows} events ({spans}) in {result.seconds:.1f} s "
                 f"({document['events_per_second']}/s): table version {result.table_version}"
                 + ("; watermark reported to the cluster" if result.watermark_reported else ""))
     _emit(as_json, document, text)
+
+
+def _session_facts(session: Any) -> dict[str, Any]:
+    """What the Spark session runs with (the settings passed through, as the JVM took them)."""
+    conf = session.sparkContext.getConf()
+    runtime = session.sparkContext._jvm.java.lang.Runtime.getRuntime()
+    return {"master": session.sparkContext.master, "driver_max_heap_bytes": int(runtime.maxMemory()),
+            "conf": {k: v for k, v in conf.getAll() if k in _SHOWN_CONF}}
+
+
+_SHOWN_CONF = ("spark.driver.memory", "spark.executor.memory", "spark.executor.cores", "spark.sql.shuffle.partitions",
+               "spark.default.parallelism", "spark.task.cpus")
+
+
+def _follow(spark: Any, table: Any, source: Any, endpoints: tuple[str, ...], checkpoint: str, interval: float,
+            max_offsets: int | None, range_offsets: int, timeout: float, as_json: bool) -> None:
+    from spark.export import follow, report_watermark
+
+    def on_batch(batch: Any) -> None:
+        reported = bool(endpoints) and report_watermark(endpoints, table, batch.exported_through, timeout_s=timeout)
+        document = {"table": str(table), "batch": batch.batch_id, "rows": batch.rows,
+                    "seconds": round(batch.seconds, 3), "end_offsets": batch.end_offsets,
+                    "exported_through": batch.exported_through, "watermark_reported": reported,
+                    "dead_files_removed": batch.dead_files_removed}
+        _emit(as_json, document, f"micro-batch {batch.batch_id}: {batch.rows} events in {batch.seconds:.1f} s; "
+                                 f"exported through {batch.exported_through}")
+
+    if not as_json:
+        click.echo(f"following into {table} (checkpoint {checkpoint}); Ctrl-C stops", err=True)
+    follow(spark, table, source, checkpoint=checkpoint, interval_s=interval, max_offsets=max_offsets,
+           range_offsets=range_offsets, on_batch=on_batch)
 
 
 class _progress_bar:
     """A rich progress bar of the run's Spark tasks on a terminal (nothing when piped or with --json)."""
 
     def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.members: list[str] = []
         self.enabled = not quiet and sys.stderr.isatty()
         self._progress: Any = None
         self._task: Any = None
         self._events = 0
 
     def __enter__(self) -> Self:
+        self._task = None
         if self.enabled:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -180,8 +288,16 @@ class _progress_bar:
             self._progress.start()
         return self
 
-    def plan(self, plan: Any) -> None:
+    def plan(self, plan: Any, members: list[str]) -> None:
+        """Say which member serves which range (on stderr, before the job starts)."""
         self._events = plan.offsets
+        self.members = members
+        if not self.quiet and members and any(members):
+            by_member: dict[str, list[str]] = {}
+            for r, m in zip(plan.ranges(), members, strict=False):
+                by_member.setdefault(m, []).append(f"{r.group} {r.lo}..{r.hi - 1}")
+            for m, spans in sorted(by_member.items()):
+                click.echo(f"{m} serves {', '.join(spans)}", err=True)
 
     def update(self, done: int, total: int) -> None:
         if self._progress is None:
@@ -193,6 +309,7 @@ class _progress_bar:
     def __exit__(self, *exc: object) -> None:
         if self._progress is not None:
             self._progress.stop()
+            self._progress = None
 
 
 def _emit(as_json: bool, document: Any, text: str) -> None:

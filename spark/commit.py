@@ -217,6 +217,64 @@ def commit_run(root: str | Path | TableLocation, files: list[DataFile], plan: Ex
     raise AssertionError("unreachable")
 
 
+def commit_batch(root: str | Path | TableLocation, files: list[DataFile], batch_id: int, *,
+                 attempts: int = COMMIT_ATTEMPTS) -> int | None:
+    """Commit one micro-batch of an `epochlog` stream: the table version created, or None when there
+    was nothing to commit (no rows) or the batch was committed before (Spark replays the last batch
+    after a restart, with the same offsets: its rows are then at or below the watermarks).
+
+    A stream's offsets per group are contiguous from batch to batch and each batch is read
+    completely, so each group's app transaction moves to the highest offset of the batch's rows:
+    every event at or below it is in the table. Files carry the rows' offset span per group in their
+    stats; a batch whose rows are partly at or below a watermark overlaps another writer's export and
+    is refused (ExportConflictError), as `commit_run` refuses an overlapping run."""
+    from deltalake import CommitProperties, Transaction
+    from deltalake.exceptions import CommitFailedError
+    from deltalake.transaction import AddAction
+
+    spans: dict[str, tuple[int, int]] = {}
+    for f in files:
+        stats = json.loads(f.stats)
+        group = stats["minValues"]["group"]
+        assert group == stats["maxValues"]["group"], f"{f.path} holds rows of several groups"
+        lo, hi = stats["minValues"]["offset"], stats["maxValues"]["offset"]
+        old = spans.get(group)
+        spans[group] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+    if not spans:
+        return None
+    loc = TableLocation.of(root)
+    actions = [AddAction(f.path, f.size, {PARTITION_COLUMN: f.day}, f.modification_ms, True, f.stats) for f in files]
+    txns = [Transaction(app_id(g), hi) for g, (_, hi) in sorted(spans.items())]
+    run = uuid.uuid4().hex
+    metadata = {"epochlog.run": run, "epochlog.stream_batch": str(batch_id),
+                "epochlog.export": json.dumps({g: [lo, hi + 1] for g, (lo, hi) in sorted(spans.items())}),
+                "epochlog.rows": str(sum(f.rows for f in files))}
+    delay = 0.05
+    for attempt in range(attempts):
+        dt = open_table(loc)
+        current = exported_through(dt, sorted(spans))
+        if all(current[g] >= hi for g, (_, hi) in spans.items()):
+            delete_unreferenced(loc, files)   # a replayed batch, committed before
+            return None
+        for g, (lo, hi) in spans.items():
+            if current[g] >= lo:
+                raise ExportConflictError(
+                    f"group {g}: offsets through {current[g]} were exported by another writer while this stream "
+                    f"read {lo}..{hi}; nothing of micro-batch {batch_id} was committed")
+        try:
+            dt.create_write_transaction(  # type: ignore[attr-defined]
+                actions, mode="append", schema=TABLE_SCHEMA, partition_by=[PARTITION_COLUMN],
+                commit_properties=CommitProperties(app_transactions=txns, custom_metadata=metadata,
+                                                   max_commit_retries=0))
+            return _version_of(loc, run)
+        except CommitFailedError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+    raise AssertionError("unreachable")
+
+
 def _version_of(root: str | Path | TableLocation, run: str) -> int:
     """The table version our commit created (found by its run id among the latest commits)."""
     for entry in delta_table(root).history(limit=50):  # type: ignore[attr-defined]
