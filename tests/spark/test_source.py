@@ -114,7 +114,8 @@ def test_bounded_runs_commit_in_steps_and_resume_after_a_kill(tmp_path: Path, sp
     with open(tmp_path / "export.log", "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "epochlog", "export", "--to", str(killed), "--offline", str(data),
-             "--max-offsets-per-run", "900", "--range-offsets", "300", "--master", "local[1]", "--json"],
+             "--max-offsets-per-run", "900", "--range-offsets", "300", "--master", "local[1]", "--json",
+             "--driver-memory", "600m", "--conf", "spark.sql.shuffle.partitions=3"],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_until(lambda: (killed / "_delta_log" / f"{2:020d}.json").exists() or proc.poll() is not None, 240,
@@ -128,10 +129,28 @@ def test_bounded_runs_commit_in_steps_and_resume_after_a_kill(tmp_path: Path, sp
     assert 2 <= kept and 0 <= through < kv[-1] + len(more), (kept, through)
     lines = [json.loads(line) for line in (tmp_path / "export.log").read_text().splitlines() if line.startswith("{")]
     assert all(sum(g["to"] - g["from"] + 1 for g in doc["groups"] if g["to"] is not None) <= 900 for doc in lines)
+    # The Spark settings reached the session: the driver JVM's heap and the SQL setting as Spark took them.
+    facts = lines[0]["spark"]
+    assert facts["conf"]["spark.sql.shuffle.partitions"] == "3" and facts["conf"]["spark.driver.memory"] == "600m"
+    assert 400 << 20 < facts["driver_max_heap_bytes"] <= 600 << 20
     rerun = export_backlog(spark_session, killed, source, max_offsets=5000, range_offsets=1000)
     first = rerun[0].plan.active()
     assert next(g.start for g in first if g.group == "kv") == through + 1
     assert _table_offsets(killed, "kv") == kv + more and _table_offsets(killed, "metadata") == meta
+
+
+def test_progress_names_the_member_serving_each_range() -> None:
+    from spark.export import serving_members
+    from spark.plan import ExportPlan
+    from spark.sources import ClusterSource
+
+    source = ClusterSource(("a:1",), readers=("n1:1", "n2:1", "n3:1"))
+    plan = ExportPlan.make({}, {"kv": (0, 449), "metadata": (0, 99)}, range_offsets=100)
+    members = serving_members(source, plan)
+    assert [(r.group, r.lo) for r in plan.ranges()] == [("kv", 0), ("kv", 100), ("kv", 200), ("kv", 300),
+                                                        ("kv", 400), ("metadata", 0)]
+    assert members == ["n1:1", "n2:1", "n3:1", "n1:1", "n2:1", "n3:1"]   # range i from member i mod n
+    assert serving_members(OfflineSource(), plan) == [""] * 6
 
 
 def _committed_events(client: Any, group: str) -> list[int]:
