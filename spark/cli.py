@@ -516,29 +516,65 @@ def table_info(table: str, storage_options: tuple[str, ...], target_file_mb: int
 
 @table_group.command("optimize")
 @_table_option
-@click.option("--target-file-mb", type=click.IntRange(min=1), default=128, show_default=True,
-              help="Approximate size of the compacted files.")
+@click.option("--cluster/--no-cluster", default=True, show_default=True,
+              help="Rewrite each partition's files ordered by key (Z-order), so audit questions about a key or a "
+                   "prefix read a fraction of the files; --no-cluster only compacts small files.")
+@click.option("--target-file-mb", type=click.IntRange(min=1), default=None,
+              help="Approximate size of the written files (in memory; on disk they are about half) "
+                   "[default: 16 with --cluster, 128 without].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def table_optimize(table: str, storage_options: tuple[str, ...], target_file_mb: int, as_json: bool) -> None:
-    """Rewrite each date partition's small files into larger ones: ONE Delta commit, dataChange=false
-    (rows, audit answers and export watermarks unchanged; older versions keep their files until vacuum)."""
+def table_optimize(table: str, storage_options: tuple[str, ...], cluster: bool, target_file_mb: int | None,
+                   as_json: bool) -> None:
+    """Compact small files, or cluster them by key: ONE Delta commit, dataChange=false (rows, audit answers and
+    export watermarks unchanged; older versions keep their files until vacuum)."""
     from dataclasses import asdict
 
-    from spark.maintenance import optimize_table, table_files
+    from spark.maintenance import (
+        DEFAULT_CLUSTER_FILE_BYTES,
+        DEFAULT_TARGET_FILE_BYTES,
+        optimize_table,
+        table_files,
+    )
 
+    target = (target_file_mb << 20) if target_file_mb else (DEFAULT_CLUSTER_FILE_BYTES if cluster
+                                                           else DEFAULT_TARGET_FILE_BYTES)
     table = _location(table, storage_options)
     if not as_json:
-        before = table_files(table, target_file_mb << 20)
-        click.echo(f"optimizing {table}: {before.files} files ({before.small_files} small) in "
-                   f"{len(before.partitions)} partitions...", err=True)
-    result = optimize_table(table, target_file_bytes=target_file_mb << 20)
+        before = table_files(table, target)
+        click.echo(f"{'clustering' if cluster else 'optimizing'} {table}: {before.files} files "
+                   f"({before.small_files} small) in {len(before.partitions)} partitions...", err=True)
+    result = optimize_table(table, target_file_bytes=target, cluster=cluster)
     if result.table_version == result.table_version_before:
         text = f"nothing to compact in {table} (version {result.table_version})"
     else:
-        text = (f"compacted {result.files_removed} files into {result.files_added} in {result.partitions_optimized} "
-                f"partitions ({result.bytes_before:,} -> {result.bytes_after:,} bytes) in {result.seconds:.1f} s: "
-                f"table version {result.table_version}")
+        text = (f"{'clustered' if cluster else 'compacted'} {result.files_removed} files into {result.files_added} "
+                f"in {result.partitions_optimized} partitions ({result.bytes_before:,} -> {result.bytes_after:,} "
+                f"bytes) in {result.seconds:.1f} s: table version {result.table_version}")
     _emit(as_json, asdict(result), text)
+
+
+@table_group.command("checkpoint")
+@_table_option
+@click.option("--every", type=click.IntRange(min=1), default=1_000_000, show_default=True,
+              help="Make the state checkpoints at every multiple of this offset, per group, up to its watermark.")
+@_master_option
+@_spark_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def table_checkpoint(table: str, storage_options: tuple[str, ...], every: int, master: str,
+                     spark_conf: tuple[str, ...], driver_memory: str | None, executor_memory: str | None,
+                     as_json: bool) -> None:
+    """State checkpoints (the state of every key of a group at an offset, in the side table
+    <table>/_epochlog/state), so that `audit state --offset N` replays only from the nearest one."""
+    from spark.checkpoints import make_checkpoints
+
+    location = _location(table, storage_options)
+    session = _LazySession(master, _spark_conf(spark_conf, driver_memory, executor_memory))
+    try:
+        made = make_checkpoints(session(), location, every)
+    finally:
+        session.stop()
+    _emit(as_json, {"table": str(location), "checkpoints": [{"group": g, "offset": o, "keys": n} for g, o, n in made]},
+          f"{len(made)} state checkpoints made in {location}" + "".join(f"\n  {g} at {o}: {n} keys" for g, o, n in made))
 
 
 @table_group.command("vacuum")

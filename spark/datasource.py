@@ -317,12 +317,14 @@ class FilePartition(InputPartition):
 
 
 class TableFilesReader(DataSourceReader):
-    """Parquet files of an events table version read with pyarrow's filesystems (no Hadoop jars), the
-    partition column taken from each file's directory name."""
+    """Parquet files of an events table version (or of its state checkpoints: option `schema` =
+    `state`) read with pyarrow's filesystems (no Hadoop jars), the partition column taken from each
+    file's directory name; a column a file lacks (written before it existed) reads as null."""
 
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: Any) -> None:
         self.loc = TableLocation.from_spark_options(options)
         self.files: list[str] = msgspec.json.decode(options["files"])
+        self.state = options.get("schema", "events") == "state"
 
     def partitions(self) -> list[InputPartition]:
         return [FilePartition(f) for f in self.files]
@@ -330,14 +332,23 @@ class TableFilesReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         import pyarrow.parquet as pq
 
+        from spark.checkpoints import STATE_SCHEMA
+
         assert isinstance(partition, FilePartition)
+        stored, out = (STATE_SCHEMA, STATE_SCHEMA) if self.state else (FILE_SCHEMA, ROW_SCHEMA)
         day = next((part.split("=", 1)[1] for part in partition.path.split("/")
                     if part.startswith(PARTITION_COLUMN + "=")), None)
         fs, _ = self.loc.filesystem()
         with fs.open_input_file(self.loc.path(partition.path)) as f:
-            for batch in pq.ParquetFile(f).iter_batches(batch_size=64 * 1024, columns=FILE_SCHEMA.names):
-                days = pa.array([day] * batch.num_rows, pa.string())
-                yield pa.RecordBatch.from_arrays([*batch.columns, days], schema=ROW_SCHEMA)
+            parquet = pq.ParquetFile(f)
+            present = [n for n in stored.names if n in parquet.schema_arrow.names]
+            for batch in parquet.iter_batches(batch_size=64 * 1024, columns=present):
+                n = batch.num_rows
+                columns = [batch.column(name).cast(stored.field(name).type) if name in present
+                           else pa.nulls(n, stored.field(name).type) for name in stored.names]
+                if not self.state:
+                    columns.append(pa.array([day] * n, pa.string()))
+                yield pa.RecordBatch.from_arrays(columns, schema=out)
 
 
 class TableFilesSource(DataSource):
@@ -348,7 +359,9 @@ class TableFilesSource(DataSource):
         return FILES_NAME
 
     def schema(self) -> str:
-        return SPARK_DDL
+        from spark.checkpoints import STATE_DDL
+
+        return STATE_DDL if self.options.get("schema", "events") == "state" else SPARK_DDL
 
     def reader(self, schema: Any) -> DataSourceReader:
-        return TableFilesReader(dict(self.options))
+        return TableFilesReader(self.options)

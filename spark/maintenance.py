@@ -13,6 +13,13 @@ every reader pays per file. Two operations keep it lean:
   leaves alone, so the next export run continues exactly where the last one ended. Versions before
   the optimize still read their own files (time travel) until a vacuum deletes them. A run killed
   in the middle leaves its new files unreferenced (invisible) and the table at its previous version.
+- **Clustering** (`optimize_table(cluster=True)`, delta-rs `DeltaTable.optimize.z_order(["key"])`;
+  `epochlog table optimize` does it by default): every file of each date partition is rewritten with
+  its rows ordered by key (a Z-order over one column is a sort), in files of about the target size,
+  in one OPTIMIZE commit with `dataChange=false` like a compaction. Each file then holds a slice of the
+  key space, so `audit history KEY` and `audit state --prefix P` read the few files whose key
+  statistics may hold the key (spark.pruning) instead of every file. It rewrites every partition each
+  time (delta-rs has no incremental Z-order), so run it after large exports rather than after each.
 - **Vacuum** (`vacuum_table`, delta-rs `DeltaTable.vacuum(full=True)`): deletes the files no version
   within the retention needs: files removed (by an optimize) more than `retain_hours` ago, and files
   no commit ever referenced (left by a killed export or optimize run) older than `retain_hours`. A
@@ -33,10 +40,12 @@ from typing import Any
 
 from spark.errors import MaintenanceError
 from spark.storage import TableLocation
-from spark.table import APP_ID_PREFIX, PARTITION_COLUMN, Root, is_table, open_table
+from spark.table import APP_ID_PREFIX, PARTITION_COLUMN, Root, is_table, logged_groups, open_table
 
 MIB = 1 << 20
 DEFAULT_TARGET_FILE_BYTES = 128 * MIB
+DEFAULT_CLUSTER_FILE_BYTES = 16 * MIB   # delta-rs's target counts rows in memory: files of about 5-8 MiB on disk
+CLUSTER_COLUMN = "key"
 DEFAULT_RETAIN_HOURS = 168            # Delta's default delta.deletedFileRetentionDuration (1 week)
 COMMIT_ATTEMPTS = 5
 _INTERVAL = re.compile(r"^\s*interval\s+(\d+)\s+(second|minute|hour|day|week)s?\s*$", re.IGNORECASE)
@@ -93,27 +102,11 @@ def _table(root: Root) -> Any:
 def watermarks(dt: Any) -> dict[str, int]:
     """group -> app transaction version (`exporter/<group>`), read from the table's transactions."""
     out: dict[str, int] = {}
-    for group in _exported_groups(dt):
+    for group in logged_groups(dt):
         version = dt.transaction_version(APP_ID_PREFIX + group)
         if version is not None:
             out[group] = int(version)
     return out
-
-
-def _exported_groups(dt: Any, commits: int = 1000) -> list[str]:
-    """The groups exported by the table's last `commits` commits (from the export runs' custom
-    metadata: delta-rs lists no app transactions)."""
-    import json
-
-    groups: set[str] = set()
-    for entry in dt.history(limit=commits):
-        spans = entry.get("epochlog.export")
-        if spans:
-            try:
-                groups |= set(json.loads(spans))
-            except ValueError:
-                continue
-    return sorted(groups)
 
 
 def table_files(root: Root, target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES) -> TableFiles:
@@ -139,8 +132,9 @@ def table_files(root: Root, target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES) 
 
 
 def optimize_table(root: Root, *, target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
-                   max_concurrent_tasks: int | None = None) -> OptimizeResult:
-    """Compact each date partition's small files in one Delta commit (see the module docstring)."""
+                   max_concurrent_tasks: int | None = None, cluster: bool = False) -> OptimizeResult:
+    """Compact each date partition's small files in one Delta commit, or with `cluster`, rewrite every
+    partition's files ordered by key (see the module docstring)."""
     from deltalake import CommitProperties
     from deltalake.exceptions import CommitFailedError
 
@@ -152,9 +146,14 @@ def optimize_table(root: Root, *, target_file_bytes: int = DEFAULT_TARGET_FILE_B
     for attempt in range(COMMIT_ATTEMPTS):
         dt = _table(root)
         try:
-            metrics = dt.optimize.compact(
-                target_size=target_file_bytes, max_concurrent_tasks=max_concurrent_tasks,
-                commit_properties=CommitProperties(custom_metadata={"epochlog.maintenance": "optimize"}))
+            if cluster:
+                metrics = dt.optimize.z_order(
+                    [CLUSTER_COLUMN], target_size=target_file_bytes, max_concurrent_tasks=max_concurrent_tasks,
+                    commit_properties=CommitProperties(custom_metadata={"epochlog.maintenance": "cluster"}))
+            else:
+                metrics = dt.optimize.compact(
+                    target_size=target_file_bytes, max_concurrent_tasks=max_concurrent_tasks,
+                    commit_properties=CommitProperties(custom_metadata={"epochlog.maintenance": "optimize"}))
             break
         except CommitFailedError:
             # A concurrent commit that conflicts (an export appends without conflict): compact again.

@@ -14,8 +14,16 @@ One row per committed event of every group:
     payload         string     the event as JSON (bytes in base64)
     applied         boolean    whether applying it changed the views (false: rejected, or a retry of
                                an earlier request); null when the source could not tell
+    value           binary     typed payload fields, null where the event has none: a kv put's value
+    lease           int64        (a ConfigChanged's value as UTF-8), the lease a put or session is
+    expected_version int64       attached to or a lease event's id, a compare-and-set's expected
+    broker_name     string       version, a broker event's broker name, and its epoch (broker epoch,
+    epoch           int64        or a group's master epoch)
     date            string     partition column: the UTC day of `timestamp`, YYYY-MM-DD (ASCII, so
                                every reader parses the directory names alike)
+
+The typed columns came after the first tables: `open_or_create` adds them (nullable; a metadata-only
+commit) to a table that lacks them, so its older rows read them as null.
 
 Table properties: `delta.appendOnly=true`. Exactly once: per group an app transaction
 `exporter/<group>` whose version is the highest offset exported (every event of the group at or
@@ -31,10 +39,12 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import unquote
 
 import pyarrow as pa
 
 from spark.errors import AuditError, ExportError
+from spark.pruning import FileStats, file_stats
 from spark.storage import TableLocation
 
 Root = str | Path | TableLocation
@@ -56,8 +66,16 @@ FILE_SCHEMA = pa.schema([
     pa.field("schema_version", pa.int32(), nullable=False),
     pa.field("payload", pa.string(), nullable=False),
     pa.field("applied", pa.bool_(), nullable=True),
+    pa.field("value", pa.binary(), nullable=True),
+    pa.field("lease", pa.int64(), nullable=True),
+    pa.field("expected_version", pa.int64(), nullable=True),
+    pa.field("broker_name", pa.string(), nullable=True),
+    pa.field("epoch", pa.int64(), nullable=True),
 ])
 """Columns stored in the Parquet files (the partition column lives in the directory names)."""
+
+TYPED_COLUMNS = ("value", "lease", "expected_version", "broker_name", "epoch")
+BASE_COLUMNS = tuple(n for n in FILE_SCHEMA.names if n not in TYPED_COLUMNS)
 
 TABLE_SCHEMA = FILE_SCHEMA.append(pa.field(PARTITION_COLUMN, pa.string(), nullable=False))
 
@@ -66,7 +84,8 @@ ROW_SCHEMA = pa.schema([f.with_nullable(True) for f in TABLE_SCHEMA])
 
 SPARK_DDL = ("`offset` BIGINT, `group` STRING, `term` BIGINT, `timestamp` TIMESTAMP, `event_type` STRING, "
              "`key` STRING, `actor` STRING, `request_id` STRING, `schema_version` INT, `payload` STRING, "
-             "`applied` BOOLEAN, `date` STRING")
+             "`applied` BOOLEAN, `value` BINARY, `lease` BIGINT, `expected_version` BIGINT, `broker_name` STRING, "
+             "`epoch` BIGINT, `date` STRING")
 """The table's schema for Spark readers (spark.read.schema(SPARK_DDL))."""
 
 
@@ -114,12 +133,25 @@ def open_or_create(root: Root) -> object:
         DeltaTable.create(loc.uri, TABLE_SCHEMA, mode="ignore", partition_by=[PARTITION_COLUMN],
                           name=TABLE_NAME, description="Epochlog committed events, one row per event",
                           configuration=TABLE_CONFIGURATION, storage_options=loc.delta_options())
-    return open_table(loc)
+    dt = open_table(loc)
+    missing = [n for n in TYPED_COLUMNS if n not in {f.name for f in dt.schema().fields}]  # type: ignore[attr-defined]
+    if missing:
+        from deltalake import Field
+        from deltalake.exceptions import CommitFailedError
+
+        fields = [Field.from_arrow(FILE_SCHEMA.field(n)) for n in missing]
+        try:
+            dt.alter.add_columns(fields)  # type: ignore[attr-defined]
+        except CommitFailedError:
+            pass   # another exporter added them meanwhile: checked below
+        dt = open_table(loc)
+        assert all(n in {f.name for f in dt.schema().fields} for n in missing), "typed columns not added"  # type: ignore[attr-defined]
+    return dt
 
 
 def _check_schema(dt: object, root: Root) -> None:
     names = {f.name for f in dt.schema().fields}  # type: ignore[attr-defined]
-    missing = [n for n in TABLE_SCHEMA.names if n not in names]
+    missing = [n for n in (*BASE_COLUMNS, PARTITION_COLUMN) if n not in names]
     if missing:
         raise ExportError(f"{root} is a Delta table but not an Epochlog events table (no column "
                           f"{', '.join(missing)})")
@@ -152,6 +184,8 @@ class Snapshot:
     committed_ms: int
     files: list[str]
     location: TableLocation | None = None
+    stats: tuple[FileStats, ...] = ()        # per file, in `files` order (spark.pruning)
+    watermarks: dict[str, int] | None = None  # group -> exported through, at this version
 
 
 def parse_time(text: str) -> datetime:
@@ -216,7 +250,27 @@ def resolve(root: Root, *, version: int | None = None, as_of: str | datetime | N
     else:
         dt = latest
     ts = dict(history).get(dt.version(), 0)
-    return Snapshot(loc.uri, dt.version(), ts, list(dt.file_uris()), loc)
+    actions = dt.get_add_actions(flatten=True)  # type: ignore[attr-defined]
+    actions = actions if isinstance(actions, pa.Table) else pa.table(actions)
+    stats = tuple(file_stats(actions, lambda path: loc.file_uri(unquote(path))))
+    marks = {g: v for g in logged_groups(dt) if (v := dt.transaction_version(app_id(g))) is not None}  # type: ignore[attr-defined]
+    return Snapshot(loc.uri, dt.version(), ts, [s.uri for s in stats], loc, stats, marks)
+
+
+def logged_groups(dt: object, commits: int = 1000) -> list[str]:
+    """The groups exported by the table's last `commits` commits (their custom metadata: delta-rs
+    lists no app transactions)."""
+    import json
+
+    groups: set[str] = set()
+    for entry in dt.history(limit=commits):  # type: ignore[attr-defined]
+        spans = entry.get("epochlog.export")
+        if spans:
+            try:
+                groups |= set(json.loads(spans))
+            except ValueError:
+                continue
+    return sorted(groups)
 
 
 def _iso(ms: int) -> str:
