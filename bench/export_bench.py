@@ -53,14 +53,27 @@ def load(endpoints: list[str], events: int, keys: int) -> float:
     errors: list[BaseException] = []
 
     def writer(w: int) -> None:
+        from epochlog.client import ClientError
+
         try:
             with Client(endpoints, timeout=30, name=f"bench-{w}") as client:
                 done = 0
                 while done < per and w * per + done < events:
                     n = min(BATCH, per - done, events - w * per - done)
                     base = w * per + done
-                    client.commands([ev.KvPut(name=f"k/{(base + i) * 7919 % keys:08d}", value=b"%08d" % (base + i) + pad)
-                                     for i in range(n)])
+                    batch = [ev.KvPut(name=f"k/{(base + i) * 7919 % keys:08d}", value=b"%08d" % (base + i) + pad,
+                                      request_id=f"b{base + i}") for i in range(n)]
+                    for attempt in range(10):
+                        try:
+                            client.commands(batch)
+                            break
+                        except ClientError as exc:
+                            # A leader change on the loaded machine: the same request ids again (the
+                            # node answers a retry of a committed request without applying it twice,
+                            # but the retry is a record too: the export counts rows, not N).
+                            if not getattr(exc, "retriable", False) or attempt == 9:
+                                raise
+                            time.sleep(0.5)
                     done += n
         except BaseException as exc:  # noqa: BLE001 - re-raised below
             errors.append(exc)
@@ -82,7 +95,10 @@ def live(spark: Any, base: Path, n: int, keys: int, s3: Any) -> dict[str, Any]:
     from spark.storage import TableLocation
     from tests.node.cluster import NodeCluster
 
-    cluster = NodeCluster(base / f"cluster-{n}", size=3, seed=n, log={"segment_bytes": 64 << 20})
+    # Election timeouts of 2-4 s (40 ticks of 50 ms): on this shared, loaded machine the default 0.5-1 s
+    # elects new leaders during the load for no other reason than scheduling delays.
+    cluster = NodeCluster(base / f"cluster-{n}", size=3, seed=n, log={"segment_bytes": 64 << 20},
+                          raft={"election_timeout_ticks": 40})
     try:
         cluster.start()
         cluster.leader("kv")
@@ -96,9 +112,9 @@ def live(spark: Any, base: Path, n: int, keys: int, s3: Any) -> dict[str, Any]:
             t = time.perf_counter()
             result = export_once(spark, loc, source, range_offsets=RANGE_OFFSETS)
             seconds = time.perf_counter() - t
-            assert result.rows == n, (result.rows, n)
-            out[name], out[f"{name}_other"] = seconds, other
-            log(f"  export to {name}: {seconds:.1f} s, {n / seconds:,.0f} events/s "
+            assert result.rows >= n, (result.rows, n)
+            out[name], out[f"{name}_other"], out["rows"] = seconds, other, result.rows
+            log(f"  export to {name}: {result.rows:,} rows in {seconds:.1f} s, {result.rows / seconds:,.0f} events/s "
                 f"({len(result.plan.ranges())} ranges over 3 members; other processes {other:.2f} cores)")
         shutil.rmtree(base / f"live-{n}", ignore_errors=True)
         return out
@@ -222,9 +238,10 @@ def main(argv: list[str] | None = None) -> int:
           "| events | load through the SDK | export to a local table | export to S3 (moto) |", "|---|---|---|---|"]
     for r in lives:
         n = r["n"]
-        md.append(f"| {n:,} | {n / r['load']:,.0f}/s ({r['load']:.0f} s) | {n / r['local']:,.0f}/s ({r['local']:.1f} s; "
-                  f"other {r['local_other']:.2f} cores) | {n / r['s3']:,.0f}/s ({r['s3']:.1f} s; other "
-                  f"{r['s3_other']:.2f} cores) |")
+        rows = r["rows"]
+        md.append(f"| {n:,} ({rows:,} rows) | {n / r['load']:,.0f}/s ({r['load']:.0f} s) | {rows / r['local']:,.0f}/s "
+                  f"({r['local']:.1f} s; other {r['local_other']:.2f} cores) | {rows / r['s3']:,.0f}/s ({r['s3']:.1f} s; "
+                  f"other {r['s3_other']:.2f} cores) |")
     md += ["", ("Audit on a table of N offline-generated events (one day partition), warm session: seconds of the "
                 "first question / median of the next 3, and files read of the table's files. `state` is at 95 % of "
                 "the log with a 1 % key prefix."), "",
