@@ -97,8 +97,11 @@ def live(spark: Any, base: Path, n: int, keys: int, s3: Any) -> dict[str, Any]:
 
     # Election timeouts of 2-4 s (40 ticks of 50 ms): on this shared, loaded machine the default 0.5-1 s
     # elects new leaders during the load for no other reason than scheduling delays.
+    # Retention above N and kv truncated rather than key-compacted: the export is the table's first, and a
+    # deployment's first export registers its watermark only after it (kv is key-compacted by default).
     cluster = NodeCluster(base / f"cluster-{n}", size=3, seed=n, log={"segment_bytes": 64 << 20},
-                          raft={"election_timeout_ticks": 40})
+                          raft={"election_timeout_ticks": 40},
+                          compaction={"retain_offsets": 2 * n, "compact_groups": ["metadata"]})
     try:
         cluster.start()
         cluster.leader("kv")
