@@ -20,8 +20,8 @@ state query over the checkpoint's rows plus the events in (C, N], with lease end
 
 A checkpoint is valid for every table version whose watermark of its group is at or above C: the
 events at or below a watermark never change (the table is append-only; optimize rewrites files,
-never rows). Checkpoints are made by `epochlog table checkpoint --every N` (or the export's
-`--state-checkpoint-every N`), each from the previous one.
+never rows). Checkpoints are made by `epochlog table checkpoint --every N` (run it periodically, e.g.
+after exports), each from the previous one.
 """
 
 from __future__ import annotations
