@@ -1,37 +1,32 @@
-"""Benchmark of the Delta export and the audit (spark/): Spark vs a plain pyarrow + delta-rs writer.
+"""Benchmark of the Delta export and the audit (spark/): a live 3-node cluster, local and S3 tables.
 
-    python -m bench.export_bench [--events 1000000,10000000] [--master local[2]] [--dir DIR]
-                                 [--keys K] [--no-results]
+    python -m bench.export_bench [--live 1000000,10000000] [--audit 10000000] [--master local[2]]
+                                 [--keys K] [--dir DIR] [--no-results]
 
-For each size N (default 1M and 10M):
+1. live      for each N of --live: a real 3-node cluster (`epochlog serve` processes on 127.0.0.1,
+             tests.node.cluster), loaded with N kv puts (64-byte values over K keys) through the SDK
+             in 1,000-event commands from 4 threads; then `export_once` (what `epochlog export`
+             runs: ranges spread over the three members, read through the SDK) into a fresh local
+             table and into a fresh table on an S3-compatible server on 127.0.0.1 (moto's server
+             mode, tests/spark/s3_server.py), each on a warm SparkSession. Reported: events/s.
+2. audit     N events generated offline into segment files (spark.synthetic) and exported; then
+             `history KEY` and `state --offset M --prefix P` (1% of the keys) at the table as
+             exported, after `table optimize` clusters it by key, and after state checkpoints
+             (every N/4 offsets): seconds (first and median of the next 3, warm session) and the
+             files each question read.
 
-1. generate   N kv events (puts of 64-byte values over K keys, 5% deletes, actor and request id)
-              written straight into a segmented log with eventlog.log.Log (spark.synthetic): the
-              layout of a stopped node's group directory, read by `epochlog export --offline`.
-              No cluster is involved: the figures are the export's, not the cluster's.
-2. spark      `export_once` (what `epochlog export --offline` runs) into a fresh table, on a
-              warm SparkSession (started and warmed on a small export first; its start-up time is
-              reported separately): plan, Spark reads the ranges (250k offsets each) and writes
-              Parquet on the executors, one Delta commit.
-3. plain      the same rows without Spark: the same reader, `to_batch` and `DayFiles` and the same
-              one-commit `commit_run`, in this process (1 core), and in 2 processes (a
-              ProcessPoolExecutor over the ranges, then one commit): the ratio Spark / plain says
-              what Spark costs or gains here.
-4. audit      `Audit.state` at an offset in the middle of the log, for a 1% key prefix and for
-              every key (rows collected in the driver), and `Audit.history` of one key: the first
-              (cold) query and the median of 3 warm ones, on the Spark table of step 2.
-
-The machine is shared (2 cores): the run waits (bounded) for other processes to go quiet first and
-reports their load. Results: stdout and the `export` section of bench/RESULTS.md.
+The machine is shared (2 cores): the run reports the load of other processes at the start.
+Results: stdout and the `export` section of bench/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
+import os
 import shutil
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -40,78 +35,95 @@ import bench.results as bench_results
 from bench.log_bench import wait_quiet
 
 RANGE_OFFSETS = 250_000
+BATCH = 1000
+WRITERS = 4
 
 
 def log(msg: str) -> None:
     print(msg, flush=True)
 
 
-def generate(directory: Path, events: int, keys: int) -> tuple[float, int]:
-    from spark.synthetic import write_group
+def load(endpoints: list[str], events: int, keys: int) -> float:
+    """Write `events` kv puts through the SDK; seconds taken."""
+    from epochlog.client import Client
+    from statemachines import events as ev
 
-    shutil.rmtree(directory, ignore_errors=True)
+    pad = b"x" * 56
+    per = -(-events // WRITERS)
+    errors: list[BaseException] = []
+
+    def writer(w: int) -> None:
+        from epochlog.client import ClientError
+
+        try:
+            with Client(endpoints, timeout=30, name=f"bench-{w}") as client:
+                done = 0
+                while done < per and w * per + done < events:
+                    n = min(BATCH, per - done, events - w * per - done)
+                    base = w * per + done
+                    batch = [ev.KvPut(name=f"k/{(base + i) * 7919 % keys:08d}", value=b"%08d" % (base + i) + pad,
+                                      request_id=f"b{base + i}") for i in range(n)]
+                    for attempt in range(10):
+                        try:
+                            client.commands(batch)
+                            break
+                        except ClientError as exc:
+                            # A leader change on the loaded machine: the same request ids again (the
+                            # node answers a retry of a committed request without applying it twice,
+                            # but the retry is a record too: the export counts rows, not N).
+                            if not getattr(exc, "retriable", False) or attempt == 9:
+                                raise
+                            time.sleep(0.5)
+                    done += n
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
     started = time.perf_counter()
-    write_group(directory, "kv", events, batch_records=1000, keys=keys, seed=1)
-    seconds = time.perf_counter() - started
-    return seconds, _log_bytes(directory / "groups" / "kv" / "log")
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(WRITERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - started
 
 
-def _log_bytes(log_dir: Path) -> int:
-    """Bytes of batches in the log (the active segment is preallocated: count up to its data's end)."""
-    import mmap
-
-    from eventlog.scan import data_extent
-
-    files = sorted(log_dir.glob("*.log"))
-    total = sum(f.stat().st_size for f in files[:-1])
-    if files:
-        with open(files[-1], "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            total += data_extent(mm, len(mm))
-    return total
-
-
-def spark_export(spark: Any, source: Any, table: Path) -> tuple[float, int, int]:
+def live(spark: Any, base: Path, n: int, keys: int, s3: Any) -> dict[str, Any]:
     from spark.export import export_once
+    from spark.sources import ClusterSource
+    from spark.storage import TableLocation
+    from tests.node.cluster import NodeCluster
 
-    shutil.rmtree(table, ignore_errors=True)
-    started = time.perf_counter()
-    result = export_once(spark, table, source, range_offsets=RANGE_OFFSETS)
-    return time.perf_counter() - started, result.rows, len(result.plan.ranges())
-
-
-def _write_range(args: tuple[str, str, int, int]) -> list[Any]:
-    """One range, plain: read, rows, Parquet files (in a worker process or in this one)."""
-    from spark.commit import DayFiles
-    from spark.records import to_batch
-    from spark.sources import OfflineGroup, OfflineSource
-
-    group_dir, root, lo, hi = args
-    source = OfflineSource((OfflineGroup("kv", group_dir),))
-    out = DayFiles(root)
-    for chunk in source.read("kv", lo, hi):
-        out.write(to_batch("kv", chunk))
-    return out.close()
-
-
-def plain_export(source: Any, table: Path, processes: int) -> tuple[float, int]:
-    from spark.commit import commit_run
-    from spark.plan import ExportPlan
-    from spark.table import exported_through, open_or_create
-
-    shutil.rmtree(table, ignore_errors=True)
-    started = time.perf_counter()
-    dt = open_or_create(table)
-    plan = ExportPlan.make(exported_through(dt, ["kv"]), source.bounds(), range_offsets=RANGE_OFFSETS)
-    jobs = [(source.group("kv").directory, str(table), r.lo, r.hi) for r in plan.ranges()]
-    if processes == 1:
-        files = [f for job in jobs for f in _write_range(job)]
-    else:
-        import multiprocessing
-
-        with concurrent.futures.ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
-            files = [f for part in pool.map(_write_range, jobs) for f in part]
-    commit_run(table, files, plan)
-    return time.perf_counter() - started, sum(f.rows for f in files)
+    # Election timeouts of 2-4 s (40 ticks of 50 ms): on this shared, loaded machine the default 0.5-1 s
+    # elects new leaders during the load for no other reason than scheduling delays.
+    # Retention above N and kv truncated rather than key-compacted: the export is the table's first, and a
+    # deployment's first export registers its watermark only after it (kv is key-compacted by default).
+    cluster = NodeCluster(base / f"cluster-{n}", size=3, seed=n, log={"segment_bytes": 64 << 20},
+                          raft={"election_timeout_ticks": 40},
+                          compaction={"retain_offsets": 2 * n, "compact_groups": ["metadata"]})
+    try:
+        cluster.start()
+        cluster.leader("kv")
+        load_s = load(cluster.endpoints, n, keys)
+        log(f"{n:,} events: loaded into the cluster in {load_s:.1f} s ({n / load_s:,.0f}/s)")
+        source = ClusterSource(tuple(cluster.endpoints), 30.0, ("kv",))
+        out: dict[str, Any] = {"n": n, "load": load_s}
+        for name, loc in (("local", TableLocation.parse(base / f"live-{n}")),
+                          ("s3", TableLocation.parse(f"s3://bench/live-{n}", environ=s3.env))):
+            other = wait_quiet(30, log)
+            t = time.perf_counter()
+            result = export_once(spark, loc, source, range_offsets=RANGE_OFFSETS)
+            seconds = time.perf_counter() - t
+            assert result.rows >= n, (result.rows, n)
+            out[name], out[f"{name}_other"], out["rows"] = seconds, other, result.rows
+            log(f"  export to {name}: {result.rows:,} rows in {seconds:.1f} s, {result.rows / seconds:,.0f} events/s "
+                f"({len(result.plan.ranges())} ranges over 3 members; other processes {other:.2f} cores)")
+        shutil.rmtree(base / f"live-{n}", ignore_errors=True)
+        return out
+    finally:
+        cluster.close()
+        shutil.rmtree(base / f"cluster-{n}", ignore_errors=True)
 
 
 def timed(fn: Any, repeat: int = 3) -> tuple[float, float, Any]:
@@ -127,103 +139,123 @@ def timed(fn: Any, repeat: int = 3) -> tuple[float, float, Any]:
     return first, statistics.median(runs), result
 
 
-def audit(spark: Any, table: Path, last_offset: int, keys: int) -> dict[str, Any]:
+def questions(spark: Any, table: Path, point: int, keys: int) -> dict[str, Any]:
     from spark.audit import Audit, Point
     from spark.table import resolve
 
     a = Audit(spark, resolve(table))
-    mid = Point(group="kv", offset=last_offset // 2)
     prefix = "kv/k/" + "0" * (8 - len(str(max(1, keys // 100) - 1)))   # about 1% of the keys
-    out: dict[str, Any] = {}
-    out["prefix_first"], out["prefix_median"], rows = timed(lambda: a.state(mid, prefix))
-    out["prefix_rows"] = len(rows)
-    out["all_first"], out["all_median"], rows = timed(lambda: a.state(mid, "kv/"), repeat=1)
-    out["all_rows"] = len(rows)
-    out["history_first"], out["history_median"], rows = timed(lambda: a.history("kv/k/00000001"))
-    out["history_rows"] = len(rows)
+    out: dict[str, Any] = {"files": len(a.snapshot.files)}
+    out["h_first"], out["h_median"], rows = timed(lambda: a.history("kv/k/00000001"))
+    out["h_rows"], out["h_files"] = len(rows), a.files_read
+    out["s_first"], out["s_median"], rows = timed(lambda: a.state(Point(group="kv", offset=point), prefix))
+    out["s_rows"], out["s_files"], out["s_checkpoint"] = len(rows), a.files_read, a.checkpoint_used
+    return out
+
+
+def audit(spark: Any, base: Path, n: int, keys: int) -> dict[str, Any]:
+    from spark.checkpoints import make_checkpoints
+    from spark.export import export_once
+    from spark.maintenance import optimize_table
+    from spark.sources import OfflineSource
+    from spark.storage import TableLocation
+    from spark.synthetic import write_group
+
+    data, table = base / f"data-{n}", base / f"audit-{n}"
+    shutil.rmtree(data, ignore_errors=True)
+    shutil.rmtree(table, ignore_errors=True)
+    write_group(data, "kv", n, batch_records=1000, keys=keys, seed=1)
+    source = OfflineSource.discover(data)
+    export_once(spark, table, source, range_offsets=RANGE_OFFSETS)
+    point = int(source.bounds()["kv"][1] * 0.95)
+    out: dict[str, Any] = {"n": n}
+    out["as_exported"] = questions(spark, table, point, keys)
+    log(f"  audit as exported: {out['as_exported']}")
+    t = time.perf_counter()
+    optimize_table(table, cluster=True)
+    out["cluster_s"] = time.perf_counter() - t
+    out["clustered"] = questions(spark, table, point, keys)
+    log(f"  clustered in {out['cluster_s']:.1f} s: {out['clustered']}")
+    t = time.perf_counter()
+    made = make_checkpoints(spark, TableLocation.parse(table), max(1, n // 4))
+    out["checkpoint_s"], out["checkpoints"] = time.perf_counter() - t, len(made)
+    out["checkpointed"] = questions(spark, table, point, keys)
+    log(f"  {len(made)} checkpoints in {out['checkpoint_s']:.1f} s: {out['checkpointed']}")
+    shutil.rmtree(data, ignore_errors=True)
+    shutil.rmtree(table, ignore_errors=True)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--events", default="1000000,10000000", help="Sizes, comma-separated.")
+    parser.add_argument("--live", default="1000000,10000000", help="Live-cluster export sizes, comma-separated.")
+    parser.add_argument("--audit", default="10000000", help="Audit table sizes, comma-separated.")
     parser.add_argument("--keys", type=int, default=100_000, help="Distinct kv keys.")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--dir", type=Path, default=Path("bench/out/export"))
     parser.add_argument("--no-results", action="store_true")
     args = parser.parse_args(argv)
-    sizes = [int(s) for s in args.events.split(",") if s.strip()]
+    live_sizes = [int(s) for s in args.live.split(",") if s.strip()]
+    audit_sizes = [int(s) for s in args.audit.split(",") if s.strip()]
     base = args.dir.resolve()
     base.mkdir(parents=True, exist_ok=True)
+    load_avg = os.getloadavg()
     other = wait_quiet(60, log)
-    log(f"other processes used {other:.2f} cores at the start")
+    log(f"load average {load_avg[0]:.1f}/{load_avg[1]:.1f}/{load_avg[2]:.1f}; other processes used {other:.2f} "
+        f"cores at the start")
 
     from spark.session import get_session
-    from spark.sources import OfflineSource
-    from spark.synthetic import write_group
+    from tests.spark.s3_server import S3Server
 
     t = time.perf_counter()
     spark = get_session(args.master, "epochlog-export-bench")
     session_s = time.perf_counter() - t
+    s3 = S3Server().start()
+    s3.create_bucket("bench")
+    from spark.export import export_once
+    from spark.sources import OfflineSource
+    from spark.synthetic import write_group
+
     warm = base / "warm"
-    shutil.rmtree(warm, ignore_errors=True)
     write_group(warm, "kv", 20_000, keys=1000)
     t = time.perf_counter()
-    spark_export(spark, OfflineSource.discover(warm), base / "warm-table")
-    cold_s = time.perf_counter() - t
-    log(f"SparkSession {session_s:.1f} s; first (cold) export of 20k events {cold_s:.1f} s")
+    export_once(spark, base / "warm-table", OfflineSource.discover(warm))
+    log(f"SparkSession {session_s:.1f} s; first (cold) export of 20k events {time.perf_counter() - t:.1f} s")
+    lives, audits = [], []
+    try:
+        for n in live_sizes:
+            lives.append(live(spark, base, n, args.keys, s3))
+        for n in audit_sizes:
+            log(f"audit at {n:,} events")
+            audits.append(audit(spark, base, n, args.keys))
+    finally:
+        s3.stop()
+        spark.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
-    rows: list[dict[str, Any]] = []
-    for n in sizes:
-        data = base / f"data-{n}"
-        gen_s, size = generate(data, n, args.keys)
-        log(f"{n:,} events: generated in {gen_s:.1f} s ({size / 2**20:.0f} MiB of segments)")
-        source = OfflineSource.discover(data)
-        last = source.bounds()["kv"][1]
-        table = base / f"table-{n}"
-        s_s, s_rows, ranges = spark_export(spark, source, table)
-        assert s_rows == n, (s_rows, n)
-        log(f"  spark ({args.master}): {s_s:.1f} s, {n / s_s:,.0f} events/s ({ranges} ranges)")
-        p1_s, p1_rows = plain_export(source, base / f"plain1-{n}", 1)
-        assert p1_rows == n
-        log(f"  plain, 1 process: {p1_s:.1f} s, {n / p1_s:,.0f} events/s")
-        p2_s, p2_rows = plain_export(source, base / f"plain2-{n}", 2)
-        assert p2_rows == n
-        log(f"  plain, 2 processes: {p2_s:.1f} s, {n / p2_s:,.0f} events/s")
-        shutil.rmtree(base / f"plain1-{n}", ignore_errors=True)
-        shutil.rmtree(base / f"plain2-{n}", ignore_errors=True)
-        q = audit(spark, table, last, args.keys)
-        log(f"  audit state (1% prefix, {q['prefix_rows']} rows): first {q['prefix_first']:.2f} s, "
-            f"median {q['prefix_median']:.2f} s; all keys ({q['all_rows']} rows): first {q['all_first']:.2f} s, "
-            f"then {q['all_median']:.2f} s; history of a key ({q['history_rows']} rows): {q['history_median']:.2f} s")
-        table_mib = sum(f.stat().st_size for f in table.rglob("*.parquet")) / 2**20
-        rows.append({"n": n, "gen": gen_s, "mib": size / 2**20, "spark": s_s, "plain1": p1_s, "plain2": p2_s,
-                     "table_mib": table_mib, **q})
-        shutil.rmtree(data, ignore_errors=True)
-        shutil.rmtree(table, ignore_errors=True)
-    spark.stop()
-    shutil.rmtree(base, ignore_errors=True)
-
-    md = [f"Offline export (`epochlog export --offline`, the same code as the cluster path after the "
-          f"reader) of N kv events ({args.keys:,} keys, 64-byte values) generated into segment files; "
-          f"Spark `{args.master}` on a warm session (start-up {session_s:.1f} s, first export of 20k "
-          f"events {cold_s:.1f} s cold); one Delta commit per run; ranges of {RANGE_OFFSETS:,} offsets. "
-          f"Other processes used {other:.2f} cores at the start.", "",
-          "| events | segments | spark | plain, 1 process | plain, 2 processes | spark / plain 1 | spark / plain 2 "
-          "| table |",
-          "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+    md = [(f"Live export: a 3-node cluster on 127.0.0.1 (`epochlog serve` processes) loaded with N kv puts (64-byte "
+          f"values, {args.keys:,} keys) through the SDK, then `export_once` (what `epochlog export` runs) on a warm "
+          f"Spark `{args.master}` session (start-up {session_s:.1f} s), ranges of {RANGE_OFFSETS:,} offsets spread "
+          f"over the three members, one Delta commit; to a local directory, and to moto's S3 server on 127.0.0.1. "
+          f"Load average at the start {load_avg[0]:.1f}/{load_avg[1]:.1f}/{load_avg[2]:.1f}."), "",
+          "| events | load through the SDK | export to a local table | export to S3 (moto) |", "|---|---|---|---|"]
+    for r in lives:
         n = r["n"]
-        md.append(f"| {n:,} | {r['mib']:.0f} MiB | {n / r['spark']:,.0f}/s ({r['spark']:.1f} s) | "
-                  f"{n / r['plain1']:,.0f}/s ({r['plain1']:.1f} s) | {n / r['plain2']:,.0f}/s ({r['plain2']:.1f} s) | "
-                  f"{r['plain1'] / r['spark']:.2f} | {r['plain2'] / r['spark']:.2f} | {r['table_mib']:.0f} MiB |")
-    md += ["", "Audit on the Spark table (`Audit.state` at the middle offset; rows are collected and "
-           "converted in the driver), first query / median of the next:", "",
-           "| events | state, 1% prefix | state, every key | history of one key |", "|---|---|---|---|"]
-    for r in rows:
-        md.append(f"| {r['n']:,} | {r['prefix_first']:.2f} s / {r['prefix_median']:.2f} s ({r['prefix_rows']} rows) | "
-                  f"{r['all_first']:.2f} s / {r['all_median']:.2f} s ({r['all_rows']:,} rows) | "
-                  f"{r['history_first']:.2f} s / {r['history_median']:.2f} s ({r['history_rows']} rows) |")
+        rows = r["rows"]
+        md.append(f"| {n:,} ({rows:,} rows) | {n / r['load']:,.0f}/s ({r['load']:.0f} s) | {rows / r['local']:,.0f}/s "
+                  f"({r['local']:.1f} s; other {r['local_other']:.2f} cores) | {rows / r['s3']:,.0f}/s ({r['s3']:.1f} s; "
+                  f"other {r['s3_other']:.2f} cores) |")
+    md += ["", ("Audit on a table of N offline-generated events (one day partition), warm session: seconds of the "
+                "first question / median of the next 3, and files read of the table's files. `state` is at 95 % of "
+                "the log with a 1 % key prefix."), "",
+           "| events | layout | history KEY | state --offset --prefix |", "|---|---|---|---|"]
+    for r in audits:
+        for name, label in (("as_exported", "as exported"), ("clustered", f"clustered by key ({r['cluster_s']:.0f} s)"),
+                            ("checkpointed", f"+ {r['checkpoints']} state checkpoints ({r['checkpoint_s']:.0f} s)")):
+            q = r[name]
+            md.append(f"| {r['n']:,} | {label} | {q['h_first']:.2f} / {q['h_median']:.2f} s, {q['h_files']}/{q['files']} "
+                      f"files ({q['h_rows']} rows) | {q['s_first']:.2f} / {q['s_median']:.2f} s, {q['s_files']}/"
+                      f"{q['files']} files ({q['s_rows']} rows; checkpoint {q['s_checkpoint']}) |")
     body = "\n".join(md)
     print(body)
     if not args.no_results:

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from spark.errors import AuditError
+from spark.pruning import FileStats
 from spark.table import SPARK_DDL, Snapshot
 from statemachines.events import ENTITY_KINDS
 
@@ -75,35 +77,121 @@ def check_prefix(prefix: str) -> str:
 
 
 class Audit:
-    """Queries over one snapshot of the table (`spark.table.resolve`)."""
+    """Queries over one snapshot of the table (`spark.table.resolve`).
 
-    def __init__(self, spark: Any, snapshot: Snapshot) -> None:
+    Each question reads only the files whose statistics may hold what it needs (spark.pruning;
+    `prune=False` reads every file), and `state` at an offset starts from the nearest state checkpoint
+    (spark.checkpoints; `use_checkpoints=False` replays from the start). Neither changes an answer.
+    `files_read` is how many files the last question read, of `len(snapshot.files)`."""
+
+    def __init__(self, spark: Any, snapshot: Snapshot, *, prune: bool = True, use_checkpoints: bool = True) -> None:
         self.spark = spark
         self.snapshot = snapshot
-        if snapshot.files:
-            df = spark.read.schema(SPARK_DDL).option("basePath", snapshot.root).parquet(*snapshot.files)
-        else:
-            df = spark.createDataFrame([], SPARK_DDL)
-        self.view = f"events_v{snapshot.version}"
-        df.createOrReplaceTempView(self.view)
+        self.prune = prune
+        self.use_checkpoints = use_checkpoints
+        self.files_read = 0
+        self.checkpoint_used: int | None = None   # the offset of the checkpoint the last state started from
+        self._views: dict[tuple[str, ...], str] = {}
+        self._checkpoints: dict[str, dict[int, list[str]]] | None = None
+        self.view = self._view(list(snapshot.stats), all_files=True)
 
-    def _sql(self, text: str, **args: Any) -> list[Any]:
-        return list(self.spark.sql(text.replace("{events}", self.view), args=args).collect())
+    def _view(self, stats: list[FileStats], *, all_files: bool = False) -> str:
+        files = [f.uri for f in stats] if stats or not all_files else list(self.snapshot.files)
+        if not all_files:
+            self.files_read = len(files)
+        key = tuple(files)
+        if key not in self._views:
+            name = f"events_v{self.snapshot.version}_{len(self._views)}"
+            table_frame(self.spark, self.snapshot, files).createOrReplaceTempView(name)
+            self._views[key] = name
+        return self._views[key]
+
+    def _select(self, keep: Callable[[FileStats], bool]) -> str:
+        """A view of the files `keep` says may matter (every file without pruning or statistics)."""
+        stats = list(self.snapshot.stats)
+        if not stats:
+            self.files_read = len(self.snapshot.files)
+            return self.view
+        return self._view([f for f in stats if not self.prune or keep(f)])
+
+    def _sql(self, text: str, view: str | None = None, **args: Any) -> list[Any]:
+        return list(self._frame(text, view, **args).collect())
+
+    def _frame(self, text: str, view: str | None = None, **args: Any) -> Any:
+        return self.spark.sql(text.replace("{events}", view or self.view), args=args)
 
     # --- the queries ----------------------------------------------------------------------------
 
     def state(self, point: Point, prefix: str = "") -> list[dict[str, Any]]:
         """The entities as they were at `point` (see the module docstring), in key order."""
-        where, args = _point_filter(point)
-        effects = _EFFECTS_SQL.replace("{where}", where).replace("{keyfilter}", "startswith(key, :prefix)")
-        rows = self._sql(_STATE_SQL.replace("{where}", where).replace("{effects}", effects), prefix=prefix, **args)
+        rows = self.state_frame(point, prefix).collect()
         return sorted((_state_row(r) for r in rows), key=lambda row: row["key"])   # small: sorted here
+
+    def state_frame(self, point: Point, prefix: str = "") -> Any:
+        """The state at `point` as a DataFrame (key, group, offset, op, event_type, body, actor, timestamp)."""
+        where, args = _point_filter(point)
+        since = self._checkpoint(point)
+        self.checkpoint_used = since
+        lo = -1 if since is None else since
+        if point.offset is not None:
+            assert point.group is not None
+            group, until = point.group, point.offset
+
+            def in_point(f: FileStats) -> bool:
+                return f.may_hold_offsets(group, lo + 1, until)
+        else:
+            assert point.time is not None
+            when = point.time
+
+            def in_point(f: FileStats) -> bool:
+                return f.may_hold_time_until(when)
+
+        view = self._select(lambda f: in_point(f) and (f.may_hold_prefix(prefix) or f.may_hold_type("Txn", *LEASE_ENDS)))
+        if since is not None:
+            where += " AND `offset` > :since"
+            args["since"] = since
+        effects = _EFFECTS_SQL.replace("{where}", where).replace("{keyfilter}", "startswith(key, :prefix)")
+        if since is not None:
+            effects += _CHECKPOINT_EFFECTS_SQL.replace("{state}", self._state_view(point, since))
+        text = _STATE_SQL.replace("{where}", where).replace("{effects}", effects)
+        return self._frame(text, view, prefix=prefix, **args)
+
+    def _checkpoint(self, point: Point) -> int | None:
+        if not self.use_checkpoints or point.offset is None or self.snapshot.location is None:
+            return None
+        from spark.checkpoints import checkpoints, nearest
+
+        if self._checkpoints is None:
+            self._checkpoints = checkpoints(self.snapshot.location)
+        assert point.group is not None
+        mark = (self.snapshot.watermarks or {}).get(point.group, -1)
+        return nearest(self._checkpoints, point.group, point.offset, mark)
+
+    def _state_view(self, point: Point, offset: int) -> str:
+        from spark.checkpoints import STATE_DDL
+
+        assert self._checkpoints is not None and point.group is not None
+        files = self._checkpoints[point.group][offset]
+        name = f"state_{point.group}_{offset}".replace("-", "_")
+        loc = self.snapshot.location
+        assert loc is not None
+        if loc.is_local:
+            df = self.spark.read.schema(STATE_DDL).parquet(*files)
+        else:
+            from spark.datasource import FILES_NAME
+
+            prefix = loc.uri.rstrip("/") + "/"
+            df = (self.spark.read.format(FILES_NAME).options(**loc.to_spark_options()).option("schema", "state")
+                  .option("files", json.dumps([f[len(prefix):] for f in files])).load())
+        df.createOrReplaceTempView(name)
+        return name
 
     def history(self, key: str) -> list[dict[str, Any]]:
         """Every event that touched `key` (rejected ones too, `applied` false), oldest first."""
         check_key(key)
+        view = self._select(lambda f: f.may_hold_key(key) or f.may_hold_type("Txn"))
         effects = _EFFECTS_SQL.replace("{where}", "TRUE").replace("{keyfilter}", "key = :key")
-        rows = self._sql(_HISTORY_SQL.replace("{effects}", effects), key=key)
+        rows = self._sql(_HISTORY_SQL.replace("{effects}", effects), view, key=key)
         return [_event_row(r) for r in rows]
 
     def diff(self, start: Point, end: Point, prefix: str = "") -> list[dict[str, Any]]:
@@ -141,6 +229,22 @@ class Audit:
         return [_event_row(r) for r in rows]
 
 
+def table_frame(spark: Any, snapshot: Snapshot, files: list[str]) -> Any:
+    """A DataFrame of the events in `files` (URIs of the snapshot's files): Spark's Parquet reader for
+    a local table, the `epochlog_files` data source (pyarrow's filesystems) for object storage."""
+    if not files:
+        return spark.createDataFrame([], SPARK_DDL)
+    loc = snapshot.location
+    if loc is None or loc.is_local:
+        return spark.read.schema(SPARK_DDL).option("basePath", snapshot.root).parquet(*files)
+    from spark.datasource import FILES_NAME
+
+    prefix = loc.uri.rstrip("/") + "/"
+    relative = [f.removeprefix(prefix) for f in files]
+    return (spark.read.format(FILES_NAME).options(**loc.to_spark_options())
+            .option("files", json.dumps(relative)).load())
+
+
 def _point_filter(point: Point) -> tuple[str, dict[str, Any]]:
     if point.offset is not None:
         return "`group` = :grp AND `offset` <= :point_offset", {"grp": point.group, "point_offset": point.offset}
@@ -166,6 +270,13 @@ _EFFECTS_SQL = f"""
   WHERE event_type = 'Txn' AND {{where}}
 """
 
+_CHECKPOINT_EFFECTS_SQL = """
+  UNION ALL
+  SELECT `group`, `offset`, op, key AS ekey, event_type AS etype, body, actor, '' AS request_id, TRUE AS applied,
+         `timestamp`
+  FROM {state} WHERE startswith(key, :prefix)
+"""
+
 _DELETES = ", ".join(f"'{t}'" for t in DELETES)
 _LEASE_ENDS = ", ".join(f"'{t}'" for t in LEASE_ENDS)
 
@@ -182,8 +293,8 @@ lease_ends AS (
   FROM {{events}}
   WHERE event_type IN ({_LEASE_ENDS}) AND (applied IS NULL OR applied) AND {{where}}
   GROUP BY 1)
-SELECT l.ekey AS key, l.e.group AS `group`, l.e.offset AS `offset`, l.e.etype AS event_type, l.e.body AS body,
-       l.e.actor AS actor, l.e.ts AS `timestamp`
+SELECT l.ekey AS key, l.e.group AS `group`, l.e.offset AS `offset`, l.e.op AS op, l.e.etype AS event_type,
+       l.e.body AS body, l.e.actor AS actor, l.e.ts AS `timestamp`
 FROM latest l
 LEFT JOIN lease_ends x
   ON x.lease_id = CAST(get_json_object(l.e.body, '$.lease') AS BIGINT) AND x.end_offset > l.e.offset
@@ -202,8 +313,8 @@ def _ts(value: Any) -> str | None:
         return None
     if isinstance(value, datetime):
         if value.tzinfo is None:
-            value = value.replace(tzinfo=timezone.utc)
-        return value.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            value = value.replace(tzinfo=UTC)
+        return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     return str(value)
 
 

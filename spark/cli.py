@@ -14,10 +14,9 @@ from __future__ import annotations
 import csv
 import json
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import click
 
@@ -28,6 +27,16 @@ FOLLOW_INTERVAL_S = 5.0
 
 _master_option = click.option("--master", default=DEFAULT_MASTER, show_default=True,
                               help="Spark master URL (local[N], spark://host:port, yarn...).")
+_storage_option = click.option(
+    "--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+    help="Object storage setting (AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID...); repeatable; "
+         "wins over the AWS_* environment variables.")
+
+
+def _location(table: str, storage_options: tuple[str, ...]) -> Any:
+    from spark.storage import TableLocation, parse_storage_options
+
+    return TableLocation.parse(table, parse_storage_options(storage_options))
 
 
 def register(cli: click.Group) -> None:
@@ -39,9 +48,22 @@ def register(cli: click.Group) -> None:
 
 # --- export ----------------------------------------------------------------------------------------
 
+def _spark_options(f: Callable[..., None]) -> Callable[..., None]:
+    options = [
+        click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
+                     help="A Spark setting (spark.executor.cores=2, spark.sql.shuffle.partitions=16...); repeatable."),
+        click.option("--driver-memory", default=None, metavar="SIZE", help="spark.driver.memory (512m, 4g...)."),
+        click.option("--executor-memory", default=None, metavar="SIZE", help="spark.executor.memory (512m, 4g...)."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
 @click.command("export")
-@click.option("--to", "table", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="The Delta table (a directory; created on the first run).")
+@click.option("--to", "table", required=True, metavar="PATH|s3://BUCKET/PREFIX",
+              help="The Delta table: a directory or an S3 prefix (created on the first run).")
+@_storage_option
 @click.option("--endpoints", metavar="HOST:PORT,...", help="Client addresses of some nodes [env EPOCHLOG_ENDPOINTS].")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="A cluster config: use every member's client_address.")
@@ -50,18 +72,29 @@ def register(cli: click.Group) -> None:
 @click.option("--offline", "offline_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Read the segment files of a stopped node (its data directory) instead of a cluster.")
 @click.option("--groups", default="", metavar="G1,G2", help="Export only these groups [default: all].")
-@click.option("--follow", is_flag=True, help="Keep exporting as the logs grow (a batch run every --interval s).")
+@click.option("--follow", is_flag=True,
+              help="Keep exporting as the logs grow: a Structured Streaming query, a micro-batch every --interval s.")
 @click.option("--interval", type=click.FloatRange(min=0.1), default=FOLLOW_INTERVAL_S, show_default=True,
-              help="Seconds between runs with --follow.")
+              help="Seconds between micro-batches with --follow.")
+@click.option("--checkpoint", default=None, metavar="DIR",
+              help="The streaming query's checkpoint with --follow (a local or HDFS path) "
+                   "[default: <table>/_epochlog/follow-checkpoint for a local table; required for S3].")
+@click.option("--max-offsets-per-run", type=click.IntRange(min=1), default=None,
+              help="Read at most this many offsets (all groups together) per commit: a larger backlog is "
+                   "exported as several commits, each one kept if a later one fails; with --follow, "
+                   "the micro-batch limit (maxOffsetsPerTrigger).")
 @click.option("--range-offsets", type=click.IntRange(min=1), default=250_000, show_default=True,
               help="Offsets per Spark partition.")
 @click.option("--release", is_flag=True,
               help="Delete this table's watermark from the cluster (its logs stop keeping events for it) and exit.")
 @_master_option
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document per run.")
-def export_command(table: Path, endpoints: str | None, config_path: Path | None, timeout: float,
-                   offline_dir: Path | None, groups: str, follow: bool, interval: float, range_offsets: int,
-                   release: bool, master: str, as_json: bool) -> None:
+@_spark_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document per run (or micro-batch).")
+def export_command(table: str, storage_options: tuple[str, ...], endpoints: str | None, config_path: Path | None,
+                   timeout: float, offline_dir: Path | None, groups: str, follow: bool, interval: float,
+                   checkpoint: str | None, max_offsets_per_run: int | None, range_offsets: int, release: bool,
+                   master: str, spark_conf: tuple[str, ...], driver_memory: str | None, executor_memory: str | None,
+                   as_json: bool) -> None:
     """Export committed events into the Delta table at --to, exactly once (one Delta commit per run).
 
     On a cluster the table's watermark (the highest exported offset per group) is reported back, and
@@ -70,6 +103,7 @@ def export_command(table: Path, endpoints: str | None, config_path: Path | None,
     from spark.sources import ClusterSource, OfflineSource
 
     only = tuple(g.strip() for g in groups.split(",") if g.strip())
+    location = _location(table, storage_options)
     if offline_dir is not None:
         if endpoints or config_path or release:
             raise click.UsageError("--offline reads files: no --endpoints, --config or --release with it")
@@ -82,17 +116,23 @@ def export_command(table: Path, endpoints: str | None, config_path: Path | None,
     if release:
         from spark.export import release_watermark
 
-        released = release_watermark(endpoints_used, table, timeout_s=timeout)
-        _emit(as_json, {"released": released, "table": str(table)},
-              f"{'released' if released else 'no watermark recorded for'} {table}")
+        released = release_watermark(endpoints_used, location, timeout_s=timeout)
+        _emit(as_json, {"released": released, "table": str(location)},
+              f"{'released' if released else 'no watermark recorded for'} {location}")
         return
-    session = _LazySession(master)
+    if follow and checkpoint is None:
+        if not location.is_local:
+            raise click.UsageError("--follow on object storage needs --checkpoint DIR (Spark keeps its checkpoint "
+                                   "on a local or HDFS path)")
+        checkpoint = location.uri + "/_epochlog/follow-checkpoint"
+    conf = _spark_conf(spark_conf, driver_memory, executor_memory)
+    session = _LazySession(master, conf)
     try:
-        while True:
-            _one_run(session, table, source, endpoints_used, range_offsets, timeout, as_json)
-            if not follow:
-                return
-            time.sleep(interval)
+        if follow:
+            _follow(session(), location, source, endpoints_used, checkpoint or "", interval, max_offsets_per_run,
+                    range_offsets, timeout, as_json)
+        else:
+            _runs(session, location, source, endpoints_used, range_offsets, max_offsets_per_run, timeout, as_json)
     except KeyboardInterrupt:
         if not follow:
             raise click.Abort() from None
@@ -100,18 +140,33 @@ def export_command(table: Path, endpoints: str | None, config_path: Path | None,
         session.stop()
 
 
+def _spark_conf(pairs: tuple[str, ...], driver_memory: str | None, executor_memory: str | None) -> dict[str, str]:
+    conf = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise click.UsageError(f"--conf {pair!r}: give KEY=VALUE (e.g. spark.executor.cores=2)")
+        conf[key.strip()] = value
+    if driver_memory:
+        conf["spark.driver.memory"] = driver_memory
+    if executor_memory:
+        conf["spark.executor.memory"] = executor_memory
+    return conf
+
+
 class _LazySession:
     """The SparkSession, started on first use (a run with nothing new starts no JVM)."""
 
-    def __init__(self, master: str) -> None:
+    def __init__(self, master: str, conf: dict[str, str] | None = None) -> None:
         self.master = master
+        self.conf = conf or {}
         self.session: Any = None
 
     def __call__(self) -> Any:
         if self.session is None:
             from spark.session import get_session
 
-            self.session = get_session(self.master, "epochlog-export")
+            self.session = get_session(self.master, "epochlog-export", conf=self.conf)
         return self.session
 
     def stop(self) -> None:
@@ -119,17 +174,44 @@ class _LazySession:
             self.session.stop()
 
 
-def _one_run(spark: Any, table: Path, source: Any, endpoints: tuple[str, ...], range_offsets: int,
-             timeout: float, as_json: bool) -> None:
-    from spark.export import export_once, report_watermark
+def _runs(spark: Any, table: Any, source: Any, endpoints: tuple[str, ...], range_offsets: int,
+          max_offsets: int | None, timeout: float, as_json: bool) -> None:
+    """One run, or bounded runs until the backlog seen at the start is exported (one document each)."""
+    from spark.export import export_backlog, export_once
 
-    with _progress_bar(as_json) as progress:
-        result = export_once(spark, table, source, range_offsets=range_offsets, progress=progress.update,
-                             on_plan=progress.plan)
+    def report(result: Any, progress: _progress_bar) -> None:
+        _report_run(spark, table, result, progress.members, endpoints, timeout, as_json)
+
+    if max_offsets is None:
+        with _progress_bar(as_json) as progress:
+            result = export_once(spark, table, source, range_offsets=range_offsets, progress=progress.update,
+                                 on_plan=progress.plan)
+        report(result, progress)
+        return
+    progress = _progress_bar(as_json)
+
+    def on_run(result: Any) -> None:
+        progress.__exit__(None, None, None)
+        report(result, progress)
+
+    def on_plan(plan: Any, members: list[str]) -> None:
+        progress.__enter__()
+        progress.plan(plan, members)
+
+    export_backlog(spark, table, source, max_offsets=max_offsets, range_offsets=range_offsets,
+                   progress=progress.update, on_plan=on_plan, on_run=on_run)
+
+
+def _report_run(spark: Any, table: Any, result: Any, members: list[str], endpoints: tuple[str, ...],
+                timeout: float, as_json: bool) -> None:
+    from spark.export import report_watermark
+
     if endpoints and result.table_version is not None:
         result.watermark_reported = report_watermark(endpoints, table, result.exported_through, timeout_s=timeout)
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
+    ranges = [{"group": r.group, "from": r.lo, "to": r.hi - 1, "member": m or None}
+              for r, m in zip(result.plan.ranges(), members, strict=False)]
     document = {
         "table": str(table), "table_version": result.table_version, "rows": result.rows,
         "seconds": round(result.seconds, 3),
@@ -137,27 +219,65 @@ def _one_run(spark: Any, table: Path, source: Any, endpoints: tuple[str, ...], r
         "groups": [{"group": g.group, "from": g.start, "to": g.end - 1 if g.offsets else None,
                     "exported_through": result.exported_through.get(g.group, -1), "skipped": g.skipped}
                    for g in result.plan.groups],
-        "watermark_reported": result.watermark_reported}
+        "ranges": ranges,
+        "watermark_reported": result.watermark_reported,
+        "dead_files_removed": len(result.dead_files_removed)}
+    if spark.session is not None:
+        document["spark"] = _session_facts(spark.session)
     if result.table_version is None:
         text = f"nothing new to export (table {table} has every committed event)"
     else:
-        ranges = ", ".join(f"{g.group} {g.start}..{g.end - 1}" for g in result.plan.active())
-        text = (f"exported {result.rows} events ({ranges}) in {result.seconds:.1f} s "
+        spans = ", ".join(f"{g.group} {g.start}..{g.end - 1}" for g in result.plan.active())
+        text = (f"exported {result.rows} events ({spans}) in {result.seconds:.1f} s "
                 f"({document['events_per_second']}/s): table version {result.table_version}"
                 + ("; watermark reported to the cluster" if result.watermark_reported else ""))
     _emit(as_json, document, text)
+
+
+def _session_facts(session: Any) -> dict[str, Any]:
+    """What the Spark session runs with (the settings passed through, as the JVM took them)."""
+    conf = session.sparkContext.getConf()
+    runtime = session.sparkContext._jvm.java.lang.Runtime.getRuntime()
+    return {"master": session.sparkContext.master, "driver_max_heap_bytes": int(runtime.maxMemory()),
+            "conf": {k: v for k, v in conf.getAll() if k in _SHOWN_CONF}}
+
+
+_SHOWN_CONF = ("spark.driver.memory", "spark.executor.memory", "spark.executor.cores", "spark.sql.shuffle.partitions",
+               "spark.default.parallelism", "spark.task.cpus")
+
+
+def _follow(spark: Any, table: Any, source: Any, endpoints: tuple[str, ...], checkpoint: str, interval: float,
+            max_offsets: int | None, range_offsets: int, timeout: float, as_json: bool) -> None:
+    from spark.export import follow, report_watermark
+
+    def on_batch(batch: Any) -> None:
+        reported = bool(endpoints) and report_watermark(endpoints, table, batch.exported_through, timeout_s=timeout)
+        document = {"table": str(table), "batch": batch.batch_id, "rows": batch.rows,
+                    "seconds": round(batch.seconds, 3), "end_offsets": batch.end_offsets,
+                    "exported_through": batch.exported_through, "watermark_reported": reported,
+                    "dead_files_removed": batch.dead_files_removed}
+        _emit(as_json, document, f"micro-batch {batch.batch_id}: {batch.rows} events in {batch.seconds:.1f} s; "
+                                 f"exported through {batch.exported_through}")
+
+    if not as_json:
+        click.echo(f"following into {table} (checkpoint {checkpoint}); Ctrl-C stops", err=True)
+    follow(spark, table, source, checkpoint=checkpoint, interval_s=interval, max_offsets=max_offsets,
+           range_offsets=range_offsets, on_batch=on_batch)
 
 
 class _progress_bar:
     """A rich progress bar of the run's Spark tasks on a terminal (nothing when piped or with --json)."""
 
     def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.members: list[str] = []
         self.enabled = not quiet and sys.stderr.isatty()
         self._progress: Any = None
         self._task: Any = None
         self._events = 0
 
-    def __enter__(self) -> _progress_bar:
+    def __enter__(self) -> Self:
+        self._task = None
         if self.enabled:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -168,8 +288,16 @@ class _progress_bar:
             self._progress.start()
         return self
 
-    def plan(self, plan: Any) -> None:
+    def plan(self, plan: Any, members: list[str]) -> None:
+        """Say which member serves which range (on stderr, before the job starts)."""
         self._events = plan.offsets
+        self.members = members
+        if not self.quiet and members and any(members):
+            by_member: dict[str, list[str]] = {}
+            for r, m in zip(plan.ranges(), members, strict=False):
+                by_member.setdefault(m, []).append(f"{r.group} {r.lo}..{r.hi - 1}")
+            for m, spans in sorted(by_member.items()):
+                click.echo(f"{m} serves {', '.join(spans)}", err=True)
 
     def update(self, done: int, total: int) -> None:
         if self._progress is None:
@@ -181,6 +309,7 @@ class _progress_bar:
     def __exit__(self, *exc: object) -> None:
         if self._progress is not None:
             self._progress.stop()
+            self._progress = None
 
 
 def _emit(as_json: bool, document: Any, text: str) -> None:
@@ -196,8 +325,9 @@ def audit_group() -> None:
 
 def _audit_options(f: Callable[..., None]) -> Callable[..., None]:
     options = [
-        click.option("--table", required=True, type=click.Path(file_okay=False, path_type=Path),
+        click.option("--table", required=True, metavar="PATH|s3://BUCKET/PREFIX",
                      help="The Delta table written by `epochlog export`."),
+        _storage_option,
         click.option("--table-version", type=int, default=None,
                      help="Read the table as of this Delta version (time travel)."),
         click.option("--table-as-of", default=None, metavar="TIME",
@@ -214,12 +344,14 @@ def _audit_options(f: Callable[..., None]) -> Callable[..., None]:
 class _AuditRun:
     """The session and snapshot of one audit command."""
 
-    def __init__(self, table: Path, table_version: int | None, table_as_of: str | None, master: str) -> None:
+    def __init__(self, table: str, storage_options: tuple[str, ...], table_version: int | None,
+                 table_as_of: str | None, master: str) -> None:
         from spark.table import resolve
 
         if table_version is not None and table_as_of is not None:
             raise click.UsageError("give --table-version or --table-as-of, not both")
-        self.snapshot = resolve(table, version=table_version, as_of=table_as_of)   # errors before Spark starts
+        location = _location(table, storage_options)
+        self.snapshot = resolve(location, version=table_version, as_of=table_as_of)   # errors before Spark starts
         self.master = master
 
     def __enter__(self) -> Any:
@@ -259,14 +391,14 @@ def _point(at: str | None, offset: int | None, group: str | None, prefix: str, f
 @click.option("--group", default=None, help="The group of --offset [default: the group of --prefix].")
 @click.option("--prefix", default="", help="Only entity keys starting with this (kv/app/, topic/...).")
 @_audit_options
-def audit_state(at: str | None, offset: int | None, group: str | None, prefix: str, table: Path,
-                table_version: int | None, table_as_of: str | None, as_json: bool, as_csv: bool, master: str) -> None:
+def audit_state(at: str | None, offset: int | None, group: str | None, prefix: str, table: str,
+                storage_options: tuple[str, ...], table_version: int | None, table_as_of: str | None, as_json: bool, as_csv: bool, master: str) -> None:
     """The entities as they were at a time or an offset (the views replayed from the history)."""
     from spark.audit import check_prefix
 
     check_prefix(prefix)
     point = _point(at, offset, group, prefix, "--at ")
-    with _AuditRun(table, table_version, table_as_of, master) as audit:
+    with _AuditRun(table, storage_options, table_version, table_as_of, master) as audit:
         rows = audit.state(point, prefix)
     _rows(rows, as_json, as_csv, ("key", "group", "offset", "event_type", "value", "timestamp", "actor"))
 
@@ -274,13 +406,13 @@ def audit_state(at: str | None, offset: int | None, group: str | None, prefix: s
 @audit_group.command("history")
 @click.argument("key")
 @_audit_options
-def audit_history(key: str, table: Path, table_version: int | None, table_as_of: str | None, as_json: bool,
+def audit_history(key: str, table: str, storage_options: tuple[str, ...], table_version: int | None, table_as_of: str | None, as_json: bool,
                   as_csv: bool, master: str) -> None:
     """Every event that touched KEY (an entity key: kv/app/x, topic/orders...), rejected ones included."""
     from spark.audit import check_key
 
     check_key(key)
-    with _AuditRun(table, table_version, table_as_of, master) as audit:
+    with _AuditRun(table, storage_options, table_version, table_as_of, master) as audit:
         rows = audit.history(key)
     _rows(rows, as_json, as_csv, ("group", "offset", "timestamp", "event_type", "applied", "value", "actor",
                                   "request_id"))
@@ -291,7 +423,8 @@ def audit_history(key: str, table: Path, table_version: int | None, table_as_of:
 @click.option("--to", "end", required=True, metavar="TIME", help="The later time.")
 @click.option("--prefix", default="", help="Only entity keys starting with this.")
 @_audit_options
-def audit_diff(start: str, end: str, prefix: str, table: Path, table_version: int | None, table_as_of: str | None,
+def audit_diff(start: str, end: str, prefix: str, table: str, storage_options: tuple[str, ...],
+               table_version: int | None, table_as_of: str | None,
                as_json: bool, as_csv: bool, master: str) -> None:
     """What changed between two times: entities added, removed or changed."""
     from spark.audit import Point, check_prefix
@@ -301,7 +434,7 @@ def audit_diff(start: str, end: str, prefix: str, table: Path, table_version: in
     t1, t2 = parse_time(start), parse_time(end)
     if t2 < t1:
         raise AuditError(f"--to {end} is before --from {start}")
-    with _AuditRun(table, table_version, table_as_of, master) as audit:
+    with _AuditRun(table, storage_options, table_version, table_as_of, master) as audit:
         rows = audit.diff(Point(time=t1), Point(time=t2), prefix)
     _rows(rows, as_json, as_csv, ("key", "change", "before_offset", "after_offset", "before", "after", "actor"))
 
@@ -312,14 +445,14 @@ def audit_diff(start: str, end: str, prefix: str, table: Path, table_version: in
 @click.option("--until", default=None, metavar="TIME", help="Only up to this time.")
 @click.option("--limit", type=click.IntRange(min=1), default=1000, show_default=True)
 @_audit_options
-def audit_actions(actor: str, since: str | None, until: str | None, limit: int, table: Path,
-                  table_version: int | None, table_as_of: str | None, as_json: bool, as_csv: bool, master: str) -> None:
+def audit_actions(actor: str, since: str | None, until: str | None, limit: int, table: str,
+                  storage_options: tuple[str, ...], table_version: int | None, table_as_of: str | None, as_json: bool, as_csv: bool, master: str) -> None:
     """Every event a principal wrote (accepted or rejected), oldest first."""
     from spark.table import parse_time
 
     s = None if since is None else parse_time(since)
     u = None if until is None else parse_time(until)
-    with _AuditRun(table, table_version, table_as_of, master) as audit:
+    with _AuditRun(table, storage_options, table_version, table_as_of, master) as audit:
         rows = audit.actions(actor, since=s, until=u, limit=limit)
     _rows(rows, as_json, as_csv, ("timestamp", "group", "offset", "event_type", "key", "applied", "request_id"))
 
@@ -356,8 +489,10 @@ def table_group() -> None:
     deletion of files no version within a retention needs (vacuum). No Spark needed."""
 
 
-_table_option = click.option("--table", required=True, type=click.Path(file_okay=False, path_type=Path),
-                             help="The Delta table written by `epochlog export`.")
+def _table_option(f: Callable[..., None]) -> Callable[..., None]:
+    f = _storage_option(f)
+    return click.option("--table", required=True, metavar="PATH|s3://BUCKET/PREFIX",
+                        help="The Delta table written by `epochlog export`.")(f)
 
 
 @table_group.command("info")
@@ -365,13 +500,13 @@ _table_option = click.option("--table", required=True, type=click.Path(file_okay
 @click.option("--target-file-mb", type=click.IntRange(min=1), default=128, show_default=True,
               help="Files below half of this count as small.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def table_info(table: Path, target_file_mb: int, as_json: bool) -> None:
+def table_info(table: str, storage_options: tuple[str, ...], target_file_mb: int, as_json: bool) -> None:
     """The current version's files per date partition, small files, unreferenced files on disk, watermarks."""
     from dataclasses import asdict
 
     from spark.maintenance import table_files
 
-    info = table_files(table, target_file_mb << 20)
+    info = table_files(_location(table, storage_options), target_file_mb << 20)
     text = (f"{table}: version {info.version}, {info.files} files ({info.small_files} small) in "
             f"{len(info.partitions)} partitions, {info.rows:,} rows, {info.bytes:,} bytes; "
             f"{info.unreferenced_files} unreferenced files ({info.unreferenced_bytes:,} bytes); "
@@ -381,28 +516,65 @@ def table_info(table: Path, target_file_mb: int, as_json: bool) -> None:
 
 @table_group.command("optimize")
 @_table_option
-@click.option("--target-file-mb", type=click.IntRange(min=1), default=128, show_default=True,
-              help="Approximate size of the compacted files.")
+@click.option("--cluster/--no-cluster", default=True, show_default=True,
+              help="Rewrite each partition's files ordered by key (Z-order), so audit questions about a key or a "
+                   "prefix read a fraction of the files; --no-cluster only compacts small files.")
+@click.option("--target-file-mb", type=click.IntRange(min=1), default=None,
+              help="Approximate size of the written files (in memory; on disk they are about half) "
+                   "[default: 16 with --cluster, 128 without].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def table_optimize(table: Path, target_file_mb: int, as_json: bool) -> None:
-    """Rewrite each date partition's small files into larger ones: ONE Delta commit, dataChange=false
-    (rows, audit answers and export watermarks unchanged; older versions keep their files until vacuum)."""
+def table_optimize(table: str, storage_options: tuple[str, ...], cluster: bool, target_file_mb: int | None,
+                   as_json: bool) -> None:
+    """Compact small files, or cluster them by key: ONE Delta commit, dataChange=false (rows, audit answers and
+    export watermarks unchanged; older versions keep their files until vacuum)."""
     from dataclasses import asdict
 
-    from spark.maintenance import optimize_table, table_files
+    from spark.maintenance import (
+        DEFAULT_CLUSTER_FILE_BYTES,
+        DEFAULT_TARGET_FILE_BYTES,
+        optimize_table,
+        table_files,
+    )
 
+    target = (target_file_mb << 20) if target_file_mb else (DEFAULT_CLUSTER_FILE_BYTES if cluster
+                                                           else DEFAULT_TARGET_FILE_BYTES)
+    table = _location(table, storage_options)
     if not as_json:
-        before = table_files(table, target_file_mb << 20)
-        click.echo(f"optimizing {table}: {before.files} files ({before.small_files} small) in "
-                   f"{len(before.partitions)} partitions...", err=True)
-    result = optimize_table(table, target_file_bytes=target_file_mb << 20)
+        before = table_files(table, target)
+        click.echo(f"{'clustering' if cluster else 'optimizing'} {table}: {before.files} files "
+                   f"({before.small_files} small) in {len(before.partitions)} partitions...", err=True)
+    result = optimize_table(table, target_file_bytes=target, cluster=cluster)
     if result.table_version == result.table_version_before:
         text = f"nothing to compact in {table} (version {result.table_version})"
     else:
-        text = (f"compacted {result.files_removed} files into {result.files_added} in {result.partitions_optimized} "
-                f"partitions ({result.bytes_before:,} -> {result.bytes_after:,} bytes) in {result.seconds:.1f} s: "
-                f"table version {result.table_version}")
+        text = (f"{'clustered' if cluster else 'compacted'} {result.files_removed} files into {result.files_added} "
+                f"in {result.partitions_optimized} partitions ({result.bytes_before:,} -> {result.bytes_after:,} "
+                f"bytes) in {result.seconds:.1f} s: table version {result.table_version}")
     _emit(as_json, asdict(result), text)
+
+
+@table_group.command("checkpoint")
+@_table_option
+@click.option("--every", type=click.IntRange(min=1), default=1_000_000, show_default=True,
+              help="Make the state checkpoints at every multiple of this offset, per group, up to its watermark.")
+@_master_option
+@_spark_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def table_checkpoint(table: str, storage_options: tuple[str, ...], every: int, master: str,
+                     spark_conf: tuple[str, ...], driver_memory: str | None, executor_memory: str | None,
+                     as_json: bool) -> None:
+    """State checkpoints (the state of every key of a group at an offset, in the side table
+    <table>/_epochlog/state), so that `audit state --offset N` replays only from the nearest one."""
+    from spark.checkpoints import make_checkpoints
+
+    location = _location(table, storage_options)
+    session = _LazySession(master, _spark_conf(spark_conf, driver_memory, executor_memory))
+    try:
+        made = make_checkpoints(session(), location, every)
+    finally:
+        session.stop()
+    _emit(as_json, {"table": str(location), "checkpoints": [{"group": g, "offset": o, "keys": n} for g, o, n in made]},
+          f"{len(made)} state checkpoints made in {location}" + "".join(f"\n  {g} at {o}: {n} keys" for g, o, n in made))
 
 
 @table_group.command("vacuum")
@@ -414,13 +586,15 @@ def table_optimize(table: Path, target_file_mb: int, as_json: bool) -> None:
               "still writing and break time travel.")
 @click.option("--dry-run", is_flag=True, help="List the files that would be deleted; delete nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def table_vacuum(table: Path, retain_hours: int, force: bool, dry_run: bool, as_json: bool) -> None:
+def table_vacuum(table: str, storage_options: tuple[str, ...], retain_hours: int, force: bool, dry_run: bool,
+                 as_json: bool) -> None:
     """Delete files no version within the retention references: files an optimize removed, and files of
     killed export or optimize runs (never committed), older than --retain-hours."""
     from dataclasses import asdict
 
     from spark.maintenance import vacuum_table
 
+    table = _location(table, storage_options)
     result = vacuum_table(table, retain_hours=retain_hours, force=force, dry_run=dry_run)
     verb = "would delete" if dry_run else "deleted"
     _emit(as_json, asdict(result), f"{verb} {len(result.files)} files ({result.bytes:,} bytes) older than "

@@ -15,9 +15,14 @@ One run (`export_once`):
    table no longer exported pins the logs until `[compaction] export_max_pin_*` caps it (logged, and
    named by `epochlog compaction status`) or `epochlog export --to PATH --release` deletes its entry.
 
-`--follow` is a loop of such batch runs (one commit each) every `interval_s`, not Structured
-Streaming: each run is a plain, bounded Spark job with the same exactly-once commit, so a run that
-dies is simply re-planned by the next one, and quiet periods cost no Spark job at all.
+A bounded run (`max_offsets`) reads at most that many offsets over all groups (spark.plan.cap);
+`export_backlog` repeats bounded runs up to the commit offsets seen at its start, one commit each, so
+a large backlog is exported in steps that each survive a failure of a later one.
+
+`--follow` is a Structured Streaming query (`follow`): `spark.readStream.format("epochlog")` (offsets
+per group, `maxOffsetsPerTrigger`) into `writeStream.format("epochlog_delta")` (one Delta commit per
+micro-batch, a replayed batch skipped), checkpointed, started from the table's watermarks; the
+driver reports the watermark to the cluster after each micro-batch that committed.
 
 Killing the process at any moment is safe: before the Delta commit nothing is visible (the files
 written so far are unreferenced), after it the app transactions say what is exported.
@@ -31,11 +36,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
+from spark.cleanup import remove_dead_files
 from spark.errors import ExportError
 from spark.plan import ExportPlan
 from spark.sources import ClusterSource, OfflineSource
+from spark.storage import TableLocation
 from spark.table import exported_through, open_or_create, open_table
 
 WATERMARK_SCOPE = "export"
@@ -51,38 +58,46 @@ class RunResult:
     seconds: float
     watermark_reported: bool = False
     warnings: list[str] = field(default_factory=list)
+    dead_files_removed: list[str] = field(default_factory=list)   # left by failed runs (spark.cleanup)
 
 
 Progress = Callable[[int, int], None]    # (tasks done, tasks) while a run's Spark job runs
 
 
-def export_once(spark: Any | Callable[[], Any], table_root: str | Path, source: ClusterSource | OfflineSource, *,
-                range_offsets: int = 250_000, progress: Progress | None = None,
-                on_plan: Callable[[ExportPlan], None] | None = None) -> RunResult:
-    from spark.datasource import READER_NAME, WRITER_NAME, source_json
+def export_once(spark: Any | Callable[[], Any], table_root: str | Path | TableLocation,
+                source: ClusterSource | OfflineSource, *,
+                range_offsets: int = 250_000, max_offsets: int | None = None, until: dict[str, int] | None = None,
+                progress: Progress | None = None, on_plan: Callable[[ExportPlan, list[str]], None] | None = None,
+                bounds: dict[str, tuple[int, int]] | None = None) -> RunResult:
+    """One run: everything committed now (or, bounded, `max_offsets` of it; or up to `until`, group ->
+    end exclusive), in one commit. `on_plan(plan, members)`: the plan and which member serves each of
+    its ranges (`plan.ranges()` order; "" for an offline source)."""
+    from spark.datasource import READER_NAME, WRITER_NAME
 
     started = time.monotonic()
-    root = str(Path(table_root).resolve())
+    root = TableLocation.of(table_root)
     dt = open_or_create(root)
-    bounds = source.bounds()
+    bounds = source.bounds() if bounds is None else bounds
     exported = exported_through(dt, sorted(bounds))
-    plan = ExportPlan.make(exported, bounds, range_offsets=range_offsets)
-    if on_plan is not None:
-        on_plan(plan)
+    plan = ExportPlan.make(exported, bounds, range_offsets=range_offsets, max_offsets=max_offsets, until=until)
     warnings = [f"group {g.group}: offsets {g.exported_through + 1}..{g.start - 1} were compacted before "
                 f"they were exported (the table has a gap there)" for g in plan.groups if g.skipped]
     if plan.empty:
+        if on_plan is not None:
+            on_plan(plan, [])
         return RunResult(plan, None, 0, exported, time.monotonic() - started, warnings=warnings)
     source = source.prepared()   # a cluster's readers: every member serves some ranges
+    if on_plan is not None:
+        on_plan(plan, serving_members(source, plan))
     if callable(spark):
         spark = spark()   # a factory: the session starts only when there is something to export
-    df = (spark.read.format(READER_NAME).option("plan", plan.to_json()).option("source", source_json(source))
-          .load())
-    writer = df.write.format(WRITER_NAME).mode("append").option("path", root).option("plan", plan.to_json())
+    df = spark.read.format(READER_NAME).options(**reader_options(source, plan)).load()
+    writer = df.write.format(WRITER_NAME).mode("append").options(**root.to_spark_options()).option(
+        "plan", plan.to_json())
     with _JobProgress(spark, progress, len(plan.ranges())):
         try:
             writer.save()
-        except Exception as exc:   # noqa: BLE001 - Spark wraps the executors' and the commit's errors
+        except Exception as exc:
             after = exported_through(open_table(root), sorted(bounds))
             if any(after[g.group] < g.end - 1 for g in plan.active()):
                 raise _job_failure(exc) from exc
@@ -95,7 +110,126 @@ def export_once(spark: Any | Callable[[], Any], table_root: str | Path, source: 
             raise ExportError(f"group {g.group}: the run ended but the table says {after[g.group]}, "
                               f"not {g.end - 1} (was the commit lost?)")
     version, rows = _find_commit(after_dt, plan)
-    return RunResult(plan, version, rows, after, time.monotonic() - started, warnings=warnings)
+    removed = remove_dead_files(root, after_dt)   # now that this commit moved the watermarks
+    return RunResult(plan, version, rows, after, time.monotonic() - started, warnings=warnings,
+                     dead_files_removed=removed)
+
+
+def reader_options(source: ClusterSource | OfflineSource, plan: ExportPlan) -> dict[str, str]:
+    """The `epochlog` reader's options that read exactly `plan` from `source`."""
+    active = plan.active()
+    out = source_options(source)
+    out.update({"groups": ",".join(g.group for g in active),
+                "startingOffsets": json.dumps({g.group: g.start for g in active}),
+                "endingOffsets": json.dumps({g.group: g.end for g in active}),
+                "rangeOffsets": str(plan.range_offsets)})
+    if isinstance(source, ClusterSource) and source.readers:
+        out["readers"] = json.dumps(list(source.readers))
+    return out
+
+
+def source_options(source: ClusterSource | OfflineSource) -> dict[str, str]:
+    """The `epochlog` reader's options naming `source` (endpoints or offline, groups, timeout)."""
+    if isinstance(source, ClusterSource):
+        out = {"endpoints": ",".join(source.endpoints), "timeout": str(source.timeout_s)}
+        if source.only:
+            out["groups"] = ",".join(source.only)
+        return out
+    directories = {str(Path(g.directory).parent.parent) if Path(g.directory).parent.name == "groups"
+                   else g.directory for g in source.groups}
+    if len(directories) != 1:
+        raise ExportError("an offline export reads the groups of one data directory")
+    return {"offline": directories.pop(), "groups": ",".join(g.group for g in source.groups)}
+
+
+def serving_members(source: ClusterSource | OfflineSource, plan: ExportPlan) -> list[str]:
+    """Which member each range of `plan` is read from (ranges spread over the members in turn; a
+    member that fails or lags hands its range to the leader, see spark.sources)."""
+    readers = source.readers if isinstance(source, ClusterSource) else ()
+    return [readers[i % len(readers)] if readers else "" for i in range(len(plan.ranges()))]
+
+
+def export_backlog(spark: Any | Callable[[], Any], table_root: str | Path | TableLocation,
+                   source: ClusterSource | OfflineSource, *, max_offsets: int, range_offsets: int = 250_000,
+                   progress: Progress | None = None,
+                   on_plan: Callable[[ExportPlan, list[str]], None] | None = None,
+                   on_run: Callable[[RunResult], None] | None = None) -> list[RunResult]:
+    """Bounded runs of at most `max_offsets` offsets each, one commit each, until the table holds
+    everything committed when this started (what is committed later is the next call's). A failure
+    stops it with the runs before committed: the next call resumes after them."""
+    bounds = source.bounds()
+    target = {g: commit + 1 for g, (_, commit) in bounds.items()}
+    runs: list[RunResult] = []
+    while True:
+        run = export_once(spark, table_root, source, range_offsets=range_offsets, max_offsets=max_offsets,
+                          until=target, progress=progress, on_plan=on_plan, bounds=bounds)
+        if on_run is not None:
+            on_run(run)
+        runs.append(run)
+        if run.table_version is None or all(run.exported_through.get(g, -1) >= t - 1 for g, t in target.items()):
+            return runs
+        bounds = source.bounds()
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReport:
+    """One micro-batch of `follow` that read something."""
+
+    batch_id: int
+    rows: int
+    seconds: float
+    end_offsets: dict[str, int]          # per group, the next offset the stream reads
+    exported_through: dict[str, int]     # the table's watermarks after the batch
+    dead_files_removed: int = 0
+
+
+def follow(spark: Any, table_root: str | Path | TableLocation, source: ClusterSource | OfflineSource, *,
+           checkpoint: str, interval_s: float = 5.0, max_offsets: int | None = None,
+           range_offsets: int = 250_000, on_batch: Callable[[BatchReport], None] | None = None,
+           stop: threading.Event | None = None, cleanup_interval_s: float = 60.0) -> None:
+    """Run the streaming export until `stop` is set or the query fails (ExportError). A new checkpoint
+    starts after the table's watermarks; an existing one resumes from its own offsets (Spark replays a
+    batch it had not finished: the sink skips it if its commit was made)."""
+    from spark.datasource import READER_NAME, WRITER_NAME
+
+    root = TableLocation.of(table_root)
+    dt = open_or_create(root)
+    bounds = source.bounds()
+    plan = ExportPlan.make(exported_through(dt, sorted(bounds)), bounds)
+    options = source_options(source)
+    options.update({"startingOffsets": json.dumps({g.group: g.start for g in plan.groups}),
+                    "rangeOffsets": str(range_offsets)})
+    if max_offsets is not None:
+        options["maxOffsetsPerTrigger"] = str(max_offsets)
+    query = (spark.readStream.format(READER_NAME).options(**options).load()
+             .writeStream.format(WRITER_NAME).options(**root.to_spark_options())
+             .option("checkpointLocation", checkpoint).trigger(processingTime=f"{interval_s} seconds").start())
+    seen = -1
+    last_cleanup = 0.0
+    try:
+        while query.isActive and not (stop is not None and stop.is_set()):
+            query.awaitTermination(min(interval_s, 1.0))
+            for progress in query.recentProgress:
+                if progress.batchId <= seen:
+                    continue
+                seen = progress.batchId
+                rows = int(progress.numInputRows)
+                if rows == 0:
+                    continue
+                marks = exported_through(open_table(root), sorted(bounds))
+                removed = 0
+                if time.monotonic() - last_cleanup >= cleanup_interval_s:
+                    removed = len(remove_dead_files(root, open_table(root)))
+                    last_cleanup = time.monotonic()
+                end = json.loads(progress.sources[0].endOffset) if progress.sources else {}
+                if on_batch is not None:
+                    on_batch(BatchReport(progress.batchId, rows, progress.batchDuration / 1000, end, marks, removed))
+        error = query.exception()
+        if error is not None:
+            raise _job_failure(error)
+    finally:
+        if query.isActive:
+            query.stop()
 
 
 def _job_failure(exc: Exception) -> ExportError:
@@ -135,7 +269,7 @@ class _JobProgress:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> _JobProgress:
+    def __enter__(self) -> Self:
         if self.callback is not None:
             self.callback(0, self.tasks)
             self._thread = threading.Thread(target=self._poll, name="export-progress", daemon=True)
@@ -165,13 +299,13 @@ class _JobProgress:
 
 # --- the watermark in the cluster ----------------------------------------------------------------------
 
-def table_id(table_root: str | Path) -> str:
+def table_id(table_root: str | Path | TableLocation) -> str:
     """The config name a table reports its watermark under: `table-<Delta table id>`."""
     dt = open_table(table_root)
     return "table-" + str(dt.metadata().id)  # type: ignore[attr-defined]
 
 
-def report_watermark(endpoints: tuple[str, ...], table_root: str | Path, through: dict[str, int], *,
+def report_watermark(endpoints: tuple[str, ...], table_root: str | Path | TableLocation, through: dict[str, int], *,
                      timeout_s: float = 10.0) -> bool:
     """Record the table's watermark in the cluster (compare-and-set: watermarks only go up; a record
     that would only cover the previous report itself is skipped, so a quiet `--follow` does not keep
@@ -213,7 +347,8 @@ def _only_own_records(client: Any, old: dict[str, int], new: dict[str, int], own
     return all(e.key in (key, "txn/" + key) for e in got.events if e.offset < hi)
 
 
-def release_watermark(endpoints: tuple[str, ...], table_root: str | Path, *, timeout_s: float = 10.0) -> bool:
+def release_watermark(endpoints: tuple[str, ...], table_root: str | Path | TableLocation, *,
+                      timeout_s: float = 10.0) -> bool:
     """Delete the table's watermark record: the logs no longer wait for this table. True if it existed."""
     from epochlog.client import Client
     from statemachines import events as ev

@@ -13,6 +13,13 @@ every reader pays per file. Two operations keep it lean:
   leaves alone, so the next export run continues exactly where the last one ended. Versions before
   the optimize still read their own files (time travel) until a vacuum deletes them. A run killed
   in the middle leaves its new files unreferenced (invisible) and the table at its previous version.
+- **Clustering** (`optimize_table(cluster=True)`, delta-rs `DeltaTable.optimize.z_order(["key"])`;
+  `epochlog table optimize` does it by default): every file of each date partition is rewritten with
+  its rows ordered by key (a Z-order over one column is a sort), in files of about the target size,
+  in one OPTIMIZE commit with `dataChange=false` like a compaction. Each file then holds a slice of the
+  key space, so `audit history KEY` and `audit state --prefix P` read the few files whose key
+  statistics may hold the key (spark.pruning) instead of every file. It rewrites every partition each
+  time (delta-rs has no incremental Z-order), so run it after large exports rather than after each.
 - **Vacuum** (`vacuum_table`, delta-rs `DeltaTable.vacuum(full=True)`): deletes the files no version
   within the retention needs: files removed (by an optimize) more than `retain_hours` ago, and files
   no commit ever referenced (left by a killed export or optimize run) older than `retain_hours`. A
@@ -29,14 +36,16 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from spark.errors import MaintenanceError
-from spark.table import APP_ID_PREFIX, PARTITION_COLUMN, is_table, open_table
+from spark.storage import TableLocation
+from spark.table import APP_ID_PREFIX, PARTITION_COLUMN, Root, is_table, logged_groups, open_table
 
 MIB = 1 << 20
 DEFAULT_TARGET_FILE_BYTES = 128 * MIB
+DEFAULT_CLUSTER_FILE_BYTES = 16 * MIB   # delta-rs's target counts rows in memory: files of about 5-8 MiB on disk
+CLUSTER_COLUMN = "key"
 DEFAULT_RETAIN_HOURS = 168            # Delta's default delta.deletedFileRetentionDuration (1 week)
 COMMIT_ATTEMPTS = 5
 _INTERVAL = re.compile(r"^\s*interval\s+(\d+)\s+(second|minute|hour|day|week)s?\s*$", re.IGNORECASE)
@@ -81,7 +90,7 @@ class VacuumResult:
     seconds: float
 
 
-def _table(root: str | Path) -> Any:
+def _table(root: Root) -> Any:
     if not is_table(root):
         raise MaintenanceError(f"{root} is not a Delta table (export to it first: epochlog export --to {root})")
     try:
@@ -93,30 +102,14 @@ def _table(root: str | Path) -> Any:
 def watermarks(dt: Any) -> dict[str, int]:
     """group -> app transaction version (`exporter/<group>`), read from the table's transactions."""
     out: dict[str, int] = {}
-    for group in _exported_groups(dt):
+    for group in logged_groups(dt):
         version = dt.transaction_version(APP_ID_PREFIX + group)
         if version is not None:
             out[group] = int(version)
     return out
 
 
-def _exported_groups(dt: Any, commits: int = 1000) -> list[str]:
-    """The groups exported by the table's last `commits` commits (from the export runs' custom
-    metadata: delta-rs lists no app transactions)."""
-    import json
-
-    groups: set[str] = set()
-    for entry in dt.history(limit=commits):
-        spans = entry.get("epochlog.export")
-        if spans:
-            try:
-                groups |= set(json.loads(spans))
-            except ValueError:
-                continue
-    return sorted(groups)
-
-
-def table_files(root: str | Path, target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES) -> TableFiles:
+def table_files(root: Root, target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES) -> TableFiles:
     """Files of the current version per partition, how many are small, and the unreferenced ones."""
     import pyarrow as pa
 
@@ -132,17 +125,16 @@ def table_files(root: str | Path, target_file_bytes: int = DEFAULT_TARGET_FILE_B
     for day in days:
         partitions[day] = partitions.get(day, 0) + 1
     referenced = set(paths)
-    base = Path(root)
-    stray = [p for p in base.rglob("*.parquet")
-             if "_delta_log" not in p.parts and p.relative_to(base).as_posix() not in referenced]
+    stray = [f for f in TableLocation.of(root).list_files() if f.path not in referenced]
     return TableFiles(dt.version(), len(paths), int(sum(sizes)), int(sum(r or 0 for r in rows)), partitions,
                       sum(1 for s in sizes if s < target_file_bytes // 2), len(stray),
-                      sum(p.stat().st_size for p in stray), watermarks(dt))
+                      sum(f.size for f in stray), watermarks(dt))
 
 
-def optimize_table(root: str | Path, *, target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
-                   max_concurrent_tasks: int | None = None) -> OptimizeResult:
-    """Compact each date partition's small files in one Delta commit (see the module docstring)."""
+def optimize_table(root: Root, *, target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
+                   max_concurrent_tasks: int | None = None, cluster: bool = False) -> OptimizeResult:
+    """Compact each date partition's small files in one Delta commit, or with `cluster`, rewrite every
+    partition's files ordered by key (see the module docstring)."""
     from deltalake import CommitProperties
     from deltalake.exceptions import CommitFailedError
 
@@ -154,9 +146,14 @@ def optimize_table(root: str | Path, *, target_file_bytes: int = DEFAULT_TARGET_
     for attempt in range(COMMIT_ATTEMPTS):
         dt = _table(root)
         try:
-            metrics = dt.optimize.compact(
-                target_size=target_file_bytes, max_concurrent_tasks=max_concurrent_tasks,
-                commit_properties=CommitProperties(custom_metadata={"epochlog.maintenance": "optimize"}))
+            if cluster:
+                metrics = dt.optimize.z_order(
+                    [CLUSTER_COLUMN], target_size=target_file_bytes, max_concurrent_tasks=max_concurrent_tasks,
+                    commit_properties=CommitProperties(custom_metadata={"epochlog.maintenance": "cluster"}))
+            else:
+                metrics = dt.optimize.compact(
+                    target_size=target_file_bytes, max_concurrent_tasks=max_concurrent_tasks,
+                    commit_properties=CommitProperties(custom_metadata={"epochlog.maintenance": "optimize"}))
             break
         except CommitFailedError:
             # A concurrent commit that conflicts (an export appends without conflict): compact again.
@@ -185,7 +182,7 @@ def retention_minimum_hours(dt: Any) -> float:
     return int(match.group(1)) * _UNIT_HOURS[match.group(2).lower()]
 
 
-def vacuum_table(root: str | Path, *, retain_hours: float = DEFAULT_RETAIN_HOURS, force: bool = False,
+def vacuum_table(root: Root, *, retain_hours: float = DEFAULT_RETAIN_HOURS, force: bool = False,
                  dry_run: bool = False) -> VacuumResult:
     """Delete the files no version within `retain_hours` needs (see the module docstring)."""
     started = time.perf_counter()
@@ -200,10 +197,11 @@ def vacuum_table(root: str | Path, *, retain_hours: float = DEFAULT_RETAIN_HOURS
             f"and break time travel to recent versions; pass --force to do it anyway")
     if retain_hours != int(retain_hours):
         raise MaintenanceError(f"retention of {retain_hours} hours: delta-rs takes whole hours")
-    base = Path(root)
+    loc = TableLocation.of(root)
     listed = dt.vacuum(retention_hours=int(retain_hours), dry_run=True, enforce_retention_duration=False, full=True)
-    size = sum((base / p).stat().st_size for p in listed if (base / p).exists())
+    size = sum(loc.size(loc.relative(p)) or 0 for p in listed)
     if not dry_run and listed:
         dt.vacuum(retention_hours=int(retain_hours), dry_run=False, enforce_retention_duration=False, full=True)
     return VacuumResult(_table(root).version(), retain_hours, dry_run, sorted(listed), size,
                         time.perf_counter() - started)
+

@@ -43,16 +43,18 @@ def to_batch(group: str, records: Sequence[SourceRecord]) -> pa.RecordBatch:
         return pa.RecordBatch.from_pylist([], schema=ROW_SCHEMA)
     offsets, keys, values, stamps, terms, applied = zip(*records)
     try:
-        events = [_decode(v) for v in values]      # the fast path: every value decodes
-        types = [e.__struct_config__.tag for e in events]
-        actors = [e.actor for e in events]
-        rids = [e.request_id for e in events]
-        versions = [e.v for e in events]
-        payloads = [_encode(e).decode() for e in events]
+        events: list[ev.Event | None] = [_decode(v) for v in values]      # the fast path: every value decodes
+        types = [e.__struct_config__.tag for e in events]  # type: ignore[union-attr]
+        actors = [e.actor for e in events]  # type: ignore[union-attr]
+        rids = [e.request_id for e in events]  # type: ignore[union-attr]
+        versions = [e.v for e in events]  # type: ignore[union-attr]
+        payloads = [_encode(e).decode() for e in events]  # type: ignore[arg-type]
     except ev.SchemaVersionError:
         raise
     except ev.EventError:
-        types, actors, rids, versions, payloads = _one_by_one(values)
+        events, types, actors, rids, versions, payloads = _one_by_one(values)
+    typed = [_typed(e) for e in events]
+    t_value, t_lease, t_expected, t_broker, t_epoch = zip(*typed)
     ts = pa.array(stamps, pa.int64()).cast(pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC"))
     columns = [
         pa.array(offsets, pa.int64()),
@@ -66,6 +68,11 @@ def to_batch(group: str, records: Sequence[SourceRecord]) -> pa.RecordBatch:
         pa.array(versions, pa.int32()),
         pa.array(payloads, pa.string()),
         pa.array(applied, pa.bool_()),
+        pa.array(t_value, pa.binary()),
+        pa.array(t_lease, pa.int64()),
+        pa.array(t_expected, pa.int64()),
+        pa.array(t_broker, pa.string()),
+        pa.array(t_epoch, pa.int64()),
         day_of(ts),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=ROW_SCHEMA)
@@ -79,9 +86,36 @@ def _encode(event: ev.Event) -> bytes:
     return _json.encode(event)
 
 
-def _one_by_one(values: Sequence[bytes | memoryview | None]) -> tuple[list[str], list[str], list[str], list[int],
-                                                                     list[str]]:
+_NONE = (None, None, None, None, None)
+
+
+def _typed(event: ev.Event | None) -> tuple[bytes | None, int | None, int | None, str | None, int | None]:
+    """(value, lease, expected_version, broker_name, epoch) of an event: the typed columns."""
+    if event is None:
+        return _NONE
+    if isinstance(event, ev.KvPut):
+        return event.value, event.lease or None, event.expected_version, None, None
+    if isinstance(event, ev.KvDeleted | ev.TopicUpdated | ev.TopicDeleted):
+        return None, None, event.expected_version, None, None
+    if isinstance(event, ev.LeaseGranted | ev.LeaseRevoked | ev.LeaseExpired):
+        return None, event.lease_id, None, None, None
+    if isinstance(event, ev.SessionOpened):
+        return None, event.lease or None, None, None, None
+    if isinstance(event, ev.ConfigChanged):
+        return None if event.value is None else event.value.encode(), None, None, None, None
+    broker_epoch = getattr(event, "broker_epoch", None)
+    if broker_epoch is not None:
+        return None, None, None, getattr(event, "name", None), broker_epoch
+    master_epoch = getattr(event, "master_epoch", None)
+    if master_epoch is not None:
+        return None, None, None, None, master_epoch
+    return _NONE
+
+
+def _one_by_one(values: Sequence[bytes | memoryview | None]) -> tuple[list[ev.Event | None], list[str], list[str],
+                                                                     list[str], list[int], list[str]]:
     """The event columns when some value does not decode: those become `_malformed` rows."""
+    events: list[ev.Event | None] = []
     types, actors, rids, versions, payloads = [], [], [], [], []
     for value in values:
         try:
@@ -89,6 +123,7 @@ def _one_by_one(values: Sequence[bytes | memoryview | None]) -> tuple[list[str],
         except ev.SchemaVersionError:
             raise
         except ev.EventError as exc:
+            events.append(None)
             types.append(MALFORMED)
             actors.append("")
             rids.append("")
@@ -96,12 +131,13 @@ def _one_by_one(values: Sequence[bytes | memoryview | None]) -> tuple[list[str],
             raw = base64.b64encode(bytes(value or b"")).decode()
             payloads.append(_json.encode({"error": str(exc), "value": raw}).decode())
         else:
+            events.append(event)
             types.append(event.__struct_config__.tag)  # type: ignore[arg-type]
             actors.append(event.actor)
             rids.append(event.request_id)
             versions.append(event.v)
             payloads.append(_encode(event).decode())
-    return types, actors, rids, versions, payloads
+    return events, types, actors, rids, versions, payloads
 
 
 def day_of(timestamps: pa.Array) -> pa.Array:

@@ -47,7 +47,8 @@ def get_session(master: str = DEFAULT_MASTER, app_name: str = "epochlog", *,
 
 
 def register(session: Any) -> None:
-    from spark.datasource import DeltaEventsSink, EventsSource
+    from spark.datasource import DeltaEventsSink, EventsSource, TableFilesSource
 
     session.dataSource.register(EventsSource)
     session.dataSource.register(DeltaEventsSink)
+    session.dataSource.register(TableFilesSource)

@@ -69,3 +69,21 @@ def write_group(data_dir: str | Path, group: str, events: int, *, batch_records:
     state = {"version": 1, "term": term, "vote": 0, "commit": last, "conf_offsets": [], "conf_scanned_to": 0}
     (group_dir / "quorum-state").write_bytes(msgspec.json.encode(state))
     return last
+
+
+def write_events(data_dir: str | Path, group: str, events: list[tuple[int, ev.Event]], *, term: int = 1,
+                 segment_bytes: int = 64 << 20) -> list[int]:
+    """Append `events` ((timestamp ms, event), one batch each) to `<data_dir>/groups/<group>/log` and
+    mark them committed in quorum-state; the offset of each event."""
+    group_dir = Path(data_dir) / "groups" / group
+    config = LogConfig(segment_bytes=segment_bytes, flush_policy="interval", flush_interval_ms=1000)
+    offsets = []
+    with Log.open(group_dir / "log", config) as log:
+        for ts, event in events:
+            info = log.append(encode_batch([ev.event_record(event)], timestamp_ms=ts, leader_epoch=term), epoch=term)
+            offsets.append(info.base_offset)
+        log.flush()
+    state = {"version": 1, "term": term, "vote": 0, "commit": offsets[-1] if offsets else -1, "conf_offsets": [],
+             "conf_scanned_to": 0}
+    (group_dir / "quorum-state").write_bytes(msgspec.json.encode(state))
+    return offsets

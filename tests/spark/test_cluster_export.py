@@ -88,11 +88,11 @@ def test_killed_export_rerun_audit_and_watermark(tmp_path: Path, spark_session: 
 
             # 1. `epochlog export` in a real process, SIGKILLed (with its JVM and Python workers: the
             #    whole process group it leads) once its first Parquet file is on disk.
-            log = open(tmp_path / "export.log", "wb")
-            export = subprocess.Popen(
-                [sys.executable, "-m", "epochlog", "export", "--to", str(table), "--endpoints", ",".join(endpoints),
-                 "--range-offsets", "10", "--master", "local[2]", "--json"],
-                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            with open(tmp_path / "export.log", "wb") as log:
+                export = subprocess.Popen(
+                    [sys.executable, "-m", "epochlog", "export", "--to", str(table), "--endpoints",
+                     ",".join(endpoints), "--range-offsets", "10", "--master", "local[2]", "--json"],
+                    cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             wait_until(lambda: next(table.glob("date=*/*.parquet"), None) or export.poll() is not None, 120,
                        "the export's first Parquet file")
             assert export.poll() is None, (tmp_path / "export.log").read_text()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -109,7 +109,7 @@ def test_time_travel_resolves_versions_and_refuses_what_delta_rs_would_not(tmp_p
     time.sleep(0.05)
     commit_run(root, _files(root, "kv", 0, 10), ExportPlan.make({}, {"kv": (0, 9)}))
     time.sleep(0.05)
-    between = datetime.now(timezone.utc)
+    between = datetime.now(UTC)
     time.sleep(0.05)
     commit_run(root, _files(root, "kv", 10, 30), ExportPlan.make({"kv": 9}, {"kv": (0, 29)}))
     assert table.resolve(root).version == 2
@@ -120,6 +120,6 @@ def test_time_travel_resolves_versions_and_refuses_what_delta_rs_would_not(tmp_p
     with pytest.raises(AuditError, match="version 7 does not exist"):
         table.resolve(root, version=7)
     with pytest.raises(AuditError, match="before the table existed"):
-        table.resolve(root, as_of=datetime.fromtimestamp(created.committed_ms / 1000 - 60, tz=timezone.utc))
+        table.resolve(root, as_of=datetime.fromtimestamp(created.committed_ms / 1000 - 60, tz=UTC))
     with pytest.raises(AuditError, match="is not a time"):
         table.resolve(root, as_of="yesterday")
