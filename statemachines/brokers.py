@@ -19,12 +19,20 @@ Rules (each conditioned on an epoch, so a stale command changes nothing on every
 
 from __future__ import annotations
 
+import secrets
 from typing import NamedTuple
 
 import msgspec
 
 from statemachines import events as ev
 from statemachines.state import BrokerState, GroupState
+
+
+def new_incarnation(start_ns: int) -> str:
+    """An incarnation id for a broker process started at `start_ns` (time.time_ns()): it sorts by start
+    time (20 digits), and a random tail keeps two processes started in the same nanosecond apart. A newer
+    incarnation fences the previous process of the same broker (controller/decisions.py)."""
+    return f"{start_ns:020d}-{secrets.token_hex(4)}"
 
 
 class Rejected(NamedTuple):
