@@ -10,6 +10,9 @@ Workloads:
   get   a point read of one hot key; --consistency linearizable (etcd's default) or local
         (etcd's serializable)
 
+Writes go through the SDK's client sessions (exactly once); `--no-sessions` sends UUIDv7 request ids
+instead (bench/sessions_cost.py compares the two).
+
 Prints ONE JSON line: ops/s, rpc/s, latency percentiles (ms), client and server CPU.
 """
 
@@ -80,7 +83,7 @@ def self_cpu() -> float:
 async def run(args: argparse.Namespace) -> dict[str, object]:
     from statemachines.events import KvPut
 
-    client = AsyncClient(args.endpoints, timeout=args.rpc_timeout)
+    client = AsyncClient(args.endpoints, timeout=args.rpc_timeout, sessions=not args.no_sessions)
     values = make_values()
     batch = args.batch
 
@@ -167,6 +170,8 @@ def main() -> None:
     ap.add_argument("--server-pids", default="", help="comma-separated node pids, to account server CPU")
     ap.add_argument("--label")
     ap.add_argument("--uvloop", action="store_true", help="run the client on uvloop")
+    ap.add_argument("--no-sessions", action="store_true",
+                    help="writes carry UUIDv7 request ids instead of client-session fields (bench/sessions_cost.py)")
     args = ap.parse_args()
     if args.uvloop:
         import uvloop

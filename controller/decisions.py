@@ -8,7 +8,7 @@ controller's or a deposed master's decision changes nothing).
 The rules (RocketMQ 5 controller mode, KRaft's broker lifecycle):
 
 - register: a broker is (cluster, group, name) plus an incarnation id, which names one process
-  run and sorts by its start (`new_incarnation`). The same incarnation registering again changes
+  run and sorts by its start (`statemachines.brokers.new_incarnation`). The same incarnation registering again changes
   nothing (a retry). A newer one replaces the registration with a higher broker epoch, so the
   previous process is fenced: its heartbeats and reports carry a stale epoch. An older one is
   refused (`FencedError`). Broker epochs are taken from the log's next offset (KRaft uses the
@@ -30,7 +30,6 @@ The rules (RocketMQ 5 controller mode, KRaft's broker lifecycle):
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol
@@ -60,12 +59,6 @@ class Decision:
 
 
 NOTHING = Decision()
-
-
-def new_incarnation(start_ns: int) -> str:
-    """An incarnation id for a process started at `start_ns` (time.time_ns()): it sorts by start time
-    (20 digits), and a random tail keeps two processes started in the same nanosecond apart."""
-    return f"{start_ns:020d}-{secrets.token_hex(4)}"
 
 
 def _refuse(error: ControllerError) -> Decision:

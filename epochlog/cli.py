@@ -23,16 +23,34 @@ import click
 
 from epochlog import cli_brokers, cli_certs, cli_client
 from eventlog.errors import EpochlogError
-from spark import cli as spark_cli
 
 EXIT_ERROR = 3
 EXIT_USAGE = 64
+
+LAZY_COMMANDS = {"export": "export_command", "audit": "audit_group", "table": "table_group"}
+"""Commands of spark/cli.py: imported when one of them runs (or `--help` lists them), so every other
+command starts without loading the export's modules."""
+
+
+class _Commands(click.Group):
+    """The `epochlog` group, with the Spark commands (LAZY_COMMANDS) loaded on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:
+            from spark import cli as spark_cli
+
+            self.add_command(getattr(spark_cli, LAZY_COMMANDS[cmd_name]), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
 
 _dir_argument = click.argument(
     "directory", type=click.Path(exists=True, file_okay=False, dir_okay=True, path_type=Path))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="epochlog")
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
 def cli(verbose: bool) -> None:
@@ -243,7 +261,6 @@ def serve_command(config_path: Path, node_id: int, data_dir: Path | None, seed: 
 cli_client.register(cli)
 cli_brokers.register(cli)   # brokers, routes, topic create, broker run, sim brokers (the controller)
 cli_certs.register(cli)     # certs init|member|client|show (the cluster CA)
-spark_cli.register(cli)   # export, audit (pyspark is imported only when they run)
 
 
 def _use_uvloop() -> None:

@@ -346,7 +346,8 @@ def _payload(header: BatchHeader, body: memoryview, max_bytes: int | None) -> by
 
 def gunzip(data: bytes | memoryview, max_bytes: int | None = None) -> bytes:
     """What `gzip.decompress(data)` gives (every member; zero padding between and after members is
-    skipped), InvalidBatchError where it raises. With `max_bytes`: BatchTooLargeError as soon as the
+    skipped), InvalidBatchError where it raises, and where a member sets reserved header flag bits
+    (RFC 1952 says they must be zero; gzip.decompress ignores them). With `max_bytes`: BatchTooLargeError as soon as the
     output passes it, having inflated at most `max_bytes` + 1 bytes: a small batch that would inflate
     to gigabytes costs no more memory and time than one of `max_bytes`."""
     out = bytearray()

@@ -39,13 +39,6 @@ def _location(table: str, storage_options: tuple[str, ...]) -> Any:
     return TableLocation.parse(table, parse_storage_options(storage_options))
 
 
-def register(cli: click.Group) -> None:
-    """Add `export`, `audit` and `table` to the `epochlog` group (cli.py calls this once)."""
-    cli.add_command(export_command)
-    cli.add_command(audit_group)
-    cli.add_command(table_group)
-
-
 # --- export ----------------------------------------------------------------------------------------
 
 def _spark_options(f: Callable[..., None]) -> Callable[..., None]:

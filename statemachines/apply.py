@@ -47,7 +47,7 @@ from eventlog.errors import InvalidBatchError
 from eventlog.raft.types import Entry, EntryKind
 from eventlog.records import NO_PRODUCER_ID, BatchHeader, Record, RecordBatch
 from statemachines import events as ev
-from statemachines import producers, request_ids, sessions
+from statemachines import brokers, producers, request_ids, sessions
 from statemachines.noops import CF as NOOPS
 from statemachines.noops import ensure_noops_from
 from statemachines.state import (
@@ -456,89 +456,44 @@ def _version_mismatch(offset: int, key: str, expected: int | None, state: msgspe
 
 def _broker_registered(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     assert isinstance(e, ev.BrokerRegistered)
-    current = a.load(ov, e.key())
-    if isinstance(current, BrokerState) and current.broker_epoch >= e.broker_epoch:
-        return _reject(offset, "stale_epoch", f"broker {e.name} is at epoch {current.broker_epoch}, "
-                                              f"not below {e.broker_epoch}")
-    created = current.created if isinstance(current, BrokerState) else offset
-    a.save(ov, e.key(), BrokerState(cluster=e.cluster, group=e.group, name=e.name, address=e.address,
-                                    incarnation=e.incarnation, broker_id=e.broker_id, broker_epoch=e.broker_epoch,
-                                    version=offset, created=created), e, offset)
-    group = a.load(ov, e.group_key())
-    if isinstance(group, GroupState):
-        brokers = {**group.brokers, e.name: e.broker_id}
-        group = msgspec.structs.replace(group, brokers=brokers, version=offset)
-    else:
-        group = GroupState(cluster=e.cluster, group=e.group, brokers={e.name: e.broker_id}, version=offset,
-                           created=offset)
-    a.save(ov, e.group_key(), group, e, offset)
-    return _ok(offset)
-
-
-def _broker_epoch_check(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> tuple[BrokerState | None, Outcome | None]:
-    assert isinstance(e, ev.BrokerFenced | ev.BrokerUnfenced | ev.BrokerUnregistered)
-    current = a.load(ov, e.key())
-    if not isinstance(current, BrokerState):
-        return None, _reject(offset, "not_found", f"broker {e.name} of {e.group} is not registered")
-    if current.broker_epoch != e.broker_epoch:
-        return None, _reject(offset, "stale_epoch", f"broker {e.name} is at epoch {current.broker_epoch}, "
-                                                    f"not {e.broker_epoch}")
-    return current, None
+    current, group = a.load(ov, e.key()), a.load(ov, e.group_key())
+    change = brokers.broker_registered(current if isinstance(current, BrokerState) else None,
+                                       group if isinstance(group, GroupState) else None, e, offset)
+    return _broker_change(a, ov, e, offset, change)
 
 
 def _broker_fenced(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
-    current, rejected = _broker_epoch_check(a, ov, e, offset)
-    if rejected:
-        return rejected
-    assert current is not None
-    a.save(ov, e.key(), msgspec.structs.replace(current, fenced=isinstance(e, ev.BrokerFenced), version=offset),
-           e, offset)
+    """BrokerFenced, BrokerUnfenced and BrokerUnregistered (statemachines/brokers.py)."""
+    assert isinstance(e, ev.BrokerFenced | ev.BrokerUnfenced | ev.BrokerUnregistered)
+    current, group = a.load(ov, e.key()), a.load(ov, e.group_key())
+    change = brokers.broker_changed(current if isinstance(current, BrokerState) else None,
+                                    group if isinstance(group, GroupState) else None, e, offset)
+    return _broker_change(a, ov, e, offset, change)
+
+
+def _broker_change(a: Applier, ov: Overlay, e: ev.BrokerRegistered | ev.BrokerFenced | ev.BrokerUnfenced
+                   | ev.BrokerUnregistered, offset: int, change: brokers.BrokerChange | brokers.Rejected) -> Outcome:
+    if isinstance(change, brokers.Rejected):
+        return _reject(offset, change.code, change.message)
+    if change.broker is None:
+        a.remove(ov, e.key(), e, offset)
+    else:
+        a.save(ov, e.key(), change.broker, e, offset)
+    if change.group is not None:
+        a.save(ov, e.group_key(), change.group, e, offset)
     return _ok(offset)
 
 
-def _broker_unregistered(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
-    assert isinstance(e, ev.BrokerUnregistered)
-    current, rejected = _broker_epoch_check(a, ov, e, offset)
-    if rejected:
-        return rejected
-    a.remove(ov, e.key(), e, offset)
-    group = a.load(ov, e.group_key())
-    if isinstance(group, GroupState):
-        brokers = {n: i for n, i in group.brokers.items() if n != e.name}
-        a.save(ov, e.group_key(), msgspec.structs.replace(group, brokers=brokers, version=offset), e, offset)
-    return _ok(offset)
-
-
-def _sync_state_set_changed(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
-    assert isinstance(e, ev.SyncStateSetChanged)
-    group = a.load(ov, e.key())
-    if not isinstance(group, GroupState):
-        return _reject(offset, "not_found", f"broker group {e.group} has no master yet")
-    if (group.master_epoch, group.sync_state_set_epoch) != (e.master_epoch, e.sync_state_set_epoch):
-        return _reject(offset, "stale_epoch", f"group {e.group} is at master epoch {group.master_epoch} and "
-                                              f"sync-state-set epoch {group.sync_state_set_epoch}, not "
-                                              f"{e.master_epoch}/{e.sync_state_set_epoch}")
-    if group.master not in e.sync_state_set:
-        return _reject(offset, "invalid_argument", "the master must stay in its sync state set")
-    a.save(ov, e.key(), msgspec.structs.replace(group, sync_state_set=tuple(sorted(set(e.sync_state_set))),
-                                                sync_state_set_epoch=group.sync_state_set_epoch + 1,
-                                                version=offset), e, offset)
-    return _ok(offset)
-
-
-def _master_elected(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
-    assert isinstance(e, ev.MasterElected)
-    group = a.load(ov, e.key())
-    if not isinstance(group, GroupState):
-        group = GroupState(cluster=e.cluster, group=e.group, version=offset, created=offset)
-    if group.master_epoch != e.master_epoch:
-        return _reject(offset, "stale_epoch", f"group {e.group} is at master epoch {group.master_epoch}, "
-                                              f"not {e.master_epoch}")
-    sync = tuple(sorted(set(e.sync_state_set))) if e.sync_state_set else ((e.master,) if e.master >= 0 else ())
-    a.save(ov, e.key(), msgspec.structs.replace(group, master=e.master, master_epoch=group.master_epoch + 1,
-                                                sync_state_set=sync,
-                                                sync_state_set_epoch=group.sync_state_set_epoch + 1,
-                                                version=offset), e, offset)
+def _group_change(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    """SyncStateSetChanged and MasterElected (statemachines/brokers.py)."""
+    assert isinstance(e, ev.SyncStateSetChanged | ev.MasterElected)
+    current = a.load(ov, e.key())
+    group = current if isinstance(current, GroupState) else None
+    changed = (brokers.sync_state_set_changed(group, e, offset) if isinstance(e, ev.SyncStateSetChanged)
+               else brokers.master_elected(group, e, offset))
+    if isinstance(changed, brokers.Rejected):
+        return _reject(offset, changed.code, changed.message)
+    a.save(ov, e.key(), changed, e, offset)
     return _ok(offset)
 
 
@@ -760,9 +715,9 @@ _HANDLERS: dict[type, Handler] = {
     ev.BrokerRegistered: _broker_registered,
     ev.BrokerFenced: _broker_fenced,
     ev.BrokerUnfenced: _broker_fenced,
-    ev.BrokerUnregistered: _broker_unregistered,
-    ev.SyncStateSetChanged: _sync_state_set_changed,
-    ev.MasterElected: _master_elected,
+    ev.BrokerUnregistered: _broker_fenced,
+    ev.SyncStateSetChanged: _group_change,
+    ev.MasterElected: _group_change,
     ev.TopicCreated: _topic_created,
     ev.TopicUpdated: _topic_updated,
     ev.TopicDeleted: _topic_deleted,

@@ -28,7 +28,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from controller.decisions import new_incarnation
+from statemachines.brokers import new_incarnation
 from epochlog import protocol as p
 from epochlog.client.aio import AsyncClient
 from epochlog.client.errors import ClientError

@@ -13,6 +13,7 @@ import pytest
 from controller import decisions as d
 from controller.errors import ControllerError
 from statemachines import events as ev
+from statemachines.brokers import new_incarnation
 from tests.controller.helpers import CLUSTER, GKEY, GROUP, B, G, clocks, registry
 
 
@@ -77,9 +78,9 @@ def test_register(case, group, brokers, req, next_offset, expected):
 
 
 def test_incarnations_sort_by_start_time():
-    early, late = d.new_incarnation(1_700_000_000_000_000_000), d.new_incarnation(1_700_000_000_000_000_001)
+    early, late = new_incarnation(1_700_000_000_000_000_000), new_incarnation(1_700_000_000_000_000_001)
     assert early < late and len(early) == len(late)
-    assert d.new_incarnation(5) != d.new_incarnation(5)
+    assert new_incarnation(5) != new_incarnation(5)
 
 
 # --- elect --------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from controller.decisions import new_incarnation
+from statemachines.brokers import new_incarnation
 from epochlog import protocol as p
 from epochlog.client import AsyncClient
 from epochlog.client.broker import DEFAULT_CLUSTER, ControllerClient
