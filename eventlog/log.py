@@ -983,7 +983,7 @@ class Log:
             os.close(fd)
         try:
             on_batch = None if consumed is None else (lambda _pos, h: consumed(h.batch_length + LOG_OVERHEAD))
-            scan = scan_segment(mm, segment.base_offset, recovery_point=segment.next_offset,
+            scan = scan_segment(mm, segment.base_offset,
                                 expected_epoch=epoch_of, on_batch=on_batch,
                                 cleaned_end=segment.next_offset if segment.cleaned else None)
         finally:
@@ -1002,7 +1002,7 @@ class Log:
         recorded (None: the segment left the log or was replaced meanwhile)."""
         with self._lock:
             i = bisect_right(self._bases, base_offset) - 1
-            if self._closed or i < 0 or self._bases[i] != base_offset or i == len(self._segments) - 1:
+            if self._closed or i < 0 or self._bases[i] != base_offset:
                 return None
             seg = self._segments[i]
             try:

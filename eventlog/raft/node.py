@@ -209,6 +209,7 @@ class RaftNode:
         self._step = self._step_follower
         self._tick = self._tick_election
         self._become_follower(self.term, 0)
+        self._maybe_clear_floor()   # a floor persisted after the log was whole again is stale
 
     # --- public inputs -------------------------------------------------------------------------
 
@@ -874,6 +875,10 @@ class RaftNode:
             try:
                 entries = log.entries(pr.next, log.last_index() + 1, self.cfg.max_append_bytes)
             except CompactedError:
+                if log.storage.snapshot().index < 0:
+                    # Without any snapshot only an entry the storage cannot read now does this (damaged:
+                    # the runtime takes a snapshot past it, repair.py): the follower waits for it.
+                    return False
                 self._start_snapshot(to)
                 return False
         if not entries and not allow_empty and pr.state is ProgressState.REPLICATE:

@@ -3,6 +3,8 @@
 Each group (`metadata`, `offsets`, `kv`, ...) has its own directory `<data_dir>/groups/<name>/`,
 its own log, leader and state machine, and its own task; all share the node's connections.
 `<data_dir>/cluster-id` records the cluster name: a node refuses a data directory of another cluster.
+One scrub thread checks the sealed segments of every group's log (`[log] scrub_bytes_per_second`,
+eventlog/scrub.py).
 
 The configured members are every group's initial voters, on every node. A node added at runtime
 (not in the list: `member` gives its addresses) starts from that same initial configuration, which
@@ -25,6 +27,7 @@ from eventlog.raft.runtime.lag import LagMonitor
 from eventlog.raft.runtime.log_storage import LogStorage
 from eventlog.raft.runtime.transport import PeerTransport
 from eventlog.raft.types import Message
+from eventlog.scrub import Scrubber
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +57,7 @@ class NodeHost:
         self.configured = any(m.id == node_id for m in configs.cluster.members)
         self.groups: dict[str, RaftGroup] = {}
         self.transport: PeerTransport | None = None
+        self.scrubber: Scrubber | None = None
 
     async def start(self) -> None:
         cluster = self.configs.cluster
@@ -89,6 +93,11 @@ class NodeHost:
             self.groups[name] = group
         for group in self.groups.values():
             group.start()
+        if self.configs.log.scrub_bytes_per_second:
+            logs = {name: group.storage.log for name, group in self.groups.items()}
+            self.scrubber = Scrubber(lambda: logs, self.configs.log.scrub_bytes_per_second,
+                                     name=f"log-scrub-{self.node_id}")
+            self.scrubber.start()
         await self.transport.start()
 
     def _check_cluster_id(self) -> None:
@@ -114,6 +123,8 @@ class NodeHost:
         return self.groups[group].node.leader
 
     async def stop(self) -> None:
+        if self.scrubber is not None:
+            self.scrubber.close()
         if self.transport is not None:
             await self.transport.close()
         for group in self.groups.values():
