@@ -983,9 +983,9 @@ class Log:
             os.close(fd)
         try:
             on_batch = None if consumed is None else (lambda _pos, h: consumed(h.batch_length + LOG_OVERHEAD))
-            scan = scan_segment(mm, segment.base_offset,
-                                expected_epoch=epoch_of, on_batch=on_batch,
-                                cleaned_end=segment.next_offset if segment.cleaned else None)
+            with memoryview(mm) as view:
+                scan = scan_segment(view, segment.base_offset, expected_epoch=epoch_of, on_batch=on_batch,
+                                    cleaned_end=segment.next_offset if segment.cleaned else None)
         finally:
             mm.close()
         if scan.status is ScanStatus.CLEAN and scan.valid_bytes == segment.size and (
