@@ -185,11 +185,12 @@ def build_image(meta: SnapshotMeta, data: Path, log: Log | None) -> SnapshotImag
     dirty = 0
     if log is not None and log.start_offset < end <= log.end_offset:
         generation, parts = log.prefix_parts(end)
-        base = parts[0].base
-        entries = [(e, s) for e, s in log.epoch_entries if s < end]
-        first = max([i for i, (_, s) in enumerate(entries) if s <= base], default=0)
-        epochs = [(e, max(s, base)) for e, s in entries[first:]]
-        dirty = min(max(log.cleaner_dirty_offset, base), end)
+        if parts:   # none when the segment holding `end` is damaged below it: then the image has no prefix
+            base = parts[0].base
+            entries = [(e, s) for e, s in log.epoch_entries if s < end]
+            first = max([i for i, (_, s) in enumerate(entries) if s <= base], default=0)
+            epochs = [(e, max(s, base)) for e, s in entries[first:]]
+            dirty = min(max(log.cleaner_dirty_offset, base), end)
     header = ImageHeader(os.stat(data).st_size, tuple((p.base, p.end, p.size) for p in parts), dirty, tuple(epochs))
     head = header.encode()
     return SnapshotImage(replace(meta, size=len(head) + header.body_bytes), head, data, parts, generation,
