@@ -1,12 +1,12 @@
 """What finding corruption costs: the scrub's effect on put latency, and the CRC check of every read.
 
 1. Put latency with the scrub off and at a rate (issue 18: at its default rate the scrub costs at most
-   5 % of p99 put latency). Per round and rate, a FRESH 3-node cluster (tests/node/cluster.py, 4 MiB
+   5 % of p99 put latency). Per round and rate, a FRESH cluster (`--nodes`, default 3) (tests/node/cluster.py, 4 MiB
    segments, the cleaner off so sealed segments stay) is preloaded with `--preload-mib` of kv puts in
    batches (sealed segments for the scrub to read: a pass over them takes preload / rate seconds, then
    the scrub pauses 1 s), then `--puts` single puts are timed from `--concurrency` SDK callers. The
    rates alternate within each round (off, default, ...) and the table gives, per rate, the median
-   over rounds of each percentile, all the rounds' p99s, and the bytes the scrubs of the three nodes
+   over rounds of each percentile, all the rounds' p99s, and the bytes the scrubs of the nodes
    actually checked per second during the measurement (epochlog_scrub_bytes_total).
 2. The read path's checks, in process: `Log.read` of a 64 MiB log in 1 MiB chunks (what Fetch,
    read_events, watch and replication do) with every batch checked (CRC, layout, offset, epoch), and
@@ -45,6 +45,9 @@ def log(msg: str) -> None:
 
 def _scrubbed(cluster: NodeCluster) -> float:
     return sum(cluster.metrics(n).get(("epochlog_scrub_bytes_total", ()), 0.0) for n in cluster.nodes)
+
+
+
 
 
 async def _load(endpoints: list[str], args: argparse.Namespace) -> dict[str, Any]:
@@ -86,7 +89,8 @@ async def _load(endpoints: list[str], args: argparse.Namespace) -> dict[str, Any
 
 def run_phase(rate: int, args: argparse.Namespace, round_no: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"scrub-bench-{rate}-", dir=args.scratch) as tmp:
-        cluster = NodeCluster(Path(tmp), seed=round_no, log={"segment_bytes": 4 << 20, "scrub_bytes_per_second": rate},
+        cluster = NodeCluster(Path(tmp), size=args.nodes, seed=round_no,
+                              log={"segment_bytes": 4 << 20, "scrub_bytes_per_second": rate},
                               compaction={"cleaner": {"enabled": False}})
         try:
             load_before = os.getloadavg()
@@ -165,13 +169,13 @@ def render(lat: dict[str, Any], reads: list[dict[str, Any]], args: argparse.Name
     by_rate: dict[int, list[dict[str, Any]]] = {}
     for r in lat["rounds"]:
         by_rate.setdefault(r["rate"], []).append(r)
-    lines = [f"3 `epochlog serve` nodes on loopback per phase (fresh cluster, 4 MiB segments, cleaner off), "
+    lines = [f"{args.nodes} `epochlog serve` node(s) on loopback per phase (fresh cluster, 4 MiB segments, cleaner off), "
              f"preloaded with {args.preload_mib} MiB of kv puts in batches of 200, then {args.puts:,} single puts of "
              f"{args.value_bytes} bytes from {args.concurrency} SDK callers; {args.rounds} rounds, the rates "
-             f"taking turns within each (the order reversed every other round). Medians over rounds; `scrub MiB/s` is what the three nodes' scrubs checked "
-             f"per second from start to the end of the measurement (a pass over the sealed segments, then 1 s of "
+             f"taking turns within each (the order reversed every other round). Medians over rounds; `scrub MiB/s` is what the nodes' scrubs checked "
+             f"per second, all nodes together, from start to the end of the measurement (a pass over the sealed segments, then 1 s of "
              f"pause). Load average (1 min) before each phase is in the JSON lines.", "",
-             "| scrub rate | puts/s | p50 ms | p99 ms | p99.9 ms | max ms | all p99s | scrub MiB/s (3 nodes) |",
+             f"| scrub rate | puts/s | p50 ms | p99 ms | p99.9 ms | max ms | all p99s | scrub MiB/s ({args.nodes} nodes) |",
              "|---|---:|---:|---:|---:|---:|---|---:|"]
     med: dict[int, float] = {}
     for rate, rows in by_rate.items():
@@ -200,6 +204,7 @@ def render(lat: dict[str, Any], reads: list[dict[str, Any]], args: argparse.Name
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--rates", type=int, nargs="*", default=[DEFAULT_RATE], help="scrub rates (bytes/s) besides off")
     ap.add_argument("--preload-mib", type=int, default=48)
     ap.add_argument("--puts", type=int, default=15000)

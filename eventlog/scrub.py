@@ -34,8 +34,8 @@ logger = logging.getLogger(__name__)
 
 PASS_INTERVAL_S = 1.0
 """The pause between two passes (also when there is nothing to scrub yet)."""
-PACING_WINDOW_S = 0.01
-"""The pacer's window: the scrub's work is spread in slices of at most rate x window bytes."""
+PACING_WINDOW_S = 0.1
+"""The pacer's window: the scrub works in slices of about rate x window bytes, then sleeps (few wake-ups)."""
 
 
 @dataclass(slots=True)
