@@ -8,7 +8,9 @@
    rates alternate within each round (off, default, ...) and the table gives, per rate, the median
    over rounds of each percentile, all the rounds' p99s, and the bytes the scrubs of the nodes
    actually checked per second during the measurement (epochlog_scrub_bytes_total).
-2. The read path's checks, in process: `Log.read` of a 64 MiB log in 1 MiB chunks (what Fetch,
+2. The scrub thread next to an event loop in one process (`run_loop_probe`): how late a request-like
+   callback starts, every millisecond, with the scrub off and on, and the scrub thread's CPU.
+3. The read path's checks, in process: `Log.read` of a 64 MiB log in 1 MiB chunks (what Fetch,
    read_events, watch and replication do) with every batch checked (CRC, layout, offset, epoch), and
    with the check replaced by a header read (what reads did before), for 200-byte, 1 KiB and 16 KiB
    batches.
@@ -165,7 +167,72 @@ def run_reads(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def render(lat: dict[str, Any], reads: list[dict[str, Any]], args: argparse.Namespace) -> str:
+def run_loop_probe(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The scrub thread next to an event loop, in one process (as in a node): the loop runs a request-like
+    callback (about 0.2 ms of Python) every millisecond; measured: how late callbacks start and how long
+    they take, with the scrub off and at the default rate, over a log of 48 MiB in big batches (200 puts:
+    as the latency phases preload) or in 300-byte batches (the most per-batch work per byte)."""
+    from eventlog.log import Log
+    from eventlog.records import encode_batch
+    from eventlog.scrub import Scrubber
+
+    rows = []
+    for records in (200, 1):
+        with tempfile.TemporaryDirectory(dir=args.scratch) as tmp:
+            with Log.open(Path(tmp) / "log", LogConfig(segment_bytes=4 << 20, flush_policy="interval")) as lg:
+                batch = encode_batch([(b"kv/pre/%06d" % i, b"v" * 200) for i in range(records)], timestamp_ms=1)
+                total = 0
+                while total < (48 << 20):
+                    lg.append(batch, epoch=1)
+                    total += len(batch)
+                lg.flush()
+                for repeat in range(args.probe_repeats):
+                    for on in ((False, True) if repeat % 2 == 0 else (True, False)):
+                        scrubber = Scrubber(lambda lg=lg: {"kv": lg}, DEFAULT_RATE) if on else None
+                        if scrubber is not None:
+                            scrubber.start()
+                        late, took = asyncio.run(_probe(args.probe_seconds))
+                        cpu = 0.0
+                        if scrubber is not None:
+                            scrubber.close()
+                            cpu = scrubber.stats.cpu_seconds / args.probe_seconds
+                        rows.append({"batch_bytes": len(batch), "scrub": on, "late_p99_ms": late[0], "late_max_ms": late[1],
+                                     "took_p99_ms": took[0], "scrub_cpu_pct": round(100 * cpu, 2)})
+                        log(f"probe: {rows[-1]}")
+    return rows
+
+
+async def _probe(seconds: float) -> tuple[tuple[float, float], tuple[float, float]]:
+    loop = asyncio.get_running_loop()
+    late: list[float] = []
+    took: list[float] = []
+    done = loop.create_future()
+    end = loop.time() + seconds
+
+    def tick(due: float) -> None:
+        started = loop.time()
+        late.append(started - due)
+        x = 0
+        for i in range(3000):   # about 0.2 ms of Python
+            x += i * i
+        took.append(loop.time() - started)
+        if started < end:
+            loop.call_at(due + 0.001, tick, due + 0.001)
+        elif not done.done():
+            done.set_result(None)
+
+    loop.call_soon(tick, loop.time())
+    await done
+    late.sort()
+    took.sort()
+
+    def q(values: list[float]) -> tuple[float, float]:
+        return round(values[int(0.99 * (len(values) - 1))] * 1000, 3), round(values[-1] * 1000, 3)
+    return q(late), q(took)
+
+
+def render(lat: dict[str, Any], reads: list[dict[str, Any]], args: argparse.Namespace,
+           probe: list[dict[str, Any]] | None = None) -> str:
     by_rate: dict[int, list[dict[str, Any]]] = {}
     for r in lat["rounds"]:
         by_rate.setdefault(r["rate"], []).append(r)
@@ -197,6 +264,19 @@ def render(lat: dict[str, Any], reads: list[dict[str, Any]], args: argparse.Name
     for r in reads:
         lines.append(f"| {r['batch_bytes']} | {r['mib']} | {r['checked_mib_per_s']} | {r['unchecked_mib_per_s']} | "
                      f"{r['cost_us_per_mib']} |")
+    if probe:
+        lines += ["", f"The scrub thread next to an event loop in one process, at the default rate over a 48 MiB log "
+                  f"(`run_loop_probe`): a callback of ~0.2 ms every ms for {args.probe_seconds:g} s, "
+                  f"{args.probe_repeats} repeats per case alternating off/on; medians of the repeats.", "",
+                  "| batch bytes | scrub | callback start late p99 ms | late max ms | callback took p99 ms | scrub CPU % of a core |",
+                  "|---:|---|---:|---:|---:|---:|"]
+        for size in sorted({r["batch_bytes"] for r in probe}, reverse=True):
+            for on in (False, True):
+                rows = [r for r in probe if r["batch_bytes"] == size and r["scrub"] is on]
+                def m(key: str, rows: list[dict[str, Any]] = rows) -> float:
+                    return round(statistics.median(r[key] for r in rows), 3)
+                lines.append(f"| {size} | {'on' if on else 'off'} | {m('late_p99_ms')} | {m('late_max_ms')} | "
+                             f"{m('took_p99_ms')} | {m('scrub_cpu_pct')} |")
     lines += ["", "Rounds (JSON lines):", "", "```", *(json.dumps(r) for r in lat["rounds"]), "```"]
     return "\n".join(lines)
 
@@ -205,6 +285,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--probe-seconds", type=float, default=5.0)
+    ap.add_argument("--probe-repeats", type=int, default=4)
     ap.add_argument("--rates", type=int, nargs="*", default=[DEFAULT_RATE], help="scrub rates (bytes/s) besides off")
     ap.add_argument("--preload-mib", type=int, default=48)
     ap.add_argument("--puts", type=int, default=15000)
@@ -214,8 +296,9 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true", help="print, do not update bench/RESULTS.md")
     args = ap.parse_args()
     reads = run_reads(args)
-    lat = run_latency(args)
-    body = render(lat, reads, args)
+    probe = run_loop_probe(args)
+    lat = run_latency(args) if args.rounds else {"rounds": []}
+    body = render(lat, reads, args, probe)
     print(body)
     if not args.no_write:
         write_section("scrub", body)

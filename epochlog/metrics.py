@@ -57,6 +57,7 @@ Families (counters get the `_total` suffix on the wire):
     epochlog_scrub_bytes_total               counter     bytes of sealed segments the scrub checked
     epochlog_scrub_passes_total              counter     scrub passes completed over every log
     epochlog_scrub_last_pass_seconds         gauge       duration of the last pass: the scrub period
+    epochlog_scrub_cpu_seconds_total         counter     CPU time of the scrub thread
     epochlog_views_digest_checks_total{group} counter    comparisons of views digests this node made as leader
     epochlog_views_digest_mismatch{group,member} gauge   on the leader: 1 while the member's views digest
                                                          differs from its own at the same applied offset
@@ -136,7 +137,9 @@ class _GroupCollector(Collector):
         period = GaugeMetricFamily("epochlog_scrub_last_pass_seconds", "Duration of the last scrub pass (the "
                                    "longest a damaged batch nobody reads goes unnoticed).")
         period.add_metric([], round(stats.last_pass_seconds, 3))
-        yield from (checked, passes, period)
+        cpu = CounterMetricFamily("epochlog_scrub_cpu_seconds", "CPU time the scrub thread used.")
+        cpu.add_metric([], round(stats.cpu_seconds, 3))
+        yield from (checked, passes, period, cpu)
 
     def collect(self) -> Iterator[Metric]:
         def gauge(name: str, doc: str, labels: tuple[str, ...] = ("group",)) -> GaugeMetricFamily:

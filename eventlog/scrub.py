@@ -46,6 +46,7 @@ class ScrubStats:
     segments_checked: int = 0
     damage_found: int = 0
     passes: int = 0                     # passes completed over every log
+    cpu_seconds: float = 0.0            # CPU time of the scrub thread
     last_pass_seconds: float = 0.0
     last_pass_finished_at: float = 0.0  # time.time() (0: no pass completed yet)
 
@@ -111,5 +112,6 @@ class Scrubber:
                 logger.info("scrub of %s, segment %d: %s", name, segment.base_offset, exc)
                 continue
             self.stats.segments_checked += 1
+            self.stats.cpu_seconds = time.thread_time()
             if damage is not None:
                 self.stats.damage_found += 1

@@ -121,9 +121,10 @@ class LogRepair:
             return
         self._state = ("leading without serving offsets "
                        f"{damage.offset}..{damage.segment_end - 1}: no voter holds them yet to hand over to")
-        if (g.storage.snapshot().index < holds <= g.sm.applied_index and self._snapshot_for != holds
-                and not g.snapshot_in_progress):
-            self._snapshot_for = holds   # followers that need the damaged range skip it with this snapshot
-            logger.warning("group %s: taking a snapshot at %d so that followers skip the damaged offsets %d..%d",
-                           g.name, g.sm.applied_index, damage.offset, holds)
+        if g.storage.snapshot().index < holds <= g.sm.applied_index and not g.snapshot_in_progress:
+            # Followers that need the damaged range skip it with this snapshot (retried after a failure).
+            if self._snapshot_for != holds:
+                self._snapshot_for = holds
+                logger.warning("group %s: taking a snapshot at %d so that followers skip the damaged offsets "
+                               "%d..%d", g.name, g.sm.applied_index, damage.offset, holds)
             g.request_snapshot()
