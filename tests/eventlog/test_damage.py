@@ -202,8 +202,12 @@ def test_the_scrubber_thread_finds_damage_at_its_rate(tmp_path: Path) -> None:
     path = tmp_path / "log"
     _write(path)
     with Log.open(path, CONFIG) as log:
+        from eventlog.scrub import BATCH_COST_BYTES
+
         sealed = sum(s.size for s in log.sealed_segments())
-        rate = 4 * sealed          # a pass takes about 1/4 s
+        batches = len(_batch_positions(path / segment_name(log.segment_bases()[0]))) * len(log.sealed_segments())
+        work = sealed + batches * BATCH_COST_BYTES     # each batch counts at least BATCH_COST_BYTES
+        rate = 4 * work            # a pass takes about 1/4 s
         scrubber = Scrubber(lambda: {"g": log}, rate, pass_interval_s=0.05)
         scrubber.start()
         try:
@@ -218,6 +222,6 @@ def test_the_scrubber_thread_finds_damage_at_its_rate(tmp_path: Path) -> None:
             assert log.damage is not None and log.damage.offset == bad
             elapsed = time.monotonic() - started
             assert scrubber.stats.damage_found == 1
-            assert scrubber.stats.bytes_checked - checked <= rate * elapsed + 2 * sealed, "paced"
+            assert scrubber.stats.bytes_checked - checked <= (rate * elapsed + 2 * work) * sealed / work, "paced"
         finally:
             scrubber.close()
