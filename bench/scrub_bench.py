@@ -170,7 +170,7 @@ def run_reads(args: argparse.Namespace) -> list[dict[str, Any]]:
 def run_loop_probe(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The scrub thread next to an event loop, in one process (as in a node): the loop runs a request-like
     callback (about 0.2 ms of Python) every millisecond; measured: how late callbacks start and how long
-    they take, with the scrub off and at the default rate, over a log of 48 MiB in big batches (200 puts:
+    they take, with the scrub off and at `--probe-rate`, over a log of 48 MiB in big batches (200 puts:
     as the latency phases preload) or in 300-byte batches (the most per-batch work per byte)."""
     from eventlog.log import Log
     from eventlog.records import encode_batch
@@ -188,7 +188,7 @@ def run_loop_probe(args: argparse.Namespace) -> list[dict[str, Any]]:
                 lg.flush()
                 for repeat in range(args.probe_repeats):
                     for on in ((False, True) if repeat % 2 == 0 else (True, False)):
-                        scrubber = Scrubber(lambda lg=lg: {"kv": lg}, DEFAULT_RATE) if on else None
+                        scrubber = Scrubber(lambda lg=lg: {"kv": lg}, args.probe_rate) if on else None
                         if scrubber is not None:
                             scrubber.start()
                         late, took = asyncio.run(_probe(args.probe_seconds))
@@ -265,7 +265,8 @@ def render(lat: dict[str, Any], reads: list[dict[str, Any]], args: argparse.Name
         lines.append(f"| {r['batch_bytes']} | {r['mib']} | {r['checked_mib_per_s']} | {r['unchecked_mib_per_s']} | "
                      f"{r['cost_us_per_mib']} |")
     if probe:
-        lines += ["", f"The scrub thread next to an event loop in one process, at the default rate over a 48 MiB log "
+        lines += ["", f"The scrub thread next to an event loop in one process, at {args.probe_rate / 2**20:g} MiB/s over a "
+                  f"48 MiB log "
                   f"(`run_loop_probe`): a callback of ~0.2 ms every ms for {args.probe_seconds:g} s, "
                   f"{args.probe_repeats} repeats per case alternating off/on; medians of the repeats.", "",
                   "| batch bytes | scrub | callback start late p99 ms | late max ms | callback took p99 ms | scrub CPU % of a core |",
@@ -287,6 +288,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--probe-seconds", type=float, default=5.0)
     ap.add_argument("--probe-repeats", type=int, default=4)
+    ap.add_argument("--probe-rate", type=int, default=DEFAULT_RATE, help="the probe's scrub rate (bytes/s)")
     ap.add_argument("--rates", type=int, nargs="*", default=[DEFAULT_RATE], help="scrub rates (bytes/s) besides off")
     ap.add_argument("--preload-mib", type=int, default=48)
     ap.add_argument("--puts", type=int, default=15000)

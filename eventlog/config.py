@@ -63,7 +63,7 @@ class LogConfig:
                      "never waits for it."),
     )
     scrub_bytes_per_second: int = field(
-        default=8 * MIB,
+        default=4 * MIB,
         metadata=doc("Rate at which a node's background scrub reads and checks the sealed segments of all its "
                      "logs (eventlog/scrub.py): a pass over N bytes takes about N / rate seconds, the longest a "
                      "damaged batch goes unnoticed when nothing reads it. 0: no scrub (reads still check every "

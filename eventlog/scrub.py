@@ -39,7 +39,7 @@ PACING_WINDOW_S = 0.1
 BATCH_COST_BYTES = 4096
 """Each batch counts at least this much towards the rate: checking a small batch costs about what reading
 4 KiB does (its header, the checks, the interpreter), so the scrub's CPU stays bounded however small the
-batches are (bench/scrub_bench.py: about 1 % of a core at 8 MiB/s)."""
+batches are (bench/scrub_bench.py: 1-2 % of a core at 8 MiB/s)."""
 PACE_EVERY_BYTES = 64 << 10
 """Bytes accounted between two calls of the pacer (one call per batch would cost more than the checks)."""
 

@@ -72,8 +72,8 @@ class LogRepair:
 
     def status(self) -> RepairStatus:
         damage = self.group.storage.log.damage
-        return RepairStatus(damage if damage is not None else self._dropped, self._state, self._found,
-                            self._repairs)
+        state = self._state or ("found: acting on it at the next tick" if damage is not None else "")
+        return RepairStatus(damage if damage is not None else self._dropped, state, self._found, self._repairs)
 
     def tick(self) -> None:
         g = self.group
