@@ -27,6 +27,7 @@ from eventlog.cleaned import CleanedSegmentWriter
 from eventlog.errors import EpochlogError, LogCorruptionError, UnsupportedCompressionError
 from eventlog.index import IndexBuilder
 from eventlog.log import SealedSegment
+from eventlog.pacing import Pacer
 from eventlog.records import (
     BatchHeader,
     Record,
@@ -62,8 +63,6 @@ class CompactionKey(NamedTuple):
 RecordKeyOf = Callable[[bytes | None, "bytes | memoryview | None"], CompactionKey | None]
 """(record key, record value) -> what the record sets, or None: never compacted (kept, supersedes nothing)."""
 
-YIELD_INTERVAL_S = 0.002   # in a thread: give the GIL to other threads at least this often
-YIELD_SLEEP_S = 0.0001
 MAX_GROUP_SPAN = 2**31 - 1  # offsets relative to a segment's base are 32-bit in its index
 _DIGEST_BYTES = 16
 CLEANER_LOCK_NAME = ".cleaner.lock"
@@ -177,43 +176,6 @@ class OffsetMap:
 
     def __len__(self) -> int:
         return len(self._map)
-
-
-class Pacer:
-    """Throttles a pass's IO to `bytes_per_second` (0: no limit; Kafka's Throttler) and, when it runs
-    in a thread of the node's process (`yield_gil`), gives the interpreter lock up every
-    `YIELD_INTERVAL_S` of work. Not thread-safe (one pass at a time)."""
-
-    def __init__(self, bytes_per_second: int, *, yield_gil: bool = True, window_s: float = 0.1,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
-        self.bytes_per_second = bytes_per_second
-        self.yield_gil = yield_gil
-        self.window_s = window_s
-        self._clock = clock
-        self._sleep = sleep
-        self._window_start = clock()
-        self._window_bytes = 0
-        self._last_yield = clock()
-        self.slept_s = 0.0
-
-    def consumed(self, nbytes: int) -> None:
-        now = self._clock()
-        if self.bytes_per_second > 0:
-            self._window_bytes += nbytes
-            elapsed = now - self._window_start
-            due = self._window_bytes / self.bytes_per_second
-            if due > elapsed and (due - elapsed >= 0.001 or elapsed >= self.window_s):
-                self._pause(due - elapsed)
-                now = self._clock()
-            if elapsed >= self.window_s:
-                self._window_start, self._window_bytes = now, 0
-        if self.yield_gil and now - self._last_yield >= YIELD_INTERVAL_S:
-            self._pause(YIELD_SLEEP_S)
-
-    def _pause(self, seconds: float) -> None:
-        self._sleep(seconds)
-        self.slept_s += seconds
-        self._last_yield = self._clock()
 
 
 def group_segments(segments: list[SealedSegment], max_bytes: int) -> list[list[SealedSegment]]:

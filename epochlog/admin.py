@@ -10,6 +10,10 @@ scrapes read the node's state without threads or locks.
   offsets), else 503 with the first reason found. A follower is ready: clients it cannot serve get
   `not_leader` with the leader's address.
 
+A damaged batch in a group's log on this node, until it is dropped and fetched again
+(eventlog/raft/runtime/repair.py), makes it unready too: /readyz names the group, the file, the offset
+and what the node is doing about it.
+
 A group halted on this node (a record its code cannot apply, epochlog/halts.py) makes it unready,
 not unhealthy: a restart does not help (it halts again at the same record) and a liveness probe
 that restarted it would only crash-loop it; /readyz says the offset, the reason and the fix.
@@ -56,6 +60,9 @@ class AdminServer:
         for g in self.node.status().groups:
             if self.node.host.groups[g.group].stopped:
                 return f"group {g.group} is stopped"
+            if g.damage is not None:
+                return (f"group {g.group}: damaged batch at offset {g.damage.offset} of {g.damage.file} "
+                        f"({g.damage.reason}); {g.damage.state}")
             if g.halted is not None:
                 return (f"group {g.group} halted at offset {g.halted.offset}: {g.halted.reason}; {g.halted.fix} "
                         f"(or epochlog group skip --group {g.group} --offset {g.halted.offset} if no version "

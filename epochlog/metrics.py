@@ -64,6 +64,17 @@ Families (counters get the `_total` suffix on the wire):
     epochlog_loop_stall_max_seconds          gauge       the longest such stall since the node started
     epochlog_loop_stalls_total               counter     stalls longer than [cluster] loop_stall_warning_ms
                                                          (each logged at WARNING, at a bounded rate)
+    epochlog_log_damaged{group}              gauge       1 while this node's log holds a damaged batch or fetches
+                                                         a dropped range again (file, offset, state in status)
+    epochlog_log_damage_found_total{group}   counter     damaged batches found in this node's log (reads, scrub)
+    epochlog_log_repairs_total{group}        counter     times this node dropped damaged entries to fetch them again
+    epochlog_scrub_bytes_total               counter     bytes of sealed segments the scrub checked
+    epochlog_scrub_passes_total              counter     scrub passes completed over every log
+    epochlog_scrub_last_pass_seconds         gauge       duration of the last pass: the scrub period
+    epochlog_scrub_cpu_seconds_total         counter     CPU time of the scrub thread
+    epochlog_views_digest_checks_total{group} counter    comparisons of views digests this node made as leader
+    epochlog_views_digest_mismatch{group,member} gauge   on the leader: 1 while the member's views digest
+                                                         differs from its own at the same applied offset
 """
 
 from __future__ import annotations
@@ -154,6 +165,22 @@ class _GroupCollector(Collector):
     def __init__(self, node: Node) -> None:
         self.node = node
 
+    def _scrub(self) -> Iterator[Metric]:
+        scrubber = self.node.host.scrubber
+        if scrubber is None:
+            return
+        stats = scrubber.stats
+        checked = CounterMetricFamily("epochlog_scrub_bytes", "Bytes of sealed log segments the scrub checked.")
+        checked.add_metric([], stats.bytes_checked)
+        passes = CounterMetricFamily("epochlog_scrub_passes", "Scrub passes completed over every log.")
+        passes.add_metric([], stats.passes)
+        period = GaugeMetricFamily("epochlog_scrub_last_pass_seconds", "Duration of the last scrub pass (the "
+                                   "longest a damaged batch nobody reads goes unnoticed).")
+        period.add_metric([], round(stats.last_pass_seconds, 3))
+        cpu = CounterMetricFamily("epochlog_scrub_cpu_seconds", "CPU time the scrub thread used.")
+        cpu.add_metric([], round(stats.cpu_seconds, 3))
+        yield from (checked, passes, period, cpu)
+
     def collect(self) -> Iterator[Metric]:
         def gauge(name: str, doc: str, labels: tuple[str, ...] = ("group",)) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, doc, labels=list(labels))
@@ -208,6 +235,16 @@ class _GroupCollector(Collector):
                                          "checks before the Raft core saw them, by reason.", labels=["reason"])
         for reason, count in self.node.host.peer_drops.counts.items():
             peer_drops.add_metric([reason], count)
+        damaged = gauge("epochlog_log_damaged", "1 while this node's log of the group holds a damaged batch or "
+                        "fetches a dropped range again (status and /readyz name the file, the offset, the state).")
+        damage_found = counter("epochlog_log_damage_found", "Damaged batches found in this node's log of the "
+                               "group (by reads or the scrub).")
+        repairs = counter("epochlog_log_repairs", "Times this node dropped damaged entries of the group to fetch "
+                          "them again from the leader.")
+        digest_checks = counter("epochlog_views_digest_checks", "Comparisons of views digests with a member this "
+                                "node made as the group's leader.")
+        mismatch = gauge("epochlog_views_digest_mismatch", "On the leader: 1 while a member's views digest differs "
+                         "from the leader's at the same applied offset (the digest alarm).", ("group", "member"))
         groups = self.node.host.groups
         for info in self.node.status().groups:
             g = info.group
@@ -249,6 +286,15 @@ class _GroupCollector(Collector):
             clean_failures.add_metric([g], cleaning.passes_failed)
             clean_reclaimed.add_metric([g], cleaning.bytes_reclaimed)
             clean_dropped.add_metric([g], cleaning.records_dropped)
+            repair = group.repair.status()
+            damaged.add_metric([g], 1 if repair.active else 0)
+            damage_found.add_metric([g], repair.found)
+            repairs.add_metric([g], repair.repairs)
+            digest_checks.add_metric([g], self.node.digest_check.checks.get(g, 0))
+            for alarm in info.digest_alarms:
+                mismatch.add_metric([g, str(alarm.member)], 1)
+        yield from self._scrub()
+        yield from (damaged, damage_found, repairs, digest_checks, mismatch)
         yield from (commit, applied, last, start, term, leader, is_leader, lag, member_lag, member_lag_s,
                     stalls, elections, changes, proposals, events, halted, floor, snapshot, snapshots,
                     snapshot_failures, installed, segments, pruned, disk_full, clean_end, clean_passes, clean_failures,

@@ -39,6 +39,7 @@ from controller.runtime import ControllerRuntime
 from epochlog import protocol as p
 from epochlog.errors import GroupHaltedError, NodeError, RejectedError
 from epochlog.halts import Halts
+from epochlog.integrity import DigestCheck, damage_info
 from epochlog.membership import Membership
 from epochlog.routing import REQUIRED_GROUPS, group_of_event, group_of_key
 from statemachines import events as ev
@@ -85,6 +86,7 @@ class Node:
                              ships_log_prefix=self.compaction.ships_log_prefix)
         self.membership = Membership(self)
         self.halts = Halts(self)
+        self.digest_check = DigestCheck(self, self.views_config.digest_check_interval_ms)
 
     def _open_views(self, name: str, directory: Path) -> ViewsStateMachine:
         sm = ViewsStateMachine(directory, self.views_config, name=name)
@@ -116,8 +118,10 @@ class Node:
         self.membership.start()
         self.controller.start()
         self.halts.start()
+        self.digest_check.start()
 
     async def stop(self) -> None:
+        await self.digest_check.stop()
         await self.halts.stop()
         await self.membership.stop()
         await self.controller.stop()
@@ -302,6 +306,7 @@ class Node:
         offset = max(call.from_offset, 0)
         if offset < full_history_start(log):
             raise _compacted(group, offset)
+        group.check_readable(offset)
         out: list[p.EventRecord] = []
         next_offset = offset
         if offset <= applied:
@@ -362,7 +367,9 @@ class Node:
             views = self.views.get(name)
             groups.append(p.GroupInfo(name, self.node_id, s.role, s.term, s.leader, s.commit, s.applied,
                                       s.last_index, s.log_start, s.snapshot_index, peers, self.halts.info(name),
-                                      sorted(views.applier.skipped) if views is not None else []))
+                                      sorted(views.applier.skipped) if views is not None else [],
+                                      damage_info(s.repair), self.digest_check.digests(name),
+                                      list(self.digest_check.alarms.get(name, {}).values())))
         return p.StatusInfo(self.cluster, self.node_id, groups, self.membership.sorted())
 
     def compaction_status(self) -> p.CompactionInfo:

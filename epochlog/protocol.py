@@ -402,6 +402,33 @@ class HaltInfo(msgspec.Struct, array_like=True):
     fix: str                              # what to do: upgrade this node, or report a bug
 
 
+class DamageInfo(msgspec.Struct, array_like=True):
+    """A damaged batch in this node's log of a group, and its repair (eventlog/raft/runtime/repair.py)."""
+
+    offset: int                           # the damaged batch's: not served, nor the rest of its segment
+    file: str                             # the segment file
+    position: int                         # byte position of the batch in the file
+    reason: str                           # which check failed (CRC, length, offset, epoch...)
+    state: str                            # what the node does: hands leadership over, fetches its log again...
+
+
+class DigestAt(msgspec.Struct, array_like=True):
+    """The views' running digest after applying through `offset` (statemachines/apply.py notes it at the
+    same offsets on every member)."""
+
+    offset: int
+    digest: str                           # hex
+
+
+class DigestAlarm(msgspec.Struct, array_like=True):
+    """A member whose views digest differs from the leader's at the same applied offset (epochlog/integrity.py)."""
+
+    member: int
+    offset: int                           # the applied offset both digests are taken at
+    digest: str                           # the member's (hex)
+    leader_digest: str                    # the leader's (hex)
+
+
 class GroupInfo(msgspec.Struct):
     group: str
     node: int
@@ -416,6 +443,9 @@ class GroupInfo(msgspec.Struct):
     peers: list[PeerInfo]
     halted: HaltInfo | None = None        # not nil: applying stopped on this node (group_halted)
     skipped: list[int] = []               # offsets the operator skipped on this node (`group_skip`)
+    damage: DamageInfo | None = None      # not nil: a damaged batch in this node's log, or its repair
+    digests: list[DigestAt] = []          # the latest digests this node's views noted, oldest first
+    digest_alarms: list[DigestAlarm] = [] # on the leader: members whose views digest differs from its own
 
 
 class MemberInfo(msgspec.Struct, array_like=True):

@@ -19,7 +19,7 @@ MAX_SEGMENT_BYTES = 2**31 - 1
 
 @dataclass(frozen=True, slots=True)
 class LogConfig:
-    """How a segmented log lays out, indexes and flushes its data.
+    """How a segmented log lays out, indexes, flushes and scrubs its data.
 
     Flush policies, and exactly what each guarantees:
 
@@ -61,6 +61,13 @@ class LogConfig:
         default=True,
         metadata=doc("Prepare (allocate, zero, sync, map) the next segment in the background so a roll "
                      "never waits for it."),
+    )
+    scrub_bytes_per_second: int = field(
+        default=4 * MIB,
+        metadata=doc("Rate at which a node's background scrub reads and checks the sealed segments of all its "
+                     "logs (eventlog/scrub.py): a pass over N bytes takes about N / rate seconds, the longest a "
+                     "damaged batch goes unnoticed when nothing reads it. 0: no scrub (reads still check every "
+                     "batch).", min=0, max=1 << 40),
     )
 
     @property

@@ -102,6 +102,21 @@ class LogCorruptionError(LogError):
         super().__init__(f"{path}: corrupt data at byte {position}: {reason}")
 
 
+class CorruptBatchError(LogCorruptionError):
+    """A batch of this node's log failed its checks (CRC, length, magic, offsets, epoch) when it was read or
+    scrubbed: the node never serves it, nor anything after it in its segment (`eventlog.damage`).
+
+    Retriable: another member holds a good copy, and this one drops the damaged part of its log and
+    fetches it again from the leader (eventlog/raft/runtime/repair.py)."""
+
+    code = "corrupt_batch"
+    retriable = True
+
+    def __init__(self, path: str, position: int, offset: int, reason: str) -> None:
+        self.offset = offset
+        super().__init__(path, position, f"damaged batch at offset {offset}: {reason}")
+
+
 class LogClosedError(LogError):
     """The log was closed."""
 

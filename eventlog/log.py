@@ -16,6 +16,8 @@ The log start offset is always the base offset of the first segment; the recover
 offset below which every byte is known to be on disk (it advances when a segment is sealed and on
 close). Opening scans, with CRC checks, every segment from the one holding the recovery point to
 the end; segments below it are trusted as flushed and only their indexes are validated, lazily.
+Damage that appears in them later is found by the reads, which check every batch they hand out, and
+by the scrub (`scrub_segment`): see `eventlog.damage` for what the log then does.
 
 Durability: `append` copies the batch into the mapped active segment; when it is on disk depends on
 the flush policy (see `LogConfig`). `durable_offset` is the end of the prefix known to be on disk;
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import mmap
 import os
 import threading
 import time
@@ -60,10 +63,12 @@ from eventlog.cleaned import (
     rename_state,
 )
 from eventlog.config import LogConfig
+from eventlog.damage import Damage
 from eventlog.epoch_cache import CHECKPOINT_NAME as EPOCH_CHECKPOINT_NAME
 from eventlog.epoch_cache import LeaderEpochCache
 from eventlog.errors import (
     BatchTooLargeError,
+    CorruptBatchError,
     EpochlogError,
     InvalidBatchError,
     LogClosedError,
@@ -94,6 +99,7 @@ OFFSETS_CHECKPOINT_NAME = "log-offsets-checkpoint"
 LOCK_NAME = ".lock"
 
 DurabilityListener = Callable[[int], None]
+DamageListener = Callable[[Damage], None]
 
 
 class LogObserver(Protocol):
@@ -244,6 +250,9 @@ class Log:
         self._recovery_point = 0
         self._epochs = LeaderEpochCache(directory / EPOCH_CHECKPOINT_NAME)
         self._listeners: list[DurabilityListener] = []
+        self._damage_listeners: list[DamageListener] = []
+        self._damage: Damage | None = None   # the lowest damaged batch of any segment (eventlog.damage)
+        self._damage_reported: set[tuple[str, int]] = set()   # (file, position) logged and told once
         self._failure: LogError | None = None
         self._closed = False
         self._generation = 0  # bumped by truncation: a sync that raced with one proves nothing
@@ -846,7 +855,11 @@ class Log:
 
         Stops at a segment boundary and before any batch reaching `max_offset` or beyond (pass the
         commit offset to read only committed data). Reading at `end_offset` returns no data.
-        """
+
+        Every batch is checked before it is handed out (CRC, layout, its offset after the previous
+        batch's, its epoch against the leader epoch cache): a damaged batch is never returned. A read
+        that reaches one stops before it; one that starts at it, or past it in its segment, raises
+        CorruptBatchError (see `eventlog.damage`)."""
         with self._lock:
             if self._closed:
                 raise LogClosedError(f"log {self.directory} is closed")
@@ -858,7 +871,14 @@ class Log:
                 if offset >= limit_offset:
                     return LogRead(memoryview(b""), offset, offset)
                 seg = self._segments[i]
-                found = seg.locate(offset)
+                try:
+                    found = seg.locate(offset)
+                except CorruptBatchError:
+                    assert seg.damage is not None
+                    self._damage_found(seg.damage)
+                    raise
+                if seg.damage is not None:   # found while loading its indexes
+                    self._damage_found(seg.damage)
                 if found is not None:
                     break
                 # Past the last batch a cleaned segment kept: the next segment holds what follows.
@@ -868,8 +888,16 @@ class Log:
             view = seg.view()
             start_offset = next_offset = h.base_offset
             end = start
-            while end < seg.size:
-                h = read_header(view, end)
+            limit = seg.readable_end
+            checked: BatchHeader | str = self._check_epoch(h)
+            while True:
+                if isinstance(checked, str):
+                    damage = seg.mark_damaged(end, next_offset, checked)
+                    self._damage_found(damage)
+                    if end == start:
+                        raise damage.error()
+                    break
+                h = checked
                 batch_end = end + h.batch_length + LOG_OVERHEAD
                 if h.base_offset + h.last_offset_delta >= limit_offset:
                     break
@@ -877,7 +905,114 @@ class Log:
                     break
                 end = batch_end
                 next_offset = h.base_offset + h.last_offset_delta + 1
+                if end >= limit:
+                    break
+                checked = seg.check_at(view, end, next_offset)
+                if not isinstance(checked, str):
+                    checked = self._check_epoch(checked)
             return LogRead(view[start:end], start_offset, next_offset)
+
+    def _check_epoch(self, h: BatchHeader) -> BatchHeader | str:
+        """`h`, or why its epoch is not the one the leader epoch cache records for its offset (lock held)."""
+        recorded = self._epochs.epoch_for_offset(h.base_offset)
+        if recorded is not None and recorded != h.leader_epoch:
+            return (f"batch epoch {h.leader_epoch} at offset {h.base_offset}, but the leader epoch checkpoint "
+                    f"records epoch {recorded} there")
+        return h
+
+    # --- damage (eventlog.damage) --------------------------------------------------------------
+
+    @property
+    def damage(self) -> Damage | None:
+        """The lowest damaged batch of the log (None: none is known)."""
+        return self._damage
+
+    def add_damage_listener(self, listener: DamageListener) -> None:
+        """Call `listener(damage)` when a damaged batch is found (once per segment and position), from the
+        thread that found it, sometimes with the log's lock held: it must not block or call the log."""
+        with self._lock:
+            self._damage_listeners.append(listener)
+
+    def _damage_found(self, damage: Damage) -> None:
+        """A segment recorded `damage` (lock held): update `damage`; the first time, log it (CRITICAL) and
+        tell the listeners."""
+        self._refresh_damage()
+        key = (damage.path, damage.position)
+        if key in self._damage_reported:
+            return
+        self._damage_reported.add(key)
+        logger.critical("log %s: %s", self.directory, damage.describe())
+        for listener in list(self._damage_listeners):
+            listener(damage)
+
+    def _refresh_damage(self) -> None:
+        found = [s.damage for s in self._segments if s.damage is not None]
+        self._damage = min(found, key=lambda d: d.offset) if found else None
+
+    def sealed_segments(self) -> list[SealedSegment]:
+        """The sealed segments (all but the active one), oldest first, that are not known to be damaged:
+        what a scrub checks."""
+        with self._lock:
+            if self._closed:
+                raise LogClosedError(f"log {self.directory} is closed")
+            return [SealedSegment(s.base_offset, s.next_offset, s.size, s.cleaned)
+                    for s in self._segments[:-1] if s.damage is None]
+
+    def scrub_segment(self, segment: SealedSegment, consumed: Callable[[int], None] | None = None) -> Damage | None:
+        """Check every batch of sealed segment `segment` (from `sealed_segments`) as recovery would, reading
+        its file without the log's lock; `consumed(bytes)` is called after each batch (pacing). The damage
+        found, recorded as if a read had found it (None: the segment is whole, or it left the log
+        meanwhile). Any thread."""
+        path = self.directory / segment_name(segment.base_offset)
+        with self._lock:
+            epochs = self._epochs.entries
+        starts = [start for _, start in epochs]
+        def epoch_of(offset: int) -> int | None:
+            j = bisect_right(starts, offset)
+            return epochs[j - 1][0] if j else None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None   # deleted or swapped meanwhile
+        try:
+            st = os.fstat(fd)
+            if st.st_size != segment.size or not segment.size:
+                return None
+            mm = mmap.mmap(fd, segment.size, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        try:
+            on_batch = None if consumed is None else (lambda _pos, h: consumed(h.batch_length + LOG_OVERHEAD))
+            with memoryview(mm) as view:
+                scan = scan_segment(view, segment.base_offset, expected_epoch=epoch_of, on_batch=on_batch,
+                                    cleaned_end=segment.next_offset if segment.cleaned else None)
+        finally:
+            mm.close()
+        if scan.status is ScanStatus.CLEAN and scan.valid_bytes == segment.size and (
+                segment.cleaned or scan.next_offset == segment.next_offset):
+            return None
+        problem = scan.problem or (f"the batches end at byte {scan.valid_bytes} of {segment.size}"
+                                   if scan.valid_bytes != segment.size else
+                                   f"the batches end at offset {scan.next_offset}, the segment at {segment.next_offset}")
+        return self.report_damage(segment.base_offset, st.st_ino, scan.valid_bytes, scan.next_offset, problem)
+
+    def report_damage(self, base_offset: int, inode: int, position: int, offset: int, reason: str) -> Damage | None:
+        """Record damage that a reader of a segment's file found outside the log (the scrub, a snapshot
+        image's check), if that file (`inode`) is still the log's segment at `base_offset`: the damage
+        recorded (None: the segment left the log or was replaced meanwhile)."""
+        with self._lock:
+            i = bisect_right(self._bases, base_offset) - 1
+            if self._closed or i < 0 or self._bases[i] != base_offset:
+                return None
+            seg = self._segments[i]
+            try:
+                if os.stat(seg.path).st_ino != inode:
+                    return None
+            except FileNotFoundError:
+                return None
+            damage = seg.mark_damaged(position, offset, reason)
+            self._damage_found(damage)
+            return damage
 
     def batches(self, start_offset: int | None = None, end_offset: int | None = None) -> Iterator[RecordBatch]:
         """Iterate the batches holding offsets in [start_offset, end_offset) (default: all)."""
@@ -897,11 +1032,13 @@ class Log:
         with self._lock:
             for seg in self._segments:
                 if seg.size == 0 or seg.max_timestamp < timestamp_ms:
+                    if seg.damage is not None:
+                        self._damage_found(seg.damage)
                     continue
                 start = seg.indexes().time_index.last_offset_before(timestamp_ms)
                 pos = 0 if start is None else seg.find_batch(start)[0]
                 view = seg.view()
-                while pos < seg.size:
+                while pos < seg.readable_end:
                     h = read_header(view, pos)
                     size = h.batch_length + LOG_OVERHEAD
                     if h.max_timestamp >= timestamp_ms:
@@ -945,7 +1082,8 @@ class Log:
             if target.cleaned and offset != target.base_offset:
                 raise OffsetMismatchError(f"offset {offset} is inside the cleaned segment "
                                           f"[{target.base_offset}, {target.next_offset})")
-            if target.base_offset < offset < target.next_offset:
+            at_damage = target.damage is not None and offset == target.damage.offset
+            if target.base_offset < offset < target.next_offset and not at_damage:
                 _, h = target.find_batch(offset)
                 if h.base_offset != offset:
                     raise OffsetMismatchError(f"offset {offset} falls inside the batch "
@@ -976,12 +1114,14 @@ class Log:
                 raise
             self._end_offset = offset
             self._durable_offset = min(self._durable_offset, offset)
+            self._refresh_damage()   # damage at or after `offset` went with its bytes
             if self._epochs.truncate_from_end(offset):
                 self._epochs.write()
 
     def _segments_changed(self) -> None:
-        """Recompute what depends on which segments are cleaned (lock held)."""
+        """Recompute what depends on which segments are cleaned or damaged (lock held)."""
         self._clean_end = max((s.next_offset for s in self._segments if s.cleaned), default=0)
+        self._refresh_damage()
 
     def _forget_cleaned(self, dirty_limit: int | None = None) -> None:
         """Drop the cleaner checkpoint's lines of segments no longer in the log (and lower its dirty
@@ -1104,20 +1244,31 @@ class Log:
 
     def prefix_parts(self, end_offset: int) -> tuple[int, list[PrefixPart]]:
         """The segments holding offsets below `end_offset` (a batch boundary), from the log start, the
-        one holding `end_offset` cut there, and the files generation they describe (`link_prefix`)."""
+        one holding `end_offset` cut there, and the files generation they describe (`link_prefix`).
+        A damaged batch is never part of a prefix: the parts then start after the last damaged segment
+        below `end_offset` (none, when the damage is in the segment holding it)."""
         with self._lock:
             if self._closed:
                 raise LogClosedError(f"log {self.directory} is closed")
             if not self._bases[0] <= end_offset <= self._end_offset:
                 raise OffsetOutOfRangeError(end_offset, self._bases[0], self._end_offset)
-            parts = []
+            parts: list[PrefixPart] = []
             for seg in self._segments:
                 if seg.base_offset >= end_offset:
                     break
+                if seg.damage is not None and seg.damage.offset < end_offset:
+                    parts = []
+                    continue
                 if seg.next_offset <= end_offset:
                     parts.append(PrefixPart(seg.base_offset, seg.next_offset, seg.size))
                     continue
-                found = seg.locate(end_offset)
+                try:
+                    found = seg.locate(end_offset)
+                except CorruptBatchError:
+                    assert seg.damage is not None
+                    self._damage_found(seg.damage)
+                    parts = []
+                    break
                 if found is not None and found[1].base_offset < end_offset:
                     raise OffsetMismatchError(f"offset {end_offset} falls inside the batch "
                                               f"[{found[1].base_offset}, {found[1].last_offset}]")

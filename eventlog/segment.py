@@ -16,6 +16,9 @@ the offsets [base_offset, next_offset) like any other, but holds only the record
 its batches' offsets increase with gaps, and `next_offset` (the base of the next segment) may lie
 past its last batch. It is always sealed.
 
+A segment found damaged (`damage`, see `eventlog.damage`) is readable only below its first damaged
+batch: `locate` checks every batch it walks over and raises CorruptBatchError at or past the damage.
+
 Concurrency contract: a segment is mutated only by its `Log`, under the log's lock. Views handed
 out by `view()` alias the mapping: they stay readable after the segment is sealed or deleted (the
 mapping lives as long as a view does) but show zeros after a truncation below them.
@@ -29,6 +32,7 @@ import os
 from bisect import bisect_left, bisect_right
 from pathlib import Path
 
+from eventlog.damage import Damage
 from eventlog.errors import LogCorruptionError, OffsetMismatchError
 from eventlog.fileutil import io_error
 from eventlog.index import IndexBuilder, OffsetIndex, TimeIndex
@@ -38,6 +42,7 @@ from eventlog.records import (
     MAGIC_OFFSET,
     MIN_BATCH_LENGTH,
     BatchHeader,
+    check_batch,
     read_header,
     stamp,
 )
@@ -132,6 +137,7 @@ class Segment:
         self._view: memoryview | None = None
         self._indexes: IndexBuilder | None = None
         self._indexes_exact = False  # built by appends or a scan, not loaded from the index files
+        self.damage: Damage | None = None   # the first damaged batch found (eventlog.damage)
 
     # --- paths ---------------------------------------------------------------------------------
 
@@ -281,16 +287,51 @@ class Segment:
     def locate(self, offset: int) -> tuple[int, BatchHeader] | None:
         """(position, header) of the first batch whose last offset is at or after `offset`, which
         must be in [base, next); None when there is none (only possible in a cleaned segment, for an
-        offset past its last kept batch)."""
+        offset past its last kept batch). Every batch walked over is checked (`check_at`); the first
+        that fails is recorded as the segment's damage and CorruptBatchError raised, as it is for an
+        offset at or past known damage."""
         assert self.base_offset <= offset < self.next_offset, (offset, self.base_offset, self.next_offset)
-        _, pos = self.indexes().index.floor(offset)
+        if self.damage is not None and offset >= self.damage.offset:
+            raise self.damage.error()
+        expected, pos = self.indexes().index.floor(offset)
         view = self.view()
-        while pos < self.size:
-            h = read_header(view, pos)
+        limit = self.readable_end
+        while pos < limit:
+            h = self.check_at(view, pos, expected)
+            if isinstance(h, str):
+                raise self.mark_damaged(pos, expected, h).error()
             if h.base_offset + h.last_offset_delta >= offset:
                 return pos, h
+            expected = h.next_offset
             pos += h.batch_length + LOG_OVERHEAD
         return None
+
+    def check_at(self, view: memoryview, pos: int, expected: int) -> BatchHeader | str:
+        """The header of the batch at `pos` if it passes every check a read makes, else why not: layout
+        and CRC (`check_batch`), starting at `expected` (the previous batch's end; at or after it in a
+        cleaned segment) and ending inside the segment's offsets. (The epoch is checked by the log,
+        which holds the leader epoch cache.)"""
+        h = check_batch(view, pos, self.readable_end)
+        if isinstance(h, str):
+            return h
+        if h.base_offset != expected and (not self.cleaned or h.base_offset < expected):
+            return f"batch base offset {h.base_offset}, expected {expected}"
+        if h.next_offset > self.next_offset:
+            return f"batch [{h.base_offset}, {h.last_offset}] runs past the segment's end offset {self.next_offset}"
+        return h
+
+    @property
+    def readable_end(self) -> int:
+        """Bytes that may be read: the data, up to the first damaged batch."""
+        return self.size if self.damage is None else min(self.size, self.damage.position)
+
+    def mark_damaged(self, position: int, offset: int, reason: str) -> Damage:
+        """Record the batch at `position` (offset `offset`) as damaged, unless damage was already found
+        at or before it; returns the segment's damage."""
+        if self.damage is None or position < self.damage.position:
+            self.damage = Damage(offset, str(self.path), position, reason, self.base_offset, self.next_offset,
+                                 self.cleaned)
+        return self.damage
 
     # --- writing (active segment only) ---------------------------------------------------------
 
@@ -358,6 +399,8 @@ class Segment:
             return
         if offset == self.base_offset:
             pos = 0
+        elif self.damage is not None and offset == self.damage.offset:
+            pos = self.damage.position   # cutting the damage away
         else:
             pos, h = self.find_batch(offset)
             if h.base_offset != offset:
@@ -370,6 +413,8 @@ class Segment:
         self.size = pos
         self.next_offset = offset
         self.sync()
+        if self.damage is not None and self.damage.position >= pos:
+            self.damage = None
         self._indexes = self._rebuild_indexes(verify=False)
 
     def zero_range(self, start: int, end: int) -> None:
@@ -428,7 +473,8 @@ class Segment:
             log.warning("rebuilding the indexes of %s: %s", self.path, exc)
             builder = self._rebuild_indexes(verify=True)
             builder.seal()
-            self._write_indexes(builder)
+            if self.damage is None:   # a damaged segment's indexes cover only its readable part
+                self._write_indexes(builder)
             return builder
         builder = IndexBuilder(self.base_offset, self.index_interval_bytes)
         builder.index, builder.time_index = index, time_index
@@ -499,12 +545,13 @@ class Segment:
             raise ValueError(f".timeindex entries from offset {start_offset} on are missing or stale")
 
     def _rebuild_indexes(self, *, verify: bool) -> IndexBuilder:
+        """Indexes from a scan of the data; with `verify`, data that does not scan clean to the end is
+        recorded as the segment's damage (the indexes then cover the batches before it)."""
         scan = scan_segment(self.view(), self.base_offset, limit=self.size,
                             index_interval_bytes=self.index_interval_bytes,
                             cleaned_end=self.next_offset if self.cleaned else None)
         if verify and (scan.status is not ScanStatus.CLEAN or scan.valid_bytes != self.size):
-            raise LogCorruptionError(str(self.path), scan.valid_bytes,
-                                     scan.problem or "data ends before the end of the file")
+            self.mark_damaged(scan.valid_bytes, scan.next_offset, scan.problem or "data ends before the end of the file")
         assert scan.builder is not None
         return scan.builder
 

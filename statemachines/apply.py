@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -88,6 +89,7 @@ outpaces new request ids, and costs each entry about what its own records do): a
 jumps far ahead drains over the next entries instead of stalling one apply call (per entry, not per
 call, so replicas stay identical)."""
 SKIPPED = b"skipped_offsets"    # meta: msgpack list of the offsets the operator skipped (`Applier.skip`)
+DIGEST_CHECKPOINTS_KEPT = 16   # (offset, digest) notes an applier keeps for the leader's comparison
 HALTED = "group_halted"         # outcome code of records not applied because the group halted before them
 SKIPPED_CODE = "skipped"        # outcome code of a record the operator skipped
 UPGRADE = "upgrade this node: a restart of a newer Epochlog applies it"
@@ -188,6 +190,10 @@ class Applier:
         self.skipped: frozenset[int] = frozenset(msgspec.msgpack.decode(raw, type=list[int]) if raw else ())
         self.noops_from = ensure_noops_from(store)
         self.now_ms = 0   # the committed clock at the entry being applied (statemachines/sessions.py)
+        # (offset, digest) after each entry holding an offset k * digest_checkpoint_offsets - 1: the same
+        # offsets on every member (entries have the same bounds everywhere), compared by the leader
+        # (epochlog/integrity.py). In memory: after a restart the next ones are noted.
+        self.digest_checkpoints: deque[tuple[int, bytes]] = deque(maxlen=DIGEST_CHECKPOINTS_KEPT)
 
     def skip(self, offset: int) -> None:
         """Record, durably, that the record at `offset` (where this applier halted) is skipped: applied
@@ -245,6 +251,9 @@ class Applier:
                 continue
             self._evict_dedupe(entry_ov, entry.last_index, EVICT_PER_ENTRY + entry.count)
             digest = _chain(digest, entry.last_index, entry_ov.writes)
+            every = self.config.digest_checkpoint_offsets
+            if (entry.last_index + 1) // every > entry.index // every:
+                self.digest_checkpoints.append((entry.last_index, digest))
             entry_ov.commit_to_parent()
             applied = entry.last_index
         if not entries or applied == store.applied:

@@ -121,6 +121,15 @@ class ViewsConfig:
         "Most request outcomes a client session keeps (requests it sent but has not seen answered): past it "
         "the oldest are forgotten, and their retries refused. Stamped into each session as it opens.",
         min=1, max=1_000_000))
+    digest_checkpoint_offsets: int = field(default=10_000, metadata=doc(
+        "The views note their running digest (meta `digest`) after each entry holding an offset that is a "
+        "multiple of this minus one, so every member notes it at the same offsets; the last 16 are kept "
+        "(in memory) and shown in status for the leader to compare (digest_check_interval_ms).",
+        min=1, max=1 << 40))
+    digest_check_interval_ms: int = field(default=60_000, metadata=doc(
+        "How often the leader of a group compares its views digest with every member's, at the latest offset "
+        "both noted one (epochlog/integrity.py): a mismatch raises the digest alarm (status, metric, CRITICAL "
+        "log). 0: never.", min=0, max=86_400_000))
     client_sessions_max: int = field(default=100_000, metadata=doc(
         "Most live client sessions per group: opening one more evicts the session closest to expiry. Stamped "
         "into each session as it opens.", min=1, max=100_000_000))

@@ -72,6 +72,8 @@ CODE_OF: Final[dict[str, int]] = {
     "log_failed": KAFKA_STORAGE_ERROR,
     "log_closed": NOT_LEADER_OR_FOLLOWER,
     "disk_full": KAFKA_STORAGE_ERROR,
+    "corrupt_batch": KAFKA_STORAGE_ERROR,         # a damaged batch on this replica: never served (retriable)
+    "log_refetching": KAFKA_STORAGE_ERROR,        # this replica fetches a dropped range again
     # events
     "invalid_argument": INVALID_RECORD,
     "schema_version": INVALID_RECORD,

@@ -60,3 +60,11 @@ class UnavailableError(RaftError):
     """The requested index is beyond the log's last index."""
 
     code = "unavailable"
+
+
+class LogRefetchingError(RaftError):
+    """This node dropped part of its log (a damaged batch, eventlog/raft/runtime/repair.py) and is
+    fetching it again from the leader: another member serves those offsets meanwhile."""
+
+    code = "log_refetching"
+    retriable = True

@@ -38,6 +38,19 @@ whose log is at least as up to date (§5.4.1); a leader commits by counting repl
 of its current term (§5.4.2), by majority of durable acknowledgements; pre-vote (thesis §9.6) and
 check-quorum with leader stickiness (§4.2.3, §6.2) keep a partitioned node from disrupting a
 healthy leader; reads are linearizable through ReadIndex (§6.4) or a leader lease (§6.4.1).
+
+Damaged entries (`drop_entries`). Raft assumes stable storage keeps what it was given; a disk that
+rots breaks that. A follower whose runtime finds an entry damaged drops it and every later one, and
+the leader, which holds every committed entry (Leader Completeness, §5.4), sends them again. That is
+safe only if the dropping node stops counting as a holder of what it dropped: its acknowledgements
+never cover the dropped entries (`held_committed`; `persisted` drops acks past the log's end; its
+rejections say `lost`, and the leader lowers its match), and, since its copy may have been one of the
+majority that committed them, it keeps the *vote floor*, the end of its log before the drop, durable
+in its hard state: it votes only for candidates at least that up to date and never campaigns until
+its own log is again (so no leader lacking a committed entry can be elected with its help). Its
+commit and applied indexes stay where they were: the state machine applied the entries before they
+were damaged, and the copies that fill the hole are not applied again. A leader never drops: its
+runtime hands leadership over first.
 """
 
 from __future__ import annotations
@@ -152,7 +165,8 @@ class RaftNode:
         self._rng = rng
         self._max_apply_bytes = max_apply_bytes
         hard, snap = storage.initial_state()
-        self.log = RaftLog(storage, hard.commit, applied)
+        self.log = RaftLog(storage, hard.commit, applied, dropped=hard.floor_index >= 0)
+        self._floor = (hard.floor_term, hard.floor_index) if hard.floor_index >= 0 else None   # vote floor
         self.term = hard.term
         self.vote = hard.vote
         self.leader = 0
@@ -196,6 +210,7 @@ class RaftNode:
         self._step = self._step_follower
         self._tick = self._tick_election
         self._become_follower(self.term, 0)
+        self._maybe_clear_floor()   # a floor persisted after the log was whole again is stale
 
     # --- public inputs -------------------------------------------------------------------------
 
@@ -229,6 +244,7 @@ class RaftNode:
 
     def tick(self) -> None:
         self.ticks += 1
+        self.log.apply_blocked = False   # try reading the next entry to apply again
         self._tick()
 
     def step(self, m: Message) -> None:
@@ -329,6 +345,57 @@ class RaftNode:
         """Start an election now (tests and tools; normally elections start on timeout)."""
         self._campaign(transfer=False)
 
+    @property
+    def hard_state(self) -> HardState:
+        """The hard state as it is now (what the next Ready would ask to persist)."""
+        return self._hard_state()
+
+    @property
+    def vote_floor(self) -> tuple[int, int] | None:
+        """(term, index) of the log end this node had before it dropped damaged entries, while its log
+        is below it (None: no floor; see the module docstring)."""
+        return self._floor
+
+    def drop_entries(self, index: int) -> HardState:
+        """Begin dropping the entries from `index` on, which the application found damaged on its disk;
+        returns the hard state to persist (durably) before it removes them from its storage, then it
+        calls `entries_dropped()`, with no other call in between. Followers only (a leader hands
+        leadership over first). The hard state carries the vote floor: the current log end, or an
+        older, higher floor."""
+        if self.role is not Role.FOLLOWER:
+            raise RaftError(f"node {self.id} is {self.role.value}: only a follower drops entries")
+        assert self._outstanding is None, "drop_entries between ready() and accept()"
+        end = (self.log.last_term(), self.log.last_index())
+        if self._floor is None or end > self._floor:
+            self._floor = end
+        return self._hard_state()
+
+    def entries_dropped(self) -> None:
+        """The storage no longer holds the dropped entries (`drop_entries`): forget them, and tell the
+        leader (if one is known) so that it sends them again."""
+        assert self._floor is not None and self.role is Role.FOLLOWER
+        self.log.dropped()
+        last = self.log.last_index()
+        self._handed_off = min(self._handed_off, last)
+        if self._confs[-1][0] > last:
+            self._confs = [(i, c) for i, c in self._confs if i <= last] or self._confs[:1]
+        if self.leader:
+            self._send(AppendResp(term=self.term, src=self.id, dst=self.leader, index=last + 1, reject=True,
+                                  hint_index=last, hint_term=self.log.term(last) or 0, lost=True))
+
+    def _meets_floor(self, last_index: int, last_term: int) -> bool:
+        """Whether a log ending at (last_index, last_term) is at least as up to date as the vote floor."""
+        return self._floor is None or (last_term, last_index) >= self._floor
+
+    def _maybe_clear_floor(self) -> None:
+        """The durable log is again at least as up to date as the floor: the floor says nothing more."""
+        if self._floor is None or self.log.pending_snapshot is not None:
+            return
+        stable = self.log.stable_last_index()
+        term = self.log.term(stable)
+        if term is not None and (term, stable) >= self._floor:
+            self._floor = None
+
     def clock_jumped(self) -> None:
         """Time passed that this node did not count in ticks (its process was stopped, its loop
         stalled): no lease from before now holds.
@@ -351,8 +418,7 @@ class RaftNode:
                     or self._dropped_reads or self._needs_broadcast or self._reads_unassigned
                     or self.log.pending_snapshot is not None
                     or self._hard_state() != self._prev_hard or self._soft_state() != self._prev_soft
-                    or (self.log.committed > self.log.applied
-                        and min(self.log.committed, self.log.stable_last_index()) > self.log.applied))
+                    or self.log.applicable())
 
     def ready(self) -> Ready:
         if self._outstanding is not None:
@@ -418,6 +484,7 @@ class RaftNode:
         if rd.snapshot is not None:
             self.log.snapshot_installed(rd.snapshot.index)
             self._handed_off = max(self._handed_off, rd.snapshot.index)
+            self._maybe_clear_floor()
         for e in reversed(rd.entries):
             # Handed off: this Ready's entries that the log still holds. A newer leader may have
             # replaced the ones after them since ready() (_append_entries then lowered _handed_off):
@@ -434,17 +501,21 @@ class RaftNode:
 
         Acknowledgements made in an older term are dropped: since then a newer leader may have
         replaced the entries they acknowledge, and a stale leader must not count them (nor confirm
-        a read with them). Dropping a message is always safe; later Readys acknowledge afresh.
+        a read with them). So are acknowledgements of entries the log no longer holds (dropped as
+        damaged meanwhile). Dropping a message is always safe; later Readys acknowledge afresh.
         """
         self._stable(rd)
+        last = self.log.last_index()
         return tuple(m for m in rd.send_after
-                     if not (isinstance(m, AppendResp | HeartbeatResp) and m.term < self.term))
+                     if not (isinstance(m, AppendResp | HeartbeatResp) and m.term < self.term)
+                     and not (isinstance(m, AppendResp) and not m.reject and m.index > last))
 
     def _stable(self, rd: Ready) -> None:
         if not rd.entries:
             return
         last = rd.entries[-1]
         self.log.stable_to(last.last_index, last.term)  # ignored if a later Ready replaced them
+        self._maybe_clear_floor()
         if self.role is Role.LEADER and self.id in self.progress:
             self.progress[self.id].maybe_update(self.log.stable_last_index(), self.ticks)
             if self._maybe_commit() and self.role is Role.LEADER:
@@ -526,7 +597,7 @@ class RaftNode:
         self._append_proposal(b"", 1, EntryKind.NOOP)
 
     def _promotable(self) -> bool:
-        if self.log.pending_snapshot is not None:
+        if self.log.pending_snapshot is not None or self._floor is not None:
             return False
         if self.id in self.conf.voters:
             return True
@@ -603,7 +674,8 @@ class RaftNode:
         pre = isinstance(m, PreVote)
         can_vote = (self.vote == m.src or (self.vote == 0 and self.leader == 0)
                     or (pre and m.term > self.term))
-        granted = can_vote and self.log.is_up_to_date(m.last_index, m.last_term)
+        granted = (can_vote and self.log.is_up_to_date(m.last_index, m.last_term)
+                   and self._meets_floor(m.last_index, m.last_term))
         if pre:
             self._send(PreVoteResp(term=m.term if granted else self.term, src=self.id, dst=m.src, granted=granted))
             return
@@ -646,14 +718,15 @@ class RaftNode:
 
     def _handle_append(self, m: Append) -> None:
         log = self.log
-        if m.prev_index < log.committed:
-            # Everything through our commit index matches the leader's log already.
-            self._send(AppendResp(term=self.term, src=self.id, dst=m.src, index=log.committed))
+        held = log.held_committed()
+        if m.prev_index < held:
+            # Everything through our commit index (that we hold) matches the leader's log already.
+            self._send(AppendResp(term=self.term, src=self.id, dst=m.src, index=held))
             return
         if not log.match_term(m.prev_index, m.prev_term):
             hint = log.last_boundary_at_or_below(m.prev_index, m.prev_term)
             self._send(AppendResp(term=self.term, src=self.id, dst=m.src, index=m.prev_index, reject=True,
-                                  hint_index=hint, hint_term=log.term(hint) or 0))
+                                  hint_index=hint, hint_term=log.term(hint) or 0, lost=self._floor is not None))
             return
         entries = m.entries
         last_new = entries[-1].last_index if entries else m.prev_index
@@ -666,7 +739,7 @@ class RaftNode:
     def _handle_snapshot_chunk(self, m: InstallSnapshot) -> None:
         meta = m.meta
         log = self.log
-        if meta.index <= log.committed or log.match_term(meta.index, meta.term):
+        if meta.index <= log.held_committed() or log.match_term(meta.index, meta.term):
             # We hold everything the snapshot covers (§5.6: keep the entries that follow it).
             log.commit_to(meta.index)
             self._incoming = None
@@ -742,6 +815,13 @@ class RaftNode:
             self._handle_snapshot_resp(m, pr)
 
     def _handle_append_resp(self, m: AppendResp, pr: Progress) -> None:
+        if m.reject and m.lost:
+            # The follower dropped damaged entries it had acknowledged: it holds nothing past the hint
+            # (a prefix of what it acknowledged, so still matching ours). Send the rest again.
+            pr.match = min(pr.match, m.hint_index)
+            pr.become_probe(self.ticks)
+            self._send_append(m.src)
+            return
         if m.reject:
             if m.index < 0 or m.index <= pr.match:
                 return  # stale
@@ -818,6 +898,10 @@ class RaftNode:
             try:
                 entries = log.entries(pr.next, log.last_index() + 1, self.cfg.max_append_bytes)
             except CompactedError:
+                if log.storage.snapshot().index < 0:
+                    # Without any snapshot only an entry the storage cannot read now does this (damaged:
+                    # the runtime takes a snapshot past it, repair.py): the follower waits for it.
+                    return False
                 self._start_snapshot(to)
                 return False
         if not entries and not allow_empty and pr.state is ProgressState.REPLICATE:
@@ -958,7 +1042,9 @@ class RaftNode:
         self._msgs.append(m)
 
     def _hard_state(self) -> HardState:
-        return HardState(term=self.term, vote=self.vote, commit=self.log.committed)
+        floor_term, floor_index = self._floor if self._floor is not None else (0, -1)
+        return HardState(term=self.term, vote=self.vote, commit=self.log.committed, floor_index=floor_index,
+                         floor_term=floor_term)
 
     def _soft_state(self) -> SoftState:
         return SoftState(self.leader, self.role, self.term)

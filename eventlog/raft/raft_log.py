@@ -6,7 +6,11 @@ here once it has persisted them. A snapshot received from the leader is likewise
 installed.
 
 Invariants: `committed` never decreases and never exceeds the last index; committed entries are
-never truncated; entries handed out for applying are committed and durable.
+never truncated; entries handed out for applying are committed and durable. One exception, made by
+the application and nothing else: entries it found damaged on its disk and dropped
+(`RaftNode.drop_entries`). The log then ends below `committed` (a *hole*, `held_committed` is what it
+still holds of it) until the leader has sent them again; the entries that fill the hole are not
+applied again (they were, before the damage), and nothing else is ever appended below `committed`.
 
 Not thread-safe: owned by one `RaftNode`.
 """
@@ -21,7 +25,7 @@ from eventlog.raft.types import Entry, SnapshotMeta
 
 
 class RaftLog:
-    def __init__(self, storage: Storage, committed: int, applied: int) -> None:
+    def __init__(self, storage: Storage, committed: int, applied: int, *, dropped: bool = False) -> None:
         self.storage = storage
         self.unstable: list[Entry] = []
         self._unstable_starts: list[int] = []
@@ -31,10 +35,14 @@ class RaftLog:
         # The persisted commit index is a hint: it may run ahead of entries a crash cut from the log,
         # or lag behind what the state machine applied (a runtime persists it lazily). Only committed
         # entries are ever applied, so the applied index is a commit index too.
+        # `dropped`: the node dropped damaged entries and may not have all of them back yet (a hole).
         self.applied = max(applied, snap.index)
-        assert self.applied <= self.last_index(), (
+        assert dropped or self.applied <= self.last_index(), (
             f"the state machine applied {applied} but the log ends at {self.last_index()}")
         self.committed = max(min(committed, self.last_index()), self.applied)
+        # Applying stopped at an entry the storage cannot read now (damaged: the runtime is dropping it);
+        # `RaftNode.tick` and a drop try again.
+        self.apply_blocked = False
 
     # --- indexes and terms ---------------------------------------------------------------------
 
@@ -58,6 +66,11 @@ class RaftLog:
     def stable_last_index(self) -> int:
         """Last index known to be on disk."""
         return self.unstable_offset - 1
+
+    def held_committed(self) -> int:
+        """The committed index as far as the log holds it: `committed`, but the last index while the
+        log has a hole (entries dropped as damaged and not sent again yet)."""
+        return min(self.committed, self.last_index())
 
     def term(self, index: int) -> int | None:
         """Term at `index`, or None when it is compacted or beyond the end."""
@@ -104,16 +117,19 @@ class RaftLog:
         """
         snap = self.snapshot_index()
         i = min(index, self.last_index())
-        if i > snap:
-            first, last = self.entry_bounds(i)
-            if last != i:
-                i = first - 1
-        while i > snap:
-            term = self.term(i)
-            assert term is not None
-            if term <= max_term:
-                return i
-            i = self.entry_bounds(i)[0] - 1
+        try:
+            if i > snap:
+                first, last = self.entry_bounds(i)
+                if last != i:
+                    i = first - 1
+            while i > snap:
+                term = self.term(i)
+                assert term is not None
+                if term <= max_term:
+                    return i
+                i = self.entry_bounds(i)[0] - 1
+        except CompactedError:
+            return snap - 1   # the storage cannot read an entry on the way (damaged): a snapshot will do
         if i == snap:
             term = self.term(snap)
             if term is not None and term <= max_term:
@@ -150,12 +166,22 @@ class RaftLog:
         return out
 
     def next_committed(self, max_bytes: int) -> list[Entry]:
-        """Committed, durable entries not yet handed out for applying."""
+        """Committed, durable entries not yet handed out for applying (none while `apply_blocked`: the
+        storage found the next one damaged, CompactedError, and the runtime drops it)."""
         hi = min(self.committed, self.stable_last_index())
         lo = self.applied + 1
-        if lo > hi or self.pending_snapshot is not None:
+        if lo > hi or self.pending_snapshot is not None or self.apply_blocked:
             return []
-        return self.entries(lo, hi + 1, max_bytes)
+        try:
+            return self.entries(lo, hi + 1, max_bytes)
+        except CompactedError:
+            self.apply_blocked = True
+            return []
+
+    def applicable(self) -> bool:
+        """Whether committed, durable entries wait to be applied (and can be read)."""
+        return (not self.apply_blocked and self.pending_snapshot is None
+                and min(self.committed, self.stable_last_index()) > self.applied)
 
     # --- writing -------------------------------------------------------------------------------
 
@@ -164,7 +190,7 @@ class RaftLog:
         if not entries:
             return
         first = entries[0].index
-        assert first > self.committed, f"append at {first} would overwrite committed index {self.committed}"
+        assert first > self.held_committed(), f"append at {first} would overwrite committed index {self.committed}"
         assert first <= self.last_index() + 1, f"gap: append at {first}, last index {self.last_index()}"
         if first <= self.unstable_offset:
             # overwrites (part of) the durable log: the application truncates when it persists these
@@ -207,6 +233,16 @@ class RaftLog:
     def applied_to(self, index: int) -> None:
         assert self.applied <= index <= self.committed, (self.applied, index, self.committed)
         self.applied = index
+
+    def dropped(self) -> None:
+        """The application removed entries from its storage (damaged: `RaftNode.drop_entries`): the log
+        now ends where the storage does; nothing unstable is left (damage is found in durable entries,
+        and every unstable one follows them)."""
+        assert self.pending_snapshot is None, "entries dropped while a snapshot is pending"
+        self.unstable = []
+        self._unstable_starts = []
+        self.unstable_offset = self.storage.last_index() + 1
+        self.apply_blocked = False
 
     def restore(self, meta: SnapshotMeta) -> None:
         """A snapshot replaces the log (the application installs it with the next Ready)."""

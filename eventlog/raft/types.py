@@ -53,12 +53,17 @@ class Entry(msgspec.Struct, frozen=True):
 class HardState(msgspec.Struct, frozen=True):
     """What must be on disk before a node answers: current term, vote in it, commit index.
 
-    `commit` is -1 when nothing is known to be committed.
+    `commit` is -1 when nothing is known to be committed. (`floor_index`, `floor_term`) is the vote
+    floor of a node that dropped entries it held (a damaged batch on its disk, `RaftNode.drop_entries`):
+    the end of its log before the drop. Until its log is again at least that up to date it grants votes
+    only to candidates whose log is, and does not campaign (-1: no floor).
     """
 
     term: int = 0
     vote: int = 0      # 0 = no vote (node ids are positive)
     commit: int = -1
+    floor_index: int = -1
+    floor_term: int = 0
 
 
 class ConfState(msgspec.Struct, frozen=True):
@@ -157,6 +162,8 @@ class AppendResp(msgspec.Struct, frozen=True, tag="ar"):
 
     On reject, (hint_index, hint_term) is the follower's last entry at or below `index` whose term is
     <= the rejected prev_term: the leader skips every index whose term cannot match (thesis §5.3).
+    `lost`: the follower dropped entries it had acknowledged (a damaged batch on its disk): its log
+    holds nothing past `hint_index`, so the leader lowers its match and sends them again.
     """
 
     term: int
@@ -166,6 +173,7 @@ class AppendResp(msgspec.Struct, frozen=True, tag="ar"):
     reject: bool = False
     hint_index: int = -1
     hint_term: int = 0
+    lost: bool = False
 
 
 class Heartbeat(msgspec.Struct, frozen=True, tag="hb"):

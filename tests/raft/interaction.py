@@ -109,7 +109,8 @@ def fmt_snap(meta: SnapshotMeta) -> str:
 
 
 def fmt_hard(hs: HardState) -> str:
-    return f"term={hs.term} vote={hs.vote} commit={hs.commit}"
+    floor = f" floor={hs.floor_term}/{hs.floor_index}" if hs.floor_index >= 0 else ""
+    return f"term={hs.term} vote={hs.vote} commit={hs.commit}{floor}"
 
 
 def fmt_msg(m: Message) -> str:
@@ -118,7 +119,7 @@ def fmt_msg(m: Message) -> str:
         return f"{head} prev={m.prev_term}/{m.prev_index} commit={m.commit} {fmt_entries(m.entries)}"
     if isinstance(m, AppendResp):
         if m.reject:
-            return f"{head} reject index={m.index} hint={m.hint_term}/{m.hint_index}"
+            return f"{head} reject index={m.index} hint={m.hint_term}/{m.hint_index}" + (" lost" if m.lost else "")
         return f"{head} index={m.index}"
     if isinstance(m, Heartbeat):
         return f"{head} commit={m.commit} round={m.ctx}"
@@ -333,7 +334,9 @@ class Env:
                 continue
             self.say("  send-after:" if rd is current else f"  released (durable end {peer.durable_end}):")
             for m in rd.send_after:
-                note = self.send(m) if any(m is x for x in sent) else "  [dropped: acknowledges an older term]"
+                dropped = ("  [dropped: acknowledges an older term]" if m.term < node.term
+                           else "  [dropped: acknowledges entries the log no longer holds]")
+                note = self.send(m) if any(m is x for x in sent) else dropped
                 self.say(f"    {fmt_msg(m)}{note}")
         return released
 
@@ -767,8 +770,9 @@ def cmd_status(env: Env, a: Args) -> None:
     for nid in a.ids() or env.alive():
         node = env.node(nid)
         peer = env.peers[nid]
+        floor = f" floor={node.vote_floor[0]}/{node.vote_floor[1]}" if node.vote_floor is not None else ""
         env.say(_role_line(node) + f" commit={node.log.committed} applied={peer.applied_index} "
-                f"last={node.log.last_index()} {fmt_conf(node.conf)}"
+                f"last={node.log.last_index()} {fmt_conf(node.conf)}{floor}"
                 + (" term-exhausted" if node.term_exhausted else ""))
         if node.role.value == "leader":
             for pid, pr in sorted(node.progress.items()):
@@ -807,6 +811,29 @@ def cmd_raft_log(env: Env, a: Args) -> None:
     env.say("unstable: " + (fmt_entries(log.unstable) if log.unstable else "[]"))
     if log.pending_snapshot is not None:
         env.say(f"pending-snapshot: {fmt_snap(log.pending_snapshot)}")
+
+
+def cmd_drop_entries(env: Env, a: Args) -> None:
+    """drop-entries N index=I: the app finds the entries from I on damaged on its disk and drops them as
+    the runtime does (eventlog/raft/runtime/repair.py): the hard state with the vote floor is persisted
+    first, then the entries leave the storage, then the core is told (and tells the leader)."""
+    nid = a.one_id()
+    node = env.node(nid)
+    peer = env.peers[nid]
+    index = a.num("index")
+    hs = _try(env, lambda: node.drop_entries(index))
+    if not isinstance(hs, HardState):
+        return
+    peer.storage.set_hard_state(hs)
+    env.say(f"hard-state: {fmt_hard(hs)}")
+    if peer.pipelined:
+        peer.held.discard_from(index)
+        peer.written_end = min(peer.written_end, index)
+        peer.durable_end = min(peer.durable_end, index)
+    peer.storage.truncate_from(index)
+    node.entries_dropped()
+    env.say(f"{nid}: dropped entries from {index}; commit={node.log.committed} applied={peer.applied_index} "
+            f"last={node.log.last_index()}")
 
 
 def cmd_compact(env: Env, a: Args) -> None:
@@ -850,6 +877,7 @@ _COMMANDS: dict[str, Callable[[Env, Args], None]] = {
     "log": cmd_log,
     "raft-log": cmd_raft_log,
     "compact": cmd_compact,
+    "drop-entries": cmd_drop_entries,
 }
 
 

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from eventlog.raft import CompactedError, ConfChange, ConfChangeError, ConfChangeKind, ConfState, Entry
 from eventlog.raft.confchange import apply_conf_change, decode_conf_change, encode_conf_change
-from eventlog.raft.node import Ready
+from eventlog.raft.node import RaftNode, Ready
 from eventlog.raft.persist_queue import PersistQueue
 from eventlog.raft.progress import Progress, ProgressState, committed_index, majority, vote_result
 from eventlog.raft.raft_log import RaftLog
-from eventlog.raft.types import AppendResp, SnapshotMeta
-from tests.raft.paper import log_of, storage
+from eventlog.raft.types import Append, AppendResp, HardState, SnapshotMeta, Vote, VoteResp
+from tests.raft.paper import config, handle, log_of, storage
 
 # --- RaftLog -------------------------------------------------------------------------------------
 
@@ -290,3 +292,31 @@ def test_persist_queue_discard_leaves_lower_waits_and_later_pushes_alone() -> No
     assert q.pop_durable(1) == [low] and q.oldest_wait() == 5
     q.discard_from(3)
     assert q.oldest_wait() == 2 and [len(q.pop_durable(3)), len(q)] == [2, 0]
+
+
+def test_a_node_restarted_with_a_hole_and_a_vote_floor() -> None:
+    """Killed after dropping damaged entries (RaftNode.drop_entries) and before they came back: its
+    storage holds 0..4, its state machine applied 9, its hard state keeps the floor. It starts (the hole
+    is allowed only with a floor), keeps its commit, refuses to campaign and to vote for a candidate
+    below the floor, acknowledges only what it holds, and the floor goes once the entries are back."""
+    entries = log_of([1] * 10)
+    st = storage(entries=entries[:5])
+    st.set_hard_state(HardState(term=1, vote=1, commit=9, floor_index=9, floor_term=1))
+    n = RaftNode(2, st, config(check_quorum=False), random.Random(2), applied=9)
+    assert (n.log.committed, n.log.applied, n.log.last_index(), n.log.held_committed()) == (9, 9, 4, 4)
+    assert n.vote_floor == (1, 9)
+    n.campaign()
+    assert n.role.value == "follower", "below its floor it never campaigns"
+    n.step(Vote(term=2, src=3, dst=2, last_index=6, last_term=1))   # more up to date than its log, not its floor
+    rd = handle(n)
+    assert rd is not None and [m.granted for m in rd.send_after if isinstance(m, VoteResp)] == [False]
+    n.step(Vote(term=3, src=1, dst=2, last_index=9, last_term=1))
+    rd = handle(n)
+    assert rd is not None and [m.granted for m in rd.send_after if isinstance(m, VoteResp)] == [True]
+    n.step(Append(term=3, src=1, dst=2, prev_index=2, prev_term=1, entries=(), commit=9))
+    rd = handle(n)
+    assert rd is not None and [m.index for m in rd.send_after if isinstance(m, AppendResp)] == [4]
+    n.step(Append(term=3, src=1, dst=2, prev_index=4, prev_term=1, entries=tuple(entries[5:]), commit=9))
+    rd = handle(n)
+    assert rd is not None and not rd.committed, "the entries that fill the hole are not applied again"
+    assert n.vote_floor is None and n.log.last_index() == 9

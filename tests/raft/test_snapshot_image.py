@@ -178,3 +178,85 @@ def test_a_group_that_ships_no_prefix_resets_its_log_after_the_snapshot(tmp_path
     assert leader.snapshot().size - leader.latest_snapshot.size < 200, "the data and a small header"
     leader.close()
     follower.close()
+
+
+def _flip_middle_batch(path: Path) -> int:
+    """Invert a byte in the records of the middle batch of segment file `path` (the log has it open: its
+    mapping sees the change); the offset the damaged batch starts at."""
+    from eventlog.records import HEADER_SIZE, read_header
+
+    data = path.read_bytes()
+    found, pos = [], 0
+    while pos < len(data):
+        h = read_header(data, pos)
+        found.append((pos, h))
+        pos += h.size
+    pos, h = found[len(found) // 2]
+    at = pos + HEADER_SIZE + 10
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, bytes([data[at] ^ 0xFF]), at)
+    finally:
+        os.close(fd)
+    return h.base_offset
+
+
+def test_an_image_never_ships_a_damaged_batch_of_the_leaders_prefix(tmp_path: Path) -> None:
+    """Bytes of a sealed segment below the snapshot rot on the leader, unknown to its log: reading the
+    image for a follower finds the damaged batch before any byte of its part is sent, reports it to the
+    log and starts over (CompactedError, as the core expects); the image built next leaves the damaged
+    segment and everything below it out, and the follower installs a clean log starting after it."""
+    rng = random.Random(_seed())
+    leader = leader_with_cleaned_log(tmp_path / "leader")
+    spans = leader.log.segment_spans()
+    damaged_base, damaged_end, _ = next((b, e, n) for b, e, n in spans if 0 < b and e <= 480 and n > 1000)
+    offset = _flip_middle_batch(leader.log.directory / f"{damaged_base:020d}.log")
+    assert leader.log.damage is None
+    follower = LogStorage.open(tmp_path / "follower", CFG, CONF, ships_log_prefix=True)
+    with pytest.raises(CompactedError, match="damaged batch"):
+        transfer(leader, follower, rng)
+    damage = leader.log.damage
+    assert damage is not None and damage.segment_base == damaged_base and damage.offset >= offset - 2
+    meta = transfer(leader, follower, rng)               # listed again, without the damaged segment
+    follower.install_snapshot(meta)
+    assert (follower.log.start_offset, follower.log.end_offset) == (damaged_end, 500)
+    assert batches(follower, damaged_end, 500) == batches(leader, damaged_end, 500)
+    leader.close()
+    follower.close()
+    assert verify_log_dir(tmp_path / "follower" / "log").verdict is Verdict.CLEAN
+
+
+def test_dropping_damage_in_the_cleaned_prefix_or_above_the_snapshot(tmp_path: Path) -> None:
+    """`LogStorage.drop_from` (eventlog/raft/runtime/repair.py): damage in a cleaned segment below the
+    snapshot can only go with the whole log below the snapshot (the log restarts after it); damage
+    above the snapshot is cut at the damaged batch, keeping everything before it."""
+    from eventlog.errors import CorruptBatchError
+
+    st = leader_with_cleaned_log(tmp_path / "a")
+    st.append(entries(600, 3, 100))
+    cleaned = next((b, e) for b, e in st.log.cleaned_segments if (st.log.directory / f"{b:020d}.log").stat().st_size)
+    _flip_middle_batch(st.log.directory / f"{cleaned[0]:020d}.log")
+    with pytest.raises(CorruptBatchError):
+        list(st.log.batches(cleaned[0], cleaned[1]))
+    damage = st.log.damage
+    assert damage is not None and damage.cleaned and damage.drop_offset == cleaned[0]
+    st.drop_from(damage.drop_offset)
+    assert (st.log.start_offset, st.log.end_offset, st.log.damage) == (500, 500, None)
+    assert st.last_index() == 499 and st.term(499) == 3
+    st.append(entries(500, 3, 10))
+    st.close()
+    assert verify_log_dir(tmp_path / "a" / "log").verdict is Verdict.CLEAN
+
+    st = leader_with_cleaned_log(tmp_path / "b")
+    st.append(entries(600, 3, 100))
+    spans = st.log.segment_spans()
+    base, end, _ = next((b, e, n) for b, e, n in spans if b >= 600 and e < 800 and n > 1000)
+    offset = _flip_middle_batch(st.log.directory / f"{base:020d}.log")
+    with pytest.raises(CompactedError, match="damaged batch"):
+        st.entries(offset, offset + 2, 1 << 20)      # the core gets CompactedError, never the bytes
+    assert st.entries(base, offset + 2, 1 << 20)[-1].last_index == offset - 1, "what precedes it is served"
+    st.drop_from(st.log.damage.drop_offset)        # type: ignore[union-attr]
+    assert (st.log.start_offset, st.log.end_offset, st.log.damage) == (0, offset, None)
+    assert batches(st, 0, 500) != [] and st.log.clean_end_offset > 0, "the prefix below the snapshot stays"
+    st.close()
+    assert verify_log_dir(tmp_path / "b" / "log").verdict is Verdict.CLEAN

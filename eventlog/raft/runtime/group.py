@@ -37,6 +37,11 @@ what is refused never reaches the log, and the views only apply what the log hol
 a few dozen bytes, they fit in the active segment unless it is full to its last bytes, and then the
 group stops as on any storage failure.)
 
+A damaged batch in the log (eventlog/damage.py) is never served; every tick `LogRepair`
+(eventlog/raft/runtime/repair.py) drops it on a follower, which fetches the entries again, after a
+leader has handed leadership over. A snapshot installed while the views already applied past it
+(fetching a dropped range again) replaces the log only.
+
 Call everything from the loop that runs the group.
 """
 
@@ -61,6 +66,7 @@ from eventlog.raft.config import RaftConfig
 from eventlog.errors import OffsetOutOfRangeError
 from eventlog.raft.errors import (
     CompactedError,
+    LogRefetchingError,
     NotCaughtUpError,
     NotFoundError,
     NotLeaderError,
@@ -73,6 +79,7 @@ from eventlog.raft.persist_queue import PersistQueue
 from eventlog.raft.runtime.lag import Behind, LagMonitor
 from eventlog.raft.runtime.log_storage import LogStorage, seal_snapshot_data
 from eventlog.raft.runtime.peer_drops import PeerDrops
+from eventlog.raft.runtime.repair import LogRepair, RepairStatus
 from eventlog.raft.types import (
     MAX_TERM,
     Append,
@@ -80,7 +87,6 @@ from eventlog.raft.types import (
     ConfState,
     Entry,
     EntryKind,
-    HardState,
     Message,
     SnapshotMeta,
 )
@@ -138,6 +144,7 @@ class GroupStatus:
     log_start: int
     snapshot_index: int
     disk_full: str = ""      # why this node refuses writes to the group ("": it does not)
+    repair: RepairStatus | None = None   # a damaged batch in its log, or its entries being fetched again
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +285,7 @@ class RaftGroup:
         # The leader's view of how far behind each member is (logged, and read by metrics).
         self.lag = lag if lag is not None else LagMonitor(warn_after_s=10.0)
         self._lag_term = 0      # the term the monitor watches as leader (0: not leading)
+        self.repair = LogRepair(self)
         storage.log.add_durability_listener(self._on_durable_threadsafe)
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -415,6 +423,7 @@ class RaftGroup:
             if offset > applied:
                 await self.wait_applied(offset)
                 continue
+            self.check_readable(offset)
             try:
                 chunk = log.read(offset, chunk_bytes, max_offset=applied + 1)
             except OffsetOutOfRangeError:
@@ -447,6 +456,48 @@ class RaftGroup:
         if ttl is None:
             raise NotFoundError(f"lease {lease_id} does not exist in group {self.name} (expired or revoked?)")
         return int(ttl)
+
+    def check_readable(self, offset: int) -> None:
+        """LogRefetchingError when this node applied `offset` but its log lacks it: it dropped a damaged
+        range and fetches it again (eventlog/raft/runtime/repair.py); another member serves it."""
+        log = self.storage.log
+        if log.end_offset <= offset <= self.sm.applied_index:
+            raise LogRefetchingError(f"node {self.node_id} is fetching offsets {log.end_offset} on of group "
+                                     f"{self.name} again (a damaged batch was dropped): another member serves "
+                                     f"offset {offset}")
+
+    def request_snapshot(self) -> None:
+        """Take a snapshot now (in a thread), whatever the snapshot policy says."""
+        self._maybe_snapshot(force=True)
+
+    def hand_over(self, reason: str, *, min_match: int | None = None) -> int:
+        """As the leader, hand leadership to the voter that holds the most of the log, if one holds
+        through `min_match` (default: the whole log) and no transfer started within an election
+        timeout; returns the target (0: none). The transfer catches the target up first."""
+        n = self.node
+        if n.role is not Role.LEADER:
+            return 0
+        if n.lead_transferee:
+            return n.lead_transferee
+        if n.ticks - self._last_transfer_tick < n.cfg.election_timeout_ticks:
+            return 0
+        need = n.log.last_index() if min_match is None else min_match
+        voters = [v for v in n.conf.voters if v != self.node_id and v in n.progress and n.progress[v].match >= need]
+        if not voters:
+            return 0
+        target = max(voters, key=lambda v: n.progress[v].match)
+        self._last_transfer_tick = n.ticks
+        logger.warning("group %s: %s on the leader: handing leadership to node %s", self.name, reason, target)
+        n.transfer_leadership(target)
+        self._wake.set()
+        return target
+
+    def discard_held_from(self, index: int) -> None:
+        """The storage is about to drop indexes >= `index` (see PersistQueue.discard_from)."""
+        self._held.discard_from(index)
+
+    def wake(self) -> None:
+        self._wake.set()
 
     def snapshot_now(self) -> int:
         """Snapshot the state machine at its applied offset, on the loop, and drop the log below (as far
@@ -547,9 +598,10 @@ class RaftGroup:
 
     def status(self) -> GroupStatus:
         n = self.node
+        repair = self.repair.status()
         return GroupStatus(self.name, self.node_id, n.role.value, n.term, n.leader, n.log.committed,
                            self.sm.applied_index, n.log.last_index(), self.storage.log.start_offset,
-                           self.storage.snapshot().index, self._disk_full)
+                           self.storage.snapshot().index, self._disk_full, repair if repair.active else None)
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -569,6 +621,7 @@ class RaftGroup:
             self._state_machine_tick()
             if self._check_space():
                 self._while_disk_full()
+            self.repair.tick()
 
     def _observe_lag(self) -> None:
         """On the leader: measure each member's lag; warn about a member that stays behind."""
@@ -738,8 +791,13 @@ class RaftGroup:
             # (ViewsStateMachine.restore waits for its flush; the loop must not wait for the whole job).
             self._held.discard_from(rd.snapshot.index + 1)   # the log is reset behind the snapshot
             path = storage.install_snapshot(rd.snapshot)
-            self.sm.restore(path / "data", rd.snapshot)
-            self._last_snapshot_index = rd.snapshot.index
+            if rd.snapshot.index > self.sm.applied_index:
+                self.sm.restore(path / "data", rd.snapshot)
+            else:
+                # Fetching a dropped range again (repair.py): the views already applied past it.
+                logger.info("group %s: snapshot %d replaces the log only (the views applied %d)", self.name,
+                            rd.snapshot.index, self.sm.applied_index)
+            self._last_snapshot_index = max(self._last_snapshot_index, rd.snapshot.index)
             self.snapshots.installed += 1
             self._wake_applied()
         if rd.entries:
@@ -749,8 +807,9 @@ class RaftGroup:
             storage.append(rd.entries)
         if rd.hard_state is not None:
             prev = storage.initial_state()[0]
-            if (rd.hard_state.term, rd.hard_state.vote) != (prev.term, prev.vote):
-                storage.set_hard_state(rd.hard_state)  # before any vote or ack leaves (§5.1)
+            hs = rd.hard_state
+            if (hs.term, hs.vote, hs.floor_index) != (prev.term, prev.vote, prev.floor_index):
+                storage.set_hard_state(hs)  # before any vote or ack leaves (§5.1)
                 self._persisted_commit = rd.hard_state.commit
         self._held.push(rd)
         if rd.committed:
@@ -835,12 +894,12 @@ class RaftGroup:
                 keep.append((offset, future))
         self._applied_waiters = keep
 
-    def _maybe_snapshot(self) -> None:
+    def _maybe_snapshot(self, *, force: bool = False) -> None:
         if self._snapshot_task is not None:
             return
         since = self.sm.applied_index - self._last_snapshot_index
         every, every_bytes = self.snapshot_every_entries, self.snapshot_every_bytes
-        due = (every and since >= every) or (every_bytes and self._bytes_since_snapshot >= every_bytes)
+        due = force or (every and since >= every) or (every_bytes and self._bytes_since_snapshot >= every_bytes)
         if not due or since <= 0 or self.loop.time() < self._snapshot_not_before:
             return
         job = getattr(self.sm, "snapshot_job", None)
@@ -949,24 +1008,15 @@ class RaftGroup:
         log = self.storage.log
         if log.space_error is not None and self.node.ticks % max(1, round(1 / self.tick_interval)) == 0:
             log.prepare_next_segment()
-        n = self.node
-        if n.role is not Role.LEADER or n.lead_transferee or n.ticks - self._last_transfer_tick < n.cfg.election_timeout_ticks:
-            return
-        last = n.log.last_index()
-        caught_up = [v for v in n.conf.voters if v != self.node_id and v in n.progress and n.progress[v].match >= last]
-        if caught_up:
-            self._last_transfer_tick = n.ticks
-            logger.warning("group %s: disk full on the leader: handing leadership to node %s", self.name, caught_up[0])
-            n.transfer_leadership(caught_up[0])
-            self._wake.set()
+        if not self.node.lead_transferee:
+            self.hand_over("disk full")
 
     def _persist_commit(self, *, force: bool) -> None:
         committed = self.node.log.committed
         if committed == self._persisted_commit:
             return
         if force or committed - self._persisted_commit >= 10_000:
-            hs = HardState(term=self.node.term, vote=self.node.vote, commit=committed)
-            self.storage.set_hard_state(hs)
+            self.storage.set_hard_state(self.node.hard_state)   # with the vote floor, if any
             self._persisted_commit = committed
 
     # --- durability ----------------------------------------------------------------------------

@@ -72,6 +72,7 @@ class GroupState(msgspec.Struct):
     log_start: int
     snapshot_index: int
     disk_full: str = ""   # why the node refuses writes to the group for lack of disk space ("": it does not)
+    repair: str = ""      # what the node does about a damaged batch in its log ("": nothing, repair.py)
     records: int = -1   # the state machine's `records` as of `applied` (-1: it has none)
     digest: str = ""    # the state machine's `digest` as of `applied` ("": it has none)
 
@@ -189,8 +190,10 @@ class HarnessServer:
 
 
 def _group_state(group: RaftGroup) -> GroupState:
-    return GroupState(**dataclasses.asdict(group.status()), records=getattr(group.sm, "records", -1),
-                      digest=getattr(group.sm, "digest", ""))
+    status = group.status()
+    fields = {f.name: getattr(status, f.name) for f in dataclasses.fields(status) if f.name != "repair"}
+    return GroupState(**fields, repair="" if status.repair is None else status.repair.state,
+                      records=getattr(group.sm, "records", -1), digest=getattr(group.sm, "digest", ""))
 
 
 class HarnessClient:

@@ -3,6 +3,8 @@
 Each group (`metadata`, `offsets`, `kv`, ...) has its own directory `<data_dir>/groups/<name>/`,
 its own log, leader and state machine, and its own task; all share the node's connections.
 `<data_dir>/cluster-id` records the cluster name: a node refuses a data directory of another cluster.
+One scrub thread checks the sealed segments of every group's log (`[log] scrub_bytes_per_second`,
+eventlog/scrub.py).
 
 The configured members are every group's initial voters, on every node. A node added at runtime
 (not in the list: `member` gives its addresses) starts from that same initial configuration, which
@@ -29,6 +31,7 @@ from eventlog.raft.runtime.peer_drops import PeerDrops
 from eventlog.raft.runtime.tls import PeerTls, load_peer_tls
 from eventlog.raft.runtime.transport import MAX_FRAME_BYTES, PeerTransport, largest_frame_bytes
 from eventlog.raft.types import Message
+from eventlog.scrub import Scrubber
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +62,7 @@ class NodeHost:
         self.groups: dict[str, RaftGroup] = {}
         self.transport: PeerTransport | None = None
         self.peer_drops = PeerDrops(node_id)
+        self.scrubber: Scrubber | None = None
 
     async def start(self) -> None:
         cluster = self.configs.cluster
@@ -99,6 +103,11 @@ class NodeHost:
             self.groups[name] = group
         for group in self.groups.values():
             group.start()
+        if self.configs.log.scrub_bytes_per_second:
+            logs = {name: group.storage.log for name, group in self.groups.items()}
+            self.scrubber = Scrubber(lambda: logs, self.configs.log.scrub_bytes_per_second,
+                                     name=f"log-scrub-{self.node_id}")
+            self.scrubber.start()
         await self.transport.start()
 
     def _peer_tls(self) -> PeerTls | None:
@@ -151,6 +160,8 @@ class NodeHost:
         return self.groups[group].node.leader
 
     async def stop(self) -> None:
+        if self.scrubber is not None:
+            self.scrubber.close()
         if self.transport is not None:
             await self.transport.close()
         for group in self.groups.values():

@@ -30,6 +30,12 @@ staged directory into place (the commit point), then resets the log (with its pr
 the log, `eventlog.prefix`), then drops the manifest of `prefix/`: a crash anywhere is finished on
 open (`_reconcile`), which installs the prefix again unless the log already holds it.
 
+Damage (eventlog/damage.py). What the log finds damaged is never handed to the core: reading it for
+replication or applying raises CompactedError here (a follower that needs it gets a snapshot; applying
+waits), and an image whose log prefix holds it is built again without it. `drop_from` removes it when
+the runtime drops the damaged entries (eventlog/raft/runtime/repair.py); the vote floor of
+`RaftNode.drop_entries` is kept in `quorum-state` with term and vote.
+
 Not thread-safe: used by one group's task (the log itself is thread-safe). Chunks of an image are
 read ahead in a thread of its own (the image's files never change once linked).
 """
@@ -46,7 +52,7 @@ from pathlib import Path
 import msgspec
 
 from eventlog.config import LogConfig
-from eventlog.errors import EpochlogError, LogCorruptionError
+from eventlog.errors import CorruptBatchError, EpochlogError, LogCorruptionError
 from eventlog.fileutil import atomic_write, fsync_dir, io_error
 from eventlog.log import Log
 from eventlog.prefix import PrefixInstall
@@ -71,6 +77,8 @@ class QuorumState(msgspec.Struct):
     commit: int = -1
     conf_offsets: list[int] = []
     conf_scanned_to: int = 0
+    floor_index: int = -1      # the vote floor (HardState): -1 while the node dropped no entries
+    floor_term: int = 0
 
 
 class LogStorage:
@@ -125,17 +133,21 @@ class LogStorage:
             if offset < end and offset >= first and self._entry_at(offset).kind is EntryKind.CONF_CHANGE:
                 valid.append(offset)
         scan_from = max(min(self._state.conf_scanned_to, end), first)
-        for batch in self.log.batches(scan_from):
-            if batch.header.is_control and batch_to_entry(batch).kind is EntryKind.CONF_CHANGE:
-                if batch.header.base_offset not in valid:
-                    valid.append(batch.header.base_offset)
+        try:
+            for batch in self.log.batches(scan_from):
+                if batch.header.is_control and batch_to_entry(batch).kind is EntryKind.CONF_CHANGE:
+                    if batch.header.base_offset not in valid:
+                        valid.append(batch.header.base_offset)
+        except CorruptBatchError:
+            pass   # damaged (logged by the log): the entries from there on are dropped and fetched again
         self._conf_offsets = sorted(o for o in valid if o > snap.index)
 
     # --- Storage protocol ------------------------------------------------------------------------
 
     def initial_state(self) -> tuple[HardState, SnapshotMeta]:
         s = self._state
-        return HardState(term=s.term, vote=s.vote, commit=s.commit), self._snapshot
+        return (HardState(term=s.term, vote=s.vote, commit=s.commit, floor_index=s.floor_index,
+                          floor_term=s.floor_term), self._snapshot)
 
     def first_index(self) -> int:
         """The first entry served to the core: the log's, when it still holds entries the snapshot
@@ -197,7 +209,12 @@ class LogStorage:
         size = 0
         offset = lo
         while offset < hi:
-            chunk = self.log.read(offset, max(1, max_bytes - size), max_offset=hi)
+            try:
+                chunk = self.log.read(offset, max(1, max_bytes - size), max_offset=hi)
+            except CorruptBatchError as exc:
+                if out:
+                    return out   # what precedes the damage; the next call starts at it
+                raise CompactedError(f"index {offset} cannot be served: {exc}") from None
             if chunk.next_offset == chunk.start_offset:
                 break
             for batch in chunk.batches():
@@ -218,11 +235,23 @@ class LogStorage:
     def entry_bounds(self, index: int) -> tuple[int, int]:
         if index == self._snapshot.index and not self._written_from() <= index < self.log.end_offset:
             return index, index
-        e = self._entry_at(index)
+        try:
+            e = self._entry_at(index)
+        except CorruptBatchError as exc:
+            raise CompactedError(f"index {index} cannot be read: {exc}") from None
         return e.index, e.last_index
 
     def conf_entries(self) -> list[Entry]:
-        return [self._entry_at(o) for o in self._conf_offsets]
+        """The membership changes in the log. One the log cannot read (damaged) ends the list: the
+        entries from the damage on are dropped and fetched again before this node can campaign (its
+        vote floor), and those that reach it from the leader bring the changes back."""
+        out = []
+        for o in self._conf_offsets:
+            try:
+                out.append(self._entry_at(o))
+            except CorruptBatchError:
+                break
+        return out
 
     def snapshot(self) -> SnapshotMeta:
         """The latest snapshot as it is sent: `size` is its image's (data and, when this group
@@ -259,13 +288,30 @@ class LogStorage:
         if ahead is not None and ahead.done() and not ahead.cancelled() and ahead.exception() is None:
             data = ahead.result()
         else:
-            data = image.read(offset, max_bytes)
+            try:
+                data = image.read(offset, max_bytes)
+            except CorruptBatchError as exc:
+                self._image_damaged(image, exc)
+                raise CompactedError(f"snapshot {index}: its log prefix holds a damaged batch ({exc}); "
+                                     f"built again without it") from None
         following = offset + len(data)
         if data and following < image.meta.size:
             while len(self._ahead) >= READ_AHEAD:
                 self._ahead.pop(next(iter(self._ahead))).cancel()
             self._ahead[(index, following, max_bytes)] = self._reader_pool().submit(image.read, following, max_bytes)
         return data
+
+    def _image_damaged(self, image: SnapshotImage, exc: CorruptBatchError) -> None:
+        """A part of `image` holds a damaged batch: tell the log (if the part is still its segment file) and
+        drop the image, so the next `snapshot()` lists the log again, leaving the damage out."""
+        path = Path(exc.path)
+        try:
+            inode = os.stat(path).st_ino
+        except FileNotFoundError:
+            inode = -1
+        self.log.report_damage(int(path.name[:20]), inode, exc.position, exc.offset, exc.reason)
+        if self._images.get(image.meta.index) is image:
+            self._drop_image(self._images.pop(image.meta.index))
 
     def _build_image(self, snap: SnapshotMeta) -> SnapshotImage:
         old = self._images.pop(snap.index, None)
@@ -344,10 +390,28 @@ class LogStorage:
                 self._conf_offsets.append(e.index)
         return entries[-1].last_index
 
+    def drop_from(self, index: int) -> None:
+        """Remove the entries from `index` on, found damaged (after the vote floor of
+        `RaftNode.drop_entries` was persisted); durable on return. At or below the snapshot the log
+        restarts empty after it: the snapshot holds what Raft needs, and the log cannot go on from an
+        offset below it. (For a group that ships its log prefix that gives up, on this node only, its
+        key-compacted history below the snapshot: readers there are told `compacted`.)"""
+        snap = self._snapshot.index
+        if index <= snap:
+            self.log.reset(snap + 1)
+        else:
+            self.log.truncate_suffix(index)
+        self._conf_offsets = [o for o in self._conf_offsets if o < index]
+        self._anchor = (-1, None)
+        if self._state.conf_scanned_to > index:
+            self._state.conf_scanned_to = index
+        self._write_state()
+
     def set_hard_state(self, hs: HardState) -> None:
-        """Persist term, vote and commit (and the membership bookkeeping) atomically."""
+        """Persist term, vote, commit and vote floor (and the membership bookkeeping) atomically."""
         s = self._state
         s.term, s.vote, s.commit = hs.term, hs.vote, hs.commit
+        s.floor_index, s.floor_term = hs.floor_index, hs.floor_term
         s.conf_offsets = list(self._conf_offsets)
         s.conf_scanned_to = self.log.durable_offset
         self._write_state()

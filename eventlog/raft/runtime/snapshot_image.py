@@ -28,6 +28,10 @@ snapshot, and a transfer still reading it goes on (`LogStorage` drops an image o
 gone and no chunk was read from it for a while). Sealed files never change in place, so reads need
 no lock and run in any thread (`read`). Disk cost: nothing while the log keeps the same files; a
 segment the cleaner replaces while an image links it keeps its blocks until the image is dropped.
+No damaged batch is ever shipped: the listing leaves out what the log knows to be damaged
+(`Log.prefix_parts`), and `read` checks every batch of a part (CRC, order, epoch) before it hands out
+bytes of it, raising CorruptBatchError at a damaged one (`LogStorage` then reports it to the log and
+builds the image again, without it).
 
 Receiving (`ImageStaging`). Chunks arrive in order; each is written, durably, to `data` or to
 `prefix/<segment name>` in the incoming snapshot directory, and every batch of a part is checked as
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +53,7 @@ from typing import NoReturn
 import msgspec
 from msgspec.structs import replace
 
-from eventlog.errors import LogCorruptionError
+from eventlog.errors import CorruptBatchError, LogCorruptionError
 from eventlog.fileutil import atomic_write, fsync_dir, io_error
 from eventlog.index import IndexBuilder
 from eventlog.log import Log
@@ -99,7 +104,10 @@ class SnapshotImage:
     generation: int                     # the log's files generation the parts were listed at
     links: Path | None = None           # the directory of hard links to its files, once linked
     last_read: float = 0.0              # time.monotonic() of the last chunk read (the owner's)
+    epochs: tuple[tuple[int, int], ...] = ()   # the header's (epoch, start offset): what each part's batches carry
     _pieces: list[tuple[int, int, int]] = field(default_factory=list)   # (start, length, source: -1 head, -2 data, i part)
+    _checks: dict[int, _PartCheck] = field(default_factory=dict)       # part -> how far its batches were checked
+    _check_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         data_bytes = os.stat(self.data).st_size
@@ -130,6 +138,7 @@ class SnapshotImage:
             else:
                 assert self.links is not None
                 path = self.links / segment_name(self.parts[source].base)
+                self._check_part(source, path, hi - start)
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 got = os.pread(fd, hi - lo, lo - start)
@@ -141,6 +150,32 @@ class SnapshotImage:
         return b"".join(out)
 
 
+    def _check_part(self, i: int, path: Path, through: int) -> None:
+        """Check the batches of part `i` at least through byte `through` of it (whole batches, in order;
+        each byte is checked once whatever the transfers read). CorruptBatchError at a damaged one."""
+        part = self.parts[i]
+        with self._check_lock:
+            check = self._checks.get(i)
+            if check is None:
+                check = self._checks[i] = _PartCheck(part, path, _Epochs(self.epochs), 1 << 40)
+            done = check.checked + len(check.carried)
+            if done >= min(through, part.size):
+                return
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                while done < min(through, part.size):
+                    piece = os.pread(fd, min(1 << 20, part.size - done), done)
+                    if not piece:
+                        raise LogCorruptionError(str(path), done, f"ends at byte {done}, the image has {part.size}")
+                    try:
+                        check.feed(piece)
+                    except LogCorruptionError as exc:
+                        raise CorruptBatchError(str(path), check.checked, check.next_offset, exc.reason) from None
+                    done += len(piece)
+            finally:
+                os.close(fd)
+
+
 def build_image(meta: SnapshotMeta, data: Path, log: Log | None) -> SnapshotImage:
     """The image of the snapshot `meta` (its data in file `data`), with the prefix of `log` below
     `meta.index + 1` when `log` is given and holds it (not linked yet: `SnapshotImage.links`)."""
@@ -150,14 +185,16 @@ def build_image(meta: SnapshotMeta, data: Path, log: Log | None) -> SnapshotImag
     dirty = 0
     if log is not None and log.start_offset < end <= log.end_offset:
         generation, parts = log.prefix_parts(end)
-        base = parts[0].base
-        entries = [(e, s) for e, s in log.epoch_entries if s < end]
-        first = max([i for i, (_, s) in enumerate(entries) if s <= base], default=0)
-        epochs = [(e, max(s, base)) for e, s in entries[first:]]
-        dirty = min(max(log.cleaner_dirty_offset, base), end)
+        if parts:   # none when the segment holding `end` is damaged below it: then the image has no prefix
+            base = parts[0].base
+            entries = [(e, s) for e, s in log.epoch_entries if s < end]
+            first = max([i for i, (_, s) in enumerate(entries) if s <= base], default=0)
+            epochs = [(e, max(s, base)) for e, s in entries[first:]]
+            dirty = min(max(log.cleaner_dirty_offset, base), end)
     header = ImageHeader(os.stat(data).st_size, tuple((p.base, p.end, p.size) for p in parts), dirty, tuple(epochs))
     head = header.encode()
-    return SnapshotImage(replace(meta, size=len(head) + header.body_bytes), head, data, parts, generation)
+    return SnapshotImage(replace(meta, size=len(head) + header.body_bytes), head, data, parts, generation,
+                         epochs=header.epochs)
 
 
 class _PartCheck:
@@ -171,6 +208,11 @@ class _PartCheck:
         self.checked = 0                 # bytes of whole, checked batches
         self.next_offset = part.base     # the next batch starts at or after it
         self._carry = b""                # the start of a batch not complete yet
+
+    @property
+    def carried(self) -> bytes:
+        """Bytes fed that start a batch not complete yet."""
+        return self._carry
 
     def feed(self, data: bytes) -> None:
         buf = self._carry + data if self._carry else data
