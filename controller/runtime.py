@@ -56,7 +56,7 @@ from controller.errors import (
     UnknownBrokerError,
 )
 from controller.registry import Registry, broker_key, group_key
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from eventlog.errors import EpochlogError
 from eventlog.raft.errors import NotFoundError, NotLeaderError
 from eventlog.raft.node import Role

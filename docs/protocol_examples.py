@@ -39,7 +39,7 @@ if str(ROOT) not in sys.path:
 
 from eventlog.errors import EpochlogError  # noqa: E402
 from eventlog.raft.errors import CompactedError, NotLeaderError  # noqa: E402
-from epochlog import protocol as p  # noqa: E402
+from epochlog.api import messages as p  # noqa: E402
 from statemachines import events as ev  # noqa: E402
 from statemachines import state as st  # noqa: E402
 
@@ -144,7 +144,7 @@ def field_comments(cls: type) -> dict[str, str]:
     """Trailing `# comments` of the field lines in the class source."""
     comments: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
-        if klass.__module__ not in ("epochlog.protocol", "statemachines.events", "statemachines.state"):
+        if klass.__module__ not in ("epochlog.api.messages", "statemachines.events", "statemachines.state"):
             continue
         try:
             source = inspect.getsource(klass)
@@ -238,7 +238,7 @@ def messages_section() -> list[str]:
     for cls in results:
         out += struct_section(cls)
     nested = _nested_structs(ENVELOPES + calls + results, events | set(ENVELOPES) | set(calls) | set(results))
-    nested = [c for c in nested if c.__module__ == "epochlog.protocol"]
+    nested = [c for c in nested if c.__module__ == "epochlog.api.messages"]
     out += ["### Nested values", ""]
     for cls in nested:
         out += struct_section(cls)

@@ -34,7 +34,7 @@ from typing import Any
 
 import grpc
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.grpc import convert as cv
 from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc

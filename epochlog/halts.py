@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from eventlog.errors import EpochlogError
 from eventlog.raft.node import Role
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.errors import GroupHaltedError, NodeError
 
 if TYPE_CHECKING:

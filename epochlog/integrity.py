@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from eventlog.errors import EpochlogError
 from eventlog.raft.node import Role
 from eventlog.raft.runtime.repair import RepairStatus
-from epochlog import protocol as p
+from epochlog.api import messages as p
 
 if TYPE_CHECKING:
     from epochlog.client.aio import AsyncClient

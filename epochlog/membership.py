@@ -36,7 +36,7 @@ from eventlog.raft.node import Role
 from eventlog.raft.runtime.config import parse_address
 from eventlog.raft.runtime.group import RaftGroup
 from eventlog.raft.types import ConfChange, ConfChangeKind, ConfState
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.errors import NodeError, RejectedError
 from statemachines import events as ev
 from statemachines.state import MemberState, Outcome, decode_state

@@ -36,7 +36,7 @@ from compaction.config import compaction_configs
 from compaction.service import CompactionService, allocated_bytes
 from controller.config import controller_config
 from controller.runtime import ControllerRuntime
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.errors import GroupHaltedError, NodeError, RejectedError
 from epochlog.halts import Halts
 from epochlog.integrity import DigestCheck, damage_info

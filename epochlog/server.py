@@ -38,7 +38,7 @@ from typing import Any
 from eventlog.configuration import doc
 from eventlog.errors import EpochlogError
 from eventlog.raft.errors import NotLeaderError
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.metrics import Metrics
 from epochlog.errors import NodeError
 from epochlog.logs import Throttled

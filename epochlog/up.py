@@ -53,7 +53,7 @@ from eventlog.configuration import from_mapping, load_toml
 from eventlog.errors import ConfigError, EpochlogError
 from eventlog.raft.runtime.config import (ClusterConfig, MemberConfig, NodeConfigs, load_node_configs,
                                           parse_address)
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client import AsyncClient, ClientError
 from epochlog.demo_load import DemoLoad, DemoReport
 

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client.connection import GRACE_S, Connection, Sent
 from epochlog.client.errors import (
     ClientError,

@@ -19,7 +19,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client.errors import ClientError, NoAnswerError, UnavailableError, from_wire
 from epochlog.client.retry import Timing
 

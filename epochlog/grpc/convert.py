@@ -18,7 +18,7 @@ from google.protobuf.message import Message
 
 from eventlog.errors import EpochlogError
 from eventlog.raft.errors import NotLeaderError
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.errors import RejectedError
 from epochlog.server import wire_error

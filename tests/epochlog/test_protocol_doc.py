@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from statemachines import events as ev
 from statemachines.state import decode_state
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from eventlog.raft.runtime.config import load_node_configs
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client import AsyncClient
 from epochlog.client.errors import ClientError
 from epochlog.serve import RunningNode

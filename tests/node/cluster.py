@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client import Client
 from eventlog.errors import EpochlogError
 from statemachines.store import APPLIED, DIGEST, ViewStore, decode_offset

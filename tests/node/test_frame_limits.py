@@ -26,7 +26,7 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client import Client, ClientError
 from epochlog.client.connection import Connection
 from tests.node.cluster import NodeCluster
