@@ -6,15 +6,15 @@
 
 Four sections, each between `<!-- generated:NAME begin -->` and `<!-- generated:NAME end -->`:
 
-- `messages`: every protocol struct (epochlog.protocol) with its wire shape and fields, read with
+- `messages`: every protocol struct (epochlog.api.messages) with its wire shape and fields, read with
   `msgspec.inspect` (field comments come from the source);
 - `events`: the event types a Write carries and the entity states reads return (statemachines);
 - `errors`: every error code with its `retriable` flag, from the EpochlogError classes;
-- `examples`: frames built from real protocol objects and encoded by `epochlog.protocol.encode_frame`,
+- `examples`: frames built from real protocol objects and encoded by `epochlog.api.frames.encode_frame`,
   shown as hex and as a JSON view of their msgpack.
 
 tests/epochlog/test_protocol_doc.py fails when a section differs from what this script prints, and
-decodes every example with `epochlog.protocol` independently of this script.
+decodes every example with `epochlog.api.frames` independently of this script.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ if str(ROOT) not in sys.path:
 from eventlog.errors import EpochlogError  # noqa: E402
 from eventlog.raft.errors import CompactedError, NotLeaderError  # noqa: E402
 from epochlog.api import messages as p  # noqa: E402
+from epochlog.api.frames import encode_frame  # noqa: E402
 from statemachines import events as ev  # noqa: E402
 from statemachines import state as st  # noqa: E402
 
@@ -484,7 +485,7 @@ def hex_view(frame_bytes: bytes) -> str:
 def examples_section() -> list[str]:
     out: list[str] = []
     for i, ex in enumerate(examples(), 1):
-        frame = p.encode_frame(ex.frame)
+        frame = encode_frame(ex.frame)
         out += [f"#### Example {i}: {ex.title}", "", f"{ex.direction.value}. {ex.text}", "",
                 "```json", json_view(frame), "```", "", "```hex", hex_view(frame), "```", ""]
     return out
