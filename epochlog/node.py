@@ -4,7 +4,7 @@
 ViewsStateMachine over RocksDB) and exposes the operations of the client protocol as coroutines
 returning protocol messages, so the native server and the gRPC face share one implementation.
 
-Writes go to the leader of the group that owns the entity (epochlog.routing); a follower answers
+Writes go to the leader of the group that owns the entity (epochlog.api.routing); a follower answers
 `not_leader` with the leader's id and client address, and the SDK retries there. A Write naming
 several groups commits each group's part atomically and in order, but the groups independently:
 each event carries a request id, so retrying the whole Write after a failure never applies an event
@@ -37,11 +37,11 @@ from compaction.service import CompactionService, allocated_bytes
 from controller.config import controller_config
 from controller.runtime import ControllerRuntime
 from epochlog.api import messages as p
+from epochlog.api.routing import REQUIRED_GROUPS, group_of_event, group_of_key
 from epochlog.errors import GroupHaltedError, NodeError, RejectedError
 from epochlog.halts import Halts
 from epochlog.integrity import DigestCheck, damage_info
 from epochlog.membership import Membership
-from epochlog.routing import REQUIRED_GROUPS, group_of_event, group_of_key
 from statemachines import events as ev
 from statemachines.apply import HALTED
 from statemachines.query import MAX_LIMIT, Query

@@ -108,7 +108,7 @@ class Plan:
 
 def make_plan(config_path: Path, nodes: int | None, data_dir: Path) -> Plan:
     """Load and check everything before a process starts; raises ConfigError / UpError."""
-    from epochlog.routing import REQUIRED_GROUPS
+    from epochlog.api.routing import REQUIRED_GROUPS
     from epochlog.kafka.config import KafkaServiceConfig
     from epochlog.server import ClientServiceConfig
     from statemachines.store import ViewsConfig
