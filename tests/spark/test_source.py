@@ -31,7 +31,7 @@ import pytest
 from spark.errors import ExportError
 from spark.export import export_backlog
 from spark.sources import OfflineSource
-from spark.synthetic import BASE_TIMESTAMP_MS, write_group
+from tests.spark.synthetic import BASE_TIMESTAMP_MS, write_group
 from spark.table import exported_through, open_table
 from statemachines import events as ev
 from tests.node.cluster import NodeCluster, wait_until
