@@ -483,6 +483,14 @@ def _on_disk(path: Path, leading: bool) -> RaftNode:
     return n
 
 
+def _runtime_check(n: RaftNode) -> PeerCheck:
+    """The checks the node runtime gives a group (eventlog/raft/runtime/host.py), over `n`'s storage."""
+    st = n.log.storage
+    assert isinstance(st, LogStorage)
+    return PeerCheck(known_peer=lambda peer: False, check_entry=functools.partial(check_entry, max_batch_bytes=1 << 20),
+                     check_snapshot_chunk=st.snapshot_chunk_refusal)
+
+
 @pytest.mark.parametrize("leading", [False, True], ids=["follower", "leader"])
 def test_what_the_check_lets_through_never_stops_the_runtime_storage(tmp_path: Path, leading: bool) -> None:
     """As above, with the runtime's own entry check and storage: a message that passes never makes the
@@ -490,10 +498,10 @@ def test_what_the_check_lets_through_never_stops_the_runtime_storage(tmp_path: P
     seed = int(os.environ.get("EPOCHLOG_PEER_FUZZ_SEED") or random.SystemRandom().getrandbits(32))
     print(f"seed={seed} (replay with EPOCHLOG_PEER_FUZZ_SEED={seed})")
     rng = random.Random(seed)
-    check = PeerCheck(known_peer=lambda peer: False, check_entry=functools.partial(check_entry, max_batch_bytes=1 << 20))
     passed = 0
     for run in range(max(1, RUNS // 5)):
         n = _on_disk(tmp_path / f"run-{run}", leading)
+        check = _runtime_check(n)
         for step in range(60):
             m = _random_message(rng, n, batches=True)
             if check.check(n, m.src, m) is not None:
