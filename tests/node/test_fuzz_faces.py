@@ -93,6 +93,9 @@ def test_fuzz_native_and_grpc_faces(node_cluster_factory: Callable[..., NodeClus
         client.command(ev.OffsetCommitted(consumer_group="cg", topic="t", queue_id=0, offset=7))
         client.command(ev.ConfigChanged(scope="s", name="n", value="v"))
         client.command(ev.TopicCreated(name="base-topic"))
+    # Read where the fuzz starts once the writer above closed its sessions (their ClientSessionClosed
+    # records are its own, not the fuzzer's); a client that only reads opens none.
+    with Client(cluster.endpoints, timeout=30) as client:
         baseline = _entities(client)
         before = _commits(client)
     kv_leader = cluster.leader("kv")

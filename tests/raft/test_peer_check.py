@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from eventlog.config import LogConfig
+from eventlog.errors import LogCorruptionError
 from eventlog.raft import ConfChange, ConfChangeKind, ConfState, Entry, EntryKind, RaftError, RaftNode, Role
 from eventlog.raft.confchange import encode_conf_change
 from eventlog.raft.peer_check import (
@@ -28,6 +29,7 @@ from eventlog.raft.peer_check import (
     NOT_LEADER,
     NOT_MEMBER,
     SNAPSHOT_CHUNK,
+    SNAPSHOT_IMAGE,
     SRC_MISMATCH,
     TERM_LIMIT,
     WRONG_DST,
@@ -483,17 +485,35 @@ def _on_disk(path: Path, leading: bool) -> RaftNode:
     return n
 
 
+def _runtime_check(n: RaftNode) -> PeerCheck:
+    """The checks the node runtime gives a group (eventlog/raft/runtime/host.py), over `n`'s storage."""
+    st = n.log.storage
+    assert isinstance(st, LogStorage)
+    return PeerCheck(known_peer=lambda peer: False, check_entry=functools.partial(check_entry, max_batch_bytes=1 << 20),
+                     check_snapshot_chunk=st.snapshot_chunk_refusal)
+
+
+STORAGE_FUZZ_REGRESSIONS = [
+    2161726479,   # run 17: the leader's last chunk b"ss" of a 2-byte snapshot, no image: the group stopped
+    2687708661,   # run 5: the same with b"sssss" (CI, as the leader of a later term)
+    3410291864,
+]
+
+
+@pytest.mark.parametrize("fixed_seed", [None, *STORAGE_FUZZ_REGRESSIONS],
+                         ids=["random", *(f"seed-{s}" for s in STORAGE_FUZZ_REGRESSIONS)])
 @pytest.mark.parametrize("leading", [False, True], ids=["follower", "leader"])
-def test_what_the_check_lets_through_never_stops_the_runtime_storage(tmp_path: Path, leading: bool) -> None:
-    """As above, with the runtime's own entry check and storage: a message that passes never makes the
+def test_what_the_check_lets_through_never_stops_the_runtime_storage(tmp_path: Path, leading: bool,
+                                                                     fixed_seed: int | None) -> None:
+    """As above, with the runtime's own checks and storage: a message that passes never makes the
     segmented log, the quorum state or the snapshot files refuse what the core hands them."""
-    seed = int(os.environ.get("EPOCHLOG_PEER_FUZZ_SEED") or random.SystemRandom().getrandbits(32))
+    seed = fixed_seed or int(os.environ.get("EPOCHLOG_PEER_FUZZ_SEED") or random.SystemRandom().getrandbits(32))
     print(f"seed={seed} (replay with EPOCHLOG_PEER_FUZZ_SEED={seed})")
     rng = random.Random(seed)
-    check = PeerCheck(known_peer=lambda peer: False, check_entry=functools.partial(check_entry, max_batch_bytes=1 << 20))
     passed = 0
     for run in range(max(1, RUNS // 5)):
         n = _on_disk(tmp_path / f"run-{run}", leading)
+        check = _runtime_check(n)
         for step in range(60):
             m = _random_message(rng, n, batches=True)
             if check.check(n, m.src, m) is not None:
@@ -509,3 +529,35 @@ def test_what_the_check_lets_through_never_stops_the_runtime_storage(tmp_path: P
                 raise AssertionError(f"seed {seed}, run {run}, step {step}: {m!r} broke {n!r}: {exc!r}") from exc
         n.log.storage.close()   # type: ignore[attr-defined]
     assert passed > 100
+
+
+def test_a_chunk_the_storage_cannot_stage_is_dropped_before_the_core_takes_it(tmp_path: Path) -> None:
+    """Issue 18 (storage fuzz seed 2161726479): the leader's only chunk of a 2-byte snapshot, b"ss", is
+    consistent as a message but no snapshot image. The core takes it and restores the snapshot; the
+    storage then refuses to stage it, which stopped the group. The check asks the storage first."""
+    n = _on_disk(tmp_path / "node", leading=False)
+    st = n.log.storage
+    assert isinstance(st, LogStorage)
+    check = _runtime_check(n)
+    meta = SnapshotMeta(index=7, term=3, conf=CONF3, size=2)
+    garbage = InstallSnapshot(term=3, src=2, dst=1, meta=meta, offset=0, data=b"ss", done=True)
+    assert CHECK.check(n, 2, garbage) is None, "the message alone is consistent"
+    drop = check.check(n, 2, garbage)
+    assert drop is not None and drop.reason == SNAPSHOT_IMAGE and "2 bytes" in drop.detail, drop
+    # Chunks the core answers itself stage nothing, so the storage is not asked: a chunk that does not
+    # continue a staged image (the core asks for offset 0) and one of a snapshot the log holds.
+    later = InstallSnapshot(term=3, src=2, dst=1, meta=SnapshotMeta(index=7, term=3, conf=CONF3, size=9),
+                            offset=4, data=b"ss", done=False)
+    assert check.check(n, 2, later) is None
+    held = InstallSnapshot(term=3, src=2, dst=1, meta=SnapshotMeta(index=4, term=2, conf=CONF3, size=2),
+                           offset=0, data=b"ss", done=True)
+    assert check.check(n, 2, held) is None
+    for m in (later, held):
+        n.step(m)
+        _handle_on_disk(n)
+    assert n.log.storage.snapshot().index == -1 and n.log.committed == 4
+    # Without the storage's word the core takes the garbage, and the storage refuses what it restored.
+    n.step(garbage)
+    with pytest.raises(LogCorruptionError, match="2 of 2 bytes"):
+        _handle_on_disk(n)
+    st.close()
