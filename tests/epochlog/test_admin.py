@@ -30,7 +30,7 @@ from epochlog.client.errors import ClientError
 from epochlog.logs import ContextFilter
 from epochlog.serve import RunningNode
 from tests.runtime.cluster import free_ports
-from tests.tls import provision
+from tests.support.tls import provision
 
 T = TypeVar("T")
 

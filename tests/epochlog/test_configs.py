@@ -38,7 +38,7 @@ from eventlog.raft.runtime.config import (
 from epochlog.kafka.config import KafkaServiceConfig
 from statemachines.store import ViewsConfig
 from tests.epochlog.local_cluster import ROOT, cluster_document, epochlog_argv, scheme_bases, write_config
-from tests.tls import provision
+from tests.support.tls import provision
 
 CONFIGS = ROOT / "configs"
 PRODUCTION = CONFIGS / "production.example.toml"

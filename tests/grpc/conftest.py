@@ -27,7 +27,7 @@ import pytest
 from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
 from tests.runtime.cluster import free_ports
-from tests.tls import provision
+from tests.support.tls import provision
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30.0

@@ -1,7 +1,7 @@
 """A cluster of real `epochlog serve` processes for end-to-end tests of the node, the SDK and the CLI.
 
 Theory of operation. `NodeCluster` makes a CA for the cluster (`<root>/ca`) and gives each node a member
-certificate in `<data dir>/tls` before it first starts (tests/tls.py: the members speak mutual TLS, as
+certificate in `<data dir>/tls` before it first starts (tests/support/tls.py: the members speak mutual TLS, as
 in production; `insecure=True` writes `[cluster.tls] insecure = true` instead), writes one TOML config
 (`cluster.toml`, every member with a
 peer, client and admin address on free 127.0.0.1 ports) under the test's directory and runs each
@@ -9,7 +9,7 @@ member as `python -m epochlog serve --config cluster.toml --node-id N --data-dir
 stdout and stderr in files (one pair per incarnation: `node-<id>.<n>.out/.err`). A node counts as
 started once its stdout has the `READY <id> <client address>` line.
 
-With `proxied=True` every peer link goes through a `tests.runtime.proxy.Link` (`net`, a ProxyNetwork:
+With `proxied=True` every peer link goes through a `tests.support.proxy.Link` (`net`, a ProxyNetwork:
 `net.isolate(node)` cuts a node off from its peers while its client port stays reachable): each
 node then gets its own config (`node-<id>.toml`), naming the links as the peer addresses of the
 members it dials (the lower id dials); `config_path` keeps the real addresses, for the CLI.
@@ -51,8 +51,8 @@ from statemachines.store import APPLIED, DIGEST, ViewStore, decode_offset
 from tests.runtime.cluster import free_ports
 from eventlog.raft.runtime.config import PeerTlsConfig
 from eventlog.raft.runtime.tls import load_peer_tls
-from tests.runtime.proxy import ProxyNetwork
-from tests.tls import provision
+from tests.support.proxy import ProxyNetwork
+from tests.support.tls import provision
 
 T = TypeVar("T")
 

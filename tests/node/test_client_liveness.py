@@ -1,7 +1,7 @@
 """Leaving a stopped or cut-off leader (issue 17, defect 2): SDK calls move to the new leader within their deadline.
 
 Real `epochlog serve` processes (tests/node/cluster.py), stopped with SIGSTOP by the pid the test
-started, or cut off from their peers by the partition proxy (tests/runtime/proxy.py) while their
+started, or cut off from their peers by the partition proxy (tests/support/proxy.py) while their
 client port still answers.
 
 - The kv leader stopped (or isolated) for 8 s under writers whose calls (puts, and batches of 20 puts

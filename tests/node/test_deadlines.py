@@ -19,7 +19,7 @@ from epochlog.client.connection import Connection
 from epochlog.client.errors import ClientError, DeadlineExceededError
 from epochlog.serve import RunningNode
 from tests.runtime.cluster import free_ports
-from tests.tls import provision
+from tests.support.tls import provision
 
 
 def _config(root: Path) -> Path:

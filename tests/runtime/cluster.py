@@ -1,9 +1,9 @@
 """A cluster of real node processes for tests: configs, processes, leaders, writers, offline logs.
 
 Theory of operation. `Cluster` makes a CA for the cluster and each member's certificate in its data
-directory (tests/tls.py: the peers speak mutual TLS, as in production; `insecure=True` writes
+directory (tests/support/tls.py: the peers speak mutual TLS, as in production; `insecure=True` writes
 `[cluster.tls] insecure = true` instead) and writes one TOML config per node (free 127.0.0.1 ports; with
-`proxied=True` the dialer of each pair reaches its peer through a `tests.runtime.proxy.Link`, which
+`proxied=True` the dialer of each pair reaches its peer through a `tests.support.proxy.Link`, which
 terminates TLS on both sides with the two members' certificates, so
 the configs differ per node: only a node's own `peer_address` must be its real listening address;
 `node_raft` can also give one node its own `[raft]` settings, e.g. a shorter election timeout),
@@ -53,8 +53,8 @@ from eventlog.raft.runtime.faults import ENV_VAR as FAULTS_ENV
 from eventlog.raft.runtime.faults import HEAL_ENV_VAR as FAULTS_HEAL_ENV
 from eventlog.raft.runtime.harness import Committed, Failed, GroupState, HarnessClient
 from eventlog.raft.runtime.tls import load_peer_tls
-from tests.runtime.proxy import ProxyNetwork
-from tests.tls import provision
+from tests.support.proxy import ProxyNetwork
+from tests.support.tls import provision
 
 T = TypeVar("T")
 

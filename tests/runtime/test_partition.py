@@ -1,4 +1,4 @@
-"""Partitions on real processes, through the frame-aware proxies of tests/runtime/proxy.py.
+"""Partitions on real processes, through the frame-aware proxies of tests/support/proxy.py.
 
 Every node pair's connection goes through a `Link` (dialer -> proxy -> acceptor). Default timing:
 tick 50 ms, election timeout 10 ticks (0.5-1 s), heartbeat every tick, pre-vote and check-quorum on.

@@ -21,7 +21,7 @@ import pytest
 
 from eventlog.raft.runtime import faults
 from tests.runtime.cluster import ROOT
-from tests.runtime.proxy import ProxyNetwork
+from tests.support.proxy import ProxyNetwork
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -22,7 +22,7 @@ from statemachines import events as ev
 from statemachines.query import Query
 from statemachines.views import ViewsStateMachine
 from tests.runtime.cluster import free_ports
-from tests.tls import provision
+from tests.support.tls import provision
 
 GROUP = "kv-0"
 TICK_MS = 20

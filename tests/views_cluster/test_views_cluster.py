@@ -21,7 +21,7 @@ from statemachines.query import Query
 from statemachines.state import Outcome
 from statemachines.views import ViewsStateMachine
 from tests.runtime.cluster import free_ports
-from tests.tls import provision
+from tests.support.tls import provision
 
 GROUP = "kv-0"
 TICK_MS = 20
