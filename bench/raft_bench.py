@@ -32,7 +32,8 @@ from pathlib import Path
 
 from bench.results import write_section
 from eventlog.raft.runtime.harness import LoadReply
-from tests.runtime.cluster import Cluster, WriteStream, wait_until
+from tests.runtime.cluster import Cluster, WriteStream
+from tests.support.wait import eventually
 
 GROUP = "g0"
 ETCD = {1: (959, 0.97, 2.00), 16: (4546, 3.25, 8.44), 64: (7524, 7.94, 19.19), 256: (8987, 27.50, 51.02)}
@@ -81,10 +82,10 @@ async def run_failovers(cluster: Cluster, rounds: int) -> list[float]:
         await cluster.wait_converged(GROUP, timeout=30)
         stream = WriteStream(cluster, GROUP, proposers=4, batch=1, value_bytes=134, request_timeout_s=0.5)
         stream.start()
-        await wait_until(lambda: len(stream.acks) > 50 or None, 10, "writes before the kill")
+        await eventually(lambda: len(stream.acks) > 50 or None, 10, "writes before the kill")
         leader = (await cluster.wait_leader(GROUP)).node
         killed_at = cluster.kill(leader)
-        await wait_until(lambda: any(a.acked > killed_at and a.node != leader for a in stream.acks) or None, 15,
+        await eventually(lambda: any(a.acked > killed_at and a.node != leader for a in stream.acks) or None, 15,
                        "a write acknowledged by a new leader")
         first = min(a.acked for a in stream.acks if a.acked > killed_at and a.node != leader)
         await stream.stop()

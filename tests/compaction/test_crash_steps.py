@@ -35,7 +35,8 @@ from epochlog.client import Client, ClientError, CompactedError
 from eventlog.config import LogConfig
 from eventlog.raft.runtime.faults import CRASH_ENV_VAR, CRASH_STEPS
 from statemachines.views import ViewsStateMachine
-from tests.node.cluster import BackgroundWriter, NodeCluster, wait_until
+from tests.node.cluster import BackgroundWriter, NodeCluster
+from tests.support.wait import wait_until
 from tests.runtime.cluster import compare_committed, read_log_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

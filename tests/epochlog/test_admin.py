@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, TypeVar
 
@@ -29,8 +28,9 @@ from epochlog.client import AsyncClient
 from epochlog.client.errors import ClientError
 from epochlog.logs import ContextFilter
 from epochlog.serve import RunningNode
-from tests.runtime.cluster import free_ports
+from tests.support.ports import free_ports
 from tests.support.tls import provision
+from tests.support.wait import eventually
 
 T = TypeVar("T")
 
@@ -89,16 +89,6 @@ def sample(samples: Samples, name: str, **labels: str) -> float:
     key = (name, frozenset(labels.items()))
     assert key in samples, f"no sample {name}{labels}; have {sorted(n for n, _ in samples if n.startswith(name))}"
     return samples[key]
-
-
-async def eventually(check: Callable[[], Awaitable[T | None]], timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await check()
-        if result is not None and result is not False:
-            return result
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 def test_metrics_health_and_readiness_of_a_single_node(tmp_path: Path, seed: int) -> None:

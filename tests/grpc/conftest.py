@@ -26,7 +26,7 @@ import pytest
 
 from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
-from tests.runtime.cluster import free_ports
+from tests.support.ports import free_ports
 from tests.support.tls import provision
 
 ROOT = Path(__file__).resolve().parents[2]

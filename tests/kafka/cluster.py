@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.node.cluster import NodeCluster
-from tests.runtime.cluster import free_ports
+from tests.support.ports import free_ports
 
 
 class KafkaCluster(NodeCluster):

@@ -32,6 +32,7 @@ from eventlog.records import encode_batch
 from statemachines import events as ev
 from tests.kafka.cluster import KafkaCluster
 from tests.kafka.raw import RawKafka
+from tests.support.wait import wait_until
 
 MAX_GROUPS = 3
 MAX_MEMBERS = 2
@@ -70,8 +71,8 @@ def test_groups_and_members_past_their_caps_are_refused_and_idle_groups_make_roo
             """The member id a new member of `group` gets; a group left empty leaves memory once its
             empty state is stored, so a join right after its LeaveGroup may be refused: it is tried again."""
             answers: list[Any] = []
-            assert _wait(lambda: answers.append(_join(raw, group, version=3)) or answers[-1].error_code == 0), \
-                answers[-1]
+            wait_until(lambda: answers.append(_join(raw, group, version=3)) or answers[-1].error_code == 0, 10,
+                       f"a member of {group} to join (last answer: {answers[-1] if answers else None})", interval=0.2)
             return str(answers[-1].member_id)
 
         # Groups left empty leave memory when room is needed: no cap on how many groups a coordinator
@@ -85,28 +86,20 @@ def test_groups_and_members_past_their_caps_are_refused_and_idle_groups_make_roo
 
         def refused_a_new_group() -> bool:   # the last passing group's state may still be being stored
             return _join(raw, "one-more", version=3).error_code == GROUP_MAX_SIZE_REACHED
-        assert _wait(refused_a_new_group), "a group past max_groups was accepted"
+        wait_until(refused_a_new_group, 10, "a group past max_groups to be refused", interval=0.2)
         assert _join(raw, "held-0", held[0][1], version=3).error_code == 0      # a member of a held group rejoins
         group, member = held.pop()
         assert _leave(raw, group, member) == 0
-        assert _wait(lambda: _join(raw, "one-more", version=3).error_code == 0), "no room after a group emptied"
+        wait_until(lambda: _join(raw, "one-more", version=3).error_code == 0, 10, "room after a group emptied",
+                   interval=0.2)
 
         # Members: joined plus handed out (MEMBER_ID_REQUIRED) count; a handed-out id lapses after
         # the session timeout it was asked with.
         first = _join(raw, "held-0", session_ms=1_000)
         assert first.error_code == MEMBER_ID_REQUIRED                             # held-0 has 1 member + this one
         assert _join(raw, "held-0", session_ms=1_000).error_code == GROUP_MAX_SIZE_REACHED
-        assert _wait(lambda: _join(raw, "held-0", session_ms=1_000).error_code == MEMBER_ID_REQUIRED), \
-            "a handed-out member id never lapsed"
-
-
-def _wait(check: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
+        wait_until(lambda: _join(raw, "held-0", session_ms=1_000).error_code == MEMBER_ID_REQUIRED, 10,
+                   "a handed-out member id to lapse", interval=0.2)
 
 
 def _fetch(partitions: int) -> FetchRequest:
@@ -194,7 +187,7 @@ def test_connections_past_the_cap_and_stalled_frames_are_closed(node: KafkaClust
                     return len(raw.call(_metadata(1), MetadataResponse, 12).topics) == 1
             except (ConnectionError, OSError):
                 return False
-        assert _wait(served), "no connection served after the others closed"
+        wait_until(served, 10, "a connection served after the others closed", interval=0.2)
     finally:
         for conn in kept:
             conn.close()

@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -48,29 +48,18 @@ from epochlog import protocol as p
 from epochlog.client import Client
 from eventlog.errors import EpochlogError
 from statemachines.store import APPLIED, DIGEST, ViewStore, decode_offset
-from tests.runtime.cluster import free_ports
+from tests.support.ports import free_ports
 from eventlog.raft.runtime.config import PeerTlsConfig
 from eventlog.raft.runtime.tls import load_peer_tls
 from tests.support.proxy import ProxyNetwork
 from tests.support.tls import provision
+from tests.support.wait import wait_until
 
 T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30.0      # process start to READY (python start-up, imports, RocksDB and logs opened)
 STOP_TIMEOUT_S = 10.0       # SIGTERM to exit
-
-
-def wait_until(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
-    """Poll `check` until it returns something other than None/False; AssertionError past `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result is not None and result is not False:
-            return result
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}")
-        time.sleep(interval)
 
 
 @dataclass

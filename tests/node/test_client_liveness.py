@@ -44,7 +44,8 @@ from epochlog.client.sync import WAIT_GRACE_S
 from statemachines import events as ev
 from statemachines.request_ids import uuid7
 from tests.node.cluster import NodeCluster
-from tests.runtime.cluster import free_ports
+from tests.support.ports import free_ports
+from tests.support.wait import eventually
 
 T = TypeVar("T")
 
@@ -96,11 +97,6 @@ async def timed(what: Awaitable[T]) -> tuple[T | ClientError, float]:
     return result, time.monotonic() - started
 
 
-async def until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 def _put(name: str, value: bytes) -> p.Write:
@@ -131,7 +127,7 @@ def test_writes_leave_a_stopped_or_isolated_kv_leader(node_cluster_factory: Call
                     assert isinstance(written, p.Written) and written.results[0].ok
                     assert clean.sent >= 2 and not clean.in_doubt, clean
 
-                await until(lambda: len(writers.acks) >= 100, 30, "100 acknowledged writes")
+                await eventually(lambda: len(writers.acks) >= 100, 30, "100 acknowledged writes")
                 assert not writers.failures, writers.failures[:3]
                 if fault == "stop":
                     t0 = await asyncio.to_thread(cluster.pause, victim)
@@ -169,7 +165,7 @@ def test_writes_leave_a_stopped_or_isolated_kv_leader(node_cluster_factory: Call
                     error, took = await asyncio.to_thread(blocking)
                     assert error is not None and took <= 0.5 + GRACE_S + WAIT_GRACE_S, (took, error)
 
-                    await until(lambda: time.monotonic() >= t0 + PAUSE_S, PAUSE_S + 1, "the end of the pause")
+                    await eventually(lambda: time.monotonic() >= t0 + PAUSE_S, PAUSE_S + 1, "the end of the pause")
                 finally:
                     if fault == "stop":
                         cluster.resume(victim)

@@ -18,7 +18,7 @@ from epochlog import protocol as p
 from epochlog.client.connection import Connection
 from epochlog.client.errors import ClientError, DeadlineExceededError
 from epochlog.serve import RunningNode
-from tests.runtime.cluster import free_ports
+from tests.support.ports import free_ports
 from tests.support.tls import provision
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from epochlog.client import AsyncClient, ClientError
 from statemachines.state import KvState
 from tests.node.cluster import ROOT, NodeCluster
+from tests.support.wait import eventually
 
 WRITERS = 4
 BEFORE_KILL = 40     # acknowledgements before the kill
@@ -72,11 +73,11 @@ def test_kill9_leader_mid_stream_then_restart_catches_up(node_cluster_factory, s
             writers = [asyncio.ensure_future(work.writer(client, w, random.Random(rng.random())))
                        for w in range(WRITERS)]
             try:
-                await until(lambda: len(work.acks) >= BEFORE_KILL, 15, "acks before the kill")
+                await eventually(lambda: len(work.acks) >= BEFORE_KILL, 15, "acks before the kill")
                 assert watched, "the watch (served by the victim) saw nothing before the kill"
                 killed = cluster.kill9(victim)
                 acked_before = len(work.acks)
-                await until(lambda: len(work.acks) >= acked_before + AFTER_KILL, 30, "acks after the kill")
+                await eventually(lambda: len(work.acks) >= acked_before + AFTER_KILL, 30, "acks after the kill")
                 work.stop.set()
                 await asyncio.wait_for(asyncio.gather(*writers), 20)
                 resumed = min(acked for *_, sent, acked in work.acks if sent > killed)
@@ -84,7 +85,7 @@ def test_kill9_leader_mid_stream_then_restart_catches_up(node_cluster_factory, s
                       f"indeterminate, {work.duplicates} answered as duplicates; the first write sent after the "
                       f"kill was acknowledged {resumed - killed:.2f}s after it")
                 last = max(offset for _, _, offset, *_ in work.acks)
-                await until(lambda: bool(watched) and watched[-1] >= last, 15, "the watch to reach the last ack")
+                await eventually(lambda: bool(watched) and watched[-1] >= last, 15, "the watch to reach the last ack")
             finally:
                 work.stop.set()
                 for task in (*writers, watching):
@@ -152,9 +153,3 @@ def cli_status(cluster: NodeCluster) -> dict:  # type: ignore[type-arg]
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)  # type: ignore[no-any-return]
 
-
-async def until(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        await asyncio.sleep(0.01)

@@ -27,7 +27,7 @@ from eventlog.errors import ConfigError
 from eventlog.raft.runtime.config import load_node_configs
 from statemachines import events as ev
 from tests.node.cluster import ROOT, NodeCluster, ServeNode, wait_until
-from tests.runtime.cluster import free_ports
+from tests.support.ports import free_ports
 
 GROUPS = ("metadata", "offsets", "kv")
 

@@ -18,6 +18,7 @@ import pytest
 from epochlog.client import AsyncClient, Client, NotFoundError, RejectedError, WatchedEvent
 from statemachines import events as ev
 from tests.node.cluster import NodeCluster, wait_until
+from tests.support.wait import eventually
 
 WAIT_S = 10.0
 
@@ -192,7 +193,7 @@ def test_asyncio_client_concurrent_writes_scan_and_watch(shared_cluster: NodeClu
                         return
             consumer = asyncio.ensure_future(consume())
             try:
-                await wait_for_async(lambda: len(seen) == 200, "the replay of 200 events")
+                await eventually(lambda: len(seen) == 200, WAIT_S, "the replay of 200 events", interval=0.01)
                 late = await c.put("aio/late", b"x")   # delivered after the replay, live
                 await asyncio.wait_for(consumer, WAIT_S)
             finally:
@@ -203,9 +204,3 @@ def test_asyncio_client_concurrent_writes_scan_and_watch(shared_cluster: NodeClu
             assert seen == expected
     asyncio.run(asyncio.wait_for(main(), 60))
 
-
-async def wait_for_async(check: Any, what: str, timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)

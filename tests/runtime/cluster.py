@@ -37,7 +37,6 @@ import asyncio
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -55,6 +54,8 @@ from eventlog.raft.runtime.harness import Committed, Failed, GroupState, Harness
 from eventlog.raft.runtime.tls import load_peer_tls
 from tests.support.proxy import ProxyNetwork
 from tests.support.tls import provision
+from tests.support.ports import free_ports
+from tests.support.wait import eventually
 
 T = TypeVar("T")
 
@@ -62,46 +63,6 @@ ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 20.0      # process start to READY (python start-up + imports + log open)
 STOP_TIMEOUT_S = 10.0       # SIGTERM to exit
 STATUS_TIMEOUT_S = 1.0
-_PORT_RANGE = (20000, 32000)  # below the kernel's ephemeral range (32768-60999): no clash with dials
-
-
-def free_ports(n: int, rng: random.Random) -> list[int]:
-    """`n` distinct ports of 127.0.0.1 that were free a moment ago (bind-checked)."""
-    ports: list[int] = []
-    for _ in range(200 * n):
-        if len(ports) == n:
-            return ports
-        port = rng.randrange(*_PORT_RANGE)
-        if port in ports:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        ports.append(port)
-    raise RuntimeError(f"could not find {n} free ports")
-
-
-async def wait_for(check: Callable[[], Awaitable[T | None]], timeout: float, what: str,
-                   interval: float = 0.05) -> T:
-    """Poll the coroutine function `check` until it returns something other than None/False;
-    AssertionError past `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await check()
-        if result is not None and result is not False:
-            return result
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}")
-        await asyncio.sleep(interval)
-
-
-async def wait_until(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.02) -> T:
-    """`wait_for` for a plain function (e.g. a look at what a WriteStream recorded)."""
-    async def run() -> T | None:
-        return check()
-    return await wait_for(run, timeout, what, interval)
 
 
 @dataclass
@@ -399,7 +360,7 @@ class Cluster:
             leaders = [s for s in (await self.states(group, ids)).values()
                        if s.role == "leader" and s.term >= min_term]
             return max(leaders, key=lambda s: s.term) if leaders else None
-        return await wait_for(check, timeout, f"a leader of {group} among {ids or 'running nodes'} "
+        return await eventually(check, timeout, f"a leader of {group} among {ids or 'running nodes'} "
                                               f"in term >= {min_term}")
 
     async def wait_converged(self, group: str, *, nodes: Iterable[int] | None = None,
@@ -419,7 +380,7 @@ class Cluster:
             leader, _, commit, applied, last_index = views.pop()
             return last if leader and commit == applied == last_index else None
         try:
-            return await wait_for(check, timeout, f"{group} to converge on nodes {ids}")
+            return await eventually(check, timeout, f"{group} to converge on nodes {ids}")
         except AssertionError as exc:
             raise AssertionError(f"{exc}; last states: {last}") from None
 

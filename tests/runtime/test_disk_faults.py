@@ -46,9 +46,8 @@ from tests.runtime.cluster import (
     check_acks,
     compare_committed,
     run_test,
-    wait_for,
-    wait_until,
 )
+from tests.support.wait import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -92,7 +91,7 @@ async def _start_with_faulty_node(cluster: Cluster, faults: str, role: str, heal
 
 
 async def _wait_fault(cluster: Cluster, faults: str) -> float:
-    fired = await wait_until(lambda: _fault_time(cluster.nodes[FAULTY].stderr()), 20.0,
+    fired = await eventually(lambda: _fault_time(cluster.nodes[FAULTY].stderr()), 20.0,
                              f"the injected fault ({faults}) to fire")
     print(f"fault {faults} fired on node {FAULTY}")
     return fired
@@ -111,7 +110,7 @@ async def _expect_exit(cluster: Cluster, message: str) -> None:
 async def _others_go_on(cluster: Cluster, stream: WriteStream, since: float) -> None:
     """The healthy nodes have a leader and commit writes proposed after `since`."""
     await cluster.wait_leader(G, among=HEALTHY, timeout=5.0)
-    await wait_until(lambda: sum(1 for a in stream.acks if a.sent > since and a.node != FAULTY) >= 20, 10.0,
+    await eventually(lambda: sum(1 for a in stream.acks if a.sent > since and a.node != FAULTY) >= 20, 10.0,
                      "the healthy nodes to go on committing")
 
 
@@ -130,7 +129,7 @@ def _verify_offline(cluster: Cluster) -> None:
 async def _rejoin_and_compare(cluster: Cluster, stream: WriteStream) -> None:
     await cluster.start_node(FAULTY)   # the repaired disk: no fault this time
     acks = len(stream.acks)
-    await wait_until(lambda: len(stream.acks) >= acks + 20, 10.0, "writes after the restart")
+    await eventually(lambda: len(stream.acks) >= acks + 20, 10.0, "writes after the restart")
     await stream.stop()
     print(f"writes: {stream.summary()}")
     states = await cluster.wait_converged(G, timeout=15.0)
@@ -186,7 +185,7 @@ async def _disk_full(cluster: Cluster, role: str) -> None:
     heal = cluster.root / "heal-node-3"
     stream = await _start_with_faulty_node(cluster, DISK_FULL_FAULT, role, heal)
     fired = await _wait_fault(cluster, DISK_FULL_FAULT)
-    full = await wait_for(lambda: _reports_full(cluster), 10.0, f"node {FAULTY} to report disk_full")
+    full = await eventually(lambda: _reports_full(cluster), 10.0, f"node {FAULTY} to report disk_full")
     print(f"node {FAULTY} reports: {full.disk_full}")
     await _others_go_on(cluster, stream, fired)
     # Full, it stays up, takes no more than its last segment holds, and falls behind the others.
@@ -202,9 +201,9 @@ async def _disk_full(cluster: Cluster, role: str) -> None:
     # Space is freed: within seconds it takes writes again and catches up by log.
     healed_at = time.monotonic()
     heal.touch()
-    await wait_for(lambda: _reports_free(cluster), HEAL_BOUND_S, f"node {FAULTY} to resume after the heal")
+    await eventually(lambda: _reports_free(cluster), HEAL_BOUND_S, f"node {FAULTY} to resume after the heal")
     target = (await cluster.wait_leader(G, among=HEALTHY, timeout=5.0)).commit
-    caught = await wait_for(lambda: _applied_past(cluster, target), 15.0, f"node {FAULTY} to catch up to {target}")
+    caught = await eventually(lambda: _applied_past(cluster, target), 15.0, f"node {FAULTY} to catch up to {target}")
     print(f"node {FAULTY} resumed {time.monotonic() - healed_at:.1f}s after the heal; applied {caught.applied} "
           f">= {target}")
     assert cluster.nodes[FAULTY].running
@@ -251,7 +250,7 @@ async def _alone_and_full(cluster: Cluster) -> None:
     await cluster.wait_leader(G)
     stream = WriteStream(cluster, G, proposers=4)
     stream.start()
-    await wait_until(lambda: stream.refused.get(1, {}).get("disk_full", 0) >= 10, 20.0,
+    await eventually(lambda: stream.refused.get(1, {}).get("disk_full", 0) >= 10, 20.0,
                      "writes refused with disk_full")
     status = (await cluster.states(G))[1]
     assert status.role == "leader" and status.disk_full, status
@@ -260,7 +259,7 @@ async def _alone_and_full(cluster: Cluster) -> None:
     assert len(stream.acks) == acks, "a full node acknowledged writes it could not store"
     refused = dict(stream.refused[1])
     heal.touch()
-    await wait_until(lambda: len(stream.acks) >= acks + 50, HEAL_BOUND_S, "writes acknowledged after the heal")
+    await eventually(lambda: len(stream.acks) >= acks + 50, HEAL_BOUND_S, "writes acknowledged after the heal")
     await stream.stop()
     print(f"refused while full: {refused}; writes: {stream.summary()}")
     assert set(refused) == {"disk_full"}, refused

@@ -31,9 +31,8 @@ from tests.runtime.cluster import (
     check_acks,
     compare_committed,
     run_test,
-    wait_for,
-    wait_until,
 )
+from tests.support.wait import eventually
 
 GROUPS = ("g0", "g1")
 FAILOVER_BOUND_S = 2.0
@@ -53,7 +52,7 @@ async def _failover(cluster: Cluster, *, by_snapshot: bool, snapshots_ahead: boo
     for s in streams.values():
         s.start()
     g0 = streams["g0"]
-    await wait_until(lambda: len(g0.acks) >= 40 and len(streams["g1"].acks) >= 10, 15.0,
+    await eventually(lambda: len(g0.acks) >= 40 and len(streams["g1"].acks) >= 10, 15.0,
                      "the first acknowledged writes")
     leader = await cluster.wait_leader("g0")
     victim = leader.node
@@ -64,7 +63,7 @@ async def _failover(cluster: Cluster, *, by_snapshot: bool, snapshots_ahead: boo
 
     # A new leader commits a write within the bound.
     # (An ack of the victim's can be recorded just after the kill: its reply was read before.)
-    first = await wait_until(lambda: next((a for a in g0.acks if a.acked > t_kill and a.node != victim),
+    first = await eventually(lambda: next((a for a in g0.acks if a.acked > t_kill and a.node != victim),
                                           None), 10.0, "a write acknowledged by a survivor after the kill")
     new_leader = await cluster.wait_leader("g0", among=survivors, min_term=leader.term + 1)
     took = first.acked - t_kill
@@ -80,13 +79,13 @@ async def _failover(cluster: Cluster, *, by_snapshot: bool, snapshots_ahead: boo
         async def compacted() -> bool:
             states = await cluster.states("g0", survivors)
             return len(states) == 2 and all(s.log_start > old_end for s in states.values())
-        await wait_for(compacted, 30.0, f"the survivors to compact g0 beyond offset {old_end}")
+        await eventually(compacted, 30.0, f"the survivors to compact g0 beyond offset {old_end}")
     elif snapshots_ahead:
         # Keep writing until every survivor took a snapshot past the victim's old log end.
         async def snapshotted() -> bool:
             states = await cluster.states("g0", survivors)
             return len(states) == 2 and all(s.snapshot_index > old_end for s in states.values())
-        await wait_for(snapshotted, 30.0, f"the survivors to snapshot g0 beyond offset {old_end}")
+        await eventually(snapshotted, 30.0, f"the survivors to snapshot g0 beyond offset {old_end}")
     else:
         await asyncio.sleep(0.5)
 

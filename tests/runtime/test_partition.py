@@ -31,9 +31,8 @@ from tests.runtime.cluster import (
     check_acks,
     compare_committed,
     run_test,
-    wait_for,
-    wait_until,
 )
+from tests.support.wait import eventually
 
 G = "g0"
 STEP_DOWN_BOUND_S = 2.0   # check-quorum fires within two election timeouts (1 s) of the cut
@@ -47,7 +46,7 @@ async def _heal_and_compare(cluster: Cluster, stream: WriteStream, leader: tuple
     assert cluster.net is not None
     cluster.net.heal()
     acks = len(stream.acks)
-    await wait_until(lambda: len(stream.acks) >= acks + 20, 10.0, "writes after healing")
+    await eventually(lambda: len(stream.acks) >= acks + 20, 10.0, "writes after healing")
     await stream.stop()
     print(f"writes: {stream.summary()}")
     states = await cluster.wait_converged(G, timeout=15.0)
@@ -69,7 +68,7 @@ async def _isolated_leader(cluster: Cluster) -> None:
     await cluster.start()
     stream = WriteStream(cluster, G, proposers=4)
     stream.start()
-    await wait_until(lambda: len(stream.acks) >= 30, 15.0, "the first acknowledged writes")
+    await eventually(lambda: len(stream.acks) >= 30, 15.0, "the first acknowledged writes")
     old = await cluster.wait_leader(G)
     a, b = [n for n in cluster.nodes if n != old.node]
     net.partition(old.node, a)   # silent: the connection stays up, frames vanish
@@ -80,12 +79,12 @@ async def _isolated_leader(cluster: Cluster) -> None:
     async def stepped_down() -> float | None:
         s = (await cluster.states(G, [old.node])).get(old.node)
         return time.monotonic() if s is not None and s.role != "leader" else None
-    t_down = await wait_for(stepped_down, STEP_DOWN_BOUND_S + 3.0, f"node {old.node} to step down", 0.02)
+    t_down = await eventually(stepped_down, STEP_DOWN_BOUND_S + 3.0, f"node {old.node} to step down", 0.02)
     print(f"node {old.node} stepped down {t_down - t_cut:.3f}s after the cut")
     assert t_down - t_cut <= STEP_DOWN_BOUND_S, f"step-down took {t_down - t_cut:.3f}s"
 
     new = await cluster.wait_leader(G, among=[a, b], min_term=old.term + 1, timeout=5.0)
-    await wait_until(lambda: next((x for x in stream.acks if x.node == new.node and x.sent > t_cut), None),
+    await eventually(lambda: next((x for x in stream.acks if x.node == new.node and x.sent > t_cut), None),
                      5.0, f"a write committed by the new leader {new.node}")
     late = [x for x in stream.acks if x.node == old.node and x.sent > t_cut]
     assert not late, f"the isolated leader acknowledged writes sent after the cut: {late[:3]}"
@@ -103,7 +102,7 @@ async def _one_way(cluster: Cluster) -> None:
     await cluster.start()
     stream = WriteStream(cluster, G, proposers=4)
     stream.start()
-    await wait_until(lambda: len(stream.acks) >= 30, 15.0, "the first acknowledged writes")
+    await eventually(lambda: len(stream.acks) >= 30, 15.0, "the first acknowledged writes")
     leader = await cluster.wait_leader(G)
     deaf, other = [n for n in cluster.nodes if n != leader.node]
 
@@ -133,8 +132,8 @@ async def _one_way(cluster: Cluster) -> None:
     async def knows_new_leader() -> bool:
         s = (await cluster.states(G, [muted])).get(muted)
         return s is not None and s.role == "follower" and s.leader == new.node and s.term == new.term
-    await wait_for(knows_new_leader, 3.0, f"node {muted} to follow the new leader {new.node}")
-    await wait_until(lambda: next((x for x in stream.acks if x.node == new.node and x.sent > t_mute), None),
+    await eventually(knows_new_leader, 3.0, f"node {muted} to follow the new leader {new.node}")
+    await eventually(lambda: next((x for x in stream.acks if x.node == new.node and x.sent > t_mute), None),
                      5.0, f"a write committed by the new leader {new.node}")
     late = [x for x in stream.acks if x.node == muted and x.sent > t_mute]
     assert not late, f"the muted leader acknowledged writes sent after it was muted: {late[:3]}"
@@ -167,7 +166,7 @@ async def _catch_up(cluster: Cluster, node: int) -> None:
     async def caught_up() -> bool:
         mine = (await cluster.states(G, [node])).get(node)
         return mine is not None and mine.leader == leader.node and mine.applied >= leader.commit
-    await wait_for(caught_up, 10.0, f"node {node} to catch up to offset {leader.commit} after healing")
+    await eventually(caught_up, 10.0, f"node {node} to catch up to offset {leader.commit} after healing")
 
 
 def test_isolated_leader_steps_down_majority_elects_and_logs_agree(

@@ -40,6 +40,7 @@ from eventlog.raft.runtime.transport import (
 )
 from eventlog.raft.types import Heartbeat, Vote
 from tests.runtime.cluster import Cluster
+from tests.support.wait import eventually
 
 CLUSTER = "transport-test"
 LOOPS = ["asyncio", "uvloop"]
@@ -102,12 +103,6 @@ async def start_peer(pki: Pki, node: int, *, insecure: bool = False, limits: Pee
     return Peer(transport, delivered)
 
 
-async def until(check: Callable[[], object], what: str, timeout: float = WAIT_S) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
-
 
 def client_context(cert: tuple[Path, Path] | None) -> ssl.SSLContext:
     """An outsider's TLS client: verifies nothing, presents `cert` if given."""
@@ -161,14 +156,14 @@ def test_members_talk_over_mutual_tls_13_and_deliver_names_the_certificate_node(
         one, two = await start_peer(pki, 1), await start_peer(pki, 2)
         try:
             one.transport.add_peer(2, ("127.0.0.1", two.port))   # the lower id dials
-            await until(lambda: one.transport.connected(2) and two.transport.connected(1), "the connection")
+            await eventually(lambda: one.transport.connected(2) and two.transport.connected(1), WAIT_S, "the connection")
             conn = two.transport._conns[1]
             assert conn.transport is not None
             assert conn.transport.get_extra_info("ssl_object").version() == "TLSv1.3"
             assert conn.certified == 1
             one.transport.send(2, "kv", Heartbeat(term=3, src=1, dst=2, commit=0))
             two.transport.send(1, "kv", Heartbeat(term=3, src=2, dst=1, commit=0))
-            await until(lambda: two.delivered and one.delivered, "both messages")
+            await eventually(lambda: bool(two.delivered and one.delivered), WAIT_S, "both messages")
             assert two.delivered == [(1, "kv", Heartbeat(term=3, src=1, dst=2, commit=0))]
             assert one.delivered == [(2, "kv", Heartbeat(term=3, src=2, dst=1, commit=0))]
             assert not one.transport.closes.counts and not two.transport.closes.counts
@@ -184,11 +179,11 @@ def test_a_big_flush_is_cut_into_frames_and_arrives_in_order(pki: Pki, loop: str
         one, two = await start_peer(pki, 1), await start_peer(pki, 2)
         try:
             one.transport.add_peer(2, ("127.0.0.1", two.port))
-            await until(lambda: one.transport.connected(2) and two.transport.connected(1), "the connection")
+            await eventually(lambda: one.transport.connected(2) and two.transport.connected(1), WAIT_S, "the connection")
             sent = [Heartbeat(term=i, src=1, dst=2, commit=i) for i in range(300_000)]   # ~14 MiB in one turn: 4 frames
             for msg in sent:
                 one.transport.send(2, "kv", msg)
-            await until(lambda: len(two.delivered) == len(sent), "every message", timeout=60)
+            await eventually(lambda: len(two.delivered) == len(sent), 60, "every message")
             assert [m for _, _, m in two.delivered] == sent
         finally:
             await one.transport.close()
@@ -203,7 +198,7 @@ def test_the_dialer_refuses_a_listener_whose_certificate_names_another_node(pki:
         one, three = await start_peer(pki, 1), await start_peer(pki, 3)
         try:
             one.transport.add_peer(2, ("127.0.0.1", three.port))
-            await until(lambda: one.transport.closes.counts.get("identity", 0) >= 1, "the refusal")
+            await eventually(lambda: one.transport.closes.counts.get("identity", 0) >= 1, WAIT_S, "the refusal")
             assert not one.transport.connected(2) and not three.transport.connected(1)
             one.transport.send(2, "kv", vote(1, 2))
             await asyncio.sleep(0.2)
@@ -230,7 +225,7 @@ def test_a_client_without_a_certificate_fails_the_handshake_and_reaches_nothing(
             writer.write(forged(1, 2))
             assert await closed_by_peer(reader) == b""
             writer.close()
-            await until(lambda: two.transport.closes.counts.get("tls_handshake", 0) == 2, "two failed handshakes")
+            await eventually(lambda: two.transport.closes.counts.get("tls_handshake", 0) == 2, WAIT_S, "two failed handshakes")
             assert two.delivered == [] and two.transport.unauthenticated == 0
         finally:
             await two.transport.close()
@@ -252,7 +247,7 @@ def test_certificates_of_another_ca_and_client_certificates_are_refused(pki: Pki
             writer.write(forged(1, 2))
             assert await closed_by_peer(reader) == b""
             writer.close()
-            await until(lambda: two.transport.closes.counts.get("identity", 0) == 1, "the client's refusal")
+            await eventually(lambda: two.transport.closes.counts.get("identity", 0) == 1, WAIT_S, "the client's refusal")
             assert two.transport.closes.counts["tls_handshake"] == 1
             assert two.delivered == []
         finally:
@@ -275,10 +270,10 @@ def test_a_member_certificate_claiming_another_node_id_in_its_hello_is_refused(p
             assert two.transport.closes.counts["identity"] == 1 and two.delivered == []
             reader, writer = await raw(two.port, cert=pki.member(9))
             writer.write(forged(9, 2))   # honest hello; the vote inside still says src=9
-            await until(lambda: two.delivered, "node 9's message")
+            await eventually(lambda: bool(two.delivered), WAIT_S, "node 9's message")
             assert two.delivered == [(9, "kv", vote(9, 2))]
             writer.write(encode_frame(Batch([("kv", vote(1, 2))])))   # a message claiming src 1
-            await until(lambda: len(two.delivered) == 2, "the second message")
+            await eventually(lambda: len(two.delivered) == 2, WAIT_S, "the second message")
             assert two.delivered[1][0] == 9, "deliver must name the certificate's node, not the message's src"
             writer.close()
         finally:
@@ -300,7 +295,7 @@ def test_insecure_believes_the_hello_but_refuses_another_cluster_or_its_own_id(p
             assert two.transport.closes.counts["identity"] == 2 and two.delivered == []
             reader, writer = await raw(two.port, tls=False)
             writer.write(forged(1, 2))
-            await until(lambda: two.delivered, "the plaintext peer's message")
+            await eventually(lambda: bool(two.delivered), WAIT_S, "the plaintext peer's message")
             assert two.delivered == [(1, "kv", vote(1, 2))]
             writer.close()
         finally:
@@ -357,7 +352,7 @@ def test_a_truncated_frame_is_closed_after_the_frame_timeout(pki: Pki, loop: str
             reader, writer = await raw(two.port, cert=pki.member(9))
             frame = encode_frame(Batch([("kv", vote(9, 2))]))
             writer.write(encode_frame(Hello(CLUSTER, 9)) + frame[:-3])   # all but the last 3 bytes
-            await until(lambda: two.transport.connected(9), "node 9's hello")
+            await eventually(lambda: two.transport.connected(9), WAIT_S, "node 9's hello")
             began = asyncio.get_running_loop().time()
             await closed_by_peer(reader, timeout=5.0)
             assert asyncio.get_running_loop().time() - began >= 0.4
@@ -381,13 +376,13 @@ def test_partial_frames_over_every_connection_stay_within_the_budget(pki: Pki, l
             _r9, w9 = await raw(two.port, cert=pki.member(9))
             r3, w3 = await raw(two.port, cert=pki.member(3))
             w9.write(encode_frame(Hello(CLUSTER, 9)) + frame[:-1])
-            await until(lambda: two.transport.partial_bytes >= len(frame) - 1, "node 9's partial frame")
+            await eventually(lambda: two.transport.partial_bytes >= len(frame) - 1, WAIT_S, "node 9's partial frame")
             w3.write(encode_frame(Hello(CLUSTER, 3)) + frame[:-1])
             await closed_by_peer(r3)
             assert two.transport.closes.counts["partial_frames"] == 1
             assert two.transport.partial_bytes == len(frame) - 1
             w9.write(frame[-1:])
-            await until(lambda: len(two.delivered) == 60_000, "node 9's frame")
+            await eventually(lambda: len(two.delivered) == 60_000, WAIT_S, "node 9's frame")
             assert two.transport.partial_bytes == 0
             w9.close()
         finally:
@@ -402,16 +397,16 @@ def test_connections_beyond_the_unauthenticated_cap_are_closed_at_once(pki: Pki,
                                                                hello_timeout_ms=60_000))
         try:
             pending = [await asyncio.open_connection("127.0.0.1", two.port) for _ in range(3)]
-            await until(lambda: two.transport.unauthenticated == 3, "three pending handshakes")
+            await eventually(lambda: two.transport.unauthenticated == 3, WAIT_S, "three pending handshakes")
             extra_r, _extra_w = await asyncio.open_connection("127.0.0.1", two.port)
             await closed_by_peer(extra_r, timeout=5.0)
             assert two.transport.closes.counts["unauthenticated_connections"] == 1
             for _, w in pending:   # their end frees the slots: a member gets in again
                 w.close()
-            await until(lambda: two.transport.unauthenticated == 0, "the slots back")
+            await eventually(lambda: two.transport.unauthenticated == 0, WAIT_S, "the slots back")
             _reader, writer = await raw(two.port, cert=pki.member(9))
             writer.write(forged(9, 2))
-            await until(lambda: two.delivered, "node 9's message")
+            await eventually(lambda: bool(two.delivered), WAIT_S, "node 9's message")
             writer.close()
         finally:
             await two.transport.close()
@@ -427,7 +422,7 @@ def test_refusals_are_logged_at_a_bounded_rate(pki: Pki, caplog: pytest.LogCaptu
                 writer.write(b"GET / HTTP/1.0\r\n\r\n")
                 await closed_by_peer(reader)
                 writer.close()
-            await until(lambda: two.transport.closes.counts.get("tls_handshake") == 20, "20 refusals")
+            await eventually(lambda: two.transport.closes.counts.get("tls_handshake") == 20, WAIT_S, "20 refusals")
         finally:
             await two.transport.close()
     with caplog.at_level(logging.WARNING, logger="eventlog.raft.runtime.transport"):

@@ -33,7 +33,7 @@ from eventlog.raft.runtime.host import NodeHost
 from statemachines import events as ev
 from statemachines.state import Outcome
 from statemachines.views import ViewsStateMachine
-from tests.runtime.cluster import free_ports
+from tests.support.ports import free_ports
 from tests.support.tls import provision
 from tests.views import crash_child as child
 from tests.views.test_crash import dump, first_difference

@@ -21,8 +21,9 @@ from eventlog.raft.types import ConfChange, ConfChangeKind, ConfState
 from statemachines import events as ev
 from statemachines.query import Query
 from statemachines.views import ViewsStateMachine
-from tests.runtime.cluster import free_ports
+from tests.support.ports import free_ports
 from tests.support.tls import provision
+from tests.support.wait import eventually
 
 GROUP = "kv-0"
 TICK_MS = 20
@@ -68,13 +69,6 @@ class Hosts:
             await asyncio.sleep(0.02)
 
 
-async def until(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
 
 async def put(group: RaftGroup, *names: str) -> int:
     done = await group.submit([ev.event_record(ev.KvPut(name=n, value=n.encode())) for n in names])
@@ -107,8 +101,8 @@ def test_join_promote_remove_and_restart_keep_the_configuration(tmp_path: Path) 
         assert conf == ConfState(voters=(1, 2, 3), learners=(4,), auto_promote=(4,))
         await joiner.wait_applied(last, timeout=10)
         assert Query(joiner.sm.store).get("kv/before/19").state.value == b"before/19"  # type: ignore[attr-defined]
-        await until(lambda: leader.node.conf.voters == (1, 2, 3, 4), 10, "the automatic promotion of node 4")
-        await until(lambda: joiner.node.conf.voters == (1, 2, 3, 4), 5, "node 4 to see its promotion")
+        await eventually(lambda: leader.node.conf.voters == (1, 2, 3, 4), 10, "the automatic promotion of node 4")
+        await eventually(lambda: joiner.node.conf.voters == (1, 2, 3, 4), 5, "node 4 to see its promotion")
 
         # the configured nodes learn node 4's address: the lower id's connection replaces node 4's
         for n in (1, 2, 3):
@@ -152,7 +146,7 @@ def test_join_promote_remove_and_restart_keep_the_configuration(tmp_path: Path) 
         removed = leader.node_id
         conf = await leader.change_membership(ConfChange(ConfChangeKind.REMOVE, removed))
         assert removed not in conf.voters and len(conf.voters) == 2
-        await until(lambda: leader.node.role is not Role.LEADER, 5, "the removed leader to step down")
+        await eventually(lambda: leader.node.role is not Role.LEADER, 5, "the removed leader to step down")
         new_leader = await hosts.leader(among=conf.voters)
         await put(new_leader, "after-leader-removed")
         with pytest.raises(ConfChangeError, match="not a member"):

@@ -20,7 +20,7 @@ from statemachines import events as ev
 from statemachines.query import Query
 from statemachines.state import Outcome
 from statemachines.views import ViewsStateMachine
-from tests.runtime.cluster import free_ports
+from tests.support.ports import free_ports
 from tests.support.tls import provision
 
 GROUP = "kv-0"
