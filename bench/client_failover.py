@@ -1,6 +1,6 @@
 """How soon SDK writes go on after the kv leader stops (SIGSTOP) or is cut off from its peers (issue 17).
 
-Three `epochlog serve` processes on 127.0.0.1 (tests/node/cluster.py), their peer links through the
+Three `epochlog serve` processes on 127.0.0.1 (tests/support/nodes.py), their peer links through the
 partition proxy of tests/support/proxy.py. `--writers` writer clients (one AsyncClient each, call
 timeout `--timeout`) put to their own keys, one call at a time, without pause. Each round takes the
 current kv leader and either SIGSTOPs it (`stop`) or drops every frame of its peer links both ways
@@ -39,7 +39,7 @@ from pathlib import Path
 
 from bench.results import write_section
 from epochlog.client import AsyncClient, ClientError
-from tests.node.cluster import NodeCluster
+from tests.support.nodes import NodeCluster
 
 STRAGGLER_S = 0.2    # acknowledgements received this soon after the fault were sent back before it
 CATCH_UP_S = 60.0    # bound on the wait for the resumed node to catch up after a round

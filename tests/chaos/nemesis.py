@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from typing import TextIO
 
-from tests.node.cluster import NodeCluster
+from tests.support.nodes import NodeCluster
 
 GROUPS = ("metadata", "offsets", "kv")
 

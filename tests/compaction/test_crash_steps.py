@@ -35,7 +35,7 @@ from epochlog.client import Client, ClientError, CompactedError
 from eventlog.config import LogConfig
 from eventlog.raft.runtime.faults import CRASH_ENV_VAR, CRASH_STEPS
 from statemachines.views import ViewsStateMachine
-from tests.node.cluster import BackgroundWriter, NodeCluster
+from tests.support.nodes import BackgroundWriter, NodeCluster
 from tests.support.wait import wait_until
 from tests.runtime.cluster import compare_committed, read_log_dir
 

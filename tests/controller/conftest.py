@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.node.cluster import ROOT, NodeCluster
+from tests.support.nodes import ROOT, NodeCluster
 
 HEARTBEAT_INTERVAL_MS = 250
 HEARTBEAT_TIMEOUT_MS = 2500

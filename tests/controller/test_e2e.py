@@ -23,7 +23,7 @@ from epochlog.client import Client, ClientError
 from epochlog.client.broker import ControllerClient
 from statemachines import events as ev
 from tests.controller.conftest import CLUSTER, HEARTBEAT_TIMEOUT_MS, Brokers, ControllerCluster
-from tests.node.cluster import ROOT
+from tests.support.nodes import ROOT
 from tests.support.wait import wait_until
 
 TIMEOUT_S = HEARTBEAT_TIMEOUT_MS / 1000

@@ -6,7 +6,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from tests.node.cluster import NodeCluster
+from tests.support.nodes import NodeCluster
 from tests.support.ports import free_ports
 
 

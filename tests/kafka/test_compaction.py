@@ -54,7 +54,7 @@ from statemachines.request_ids import uuid7
 from statemachines.views import ViewsStateMachine
 from tests.kafka.cluster import KafkaCluster
 from tests.kafka.raw import RawKafka
-from tests.node.cluster import ROOT, BackgroundWriter
+from tests.support.nodes import ROOT, BackgroundWriter
 from tests.support.wait import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]

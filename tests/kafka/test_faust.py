@@ -25,7 +25,7 @@ from epochlog.client import AsyncClient
 from epochlog.client.broker import DEFAULT_CLUSTER, ControllerClient
 from examples.live_brokers import CHANGELOG, live_brokers
 from tests.kafka.cluster import KafkaCluster
-from tests.node.cluster import ROOT
+from tests.support.nodes import ROOT
 from tests.support.wait import wait_until
 
 EXPECTED = {f"{DEFAULT_CLUSTER}/broker-a": ["a-0", "a-2"], f"{DEFAULT_CLUSTER}/broker-b": ["b-0"]}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.node.cluster import NodeCluster
+from tests.support.nodes import NodeCluster
 
 SEED_ENV = "EPOCHLOG_NODE_SEED"
 

@@ -20,7 +20,7 @@ import pytest
 
 from epochlog.client import Client
 from statemachines.events import KvPut
-from tests.node.cluster import ROOT, NodeCluster, wait_until
+from tests.support.nodes import ROOT, NodeCluster, wait_until
 
 CLI_TIMEOUT_S = 30.0
 

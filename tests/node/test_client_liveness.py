@@ -1,6 +1,6 @@
 """Leaving a stopped or cut-off leader (issue 17, defect 2): SDK calls move to the new leader within their deadline.
 
-Real `epochlog serve` processes (tests/node/cluster.py), stopped with SIGSTOP by the pid the test
+Real `epochlog serve` processes (tests/support/nodes.py), stopped with SIGSTOP by the pid the test
 started, or cut off from their peers by the partition proxy (tests/support/proxy.py) while their
 client port still answers.
 
@@ -43,7 +43,7 @@ from epochlog.client.retry import Attempts, Timing, fate_unknown
 from epochlog.client.sync import WAIT_GRACE_S
 from statemachines import events as ev
 from statemachines.request_ids import uuid7
-from tests.node.cluster import NodeCluster
+from tests.support.nodes import NodeCluster
 from tests.support.ports import free_ports
 from tests.support.wait import eventually
 

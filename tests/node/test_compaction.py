@@ -27,7 +27,7 @@ from epochlog.client import Client, CompactedError, DiskFullError
 from eventlog.raft.runtime.faults import ENV_VAR as FAULTS_ENV
 from eventlog.raft.runtime.faults import HEAL_ENV_VAR
 from statemachines import events as ev
-from tests.node.cluster import ROOT, NodeCluster, wait_until
+from tests.support.nodes import ROOT, NodeCluster, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -29,7 +29,7 @@ from epochlog.client import Client, OutcomeUnknownError
 from statemachines import events as ev
 from statemachines.request_ids import uuid7
 from statemachines.sessions import SESSION_EXPIRED
-from tests.node.cluster import NodeCluster, wait_until
+from tests.support.nodes import NodeCluster, wait_until
 from tests.node.raw import RawConnection
 
 pytestmark = pytest.mark.timeout(300)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from epochlog.client import AsyncClient, ClientError
 from statemachines.state import KvState
-from tests.node.cluster import ROOT, NodeCluster
+from tests.support.nodes import ROOT, NodeCluster
 from tests.support.wait import eventually
 
 WRITERS = 4

@@ -29,7 +29,7 @@ import pytest
 from epochlog import protocol as p
 from epochlog.client import Client, ClientError
 from epochlog.client.connection import Connection
-from tests.node.cluster import NodeCluster
+from tests.support.nodes import NodeCluster
 from tests.node.raw import RawConnection
 
 BUDGET = p.MAX_FRAME_BYTES + 4          # the smallest budget allowed: one frame of the maximum size

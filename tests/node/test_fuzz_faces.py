@@ -21,7 +21,7 @@ from epochlog.client import Client
 from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
 from statemachines import events as ev
-from tests.node.cluster import NodeCluster
+from tests.support.nodes import NodeCluster
 from tests.node.fuzz import GrpcFuzzer, NativeFuzzer, Tally, known_codes
 from tests.node.raw import http_get
 

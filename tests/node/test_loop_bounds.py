@@ -48,7 +48,7 @@ from epochlog.client import Client, ClientError
 from eventlog.records import HEADER, HEADER_SIZE, LOG_OVERHEAD, MAGIC, crc32c
 from tests.kafka.cluster import KafkaCluster
 from tests.kafka.raw import RawKafka
-from tests.node.cluster import wait_until
+from tests.support.nodes import wait_until
 from tests.node.conftest import _seed
 from tests.node.raw import RawConnection, frame_bytes
 

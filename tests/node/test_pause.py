@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from epochlog.client import Client, ClientError
 from eventlog.errors import EpochlogError
-from tests.node.cluster import NodeCluster, wait_until
+from tests.support.nodes import NodeCluster, wait_until
 
 WRITERS = 8
 ROUNDS = 5

@@ -24,7 +24,7 @@ from epochlog.certs import ClusterCA
 from epochlog.client import Client
 from eventlog.raft.runtime.transport import Batch, Hello, encode_frame
 from eventlog.raft.types import Vote
-from tests.node.cluster import NodeCluster, wait_until
+from tests.support.nodes import NodeCluster, wait_until
 
 GROUPS = ("metadata", "offsets", "kv")
 HUGE_TERM = 10**12

@@ -3,7 +3,7 @@
 1. The reproduction: one native-protocol `write` of a KvPut with `"v": 2` sent to the kv leader. It
    used to be committed and then kill every node (exit 2, again on every restart); now the leader
    refuses it with `invalid_argument` and appends nothing.
-2. A poison record that got past the check (written by a node without it, tests/node/builds.py
+2. A poison record that got past the check (written by a node without it, tests/support/builds.py
    `unchecked`): every node halts the kv group at that offset and nothing else. No process exits;
    the other groups serve; status, /readyz and /metrics say where and why; a restart halts again
    (no crash loop); `epochlog group skip` on every member resumes them with equal views.
@@ -27,7 +27,7 @@ from epochlog import protocol as p
 from epochlog.client import Client, ClientError
 from statemachines import events as ev
 from statemachines.request_ids import uuid7
-from tests.node.cluster import ROOT, NodeCluster, wait_until
+from tests.support.nodes import ROOT, NodeCluster, wait_until
 from tests.node.raw import RawConnection, http_get
 
 NEWER = ev.KvPut.VERSION + 1   # a schema version only a newer Epochlog knows

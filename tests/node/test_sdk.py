@@ -17,7 +17,7 @@ import pytest
 
 from epochlog.client import AsyncClient, Client, NotFoundError, RejectedError, WatchedEvent
 from statemachines import events as ev
-from tests.node.cluster import NodeCluster, wait_until
+from tests.support.nodes import NodeCluster, wait_until
 from tests.support.wait import eventually
 
 WAIT_S = 10.0

@@ -14,7 +14,7 @@ With `proxied=True` every peer link goes through a `tests.support.proxy.Link` (`
 node then gets its own config (`node-<id>.toml`), naming the links as the peer addresses of the
 members it dials (the lower id dials); `config_path` keeps the real addresses, for the CLI.
 
-A node can run another build of Epochlog (`ServeNode.build`, tests/node/builds.py: an older one
+A node can run another build of Epochlog (`ServeNode.build`, tests/support/builds.py: an older one
 without the leader's check, a newer one knowing a newer schema) for mixed-version tests.
 
 Processes are only ever signalled through the `subprocess.Popen` object that started them (its
@@ -72,7 +72,7 @@ class ServeNode:
     admin_address: str
     data_dir: Path
     grpc_address: str = ""
-    build: str | None = None              # another build of Epochlog (tests/node/builds.py) from the next start
+    build: str | None = None              # another build of Epochlog (tests/support/builds.py) from the next start
     proc: subprocess.Popen[bytes] | None = None
     incarnation: int = -1
     out_path: Path | None = None
@@ -227,7 +227,7 @@ class NodeCluster:
         node.out_path = self.root / f"node-{node_id}.{node.incarnation}.out"
         node.err_path = self.root / f"node-{node_id}.{node.incarnation}.err"
         env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHLOG_")}
-        program = ["-m", "epochlog"] if node.build is None else ["-m", "tests.node.builds", node.build]
+        program = ["-m", "epochlog"] if node.build is None else ["-m", "tests.support.builds", node.build]
         env.update(self.env)
         with open(node.out_path, "wb") as out, open(node.err_path, "wb") as err:
             node.proc = subprocess.Popen(

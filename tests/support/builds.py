@@ -1,6 +1,6 @@
 """`epochlog serve` as other builds of Epochlog, for mixed-version and poison tests (real processes).
 
-    python -m tests.node.builds BUILD serve --config ... --node-id N ...
+    python -m tests.support.builds BUILD serve --config ... --node-id N ...
 
 - `unchecked`: a node from before the leader's check: it proposes any event that decodes, a newer
   schema version included (what wrote the poison record of issue 11);
