@@ -11,7 +11,7 @@ from eventlog.raft.persist_queue import PersistQueue
 from eventlog.raft.progress import Progress, ProgressState, committed_index, majority, vote_result
 from eventlog.raft.raft_log import RaftLog
 from eventlog.raft.types import AppendResp, SnapshotMeta
-from tests.raft.paper import log_of, storage
+from tests.eventlog.raft.paper import log_of, storage
 
 # --- RaftLog -------------------------------------------------------------------------------------
 

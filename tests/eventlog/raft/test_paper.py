@@ -47,8 +47,8 @@ from eventlog.raft.types import (
     Vote,
     VoteResp,
 )
-from tests.raft.interaction import Env
-from tests.raft.paper import (
+from tests.eventlog.raft.interaction import Env
+from tests.eventlog.raft.paper import (
     ack,
     committed_entries,
     config,
@@ -1196,7 +1196,7 @@ def test_the_last_term_is_won_then_no_election_can_follow(pre_vote: bool) -> Non
 
 # --- STYLE practice 1: the core is sans-IO ------------------------------------------------------
 
-_CORE = Path(__file__).resolve().parents[2] / "eventlog" / "raft"
+_CORE = Path(__file__).resolve().parents[3] / "eventlog" / "raft"
 _IO_MODULES = {"asyncio", "socket", "selectors", "select", "ssl", "threading", "multiprocessing",
                "subprocess", "time", "os", "io", "pathlib", "random"}
 

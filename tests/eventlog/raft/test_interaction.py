@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.raft.interaction import Script, run_script
+from tests.eventlog.raft.interaction import Script, run_script
 
 TESTDATA = Path(__file__).parent / "testdata"
 

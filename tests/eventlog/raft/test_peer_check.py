@@ -53,7 +53,7 @@ from eventlog.raft.types import (
 )
 from eventlog.records import Record as LogRecord
 from eventlog.records import encode_batch, encode_records
-from tests.raft.paper import ack, config, drain, elect, log_of, node, storage
+from tests.eventlog.raft.paper import ack, config, drain, elect, log_of, node, storage
 
 STRANGER = 42     # never a member, not in the address book
 NEWCOMER = 7      # in the address book (added at runtime), in no configuration the node holds yet

@@ -926,7 +926,7 @@ def run_script(path: Path, rewrite: bool) -> None:
         if not rewrite and actual != block.expected:
             diff = "\n".join(difflib.unified_diff(block.expected, actual, "expected", "actual", lineterm=""))
             raise AssertionError(f"{path.name}:{block.line_no}: output of {block.command!r} differs "
-                                 f"(run `pytest tests/raft --rewrite` if the change is intended):\n{diff}")
+                                 f"(run `pytest tests/eventlog/raft --rewrite` if the change is intended):\n{diff}")
     if rewrite:
         text = script.render(outputs)
         if text != path.read_text():
