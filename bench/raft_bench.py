@@ -32,7 +32,7 @@ from pathlib import Path
 
 from bench.results import write_section
 from eventlog.raft.runtime.harness import LoadReply
-from tests.runtime.cluster import Cluster, WriteStream
+from tests.eventlog.raft.runtime.cluster import Cluster, WriteStream
 from tests.support.wait import eventually
 
 GROUP = "g0"

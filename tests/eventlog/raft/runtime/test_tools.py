@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from eventlog.raft.runtime import faults
-from tests.runtime.cluster import ROOT
+from tests.eventlog.raft.runtime.cluster import ROOT
 from tests.support.proxy import ProxyNetwork
 
 pytestmark = pytest.mark.timeout(60)

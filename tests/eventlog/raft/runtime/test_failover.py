@@ -25,7 +25,7 @@ from collections.abc import Callable
 import pytest
 
 from eventlog.offline import dump_log_dir
-from tests.runtime.cluster import (
+from tests.eventlog.raft.runtime.cluster import (
     Cluster,
     WriteStream,
     check_acks,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.cluster import Cluster
+from tests.eventlog.raft.runtime.cluster import Cluster
 
 SEED_ENV = "EPOCHLOG_RUNTIME_SEED"
 

@@ -39,7 +39,7 @@ import pytest
 
 from eventlog.offline import Verdict, verify_log_dir
 from eventlog.raft.runtime.harness import GroupState
-from tests.runtime.cluster import (
+from tests.eventlog.raft.runtime.cluster import (
     ROOT,
     Cluster,
     WriteStream,

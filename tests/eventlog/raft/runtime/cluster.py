@@ -59,7 +59,7 @@ from tests.support.wait import eventually
 
 T = TypeVar("T")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 START_TIMEOUT_S = 20.0      # process start to READY (python start-up + imports + log open)
 STOP_TIMEOUT_S = 10.0       # SIGTERM to exit
 STATUS_TIMEOUT_S = 1.0

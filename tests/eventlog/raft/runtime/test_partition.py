@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.runtime.cluster import (
+from tests.eventlog.raft.runtime.cluster import (
     Cluster,
     WriteStream,
     check_acks,

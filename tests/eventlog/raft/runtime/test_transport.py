@@ -39,7 +39,7 @@ from eventlog.raft.runtime.transport import (
     largest_frame_bytes,
 )
 from eventlog.raft.types import Heartbeat, Vote
-from tests.runtime.cluster import Cluster
+from tests.eventlog.raft.runtime.cluster import Cluster
 from tests.support.wait import eventually
 
 CLUSTER = "transport-test"
