@@ -37,10 +37,10 @@ from compaction.cleaner import clean_log
 from eventlog.offline import Verdict, verify_log_dir
 from eventlog.prefix import JOURNAL_NAME, PREFIX_SUFFIX
 from eventlog.raft.runtime.log_storage import LogStorage
-from tests.eventlog.raft.install_crash_child import CONF, CONFIG
-from tests.eventlog.raft.test_snapshot_image import CFG, CLEANER, batches, entries
+from tests.eventlog.raft.runtime.install_crash_child import CONF, CONFIG
+from tests.eventlog.raft.runtime.test_snapshot_image import CFG, CLEANER, batches, entries
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 LEADER_CONFIG = replace(CFG, segment_bytes=12 << 10)   # a few prefix segments: a few dozen kill points
 
 
@@ -67,7 +67,7 @@ def _points(events: list[list[str]]) -> list[int]:
 
 
 def child(group: Path, image: Path, meta: Path, point: int) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tests.eventlog.raft.install_crash_child", str(group), str(image), str(meta),
+    return subprocess.run([sys.executable, "-m", "tests.eventlog.raft.runtime.install_crash_child", str(group), str(image), str(meta),
                            str(point)], cwd=ROOT, check=False, capture_output=True, text=True, timeout=60)
 
 

@@ -1,6 +1,6 @@
 """Child process of the snapshot-install crash test (tests/eventlog/raft/test_install_crash.py): install, and die on cue.
 
-    python -m tests.eventlog.raft.install_crash_child GROUP_DIR IMAGE_FILE META_FILE POINT
+    python -m tests.eventlog.raft.runtime.install_crash_child GROUP_DIR IMAGE_FILE META_FILE POINT
 
 Opens the group's LogStorage in GROUP_DIR, stages the snapshot image IMAGE_FILE (its SnapshotMeta in
 META_FILE, JSON) in chunks, then installs it with every file-system call counted: each os.rename,
