@@ -1,4 +1,4 @@
-"""Child process of the snapshot-install crash test (tests/eventlog/raft/test_install_crash.py): install, and die on cue.
+"""Child process of the snapshot-install crash test (tests/eventlog/raft/runtime/test_install_crash.py): install, and die on cue.
 
     python -m tests.eventlog.raft.runtime.install_crash_child GROUP_DIR IMAGE_FILE META_FILE POINT
 
