@@ -1,7 +1,7 @@
 """Real-process crash tests of the views: SIGKILL in the middle of apply and of a snapshot restore.
 
 1. `test_sigkill_during_apply_loses_repeats_and_tears_nothing`: a child process
-   (`tests/views/crash_child.py`) applies a deterministic, seeded stream of events (KV puts and
+   (`tests/statemachines/crash_child.py`) applies a deterministic, seeded stream of events (KV puts and
    deletes with compare-and-set, transactions, leases and sessions, brokers and broker groups,
    topics, offsets, config, retries of request ids, malformed records, leader NOOPs) batch by batch
    into a ViewsStateMachine on a real RocksDB directory, and now and then snapshots its views and
@@ -52,7 +52,7 @@ import pytest
 
 from statemachines.store import ALL_CFS
 from statemachines.views import ViewsStateMachine
-from tests.views import crash_child as child
+from tests.statemachines import crash_child as child
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = int(os.environ.get("EPOCHLOG_VIEWS_CRASH_ROUNDS", "24"))
@@ -153,7 +153,7 @@ def run_child(args: list[str], rng: random.Random | None, log: Path, ctx: str) -
     lines: list[str] = []
     ready = threading.Event()
     with open(log, "w+b") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "tests.views.crash_child", *args], cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, "-m", "tests.statemachines.crash_child", *args], cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL)
         reader: threading.Thread | None = None
         killed = False

@@ -1,6 +1,6 @@
 """History pruning below the committed floor (statemachines/prune.py, query.py, apply.py).
 
-Two replicas apply the same seeded stream (tests/views/crash_child.build_stream with HistoryPruned
+Two replicas apply the same seeded stream (tests/statemachines/crash_child.build_stream with HistoryPruned
 events, every family of events, rejections and retries): `pruned` runs prune steps of random sizes at
 random moments between apply calls, `kept` never deletes a row. At sampled apply boundaries both
 must hold the same digest (pruning is outside it) and give the same answer to every read: get and
@@ -25,7 +25,7 @@ from statemachines.query import MAX_LIMIT, Query
 from statemachines.state import decode_version
 from statemachines.store import decode_offset
 from statemachines.views import ViewsStateMachine
-from tests.views.crash_child import CONFIG, build_stream
+from tests.statemachines.crash_child import CONFIG, build_stream
 
 
 def _seeds() -> list[int]:
@@ -165,7 +165,7 @@ def test_a_floor_is_never_lowered_nor_beyond_its_offset(tmp_path: Path) -> None:
 def test_floors_apply_alike_whatever_the_apply_calls(tmp_path: Path) -> None:
     """Floors evict request ids inside apply, a bounded number per entry: replicas that group the
     same entries into other apply calls hold identical views (every column family) and digest."""
-    from tests.views.harness import dump
+    from tests.statemachines.harness import dump
 
     stream = build_stream(11, 900, history_floors=True)
     singly = ViewsStateMachine(tmp_path / "singly", CONFIG)

@@ -3,7 +3,7 @@ of whether a replica got there by applying them or by installing a snapshot part
 
 Compared byte for byte: the digest, and a dump of every column family (the default one, holding
 the applied offset and the digest, included). Event sequences are the model test's
-(`tests/views/harness.py`), so they hold every family, rejections, retries and bad records.
+(`tests/statemachines/harness.py`), so they hold every family, rejections, retries and bad records.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from statemachines.query import Query
 from statemachines.state import Outcome
 from statemachines.store import ViewsConfig
 from statemachines.views import ViewsStateMachine
-from tests.views.harness import (
+from tests.statemachines.harness import (
     SHRINK_TIMEOUT_S,
     build,
     check_history,
@@ -34,7 +34,7 @@ from tests.views.harness import (
     programs,
     read_everything,
 )
-from tests.views.model import Model
+from tests.statemachines.model import Model
 
 WINDOW = 6
 CONFIG = ViewsConfig(dedupe_window_offsets=WINDOW)

@@ -2,7 +2,7 @@
 
 Each step appends 1-4 entries (NOOPs, or batches of 1-4 events of every family, some retried,
 some malformed or invalid) in one `ViewsStateMachine.apply` call on a real RocksDB directory, and
-the same records to `tests/views/model.py`. Then every outcome must match (accepted, or the
+the same records to `tests/statemachines/model.py`. Then every outcome must match (accepted, or the
 rejection code; duplicates with the first outcome's offset), and after every step every read
 matches: `get` of each pooled key, `list` of each prefix and `range` page by page with a small
 limit, `history`, and the internal column families (lease attachments, remembered request ids and
@@ -44,7 +44,7 @@ from statemachines.noops import noop_offsets
 from statemachines.query import Query
 from statemachines.store import ViewsConfig
 from statemachines.views import ViewsStateMachine
-from tests.views.harness import (
+from tests.statemachines.harness import (
     SHRINK_TIMEOUT_S,
     Cmd,
     Record,
@@ -55,7 +55,7 @@ from tests.views.harness import (
     check_outcomes,
     check_reads,
 )
-from tests.views.model import Model
+from tests.statemachines.model import Model
 
 WINDOW = 6
 EXAMPLES = int(os.environ.get("VIEWS_MODEL_EXAMPLES", "60"))

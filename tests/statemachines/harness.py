@@ -25,7 +25,7 @@ from statemachines import events as ev
 from statemachines.query import Item, Page, Query
 from statemachines.state import Outcome, decode_outcome, decode_state
 from statemachines.store import ALL_CFS, ENTITY_CFS, ViewStore, decode_offset
-from tests.views.model import EVENT, INVALID, MALFORMED, WRONG_KEY, Expected, Model
+from tests.statemachines.model import EVENT, INVALID, MALFORMED, WRONG_KEY, Expected, Model
 
 # A passing test takes seconds; a failing one is shrunk for up to 300 s (Hypothesis' own limit)
 # before it is printed, which the suite's default 300 s timeout would cut short.

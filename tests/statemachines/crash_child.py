@@ -1,8 +1,8 @@
-"""Child process of the views crash test (tests/views/test_crash.py): apply until SIGKILLed.
+"""Child process of the views crash test (tests/statemachines/test_crash.py): apply until SIGKILLed.
 
-    python -m tests.views.crash_child GROUP_DIR SNAP_DIR STREAM_SEED CHILD_SEED
-    python -m tests.views.crash_child restore GROUP_DIR SNAPSHOT_FILE INDEX POINT
-    python -m tests.views.crash_child follower NODE_ID DATA_DIR PORT1,PORT2,PORT3 SNAPSHOT_EVERY
+    python -m tests.statemachines.crash_child GROUP_DIR SNAP_DIR STREAM_SEED CHILD_SEED
+    python -m tests.statemachines.crash_child restore GROUP_DIR SNAPSHOT_FILE INDEX POINT
+    python -m tests.statemachines.crash_child follower NODE_ID DATA_DIR PORT1,PORT2,PORT3 SNAPSHOT_EVERY
 
 Opens the ViewsStateMachine in GROUP_DIR (its RocksDB lives in GROUP_DIR/views) and applies the
 deterministic event stream of STREAM_SEED (`build_stream`) batch by batch, from the batch after the

@@ -35,8 +35,8 @@ from statemachines.state import Outcome
 from statemachines.views import ViewsStateMachine
 from tests.support.ports import free_ports
 from tests.support.tls import provision
-from tests.views import crash_child as child
-from tests.views.test_crash import dump, first_difference
+from tests.statemachines import crash_child as child
+from tests.statemachines.test_crash import dump, first_difference
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT_EVERY = 200
@@ -139,7 +139,7 @@ def test_a_follower_killed_between_snapshot_install_and_views_restore_recovers(t
 
         # Node 3 starts far behind, in a child whose views die when asked to restore the snapshot.
         err = open(tmp_path / "follower.stderr", "w+b")
-        proc = subprocess.Popen([sys.executable, "-m", "tests.views.crash_child", "follower", "3",
+        proc = subprocess.Popen([sys.executable, "-m", "tests.statemachines.crash_child", "follower", "3",
                                  str(tmp_path / "n3"), ",".join(map(str, ports)), str(SNAPSHOT_EVERY)],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
