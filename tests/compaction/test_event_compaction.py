@@ -45,7 +45,7 @@ from statemachines import noops
 from statemachines.state import decode_state
 from statemachines.store import ENTITY_CFS
 from statemachines.views import ViewsStateMachine
-from tests.events.test_events import EXAMPLES
+from tests.statemachines.test_events import EXAMPLES
 from tests.statemachines.harness import build, entry_cmds
 from tests.statemachines.model import Model
 
