@@ -1,4 +1,4 @@
-"""`KafkaCluster`: tests/node's NodeCluster whose members also serve the Kafka protocol."""
+"""`KafkaCluster`: tests/epochlog/node's NodeCluster whose members also serve the Kafka protocol."""
 
 from __future__ import annotations
 

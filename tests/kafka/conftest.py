@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.kafka.cluster import KafkaCluster
-from tests.node.conftest import _seed, seed  # noqa: F401 - the seed fixture, printed per test
+from tests.epochlog.node.conftest import _seed, seed  # noqa: F401 - the seed fixture, printed per test
 
 
 @pytest.fixture

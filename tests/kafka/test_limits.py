@@ -3,7 +3,7 @@
 Each limit is met from both sides: what is within it is served, one more is refused the way the docs
 say (a Kafka error code, or a closed connection where Kafka has no code for it). The same requests
 at the scale found from outside (200,000 topics, a 200 MiB gzip bomb, 5,000 JoinGroups, 3 x 90 MiB
-partial frames) are in tests/node/test_loop_bounds.py, with the loop and memory measured.
+partial frames) are in tests/epochlog/node/test_loop_bounds.py, with the loop and memory measured.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ import msgspec
 from eventlog.errors import EpochlogError
 from epochlog.grpc.v1 import epochlog_pb2 as pb
 from statemachines.request_ids import uuid7
-from tests.node.raw import RawConnection
+from tests.epochlog.node.raw import RawConnection
 
 MAX_FRAME = 16 << 20
 REPLY_WAIT_S = 12.0   # a request without timeout_ms has the node's default deadline, 10 s

@@ -1,4 +1,4 @@
-"""Fuzzing the native and gRPC faces of three real `epochlog serve` processes (tests/node/fuzz.py).
+"""Fuzzing the native and gRPC faces of three real `epochlog serve` processes (tests/epochlog/node/fuzz.py).
 
 Bounded: at most FUZZ_NATIVE_CASES native frames and FUZZ_GRPC_CASES gRPC calls, and FUZZ_SECONDS of
 fuzzing. Seeded: the seed is printed; `EPOCHLOG_FUZZ_SEED=<seed>` replays the same inputs.
@@ -22,8 +22,8 @@ from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
 from statemachines import events as ev
 from tests.support.nodes import NodeCluster
-from tests.node.fuzz import GrpcFuzzer, NativeFuzzer, Tally, known_codes
-from tests.node.raw import http_get
+from tests.epochlog.node.fuzz import GrpcFuzzer, NativeFuzzer, Tally, known_codes
+from tests.epochlog.node.raw import http_get
 
 SEED_ENV = "EPOCHLOG_FUZZ_SEED"
 FUZZ_SECONDS = 20.0

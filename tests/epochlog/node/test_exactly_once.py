@@ -30,7 +30,7 @@ from statemachines import events as ev
 from statemachines.request_ids import uuid7
 from statemachines.sessions import SESSION_EXPIRED
 from tests.support.nodes import NodeCluster, wait_until
-from tests.node.raw import RawConnection
+from tests.epochlog.node.raw import RawConnection
 
 pytestmark = pytest.mark.timeout(300)
 

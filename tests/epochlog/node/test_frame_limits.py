@@ -11,7 +11,7 @@ closed with `connection_limit`), and a frame (or the hello) that does not arrive
 Issue 18: idle connections were not capped, and one frame of 100,000 requests ran at once. Now past
 `max_connections` a connection gets `connection_limit` and is closed, and a connection runs at most
 `max_in_flight_requests` requests at once, the rest of its frame waiting its turn (the loop and the
-heartbeats under such a frame: tests/node/test_loop_bounds.py). A write of 100,000 events took
+heartbeats under such a frame: tests/epochlog/node/test_loop_bounds.py). A write of 100,000 events took
 0.5 s of the loop to be refused (too large for a batch); it is now refused as soon as its events
 pass the batch limit.
 """
@@ -30,7 +30,7 @@ from epochlog import protocol as p
 from epochlog.client import Client, ClientError
 from epochlog.client.connection import Connection
 from tests.support.nodes import NodeCluster
-from tests.node.raw import RawConnection
+from tests.epochlog.node.raw import RawConnection
 
 BUDGET = p.MAX_FRAME_BYTES + 4          # the smallest budget allowed: one frame of the maximum size
 TIMEOUT_MS = 2_000

@@ -28,7 +28,7 @@ from epochlog.client import Client, ClientError
 from statemachines import events as ev
 from statemachines.request_ids import uuid7
 from tests.support.nodes import ROOT, NodeCluster, wait_until
-from tests.node.raw import RawConnection, http_get
+from tests.epochlog.node.raw import RawConnection, http_get
 
 NEWER = ev.KvPut.VERSION + 1   # a schema version only a newer Epochlog knows
 POISON = {"type": "KvPut", "v": NEWER, "actor": "qa", "request_id": uuid7(), "name": "poison", "value": b"x"}

@@ -1,7 +1,7 @@
 """Issue 18, peer messages: hand-built Raft messages from outside, against real `epochlog serve` processes.
 
 A process that is not a member connects to the peer ports, repeats the cluster name and claims node
-id 42 (tests/node/raw_peer.py), then sends what used to stop, fork or corrupt the cluster:
+id 42 (tests/epochlog/node/raw_peer.py), then sends what used to stop, fork or corrupt the cluster:
 
 - a Vote with term 10^12: the kv leader granted it, was re-elected in term 10^12 + 1, and every node
   exited on the int32 epoch of the next record batch, again on every restart;
@@ -37,8 +37,8 @@ from eventlog.raft.peer_check import NOT_MEMBER, SNAPSHOT_CHUNK, TERM_LIMIT, UNK
 from eventlog.raft.types import Append, ConfState, Entry, Heartbeat, InstallSnapshot, SnapshotMeta, Vote
 from eventlog.records import encode_batch
 from tests.support.nodes import NodeCluster, wait_until
-from tests.node.conftest import _seed
-from tests.node.raw_peer import RawPeer
+from tests.epochlog.node.conftest import _seed
+from tests.epochlog.node.raw_peer import RawPeer
 
 STRANGER = 42
 GROUP = "kv"

@@ -49,8 +49,8 @@ from eventlog.records import HEADER, HEADER_SIZE, LOG_OVERHEAD, MAGIC, crc32c
 from tests.kafka.cluster import KafkaCluster
 from tests.kafka.raw import RawKafka
 from tests.support.nodes import wait_until
-from tests.node.conftest import _seed
-from tests.node.raw import RawConnection, frame_bytes
+from tests.epochlog.node.conftest import _seed
+from tests.epochlog.node.raw import RawConnection, frame_bytes
 
 pytestmark = pytest.mark.slow
 
