@@ -37,7 +37,7 @@ from eventlog.raft.runtime.faults import CRASH_ENV_VAR, CRASH_STEPS
 from statemachines.views import ViewsStateMachine
 from tests.support.nodes import BackgroundWriter, NodeCluster
 from tests.support.wait import wait_until
-from tests.eventlog.raft.runtime.cluster import compare_committed, read_log_dir
+from tests.support.offline import compare_committed, read_log_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -20,7 +20,7 @@ from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
 from epochlog.client import Client
 from statemachines import events as ev
-from tests.grpc.conftest import GrpcCluster
+from tests.grpc.conftest import GrpcNodes
 
 T = 10.0  # per-call deadline (seconds)
 
@@ -41,7 +41,7 @@ def metadata(error: grpc.RpcError) -> dict[str, str]:
 
 # --- kv -------------------------------------------------------------------------------------------
 
-def test_put_get_list_history_delete(cluster3: GrpcCluster) -> None:
+def test_put_get_list_history_delete(cluster3: GrpcNodes) -> None:
     s = cluster3.stub(cluster3.leader("kv"))
     d = unique("dir")
     offsets = [s.Put(pb.PutRequest(name=f"{d}/k{i:02d}", value=b"v%d" % i), timeout=T).offset
@@ -84,7 +84,7 @@ def test_put_get_list_history_delete(cluster3: GrpcCluster) -> None:
     assert mine.item.kv.value == b"v11"
 
 
-def test_compare_and_set_and_txn(cluster3: GrpcCluster) -> None:
+def test_compare_and_set_and_txn(cluster3: GrpcNodes) -> None:
     s = cluster3.stub(cluster3.leader("kv"))
     name = unique("cas")
     first = s.Put(pb.PutRequest(name=name, value=b"1", expected_version=0), timeout=T)
@@ -113,7 +113,7 @@ def test_compare_and_set_and_txn(cluster3: GrpcCluster) -> None:
     assert s.Get(pb.GetRequest(key=f"kv/{other}"), timeout=T).item.kv.value == b"o"   # all or nothing
 
 
-def test_invalid_arguments(cluster3: GrpcCluster) -> None:
+def test_invalid_arguments(cluster3: GrpcNodes) -> None:
     s = cluster3.stub(cluster3.leader("kv"))
     cases = [
         (s.Get, pb.GetRequest(key="nokind")),
@@ -137,7 +137,7 @@ def test_invalid_arguments(cluster3: GrpcCluster) -> None:
     assert "is not an entity key" in err.details()
 
 
-def test_follower_write_names_the_leader(cluster3: GrpcCluster) -> None:
+def test_follower_write_names_the_leader(cluster3: GrpcNodes) -> None:
     leader = cluster3.leader("kv")
     follower = cluster3.follower("kv")
     err = rpc_error(cluster3.stub(follower).Put, pb.PutRequest(name=unique("f"), value=b"x"), timeout=T)
@@ -152,7 +152,7 @@ def test_follower_write_names_the_leader(cluster3: GrpcCluster) -> None:
     assert metadata(err)["epochlog-leader"] == cluster3.grpc[leader]
 
 
-def test_deadline_exceeded(cluster3: GrpcCluster) -> None:
+def test_deadline_exceeded(cluster3: GrpcNodes) -> None:
     s = cluster3.stub(cluster3.leader("kv"))
     far = 1 << 40     # an offset the group will not reach
     started = time.monotonic()
@@ -178,7 +178,7 @@ def test_deadline_exceeded(cluster3: GrpcCluster) -> None:
     assert time.monotonic() - started < 3.0
 
 
-def test_message_size_limit(cluster3: GrpcCluster) -> None:
+def test_message_size_limit(cluster3: GrpcNodes) -> None:
     s = cluster3.stub(cluster3.leader("kv"))
     err = rpc_error(s.Put, pb.PutRequest(name=unique("big"), value=b"x" * (17 << 20)), timeout=T)
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -188,7 +188,7 @@ def test_message_size_limit(cluster3: GrpcCluster) -> None:
 
 # --- commands, batches, leases --------------------------------------------------------------------
 
-def test_commands_in_three_forms(cluster3: GrpcCluster) -> None:
+def test_commands_in_three_forms(cluster3: GrpcNodes) -> None:
     s = cluster3.stub(cluster3.leader("metadata"))
     topic = unique("orders")
     created = s.Command(pb.CommandRequest(type="TopicCreated", topic_created=pb.TopicCreated(
@@ -223,7 +223,7 @@ def test_commands_in_three_forms(cluster3: GrpcCluster) -> None:
     assert json.loads(got.item.state_json)["fenced"] is True and got.item.version == fenced.offset
 
 
-def test_batch(cluster3: GrpcCluster) -> None:
+def test_batch(cluster3: GrpcNodes) -> None:
     s = cluster3.stub(cluster3.leader("kv"))
     d = unique("batch")
     response = s.Batch(pb.BatchRequest(ops=[
@@ -241,7 +241,7 @@ def test_batch(cluster3: GrpcCluster) -> None:
     assert not r[4].get.HasField("item")
 
 
-def test_leases(cluster3: GrpcCluster) -> None:
+def test_leases(cluster3: GrpcNodes) -> None:
     s = cluster3.stub(cluster3.leader("kv"))
     lease = s.LeaseGrant(pb.LeaseGrantRequest(ttl_ms=60_000), timeout=T)
     assert lease.lease_id > 0 and lease.ttl_ms == 60_000 and lease.offset >= 0
@@ -260,7 +260,7 @@ def test_leases(cluster3: GrpcCluster) -> None:
 
 # --- streams and events ---------------------------------------------------------------------------
 
-def test_watch_stream(cluster3: GrpcCluster) -> None:
+def test_watch_stream(cluster3: GrpcNodes) -> None:
     leader = cluster3.leader("kv")
     s = cluster3.stub(leader)
     d = unique("watch")
@@ -290,7 +290,7 @@ def test_watch_stream(cluster3: GrpcCluster) -> None:
     assert json.loads(seen[7].event_json)["name"] == f"{d}/7" and seen[7].timestamp > 0
 
 
-def test_read_events_and_compaction(cluster3: GrpcCluster) -> None:
+def test_read_events_and_compaction(cluster3: GrpcNodes) -> None:
     s = cluster3.stub(cluster3.leader("offsets"))
     group = unique("cg")
     for b in range(6):      # ~400 KiB of events: the group's log rolls past its first 256 KiB segment
@@ -317,7 +317,7 @@ def test_read_events_and_compaction(cluster3: GrpcCluster) -> None:
     assert after.log_start == log_start and after.events[0].offset >= log_start
 
 
-def test_status_members_and_admin_calls(cluster3: GrpcCluster) -> None:
+def test_status_members_and_admin_calls(cluster3: GrpcNodes) -> None:
     for i in range(1, 4):
         status = cluster3.stub(i).Status(pb.StatusRequest(), timeout=T)
         assert status.cluster == "grpc-test" and status.node == i
@@ -331,7 +331,7 @@ def test_status_members_and_admin_calls(cluster3: GrpcCluster) -> None:
     assert err.code() == grpc.StatusCode.UNAVAILABLE
 
 
-def test_compaction_status_matches_the_native_call(cluster3: GrpcCluster) -> None:
+def test_compaction_status_matches_the_native_call(cluster3: GrpcNodes) -> None:
     for i in range(1, 4):
         with Client([cluster3.client[i]], timeout=T) as client:
             native = client.compaction_status(endpoint=cluster3.client[i])
@@ -350,7 +350,7 @@ def test_compaction_status_matches_the_native_call(cluster3: GrpcCluster) -> Non
 
 # --- the Session stream ---------------------------------------------------------------------------
 
-def test_session_many_calls_per_message(cluster3: GrpcCluster) -> None:
+def test_session_many_calls_per_message(cluster3: GrpcNodes) -> None:
     address = cluster3.grpc[cluster3.leader("kv")]
     d = unique("session")
     n, per_message = 2000, 500
@@ -397,7 +397,7 @@ def test_session_many_calls_per_message(cluster3: GrpcCluster) -> None:
     assert replies[n + 4].error.code == "invalid_argument"
 
 
-def test_session_errors_name_the_leader(cluster3: GrpcCluster) -> None:
+def test_session_errors_name_the_leader(cluster3: GrpcNodes) -> None:
     leader = cluster3.leader("kv")
     address = cluster3.grpc[cluster3.follower("kv")]
 

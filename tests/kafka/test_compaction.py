@@ -52,9 +52,8 @@ from eventlog.raft.runtime.faults import CRASH_ENV_VAR
 from statemachines import events as ev
 from statemachines.request_ids import uuid7
 from statemachines.views import ViewsStateMachine
-from tests.kafka.cluster import KafkaCluster
 from tests.kafka.raw import RawKafka
-from tests.support.nodes import ROOT, BackgroundWriter
+from tests.support.nodes import BackgroundWriter, NodeCluster, ROOT
 from tests.support.wait import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -75,10 +74,10 @@ def _kv(info: p.CompactionInfo) -> p.CompactionGroupInfo:
     return next(g for g in info.groups if g.group == "kv")
 
 
-def _create_topic(cluster: KafkaCluster, name: str) -> None:
+def _create_topic(cluster: NodeCluster, name: str) -> None:
     from kafka.protocol.admin.topics import CreateTopicsRequest, CreateTopicsResponse
 
-    with RawKafka(cluster.kafka[cluster.running()[0]]) as raw:
+    with RawKafka(cluster.nodes[cluster.running()[0]].kafka_address) as raw:
         reply = raw.call(CreateTopicsRequest(topics=[CreateTopicsRequest.CreatableTopic(
             name=name, num_partitions=1, replication_factor=3, assignments=[], configs=[])],
             timeout_ms=5000, validate_only=False), CreateTopicsResponse, 3).topics[0]
@@ -125,7 +124,7 @@ async def _recover(bootstrap: list[str], topic: str) -> tuple[dict[bytes, bytes]
         await consumer.stop()
 
 
-def _verify_logs(cluster: KafkaCluster, groups: tuple[str, ...] = ("metadata", "offsets", "kv")) -> None:
+def _verify_logs(cluster: NodeCluster, groups: tuple[str, ...] = ("metadata", "offsets", "kv")) -> None:
     for n, node in cluster.nodes.items():
         for group in groups:
             log_dir = node.data_dir / "groups" / group / "log"
@@ -134,7 +133,7 @@ def _verify_logs(cluster: KafkaCluster, groups: tuple[str, ...] = ("metadata", "
             assert result.returncode == 0, (n, group, result.stdout[-2000:], result.stderr[-2000:])
 
 
-def _digests(cluster: KafkaCluster, groups: tuple[str, ...] = ("metadata", "kv")) -> dict[str, set[tuple[int, bytes]]]:
+def _digests(cluster: NodeCluster, groups: tuple[str, ...] = ("metadata", "kv")) -> dict[str, set[tuple[int, bytes]]]:
     out: dict[str, set[tuple[int, bytes]]] = {}
     for group in groups:
         for node in cluster.nodes.values():
@@ -150,7 +149,7 @@ def _group(info: p.CompactionInfo, group: str) -> p.CompactionGroupInfo:
     return next(g for g in info.groups if g.group == group)
 
 
-def _read_topic(cluster: KafkaCluster, tp: TopicPartition) -> list[Any]:
+def _read_topic(cluster: NodeCluster, tp: TopicPartition) -> list[Any]:
     """Every record of `tp` from offset 0 to its end, with kafka-python (the log start must be 0)."""
     consumer = KafkaConsumer(bootstrap_servers=cluster.bootstrap, enable_auto_commit=False)
     try:
@@ -171,7 +170,7 @@ def _latest_by_key(records: list[Any]) -> dict[str, Any]:
     return out
 
 
-def _settle(cluster: KafkaCluster, nodes: list[int]) -> None:
+def _settle(cluster: NodeCluster, nodes: list[int]) -> None:
     """Wait until every node in `nodes` applied each group's commit offset (nothing is written)."""
     for group in cluster.groups:
         leader = cluster.leader(group)
@@ -181,7 +180,7 @@ def _settle(cluster: KafkaCluster, nodes: list[int]) -> None:
 
 
 def test_kafka_readers_see_the_latest_applied_value_of_every_key(
-        kafka_cluster_factory: Callable[..., KafkaCluster]) -> None:
+        kafka_cluster_factory: Callable[..., NodeCluster]) -> None:
     cluster = kafka_cluster_factory(size=3, snapshot_every_entries=300, log={"segment_bytes": 1 << 20},
                                     compaction=COMPACTION)
     cluster.start()
@@ -450,7 +449,7 @@ class Writer(BackgroundWriter):
 
 
 def test_kill9_while_the_cleaner_swaps_or_writes_then_logs_verify_and_views_agree(
-        kafka_cluster_factory: Callable[..., KafkaCluster]) -> None:
+        kafka_cluster_factory: Callable[..., NodeCluster]) -> None:
     seed, points = _points()
     print(f"seed={seed} (EPOCHLOG_CLEAN_CRASH_SEED={seed}); points: {points}")
     cluster = kafka_cluster_factory(size=3, snapshot_every_entries=100, log={"segment_bytes": 64 << 10},

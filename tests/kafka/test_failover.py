@@ -14,7 +14,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from epochlog.client import Client
 from statemachines import events as ev
-from tests.kafka.cluster import KafkaCluster
+from tests.support.nodes import NodeCluster
 
 KV = TopicPartition("__kv", 0)
 EVENTS = 4000
@@ -23,7 +23,7 @@ EVENTS = 4000
 class Tail(threading.Thread):
     """A consumer reading __kv from offset 0 until told to stop; keeps every record of `prefix`."""
 
-    def __init__(self, cluster: KafkaCluster, prefix: bytes, group: str | None = None) -> None:
+    def __init__(self, cluster: NodeCluster, prefix: bytes, group: str | None = None) -> None:
         super().__init__(daemon=True)
         self.cluster = cluster
         self.prefix = prefix
@@ -56,7 +56,7 @@ class Tail(threading.Thread):
 
 def test_leader_kill9_mid_stream_loses_nothing_acknowledged_and_writes_nothing_twice(
         kafka_cluster_factory: Any) -> None:
-    cluster: KafkaCluster = kafka_cluster_factory()
+    cluster: NodeCluster = kafka_cluster_factory()
     cluster.start()
     leader = cluster.leader("kv")
     cluster.leader("offsets")

@@ -24,15 +24,14 @@ from epochlog import protocol as p
 from epochlog.client import AsyncClient
 from epochlog.client.broker import DEFAULT_CLUSTER, ControllerClient
 from examples.live_brokers import CHANGELOG, live_brokers
-from tests.kafka.cluster import KafkaCluster
-from tests.support.nodes import ROOT
+from tests.support.nodes import NodeCluster, ROOT
 from tests.support.wait import wait_until
 
 EXPECTED = {f"{DEFAULT_CLUSTER}/broker-a": ["a-0", "a-2"], f"{DEFAULT_CLUSTER}/broker-b": ["b-0"]}
 
 
 class Worker:
-    def __init__(self, cluster: KafkaCluster, datadir: Path, log: Path) -> None:
+    def __init__(self, cluster: NodeCluster, datadir: Path, log: Path) -> None:
         env = dict(os.environ, EPOCHLOG_KAFKA=",".join(cluster.bootstrap), EPOCHLOG_FAUST_DIR=str(datadir))
         self.log = log
         with open(log, "wb") as out:
@@ -56,7 +55,7 @@ class Worker:
                 self.proc.kill()
 
 
-async def _brokers(cluster: KafkaCluster) -> None:
+async def _brokers(cluster: NodeCluster) -> None:
     async with AsyncClient(cluster.endpoints) as client:
         controller = ControllerClient(client)
         registered = await controller.register([
@@ -70,7 +69,7 @@ async def _brokers(cluster: KafkaCluster) -> None:
 def test_a_faust_app_keeps_live_brokers_in_rocksdb_and_recovers_them_from_its_changelog(
         kafka_cluster_factory: Any, tmp_path: Path) -> None:
     # The registered brokers never heartbeat: the controller must not fence them during the test.
-    cluster: KafkaCluster = kafka_cluster_factory(controller={"heartbeat_timeout_ms": 600_000})
+    cluster: NodeCluster = kafka_cluster_factory(controller={"heartbeat_timeout_ms": 600_000})
     cluster.start()
     for group in ("metadata", "offsets", "kv"):
         cluster.leader(group)
@@ -96,7 +95,7 @@ def test_a_faust_app_keeps_live_brokers_in_rocksdb_and_recovers_them_from_its_ch
     assert live_brokers(tmp_path / "faust-2") == EXPECTED
 
 
-def _changelog_has(cluster: KafkaCluster, expected: dict[str, list[str]]) -> bool:
+def _changelog_has(cluster: NodeCluster, expected: dict[str, list[str]]) -> bool:
     import json
 
     from kafka import KafkaConsumer, TopicPartition

@@ -32,7 +32,7 @@ from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 from epochlog.client import Client
 from eventlog.records import encode_batch
 from statemachines import events as ev
-from tests.kafka.cluster import KafkaCluster
+from tests.support.nodes import NodeCluster
 from tests.kafka.raw import RawKafka
 
 KV = TopicPartition("__kv", 0)
@@ -52,8 +52,8 @@ def _partition_result(response: Any) -> Any:
     return response.responses[0].partition_responses[0]
 
 
-def _kafka_of(cluster: KafkaCluster, node_id: int) -> str:
-    return cluster.kafka[node_id]
+def _kafka_of(cluster: NodeCluster, node_id: int) -> str:
+    return cluster.nodes[node_id].kafka_address
 
 
 def _consume_all(consumer: KafkaConsumer, until: int, timeout: float = 20.0) -> list[Any]:
@@ -67,7 +67,7 @@ def _consume_all(consumer: KafkaConsumer, until: int, timeout: float = 20.0) -> 
     return out
 
 
-def test_a_consumer_tails_a_groups_log_with_assign_and_seek(kafka_cluster: KafkaCluster) -> None:
+def test_a_consumer_tails_a_groups_log_with_assign_and_seek(kafka_cluster: NodeCluster) -> None:
     """Records are the group's log as written through the SDK: same offsets, keys and events;
     end offset = commit + 1; control batches (Raft's own entries) never reach the consumer."""
     tag = uuid.uuid4().hex[:8]
@@ -96,7 +96,7 @@ def test_a_consumer_tails_a_groups_log_with_assign_and_seek(kafka_cluster: Kafka
         consumer.close()
 
 
-def test_an_idempotent_producer_appends_typed_events_at_the_offsets_it_is_told(kafka_cluster: KafkaCluster) -> None:
+def test_an_idempotent_producer_appends_typed_events_at_the_offsets_it_is_told(kafka_cluster: NodeCluster) -> None:
     """kafka-python's default producer (idempotent, acks=all): each acknowledged offset is where a
     consumer and the SDK find that very event, once."""
     tag = uuid.uuid4().hex[:8]
@@ -125,7 +125,7 @@ def test_an_idempotent_producer_appends_typed_events_at_the_offsets_it_is_told(k
         assert client.get(f"prod-{tag}/{count - 1:05d}").value == str(count - 1).encode()   # applied to the views
 
 
-def test_a_batch_with_one_invalid_record_is_refused_whole(kafka_cluster: KafkaCluster) -> None:
+def test_a_batch_with_one_invalid_record_is_refused_whole(kafka_cluster: NodeCluster) -> None:
     tag = uuid.uuid4().hex[:8]
     leader = kafka_cluster.leader("kv")
     with RawKafka(_kafka_of(kafka_cluster, leader)) as raw:
@@ -162,7 +162,7 @@ def test_a_batch_with_one_invalid_record_is_refused_whole(kafka_cluster: KafkaCl
         assert client.get(f"bad-{tag}/1") is None
 
 
-def test_a_retried_batch_is_answered_with_its_first_offset_and_a_gap_is_refused(kafka_cluster: KafkaCluster) -> None:
+def test_a_retried_batch_is_answered_with_its_first_offset_and_a_gap_is_refused(kafka_cluster: NodeCluster) -> None:
     """Sequence dedupe by (producer id, epoch, sequence), with the ids InitProducerId hands out."""
     tag = uuid.uuid4().hex[:8]
     leader = kafka_cluster.leader("kv")
@@ -185,7 +185,7 @@ def test_a_retried_batch_is_answered_with_its_first_offset_and_a_gap_is_refused(
         assert len(client.history(f"dedupe-{tag}/0")) == 1
 
 
-def test_followers_refuse_produce_and_metadata_names_the_raft_leader(kafka_cluster: KafkaCluster) -> None:
+def test_followers_refuse_produce_and_metadata_names_the_raft_leader(kafka_cluster: NodeCluster) -> None:
     leader = kafka_cluster.leader("kv")
     follower = next(i for i in kafka_cluster.running() if i != leader)
     with RawKafka(_kafka_of(kafka_cluster, follower)) as raw:
@@ -202,7 +202,8 @@ def test_followers_refuse_produce_and_metadata_names_the_raft_leader(kafka_clust
             if version >= 7:
                 status = kafka_cluster.group_status(leader, "kv")
                 assert kv.leader_epoch == status.term
-            assert {b.node_id: f"{b.host}:{b.port}" for b in meta.brokers} == kafka_cluster.kafka
+            assert {b.node_id: f"{b.host}:{b.port}" for b in meta.brokers} == {
+                i: n.kafka_address for i, n in kafka_cluster.nodes.items()}
         missing = raw.call(MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name="nope")],
                                            allow_auto_topic_creation=True), MetadataResponse, 9)
         assert missing.topics[0].error_code == 3
@@ -213,7 +214,7 @@ def test_followers_refuse_produce_and_metadata_names_the_raft_leader(kafka_clust
         assert epochs.topics[0].partitions[0].error_code == 6
 
 
-def test_api_versions_and_bad_requests(kafka_cluster: KafkaCluster) -> None:
+def test_api_versions_and_bad_requests(kafka_cluster: NodeCluster) -> None:
     address = kafka_cluster.bootstrap[0]
     with RawKafka(address) as raw:
         versions = raw.call(ApiVersionsRequest(client_software_name="t", client_software_version="1"),
@@ -242,7 +243,7 @@ def test_api_versions_and_bad_requests(kafka_cluster: KafkaCluster) -> None:
         assert raw.call(ApiVersionsRequest(), ApiVersionsResponse, 0).error_code == 0
 
 
-def test_a_consumer_group_rebalances_commits_and_resumes(kafka_cluster: KafkaCluster) -> None:
+def test_a_consumer_group_rebalances_commits_and_resumes(kafka_cluster: NodeCluster) -> None:
     """Two subscribed consumers split two topics (round robin); when one leaves, the other takes
     both; committed offsets survive and a new member resumes from them."""
     group = f"g-{uuid.uuid4().hex[:8]}"
@@ -295,7 +296,7 @@ def _offset_and_metadata(offset: int) -> Any:
     return OffsetAndMetadata(offset, "", -1)
 
 
-def test_a_silent_member_expires_and_the_group_rebalances(kafka_cluster: KafkaCluster) -> None:
+def test_a_silent_member_expires_and_the_group_rebalances(kafka_cluster: NodeCluster) -> None:
     """A member that stops heartbeating is dropped after its session timeout (raw protocol, so the
     test decides when heartbeats stop)."""
     group = f"g-{uuid.uuid4().hex[:8]}"
@@ -330,7 +331,7 @@ def test_a_silent_member_expires_and_the_group_rebalances(kafka_cluster: KafkaCl
         assert heartbeat(joined.generation_id) == 25                                    # UNKNOWN_MEMBER_ID
     with RawKafka(kafka_cluster.bootstrap[0]) as raw:
         other = raw.call(FindCoordinatorRequest(key=group, key_type=0), FindCoordinatorResponse, 3)
-        not_coordinator = next(a for i, a in kafka_cluster.kafka.items() if i != other.node_id)
+        not_coordinator = next(n.kafka_address for i, n in kafka_cluster.nodes.items() if i != other.node_id)
     with RawKafka(not_coordinator) as raw:
         code = raw.call(HeartbeatRequest(group_id=group, generation_id=1, member_id="x", group_instance_id=None),
                         HeartbeatResponse, 3).error_code
@@ -338,7 +339,7 @@ def test_a_silent_member_expires_and_the_group_rebalances(kafka_cluster: KafkaCl
 
 
 @pytest.mark.parametrize("api", ["aiokafka"])
-def test_aiokafka_producer_and_group_consumer(kafka_cluster: KafkaCluster, api: str) -> None:
+def test_aiokafka_producer_and_group_consumer(kafka_cluster: NodeCluster, api: str) -> None:
     import asyncio
 
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -376,7 +377,7 @@ def test_aiokafka_producer_and_group_consumer(kafka_cluster: KafkaCluster, api: 
     assert [ev.decode_event(mine[o].value).name for o in offsets] == [f"aio-{tag}/{i}" for i in range(50)]
 
 
-def test_fetch_long_polls_until_a_commit_and_acks_1_answers_from_the_leaders_log(kafka_cluster: KafkaCluster) -> None:
+def test_fetch_long_polls_until_a_commit_and_acks_1_answers_from_the_leaders_log(kafka_cluster: NodeCluster) -> None:
     import threading
 
     from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
@@ -423,7 +424,7 @@ def test_fetch_long_polls_until_a_commit_and_acks_1_answers_from_the_leaders_log
         assert [row.offset for row in history] == [one.base_offset]
 
 
-def test_created_topics_carry_any_records_and_consumer_groups(kafka_cluster: KafkaCluster) -> None:
+def test_created_topics_carry_any_records_and_consumer_groups(kafka_cluster: NodeCluster) -> None:
     """CreateTopics (sent to a follower of the metadata group: forwarded), duplicates and bad names
     refused; keyed records and tombstones read back per partition; the kv views hold the latest."""
     from kafka.protocol.admin.topics import CreateTopicsRequest, CreateTopicsResponse

@@ -30,7 +30,7 @@ from kafka.record.memory_records import MemoryRecords
 
 from eventlog.records import encode_batch
 from statemachines import events as ev
-from tests.kafka.cluster import KafkaCluster
+from tests.support.nodes import NodeCluster
 from tests.kafka.raw import RawKafka
 from tests.support.wait import wait_until
 
@@ -44,7 +44,7 @@ MESSAGE_TOO_LARGE = 10
 
 
 @pytest.fixture
-def node(kafka_cluster_factory: Callable[..., KafkaCluster]) -> KafkaCluster:
+def node(kafka_cluster_factory: Callable[..., NodeCluster]) -> NodeCluster:
     cluster = kafka_cluster_factory(size=1, log={"max_batch_bytes": 64 << 10}, kafka_config={
         "max_groups": MAX_GROUPS, "max_group_members": MAX_MEMBERS, "max_connections": MAX_CONNECTIONS,
         "frame_timeout_ms": FRAME_TIMEOUT_MS})
@@ -65,7 +65,7 @@ def _leave(raw: RawKafka, group: str, member_id: str) -> int:
     return int(raw.call(LeaveGroupRequest(group_id=group, member_id=member_id), LeaveGroupResponse, 1).error_code)
 
 
-def test_groups_and_members_past_their_caps_are_refused_and_idle_groups_make_room(node: KafkaCluster) -> None:
+def test_groups_and_members_past_their_caps_are_refused_and_idle_groups_make_room(node: NodeCluster) -> None:
     with RawKafka(node.bootstrap[0]) as raw:
         def joined(group: str) -> str:
             """The member id a new member of `group` gets; a group left empty leaves memory once its
@@ -116,7 +116,7 @@ def _metadata(topics: int) -> MetadataRequest:
                            allow_auto_topic_creation=False)
 
 
-def test_a_request_with_more_than_1000_entries_closes_the_connection(node: KafkaCluster) -> None:
+def test_a_request_with_more_than_1000_entries_closes_the_connection(node: NodeCluster) -> None:
     """Entries of every array count: a Fetch of 999 partitions of one topic holds 1,000."""
     with RawKafka(node.bootstrap[0]) as raw:
         fetched = raw.call(_fetch(999), FetchResponse, 12)
@@ -129,7 +129,7 @@ def test_a_request_with_more_than_1000_entries_closes_the_connection(node: Kafka
             assert raw.closed_by_peer(), f"{type(request).__name__} with 1001 entries was served"
 
 
-def test_a_batch_above_the_batch_limit_is_message_too_large(node: KafkaCluster) -> None:
+def test_a_batch_above_the_batch_limit_is_message_too_large(node: NodeCluster) -> None:
     def produce(raw: RawKafka, records: bytes) -> int:
         return int(raw.call(ProduceRequest(transactional_id=None, acks=-1, timeout_ms=5000, topic_data=[
             ProduceRequest.TopicProduceData(name="__kv", partition_data=[
@@ -156,7 +156,7 @@ def test_a_batch_above_the_batch_limit_is_message_too_large(node: KafkaCluster) 
         assert produce(raw, small_but_large) == MESSAGE_TOO_LARGE
 
 
-def test_connections_past_the_cap_and_stalled_frames_are_closed(node: KafkaCluster) -> None:
+def test_connections_past_the_cap_and_stalled_frames_are_closed(node: NodeCluster) -> None:
     host, port = node.bootstrap[0].rsplit(":", 1)
     kept = [socket.create_connection((host, int(port)), timeout=10) for _ in range(MAX_CONNECTIONS)]
     try:
@@ -193,7 +193,7 @@ def test_connections_past_the_cap_and_stalled_frames_are_closed(node: KafkaClust
             conn.close()
 
 
-def test_a_fetch_of_hosted_partitions_re_encodes_a_bounded_part_of_the_kv_log(node: KafkaCluster) -> None:
+def test_a_fetch_of_hosted_partitions_re_encodes_a_bounded_part_of_the_kv_log(node: NodeCluster) -> None:
     """Hosted partitions are re-encoded from the kv log on the loop: whatever a Fetch asks (64 MiB a
     partition here), it gets what about 1 MiB of the kv log holds, and fetching on reaches the end.
     Every record arrives: a read cut short (by that bound, or at the end of a segment: 1 MiB here)

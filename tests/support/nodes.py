@@ -1,10 +1,11 @@
-"""A cluster of real `epochlog serve` processes for end-to-end tests of the node, the SDK and the CLI.
+"""A cluster of real `epochlog serve` processes: the one real-process harness of the suite (the node, its
+faces, the SDK, the CLI, the Raft runtime, compaction, the controller, Spark, chaos and the benchmarks).
 
 Theory of operation. `NodeCluster` makes a CA for the cluster (`<root>/ca`) and gives each node a member
 certificate in `<data dir>/tls` before it first starts (tests/support/tls.py: the members speak mutual TLS, as
 in production; `insecure=True` writes `[cluster.tls] insecure = true` instead), writes one TOML config
-(`cluster.toml`, every member with a
-peer, client and admin address on free 127.0.0.1 ports) under the test's directory and runs each
+(`cluster.toml`, every member with a peer, client and admin address on free 127.0.0.1 ports, and a gRPC
+and a Kafka address when asked) under the test's directory and runs each
 member as `python -m epochlog serve --config cluster.toml --node-id N --data-dir node-N`, with
 stdout and stderr in files (one pair per incarnation: `node-<id>.<n>.out/.err`). A node counts as
 started once its stdout has the `READY <id> <client address>` line.
@@ -12,7 +13,9 @@ started once its stdout has the `READY <id> <client address>` line.
 With `proxied=True` every peer link goes through a `tests.support.proxy.Link` (`net`, a ProxyNetwork:
 `net.isolate(node)` cuts a node off from its peers while its client port stays reachable): each
 node then gets its own config (`node-<id>.toml`), naming the links as the peer addresses of the
-members it dials (the lower id dials); `config_path` keeps the real addresses, for the CLI.
+members it dials (the lower id dials); `config_path` keeps the real addresses, for the CLI. A node
+given its own `[raft]` settings (`node_raft`, e.g. a shorter election timeout to make it the leader)
+gets its own config too.
 
 A node can run another build of Epochlog (`ServeNode.build`, tests/support/builds.py: an older one
 without the leader's check, a newer one knowing a newer schema) for mixed-version tests.
@@ -20,8 +23,13 @@ without the leader's check, a newer one knowing a newer schema) for mixed-versio
 Processes are only ever signalled through the `subprocess.Popen` object that started them (its
 pid): `kill9` (SIGKILL), `stop` (SIGTERM, SIGKILL past a deadline), `pause` and `resume` (SIGSTOP,
 SIGCONT: the process keeps its memory, sockets and disk; it just stops running). `close()` kills whatever still
-runs; the `node_cluster` fixture (tests/epochlog/node/conftest.py) calls it in teardown, so no process
+runs; the `node_cluster_factory` fixture (tests/epochlog/conftest.py) calls it in teardown, so no process
 outlives its test. A node keeps its ports and data directory across restarts. Every wait is bounded.
+`start(..., env=...)` sets environment variables of one incarnation, e.g. the disk faults and crash
+points of eventlog/fault_injection.py for the node a test wants to break.
+
+After a stop, `read_log` opens a node's group log offline (tests/support/offline.py) and
+`views_on_disk` reads its views' applied offset and digest.
 
 Every method blocks (processes are watched through files and pids; `status`, `leader` and
 `wait_applied` ask the nodes through a short-lived blocking SDK client), so blocking tests call them
@@ -39,15 +47,17 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from epochlog import protocol as p
 from epochlog.client import Client
+from eventlog.config import LogConfig
 from eventlog.errors import EpochlogError
 from statemachines.store import APPLIED, DIGEST, ViewStore, decode_offset
+from tests.support.offline import OfflineLog, read_log_dir
 from tests.support.ports import free_ports
 from eventlog.raft.runtime.config import PeerTlsConfig
 from eventlog.raft.runtime.tls import load_peer_tls
@@ -72,6 +82,7 @@ class ServeNode:
     admin_address: str
     data_dir: Path
     grpc_address: str = ""
+    kafka_address: str = ""
     build: str | None = None              # another build of Epochlog (tests/support/builds.py) from the next start
     proc: subprocess.Popen[bytes] | None = None
     incarnation: int = -1
@@ -97,22 +108,23 @@ class NodeCluster:
     """`size` `epochlog serve` processes of one cluster (see the module docstring).
 
     `groups`, `tick_interval_ms`, `snapshot_every_entries` go to `[cluster]`; `cluster` (a dict value is a
-    sub-table: `cluster={"peer_limits": {...}}`), `raft`, `log`,
-    `views`, `clients` and `compaction` are extra keys of those sections (a dict value is a sub-table:
-`compaction={"cleaner": {...}}` is `[compaction.cleaner]`); `grpc` gives every member a
-    gRPC address too. Logs get 1 MiB segments and the views small caches unless told otherwise (the
-    defaults would cost each node hundreds of MiB). `env` adds environment variables to every process
-    started (e.g. EPOCHLOG_FAULTS).
+    sub-table: `cluster={"peer_limits": {...}}`), `raft`, `log`, `views`, `clients`, `compaction`,
+    `controller` and `kafka_config` (the `[kafka]` section) are extra keys of those sections (a dict value
+    is a sub-table: `compaction={"cleaner": {...}}` is `[compaction.cleaner]`); `node_raft` overrides
+    `[raft]` keys for single nodes. `grpc` and `kafka` give every member a gRPC or a Kafka address too.
+    Logs get 1 MiB segments and the views small caches unless told otherwise (the defaults would cost
+    each node hundreds of MiB). `env` adds environment variables to every process started.
     """
 
     def __init__(self, root: Path, *, size: int = 3, seed: int = 0, name: str = "node-test",
                  groups: tuple[str, ...] = ("metadata", "offsets", "kv"), tick_interval_ms: int = 50,
                  snapshot_every_entries: int = 0, raft: dict[str, object] | None = None,
                  log: dict[str, object] | None = None, views: dict[str, object] | None = None,
-                 clients: dict[str, object] | None = None, grpc: bool = False,
+                 clients: dict[str, object] | None = None, grpc: bool = False, kafka: bool = False,
                  cluster: dict[str, object] | None = None,
-                 compaction: dict[str, object] | None = None, proxied: bool = False,
-                 insecure: bool = False) -> None:
+                 compaction: dict[str, object] | None = None, controller: dict[str, object] | None = None,
+                 kafka_config: dict[str, object] | None = None, node_raft: dict[int, dict[str, object]] | None = None,
+                 proxied: bool = False, insecure: bool = False) -> None:
         self.root = root
         self.insecure = insecure
         self.root.mkdir(parents=True, exist_ok=True)
@@ -128,17 +140,23 @@ class NodeCluster:
         self.views = {"block_cache_bytes": 8 << 20, "write_buffer_bytes": 4 << 20, **(views or {})}
         self.clients = dict(clients or {})
         self.compaction = dict(compaction or {})
+        self.controller = dict(controller or {})
+        self.kafka_config = dict(kafka_config or {})
+        self.node_raft = dict(node_raft or {})
         self.env: dict[str, str] = {}
-        per = 4 if grpc else 3
-        ports = free_ports(per * size, random.Random(random.SystemRandom().getrandbits(64)))
-        self.nodes = {
-            i: ServeNode(i, f"127.0.0.1:{ports[per * (i - 1)]}", f"127.0.0.1:{ports[per * (i - 1) + 1]}",
-                         f"127.0.0.1:{ports[per * (i - 1) + 2]}", root / f"node-{i}",
-                         f"127.0.0.1:{ports[per * (i - 1) + 3]}" if grpc else "")
-            for i in range(1, size + 1)}
+        self._on_close: list[Callable[[], None]] = []
+        kinds = ("peer", "client", "admin", *(("grpc",) if grpc else ()), *(("kafka",) if kafka else ()))
+        ports = iter(free_ports(len(kinds) * size))
+        self.nodes: dict[int, ServeNode] = {}
+        for i in range(1, size + 1):
+            address = {kind: f"127.0.0.1:{next(ports)}" for kind in kinds}
+            self.nodes[i] = ServeNode(i, address["peer"], address["client"], address["admin"], root / f"node-{i}",
+                                      address.get("grpc", ""), address.get("kafka", ""))
         self.config_path = root / "cluster.toml"
         self.config_path.write_text(self.config_text())
         self.net: ProxyNetwork | None = None
+        self._own_configs = proxied or bool(self.node_raft)
+        links: dict[tuple[int, int], int] = {}
         if proxied:
             self.net = ProxyNetwork()
             for i in self.nodes:   # the links terminate TLS with both members' certificates: made up front
@@ -153,16 +171,17 @@ class NodeCluster:
 
             links = {(a, b): self.net.add_link(a, b, _host_port(self.nodes[b].peer_address), tls=contexts(a, b))
                      for a in self.nodes for b in self.nodes if a < b}
-            for i in self.nodes:
-                dialed = {j: f"127.0.0.1:{links[(i, j)]}" for j in self.nodes if i < j}
-                self.node_config_path(i).write_text(self.config_text(dialed))
+        for i in self.nodes if self._own_configs else ():
+            dialed = {j: f"127.0.0.1:{links[(i, j)]}" for j in self.nodes if i < j} if proxied else {}
+            self.node_config_path(i).write_text(self.config_text(dialed, node_id=i))
 
     def node_config_path(self, node_id: int) -> Path:
-        """The config node `node_id` runs with (its own when proxied)."""
-        return self.root / f"node-{node_id}.toml" if self.net is not None else self.config_path
+        """The config node `node_id` runs with (its own when proxied or given its own `[raft]` keys)."""
+        return self.root / f"node-{node_id}.toml" if self._own_configs else self.config_path
 
-    def config_text(self, peer_addresses: dict[int, str] | None = None) -> str:
-        """The cluster's TOML; `peer_addresses` replaces members' peer addresses (a proxied node's view)."""
+    def config_text(self, peer_addresses: dict[int, str] | None = None, node_id: int | None = None) -> str:
+        """The cluster's TOML; `peer_addresses` replaces members' peer addresses (a proxied node's view),
+        `node_id` adds that node's own `[raft]` keys."""
         peers = peer_addresses or {}
         lines = ["[cluster]", f'name = "{self.name}"', "groups = [" + ", ".join(f'"{g}"' for g in self.groups) + "]",
                  f"tick_interval_ms = {self.tick_interval_ms}",
@@ -171,14 +190,17 @@ class NodeCluster:
         for n in self.nodes.values():
             lines += ["[[cluster.members]]", f"id = {n.id}", f'peer_address = "{peers.get(n.id, n.peer_address)}"',
                       f'client_address = "{n.client_address}"', f'admin_address = "{n.admin_address}"']
-            lines += [f'grpc_address = "{n.grpc_address}"', ""] if n.grpc_address else [""]
+            lines += [f'grpc_address = "{n.grpc_address}"'] if n.grpc_address else []
+            lines += [f'kafka_address = "{n.kafka_address}"', ""] if n.kafka_address else [""]
         tables = {k: dict(v) for k, v in self.cluster_extra.items() if isinstance(v, dict)}
         if self.insecure:
             tables["tls"] = {**tables.get("tls", {}), "insecure": True}
         for name, table in tables.items():   # e.g. cluster={"peer_limits": {...}} is [cluster.peer_limits]
             lines += [f"[cluster.{name}]", *(f"{k} = {_toml(v)}" for k, v in table.items()), ""]
-        for section, values in (("raft", self.raft), ("log", self.log), ("views", self.views),
-                                ("clients", self.clients), ("compaction", self.compaction)):
+        raft = {**self.raft, **self.node_raft.get(node_id or 0, {})}
+        for section, values in (("raft", raft), ("log", self.log), ("views", self.views), ("clients", self.clients),
+                                ("compaction", self.compaction), ("controller", self.controller),
+                                ("kafka", self.kafka_config)):
             if values:
                 lines.append(f"[{section}]")
                 lines += [f"{k} = {_toml(v)}" for k, v in values.items() if not isinstance(v, dict)]
@@ -200,17 +222,23 @@ class NodeCluster:
     def endpoint(self, node_id: int) -> str:
         return self.nodes[node_id].client_address
 
+    @property
+    def bootstrap(self) -> list[str]:
+        """Kafka addresses of every member (with `kafka=True`), in node id order."""
+        return [n.kafka_address for n in self.nodes.values()]
+
     def running(self) -> list[int]:
         return [i for i, n in self.nodes.items() if n.running]
 
     # --- processes -------------------------------------------------------------------------------
 
-    def start(self, nodes: Iterable[int] | None = None, *, wait: bool = True) -> None:
+    def start(self, nodes: Iterable[int] | None = None, *, wait: bool = True,
+              env: dict[str, str] | None = None) -> None:
         """Start `nodes` (default: every one not running) together and wait until each is READY (unless
-        `wait` is false)."""
+        `wait` is false); `env` adds environment variables to these processes only."""
         ids = [i for i in self.nodes if not self.nodes[i].running] if nodes is None else list(nodes)
         for i in ids:
-            self._spawn(i)
+            self._spawn(i, env or {})
         for i in ids if wait else ():
             self.wait_ready(i)
 
@@ -219,7 +247,7 @@ class NodeCluster:
         if not self.insecure:
             provision(self.root / "ca", self.name, {node_id: self.nodes[node_id].data_dir})
 
-    def _spawn(self, node_id: int) -> None:
+    def _spawn(self, node_id: int, extra_env: dict[str, str]) -> None:
         node = self.nodes[node_id]
         assert not node.running, f"node {node_id} is already running"
         self.provision_tls(node_id)
@@ -229,6 +257,7 @@ class NodeCluster:
         env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHLOG_")}
         program = ["-m", "epochlog"] if node.build is None else ["-m", "tests.support.builds", node.build]
         env.update(self.env)
+        env.update(extra_env)
         with open(node.out_path, "wb") as out, open(node.err_path, "wb") as err:
             node.proc = subprocess.Popen(
                 [sys.executable, *program, "serve", "--config", str(self.node_config_path(node_id)),
@@ -280,6 +309,15 @@ class NodeCluster:
             node.proc.send_signal(signal.SIGTERM)
         return self._wait_exit(node_id, timeout)
 
+    def wait_exit(self, node_id: int, timeout: float) -> int | None:
+        """The node's exit code once its process exited, or None if it still runs after `timeout`."""
+        proc = self.nodes[node_id].proc
+        assert proc is not None, f"node {node_id} was never started"
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
     def _wait_exit(self, node_id: int, timeout: float) -> int:
         node = self.nodes[node_id]
         assert node.proc is not None
@@ -329,17 +367,36 @@ class NodeCluster:
             self.start()
         raise AssertionError("unreachable")
 
+    def group_dir(self, node_id: int, group: str) -> Path:
+        return self.nodes[node_id].data_dir / "groups" / group
+
+    def read_log(self, node_id: int, group: str) -> OfflineLog:
+        """Every batch of a stopped node's group log (opened with eventlog.log.Log, recovery included)."""
+        assert not self.nodes[node_id].running, f"node {node_id} must be stopped to read its log"
+        return read_log_dir(self.group_dir(node_id, group) / "log", self.log_config())
+
+    def log_config(self) -> LogConfig:
+        """The nodes' `[log]` config, for opening their group logs offline."""
+        return LogConfig(**{**self.log, "preallocate_next_segment": False})  # type: ignore[arg-type]
+
     def views_on_disk(self, node_id: int, group: str) -> tuple[int, bytes]:
         """(applied offset, digest) of a stopped node's views of `group`, read from its RocksDB."""
-        store = ViewStore.open(self.nodes[node_id].data_dir / "groups" / group / "views")
+        store = ViewStore.open(self.group_dir(node_id, group) / "views")
         try:
             raw = store.meta(APPLIED)
             return (-1 if raw is None else decode_offset(raw)), store.meta(DIGEST) or b""
         finally:
             store.close()
 
+    def on_close(self, stop: Callable[[], None]) -> None:
+        """Have `close()` call `stop` first (e.g. a WriteStream's, so no writer outlives a failed test)."""
+        self._on_close.append(stop)
+
     def close(self) -> None:
         """Kill every process still running (by its pid), then stop the proxies. Idempotent; teardown calls it."""
+        stops, self._on_close = self._on_close, []
+        for stop in stops:
+            stop()
         for node in self.nodes.values():
             if node.proc is not None and node.proc.poll() is None:
                 node.proc.send_signal(signal.SIGKILL)
@@ -369,16 +426,44 @@ class NodeCluster:
     def leader(self, group: str, *, among: Iterable[int] | None = None, timeout: float = 15.0) -> int:
         """Wait until a node of `among` (default: running) says it leads `group`; the one with the highest
         term if several do (an old leader may not know yet)."""
-        def check() -> int | None:
+        return self.wait_leader(group, among=among, timeout=timeout).node
+
+    def wait_leader(self, group: str, *, among: Iterable[int] | None = None, min_term: int = 0,
+                    timeout: float = 15.0) -> p.GroupInfo:
+        """The status of a node of `among` (default: running) that says it leads `group` in a term >=
+        `min_term` (the highest such term if several do)."""
+        def check() -> p.GroupInfo | None:
             ids = self.running() if among is None else list(among)
-            leading = [g for g in (self.group_status(i, group) for i in ids) if g is not None and g.role == "leader"]
-            return max(leading, key=lambda g: g.term).node if leading else None
-        return wait_until(check, timeout, f"a leader of {group}")
+            leading = [g for g in (self.group_status(i, group) for i in ids)
+                       if g is not None and g.role == "leader" and g.term >= min_term]
+            return max(leading, key=lambda g: g.term) if leading else None
+        return wait_until(check, timeout, f"a leader of {group} in a term >= {min_term}")
 
     def followers(self, group: str) -> list[int]:
         """Running nodes other than `group`'s current leader."""
         leader = self.leader(group)
         return [i for i in self.running() if i != leader]
+
+    def wait_converged(self, group: str, *, nodes: Iterable[int] | None = None,
+                       timeout: float = 15.0) -> dict[int, p.GroupInfo]:
+        """Wait until `nodes` (default: running) agree on `group`'s leader, term, commit and last offset and
+        each applied its whole log; their statuses of that moment."""
+        ids = self.running() if nodes is None else list(nodes)
+        last: dict[int, p.GroupInfo | None] = {}
+
+        def check() -> dict[int, p.GroupInfo] | None:
+            last.clear()
+            last.update({i: self.group_status(i, group) for i in ids})
+            states = {i: g for i, g in last.items() if g is not None}
+            views = {(g.leader, g.term, g.commit_offset, g.applied_offset, g.last_offset) for g in states.values()}
+            if len(states) != len(ids) or len(views) != 1:
+                return None
+            leader, _, commit, applied, last_offset = views.pop()
+            return states if leader and commit == applied == last_offset else None
+        try:
+            return wait_until(check, timeout, f"{group} to converge on nodes {ids}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last states: {last}") from None
 
     def wait_applied(self, node_id: int, group: str, offset: int, timeout: float = 15.0) -> p.GroupInfo:
         """Wait until node `node_id` applied `group` through `offset` (its own status says so)."""

@@ -46,10 +46,9 @@ from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 
 from epochlog.client import Client, ClientError
 from eventlog.records import HEADER, HEADER_SIZE, LOG_OVERHEAD, MAGIC, crc32c
-from tests.kafka.cluster import KafkaCluster
 from tests.kafka.raw import RawKafka
-from tests.support.nodes import wait_until
-from tests.epochlog.node.conftest import _seed
+from tests.support.nodes import NodeCluster, wait_until
+from tests.support.fixtures import seed_for
 from tests.epochlog.node.raw import RawConnection, frame_bytes
 
 pytestmark = pytest.mark.slow
@@ -68,12 +67,12 @@ MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
     """3 nodes; node ATTACKED leads every group."""
-    made = KafkaCluster(tmp_path_factory.mktemp("loop-bounds"), seed=_seed(__name__), tick_interval_ms=TICK_MS,
-                        raft={"election_timeout_ticks": ELECTION_TICKS}, clients={"max_connections": MAX_CONNECTIONS},
-                        kafka_config={"max_groups": MAX_GROUPS, "partial_frames_bytes": KAFKA_BUDGET,
-                                      "frame_timeout_ms": KAFKA_FRAME_TIMEOUT_MS})
+    made = NodeCluster(tmp_path_factory.mktemp("loop-bounds"), seed=seed_for(__name__), tick_interval_ms=TICK_MS,
+                       raft={"election_timeout_ticks": ELECTION_TICKS}, clients={"max_connections": MAX_CONNECTIONS},
+                       kafka=True, kafka_config={"max_groups": MAX_GROUPS, "partial_frames_bytes": KAFKA_BUDGET,
+                                                 "frame_timeout_ms": KAFKA_FRAME_TIMEOUT_MS})
     try:
         made.start()
         with Client(made.endpoints, timeout=20) as client:
@@ -86,7 +85,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
         print(made.describe())
 
 
-def _move_leader(cluster: KafkaCluster, client: Client, group: str, to: int) -> None:
+def _move_leader(cluster: NodeCluster, client: Client, group: str, to: int) -> None:
     def moved() -> bool:
         if cluster.leader(group) == to:
             return True
@@ -101,7 +100,7 @@ def _move_leader(cluster: KafkaCluster, client: Client, group: str, to: int) -> 
 
 # --- what the node says ------------------------------------------------------------------------------
 
-def _terms(cluster: KafkaCluster) -> dict[tuple[int, str], tuple[int, int]]:
+def _terms(cluster: NodeCluster) -> dict[tuple[int, str], tuple[int, int]]:
     """(node, group) -> (term, leader) as each node says."""
     out = {}
     for node in cluster.running():
@@ -118,7 +117,7 @@ class Stalls:
     count: float
 
     @classmethod
-    def read(cls, cluster: KafkaCluster, node: int) -> Stalls:
+    def read(cls, cluster: NodeCluster, node: int) -> Stalls:
         metrics = cluster.metrics(node, timeout=10)
         buckets = {float(dict(labels)["le"]): value for (name, labels), value in metrics.items()
                    if name == "epochlog_loop_stall_seconds_bucket"}
@@ -189,7 +188,7 @@ class Outcome:
                 self.notes.append(text)
 
 
-Attack = Callable[[KafkaCluster, threading.Event, Outcome], None]
+Attack = Callable[[NodeCluster, threading.Event, Outcome], None]
 
 
 def _closed_or_answered(sock: socket.socket, timeout: float) -> str:
@@ -204,12 +203,12 @@ def _closed_or_answered(sock: socket.socket, timeout: float) -> str:
     return "answered" if data else "closed"
 
 
-def _kafka_connect(cluster: KafkaCluster) -> socket.socket:
-    host, port = cluster.kafka[ATTACKED].rsplit(":", 1)
+def _kafka_connect(cluster: NodeCluster) -> socket.socket:
+    host, port = cluster.nodes[ATTACKED].kafka_address.rsplit(":", 1)
     return socket.create_connection((host, int(port)), timeout=30)
 
 
-def metadata_of_200000_topics(cluster: KafkaCluster, stop: threading.Event, out: Outcome) -> None:
+def metadata_of_200000_topics(cluster: NodeCluster, stop: threading.Event, out: Outcome) -> None:
     request = MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=f"no-such-topic-{i:06d}")
                                       for i in range(200_000)], allow_auto_topic_creation=False)
     request.API_VERSION = 4
@@ -221,14 +220,14 @@ def metadata_of_200000_topics(cluster: KafkaCluster, stop: threading.Event, out:
             out.add(_closed_or_answered(sock, 60))
 
 
-def gzip_bomb(cluster: KafkaCluster, stop: threading.Event, out: Outcome) -> None:
+def gzip_bomb(cluster: NodeCluster, stop: threading.Event, out: Outcome) -> None:
     deflate = zlib.compressobj(9, zlib.DEFLATED, 31)        # gzip framing
     body = b"".join(deflate.compress(bytes(MIB)) for _ in range(200)) + deflate.flush()   # 200 MiB of zeros
     batch = bytearray(HEADER.pack(0, HEADER_SIZE - LOG_OVERHEAD + len(body), 0, MAGIC, 0, 1, 0, 0, 0, -1, -1, -1, 1))
     batch += body
     struct.pack_into(">I", batch, 17, crc32c(memoryview(batch)[21:]))
     out.note(f"batch of {len(batch)} bytes")
-    with RawKafka(cluster.kafka[ATTACKED], timeout=60) as raw:
+    with RawKafka(cluster.nodes[ATTACKED].kafka_address, timeout=60) as raw:
         while not stop.is_set():
             response = raw.call(ProduceRequest(transactional_id=None, acks=-1, timeout_ms=5000, topic_data=[
                 ProduceRequest.TopicProduceData(name="__kv", partition_data=[
@@ -240,7 +239,7 @@ def gzip_bomb(cluster: KafkaCluster, stop: threading.Event, out: Outcome) -> Non
                 out.note(str(result.error_message))
 
 
-def pipelined_gets(cluster: KafkaCluster, stop: threading.Event, out: Outcome) -> None:
+def pipelined_gets(cluster: NodeCluster, stop: threading.Event, out: Outcome) -> None:
     """One frame of 100,000 gets, then (next round) one frame of 10 get_many calls of 10,000 keys each."""
     n = 100_000
     get = {"type": "get", "key": "kv/loop/x"}
@@ -268,9 +267,9 @@ def pipelined_gets(cluster: KafkaCluster, stop: threading.Event, out: Outcome) -
         conn.close()
 
 
-def join_groups(cluster: KafkaCluster, stop: threading.Event, out: Outcome) -> None:
+def join_groups(cluster: NodeCluster, stop: threading.Event, out: Outcome) -> None:
     round_ = 0
-    with RawKafka(cluster.kafka[ATTACKED], timeout=60) as raw:
+    with RawKafka(cluster.nodes[ATTACKED].kafka_address, timeout=60) as raw:
         while not stop.is_set():
             round_ += 1
             for start in range(0, 5_000, 50):            # pipelined, 50 at a time
@@ -286,7 +285,7 @@ def join_groups(cluster: KafkaCluster, stop: threading.Event, out: Outcome) -> N
                     return
 
 
-def idle_connections(cluster: KafkaCluster, stop: threading.Event, out: Outcome) -> None:
+def idle_connections(cluster: NodeCluster, stop: threading.Event, out: Outcome) -> None:
     held: list[RawConnection] = []
     try:
         while not stop.is_set():
@@ -310,7 +309,7 @@ def idle_connections(cluster: KafkaCluster, stop: threading.Event, out: Outcome)
             conn.close()
 
 
-def partial_kafka_frames(cluster: KafkaCluster, stop: threading.Event, out: Outcome) -> None:
+def partial_kafka_frames(cluster: NodeCluster, stop: threading.Event, out: Outcome) -> None:
     declared, sent = 90 * MIB, 85 * MIB
     chunk = bytes(MIB)
 
@@ -385,7 +384,7 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_request_repeated_for_20_s_moves_no_leader_and_stalls_no_heartbeat(
-        cluster: KafkaCluster, name: str) -> None:
+        cluster: NodeCluster, name: str) -> None:
     case = CASES[name]
     for group in cluster.groups:
         assert cluster.leader(group) == ATTACKED, f"node {ATTACKED} no longer leads {group}"

@@ -37,7 +37,7 @@ from eventlog.raft.peer_check import NOT_MEMBER, SNAPSHOT_CHUNK, TERM_LIMIT, UNK
 from eventlog.raft.types import Append, ConfState, Entry, Heartbeat, InstallSnapshot, SnapshotMeta, Vote
 from eventlog.records import encode_batch
 from tests.support.nodes import NodeCluster, wait_until
-from tests.epochlog.node.conftest import _seed
+from tests.support.fixtures import seed_for
 from tests.epochlog.node.raw_peer import RawPeer
 
 STRANGER = 42
@@ -50,7 +50,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReq
     """Three nodes with a 1-2 s election timeout (a leader change under a loaded machine stays unlikely,
     so one seen here is the attack's). At the end: every node still runs and, stopped, holds the same
     views digest of every group."""
-    c = NodeCluster(tmp_path_factory.mktemp("peer"), seed=_seed(request.module.__name__),
+    c = NodeCluster(tmp_path_factory.mktemp("peer"), seed=seed_for(request.module.__name__),
                     raft={"election_timeout_ticks": 20})
     try:
         c.start()
