@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from eventlog.raft.runtime import faults
-from tests.eventlog.raft.runtime.cluster import ROOT
+from tests.support.nodes import ROOT
 from tests.support.proxy import ProxyNetwork
 
 pytestmark = pytest.mark.timeout(60)
@@ -47,11 +47,11 @@ def test_fail_after_lets_n_calls_through_then_fails_for_good() -> None:
 
 
 def test_node_refuses_to_start_with_a_bad_fault_spec(tmp_path: Path) -> None:
-    """process.py installs the faults before anything else: a typo is an error, not a healthy node."""
+    """`epochlog serve` installs the faults before anything else: a typo is an error, not a healthy node."""
     config = tmp_path / "node.toml"
     config.write_text('[cluster]\n[[cluster.members]]\nid = 1\npeer_address = "127.0.0.1:1"\n')
     env = {**os.environ, faults.ENV_VAR: "fdatasync-eio-afterr=3"}
-    done = subprocess.run([sys.executable, "-m", "eventlog.raft.runtime.process", "--config", str(config),
+    done = subprocess.run([sys.executable, "-m", "epochlog", "serve", "--config", str(config),
                            "--node-id", "1", "--data-dir", str(tmp_path / "data")], check=False, cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 3, (done.returncode, done.stderr)

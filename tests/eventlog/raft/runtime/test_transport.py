@@ -21,11 +21,11 @@ import pytest
 import uvloop
 
 from epochlog.certs import ClusterCA
+from epochlog.client import Client
 from eventlog.config import LogConfig
 from eventlog.errors import ConfigError
 from eventlog.raft.config import RaftConfig
 from eventlog.raft.runtime.config import PeerLimitsConfig, PeerTlsConfig
-from eventlog.raft.runtime.harness import Committed
 from eventlog.raft.runtime.tls import load_peer_tls
 from eventlog.raft.runtime.transport import (
     FRAME_SPLIT_BYTES,
@@ -39,7 +39,7 @@ from eventlog.raft.runtime.transport import (
     largest_frame_bytes,
 )
 from eventlog.raft.types import Heartbeat, Vote
-from tests.eventlog.raft.runtime.cluster import Cluster
+from tests.support.nodes import NodeCluster
 from tests.support.wait import eventually
 
 CLUSTER = "transport-test"
@@ -493,20 +493,17 @@ def test_an_expired_certificate_refuses_the_node_and_one_near_its_end_warns(
 
 # --- a whole cluster, in processes --------------------------------------------------------------
 
-def test_a_plaintext_cluster_runs_only_when_asked_and_says_so(cluster_factory: Callable[..., Cluster]) -> None:
+def test_a_plaintext_cluster_runs_only_when_asked_and_says_so(node_cluster_factory: Callable[..., NodeCluster]) -> None:
     """`insecure` is the explicit way to plaintext peers (through a plain proxy here): the nodes elect,
     commit and converge, and each logs its WARNING at start. (Every other runtime test runs TLS.)"""
-    async def main() -> None:
-        cluster = cluster_factory(insecure=True, proxied=True)
-        await cluster.start()
-        leader = await cluster.wait_leader("g0", timeout=20)
-        client = cluster.nodes[leader.node].client
-        assert client is not None
-        reply = await client.propose("g0", [(b"k", b"plaintext")])
-        assert isinstance(reply, Committed), reply
-        await cluster.wait_converged("g0", timeout=20)
-        for i, node in cluster.nodes.items():
-            assert "peer TLS is OFF" in node.stderr(), (i, node.stderr()[-2000:])
-            assert not (node.data_dir / "tls").exists()
-        assert await cluster.stop_all() == {1: 0, 2: 0, 3: 0}
-    asyncio.run(main())
+    cluster = node_cluster_factory(insecure=True, proxied=True)
+    cluster.start()
+    leader = cluster.leader("kv", timeout=20)
+    with Client([cluster.endpoint(leader)], timeout=10) as client:
+        put = client.put("plaintext", b"plaintext")
+    assert put.ok and put.offset >= 0, put
+    cluster.wait_converged("kv", timeout=20)
+    for i, node in cluster.nodes.items():
+        assert "peer TLS is OFF" in node.stderr(), (i, node.stderr()[-2000:])
+        assert not (node.data_dir / "tls").exists()
+    assert cluster.stop_all() == {1: 0, 2: 0, 3: 0}
