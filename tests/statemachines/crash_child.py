@@ -32,7 +32,8 @@ the snapshot unpacks (`TarFile.makefile`), each `os.rename`, `os.unlink`, `os.rm
 only the moment of death is chosen. With POINT -1 it does not crash and prints each event
 (`EVENT <j> <kind> <path>`) and then `RESTORED <index>`.
 
-The `follower` form runs node NODE_ID of a 3-node views cluster (`cluster_configs`) as a NodeHost
+The `follower` form runs node NODE_ID of a 3-node views cluster (tests/support/hosts.py's
+`cluster_configs`, as its HostCluster in the test) as a NodeHost
 whose views kill the process with SIGKILL the moment the group asks them to restore a snapshot --
 after the log storage installed it (renamed it into place, reset the log behind it) and before the
 views changed. It prints `READY` once started and `RESTORE <index>` just before dying.
@@ -306,22 +307,6 @@ def restore_with_crash(argv: list[str]) -> int:
     os._exit(0)
 
 
-GROUP = "kv-0"
-TICK_MS = 20
-
-
-def cluster_configs(ports: list[int], snapshot_every: int):  # type: ignore[no-untyped-def]
-    """The configuration of the 3-node views cluster of the snapshot-install crash test."""
-    from eventlog.config import LogConfig
-    from eventlog.raft.config import RaftConfig
-    from eventlog.raft.runtime.config import ClusterConfig, MemberConfig, NodeConfigs
-
-    members = tuple(MemberConfig(id=i, peer_address=f"127.0.0.1:{ports[i - 1]}") for i in (1, 2, 3))
-    return NodeConfigs(ClusterConfig(name="views", members=members, groups=(GROUP,), tick_interval_ms=TICK_MS,
-                                     snapshot_every_entries=snapshot_every),
-                       RaftConfig(), LogConfig(segment_bytes=64 * 1024))
-
-
 class _KilledInRestore(ViewsStateMachine):
     def restore(self, path: Path, meta: SnapshotMeta) -> None:
         import signal
@@ -334,13 +319,14 @@ def follower(argv: list[str]) -> int:
     import asyncio
 
     from eventlog.raft.runtime.host import NodeHost
+    from tests.support.hosts import GROUP, cluster_configs
 
     node_id, data_dir = int(argv[0]), Path(argv[1])
     ports, snapshot_every = [int(p) for p in argv[2].split(",")], int(argv[3])
     threading.Timer(MAX_SECONDS, os._exit, args=(3,)).start()
 
     async def run() -> None:
-        host = NodeHost(node_id, data_dir, cluster_configs(ports, snapshot_every),
+        host = NodeHost(node_id, data_dir, cluster_configs(ports, snapshot_every_entries=snapshot_every),
                         lambda name, directory: _KilledInRestore(directory), seed=node_id)
         await host.start()
         say("READY")

@@ -5,69 +5,18 @@ and the configuration survives restarts, from the log and from snapshots."""
 from __future__ import annotations
 
 import asyncio
-import random
 from pathlib import Path
 
 import pytest
 
-from eventlog.config import LogConfig
-from eventlog.raft.config import RaftConfig
 from eventlog.raft.errors import ConfChangeError, NotLeaderError
 from eventlog.raft.node import Role
-from eventlog.raft.runtime.config import ClusterConfig, MemberConfig, NodeConfigs
 from eventlog.raft.runtime.group import RaftGroup
-from eventlog.raft.runtime.host import NodeHost
 from eventlog.raft.types import ConfChange, ConfChangeKind, ConfState
 from statemachines import events as ev
 from statemachines.query import Query
-from statemachines.views import ViewsStateMachine
-from tests.support.ports import free_ports
-from tests.support.tls import provision
+from tests.support.hosts import GROUP, TICK_MS, HostCluster, run_cluster
 from tests.support.wait import eventually
-
-GROUP = "kv-0"
-TICK_MS = 20
-
-
-class Hosts:
-    """Configured members 1-3 plus node 4, which is not in the config (it joins at runtime)."""
-
-    def __init__(self, root: Path) -> None:
-        ports = free_ports(4, random.Random())
-        self.addresses = {i: f"127.0.0.1:{ports[i - 1]}" for i in (1, 2, 3, 4)}
-        members = tuple(MemberConfig(id=i, peer_address=self.addresses[i]) for i in (1, 2, 3))
-        self.configs = NodeConfigs(ClusterConfig(name="membership", members=members, groups=(GROUP,),
-                                                 tick_interval_ms=TICK_MS),
-                                   RaftConfig(), LogConfig(segment_bytes=64 * 1024))
-        self.root = root
-        self.hosts: dict[int, NodeHost] = {}
-        provision(root / "ca", "membership", {i: root / f"n{i}" for i in (1, 2, 3, 4)})   # peer TLS
-
-    async def start(self, node: int) -> NodeHost:
-        member = MemberConfig(id=4, peer_address=self.addresses[4]) if node == 4 else None
-        host = NodeHost(node, self.root / f"n{node}", self.configs,
-                        lambda name, directory: ViewsStateMachine(directory), seed=node, member=member)
-        await host.start()
-        self.hosts[node] = host
-        return host
-
-    async def stop(self, node: int) -> None:
-        await self.hosts.pop(node).stop()
-
-    def group(self, node: int) -> RaftGroup:
-        return self.hosts[node].groups[GROUP]
-
-    async def leader(self, among: tuple[int, ...] | None = None, timeout: float = 10.0) -> RaftGroup:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            for n, h in self.hosts.items():
-                g = h.groups[GROUP]
-                if g.node.role is Role.LEADER and (among is None or n in among):
-                    return g
-            assert loop.time() < deadline, "no leader"
-            await asyncio.sleep(0.02)
-
 
 
 async def put(group: RaftGroup, *names: str) -> int:
@@ -76,7 +25,7 @@ async def put(group: RaftGroup, *names: str) -> int:
 
 
 def test_join_promote_remove_and_restart_keep_the_configuration(tmp_path: Path) -> None:
-    async def scenario(hosts: Hosts) -> None:
+    async def scenario(hosts: HostCluster) -> None:
         leader = await hosts.leader()
         last = await put(leader, *(f"before/{i}" for i in range(20)))
         follower = next(hosts.group(n) for n in (1, 2, 3) if hosts.group(n) is not leader)
@@ -106,7 +55,7 @@ def test_join_promote_remove_and_restart_keep_the_configuration(tmp_path: Path) 
 
         # the configured nodes learn node 4's address: the lower id's connection replaces node 4's
         for n in (1, 2, 3):
-            hosts.hosts[n].transport.add_peer(4, ("127.0.0.1", int(hosts.addresses[4].rsplit(":", 1)[1])))
+            hosts.hosts[n].transport.add_peer(4, ("127.0.0.1", hosts.ports[3]))
         await asyncio.sleep(0.3)
         assert all(hosts.hosts[n].transport.connected(4) for n in (1, 2, 3))
 
@@ -152,13 +101,5 @@ def test_join_promote_remove_and_restart_keep_the_configuration(tmp_path: Path) 
         with pytest.raises(ConfChangeError, match="not a member"):
             await new_leader.change_membership(ConfChange(ConfChangeKind.REMOVE, removed))
 
-    async def main() -> None:
-        hosts = Hosts(tmp_path)
-        try:
-            for n in (1, 2, 3):
-                await hosts.start(n)
-            await scenario(hosts)
-        finally:
-            for n in list(hosts.hosts):
-                await hosts.stop(n)
-    asyncio.run(asyncio.wait_for(main(), 60))
+    # Configured members 1-3 plus node 4, which is not in the config (it joins at runtime).
+    asyncio.run(run_cluster(HostCluster(tmp_path, name="membership", joiners=1), scenario, timeout=60))

@@ -28,14 +28,12 @@ from pathlib import Path
 
 import pytest
 
-from eventlog.raft.runtime.group import RaftGroup
-from eventlog.raft.runtime.host import NodeHost
 from statemachines import events as ev
 from statemachines.state import Outcome
 from statemachines.views import ViewsStateMachine
+from tests.support.hosts import GROUP, HostCluster, views
 from tests.support.ports import free_ports
-from tests.support.tls import provision
-from tests.statemachines import crash_child as child
+from tests.support.wait import eventually
 from tests.statemachines.test_crash import dump, first_difference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,76 +45,42 @@ def _seed() -> int:
     return int(env) if env else random.SystemRandom().getrandbits(32)
 
 
-def views(group: RaftGroup) -> ViewsStateMachine:
-    assert isinstance(group.sm, ViewsStateMachine)
-    return group.sm
-
-
-class Nodes:
-    def __init__(self, root: Path, ports: list[int]) -> None:
-        self.root = root
-        self.ports = ports
-        self.configs = child.cluster_configs(ports, SNAPSHOT_EVERY)
-        self.hosts: dict[int, NodeHost] = {}
-        provision(root / "ca", self.configs.cluster.name, {i: root / f"n{i}" for i in (1, 2, 3)})   # peer TLS
-
-    async def start(self, node: int) -> None:
-        host = NodeHost(node, self.root / f"n{node}", self.configs,
-                        lambda name, directory: ViewsStateMachine(directory), seed=node)
-        await host.start()
-        self.hosts[node] = host
-
-    async def stop(self, node: int) -> None:
-        await self.hosts.pop(node).stop()
-
-    def group(self, node: int) -> RaftGroup:
-        return self.hosts[node].groups[child.GROUP]
-
-    async def leader(self, timeout: float = 10.0) -> RaftGroup:
+async def write(nodes: HostCluster, rng: random.Random, tag: str, batches: int, timeout: float = 10.0) -> Outcome:
+    """`batches` batches of puts and deletes through whoever leads (retrying across a leader change)."""
+    last: Outcome | None = None
+    for i in range(batches):
+        records = [ev.event_record(ev.KvPut(name=f"{tag}/{rng.randrange(300)}",
+                                            value=rng.randbytes(rng.randrange(200))))
+                   for _ in range(15)]
+        records.append(ev.event_record(ev.KvDeleted(name=f"{tag}/{rng.randrange(300)}")))
         deadline = time.monotonic() + timeout
         while True:
-            for host in self.hosts.values():
-                g = host.groups[child.GROUP]
-                if g.node.role.value == "leader":
-                    return g
-            assert time.monotonic() < deadline, "no leader"
-            await asyncio.sleep(0.02)
+            leader = await nodes.leader()
+            try:
+                committed = await asyncio.wait_for(leader.submit(records), 5)
+                break
+            except Exception:   # noqa: BLE001 - a leader change: retry through the new leader
+                assert time.monotonic() < deadline, f"batch {i} of {tag} never committed"
+                await asyncio.sleep(0.05)
+        last = committed.outcomes[-1]  # type: ignore[assignment]
+    assert last is not None
+    return last
 
-    async def write(self, rng: random.Random, tag: str, batches: int, timeout: float = 10.0) -> Outcome:
-        """`batches` batches of puts and deletes through whoever leads (retrying across a leader change)."""
-        last: Outcome | None = None
-        for i in range(batches):
-            records = [ev.event_record(ev.KvPut(name=f"{tag}/{rng.randrange(300)}",
-                                                value=rng.randbytes(rng.randrange(200))))
-                       for _ in range(15)]
-            records.append(ev.event_record(ev.KvDeleted(name=f"{tag}/{rng.randrange(300)}")))
-            deadline = time.monotonic() + timeout
-            while True:
-                leader = await self.leader()
-                try:
-                    committed = await asyncio.wait_for(leader.submit(records), 5)
-                    break
-                except Exception:   # noqa: BLE001 - a leader change: retry through the new leader
-                    assert time.monotonic() < deadline, f"batch {i} of {tag} never committed"
-                    await asyncio.sleep(0.05)
-            last = committed.outcomes[-1]  # type: ignore[assignment]
-        assert last is not None
-        return last
 
-    async def same_views_at(self, offset: int, ctx: str) -> bytes:
-        """Every running node reaches `offset` exactly (no writes meanwhile): equal digests and CFs."""
-        await asyncio.gather(*(self.group(n).wait_applied(offset, 20) for n in self.hosts))
-        sms = {n: views(self.group(n)) for n in self.hosts}
-        assert {sm.applied_index for sm in sms.values()} == {offset}, (
-            ctx, {n: s.applied_index for n, s in sms.items()})
-        digests = {n: sm.digest for n, sm in sms.items()}
-        assert len(set(digests.values())) == 1, f"{ctx}: digests differ at {offset}: {digests}"
-        dumps = {n: dump(sm) for n, sm in sms.items()}
-        first = next(iter(dumps))
-        for n, d in dumps.items():
-            assert d == dumps[first], (
-                f"{ctx}: node {n} vs {first} at {offset}: {first_difference(d, dumps[first])}")
-        return next(iter(digests.values()))
+async def same_views_at(nodes: HostCluster, offset: int, ctx: str) -> bytes:
+    """Every running node reaches `offset` exactly (no writes meanwhile): equal digests and CFs."""
+    await asyncio.gather(*(nodes.group(n).wait_applied(offset, 20) for n in nodes.hosts))
+    sms = {n: views(nodes.group(n)) for n in nodes.hosts}
+    assert {sm.applied_index for sm in sms.values()} == {offset}, (
+        ctx, {n: s.applied_index for n, s in sms.items()})
+    digests = {n: sm.digest for n, sm in sms.items()}
+    assert len(set(digests.values())) == 1, f"{ctx}: digests differ at {offset}: {digests}"
+    dumps = {n: dump(sm) for n, sm in sms.items()}
+    first = next(iter(dumps))
+    for n, d in dumps.items():
+        assert d == dumps[first], (
+            f"{ctx}: node {n} vs {first} at {offset}: {first_difference(d, dumps[first])}")
+    return next(iter(digests.values()))
 
 
 @pytest.mark.slow
@@ -126,14 +90,14 @@ def test_a_follower_killed_between_snapshot_install_and_views_restore_recovers(t
     print(f"\nsnapshot-install crash test seed={seed} (replay: EPOCHLOG_VIEWS_CRASH_SEED={seed})")
     rng = random.Random(seed)
     ports = free_ports(3, rng)
-    nodes = Nodes(tmp_path, ports)
+    nodes = HostCluster(tmp_path, ports=ports, snapshot_every_entries=SNAPSHOT_EVERY)
     proc: subprocess.Popen[bytes] | None = None
 
     async def scenario() -> None:
         nonlocal proc
         await nodes.start(1)
         await nodes.start(2)
-        last = await nodes.write(rng, "a", 60)     # 60 x 16 records: snapshots at every 200, log compacted
+        last = await write(nodes, rng, "a", 60)     # 60 x 16 records: snapshots at every 200, log compacted
         leader = await nodes.leader()
         assert leader.storage.log.start_offset > 0, "the leader's log was not compacted: no snapshot install"
 
@@ -142,10 +106,7 @@ def test_a_follower_killed_between_snapshot_install_and_views_restore_recovers(t
         proc = subprocess.Popen([sys.executable, "-m", "tests.statemachines.crash_child", "follower", "3",
                                  str(tmp_path / "n3"), ",".join(map(str, ports)), str(SNAPSHOT_EVERY)],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while proc.poll() is None:
-            assert time.monotonic() < deadline, "the follower was never asked to restore a snapshot"
-            await asyncio.sleep(0.05)
+        await eventually(lambda: proc.poll() is not None, 30, "the follower to be asked to restore a snapshot")
         assert proc.stdout is not None
         out = proc.stdout.read().decode()
         err.seek(0)
@@ -157,7 +118,7 @@ def test_a_follower_killed_between_snapshot_install_and_views_restore_recovers(t
         index = int(restore_line[0].split()[1])
 
         # What the kill left: the snapshot installed in the log storage, the views still empty.
-        group_dir = tmp_path / "n3" / "groups" / child.GROUP
+        group_dir = tmp_path / "n3" / "groups" / GROUP
         snapshots = sorted(p.name for p in (group_dir / "snapshots").iterdir())
         assert any(name.startswith(f"{index}-") for name in snapshots), (
             f"snapshot {index} is not installed in the log storage: {snapshots}")
@@ -172,18 +133,18 @@ def test_a_follower_killed_between_snapshot_install_and_views_restore_recovers(t
         await g3.wait_applied(last.offset, 20)
         assert g3.failed is None, g3.failed
         assert views(g3).applied_index >= index
-        await nodes.same_views_at(last.offset, "after the restart")
+        await same_views_at(nodes, last.offset, "after the restart")
 
         # Digests stay equal at later offsets, across a leader restart in the middle of the writes.
         offsets = [last.offset]
         for round_no in range(3):
-            last = await nodes.write(rng, f"b{round_no}", 10)
+            last = await write(nodes, rng, f"b{round_no}", 10)
             leader = await nodes.leader()
             stopped = leader.node_id
             await nodes.stop(stopped)
-            last = await nodes.write(rng, f"c{round_no}", 10)
+            last = await write(nodes, rng, f"c{round_no}", 10)
             await nodes.start(stopped)
-            await nodes.same_views_at(last.offset, f"round {round_no}, node {stopped} restarted")
+            await same_views_at(nodes, last.offset, f"round {round_no}, node {stopped} restarted")
             offsets.append(last.offset)
         assert all(nodes.group(n).failed is None for n in nodes.hosts)
         print(f"equal views on all three nodes at offsets {offsets}; node 3 killed in the restore of {index}")
@@ -192,8 +153,7 @@ def test_a_follower_killed_between_snapshot_install_and_views_restore_recovers(t
         try:
             await scenario()
         finally:
-            for n in list(nodes.hosts):
-                await nodes.stop(n)
+            await nodes.close()
 
     try:
         asyncio.run(asyncio.wait_for(main(), 100))
