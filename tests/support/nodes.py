@@ -113,7 +113,8 @@ class NodeCluster:
     is a sub-table: `compaction={"cleaner": {...}}` is `[compaction.cleaner]`); `node_raft` overrides
     `[raft]` keys for single nodes. `grpc` and `kafka` give every member a gRPC or a Kafka address too.
     Logs get 1 MiB segments and the views small caches unless told otherwise (the defaults would cost
-    each node hundreds of MiB). `env` adds environment variables to every process started.
+    each node hundreds of MiB). `env` adds environment variables to every process started. `module` is
+    what runs as `python -m <module> serve ...` (bench/raft_node.py for the Raft benchmark).
     """
 
     def __init__(self, root: Path, *, size: int = 3, seed: int = 0, name: str = "node-test",
@@ -124,7 +125,7 @@ class NodeCluster:
                  cluster: dict[str, object] | None = None,
                  compaction: dict[str, object] | None = None, controller: dict[str, object] | None = None,
                  kafka_config: dict[str, object] | None = None, node_raft: dict[int, dict[str, object]] | None = None,
-                 proxied: bool = False, insecure: bool = False) -> None:
+                 proxied: bool = False, insecure: bool = False, module: str = "epochlog") -> None:
         self.root = root
         self.insecure = insecure
         self.root.mkdir(parents=True, exist_ok=True)
@@ -143,6 +144,7 @@ class NodeCluster:
         self.controller = dict(controller or {})
         self.kafka_config = dict(kafka_config or {})
         self.node_raft = dict(node_raft or {})
+        self.module = module
         self.env: dict[str, str] = {}
         self._on_close: list[Callable[[], None]] = []
         kinds = ("peer", "client", "admin", *(("grpc",) if grpc else ()), *(("kafka",) if kafka else ()))
@@ -255,7 +257,7 @@ class NodeCluster:
         node.out_path = self.root / f"node-{node_id}.{node.incarnation}.out"
         node.err_path = self.root / f"node-{node_id}.{node.incarnation}.err"
         env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHLOG_")}
-        program = ["-m", "epochlog"] if node.build is None else ["-m", "tests.support.builds", node.build]
+        program = ["-m", self.module] if node.build is None else ["-m", "tests.support.builds", node.build]
         env.update(self.env)
         env.update(extra_env)
         with open(node.out_path, "wb") as out, open(node.err_path, "wb") as err:

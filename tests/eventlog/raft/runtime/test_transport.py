@@ -1,6 +1,6 @@
 """The peer transport over real sockets: mutual TLS and identity, and the limits of the peer port.
 
-Every test runs on asyncio's loop and on uvloop (`epochlog serve` and the runtime process use uvloop).
+Every test runs on asyncio's loop and on uvloop (`epochlog serve` uses uvloop).
 Peers are `PeerTransport`s of this process listening on 127.0.0.1 port 0; outsiders are raw asyncio
 connections (with or without a certificate) sending hand-built frames. "Nothing reaches the core"
 is checked on `deliver`, the transport's only way to the groups.

@@ -1,13 +1,12 @@
-"""A small control protocol for tests and benchmarks: propose, status, and in-process load.
+"""The control protocol of bench/raft_node.py: propose, status, and in-process load.
 
-Until the client API exists (the node issue), a node process can listen on a harness address
-(127.0.0.1 only) and take these requests, framed like the peer transport (4-byte length +
-msgpack). Requests carry an id and may be pipelined; replies come back as they complete.
+A node of raw Raft groups serves it on its client address, framed like the peer transport (4-byte
+length + msgpack). Requests carry an id and may be pipelined; replies come back as they complete.
 
 - `Propose(group, records)` -> `Committed(offset)` once the records are committed, or `Failed`.
 - `Status()` -> `StatusReply`: role, term, leader, commit, applied... of every group, and the state
-  machine's `records` and `digest` when it has those attributes (the process's
-  `ChecksumStateMachine` does: two replicas at the same `applied` must show the same digest).
+  machine's `records` and `digest` when it has those attributes (the node's `ChecksumStateMachine`
+  does: two replicas at the same `applied` must show the same digest).
 - `Load(group, proposers, seconds, batch, value_bytes)`: run `proposers` coroutines on this node,
   each proposing `batch` records of `value_bytes` at a time, one proposal in flight each, for
   `seconds`; -> `LoadReply` with commit latencies. Measures the Raft path without client overhead.

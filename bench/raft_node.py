@@ -1,13 +1,15 @@
-"""Run one node of a cluster as a process (until the node issue brings `epochlog serve`).
+"""A node of raw Raft groups, for bench/raft_bench.py: the Raft runtime without the Epochlog node above it.
 
-    python -m eventlog.raft.runtime.process --config FILE --node-id N [--data-dir DIR]
-                                            [--harness HOST:PORT] [--seed S]
+    python -m bench.raft_node serve --config FILE --node-id N [--data-dir DIR] [--seed S]
 
 Hosts every group of the cluster with a `ChecksumStateMachine` (it counts the records applied and
-keeps a running digest, so replicas can be compared), and optionally serves the test harness.
-Prints `READY <node id>` once listening; SIGTERM or SIGINT stop it cleanly. Exit codes: 0 after a
-clean stop, 2 when a group failed (e.g. a failed fsync: the node must not go on), 3 on a
-configuration or start-up error. Tests can break its disk with `EPOCHLOG_FAULTS` (see `faults`).
+keeps a running digest, so replicas can be compared) and serves the control protocol of
+bench/raft_harness.py (propose, status, in-process load) on the member's `client_address`, so the
+benchmark measures the Raft path without a client API. The arguments are those of `epochlog serve`:
+tests/support/nodes.py's NodeCluster runs it with `module="bench.raft_node"`.
+Prints `READY <node id> <address>` once listening; SIGTERM or SIGINT stop it cleanly. Exit codes: 0
+after a clean stop, 2 when a group failed (e.g. a failed fsync: the node must not go on), 3 on a
+configuration or start-up error.
 """
 
 from __future__ import annotations
@@ -23,11 +25,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from eventlog.errors import EpochlogError
-from eventlog.raft.runtime import faults
 from eventlog.raft.runtime.config import load_node_configs, parse_address
-from eventlog.raft.runtime.harness import HarnessServer
 from eventlog.raft.runtime.host import NodeHost
 from eventlog.raft.types import Entry, EntryKind, SnapshotMeta
+from bench.raft_harness import HarnessServer
 
 
 class ChecksumStateMachine:
@@ -77,16 +78,14 @@ async def run_node(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir or f"data/node-{args.node_id}")
     host = NodeHost(args.node_id, data_dir, configs, lambda name, directory: ChecksumStateMachine(), seed=args.seed)
     await host.start()
-    harness = None
-    if args.harness:
-        h, p = parse_address(args.harness, "--harness")
-        harness = HarnessServer(args.node_id, lambda: host.groups)
-        await harness.start(h, p)
+    address = configs.cluster.member(args.node_id).client_address
+    harness = HarnessServer(args.node_id, lambda: host.groups)
+    await harness.start(*parse_address(address, "client_address"))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    print(f"READY {args.node_id}", flush=True)
+    print(f"READY {args.node_id} {address}", flush=True)
     failed = asyncio.create_task(_first_failure(host))
     stopped = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait({failed, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -96,8 +95,7 @@ async def run_node(args: argparse.Namespace) -> int:
         code = 2
     failed.cancel()
     stopped.cancel()
-    if harness is not None:
-        await harness.close()
+    await harness.close()
     await host.stop()
     return code
 
@@ -113,20 +111,15 @@ async def _first_failure(host: NodeHost) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["serve"])
     parser.add_argument("--config", required=True)
     parser.add_argument("--node-id", type=int, required=True)
     parser.add_argument("--data-dir")
-    parser.add_argument("--harness", help="host:port for the test harness (127.0.0.1 only)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format=f"%(asctime)s node{args.node_id} %(levelname)s %(name)s: "
                                                      "%(message)s", stream=sys.stderr)
-    try:
-        faults.install_from_env()  # test-only disk faults; a no-op unless EPOCHLOG_FAULTS is set
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 3
     _install_uvloop()
     try:
         return asyncio.run(run_node(args))
