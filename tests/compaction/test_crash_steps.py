@@ -3,7 +3,7 @@
 Three nodes run with retention turned up (a snapshot every 150 offsets, 16 KiB segments, 100 offsets
 of history, a check every 100 ms, pruning chunks of 40 rows every 20 ms) while a writer puts and
 deletes keys through the SDK. Node 3 is started again and again with a crash point
-(`EPOCHLOG_CRASH_AT`, eventlog/raft/runtime/faults.py): it SIGKILLs itself as a step starts (or just
+(`EPOCHLOG_CRASH_AT`, eventlog/fault_injection.py): it SIGKILLs itself as a step starts (or just
 before its first file operation, for the steps that usually have nothing to do), just after its
 first or second file operation, or just after the step, for each step of the work this package
 added: a snapshot's RocksDB checkpoint (on the loop) and its packing (in a thread), sealing it
@@ -33,7 +33,7 @@ import pytest
 
 from epochlog.client import Client, ClientError, CompactedError
 from eventlog.config import LogConfig
-from eventlog.raft.runtime.faults import CRASH_ENV_VAR, CRASH_STEPS
+from eventlog.fault_injection import CRASH_ENV_VAR, CRASH_STEPS
 from statemachines.views import ViewsStateMachine
 from tests.support.nodes import BackgroundWriter, NodeCluster
 from tests.support.wait import wait_until

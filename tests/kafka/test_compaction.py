@@ -22,7 +22,7 @@
      end, deleted keys gone, no rejected or retried value; the hosted topic recovers whole from it;
      `read_events` below its cleaned range answers `compacted`; stopped, the three nodes hold the
      same applied offset and views digest, and `epochlog log verify` passes on every node's log.
-2. kill -9 while the cleaner works (EPOCHLOG_CRASH_AT, eventlog/raft/runtime/faults.py): a node
+2. kill -9 while the cleaner works (EPOCHLOG_CRASH_AT, eventlog/fault_injection.py): a node
    SIGKILLs itself in the middle of the node-side swap of a cleaned segment (before it, after the
    checkpoint's swap line, around the commit rename, while the replaced segments are renamed, after
    it) or its worker process kills it while writing the cleaned files (after the fsync of one, after
@@ -48,7 +48,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from epochlog import protocol as p
 from epochlog.client import Client, ClientError, CompactedError
-from eventlog.raft.runtime.faults import CRASH_ENV_VAR
+from eventlog.fault_injection import CRASH_ENV_VAR
 from statemachines import events as ev
 from statemachines.request_ids import uuid7
 from statemachines.views import ViewsStateMachine

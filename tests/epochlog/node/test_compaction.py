@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from epochlog.client import Client, CompactedError, DiskFullError
-from eventlog.raft.runtime.faults import ENV_VAR as FAULTS_ENV
-from eventlog.raft.runtime.faults import HEAL_ENV_VAR
+from eventlog.fault_injection import ENV_VAR as FAULTS_ENV
+from eventlog.fault_injection import HEAL_ENV_VAR
 from statemachines import events as ev
 from tests.support.nodes import ROOT, NodeCluster, wait_until
 

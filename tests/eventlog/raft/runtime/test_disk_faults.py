@@ -1,4 +1,4 @@
-"""Disk faults on real processes, injected by eventlog.raft.runtime.faults (EPOCHLOG_FAULTS).
+"""Disk faults on real processes, injected by eventlog.fault_injection (EPOCHLOG_FAULTS).
 
 Node 3 of three `epochlog serve` nodes gets a failing disk while a write stream runs to the `kv`
 group; nodes 1 and 2 are healthy. Node 3 is made the leader or a follower on purpose through its own
@@ -40,8 +40,8 @@ import pytest
 
 from epochlog import protocol as p
 from eventlog.offline import Verdict, verify_log_dir
-from eventlog.raft.runtime.faults import ENV_VAR as FAULTS_ENV
-from eventlog.raft.runtime.faults import HEAL_ENV_VAR
+from eventlog.fault_injection import ENV_VAR as FAULTS_ENV
+from eventlog.fault_injection import HEAL_ENV_VAR
 from tests.support.nodes import ROOT, NodeCluster
 from tests.support.offline import compare_committed
 from tests.support.wait import wait_until

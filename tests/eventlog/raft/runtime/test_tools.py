@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from eventlog.raft.runtime import faults
+from eventlog import fault_injection as faults
 from tests.support.nodes import ROOT
 from tests.support.proxy import ProxyNetwork
 

@@ -1,12 +1,18 @@
-"""Disk-fault injection for real-process tests: make a node's disk fail on purpose.
+"""Fault injection a node process honours when its environment asks: a failing or full disk
+(`EPOCHLOG_FAULTS`) and a SIGKILL at a chosen step of compaction or of a segment roll (`EPOCHLOG_CRASH_AT`).
 
-Theory of operation. Nothing here runs unless the environment variable `EPOCHLOG_FAULTS` is set
-(tests set it for the one node process they want to break; a production node never has it).
-`install_from_env()` is called once by `eventlog.raft.runtime.process` and by `epochlog serve` before
-the node starts, and replaces functions of the `os` module for the whole process, so the product
-code stays unaware of it: every `os.fdatasync(...)` / `os.posix_fallocate(...)` / `os.statvfs(...)`
-call anywhere (log flusher thread, segment roll, segment preparation, the free-space guard) goes
-through the wrappers below.
+This is the product's small hook surface for real-process tests (tests/eventlog/raft/runtime,
+tests/epochlog, tests/compaction): tests set the variables for the one process they want to break; a
+production node never has them, and then nothing here runs. `install_from_env()` is called once by
+`epochlog serve` before the node starts (and, for the crash points of its steps, by the cleaner's
+worker process, compaction/worker.py). It sits in the bottom layer so that every layer's processes can
+install it (the worker, the node, a test child running only a log); the steps it can crash in are
+named by module path and imported only once a crash point names them.
+
+Theory of operation (disk faults). `install_from_env()` replaces functions of the `os` module for
+the whole process, so the product code stays unaware of it: every `os.fdatasync(...)` /
+`os.posix_fallocate(...)` / `os.statvfs(...)` call anywhere (log flusher thread, segment roll,
+segment preparation, the free-space guard) goes through the wrappers below.
 
 `EPOCHLOG_FAULTS` is a comma-separated list of `name=N` items:
 
