@@ -19,7 +19,7 @@ from google.protobuf import descriptor_pb2
 
 from epochlog.grpc.v1 import epochlog_pb2
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 STUBS = ROOT / "epochlog" / "grpc" / "v1"
 PROTO = ROOT / "proto" / "epochlog" / "v1" / "epochlog.proto"
 FILES = ("epochlog_pb2.py", "epochlog_pb2.pyi", "epochlog_pb2_grpc.py")

@@ -23,7 +23,7 @@ from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.errors import GroupHaltedError, RejectedError
 from statemachines import events as ev
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 S = grpc.StatusCode
 
 

@@ -20,7 +20,7 @@ from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
 from epochlog.client import Client
 from statemachines import events as ev
-from tests.grpc.conftest import GrpcNodes
+from tests.epochlog.grpc.conftest import GrpcNodes
 
 T = 10.0  # per-call deadline (seconds)
 
