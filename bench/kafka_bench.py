@@ -34,7 +34,7 @@ from bench.results import write_section
 from epochlog.client import AsyncClient, ClientError
 from statemachines import events as ev
 from tests.support.nodes import NodeCluster
-from tests.kafka.raw import RawKafka
+from tests.epochlog.kafka.raw import RawKafka
 
 KV = TopicPartition("__kv", 0)
 

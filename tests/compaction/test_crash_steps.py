@@ -44,7 +44,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 VICTIM = 3
 KEYS = [f"crash/{i:02d}" for i in range(24)]
 SEGMENT = 16 << 10
-# Each step of retention (key compaction's steps are tests/kafka/test_compaction.py's): before its first io,
+# Each step of retention (key compaction's steps are tests/epochlog/kafka/test_compaction.py's): before its first io,
 # just after its first and second io, and after it.
 STEPS = [step for step in CRASH_STEPS if not step.startswith(("clean.", "log."))]
 POINTS = [f"{step}:{point}" for step in STEPS for point in ("before", "io1", "io2", "after")]

@@ -44,7 +44,7 @@ def _kv(info: Any) -> Any:
 
 
 def test_history_floor_as_of_history_watch_and_status(node_cluster_factory: Callable[..., NodeCluster]) -> None:
-    # Every group truncated (cleanup policy `delete`): key compaction has its own tests (tests/kafka/test_compaction.py).
+    # Every group truncated (cleanup policy `delete`): key compaction has its own tests (tests/epochlog/kafka/test_compaction.py).
     cluster = node_cluster_factory(size=3, snapshot_every_entries=200, log={"segment_bytes": 32 << 10},
                                    compaction={"retain_offsets": 300, "check_interval_ms": 100,
                                                "prune_interval_ms": 20, "export_max_pin_offsets": 1000,

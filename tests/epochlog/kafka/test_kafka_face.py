@@ -2,7 +2,7 @@
 clients (and a raw protocol client where a test must control the bytes): tailing a group's log,
 producing typed events (idempotent, acks=all), validation and error codes, and consumer groups.
 
-The cluster is shared by the module (no test kills a node; tests/kafka/test_failover.py does).
+The cluster is shared by the module (no test kills a node; tests/epochlog/kafka/test_failover.py does).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from epochlog.client import Client
 from eventlog.records import encode_batch
 from statemachines import events as ev
 from tests.support.nodes import NodeCluster
-from tests.kafka.raw import RawKafka
+from tests.epochlog.kafka.raw import RawKafka
 
 KV = TopicPartition("__kv", 0)
 
@@ -256,7 +256,7 @@ def test_a_consumer_group_rebalances_commits_and_resumes(kafka_cluster: NodeClus
     b = KafkaConsumer(*topics, **settings)
     try:
         def assigned() -> tuple[set[str], set[str]]:
-            # Long polls: see tests/kafka/test_failover.py (a kafka-python race with short ones).
+            # Long polls: see tests/epochlog/kafka/test_failover.py (a kafka-python race with short ones).
             a.poll(timeout_ms=1000)
             b.poll(timeout_ms=1000)
             return {tp.topic for tp in a.assignment()}, {tp.topic for tp in b.assignment()}

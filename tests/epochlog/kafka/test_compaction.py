@@ -52,7 +52,7 @@ from eventlog.fault_injection import CRASH_ENV_VAR
 from statemachines import events as ev
 from statemachines.request_ids import uuid7
 from statemachines.views import ViewsStateMachine
-from tests.kafka.raw import RawKafka
+from tests.epochlog.kafka.raw import RawKafka
 from tests.support.nodes import BackgroundWriter, NodeCluster, ROOT
 from tests.support.wait import wait_until
 

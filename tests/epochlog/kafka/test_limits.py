@@ -31,7 +31,7 @@ from kafka.record.memory_records import MemoryRecords
 from eventlog.records import encode_batch
 from statemachines import events as ev
 from tests.support.nodes import NodeCluster
-from tests.kafka.raw import RawKafka
+from tests.epochlog.kafka.raw import RawKafka
 from tests.support.wait import wait_until
 
 MAX_GROUPS = 3
