@@ -1,6 +1,6 @@
 """Chaos runs against real processes: `python -m tests.chaos --seconds N --seed S`.
 
-Theory of operation. A run starts three `epochlog serve` processes on 127.0.0.1 (tests/epochlog/node's
+Theory of operation. A run starts three `epochlog serve` processes on 127.0.0.1 (tests/support/nodes.py's
 `NodeCluster`) and, for N seconds, drives two things at once:
 
 - clients (asyncio, one SDK `AsyncClient` each): put, compare-and-set and get (linearizable, a
