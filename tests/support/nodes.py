@@ -23,7 +23,7 @@ without the leader's check, a newer one knowing a newer schema) for mixed-versio
 Processes are only ever signalled through the `subprocess.Popen` object that started them (its
 pid): `kill9` (SIGKILL), `stop` (SIGTERM, SIGKILL past a deadline), `pause` and `resume` (SIGSTOP,
 SIGCONT: the process keeps its memory, sockets and disk; it just stops running). `close()` kills whatever still
-runs; the `node_cluster_factory` fixture (tests/epochlog/conftest.py) calls it in teardown, so no process
+runs; the `node_cluster_factory` fixture (tests/support/fixtures.py) calls it in teardown, so no process
 outlives its test. A node keeps its ports and data directory across restarts. Every wait is bounded.
 `start(..., env=...)` sets environment variables of one incarnation, e.g. the disk faults and crash
 points of eventlog/fault_injection.py for the node a test wants to break.

@@ -1,5 +1,5 @@
-"""Fixtures of the Kafka face tests: a seed and started clusters of real `epochlog serve` processes
-with a `kafka_address` each (killed by pid in teardown)."""
+"""Fixtures of the Kafka face tests: clusters of real `epochlog serve` processes with a `kafka_address`
+each (killed by pid in teardown); the seed and node_cluster_factory come from tests/epochlog/conftest.py."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.support.fixtures import node_cluster_factory, seed, shared_cluster_of  # noqa: F401 - fixtures
+from tests.support.fixtures import shared_cluster_of
 from tests.support.nodes import NodeCluster
 
 
 @pytest.fixture
-def kafka_cluster_factory(node_cluster_factory: Callable[..., NodeCluster]) -> Callable[..., NodeCluster]:  # noqa: F811
+def kafka_cluster_factory(node_cluster_factory: Callable[..., NodeCluster]) -> Callable[..., NodeCluster]:
     """`make(**kwargs)`: a NodeCluster whose members also serve the Kafka protocol (not started)."""
     return lambda **kwargs: node_cluster_factory(kafka=True, **kwargs)
 

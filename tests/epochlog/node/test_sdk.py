@@ -1,6 +1,6 @@
 """The Python SDK (blocking and asyncio) against three real `epochlog serve` processes.
 
-These tests share one cluster (tests/epochlog/node/conftest.py: `shared_cluster`) and never stop a node;
+These tests share one cluster (tests/epochlog/conftest.py: `shared_cluster`) and never stop a node;
 each uses keys under a prefix of its own. Failover lives in test_failover.py.
 """
 

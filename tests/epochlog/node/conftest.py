@@ -1,5 +1,0 @@
-"""Fixtures of the end-to-end node tests: a seed, a factory of clusters, and one shared started cluster."""
-
-from __future__ import annotations
-
-from tests.support.fixtures import node_cluster_factory, seed, shared_cluster  # noqa: F401 - fixtures
