@@ -28,7 +28,7 @@ from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
 from statemachines import events as ev
 from statemachines.request_ids import uuid7
 from tests.support.nodes import NodeCluster
-from tests.epochlog.node.test_cli import run
+from tests.epochlog.cli.test_cli import run
 
 WAIT_S = 30.0
 SEED_ENV = "EPOCHLOG_NODE_SEED"

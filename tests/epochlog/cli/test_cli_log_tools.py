@@ -14,7 +14,7 @@ from eventlog.log import Log
 from eventlog.records import encode_batch
 
 CFG = LogConfig(segment_bytes=8192, index_interval_bytes=512, flush_policy="fsync")
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def epochlog(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
