@@ -20,7 +20,8 @@ import pytest
 
 from epochlog.client import Client
 from statemachines.events import KvPut
-from tests.support.nodes import ROOT, NodeCluster, wait_until
+from tests.support.nodes import ROOT, NodeCluster
+from tests.support.wait import wait_until
 
 CLI_TIMEOUT_S = 30.0
 

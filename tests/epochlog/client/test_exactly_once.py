@@ -29,7 +29,8 @@ from epochlog.client import Client, OutcomeUnknownError
 from statemachines import events as ev
 from statemachines.request_ids import uuid7
 from statemachines.sessions import SESSION_EXPIRED
-from tests.support.nodes import NodeCluster, wait_until
+from tests.support.nodes import NodeCluster
+from tests.support.wait import wait_until
 from tests.epochlog.node.raw import RawConnection
 
 pytestmark = pytest.mark.timeout(300)

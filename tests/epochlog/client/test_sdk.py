@@ -17,8 +17,8 @@ import pytest
 
 from epochlog.client import AsyncClient, Client, NotFoundError, RejectedError, WatchedEvent
 from statemachines import events as ev
-from tests.support.nodes import NodeCluster, wait_until
-from tests.support.wait import eventually
+from tests.support.nodes import NodeCluster
+from tests.support.wait import eventually, wait_until
 
 WAIT_S = 10.0
 

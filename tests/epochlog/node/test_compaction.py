@@ -27,7 +27,8 @@ from epochlog.client import Client, CompactedError, DiskFullError
 from eventlog.fault_injection import ENV_VAR as FAULTS_ENV
 from eventlog.fault_injection import HEAL_ENV_VAR
 from statemachines import events as ev
-from tests.support.nodes import ROOT, NodeCluster, wait_until
+from tests.support.nodes import ROOT, NodeCluster
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.timeout(240)
 

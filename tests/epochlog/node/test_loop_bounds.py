@@ -47,7 +47,8 @@ from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 from epochlog.client import Client, ClientError
 from eventlog.records import HEADER, HEADER_SIZE, LOG_OVERHEAD, MAGIC, crc32c
 from tests.epochlog.kafka.raw import RawKafka
-from tests.support.nodes import NodeCluster, wait_until
+from tests.support.nodes import NodeCluster
+from tests.support.wait import wait_until
 from tests.support.fixtures import seed_for
 from tests.epochlog.node.raw import RawConnection, frame_bytes
 

@@ -26,7 +26,8 @@ from epochlog.identity import resolve_member
 from eventlog.errors import ConfigError
 from eventlog.raft.runtime.config import load_node_configs
 from statemachines import events as ev
-from tests.support.nodes import ROOT, NodeCluster, ServeNode, wait_until
+from tests.support.nodes import ROOT, NodeCluster, ServeNode
+from tests.support.wait import wait_until
 from tests.support.ports import free_ports
 
 GROUPS = ("metadata", "offsets", "kv")

@@ -23,7 +23,8 @@ from collections.abc import Callable
 
 from epochlog.client import Client, ClientError
 from eventlog.errors import EpochlogError
-from tests.support.nodes import NodeCluster, wait_until
+from tests.support.nodes import NodeCluster
+from tests.support.wait import wait_until
 
 WRITERS = 8
 ROUNDS = 5

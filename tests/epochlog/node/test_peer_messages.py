@@ -36,7 +36,8 @@ from epochlog.client import Client
 from eventlog.raft.peer_check import NOT_MEMBER, SNAPSHOT_CHUNK, TERM_LIMIT, UNKNOWN_GROUP, WRONG_DST
 from eventlog.raft.types import Append, ConfState, Entry, Heartbeat, InstallSnapshot, SnapshotMeta, Vote
 from eventlog.records import encode_batch
-from tests.support.nodes import NodeCluster, wait_until
+from tests.support.nodes import NodeCluster
+from tests.support.wait import wait_until
 from tests.support.fixtures import seed_for
 from tests.epochlog.node.raw_peer import RawPeer
 

@@ -24,7 +24,8 @@ from epochlog.certs import ClusterCA
 from epochlog.client import Client
 from eventlog.raft.runtime.transport import Batch, Hello, encode_frame
 from eventlog.raft.types import Vote
-from tests.support.nodes import NodeCluster, wait_until
+from tests.support.nodes import NodeCluster
+from tests.support.wait import wait_until
 
 GROUPS = ("metadata", "offsets", "kv")
 HUGE_TERM = 10**12

@@ -27,7 +27,8 @@ from epochlog import protocol as p
 from epochlog.client import Client, ClientError
 from statemachines import events as ev
 from statemachines.request_ids import uuid7
-from tests.support.nodes import ROOT, NodeCluster, wait_until
+from tests.support.nodes import ROOT, NodeCluster
+from tests.support.wait import wait_until
 from tests.epochlog.node.raw import RawConnection, http_get
 
 NEWER = ev.KvPut.VERSION + 1   # a schema version only a newer Epochlog knows
