@@ -114,7 +114,8 @@ class NodeCluster:
     `[raft]` keys for single nodes. `grpc` and `kafka` give every member a gRPC or a Kafka address too.
     Logs get 1 MiB segments and the views small caches unless told otherwise (the defaults would cost
     each node hundreds of MiB). `env` adds environment variables to every process started. `module` is
-    what runs as `python -m <module> serve ...` (bench/raft_node.py for the Raft benchmark).
+    what runs as `python -m <module> serve ...` (bench/raft_node.py for the Raft benchmark), with
+    `serve_args` after the cluster's own (e.g. `--log-format json`).
     """
 
     def __init__(self, root: Path, *, size: int = 3, seed: int = 0, name: str = "node-test",
@@ -125,7 +126,8 @@ class NodeCluster:
                  cluster: dict[str, object] | None = None,
                  compaction: dict[str, object] | None = None, controller: dict[str, object] | None = None,
                  kafka_config: dict[str, object] | None = None, node_raft: dict[int, dict[str, object]] | None = None,
-                 proxied: bool = False, insecure: bool = False, module: str = "epochlog") -> None:
+                 proxied: bool = False, insecure: bool = False, module: str = "epochlog",
+                 serve_args: tuple[str, ...] = ()) -> None:
         self.root = root
         self.insecure = insecure
         self.root.mkdir(parents=True, exist_ok=True)
@@ -145,6 +147,7 @@ class NodeCluster:
         self.kafka_config = dict(kafka_config or {})
         self.node_raft = dict(node_raft or {})
         self.module = module
+        self.serve_args = serve_args
         self.env: dict[str, str] = {}
         self._on_close: list[Callable[[], None]] = []
         kinds = ("peer", "client", "admin", *(("grpc",) if grpc else ()), *(("kafka",) if kafka else ()))
@@ -264,7 +267,7 @@ class NodeCluster:
             node.proc = subprocess.Popen(
                 [sys.executable, *program, "serve", "--config", str(self.node_config_path(node_id)),
                  "--node-id", str(node_id), "--data-dir", str(node.data_dir),
-                 "--seed", str(self.rng.getrandbits(32))],
+                 "--seed", str(self.rng.getrandbits(32)), *self.serve_args],
                 cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
 
     def wait_ready(self, node_id: int, timeout: float = START_TIMEOUT_S) -> None:
@@ -440,6 +443,20 @@ class NodeCluster:
                        if g is not None and g.role == "leader" and g.term >= min_term]
             return max(leading, key=lambda g: g.term) if leading else None
         return wait_until(check, timeout, f"a leader of {group} in a term >= {min_term}")
+
+    def move_leader(self, group: str, to: int, timeout: float = 30.0) -> None:
+        """Transfer `group`'s leadership to node `to` (asking again until it leads)."""
+        with Client(self.endpoints, timeout=20) as client:
+            def moved() -> bool:
+                if self.leader(group) == to:
+                    return True
+                try:
+                    client.transfer_leader(group, to)
+                except EpochlogError:
+                    pass
+                time.sleep(0.3)
+                return self.leader(group) == to
+            wait_until(moved, timeout, f"node {to} to lead {group}", interval=0.2)
 
     def followers(self, group: str) -> list[int]:
         """Running nodes other than `group`'s current leader."""

@@ -7,46 +7,42 @@ is a raw Connection so the request's own timeout is what the server sees.
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from pathlib import Path
 
 import pytest
 
-from eventlog.raft.runtime.config import load_node_configs
+from eventlog.raft.runtime.config import NodeConfigs, load_node_configs
 from epochlog import protocol as p
 from epochlog.client.connection import Connection
 from epochlog.client.errors import ClientError, DeadlineExceededError
 from epochlog.serve import RunningNode
-from tests.support.ports import free_ports
-from tests.support.tls import provision
+from tests.support.nodes import NodeCluster
+from tests.support.wait import eventually
 
 
-def _config(root: Path) -> Path:
-    peer, client = free_ports(2, random.Random())
-    path = root / "one.toml"
-    path.write_text(f'[cluster]\nname = "deadlines"\ngroups = ["metadata", "offsets", "kv"]\ntick_interval_ms = 20\n'
-                    f'[[cluster.members]]\nid = 1\npeer_address = "127.0.0.1:{peer}"\n'
-                    f'client_address = "127.0.0.1:{client}"\n[log]\nsegment_bytes = 1048576\n')
-    provision(root / "ca", "deadlines", {1: root / "n1"})
-    return path
+def _config(root: Path) -> tuple[NodeConfigs, Path]:
+    """One member's config and data directory (a NodeCluster's, never started as a process)."""
+    cluster = NodeCluster(root, size=1, name="deadlines", tick_interval_ms=20)
+    cluster.provision_tls(1)
+    return load_node_configs(cluster.config_path), cluster.nodes[1].data_dir
 
 
 def test_a_read_waiting_past_its_deadline_answers_deadline_exceeded(tmp_path: Path) -> None:
     async def main() -> None:
-        configs = load_node_configs(_config(tmp_path))
-        running = await RunningNode.start(configs, 1, tmp_path / "n1")
+        configs, data_dir = _config(tmp_path)
+        running = await RunningNode.start(configs, 1, data_dir)
         conn = Connection(running.addresses["client"])
         try:
             await conn.connect(5)
-            deadline = time.monotonic() + 10
-            while True:   # until the single node leads its groups
+
+            async def serves_linearizable_reads() -> bool:
                 try:
                     await conn.call(p.Get("kv/x", "linearizable"), 2)
-                    break
                 except ClientError:
-                    assert time.monotonic() < deadline, "no leader"
-                    await asyncio.sleep(0.05)
+                    return False
+                return True
+            await eventually(serves_linearizable_reads, 10, "the single node to lead its groups")
             # A local read waiting for an offset that will never be applied: the server must give
             # up at the request's deadline (0.3 s), not at its 10 s default.
             rid, reply = conn._send(p.Get("kv/x", "local", min_offset=10**9), 0.3)

@@ -44,11 +44,10 @@ from kafka.protocol.consumer.group import JoinGroupRequest, JoinGroupResponse
 from kafka.protocol.metadata.metadata import MetadataRequest
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 
-from epochlog.client import Client, ClientError
+from epochlog.client import Client
 from eventlog.records import HEADER, HEADER_SIZE, LOG_OVERHEAD, MAGIC, crc32c
 from tests.epochlog.kafka.raw import RawKafka
 from tests.support.nodes import NodeCluster
-from tests.support.wait import wait_until
 from tests.support.fixtures import seed_for
 from tests.epochlog.node.raw import RawConnection, frame_bytes
 
@@ -78,25 +77,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
         made.start()
         with Client(made.endpoints, timeout=20) as client:
             client.put("loop/x", b"1")
-            for group in made.groups:
-                _move_leader(made, client, group, ATTACKED)
+        for group in made.groups:
+            made.move_leader(group, ATTACKED, timeout=60)
         yield made
     finally:
         made.close()
         print(made.describe())
-
-
-def _move_leader(cluster: NodeCluster, client: Client, group: str, to: int) -> None:
-    def moved() -> bool:
-        if cluster.leader(group) == to:
-            return True
-        try:
-            client.transfer_leader(group, to)
-        except ClientError:
-            pass
-        time.sleep(0.3)
-        return cluster.leader(group) == to
-    wait_until(moved, 60, f"node {to} to lead {group}", interval=0.2)
 
 
 # --- what the node says ------------------------------------------------------------------------------

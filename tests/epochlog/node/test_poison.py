@@ -44,20 +44,6 @@ def _put_raw(address: str, event: dict[str, Any], rid: int = 1) -> list[Any]:
         conn.close()
 
 
-def _move_leader(cluster: NodeCluster, group: str, to: int) -> None:
-    with Client(cluster.endpoints, timeout=20) as client:
-        def moved() -> bool:
-            if cluster.leader(group) == to:
-                return True
-            try:
-                client.transfer_leader(group, to)
-            except ClientError:
-                pass
-            time.sleep(0.3)
-            return cluster.leader(group) == to
-        wait_until(moved, 30, f"node {to} to lead {group}", interval=0.2)
-
-
 def _halt(cluster: NodeCluster, node: int, group: str = "kv") -> p.HaltInfo | None:
     g = cluster.group_status(node, group)
     return None if g is None else g.halted
@@ -120,7 +106,7 @@ def test_a_poison_record_halts_only_that_group_never_kills_a_node_and_skip_recov
     cluster.start()
     with Client(cluster.endpoints, timeout=15) as client:
         base = client.put("app/before", b"1").offset
-    _move_leader(cluster, "kv", 1)
+    cluster.move_leader("kv", 1)
 
     reply = _put_raw(cluster.endpoint(1), POISON)
     # Node 1 proposed it, it committed, and node 1 cannot apply it either: the outcome is not its to give.
@@ -188,7 +174,7 @@ def test_a_mixed_version_cluster_halts_the_older_nodes_the_newer_leader_goes_on_
     cluster = node_cluster_factory()
     cluster.nodes[1].build = "kvput-newer"         # a newer Epochlog; nodes 2 and 3 are this tree's
     cluster.start()
-    _move_leader(cluster, "kv", 1)
+    cluster.move_leader("kv", 1)
     reply = _put_raw(cluster.endpoint(1), POISON)
     assert reply[2] is None and reply[1]["results"][0][2], reply     # the newer node applies it: ok
     newer = reply[1]["results"][0][0]
