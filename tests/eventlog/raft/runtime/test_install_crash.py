@@ -1,7 +1,7 @@
 """kill -9 at every file-system step of installing a snapshot with its log prefix: old state or new, and
 the log always opens.
 
-The parent builds a leader whose log was cleaned (tests/eventlog/raft/test_snapshot_image.py's) and the image
+The parent builds a leader whose log was cleaned (tests/eventlog/raft/runtime/test_snapshot_image.py's) and the image
 of its snapshot at 299, and a follower with a log and a snapshot of its own. A child
 (`install_crash_child.py`) stages the image and installs it, SIGKILLing itself just before or just
 after its j-th file-system call (every rename, replace, unlink, link, rmdir, mkdir, fsync and
