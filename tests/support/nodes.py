@@ -161,6 +161,7 @@ class NodeCluster:
         self.config_path.write_text(self.config_text())
         self.net: ProxyNetwork | None = None
         self._own_configs = proxied or bool(self.node_raft)
+        self._configured = set(self.nodes)
         links: dict[tuple[int, int], int] = {}
         if proxied:
             self.net = ProxyNetwork()
@@ -182,7 +183,8 @@ class NodeCluster:
 
     def node_config_path(self, node_id: int) -> Path:
         """The config node `node_id` runs with (its own when proxied or given its own `[raft]` keys)."""
-        return self.root / f"node-{node_id}.toml" if self._own_configs else self.config_path
+        own = self._own_configs and node_id in self._configured   # a joiner runs with the cluster's
+        return self.root / f"node-{node_id}.toml" if own else self.config_path
 
     def config_text(self, peer_addresses: dict[int, str] | None = None, node_id: int | None = None) -> str:
         """The cluster's TOML; `peer_addresses` replaces members' peer addresses (a proxied node's view),
@@ -252,7 +254,7 @@ class NodeCluster:
         if not self.insecure:
             provision(self.root / "ca", self.name, {node_id: self.nodes[node_id].data_dir})
 
-    def _spawn(self, node_id: int, extra_env: dict[str, str]) -> None:
+    def _spawn(self, node_id: int, extra_env: dict[str, str], extra_args: tuple[str, ...] = ()) -> None:
         node = self.nodes[node_id]
         assert not node.running, f"node {node_id} is already running"
         self.provision_tls(node_id)
@@ -267,19 +269,33 @@ class NodeCluster:
             node.proc = subprocess.Popen(
                 [sys.executable, *program, "serve", "--config", str(self.node_config_path(node_id)),
                  "--node-id", str(node_id), "--data-dir", str(node.data_dir),
-                 "--seed", str(self.rng.getrandbits(32)), *self.serve_args],
+                 "--seed", str(self.rng.getrandbits(32)), *self.serve_args, *extra_args],
                 cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
 
     def wait_ready(self, node_id: int, timeout: float = START_TIMEOUT_S) -> None:
         node = self.nodes[node_id]
-        deadline = time.monotonic() + timeout
-        while f"READY {node_id} " not in node.stdout():
+
+        def ready() -> bool:
             if not node.running:
                 code = None if node.proc is None else node.proc.returncode
                 raise AssertionError(f"node {node_id} exited with {code} before READY:\n{node.stderr()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"node {node_id} not READY after {timeout}s:\n{node.stderr()[-3000:]}")
-            time.sleep(0.02)
+            return f"READY {node_id} " in node.stdout()
+        try:
+            wait_until(ready, timeout, f"node {node_id} to be READY", interval=0.02)
+        except AssertionError as exc:
+            if not node.running:
+                raise   # it exited: the message has its stderr already
+            raise AssertionError(f"{exc}:\n{node.stderr()[-3000:]}") from None
+
+    def start_joiner(self, node_id: int) -> ServeNode:
+        """Start `node_id`, which is not in the cluster's config, with its addresses on the command line
+        (it serves once an operator adds it: `member add`); `close()` kills it too, and a restart starts
+        it without the flags (it remembers its addresses in its data directory)."""
+        peer, client, admin = (f"127.0.0.1:{port}" for port in free_ports(3))
+        self.nodes[node_id] = ServeNode(node_id, peer, client, admin, self.root / f"node-{node_id}")
+        self._spawn(node_id, {}, ("--peer-address", peer, "--client-address", client, "--admin-address", admin))
+        self.wait_ready(node_id)
+        return self.nodes[node_id]
 
     def kill9(self, node_id: int) -> float:
         """SIGKILL the node (by the pid we started); the monotonic time of the kill."""

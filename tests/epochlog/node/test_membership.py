@@ -10,10 +10,6 @@ the membership. Last, a 5th node is added without automatic promotion: a learner
 
 from __future__ import annotations
 
-import os
-import random
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,33 +22,10 @@ from epochlog.identity import resolve_member
 from eventlog.errors import ConfigError
 from eventlog.raft.runtime.config import load_node_configs
 from statemachines import events as ev
-from tests.support.nodes import ROOT, NodeCluster, ServeNode
+from tests.support.nodes import ROOT, NodeCluster
 from tests.support.wait import wait_until
-from tests.support.ports import free_ports
 
 GROUPS = ("metadata", "offsets", "kv")
-
-
-def spawn_joiner(cluster: NodeCluster, node_id: int) -> ServeNode:
-    """Start `node_id`, which is not in the cluster's config, with its addresses on the command line."""
-    ports = free_ports(3, random.Random(random.SystemRandom().getrandbits(64)))
-    node = ServeNode(node_id, f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}", f"127.0.0.1:{ports[2]}",
-                     cluster.root / f"node-{node_id}")
-    cluster.nodes[node_id] = node   # cluster.close() kills it too; cluster.restart() starts it without flags
-    cluster.provision_tls(node_id)  # a member certificate of the cluster's CA, as an operator would issue
-    node.incarnation = 0
-    node.out_path = cluster.root / f"node-{node_id}.0.out"
-    node.err_path = cluster.root / f"node-{node_id}.0.err"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHLOG_")}
-    with open(node.out_path, "wb") as out, open(node.err_path, "wb") as err:
-        node.proc = subprocess.Popen(
-            [sys.executable, "-m", "epochlog", "serve", "--config", str(cluster.config_path),
-             "--node-id", str(node_id), "--data-dir", str(node.data_dir), "--seed", str(cluster.rng.getrandbits(32)),
-             "--peer-address", node.peer_address, "--client-address", node.client_address,
-             "--admin-address", node.admin_address],
-            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
-    cluster.wait_ready(node_id)
-    return node
 
 
 def confs(client: Client, endpoint: str) -> dict[str, tuple[set[int], set[int]]]:
@@ -80,7 +53,7 @@ def test_add_a_node_remove_the_metadata_leader_and_restart(node_cluster_factory:
         with pytest.raises(ClientError, match="member_add"):
             client.command(ev.MemberAdded(node_id=9, peer_address="127.0.0.1:1"))
 
-        joiner = spawn_joiner(cluster, 4)
+        joiner = cluster.start_joiner(4)
         members = client.member_add(4, joiner.peer_address, joiner.client_address)
         assert p.MemberInfo(4, joiner.peer_address, joiner.client_address) in members.members
         assert 4 in members.learners or 4 in members.voters
@@ -139,7 +112,7 @@ def test_add_a_node_remove_the_metadata_leader_and_restart(node_cluster_factory:
                 assert got is not None and got.value == b"y"
 
             # a learner without automatic promotion stays one until promoted
-            fifth = spawn_joiner(cluster, 5)
+            fifth = cluster.start_joiner(5)
             members = survivors.member_add(5, fifth.peer_address, fifth.client_address, auto_promote=False)
             assert 5 in members.learners
             every = [*rest_endpoints, fifth.client_address]
