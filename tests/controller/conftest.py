@@ -16,6 +16,7 @@ import pytest
 
 from tests.support.fixtures import seed_for
 from tests.support.nodes import ROOT, NodeCluster
+from tests.support.wait import wait_until
 
 HEARTBEAT_INTERVAL_MS = 250
 HEARTBEAT_TIMEOUT_MS = 2500
@@ -67,11 +68,14 @@ class Brokers:
                 cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
         broker = BrokerProcess(group, name, proc, out)
         self.procs.append(broker)
-        deadline = time.monotonic() + timeout
-        while "REGISTERED" not in broker.stdout():
+        def registered() -> bool:
             assert broker.running, f"broker {name} exited with {proc.returncode}:\n{broker.stdout()[-3000:]}"
-            assert time.monotonic() < deadline, f"broker {name} did not register:\n{broker.stdout()[-3000:]}"
-            time.sleep(0.05)
+            return "REGISTERED" in broker.stdout()
+        try:
+            wait_until(registered, timeout, f"broker {name} to register")
+        except AssertionError:
+            print(broker.stdout()[-3000:])
+            raise
         return broker
 
     def close(self) -> None:
