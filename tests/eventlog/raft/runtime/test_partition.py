@@ -29,6 +29,7 @@ import pytest
 from epochlog import protocol as p
 from tests.support.nodes import NodeCluster
 from tests.support.offline import compare_committed
+from tests.support.proxy import ProxyNetwork
 from tests.support.wait import wait_until
 from tests.support.writes import WriteStream, check_acks
 
@@ -70,14 +71,18 @@ def _heal_and_compare(cluster: NodeCluster, stream: WriteStream, leader: tuple[i
           f"byte-identical on all nodes")
 
 
-def _isolated_leader(cluster: NodeCluster) -> None:
-    net = cluster.net
-    assert net is not None
+def _start_writing(cluster: NodeCluster) -> tuple[ProxyNetwork, WriteStream, p.GroupInfo]:
+    """Start the nodes and a write stream; the proxies, the stream and the leader once writes commit."""
+    assert cluster.net is not None
     cluster.start()
     stream = WriteStream(cluster, G, proposers=4)
     stream.start()
     wait_until(lambda: len(stream.acks) >= 30, 15.0, "the first acknowledged writes")
-    old = cluster.wait_leader(G)
+    return cluster.net, stream, cluster.wait_leader(G)
+
+
+def _isolated_leader(cluster: NodeCluster) -> None:
+    net, stream, old = _start_writing(cluster)
     a, b = [n for n in cluster.nodes if n != old.node]
     net.partition(old.node, a)   # silent: the connection stays up, frames vanish
     net.sever(old.node, b)       # loud: the connection is reset, reconnections refused
@@ -105,13 +110,7 @@ def _isolated_leader(cluster: NodeCluster) -> None:
 
 
 def _one_way(cluster: NodeCluster) -> None:
-    net = cluster.net
-    assert net is not None
-    cluster.start()
-    stream = WriteStream(cluster, G, proposers=4)
-    stream.start()
-    wait_until(lambda: len(stream.acks) >= 30, 15.0, "the first acknowledged writes")
-    leader = cluster.wait_leader(G)
+    net, stream, leader = _start_writing(cluster)
     deaf, other = [n for n in cluster.nodes if n != leader.node]
 
     # 1. The leader's frames to one follower are dropped; the follower's frames still arrive.
