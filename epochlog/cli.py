@@ -242,7 +242,7 @@ def serve_command(config_path: Path, node_id: int, data_dir: Path | None, seed: 
     from epochlog.identity import resolve_member
     from epochlog.logs import configure
     from epochlog.serve import serve
-    from eventlog.raft.runtime import faults
+    from eventlog import fault_injection as faults
     from eventlog.raft.runtime.config import load_node_configs
 
     configure("json" if log_format == "json" else "text", node_id)

@@ -123,7 +123,7 @@ async def serve(configs: NodeConfigs, node_id: int, data_dir: str | Path, *, see
     running = await RunningNode.start(configs, node_id, data_dir, seed=seed, member=member)
     # What start made (modules, configs, the groups' structures) lives as long as the process: keep it
     # out of the collector's full passes, which then scan only what came after. A pass holds the loop:
-    # under the pipelined-gets attack of tests/node/test_loop_bounds.py on a loaded machine, the
+    # under the pipelined-gets attack of tests/epochlog/node/test_loop_bounds.py on a loaded machine, the
     # longest went from 100 to 63 ms with this (64 passes over 20 ms in 20 s, then 27).
     gc.freeze()
     stop = asyncio.Event()
