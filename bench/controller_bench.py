@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.results import write_section
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client import AsyncClient
 from epochlog.client.broker import ControllerClient
 from statemachines import events as ev

@@ -36,7 +36,7 @@ from typing import Any
 
 from bench.node_load import cpu_of
 from bench.results import write_section
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client import AsyncClient
 from eventlog.log import Log
 from eventlog.raft.runtime.group import full_history_start

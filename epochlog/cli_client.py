@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client import AsyncClient, ClientError, KeyValue, NotFoundError, WatchedEvent
 from statemachines import events as ev
 from statemachines.state import KvState

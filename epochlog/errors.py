@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from eventlog.errors import EpochlogError
-from epochlog import protocol as p
+from epochlog.api import messages as p
 
 
 class NodeError(EpochlogError):

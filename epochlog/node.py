@@ -4,7 +4,7 @@
 ViewsStateMachine over RocksDB) and exposes the operations of the client protocol as coroutines
 returning protocol messages, so the native server and the gRPC face share one implementation.
 
-Writes go to the leader of the group that owns the entity (epochlog.routing); a follower answers
+Writes go to the leader of the group that owns the entity (epochlog.api.routing); a follower answers
 `not_leader` with the leader's id and client address, and the SDK retries there. A Write naming
 several groups commits each group's part atomically and in order, but the groups independently:
 each event carries a request id, so retrying the whole Write after a failure never applies an event
@@ -35,13 +35,14 @@ from eventlog.raft.runtime.host import NodeHost
 from compaction.config import compaction_configs
 from compaction.service import CompactionService, allocated_bytes
 from controller.config import controller_config
-from controller.runtime import ControllerRuntime
-from epochlog import protocol as p
+from controller.runtime import GROUP as CONTROLLER_GROUP, ControllerRuntime
+from epochlog.api import messages as p
+from epochlog.api.routing import REQUIRED_GROUPS, group_of_event, group_of_key
 from epochlog.errors import GroupHaltedError, NodeError, RejectedError
 from epochlog.halts import Halts
 from epochlog.integrity import DigestCheck, damage_info
+from epochlog.local_groups import LocalGroups
 from epochlog.membership import Membership
-from epochlog.routing import REQUIRED_GROUPS, group_of_event, group_of_key
 from statemachines import events as ev
 from statemachines.apply import HALTED
 from statemachines.query import MAX_LIMIT, Query
@@ -68,13 +69,15 @@ class Node:
         self.node_id = node_id
         self.data_dir = Path(data_dir)
         self.views_config = from_mapping(ViewsConfig, configs.views, "views")
-        self.controller = ControllerRuntime(self, controller_config(configs.controller))  # on the metadata leader
+        self.views: dict[str, ViewsStateMachine] = {}
+        self.controller = ControllerRuntime(controller_config(configs.controller), node_id,
+                                            lambda: self.group(CONTROLLER_GROUP),   # runs on its leader
+                                            lambda: self.views[CONTROLLER_GROUP].store)
         missing = [g for g in REQUIRED_GROUPS if g not in configs.cluster.groups]
         if missing:
             raise ConfigError("cluster.groups", list(configs.cluster.groups),
                               f"must include {', '.join(REQUIRED_GROUPS)} (missing {', '.join(missing)})")
         self.member = configs.cluster.member(node_id) if member is None else member
-        self.views: dict[str, ViewsStateMachine] = {}
         compaction_config, self.cleaner_config = compaction_configs(configs.compaction)
         compaction_config.check_groups(configs.cluster.groups)
         self.compaction = CompactionService(compaction_config,
@@ -84,9 +87,12 @@ class Node:
                              retention_floor=self.compaction.retention_floor,
                              space_guard=self.compaction.space_guard,
                              ships_log_prefix=self.compaction.ships_log_prefix)
-        self.membership = Membership(self)
-        self.halts = Halts(self)
-        self.digest_check = DigestCheck(self, self.views_config.digest_check_interval_ms)
+        self.local_groups = LocalGroups(node_id, lambda: self.host.groups, self.views)
+        self.membership = Membership(self.local_groups, configs.cluster.members, self.member,
+                                     lambda: self.host.transport)
+        self.halts = Halts(self.local_groups, lambda name: self.transfer_leader(p.TransferLeader(name, 0)))
+        self.digest_check = DigestCheck(self.local_groups, lambda: self.client_addresses,
+                                        self.views_config.digest_check_interval_ms)
 
     def _open_views(self, name: str, directory: Path) -> ViewsStateMachine:
         sm = ViewsStateMachine(directory, self.views_config, name=name)
@@ -142,10 +148,7 @@ class Node:
     # --- helpers ----------------------------------------------------------------------------------
 
     def group(self, name: str) -> RaftGroup:
-        group = self.host.groups.get(name)
-        if group is None:
-            raise NodeError(f"no group {name!r} (groups: {', '.join(self.host.groups)})")
-        return group
+        return self.local_groups.group(name)
 
     @property
     def members(self) -> dict[int, p.MemberInfo]:

@@ -53,7 +53,7 @@ from eventlog.configuration import from_mapping, load_toml
 from eventlog.errors import ConfigError, EpochlogError
 from eventlog.raft.runtime.config import (ClusterConfig, MemberConfig, NodeConfigs, load_node_configs,
                                           parse_address)
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client import AsyncClient, ClientError
 from epochlog.demo_load import DemoLoad, DemoReport
 
@@ -108,7 +108,7 @@ class Plan:
 
 def make_plan(config_path: Path, nodes: int | None, data_dir: Path) -> Plan:
     """Load and check everything before a process starts; raises ConfigError / UpError."""
-    from epochlog.routing import REQUIRED_GROUPS
+    from epochlog.api.routing import REQUIRED_GROUPS
     from epochlog.kafka.config import KafkaServiceConfig
     from epochlog.server import ClientServiceConfig
     from statemachines.store import ViewsConfig

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client.connection import GRACE_S, Connection, Sent
 from epochlog.client.errors import (
     ClientError,
@@ -41,7 +41,7 @@ from epochlog.client.sessions import (
     GroupSession,
     OutcomeUnknownError,
 )
-from epochlog.routing import group_of_event, group_of_key
+from epochlog.api.routing import group_of_event, group_of_key
 from statemachines import events as ev
 from statemachines.request_ids import uuid7
 from statemachines.sessions import session_id_at

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client import Client, ClientError
 from epochlog.client.broker import ControllerClient
 from statemachines import events as ev

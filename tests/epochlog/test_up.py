@@ -22,7 +22,7 @@ import pytest
 
 from eventlog.configuration import load_toml
 from eventlog.errors import EpochlogError
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.certs import CertsError, ClusterCA
 from epochlog.up import ClusterView, UpError, ensure_certificates, make_plan
 from tests.epochlog.local_cluster import (ROOT, cluster_document, epochlog_argv, kill_leftovers,

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client import Client
 from eventlog.config import LogConfig
 from eventlog.errors import EpochlogError

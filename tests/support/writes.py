@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client.connection import Connection
 from epochlog.client.errors import ClientError
 from statemachines import events as ev

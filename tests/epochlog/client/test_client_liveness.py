@@ -35,7 +35,7 @@ from typing import TypeVar
 import msgspec
 import pytest
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client import AsyncClient, Client, ClientError, DeadlineExceededError, NoAnswerError
 from epochlog.client.connection import Connection
 from epochlog.client.errors import NotLeaderError, UnavailableError

@@ -17,7 +17,7 @@ from eventlog.errors import ConfigError
 from eventlog.raft.errors import (CompactedError, NotCaughtUpError, NotFoundError, NotLeaderError,
                                   ProposalDroppedError)
 from eventlog.raft.runtime.config import ClusterConfig, MemberConfig
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.grpc import convert as cv
 from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.errors import GroupHaltedError, RejectedError

@@ -46,7 +46,7 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client import Client, ClientError, CompactedError
 from eventlog.fault_injection import CRASH_ENV_VAR
 from statemachines import events as ev

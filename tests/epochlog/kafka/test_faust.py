@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from statemachines.brokers import new_incarnation
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client import AsyncClient
 from epochlog.client.broker import DEFAULT_CLUSTER, ControllerClient
 from examples.live_brokers import CHANGELOG, live_brokers

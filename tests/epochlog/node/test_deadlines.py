@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from eventlog.raft.runtime.config import NodeConfigs, load_node_configs
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client.connection import Connection
 from epochlog.client.errors import ClientError, DeadlineExceededError
 from epochlog.serve import RunningNode

@@ -26,13 +26,13 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
-from epochlog import protocol as p
+from epochlog.api.frames import MAX_FRAME_BYTES
 from epochlog.client import Client, ClientError
 from epochlog.client.connection import Connection
 from tests.support.nodes import NodeCluster
 from tests.epochlog.node.raw import RawConnection
 
-BUDGET = p.MAX_FRAME_BYTES + 4          # the smallest budget allowed: one frame of the maximum size
+BUDGET = MAX_FRAME_BYTES + 4          # the smallest budget allowed: one frame of the maximum size
 TIMEOUT_MS = 2_000
 CHUNK = 6 << 20
 
@@ -81,7 +81,7 @@ def test_partial_frames_stay_within_the_node_budget_and_stalled_frames_are_close
 
     # The budget was given back: a frame as large as the limit allows goes through, in pieces.
     big = msgspec.msgpack.encode({"type": "requests", "requests": [[1, {"type": "status"}, 5000]],
-                                  "padding": b"\x00" * (p.MAX_FRAME_BYTES - 200)})
+                                  "padding": b"\x00" * (MAX_FRAME_BYTES - 200)})
     conn = RawConnection(address, timeout=20)
     conn.hello()
     data = struct.pack(">I", len(big)) + big

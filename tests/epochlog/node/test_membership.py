@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client.errors import ClientError, NotFoundError
 from epochlog.client.sync import Client
 from epochlog.identity import resolve_member

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client import Client
 from eventlog.raft.peer_check import NOT_MEMBER, SNAPSHOT_CHUNK, TERM_LIMIT, UNKNOWN_GROUP, WRONG_DST
 from eventlog.raft.types import Append, ConfState, Entry, Heartbeat, InstallSnapshot, SnapshotMeta, Vote

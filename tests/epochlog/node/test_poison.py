@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client import Client, ClientError
 from statemachines import events as ev
 from statemachines.request_ids import uuid7

@@ -21,7 +21,7 @@ import grpc
 import msgspec
 import pytest
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client import AsyncClient, Client, RejectedError, WatchedEvent
 from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc

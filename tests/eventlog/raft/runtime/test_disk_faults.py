@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from eventlog.offline import Verdict, verify_log_dir
 from eventlog.fault_injection import ENV_VAR as FAULTS_ENV
 from eventlog.fault_injection import HEAL_ENV_VAR

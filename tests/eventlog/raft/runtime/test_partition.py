@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import pytest
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from tests.support.nodes import NodeCluster
 from tests.support.offline import compare_committed
 from tests.support.proxy import ProxyNetwork
