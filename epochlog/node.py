@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import secrets
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -39,6 +40,7 @@ from controller.runtime import ControllerRuntime
 from epochlog import protocol as p
 from epochlog.errors import GroupHaltedError, NodeError, RejectedError
 from epochlog.halts import Halts
+from epochlog.identity import storage_id
 from epochlog.integrity import DigestCheck, damage_info
 from epochlog.membership import Membership
 from epochlog.routing import REQUIRED_GROUPS, group_of_event, group_of_key
@@ -87,6 +89,8 @@ class Node:
         self.membership = Membership(self)
         self.halts = Halts(self)
         self.digest_check = DigestCheck(self, self.views_config.digest_check_interval_ms)
+        self.instance = secrets.token_hex(8)   # this run of the node (status: `epochlog up` tells restarts apart)
+        self.storage = ""                      # the data directory's id, read at start (epochlog.identity)
 
     def _open_views(self, name: str, directory: Path) -> ViewsStateMachine:
         sm = ViewsStateMachine(directory, self.views_config, name=name)
@@ -113,6 +117,7 @@ class Node:
         return found
 
     async def start(self) -> None:
+        self.storage = storage_id(self.data_dir)
         await self.host.start()
         self.compaction.start()
         self.membership.start()
@@ -361,8 +366,10 @@ class Node:
             s = group.status()
             conf = group.node.conf
             progress = group.node.progress if s.role == "leader" else {}
+            now = group.loop.time()
             peers = [p.PeerInfo(n, "voter" if n in conf.voters else "learner",
-                                progress[n].match if n in progress else -1)
+                                progress[n].match if n in progress else -1,
+                                round((now - group.heard_at[n]) * 1000) if n in group.heard_at else -1)
                      for n in (*conf.voters, *conf.learners)]
             views = self.views.get(name)
             groups.append(p.GroupInfo(name, self.node_id, s.role, s.term, s.leader, s.commit, s.applied,
@@ -370,7 +377,8 @@ class Node:
                                       sorted(views.applier.skipped) if views is not None else [],
                                       damage_info(s.repair), self.digest_check.digests(name),
                                       list(self.digest_check.alarms.get(name, {}).values())))
-        return p.StatusInfo(self.cluster, self.node_id, groups, self.membership.sorted())
+        return p.StatusInfo(self.cluster, self.node_id, groups, self.membership.sorted(), self.instance, os.getpid(),
+                            self.storage)
 
     def compaction_status(self) -> p.CompactionInfo:
         """This node's retention of every group (`epochlog compaction status`)."""
