@@ -111,10 +111,14 @@ def log_dump(directory: Path, start_offset: int, limit: int | None, max_keys: in
 def log_verify(directory: Path, as_json: bool) -> None:
     """Check every batch CRC in DIRECTORY. Exit 0 clean, 1 recovery would repair something (cut a
     torn tail, finish or undo an interrupted cleaner swap), 2 mid-log corruption (recovery would
-    refuse to open)."""
-    from eventlog.offline import verify_log_dir
+    refuse to open) or no log in DIRECTORY (one line naming the logs below it)."""
+    from eventlog.offline import NotALogError, verify_log_dir
 
-    report = verify_log_dir(directory)
+    try:
+        report = verify_log_dir(directory)
+    except NotALogError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
     if as_json:
         click.echo(json.dumps({
             "directory": str(report.directory), "verdict": report.verdict_name,
