@@ -83,7 +83,8 @@ class Connection:
             raise UnavailableError(f"cannot connect to {self.address}: no hello within {timeout:.2f} s") from None
         except (OSError, ValueError) as exc:
             self._abort()
-            raise UnavailableError(f"cannot connect to {self.address}: {exc}") from None
+            # Some errors say nothing (ConnectionResetError()): their type is the reason then.
+            raise UnavailableError(f"cannot connect to {self.address}: {str(exc) or type(exc).__name__}") from None
         hello = frames[0]
         if isinstance(hello, p.Replies) and hello.replies and hello.replies[0].error is not None:
             error = hello.replies[0].error   # refused before the hello: a limit of the node (connection_limit)
