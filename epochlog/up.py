@@ -559,6 +559,7 @@ def plain_line(elapsed: float, nodes: Sequence[NodeProcess], rows: Sequence[Grou
     up = sum(1 for n in nodes if n.state() == "up")
     parts = [f"[{elapsed:6.1f}s] nodes {up}/{len(nodes)} up"]
     parts += [f"{n.id} {n.state()}" for n in nodes if n.state() != "up"]
+    parts += [f"{n.id} up by hand (pid {n.answer_pid})" for n in nodes if n.by_hand]
     for r in rows:
         lags = " ".join(f"{m.id}:{'down' if m.lag is None else m.lag}" for m in r.members)
         parts.append(f"{r.name}: leader {r.leader or '-'} term {r.term} commit {r.commit} "
