@@ -41,7 +41,8 @@ import click
 import msgspec
 
 from epochlog import protocol as p
-from epochlog.client import AsyncClient, ClientError, KeyValue, NotFoundError, UnavailableError, WatchedEvent
+from epochlog.client import (AsyncClient, ClientError, DeadlineExceededError, KeyValue, NotFoundError,
+                             UnavailableError, WatchedEvent)
 from statemachines import events as ev
 from statemachines.state import KvState
 
@@ -116,12 +117,12 @@ class Target:
         name another."""
         try:
             yield
-        except UnavailableError as exc:
+        except (UnavailableError, DeadlineExceededError) as exc:
             if self.default_from is None:
                 raise
-            raise UnavailableError(f"{exc} (no cluster named: tried {', '.join(self.endpoints)}, the "
-                                   f"addresses of {self.default_from}, which `epochlog up` runs; name "
-                                   f"another with --endpoints, --config or {ENDPOINTS_ENV})") from None
+            raise type(exc)(f"{exc} (no cluster named: tried {', '.join(self.endpoints)}, the addresses of "
+                            f"{self.default_from}, which `epochlog up` runs; name another with --endpoints, "
+                            f"--config or {ENDPOINTS_ENV})") from None
 
     def stream(self, body: Callable[[AsyncClient, asyncio.Event], Awaitable[None]]) -> None:
         """Run a streaming `body(client, stop)` until it returns or Ctrl-C sets `stop` (then exit 0).
