@@ -284,6 +284,7 @@ class RaftGroup:
         self._seen_term = self.node.term
         self._seen_leadership = (self.node.term, self.node.leader)
         self._last_tick_at = self.loop.time()   # when the core last ticked (see _check_clock)
+        self.heard_at: dict[int, float] = {}    # peer -> loop time of its latest message (status: heard_ms)
         self._term_limit_said_at = -math.inf
         # The leader's view of how far behind each member is (logged, and read by metrics).
         self.lag = lag if lag is not None else LagMonitor(warn_after_s=10.0)
@@ -336,6 +337,7 @@ class RaftGroup:
 
     def deliver(self, peer: int, msg: Message) -> None:
         """A message from `peer` (called by the transport; checked just before the core steps it)."""
+        self.heard_at[peer] = self.loop.time()
         self._inbox.append((peer, msg))
         self._wake.set()
 

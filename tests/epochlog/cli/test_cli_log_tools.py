@@ -97,7 +97,14 @@ def test_usage_and_operational_errors_have_their_own_exit_codes(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     result = epochlog("log", "verify", str(empty))
-    assert result.returncode == 0 and "no segment files" in result.stderr
+    assert result.returncode == 2 and "holds no log" in result.stderr and "clean" not in result.stdout, result
+    # A node's group directory is not its log: the refusal names the log below it (issue 22).
+    group = tmp_path / "node" / "groups" / "kv"
+    with Log.open(group / "log", CFG) as log:
+        log.append(encode_batch([(b"kv/a", b"1")], timestamp_ms=1000), epoch=1)
+    result = epochlog("log", "verify", str(group))
+    assert result.returncode == 2 and str(group / "log") in result.stderr, result
+    assert epochlog("log", "verify", str(group / "log")).returncode == 0
 
 
 def test_demo_runs_end_to_end(tmp_path):
