@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import secrets
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -40,6 +41,7 @@ from epochlog.api import messages as p
 from epochlog.api.routing import REQUIRED_GROUPS, group_of_event, group_of_key
 from epochlog.errors import GroupHaltedError, NodeError, RejectedError
 from epochlog.halts import Halts
+from epochlog.identity import storage_id
 from epochlog.integrity import DigestCheck, damage_info
 from epochlog.local_groups import LocalGroups
 from epochlog.membership import Membership
@@ -93,6 +95,8 @@ class Node:
         self.halts = Halts(self.local_groups, lambda name: self.transfer_leader(p.TransferLeader(name, 0)))
         self.digest_check = DigestCheck(self.local_groups, lambda: self.client_addresses,
                                         self.views_config.digest_check_interval_ms)
+        self.instance = secrets.token_hex(8)   # this run of the node (status: `epochlog up` tells restarts apart)
+        self.storage = ""                      # the data directory's id, read at start (epochlog.identity)
 
     def _open_views(self, name: str, directory: Path) -> ViewsStateMachine:
         sm = ViewsStateMachine(directory, self.views_config, name=name)
@@ -119,6 +123,7 @@ class Node:
         return found
 
     async def start(self) -> None:
+        self.storage = storage_id(self.data_dir)
         await self.host.start()
         self.compaction.start()
         self.membership.start()
@@ -364,8 +369,10 @@ class Node:
             s = group.status()
             conf = group.node.conf
             progress = group.node.progress if s.role == "leader" else {}
+            now = group.loop.time()
             peers = [p.PeerInfo(n, "voter" if n in conf.voters else "learner",
-                                progress[n].match if n in progress else -1)
+                                progress[n].match if n in progress else -1,
+                                round((now - group.heard_at[n]) * 1000) if n in group.heard_at else -1)
                      for n in (*conf.voters, *conf.learners)]
             views = self.views.get(name)
             groups.append(p.GroupInfo(name, self.node_id, s.role, s.term, s.leader, s.commit, s.applied,
@@ -373,7 +380,8 @@ class Node:
                                       sorted(views.applier.skipped) if views is not None else [],
                                       damage_info(s.repair), self.digest_check.digests(name),
                                       list(self.digest_check.alarms.get(name, {}).values())))
-        return p.StatusInfo(self.cluster, self.node_id, groups, self.membership.sorted())
+        return p.StatusInfo(self.cluster, self.node_id, groups, self.membership.sorted(), self.instance, os.getpid(),
+                            self.storage)
 
     def compaction_status(self) -> p.CompactionInfo:
         """This node's retention of every group (`epochlog compaction status`)."""

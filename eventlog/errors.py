@@ -30,7 +30,8 @@ class ConfigError(EpochlogError):
         self.key = key
         self.value = value
         self.problem = problem
-        super().__init__(f"config {key} = {value!r}: {problem}")
+        # No value (a whole file is wrong: not found, invalid TOML): the key is the file, and no "= None".
+        super().__init__(f"config {key}: {problem}" if value is None else f"config {key} = {value!r}: {problem}")
 
 
 class LogError(EpochlogError):

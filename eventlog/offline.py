@@ -9,6 +9,10 @@ segments (key compaction, `eventlog.cleaned`) are checked by the cleaner checkpo
 swap or a log prefix install (`eventlog.prefix`) a crash interrupted is judged on the files
 `Log.open` would end up with (it finishes or undoes them before anything else).
 
+A directory without a single segment file is no log at all (`Log.open` always leaves one): `verify`
+refuses it (`NotALogError`, naming the log directories below it, such as a node's
+`groups/<group>/log`) instead of calling it clean.
+
 `read_committed` yields the records of an offset range of a group's log (`<group dir>/log`) up to the
 commit bound the caller gives (`committed_offset` reads the one Raft persisted), every batch CRC-checked,
 control batches skipped, and raises LogError rather than return fewer offsets than asked. Whether a
@@ -47,6 +51,35 @@ from eventlog.records import (
 )
 from eventlog.scan import ScanStatus, scan_segment
 from eventlog.segment import LOG_SUFFIX, parse_segment_name
+
+
+class NotALogError(LogError):
+    """The directory given to `verify` holds no segment file (the message says where logs are below it)."""
+
+    code = "not_a_log"
+
+
+def find_logs(directory: Path, depth: int = 3) -> list[Path]:
+    """Directories at most `depth` levels below `directory` that hold segment files, in path order."""
+    found: list[Path] = []
+    level = [directory]
+    for _ in range(depth):
+        below = []
+        for d in level:
+            try:
+                children = sorted(c for c in d.iterdir() if c.is_dir() and not c.is_symlink())
+            except OSError:
+                continue
+            for c in children:
+                try:
+                    if any(parse_segment_name(f.name) is not None for f in c.iterdir()):
+                        found.append(c)
+                        continue
+                except OSError:
+                    continue
+                below.append(c)
+        level = below
+    return sorted(found)
 
 
 class Verdict(enum.IntEnum):
@@ -156,6 +189,11 @@ def verify_log_dir(directory: str | Path) -> VerifyReport:
     """Check every batch CRC of every segment and the links between segments."""
     directory = Path(directory)
     report = VerifyReport(directory)
+    if not segment_files(directory) and PrefixInstall.load(directory) is None:
+        logs = find_logs(directory)
+        where = (f"; logs below it: {', '.join(str(d) for d in logs[:3])}{', ...' if len(logs) > 3 else ''}"
+                 if logs else "")
+        raise NotALogError(f"{directory} holds no log (no segment file *{LOG_SUFFIX}){where}")
     try:
         cleaner, all_files, report.interrupted_swap = effective_layout(directory)
     except EpochlogError as exc:

@@ -6,11 +6,13 @@ A package imports only from the layers below it and from itself: the controller 
 from each other, nor from the node (they get what they use from it as callables); the api layer
 (messages, frames, routing) only from eventlog and statemachines. Two parts of `epochlog` have rules
 of their own: the SDK (epochlog.client) imports nothing of the server, only the api layer,
-statemachines (the events and states it speaks) and eventlog.errors; and only the CLI (epochlog.cli)
-imports spark, inside a function, so that no other command loads the export (LAZY_COMMANDS). `spark`
+statemachines (the events and states it speaks) and eventlog.errors; and the command line, on top of
+everything, is the only one to import spark, and only inside a function, so that no command but the
+export's loads it: the CLI (epochlog.cli, LAZY_COMMANDS, lending the Spark commands what they share
+with it through spark.cli.CommandLine) and `up --tour` (epochlog.tour, which runs an export). `spark`
 talks to a cluster through the SDK and reads a stopped node with the public offline reader
-(eventlog.offline, statemachines.offline), besides the event schema and the error root. Product code
-never imports `tests`.
+(eventlog.offline, statemachines.offline), besides the event schema and the error root. That product
+code never imports `tests` is tests/test_product_imports.py's to check.
 
 Every import counts: at module level, in a function, under `if TYPE_CHECKING:` (a type-only import is
 still a dependency of the design). A failure lists each import that breaks a rule, with file and line.
@@ -41,8 +43,8 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "spark": ("spark", "epochlog.client", "epochlog.api", "eventlog.offline", "eventlog.errors",
               "statemachines.events", "statemachines.offline"),
 }
-# Imports across the layers that the table does not allow, each with its reason.
-LAZY_ONLY = {("epochlog.cli", "spark"): "the Spark commands load when one runs (epochlog/cli.py LAZY_COMMANDS)"}
+# The command line: the one part of the product above spark, which it loads only inside a function.
+COMMAND_LINE = ("epochlog.cli", "epochlog.tour")
 ALLOWED = {("spark.cli", "epochlog.cli_client"): "the Spark commands are commands of the epochlog CLI and share its "
                                                  "cluster options (Target) and its table printing"}
 
@@ -71,12 +73,12 @@ def _is_module(name: str) -> bool:
 
 
 def imports_of(module: str, source: str, path: str, *, package: bool = False) -> list[Import]:
-    """Every import of another product package or of `tests` in `source` (the module `module`)."""
+    """Every import of a product package in `source` (the module `module`)."""
     found: list[Import] = []
 
     def add(name: str, node: ast.stmt, lazy: bool) -> None:
         found_here = Import(module, name, path, node.lineno, lazy)
-        if name.split(".")[0] in (*PRODUCT, "tests") and found_here not in found:
+        if name.split(".")[0] in PRODUCT and found_here not in found:
             found.append(found_here)
 
     def visit(node: ast.AST, lazy: bool) -> None:
@@ -104,11 +106,9 @@ def violation(i: Import) -> str | None:
     """Why `i` breaks a rule, or None."""
     layer = layer_of(i.importer)
     assert layer is not None, i.importer
-    if i.imported.split(".")[0] == "tests":
-        return f"{i.importer} imports {i.imported}: product code never imports the tests"
-    for (importer, prefix), why in LAZY_ONLY.items():
-        if i.importer == importer and _matches(i.imported, prefix):
-            return None if i.lazy else f"{i.importer} imports {i.imported} at module level: only in a function ({why})"
+    if i.importer in COMMAND_LINE and _matches(i.imported, "spark"):
+        return None if i.lazy else (f"{i.importer} imports {i.imported} at module level: only in a function "
+                                    "(the commands that do not export start without Spark)")
     if any(i.importer == a and _matches(i.imported, b) for a, b in ALLOWED):
         return None
     allowed = MAY_IMPORT[layer]
@@ -161,7 +161,8 @@ def test_the_checker_catches_imports_against_the_layers() -> None:
     assert _problems("spark.sources", "from eventlog.records import RecordBatch\n")
     assert _problems("spark.sources", "from statemachines.store import ViewStore\n")
     assert _problems("spark.export", "from epochlog.node import Node\n")
-    assert _problems("epochlog.node", "from tests.node.cluster import NodeCluster\n")
+    assert _problems("epochlog.tour", "from spark.export import export_once\n")
+    assert _problems("epochlog.up", "def f():\n    from spark.export import export_once\n")
     assert _problems("epochlog.client.aio", "from .. import node\n")
     assert _problems("epochlog.client.aio", "from ..kafka.handler import KafkaHandler\n")
 
@@ -173,6 +174,7 @@ def test_the_checker_allows_what_the_layers_allow() -> None:
                                                 "from statemachines.sessions import session_id_at\n"
                                                 "from eventlog.errors import EpochlogError\n")
     assert not _problems("epochlog.cli", "def f():\n    from spark import cli as spark_cli\n")
+    assert not _problems("epochlog.tour", "def f():\n    from spark.export import export_once\n")
     assert not _problems("spark.sources", "from eventlog.offline import read_committed\n"
                                           "from statemachines import events\nfrom epochlog.client import Client\n")
     assert not _problems("statemachines.apply", "from . import events\nfrom .state import Outcome\n")

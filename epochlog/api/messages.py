@@ -376,6 +376,7 @@ class PeerInfo(msgspec.Struct, array_like=True):
     id: int
     role: str                             # voter | learner
     match_offset: int                     # known on the leader only (-1 elsewhere)
+    heard_ms: int = -1                    # ms since this node last received a message of the group from it (-1: never)
 
 
 class HaltInfo(msgspec.Struct, array_like=True):
@@ -443,6 +444,9 @@ class StatusInfo(msgspec.Struct, tag="status_info"):
     node: int
     groups: list[GroupInfo]
     members: list[MemberInfo]
+    instance: str = ""                    # this run of the node: a nonce made at start (a restart changes it)
+    pid: int = 0                          # the node's process id on its host
+    storage: str = ""                     # the id of its data directory (epochlog.identity.storage_id)
 
 
 class Members(msgspec.Struct, tag="members"):

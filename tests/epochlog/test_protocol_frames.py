@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from eventlog.raft.runtime.config import load_node_configs
 from epochlog.api import messages as p
 from epochlog.api.frames import (MAX_FRAME_BYTES, BadRequest, ClientFrame, FrameDecoder, FrameError, ServerFrame,
                                  encode_frame, encode_frames, problem, salvage_requests)
@@ -25,7 +24,7 @@ from epochlog.client.errors import ClientError
 from epochlog.serve import RunningNode
 from epochlog.server import _merge_watch_events, _oversize_reply
 from statemachines import events as ev
-from tests.epochlog.test_admin import write_config
+from tests.epochlog.test_admin import admin_cluster, in_process
 
 # --- FrameDecoder ------------------------------------------------------------------------------------
 
@@ -275,10 +274,10 @@ class RawConnection:
 def test_a_node_on_the_wire(tmp_path: Path) -> None:
     seed = int.from_bytes(os.urandom(4), "big")
     print(f"seed={seed}")
-    configs = load_node_configs(write_config(tmp_path, 1, random.Random(seed)))
+    configs, data_dirs = in_process(admin_cluster(tmp_path, 1, seed))
 
     async def main() -> None:
-        running = await RunningNode.start(configs, 1, tmp_path / "n1", seed=seed)
+        running = await RunningNode.start(configs, 1, data_dirs[1], seed=seed)
         address = running.addresses["client"]
         try:
             # Version refused: a server hello with the reason, then the connection closes.
