@@ -368,13 +368,11 @@ def _point(at: str | None, offset: int | None, group: str | None, prefix: str, f
         return Point(time=parse_time(at))
     if group is None:
         from epochlog.api.routing import group_of_key
-        from statemachines.events import EventError
 
-        try:
-            group = group_of_key(prefix)
-        except EventError:
+        if not prefix:
             raise click.UsageError("an offset belongs to one group: name it with --group (or give a --prefix "
-                                   "such as kv/...)") from None
+                                   "such as app/ or topic/)")
+        group = group_of_key(prefix)
     return Point(group=group, offset=offset)
 
 
@@ -382,14 +380,14 @@ def _point(at: str | None, offset: int | None, group: str | None, prefix: str, f
 @click.option("--at", default=None, metavar="TIME", help="The state at this time (ISO 8601 or epoch ms).")
 @click.option("--offset", type=int, default=None, help="The state at this offset of --group.")
 @click.option("--group", default=None, help="The group of --offset [default: the group of --prefix].")
-@click.option("--prefix", default="", help="Only entity keys starting with this (kv/app/, topic/...).")
+@click.option("--prefix", default=None, help="Only keys starting with this: app/ (kv), topic/... [default: all].")
 @_audit_options
 def audit_state(at: str | None, offset: int | None, group: str | None, prefix: str, table: str,
                 storage_options: tuple[str, ...], table_version: int | None, table_as_of: str | None, as_json: bool, as_csv: bool, master: str) -> None:
     """The entities as they were at a time or an offset (the views replayed from the history)."""
     from spark.audit import check_prefix
 
-    check_prefix(prefix)
+    prefix = check_prefix(_stored_prefix(prefix))
     point = _point(at, offset, group, prefix, "--at ")
     with _AuditRun(table, storage_options, table_version, table_as_of, master) as audit:
         rows = audit.state(point, prefix)
@@ -401,10 +399,11 @@ def audit_state(at: str | None, offset: int | None, group: str | None, prefix: s
 @_audit_options
 def audit_history(key: str, table: str, storage_options: tuple[str, ...], table_version: int | None, table_as_of: str | None, as_json: bool,
                   as_csv: bool, master: str) -> None:
-    """Every event that touched KEY (an entity key: kv/app/x, topic/orders...), rejected ones included."""
+    """Every event that touched KEY (app/x for a kv entry, topic/orders...), rejected ones included."""
+    from epochlog.api.routing import entity_key
     from spark.audit import check_key
 
-    check_key(key)
+    key = check_key(entity_key(key))
     with _AuditRun(table, storage_options, table_version, table_as_of, master) as audit:
         rows = audit.history(key)
     _rows(rows, as_json, as_csv, ("group", "offset", "timestamp", "event_type", "applied", "value", "actor",
@@ -414,7 +413,7 @@ def audit_history(key: str, table: str, storage_options: tuple[str, ...], table_
 @audit_group.command("diff")
 @click.option("--from", "start", required=True, metavar="TIME", help="The earlier time.")
 @click.option("--to", "end", required=True, metavar="TIME", help="The later time.")
-@click.option("--prefix", default="", help="Only entity keys starting with this.")
+@click.option("--prefix", default=None, help="Only keys starting with this: app/ (kv), topic/... [default: all].")
 @_audit_options
 def audit_diff(start: str, end: str, prefix: str, table: str, storage_options: tuple[str, ...],
                table_version: int | None, table_as_of: str | None,
@@ -423,7 +422,7 @@ def audit_diff(start: str, end: str, prefix: str, table: str, storage_options: t
     from spark.audit import Point, check_prefix
     from spark.table import parse_time
 
-    check_prefix(prefix)
+    prefix = check_prefix(_stored_prefix(prefix))
     t1, t2 = parse_time(start), parse_time(end)
     if t2 < t1:
         raise AuditError(f"--to {end} is before --from {start}")
@@ -450,7 +449,17 @@ def audit_actions(actor: str, since: str | None, until: str | None, limit: int, 
     _rows(rows, as_json, as_csv, ("timestamp", "group", "offset", "event_type", "key", "applied", "request_id"))
 
 
+def _stored_prefix(prefix: str | None) -> str:
+    """The table's key prefix (the storage form, kv/app/) of a --prefix as every command takes keys (app/)."""
+    from epochlog.api.routing import entity_prefix
+
+    return "" if prefix is None else entity_prefix(prefix)
+
+
 def _rows(rows: list[dict[str, Any]], as_json: bool, as_csv: bool, columns: Sequence[str]) -> None:
+    from epochlog.api.routing import user_key
+
+    rows = [{**row, "key": user_key(row["key"])} if "key" in row else row for row in rows]
     if as_json and as_csv:
         raise click.UsageError("give --json or --csv, not both")
     if as_json:
