@@ -116,6 +116,7 @@ class Tour:
         try:
             await self._cluster_steps()
             # Spark blocks: a thread, so `up` goes on drawing its status meanwhile.
+            self.line("export", f"starting Spark to export to {_short_path(self.table)} (a minute or two)...")
             await self._table_steps(await spark_start)
         finally:
             if spark_start.done() and not spark_start.cancelled() and spark_start.exception() is None:
