@@ -40,7 +40,9 @@ from enum import StrEnum
 
 from eventlog.errors import EpochlogError
 from statemachines import events as ev
-from statemachines.grants import Grant, Role
+from statemachines.grants import Grant, GrantSyntaxError, Role, parse_grant
+from statemachines.query import MAX_LIMIT, Query
+from statemachines.state import AclState
 
 
 class PermissionDeniedError(EpochlogError):
@@ -114,6 +116,25 @@ CONTROLLER_EVENTS = (ev.BrokerRegistered, ev.BrokerFenced, ev.BrokerUnfenced, ev
 NODE_EVENTS = (ev.MemberAdded, ev.MemberRemoved, ev.HistoryPruned, ev.LeaseExpired, ev.KafkaGroupStored)
 ROUTE_KINDS = frozenset({"broker", "group", "topic", "member"})   # where things are: any granted principal reads
 READ_ONLY_LOGS = frozenset({"metadata"})                          # APPEND_LOG refused to everyone
+
+
+def principal_at(query: Query, name: str, *, as_of: int | None = None) -> Principal:
+    """`name` with the grants the metadata group's views hold for it (at offset `as_of`: who could do
+    what then). A grant this code cannot parse (a newer Epochlog's role) is left out: never guessed."""
+    grants: set[Grant] = set()
+    after = None
+    while True:
+        page = query.list(f"acl/{name}/", limit=MAX_LIMIT, after=after, as_of=as_of)
+        for item in page.items:
+            state = item.state
+            assert isinstance(state, AclState), item
+            try:
+                grants.add(parse_grant(state.role, state.resource))
+            except GrantSyntaxError:
+                continue
+        if page.next is None:
+            return Principal(name, frozenset(grants))
+        after = page.next
 
 
 def event_actions(event: ev.Event) -> tuple[Action, ...]:

@@ -63,6 +63,10 @@ EVENTS: dict[str, ev.Event] = {
     "HistoryPruned": ev.HistoryPruned(floor=10),
     "ClientSessionOpened": ev.ClientSessionOpened(group="kv", client="c-1"),
     "ClientSessionClosed": ev.ClientSessionClosed(group="kv", client="c-1", session_id=3, seq=1, v=2),
+    "UserAdded": ev.UserAdded(name="mallory"),
+    "UserRemoved": ev.UserRemoved(name="root"),
+    "AclGranted": ev.AclGranted(principal="mallory", role="admin"),
+    "AclRevoked": ev.AclRevoked(principal="root", role="admin"),
 }
 
 # Who may write each event from a client face (the controller's and node's own principals apart).
@@ -72,6 +76,7 @@ MAY_WRITE: dict[str, set[str]] = {
     "MemberAdded": set(), "MemberRemoved": set(), "HistoryPruned": set(), "LeaseExpired": set(),
     "KafkaGroupStored": set(),
     "TopicCreated": {"admin"}, "TopicUpdated": {"admin"}, "TopicDeleted": {"admin"}, "ConfigChanged": {"admin"},
+    "UserAdded": {"admin"}, "UserRemoved": {"admin"}, "AclGranted": {"admin"}, "AclRevoked": {"admin"},
     "OffsetCommitted": {"admin", "orders_writer", "orders_reader"},
     "KvPut": {"admin", "app_writer"}, "KvDeleted": {"admin", "app_writer"}, "Txn": {"admin", "app_writer"},
     "LeaseGranted": {"admin", "app_writer", "orders_writer"}, "LeaseRevoked": {"admin", "app_writer", "orders_writer"},
