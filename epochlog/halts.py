@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from eventlog.errors import EpochlogError
 from eventlog.raft.node import Role
 from epochlog import protocol as p
-from epochlog.errors import GroupHaltedError, NodeError
+from epochlog.errors import GroupHaltedError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from eventlog.raft.runtime.group import RaftGroup
@@ -78,7 +78,7 @@ class Halts:
         try:
             views.skip(call.offset)
         except EpochlogError as exc:
-            raise NodeError(f"node {self.node.node_id}: {exc}") from None
+            raise InvalidArgumentError(f"node {self.node.node_id}: {exc}") from None
         await self._resume(group)
         return p.Done(views.applied_index)
 

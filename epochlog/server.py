@@ -36,11 +36,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eventlog.configuration import doc
-from eventlog.errors import EpochlogError
-from eventlog.raft.errors import NotLeaderError
+from eventlog.errors import (BadFrameError, ConnectionLimitError, DeadlineExceededError, EpochlogError,
+                             InvalidArgumentError, WatchCancelledError, as_error)
 from epochlog import protocol as p
+from epochlog.calls import wire_error
 from epochlog.metrics import Metrics
-from epochlog.errors import NodeError
 from epochlog.logs import Throttled
 from epochlog.node import DEFAULT_TIMEOUT_S, Node
 
@@ -69,31 +69,6 @@ class ClientServiceConfig:
     max_in_flight_requests: int = field(default=256, metadata=doc(
         "Requests of one connection running at once (watches apart); the next ones wait, and the "
         "connection reads no more until they started.", min=1, max=1_000_000))
-
-
-class DeadlineExceededError(EpochlogError):
-    code = "deadline_exceeded"
-    retriable = True
-
-
-class ConnectionLimitError(EpochlogError):
-    """The connection broke a limit of the node (memory for partly received frames, time to complete a
-    frame) and is closed; connect again (with less in flight)."""
-
-    code = "connection_limit"
-    retriable = True
-
-
-def wire_error(exc: BaseException, node: Node | None = None) -> p.WireError:
-    """The protocol form of an error: EpochlogErrors keep their code; anything else is `internal`."""
-    if isinstance(exc, NotLeaderError):
-        address = node.leader_address(exc) if node is not None else ""
-        return p.WireError(exc.code, str(exc), True, exc.leader_hint, address)
-    if isinstance(exc, EpochlogError):
-        return p.WireError(exc.code, str(exc), exc.retriable)
-    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
-        return p.WireError("deadline_exceeded", "the request's deadline passed before it completed", True)
-    return p.WireError("internal", f"{type(exc).__name__}: {exc}", False)
 
 
 class ClientService:
@@ -192,7 +167,7 @@ class ClientConnection(asyncio.Protocol):
         self.waiting_since = None
         self.service.limit_closes += 1
         self.service.refusals.warning("refusing client connection %s: %s", self._peer(), message)
-        error = p.WireError(ConnectionLimitError.code, message, ConnectionLimitError.retriable)
+        error = wire_error(ConnectionLimitError(message))
         self.transport.write(p.encode_frame(p.Replies([p.Reply(0, error=error)])))
         if self.transport.can_write_eof():
             self.transport.write_eof()
@@ -254,7 +229,7 @@ class ClientConnection(asyncio.Protocol):
                 self._fail("the first frame must be a client hello")
                 return
             elif isinstance(frame, p.BadRequest):
-                self.reply_error(frame.id, NodeError(frame.problem))
+                self.reply_error(frame.id, InvalidArgumentError(frame.problem))
             else:
                 self.backlog.extend(frame.requests)
         self._frame_due(bool(frames))
@@ -321,7 +296,7 @@ class ClientConnection(asyncio.Protocol):
         logger.warning("closing client connection %s: %s", self._peer(), message)
         self._release_partial()
         if self.transport is not None and not self.transport.is_closing():
-            error = p.WireError(ConnectionLimitError.code, message, ConnectionLimitError.retriable)
+            error = wire_error(ConnectionLimitError(message))
             self.transport.write(p.encode_frame(p.Replies([p.Reply(0, error=error)])))
             self.transport.close()
 
@@ -353,7 +328,8 @@ class ClientConnection(asyncio.Protocol):
         logger.warning("closing client connection %s: %s", self._peer(), message)
         self._release_partial()
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(p.encode_frame(p.Replies([p.Reply(0, error=p.WireError("bad_frame", message))])))
+            error = wire_error(BadFrameError(message))
+            self.transport.write(p.encode_frame(p.Replies([p.Reply(0, error=error)])))
             self.transport.close()
 
     def _start(self, request: p.Request) -> None:
@@ -433,8 +409,9 @@ class ClientConnection(asyncio.Protocol):
         self._queue(p.Reply(rid, result=result))
 
     def reply_error(self, rid: int, exc: BaseException, call: p.Call | None = None) -> None:
-        error = wire_error(exc, self.node)
-        if error.code == "internal":
+        failed = as_error(exc)
+        error = wire_error(failed, self.node.client_addresses.get(failed.leader_hint, "") if failed.leader_hint else "")
+        if error.code == EpochlogError.code:
             logger.exception("request %s failed", rid, exc_info=exc)
         if self.service.metrics is not None:
             self.service.metrics.rpc_errors.labels(_op(call) if call is not None else "", error.code).inc()
@@ -471,7 +448,7 @@ def _oversize_reply(reply: p.Reply, size: int) -> list[p.Reply]:
                 p.Reply(reply.id, p.WatchEvents(result.watch_id, result.events[half:]))]
     message = (f"the reply of {size} bytes exceeds the frame limit of {p.MAX_FRAME_BYTES} bytes: "
                f"ask for less at once (limit, max_bytes, fewer keys)")
-    return [p.Reply(reply.id, error=p.WireError("invalid_argument", message))]
+    return [p.Reply(reply.id, error=wire_error(InvalidArgumentError(message)))]
 
 
 def _merge_watch_events(replies: list[p.Reply]) -> list[p.Reply]:
@@ -526,7 +503,7 @@ async def _lease_grant(c: ClientConnection, call: p.LeaseGrant) -> p.Result:
 async def _watch(c: ClientConnection, rid: int, call: p.Watch) -> None:
     """Started, then the events (at most `window` unacknowledged); an error reply ends it."""
     if not 1 <= call.window <= 1_000_000:
-        raise NodeError("window must be between 1 and 1000000")
+        raise InvalidArgumentError("window must be between 1 and 1000000")
     group, start, records = await c.node.watch(call)
     state = _WatchState(call.window)
     c.watches[rid] = state
@@ -564,7 +541,8 @@ def _cancel_watch(c: ClientConnection, call: p.CancelWatch) -> p.Result:
     task = c.tasks.pop(call.watch_id, None)
     if task is not None:     # also before the watch started: its task may not have run yet
         task.cancel()
-        c._queue(p.Reply(call.watch_id, error=p.WireError("cancelled", "the watch was cancelled by the client")))
+        cancelled = WatchCancelledError("the watch was cancelled by the client")
+        c._queue(p.Reply(call.watch_id, error=wire_error(cancelled)))
     return p.Done()
 
 

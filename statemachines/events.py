@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import msgspec
 
-from eventlog.errors import EpochlogError
+from eventlog.errors import InvalidArgumentError, SchemaVersionError
 
 MAX_KEY_BYTES = 1024
 MAX_VALUE_BYTES = 1 << 20
@@ -36,10 +36,8 @@ _TOPIC = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._:-]{0,127}$")
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$")
 
 
-class EventError(EpochlogError):
+class EventError(InvalidArgumentError):
     """An event (or command) is invalid; nothing was appended."""
-
-    code = "invalid_argument"
 
 
 class InvalidEventError(EventError):
@@ -48,12 +46,6 @@ class InvalidEventError(EventError):
     def __init__(self, event: Event, message: str) -> None:
         super().__init__(message)
         self.event = event
-
-
-class SchemaVersionError(EpochlogError):
-    """An event was written by a newer Epochlog than this reader understands."""
-
-    code = "schema_version"
 
 
 def _name(field: str, value: str) -> None:

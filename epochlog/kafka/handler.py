@@ -63,14 +63,14 @@ from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
 
-from eventlog.errors import EpochlogError, InvalidBatchError
+from eventlog.errors import EpochlogError, InvalidBatchError, rejection
 from eventlog.raft.errors import NotLeaderError
 from eventlog.raft.node import Role
 from eventlog.raft.runtime.group import Committed, ProducerStamp, RaftGroup
 from eventlog.records import NO_PRODUCER_ID, iter_batches
 from epochlog.kafka import errors as ke
 from epochlog.kafka import hosted
-from epochlog.kafka.errors import KafkaError, UnsupportedRequest, kafka_code
+from epochlog.kafka.errors import KafkaError, UnsupportedRequestError, kafka_code
 from epochlog.kafka import producers
 from epochlog.kafka.wire import Buffer, FetchPartitionOut, encode_fetch_response, metadata_topic_count, response_frame
 from epochlog.routing import group_of_event
@@ -172,32 +172,32 @@ class KafkaHandler:
 
     async def handle(self, frame: memoryview) -> list[Buffer] | None:
         """One request frame (without its size prefix): the response buffers, None for no response
-        (acks=0). Raises UnsupportedRequest when the connection must be closed."""
+        (acks=0). Raises UnsupportedRequestError when the connection must be closed."""
         if len(frame) < 8:
-            raise UnsupportedRequest(f"a request of {len(frame)} bytes has no header")
+            raise UnsupportedRequestError(f"a request of {len(frame)} bytes has no header")
         api_key, version, correlation_id = struct.unpack_from(">hhi", frame, 0)
         entry = self._apis.get(api_key)
         versions = self.supported.get(api_key)
         if entry is None or versions is None:
-            raise UnsupportedRequest(f"API key {api_key} is not served")
+            raise UnsupportedRequestError(f"API key {api_key} is not served")
         request_class, handler = entry
         if not versions[0] <= version <= versions[1]:
             if api_key == 18:   # KIP-511: answer with the supported list in v0
                 return response_frame(correlation_id, False, [self._api_versions_body(0, ke.UNSUPPORTED_VERSION)])
-            raise UnsupportedRequest(f"API key {api_key} version {version} is not served "
+            raise UnsupportedRequestError(f"API key {api_key} version {version} is not served "
                                      f"(versions {versions[0]}-{versions[1]})")
         try:
             if api_key == 3 and metadata_topic_count(frame, version) > MAX_REQUEST_ENTRIES:
-                raise UnsupportedRequest(f"more than {MAX_REQUEST_ENTRIES} topics named in one request")
+                raise UnsupportedRequestError(f"more than {MAX_REQUEST_ENTRIES} topics named in one request")
             if len(frame) > DECODE_INLINE_BYTES:
                 loop = asyncio.get_running_loop()
                 request = await loop.run_in_executor(self._decoder, _decode, request_class, frame, version)
             else:
                 request = _decode(request_class, frame, version)
-        except UnsupportedRequest as exc:
-            raise UnsupportedRequest(f"API key {api_key} v{version}: {exc}") from None
+        except UnsupportedRequestError as exc:
+            raise UnsupportedRequestError(f"API key {api_key} v{version}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - any parse failure: a malformed request
-            raise UnsupportedRequest(f"API key {api_key} v{version}: malformed request ({exc})") from None
+            raise UnsupportedRequestError(f"API key {api_key} v{version}: malformed request ({exc})") from None
         response = await handler(request, version)
         if response is None:
             return None
@@ -618,8 +618,8 @@ class KafkaHandler:
             if isinstance(first, Outcome) and stamp is not None:
                 if first.duplicate:   # the applier found it in the producer's state: the original offset
                     return first.offset
-                if not first.ok and first.code in producers.CODE_OF_REFUSAL:
-                    raise KafkaError(producers.CODE_OF_REFUSAL[first.code], first.message)
+                if not first.ok and rejection(first.code).kafka_error is not None:
+                    raise producers.refused(first.code, first.message)
             return done.offset
         self._watch(submit)
         # acks 0/1: the leader's log has it, or the proposal failed before that (not the leader...).
@@ -735,13 +735,13 @@ class KafkaHandler:
 
 
 def _decode(request_class: Any, frame: memoryview, version: int) -> Any:
-    """The request of a frame; UnsupportedRequest when it holds more than MAX_REQUEST_ENTRIES array
+    """The request of a frame; UnsupportedRequestError when it holds more than MAX_REQUEST_ENTRIES array
     entries, at any depth. Pure: runs on the decoding thread for large frames, and a request refused
     there is freed there too (the error holds no reference to it)."""
     request = request_class.decode(frame, version=version, header=True)
     if _too_many_entries(request):
         del request
-        raise UnsupportedRequest(f"more than {MAX_REQUEST_ENTRIES} entries (topics, partitions, ...) in one request")
+        raise UnsupportedRequestError(f"more than {MAX_REQUEST_ENTRIES} entries (topics, partitions, ...) in one request")
     return request
 
 

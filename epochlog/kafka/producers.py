@@ -21,18 +21,19 @@ node's loop (it reads the views and the log).
 
 from __future__ import annotations
 
-from typing import Final
-
-from epochlog.kafka import errors as ke
-from epochlog.kafka.errors import KafkaError
+from eventlog.errors import KafkaError, rejection
 from eventlog.log import Log
 from eventlog.records import NO_PRODUCER_ID
 from statemachines import producers as sp
 from statemachines.producers import BatchMeta, ProducerState, Verdict
 
-CODE_OF_REFUSAL: Final = {sp.OUT_OF_ORDER: ke.OUT_OF_ORDER_SEQUENCE_NUMBER, sp.INVALID_EPOCH: ke.INVALID_PRODUCER_EPOCH,
-                          sp.UNKNOWN_PRODUCER: ke.UNKNOWN_PRODUCER_ID}
-"""Outcome code of a refused producer batch (statemachines/producers.py) -> Kafka error code."""
+
+def refused(reason: str, message: str) -> KafkaError:
+    """A producer batch refused for `reason` (statemachines/producers.py), with its Kafka code (its row of
+    eventlog.errors.REJECTIONS)."""
+    code = rejection(reason).kafka_error
+    assert code is not None, f"refusal {reason!r} has no Kafka code in REJECTIONS"
+    return KafkaError(code, message)
 
 
 def check(views: sp.Reader, log: Log, applied: int, producer_id: int, epoch: int, first_seq: int, count: int,
@@ -49,7 +50,7 @@ def check(views: sp.Reader, log: Log, applied: int, producer_id: int, epoch: int
     if j.verdict is Verdict.DUPLICATE:
         return j.batch
     if j.verdict is Verdict.REFUSED:
-        raise KafkaError(CODE_OF_REFUSAL[j.code], j.message)
+        raise refused(j.code, j.message)
     return None
 
 
