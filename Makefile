@@ -1,8 +1,11 @@
-# Two set-up commands, both safe on a fresh machine with Python 3.11 and make:
-#   make run   - the main job on the embedded default: `epochlog up` runs a local 3-node cluster
-#                (configs/local-3.toml, data in data/local) for 20 s under a demo load through the
-#                SDK, then stops it cleanly; the next `make run` resumes from that data
+# Two set-up commands, both safe on a fresh machine with Python 3.11, Java 17 (for Spark) and make:
+#   make run   - a tour of the mission in about a minute: `epochlog up --tour` runs a local 3-node
+#                cluster (configs/local-3.toml, data in data/local) with its Kafka face, writes through
+#                the SDK, runs simulated brokers through a master failover, tails __metadata with a
+#                Kafka consumer, exports to Delta and checks an audit answer against the live one,
+#                then stops it cleanly (docs/local-cluster.md); the next `make run` resumes that data
 #   make test  - the whole test suite
+# The first run of either makes .venv and installs the dependencies (a few minutes; it says so).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -11,15 +14,17 @@ STAMP := $(VENV)/.installed
 .PHONY: run test venv bench clean log-demo
 
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	@echo "installing Epochlog and its dependencies into $(VENV) (first run only: a few minutes)..."
+	@$(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --upgrade pip
+	@$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+	@echo "installed into $(VENV)"
 
 venv: $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m epochlog up --config configs/local-3.toml --data-dir data/local --seconds 20 --demo-load
+	$(PY) -m epochlog up --config configs/local-3.toml --data-dir data/local --tour
 
 # The segmented log's crash-and-recover demo (what `make run` ran before the node existed).
 log-demo: $(STAMP)

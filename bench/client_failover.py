@@ -1,7 +1,7 @@
 """How soon SDK writes go on after the kv leader stops (SIGSTOP) or is cut off from its peers (issue 17).
 
-Three `epochlog serve` processes on 127.0.0.1 (tests/node/cluster.py), their peer links through the
-partition proxy of tests/runtime/proxy.py. `--writers` writer clients (one AsyncClient each, call
+Three `epochlog serve` processes on 127.0.0.1 (tests/support/nodes.py), their peer links through the
+partition proxy of tests/support/proxy.py. `--writers` writer clients (one AsyncClient each, call
 timeout `--timeout`) put to their own keys, one call at a time, without pause. Each round takes the
 current kv leader and either SIGSTOPs it (`stop`) or drops every frame of its peer links both ways
 (`isolate`: its client port stays reachable, so a client sees an open, answering node that cannot
@@ -39,7 +39,7 @@ from pathlib import Path
 
 from bench.results import write_section
 from epochlog.client import AsyncClient, ClientError
-from tests.node.cluster import NodeCluster
+from tests.support.nodes import NodeCluster
 
 STRAGGLER_S = 0.2    # acknowledgements received this soon after the fault were sent back before it
 CATCH_UP_S = 60.0    # bound on the wait for the resumed node to catch up after a round
@@ -215,7 +215,7 @@ def cli() -> None:
     if not args.no_write:
         body = [(f"{args.writers} writer clients (AsyncClient, timeout {args.timeout:g} s, one put at a time each) "
                 f"on 3 `epochlog serve` nodes on loopback (default [raft] and [cluster] timing: election timeout "
-                f"10 ticks of 50 ms), peer links through tests/runtime/proxy.py. `stop`: SIGSTOP of the kv leader "
+                f"10 ticks of 50 ms), peer links through tests/support/proxy.py. `stop`: SIGSTOP of the kv leader "
                 f"for the pause, then SIGCONT; `isolate`: every frame of its peer links dropped both ways for the "
                 f"pause (its client port stays reachable). First ack: the first acknowledged write received more "
                 f"than {STRAGGLER_S} s after the fault; elected: when another node first said it leads kv. Load "

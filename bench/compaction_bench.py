@@ -339,7 +339,7 @@ async def _put_latency(address: str, args: argparse.Namespace) -> dict[str, Any]
 
 
 def _compaction_status_call() -> Any:
-    from epochlog import protocol as p
+    from epochlog.api import messages as p
 
     return p.CompactionStatus()   # type: ignore[attr-defined]
 

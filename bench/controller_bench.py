@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.controller_bench [--brokers 10000] [--trials 5] [--no-write]
 
-Real `epochlog serve` processes (3 nodes on 127.0.0.1, tests/node/cluster.py); this process plays
+Real `epochlog serve` processes (3 nodes on 127.0.0.1, tests/support/nodes.py); this process plays
 the brokers through the SDK's controller calls (epochlog/client/broker.py), so it knows exactly
 when a master's last heartbeat was acknowledged.
 
@@ -37,11 +37,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.results import write_section
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client import AsyncClient
 from epochlog.client.broker import ControllerClient
 from statemachines import events as ev
-from tests.node.cluster import NodeCluster
+from tests.support.nodes import NodeCluster
 
 CLUSTER = "bench"
 

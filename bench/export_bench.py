@@ -4,7 +4,7 @@
                                  [--keys K] [--dir DIR] [--no-results]
 
 1. live      for each N of --live: a real 3-node cluster (`epochlog serve` processes on 127.0.0.1,
-             tests.node.cluster), loaded with N kv puts (64-byte values over K keys) through the SDK
+             tests.support.nodes), loaded with N kv puts (64-byte values over K keys) through the SDK
              in 1,000-event commands from 4 threads; then `export_once` (what `epochlog export`
              runs: ranges spread over the three members, read through the SDK) into a fresh local
              table and into a fresh table on an S3-compatible server on 127.0.0.1 (moto's server
@@ -93,7 +93,7 @@ def live(spark: Any, base: Path, n: int, keys: int, s3: Any) -> dict[str, Any]:
     from spark.export import export_once
     from spark.sources import ClusterSource
     from spark.storage import TableLocation
-    from tests.node.cluster import NodeCluster
+    from tests.support.nodes import NodeCluster
 
     # Election timeouts of 2-4 s (40 ticks of 50 ms): on this shared, loaded machine the default 0.5-1 s
     # elects new leaders during the load for no other reason than scheduling delays.

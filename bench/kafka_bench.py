@@ -11,7 +11,7 @@ Raft commit), with its default batching and with larger batches, and (b) by the 
 zero-copy path from the mapped segments, client parsing excluded. Everything runs on this
 machine's 2 cores: client and three nodes share them, so the figures are a floor.
 
-Uses tests/kafka/cluster.py (free ports, processes killed on exit). Results go to bench/RESULTS.md
+Uses tests/support/nodes.py (NodeCluster with Kafka addresses; free ports, processes killed on exit). Results go to bench/RESULTS.md
 (section `kafka`) with the load average before and after.
 """
 
@@ -33,8 +33,8 @@ from kafka.protocol.consumer.fetch import FetchRequest
 from bench.results import write_section
 from epochlog.client import AsyncClient, ClientError
 from statemachines import events as ev
-from tests.kafka.cluster import KafkaCluster
-from tests.kafka.raw import RawKafka
+from tests.support.nodes import NodeCluster
+from tests.epochlog.kafka.raw import RawKafka
 
 KV = TopicPartition("__kv", 0)
 
@@ -165,7 +165,7 @@ def main() -> None:
     n = args.events
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="kafka-bench-") as tmp:
-        cluster = KafkaCluster(Path(tmp), log={"segment_bytes": 64 << 20})
+        cluster = NodeCluster(Path(tmp), kafka=True, log={"segment_bytes": 64 << 20})
         try:
             cluster.start()
             leader = cluster.leader("kv")
@@ -192,8 +192,8 @@ def main() -> None:
                          consume_rate))
             native_read = asyncio.run(native_consume(cluster.endpoints, cluster.endpoint(leader), end))
             rows.append(("Fetch", "native SDK read_events, 1000 events per call", native_read))
-            mbs = [raw_fetch(cluster.kafka[leader], end)[0] for _ in range(3)]
-            raw_bytes = raw_fetch(cluster.kafka[leader], end)[1]
+            mbs = [raw_fetch(cluster.nodes[leader].kafka_address, end)[0] for _ in range(3)]
+            raw_bytes = raw_fetch(cluster.nodes[leader].kafka_address, end)[1]
         finally:
             cluster.close()
     load_after = os.getloadavg()

@@ -30,14 +30,99 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.raft_harness import Committed, Failed, GroupState, HarnessClient, LoadReply
 from bench.results import write_section
-from eventlog.raft.runtime.harness import LoadReply
-from tests.runtime.cluster import Cluster, WriteStream, wait_until
+from tests.support.nodes import NodeCluster
+from tests.support.wait import eventually
 
 GROUP = "g0"
 ETCD = {1: (959, 0.97, 2.00), 16: (4546, 3.25, 8.44), 64: (7524, 7.94, 19.19), 256: (8987, 27.50, 51.02)}
 ETCD_TXN100 = 53_022
 TARGETS = {"256": 100_000, "batch": 200_000, "p50_1_ms": 1.0, "failover_s": 2.0}
+
+
+class Harness:
+    """The benchmark's cluster: bench/raft_node.py processes run by a NodeCluster, and a control client
+    (bench/raft_harness.py) to each running node."""
+
+    def __init__(self, cluster: NodeCluster) -> None:
+        self.cluster = cluster
+        self.clients: dict[int, HarnessClient] = {}
+
+    async def start(self, nodes: list[int] | None = None) -> None:
+        ids = list(self.cluster.nodes) if nodes is None else nodes
+        await asyncio.to_thread(self.cluster.start, ids)
+        for i in ids:
+            host, _, port = self.cluster.endpoint(i).rpartition(":")
+            self.clients[i] = await HarnessClient.connect(host, int(port))
+
+    def kill(self, node: int) -> float:
+        self.clients.pop(node).abort()
+        return self.cluster.kill9(node)
+
+    async def close(self) -> None:
+        for client in self.clients.values():
+            await client.close()
+        self.clients.clear()
+        self.cluster.close()
+
+    async def states(self, group: str) -> dict[int, GroupState]:
+        replies = {}
+        for i, client in self.clients.items():
+            try:
+                replies[i] = next(g for g in (await client.status(timeout=1.0)).groups if g.group == group)
+            except (TimeoutError, ConnectionError, OSError):
+                pass
+        return replies
+
+    async def wait_leader(self, group: str, timeout: float = 10.0) -> GroupState:
+        async def leader() -> GroupState | None:
+            leading = [s for s in (await self.states(group)).values() if s.role == "leader"]
+            return max(leading, key=lambda s: s.term) if leading else None
+        return await eventually(leader, timeout, f"a leader of {group}")
+
+    async def wait_converged(self, group: str, timeout: float = 15.0) -> None:
+        async def converged() -> bool:
+            states = await self.states(group)
+            views = {(s.leader, s.term, s.commit, s.applied) for s in states.values()}
+            return len(states) == len(self.clients) and len(views) == 1 and next(iter(views))[0] != 0
+        await eventually(converged, timeout, f"{group} to converge")
+
+
+@dataclass(frozen=True)
+class Ack:
+    node: int
+    acked: float   # monotonic
+
+
+async def write_until(harness: Harness, group: str, stop: asyncio.Event, acks: list[Ack], proposers: int = 4) -> None:
+    """`proposers` writers of one 134-byte event at a time to the node believed to lead, following
+    not_leader hints, until `stop`; every acknowledgement goes to `acks`."""
+    target = [next(iter(harness.clients))]
+
+    async def writer(n: int) -> None:
+        i = 0
+        while not stop.is_set():
+            node = target[0]
+            client = harness.clients.get(node)
+            i += 1
+            try:
+                if client is None:
+                    raise ConnectionError(f"node {node} is down")
+                reply = await client.propose(group, [(b"w%d-%d" % (n, i), bytes(134))], timeout=0.5)
+            except (TimeoutError, ConnectionError, OSError):
+                if target[0] == node:   # the next node, unless another writer moved on already
+                    ids = sorted(harness.cluster.nodes)
+                    target[0] = ids[(ids.index(node) + 1) % len(ids)]
+                await asyncio.sleep(0.01)
+                continue
+            if isinstance(reply, Committed):
+                acks.append(Ack(node, time.monotonic()))
+            elif isinstance(reply, Failed) and reply.code == "not_leader" and reply.leader:
+                target[0] = reply.leader
+            else:
+                await asyncio.sleep(0.02)
+    await asyncio.gather(*(writer(n) for n in range(proposers)))
 
 
 @dataclass
@@ -58,13 +143,12 @@ def pct(values: list[int], p: float) -> float:
     return s[min(len(s) - 1, int(p * (len(s) - 1) + 0.5))] / 1000
 
 
-async def run_loads(cluster: Cluster, seconds: float) -> list[LoadResult]:
+async def run_loads(cluster: Harness, seconds: float) -> list[LoadResult]:
     results = []
     cases = [(1, 1), (16, 1), (64, 1), (256, 1), (1, 100), (16, 100)]
     for proposers, batch in cases:
         leader = await cluster.wait_leader(GROUP)
-        client = cluster.nodes[leader.node].client
-        assert client is not None
+        client = cluster.clients[leader.node]
         reply = await client.load(GROUP, proposers=proposers, seconds=seconds, batch=batch)
         assert isinstance(reply, LoadReply), reply
         r = LoadResult(proposers, batch, reply.events / reply.seconds, pct(reply.latencies_us, .5),
@@ -75,23 +159,23 @@ async def run_loads(cluster: Cluster, seconds: float) -> list[LoadResult]:
     return results
 
 
-async def run_failovers(cluster: Cluster, rounds: int) -> list[float]:
+async def run_failovers(cluster: Harness, rounds: int) -> list[float]:
     times = []
     for round_no in range(rounds):
         await cluster.wait_converged(GROUP, timeout=30)
-        stream = WriteStream(cluster, GROUP, proposers=4, batch=1, value_bytes=134, request_timeout_s=0.5)
-        stream.start()
-        await wait_until(lambda: len(stream.acks) > 50 or None, 10, "writes before the kill")
+        stop, acks = asyncio.Event(), []
+        writers = asyncio.create_task(write_until(cluster, GROUP, stop, acks))
+        await eventually(lambda: len(acks) > 50, 10, "writes before the kill")
         leader = (await cluster.wait_leader(GROUP)).node
         killed_at = cluster.kill(leader)
-        await wait_until(lambda: any(a.acked > killed_at and a.node != leader for a in stream.acks) or None, 15,
-                       "a write acknowledged by a new leader")
-        first = min(a.acked for a in stream.acks if a.acked > killed_at and a.node != leader)
-        await stream.stop()
+        first = await eventually(lambda: next((a.acked for a in acks if a.acked > killed_at and a.node != leader),
+                                              None), 15, "a write acknowledged by a new leader")
+        stop.set()
+        await writers
         times.append(first - killed_at)
         print(f"  failover {round_no + 1}: killed leader {leader}, first write committed by the new leader "
               f"{(first - killed_at) * 1000:.0f} ms later", flush=True)
-        await cluster.start_node(leader)
+        await cluster.start([leader])
     return times
 
 
@@ -140,7 +224,8 @@ def report(loads: list[LoadResult], failovers: list[float], seconds: float, comm
 
 async def main_async(args: argparse.Namespace) -> int:
     root = Path(tempfile.mkdtemp(prefix="raft-bench-", dir=args.dir))
-    cluster = Cluster(root, size=3, groups=(GROUP,), log={"segment_bytes": 64 << 20}, seed=args.seed)
+    cluster = Harness(NodeCluster(root, size=3, groups=(GROUP,), log={"segment_bytes": 64 << 20}, seed=args.seed,
+                                  module="bench.raft_node"))
     try:
         await cluster.start()
         await cluster.wait_leader(GROUP, timeout=20)
@@ -148,7 +233,7 @@ async def main_async(args: argparse.Namespace) -> int:
         loads = await run_loads(cluster, args.seconds)
         failovers = await run_failovers(cluster, args.failovers)
     finally:
-        await cluster.aclose()
+        await cluster.close()
         shutil.rmtree(root, ignore_errors=True)
     body = report(loads, failovers, args.seconds, " ".join(sys.argv))
     print(body)

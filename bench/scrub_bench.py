@@ -1,7 +1,7 @@
 """What finding corruption costs: the scrub's effect on put latency, and the CRC check of every read.
 
 1. Put latency with the scrub off and at a rate (issue 18: at its default rate the scrub costs at most
-   5 % of p99 put latency). Per round and rate, a FRESH cluster (`--nodes`, default 3) (tests/node/cluster.py, 4 MiB
+   5 % of p99 put latency). Per round and rate, a FRESH cluster (`--nodes`, default 3) (tests/support/nodes.py, 4 MiB
    segments, the cleaner off so sealed segments stay) is preloaded with `--preload-mib` of kv puts in
    batches (sealed segments for the scrub to read: a pass over them takes preload / rate seconds, then
    the scrub pauses 1 s), then `--puts` single puts are timed from `--concurrency` SDK callers. The
@@ -36,7 +36,7 @@ from bench.results import write_section
 from epochlog.client import AsyncClient
 from eventlog.config import LogConfig
 from statemachines import events as ev
-from tests.node.cluster import NodeCluster
+from tests.support.nodes import NodeCluster
 
 DEFAULT_RATE = LogConfig().scrub_bytes_per_second
 

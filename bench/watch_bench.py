@@ -1,6 +1,6 @@
 """Watch throughput of one node: how fast a native watch streams a group's committed history.
 
-One `epochlog serve` process (tests/node/cluster.py) is loaded with `--n` puts through the SDK's
+One `epochlog serve` process (tests/support/nodes.py) is loaded with `--n` puts through the SDK's
 batched `commands`, a `--rejected` fraction of them compare-and-sets that fail (so the watch path
 meets `noops` rows); then `--rounds` watches from the first offset read the whole range over the
 native protocol. The reader counts events without decoding them (the SDK's decode would dominate):
@@ -36,14 +36,14 @@ from typing import Any
 
 from bench.node_load import cpu_of
 from bench.results import write_section
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client import AsyncClient
 from eventlog.log import Log
 from eventlog.raft.runtime.group import full_history_start
 from statemachines import events as ev
 from statemachines.noops import ChangedViews, changed_views, changed_views_in
 from statemachines.views import ViewsStateMachine
-from tests.node.cluster import NodeCluster
+from tests.support.nodes import NodeCluster
 
 BATCH = 500
 

@@ -21,7 +21,7 @@ def main() -> int:
     parent = int(sys.argv[1]) if len(sys.argv) > 1 else None
     _die_with_parent(parent)
     if os.environ.get("EPOCHLOG_CRASH_AT"):   # tests: a crash point in the worker takes its node down too
-        from eventlog.raft.runtime.faults import WORKER_STEPS, install_crash_point_from_env
+        from eventlog.fault_injection import WORKER_STEPS, install_crash_point_from_env
 
         install_crash_point_from_env(kill_first=parent, steps=WORKER_STEPS)
     from compaction.rewrite import Pacer, PassAbandonedError, run_pass

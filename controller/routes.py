@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from statemachines.state import BrokerState, GroupState, TopicState
 
 OK = "ok"

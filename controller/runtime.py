@@ -23,6 +23,10 @@ only queues an unfence when a fenced broker is heard from again.
 Events written by others (an admin's Write of a broker event) are picked up by a watcher of the
 metadata group, which marks their keys for re-reading before the next decision.
 
+The runtime sees the node through what it is given (the metadata group and its views' store, as
+callables: a snapshot install replaces the store), never the node itself: the controller sits below
+the node (tests/test_layers.py).
+
 Call everything from the node's loop.
 """
 
@@ -32,10 +36,8 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
 import msgspec
 
 from controller import routes
@@ -49,17 +51,14 @@ from controller.core import (
 )
 from controller.errors import ControllerError, ControllerStartingError, FencedError
 from controller.registry import Registry, broker_key, group_key
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from eventlog.errors import EpochlogError, InvalidArgumentError, error_class, from_code
 from eventlog.raft.errors import NotFoundError, NotLeaderError
 from eventlog.raft.node import Role
+from eventlog.raft.runtime.group import RaftGroup
 from statemachines import events as ev
 from statemachines.state import BrokerState, GroupState, Outcome, TopicState, decode_state
 from statemachines.store import ViewStore, cf_for, prefix_upper_bound
-
-if TYPE_CHECKING:
-    from eventlog.raft.runtime.group import RaftGroup
-    from epochlog.node import Node
 
 logger = logging.getLogger(__name__)
 
@@ -94,11 +93,15 @@ class ControllerCounters:
 
 
 class ControllerRuntime:
-    """See the module docstring."""
+    """See the module docstring. `metadata_group` and `metadata_store` give the node's metadata group and
+    its views' store as they are at the moment of the call."""
 
-    def __init__(self, node: Node, config: ControllerConfig) -> None:
-        self.node = node
+    def __init__(self, config: ControllerConfig, node_id: int, metadata_group: Callable[[], RaftGroup],
+                 metadata_store: Callable[[], ViewStore]) -> None:
         self.config = config
+        self.node_id = node_id
+        self._metadata_group = metadata_group
+        self._metadata_store = metadata_store
         self.core: ControllerCore | None = None
         self.term = -1                       # the term the core was activated in
         self.counters = ControllerCounters()
@@ -120,11 +123,11 @@ class ControllerRuntime:
             self._supervisor.cancel()
             await asyncio.gather(self._supervisor, return_exceptions=True)
             self._supervisor = None
-        await self._deactivate(NotLeaderError(self.node.node_id, 0, self.term))
+        await self._deactivate(NotLeaderError(self.node_id, 0, self.term))
 
     @property
     def group(self) -> RaftGroup:
-        return self.node.group(GROUP)
+        return self._metadata_group()
 
     @property
     def active(self) -> bool:
@@ -147,15 +150,15 @@ class ControllerRuntime:
     async def _supervise_once(self) -> None:
         group = self.group
         if group.stopped:
-            await self._deactivate(NotLeaderError(self.node.node_id, 0, group.node.term))
+            await self._deactivate(NotLeaderError(self.node_id, 0, group.node.term))
             return
         n = group.node
         leading = n.role is Role.LEADER
         if leading and (self.core is None or self.term != n.term):
-            await self._deactivate(NotLeaderError(self.node.node_id, n.leader, n.term))
+            await self._deactivate(NotLeaderError(self.node_id, n.leader, n.term))
             await self._activate(group)
         elif not leading and self.core is not None:
-            await self._deactivate(NotLeaderError(self.node.node_id, n.leader, n.term))
+            await self._deactivate(NotLeaderError(self.node_id, n.leader, n.term))
         if self.core is not None:
             due = self.core.due(time.monotonic())
             if due:
@@ -167,7 +170,7 @@ class ControllerRuntime:
         if group.node.role is not Role.LEADER or group.node.term != term:
             return
         started = time.monotonic()
-        store = self.node.views[GROUP].store
+        store = self._metadata_store()
         brokers = [s for _, s in _scan(store, "brokers", b"broker/") if isinstance(s, BrokerState)]
         groups = [s for _, s in _scan(store, "broker_groups", b"group/") if isinstance(s, GroupState)]
         core = ControllerCore(self.config, Registry(brokers, groups), time.monotonic())
@@ -347,9 +350,9 @@ class ControllerRuntime:
     def _require_active(self) -> ControllerCore:
         n = self.group.node
         if n.role is not Role.LEADER:
-            raise NotLeaderError(self.node.node_id, n.leader, n.term)
+            raise NotLeaderError(self.node_id, n.leader, n.term)
         if self.core is None or self.term != n.term:
-            raise ControllerStartingError(f"node {self.node.node_id} leads the metadata group in term {n.term}; "
+            raise ControllerStartingError(f"node {self.node_id} leads the metadata group in term {n.term}; "
                                           f"its controller is starting")
         return self.core
 
@@ -389,7 +392,7 @@ class ControllerRuntime:
                 continue
             out.append(p.Registration(state.broker_id, state.broker_epoch, self._group_info(b.cluster, b.group)))
         return p.Registered(out, self.config.heartbeat_interval_ms, self.config.heartbeat_timeout_ms,
-                            self.node.views[GROUP].store.applied)
+                            self._metadata_store().applied)
 
     async def report_sync_state_set(self, call: p.SyncStateSetReport) -> p.BrokerGroup:
         self._require_active()
@@ -408,14 +411,14 @@ class ControllerRuntime:
 
     def _views_state(self, key: str) -> msgspec.Struct | None:
         raw_key = key.encode()
-        raw = self.node.views[GROUP].store.get(cf_for(raw_key), raw_key)
+        raw = self._metadata_store().get(cf_for(raw_key), raw_key)
         return None if raw is None else decode_state(raw_key, raw)
 
     def _group_info(self, cluster: str, group: str) -> p.BrokerGroupInfo:
         state = self._views_state(group_key(cluster, group))
         if not isinstance(state, GroupState):
             return p.BrokerGroupInfo(cluster, group, -1, 0, [], 0, "no master: no brokers registered")
-        store = self.node.views[GROUP].store
+        store = self._metadata_store()
         brokers = [s for _, s in _scan(store, "brokers", f"broker/{cluster}/{group}/".encode())
                    if isinstance(s, BrokerState)]
         return routes.group_info(state, brokers)
@@ -431,7 +434,7 @@ class ControllerRuntime:
         if not call.topic:
             raise InvalidArgumentError("a route query names a topic")
         applied = await self._read_barrier(call.consistency, call.min_offset, timeout)
-        store = self.node.views[GROUP].store
+        store = self._metadata_store()
         raw_key = f"topic/{call.topic}".encode()
         raw = store.get("topics", raw_key)
         if raw is None:
@@ -448,7 +451,7 @@ class ControllerRuntime:
 
     async def brokers(self, call: p.BrokerList, timeout: float) -> p.Brokers:
         applied = await self._read_barrier(call.consistency, call.min_offset, timeout)
-        store = self.node.views[GROUP].store
+        store = self._metadata_store()
         if call.group and not call.cluster:
             raise InvalidArgumentError("a group is named with its cluster")
         cluster = f"{call.cluster}/" if call.cluster else ""

@@ -6,15 +6,15 @@
 
 Four sections, each between `<!-- generated:NAME begin -->` and `<!-- generated:NAME end -->`:
 
-- `messages`: every protocol struct (epochlog.protocol) with its wire shape and fields, read with
+- `messages`: every protocol struct (epochlog.api.messages) with its wire shape and fields, read with
   `msgspec.inspect` (field comments come from the source);
 - `events`: the event types a Write carries and the entity states reads return (statemachines);
 - `errors`: every error code with its `retriable` flag, from the EpochlogError classes;
-- `examples`: frames built from real protocol objects and encoded by `epochlog.protocol.encode_frame`,
+- `examples`: frames built from real protocol objects and encoded by `epochlog.api.frames.encode_frame`,
   shown as hex and as a JSON view of their msgpack.
 
 tests/epochlog/test_protocol_doc.py fails when a section differs from what this script prints, and
-decodes every example with `epochlog.protocol` independently of this script.
+decodes every example with `epochlog.api.frames` independently of this script.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ if str(ROOT) not in sys.path:
 
 from eventlog.errors import EpochlogError  # noqa: E402
 from eventlog.raft.errors import CompactedError, NotLeaderError  # noqa: E402
-from epochlog import protocol as p  # noqa: E402
+from epochlog.api import messages as p  # noqa: E402
+from epochlog.api.frames import encode_frame  # noqa: E402
 from statemachines import events as ev  # noqa: E402
 from statemachines import state as st  # noqa: E402
 
@@ -144,7 +145,7 @@ def field_comments(cls: type) -> dict[str, str]:
     """Trailing `# comments` of the field lines in the class source."""
     comments: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
-        if klass.__module__ not in ("epochlog.protocol", "statemachines.events", "statemachines.state"):
+        if klass.__module__ not in ("epochlog.api.messages", "statemachines.events", "statemachines.state"):
             continue
         try:
             source = inspect.getsource(klass)
@@ -238,7 +239,7 @@ def messages_section() -> list[str]:
     for cls in results:
         out += struct_section(cls)
     nested = _nested_structs(ENVELOPES + calls + results, events | set(ENVELOPES) | set(calls) | set(results))
-    nested = [c for c in nested if c.__module__ == "epochlog.protocol"]
+    nested = [c for c in nested if c.__module__ == "epochlog.api.messages"]
     out += ["### Nested values", ""]
     for cls in nested:
         out += struct_section(cls)
@@ -484,7 +485,7 @@ def hex_view(frame_bytes: bytes) -> str:
 def examples_section() -> list[str]:
     out: list[str] = []
     for i, ex in enumerate(examples(), 1):
-        frame = p.encode_frame(ex.frame)
+        frame = encode_frame(ex.frame)
         out += [f"#### Example {i}: {ex.title}", "", f"{ex.direction.value}. {ex.text}", "",
                 "```json", json_view(frame), "```", "", "```hex", hex_view(frame), "```", ""]
     return out

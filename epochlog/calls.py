@@ -8,7 +8,7 @@ Every face (native, gRPC, Kafka) reports an error by its row of the one error ta
 from __future__ import annotations
 
 from eventlog.errors import DeadlineExceededError, EpochlogError, as_error
-from epochlog import protocol as p
+from epochlog.api import messages as p
 
 
 def call_error(exc: BaseException, *, timeout: float | None = None, deadline_passed: bool = False) -> EpochlogError:

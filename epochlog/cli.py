@@ -111,10 +111,14 @@ def log_dump(directory: Path, start_offset: int, limit: int | None, max_keys: in
 def log_verify(directory: Path, as_json: bool) -> None:
     """Check every batch CRC in DIRECTORY. Exit 0 clean, 1 recovery would repair something (cut a
     torn tail, finish or undo an interrupted cleaner swap), 2 mid-log corruption (recovery would
-    refuse to open)."""
-    from eventlog.offline import verify_log_dir
+    refuse to open) or no log in DIRECTORY (one line naming the logs below it)."""
+    from eventlog.offline import NotALogError, verify_log_dir
 
-    report = verify_log_dir(directory)
+    try:
+        report = verify_log_dir(directory)
+    except NotALogError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
     if as_json:
         click.echo(json.dumps({
             "directory": str(report.directory), "verdict": report.verdict_name,
@@ -208,16 +212,21 @@ def demo(data_dir: Path, seconds: float, seed: int | None) -> None:
 @click.option("--once", is_flag=True, help="Stop as soon as every group has a leader (--seconds 0).")
 @click.option("--demo-load", is_flag=True,
               help="Write puts, offset commits, a topic, a lease and a watch through the SDK.")
+@click.option("--tour", is_flag=True,
+              help="What `make run` runs: a tour of the mission (SDK writes, brokers and a failover, a Kafka "
+                   "consumer, an export to Delta and an audit answer), then stop.")
 def up_command(config_path: Path | None, nodes: int | None, data_dir: Path, seconds: float | None, once: bool,
-               demo_load: bool) -> None:
+               demo_load: bool, tour: bool) -> None:
     """Run a local cluster in the foreground with a live status view; Ctrl-C stops every node (data stays).
 
     Exit 0 after a clean run and stop, 1 if a node went down on its own or no leader came up, 3 on a
     configuration error (checked before any node starts)."""
     from epochlog.up import default_config, up
 
+    if tour and (demo_load or seconds is not None or once):
+        raise click.UsageError("--tour runs its own load and stops at its end: no --demo-load, --seconds or --once")
     sys.exit(up(config_path or default_config(), nodes=nodes, data_dir=data_dir,
-                seconds=0.0 if once else seconds, demo_load=demo_load))
+                seconds=0.0 if once else seconds, demo_load=demo_load, tour=tour))
 
 
 @cli.command("serve")
@@ -242,7 +251,7 @@ def serve_command(config_path: Path, node_id: int, data_dir: Path | None, seed: 
     from epochlog.identity import resolve_member
     from epochlog.logs import configure
     from epochlog.serve import serve
-    from eventlog.raft.runtime import faults
+    from eventlog import fault_injection as faults
     from eventlog.raft.runtime.config import load_node_configs
 
     configure("json" if log_format == "json" else "text", node_id)

@@ -30,7 +30,7 @@ from typing import Any
 
 import click
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.cli_client import Target, _cluster_command, _table
 from epochlog.client import AsyncClient, ClientError, RejectedError
 from epochlog.client.broker import DEFAULT_CLUSTER, ControllerClient, HeartbeatSender

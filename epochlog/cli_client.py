@@ -2,7 +2,9 @@
 
 Every command names the cluster with `--endpoints host:port,...`, `--config FILE` (the client
 address of every member of a cluster config such as configs/local-3.toml) or the environment
-variable EPOCHLOG_ENDPOINTS, in that order of precedence; none of them is a usage error (exit 64).
+variable EPOCHLOG_ENDPOINTS, in that order of precedence; with none of them, the client addresses of
+the config `epochlog up` runs by default (configs/local-3.toml: 127.0.0.1:7201-7203), and an error
+that says so when nothing answers there.
 Output is a plain table for people, or with `--json` one JSON document (one per line for the
 streaming commands) whose field names are stable: README.md, section "CLI", lists them.
 
@@ -11,7 +13,11 @@ with `--base64`, or `-` for stdin) and printed as UTF-8 when they decode to prin
 as base64 with `encoding: "base64"`. A write prints the offset it committed at (a read-your-writes
 token for `get --consistency local --min-offset`). Errors are EpochlogErrors: `error: <message>`,
 exit 3; a rejected compare-and-set is one too, its message starting with the reason
-(version_mismatch...). Ctrl-C ends `watch` and `events tail --follow` with exit 0.
+(version_mismatch...). Ctrl-C ends `watch`, `events tail --follow` and `lease keep-alive` with exit 0.
+`status` exits 1 when a member does not answer (after printing what the others said).
+
+Lease ids are printed in hex (`0x3da0cc191a4c29fb`) and accepted in hex (with or without `0x`, as
+etcdctl prints them) or decimal (`LEASE_ID`): digits only is decimal, anything with a-f is hex.
 """
 
 from __future__ import annotations
@@ -19,13 +25,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import functools
 import json
 import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,7 +40,7 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client import (AsyncClient, ClientError, DeadlineExceededError, InvalidArgumentError, KeyValue,
                              NotFoundError, UnavailableError, WatchedEvent)
 from statemachines import events as ev
@@ -56,10 +63,11 @@ class Target:
     endpoints: tuple[str, ...]
     timeout: float
     as_json: bool
+    default_from: Path | None = None   # no cluster was named: these are this config's addresses
 
     @classmethod
     def resolve(cls, endpoints: str | None, config_path: Path | None, timeout: float, as_json: bool) -> Target:
-        """--endpoints, else --config, else $EPOCHLOG_ENDPOINTS; a usage error when none names a node."""
+        """--endpoints, else --config, else $EPOCHLOG_ENDPOINTS, else `epochlog up`'s default config."""
         from eventlog.raft.runtime.config import load_node_configs, parse_address
 
         if endpoints and config_path is not None:
@@ -74,6 +82,12 @@ class Target:
         if not endpoints:
             endpoints, source = os.environ.get(ENDPOINTS_ENV, ""), ENDPOINTS_ENV
         listed = [e.strip() for e in (endpoints or "").split(",") if e.strip()]
+        if not listed and source == ENDPOINTS_ENV and ENDPOINTS_ENV not in os.environ:
+            from epochlog.up import default_config
+
+            default = default_config()
+            members = load_node_configs(default).cluster.members
+            return cls(tuple(m.client_address for m in members if m.client_address), timeout, as_json, default)
         if not listed:
             raise click.UsageError(f"no cluster given: pass --endpoints host:port,..., --config FILE "
                                    f"or set {ENDPOINTS_ENV}")
@@ -93,7 +107,21 @@ class Target:
                     return await body(client)
                 except TimeoutError:   # a call straight to one node (status, snapshot --node) got no reply
                     raise DeadlineExceededError(f"no reply within {self.timeout:.1f} s") from None
-        return asyncio.run(main())
+        with self._explained():
+            return asyncio.run(main())
+
+    @contextlib.contextmanager
+    def _explained(self) -> Iterator[None]:
+        """With the default endpoints, an unreachable cluster's error says which were tried and how to
+        name another."""
+        try:
+            yield
+        except (UnavailableError, DeadlineExceededError) as exc:
+            if self.default_from is None:
+                raise
+            raise type(exc)(f"{exc} (no cluster named: tried {', '.join(self.endpoints)}, the addresses of "
+                            f"{self.default_from}, which `epochlog up` runs; name another with --endpoints, "
+                            f"--config or {ENDPOINTS_ENV})") from None
 
     def stream(self, body: Callable[[AsyncClient, asyncio.Event], Awaitable[None]]) -> None:
         """Run a streaming `body(client, stop)` until it returns or Ctrl-C sets `stop` (then exit 0).
@@ -121,7 +149,8 @@ class Target:
             finally:
                 loop.remove_signal_handler(signal.SIGINT)
         try:
-            asyncio.run(main())
+            with self._explained():
+                asyncio.run(main())
         except BrokenPipeError:           # e.g. `| head`: the reader is gone, nothing more to say
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so the interpreter's final flush is silent
 
@@ -210,6 +239,35 @@ def _written(target: Target, result: p.WriteResult) -> None:
                 lambda: click.echo(f"offset {result.offset} (group {result.group})"))
 
 
+class LeaseId(click.ParamType):
+    """A lease id: decimal (digits only) or hex (`0x...`, or digits with a-f as etcdctl prints them)."""
+
+    name = "LEASE_ID"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        try:
+            lease = int(text, 16) if text.startswith("0x") or any(c in "abcdef" for c in text) else int(text)
+        except ValueError:
+            self.fail(f"{value!r} is not a lease id (decimal, or hex like 0x3da0cc191a4c29fb)", param, ctx)
+        if lease <= 0:
+            self.fail(f"{value!r}: lease ids are positive", param, ctx)
+        return lease
+
+
+LEASE_ID = LeaseId()
+
+
+def _hex(lease: int) -> str:
+    return f"{lease:#x}" if lease else "0"
+
+
+def _duration(ms: int) -> str:
+    return f"{ms} ms" if ms < 1000 else f"{ms / 1000:.1f} s" if ms % 1000 else f"{ms // 1000} s"
+
+
 # --- the commands ------------------------------------------------------------------------------------
 
 def register(cli: click.Group) -> None:
@@ -224,8 +282,10 @@ _COMMANDS = click.Group("client-commands")
 
 @_cluster_command(_COMMANDS, "status")
 def status_command(target: Target) -> None:
-    """Every group's leader, term and commit offset, and each member's role and applied offset
-    (asked of every member, so each reports its own)."""
+    """Every group's leader, term and commit offset; each member's role, applied offset, LAG (the
+    leader's commit offset minus the member's own applied offset) and HEARD (how long ago the leader
+    last heard from it); then each node's process (pid, instance). Asked of every member, so each
+    reports its own. Exit 1 when a member does not answer."""
     statuses, members = target.run(_gather_status)
     document = _status_document(statuses, members)
 
@@ -234,19 +294,23 @@ def status_command(target: Target) -> None:
         for g in document["groups"]:
             for m in g["members"]:
                 mark = "*" if m["id"] == g["leader"] else ""
+                heard = "-" if m["heard_ms"] is None else _duration(m["heard_ms"])
                 rows.append((g["group"], g["leader"] or "-", g["term"], g["commit_offset"], f"{m['id']}{mark}",
-                             m["role"], m["applied_offset"], m["match_offset"]))
-        _table(("GROUP", "LEADER", "TERM", "COMMIT", "NODE", "ROLE", "APPLIED", "MATCH"), rows)
+                             m["role"], m["applied_offset"], m["match_offset"], m["lag"], heard))
+        _table(("GROUP", "LEADER", "TERM", "COMMIT", "NODE", "ROLE", "APPLIED", "MATCH", "LAG", "HEARD"), rows)
+        click.echo()
+        _table(("NODE", "CLIENT ADDRESS", "PID", "INSTANCE", "STATE"),
+               [(n["id"], n["client_address"], n["pid"], n["instance"],
+                 "up" if n["reachable"] else f"unreachable: {n['error']}") for n in document["nodes"]])
         for g in document["groups"]:
             for m in g["members"]:
                 if m["halted"] is not None:
                     h = m["halted"]
                     click.echo(f"group {g['group']} HALTED on node {m['id']} at offset {h['offset']}: "
                                f"{h['reason']}; {h['fix']}")
-        for n in document["nodes"]:
-            if not n["reachable"]:
-                click.echo(f"node {n['id']} ({n['client_address']}): unreachable: {n['error']}")
     target.emit(document, human)
+    if not all(n["reachable"] for n in document["nodes"]):
+        sys.exit(1)
 
 
 async def _ask_each_member(client: AsyncClient, ask: Callable[[str], Awaitable[T]]
@@ -283,7 +347,9 @@ def _status_document(statuses: Sequence[p.StatusInfo | ClientError],
             reports[member.id] = reply
         nodes.append({"id": member.id, "client_address": member.client_address,
                       "peer_address": member.peer_address, "reachable": reachable,
-                      "error": None if reachable else str(reply)})
+                      "error": None if reachable else str(reply),
+                      "pid": reply.pid or None if isinstance(reply, p.StatusInfo) else None,
+                      "instance": reply.instance or None if isinstance(reply, p.StatusInfo) else None})
     group_names: list[str] = []
     for info in reports.values():
         group_names += [g.group for g in info.groups if g.group not in group_names]
@@ -296,10 +362,13 @@ def _status_document(statuses: Sequence[p.StatusInfo | ClientError],
         top = max(own.values(), key=lambda g: g.term)
         peers = {peer.id: peer for peer in (leader or top).peers}
         ids = list(dict.fromkeys([*peers, *(m.id for m in members)]))
+        commit = leader.commit_offset if leader else max(g.commit_offset for g in own.values())
         group_members = []
         for node in ids:
             g = own.get(node)
             peer = peers.get(node)
+            heard = None if leader is None or peer is None or node == leader.node or peer.heard_ms < 0 \
+                else peer.heard_ms
             group_members.append({
                 "id": node, "role": g.role if g is not None else "unreachable",
                 "voter": None if peer is None else peer.role == "voter",
@@ -313,19 +382,22 @@ def _status_document(statuses: Sequence[p.StatusInfo | ClientError],
                 "halted": (None if g is None or g.halted is None
                            else {"offset": g.halted.offset, "reason": g.halted.reason, "fix": g.halted.fix}),
                 "skipped": None if g is None else list(g.skipped),
+                # Its own applied offset; for a member that did not answer, what the leader knows it holds.
+                "lag": (max(0, commit - g.applied_offset) if g is not None
+                        else None if leader is None or peer is None or peer.match_offset < 0
+                        else max(0, commit - peer.match_offset)),
+                "heard_ms": heard,
             })
         groups.append({"group": name, "leader": leader.node if leader else (top.leader or None),
-                       "term": (leader or top).term,
-                       "commit_offset": (leader.commit_offset if leader
-                                         else max(g.commit_offset for g in own.values())),
-                       "members": group_members})
+                       "term": (leader or top).term, "commit_offset": commit, "members": group_members})
     return {"groups": groups, "nodes": nodes}
 
 
 @_cluster_command(_COMMANDS, "put")
 @click.argument("key")
 @click.argument("value")
-@click.option("--lease", type=click.IntRange(min=1), default=None, help="Attach the key to this lease.")
+@click.option("--lease", type=LEASE_ID, default=None,
+              help="Attach the key to this lease (hex as `lease grant` prints it, or decimal).")
 @click.option("--expected-version", type=click.IntRange(min=0), default=None,
               help="Compare-and-set: the offset that last modified the key (0: it must not exist).")
 @click.option("--base64", "as_base64", is_flag=True, help="VALUE is base64 (binary values).")
@@ -355,7 +427,8 @@ def get_command(target: Target, key: str, as_of: int | None, consistency: str, m
 
     def human() -> None:
         for field in ("key", "value", "offset", "created", "lease"):
-            shown = _shown(document) if field == "value" else document[field]
+            shown = (_shown(document) if field == "value" else _hex(document[field]) if field == "lease"
+                     else document[field])
             click.echo(f"{field:<8}{shown}")
     target.emit(document, human)
 
@@ -392,6 +465,147 @@ def ls_command(target: Target, prefix: str, limit: int | None, as_of: int | None
 def del_command(target: Target, key: str, expected_version: int | None) -> None:
     """Delete KEY; prints the offset the deletion committed at."""
     _written(target, target.run(lambda c: c.delete(key, expected_version=expected_version)))
+
+
+@_cluster_command(_COMMANDS, "txn")
+@click.argument("ops", nargs=-1)
+@click.option("--if", "conditions", multiple=True, metavar="KEY=VERSION",
+              help="A condition: KEY was last modified at offset VERSION (0: KEY must not exist); repeatable.")
+@click.option("--file", "json_file", type=click.File("r"), default=None, metavar="FILE|-",
+              help='Conditions and operations as JSON (- for stdin): {"conditions": [{"key": K, "version": V}], '
+                   '"ops": [{"op": "put", "key": K, "value": V, "lease": ID}, {"op": "del", "key": K}]}.')
+@click.option("--base64", "as_base64", is_flag=True, help="Values are base64 (binary values).")
+def txn_command(target: Target, ops: tuple[str, ...], conditions: tuple[str, ...], json_file: Any,
+                as_base64: bool) -> None:
+    """Apply OPS all or nothing if every condition holds; prints the offset it committed at.
+
+    OPS from the arguments: `put KEY VALUE` and `del KEY`, in order (`--` before them if a value
+    starts with -), e.g. `epochlog txn --if app/x=0 put app/x 1 del app/y`. A failed condition is
+    an error (exit 3) naming the condition; nothing is applied."""
+    events, guards = _txn_from_args(ops, conditions, as_base64)
+    if json_file is not None:
+        more_events, more_guards = _txn_from_json(json_file.read(), as_base64)
+        events += more_events
+        guards += more_guards
+    if not events:
+        raise click.UsageError("no operation: give put KEY VALUE / del KEY, or --file")
+    _written(target, target.run(lambda c: c.txn(events, guards)))
+
+
+def _kv_entity(name: str) -> str:
+    """The entity key of the kv name `name` (what a transaction's condition names)."""
+    return "kv/" + name
+
+
+def _txn_from_args(words: Sequence[str], conditions: Sequence[str], as_base64: bool
+                   ) -> tuple[list[ev.Event], list[tuple[str, int]]]:
+    guards = []
+    for condition in conditions:
+        key, sep, version = condition.rpartition("=")
+        if not sep or not key or not version.isdigit():
+            raise click.BadParameter(f"{condition!r} is not KEY=VERSION (VERSION: an offset, 0 for absent)",
+                                     param_hint="--if")
+        guards.append((_kv_entity(key), int(version)))
+    events: list[ev.Event] = []
+    i = 0
+    while i < len(words):
+        op = words[i]
+        if op == "put" and i + 2 < len(words):
+            events.append(ev.KvPut(name=words[i + 1], value=_parse_value(words[i + 2], as_base64)))
+            i += 3
+        elif op == "del" and i + 1 < len(words):
+            events.append(ev.KvDeleted(name=words[i + 1]))
+            i += 2
+        else:
+            raise click.BadParameter(f"at {' '.join(words[i:i + 3])!r}: operations are `put KEY VALUE` and "
+                                     f"`del KEY`", param_hint="OPS")
+    return events, guards
+
+
+def _txn_from_json(text: str, as_base64: bool) -> tuple[list[ev.Event], list[tuple[str, int]]]:
+    try:
+        doc = json.loads(text)
+        guards = [(_kv_entity(str(c["key"])), int(c["version"])) for c in doc.get("conditions", [])]
+        events: list[ev.Event] = []
+        for op in doc.get("ops", []):
+            if op.get("op") == "put":
+                lease = LEASE_ID.convert(op["lease"], None, None) if op.get("lease") else 0
+                events.append(ev.KvPut(name=str(op["key"]), value=_parse_value(str(op["value"]), as_base64),
+                                       lease=lease))
+            elif op.get("op") == "del":
+                events.append(ev.KvDeleted(name=str(op["key"])))
+            else:
+                raise ValueError(f"op {op.get('op')!r}: put or del")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise click.BadParameter(f"not a transaction document: {exc}", param_hint="--file") from None
+    return events, guards
+
+
+@click.group("lease")
+def lease_group() -> None:
+    """Leases: a key put with --lease is deleted when its lease ends (revoked, or not kept alive for its TTL)."""
+
+
+@_cluster_command(lease_group, "grant")
+@click.argument("ttl", type=click.FloatRange(min=0.1, max=7 * 24 * 3600))
+def lease_grant(target: Target, ttl: float) -> None:
+    """Grant a lease of TTL seconds; prints its id (hex; put --lease takes it as printed)."""
+    lease = target.run(lambda c: c.lease_grant(round(ttl * 1000)))
+    target.emit({"id": lease.lease_id, "id_hex": _hex(lease.lease_id), "ttl_ms": lease.ttl_ms,
+                 "offset": lease.offset},
+                lambda: click.echo(f"lease {_hex(lease.lease_id)} granted with TTL {_duration(lease.ttl_ms)} "
+                                   f"(offset {lease.offset})"))
+
+
+@_cluster_command(lease_group, "revoke")
+@click.argument("lease_id", type=LEASE_ID)
+def lease_revoke(target: Target, lease_id: int) -> None:
+    """End the lease now: the keys attached to it are deleted."""
+    result = target.run(lambda c: c.lease_revoke(lease_id))
+    target.emit({"id": lease_id, "id_hex": _hex(lease_id), "offset": result.offset, "group": result.group},
+                lambda: click.echo(f"lease {_hex(lease_id)} revoked (offset {result.offset})"))
+
+
+@_cluster_command(lease_group, "keep-alive")
+@click.argument("lease_id", type=LEASE_ID)
+@click.option("--once", is_flag=True, help="Keep it alive once and exit (default: every TTL/3 until Ctrl-C).")
+def lease_keep_alive(target: Target, lease_id: int, once: bool) -> None:
+    """Restart the lease's clock (every third of its TTL until Ctrl-C, or --once); a lease that
+    ended is an error (exit 3)."""
+    def show(ttl_ms: int) -> None:
+        target.emit({"id": lease_id, "id_hex": _hex(lease_id), "ttl_ms": ttl_ms},
+                    lambda: click.echo(f"lease {_hex(lease_id)} kept alive with TTL {_duration(ttl_ms)}"))
+
+    async def body(client: AsyncClient, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            ttl_ms = await client.lease_keepalive(lease_id)
+            show(ttl_ms)
+            if once:
+                return
+            try:
+                await asyncio.wait_for(stop.wait(), max(0.05, ttl_ms / 3000))
+            except TimeoutError:
+                pass
+    target.stream(body)
+
+
+@_cluster_command(lease_group, "list")
+def lease_list(target: Target) -> None:
+    """Every live lease: id, TTL and the offset that granted it."""
+    async def body(client: AsyncClient) -> list[Any]:
+        items: list[Any] = []
+        after = None
+        while True:
+            page = await client.list_entities("lease/", limit=1000, after=after)
+            items += page.items
+            if page.next_after is None:
+                return items
+            after = page.next_after
+    leases = [e.state for e in target.run(body)]
+    documents = [{"id": x.lease_id, "id_hex": _hex(x.lease_id), "ttl_ms": x.ttl_ms, "offset": x.created}
+                 for x in leases]
+    target.emit(documents, lambda: _table(("ID", "TTL", "GRANTED AT"),
+                                          [(d["id_hex"], _duration(d["ttl_ms"]), d["offset"]) for d in documents]))
 
 
 @_cluster_command(_COMMANDS, "history")
@@ -771,5 +985,5 @@ def group_skip(target: Target, group: str, offset: int) -> None:
         + ", ".join(f"node {n} applied through {a}" for n, a in done["applied"].items())))
 
 
-for _group in (events_group, leader_group, member_group, group_group, compaction_group):
+for _group in (events_group, leader_group, member_group, group_group, compaction_group, lease_group):
     _COMMANDS.add_command(_group)

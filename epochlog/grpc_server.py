@@ -34,7 +34,8 @@ from typing import Any
 
 import grpc
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
+from epochlog.api.frames import MAX_FRAME_BYTES
 from epochlog.grpc import convert as cv
 from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
@@ -45,7 +46,7 @@ from epochlog.server import MAX_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = p.MAX_FRAME_BYTES          # 16 MiB, as a native frame
+MAX_MESSAGE_BYTES = MAX_FRAME_BYTES            # 16 MiB, as a native frame
 MAX_SESSION_INFLIGHT = 8192
 WATCH_BUFFER_EVENTS = 4096                     # events read ahead of a slow watcher
 WATCH_MESSAGE_EVENTS = 1024                    # at most this many events per WatchEvents message

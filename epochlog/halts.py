@@ -17,6 +17,8 @@ version ever will (a record an older node accepted without checking), the operat
 member (`skip`, `epochlog group skip`), which records it as skipped on each (no change, like a
 rejection: the digests stay equal) and applies on from the log.
 
+Halts sees the node through its `LocalGroups` and a way to hand a group's leadership over.
+
 Call everything from the node's loop.
 """
 
@@ -24,17 +26,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from eventlog.errors import EpochlogError
 from eventlog.raft.node import Role
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.errors import GroupHaltedError, InvalidArgumentError
+from epochlog.local_groups import LocalGroups
 
 if TYPE_CHECKING:
     from eventlog.raft.runtime.group import RaftGroup
     from eventlog.raft.types import Entry
-    from epochlog.node import Node
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +47,14 @@ RESUME_CHUNK_BYTES = 4 << 20          # log read per step of a resume (the loop 
 
 
 class Halts:
-    """Watches the groups of `node` for halts: refusals, leadership, skip and resume."""
+    """Watches the groups of this node for halts: refusals, leadership, skip and resume.
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    `transfer_leader(group)` hands the group's leadership to its most caught-up other voter (or raises
+    an EpochlogError saying why it cannot)."""
+
+    def __init__(self, local: LocalGroups, transfer_leader: Callable[[str], object]) -> None:
+        self.local = local
+        self._transfer_leader = transfer_leader
         self._task: asyncio.Task[None] | None = None
         self._backoff: dict[str, tuple[float, float]] = {}   # group -> (next transfer allowed at, wait)
 
@@ -61,29 +68,29 @@ class Halts:
             self._task = None
 
     def info(self, group: str) -> p.HaltInfo | None:
-        views = self.node.views.get(group)
+        views = self.local.views.get(group)
         halt = None if views is None else views.halt
         return None if halt is None else p.HaltInfo(halt.offset, halt.reason, halt.fix)
 
     def check(self, group: str) -> None:
         """GroupHaltedError when `group` is halted on this node (its views cannot serve)."""
-        views = self.node.views.get(group)
+        views = self.local.views.get(group)
         if views is not None and views.halt is not None:
-            raise GroupHaltedError(f"node {self.node.node_id}: {views.halt.describe(group)}")
+            raise GroupHaltedError(f"node {self.local.node_id}: {views.halt.describe(group)}")
 
     async def skip(self, call: p.GroupSkip) -> p.Done:
         """Skip the record `call.group` halted at (it must be `call.offset`) and apply on from the log."""
-        group = self.node.group(call.group)
-        views = self.node.views[call.group]
+        group = self.local.group(call.group)
+        views = self.local.views[call.group]
         try:
             views.skip(call.offset)
         except EpochlogError as exc:
-            raise InvalidArgumentError(f"node {self.node.node_id}: {exc}") from None
+            raise InvalidArgumentError(f"node {self.local.node_id}: {exc}") from None
         await self._resume(group)
         return p.Done(views.applied_index)
 
     async def _resume(self, group: RaftGroup) -> None:
-        views = self.node.views[group.name]
+        views = self.local.views[group.name]
         log = group.node.log
 
         def read(offset: int) -> list[Entry]:
@@ -99,8 +106,8 @@ class Halts:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(CHECK_INTERVAL_S)
-            for name, group in self.node.host.groups.items():
-                views = self.node.views.get(name)
+            for name, group in self.local.groups().items():
+                views = self.local.views.get(name)
                 if views is None or views.halt is None:
                     self._backoff.pop(name, None)
                 elif group.node.role is Role.LEADER and not group.stopped:
@@ -114,7 +121,7 @@ class Halts:
             return
         self._backoff[name] = (now + wait, min(wait * 2, TRANSFER_BACKOFF_S[1]))
         try:
-            self.node.transfer_leader(p.TransferLeader(name, 0))
+            self._transfer_leader(name)
             logger.warning("group %s is halted on this node: handing leadership over", name)
         except EpochlogError as exc:
             logger.warning("group %s is halted on this node and cannot hand leadership over: %s", name, exc)

@@ -6,10 +6,15 @@ H:P`, then a member add on the cluster) gives its addresses on the command line;
 remembered in `<data_dir>/member.json`, so later starts need no flags (flags given again replace
 them). Such a node starts with the configured initial voters, which do not include it, so it never
 campaigns and cannot start a cluster of its own (see eventlog.raft.runtime.host).
+
+Every data directory also has an id of its own (`storage_id`: random, made once, like Kafka's
+`directory.id`), which a node reports in its status: `epochlog up` knows the id of each directory it
+runs a node on, so it can tell its own nodes (restarted by hand too) from another cluster's.
 """
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
 import msgspec
@@ -19,6 +24,22 @@ from eventlog.fileutil import atomic_write
 from eventlog.raft.runtime.config import MemberConfig, NodeConfigs
 
 MEMBER_FILE = "member.json"
+STORAGE_ID_FILE = "storage.id"
+
+
+def storage_id(data_dir: str | Path) -> str:
+    """The id of the data directory `data_dir`: read, or made (and the directory created) when missing."""
+    path = Path(data_dir) / STORAGE_ID_FILE
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        text = ""
+    if text:
+        return text
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    made = secrets.token_hex(16)
+    atomic_write(path, (made + "\n").encode())
+    return made
 
 
 class _Saved(msgspec.Struct):

@@ -22,6 +22,8 @@ fix is the operator's: stop that member, remove its group's `views/` directory (
 directory) and restart it, so it installs a snapshot from the leader. The alarm clears when a later
 comparison with that member matches.
 
+The check sees the node through its `LocalGroups` and the members' client addresses.
+
 Call everything from the node's loop.
 """
 
@@ -29,16 +31,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from eventlog.errors import EpochlogError
 from eventlog.raft.node import Role
 from eventlog.raft.runtime.repair import RepairStatus
-from epochlog import protocol as p
+from epochlog.api import messages as p
+from epochlog.local_groups import LocalGroups
 
 if TYPE_CHECKING:
     from epochlog.client.aio import AsyncClient
-    from epochlog.node import Node
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +59,10 @@ def damage_info(repair: RepairStatus | None) -> p.DamageInfo | None:
 class DigestCheck:
     """The leader's comparison of views digests with every member's (see the module docstring)."""
 
-    def __init__(self, node: Node, interval_ms: int) -> None:
-        self.node = node
+    def __init__(self, local: LocalGroups, client_addresses: Callable[[], Mapping[int, str]],
+                 interval_ms: int) -> None:
+        self.local = local
+        self._client_addresses = client_addresses
         self.interval_s = interval_ms / 1000
         self.alarms: dict[str, dict[int, p.DigestAlarm]] = {}   # group -> member -> alarm
         self.checks: dict[str, int] = {}                         # group -> comparisons made
@@ -79,7 +84,7 @@ class DigestCheck:
 
     def digests(self, group: str) -> list[p.DigestAt]:
         """What this node's views of `group` noted (oldest first)."""
-        views = self.node.views.get(group)
+        views = self.local.views.get(group)
         if views is None:
             return []
         return [p.DigestAt(offset, digest.hex()) for offset, digest in views.applier.digest_checkpoints]
@@ -94,12 +99,12 @@ class DigestCheck:
 
     async def check_once(self) -> None:
         """One round: every group this node leads, against every other member that answers."""
-        led = {name: group for name, group in self.node.host.groups.items() if group.node.role is Role.LEADER}
+        led = {name: group for name, group in self.local.groups().items() if group.node.role is Role.LEADER}
         for name in list(self.alarms):
             if name not in led:
                 del self.alarms[name]   # the new leader compares now
         members = {m for group in led.values() for m in (*group.node.conf.voters, *group.node.conf.learners)}
-        members.discard(self.node.node_id)
+        members.discard(self.local.node_id)
         statuses = {}
         for member in sorted(members):
             status = await self._status(member)
@@ -135,13 +140,13 @@ class DigestCheck:
         alarms[member] = alarm
 
     async def _status(self, member: int) -> p.StatusInfo | None:
-        address = self.node.client_addresses.get(member, "")
+        address = self._client_addresses().get(member, "")
         if not address:
             return None
         if self._client is None:
             from epochlog.client.aio import AsyncClient
 
-            self._client = AsyncClient([address], timeout=STATUS_TIMEOUT_S, name=f"epochlog-node-{self.node.node_id}",
+            self._client = AsyncClient([address], timeout=STATUS_TIMEOUT_S, name=f"epochlog-node-{self.local.node_id}",
                                        sessions=False)
         try:
             return await asyncio.wait_for(self._client.status(address), STATUS_TIMEOUT_S)

@@ -21,28 +21,29 @@ Membership calls are served by the metadata leader, one node and one group at a 
 Each group's change is made by that group's leader: the metadata leader makes the ones it leads and
 forwards the others through the SDK with the call's `group` set (the SDK follows the group's
 leader). A step already done is skipped, so retrying a call that failed half way finishes it.
+
+Membership sees the node through its `LocalGroups`, the configured members, its own addresses and
+the host's peer transport (None until the host starts).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from eventlog.errors import ConfigError, EpochlogError
 from eventlog.raft.errors import ConfChangeError, NotFoundError, NotLeaderError
 from eventlog.raft.node import Role
-from eventlog.raft.runtime.config import parse_address
+from eventlog.raft.runtime.config import MemberConfig, parse_address
 from eventlog.raft.runtime.group import RaftGroup
+from eventlog.raft.runtime.transport import PeerTransport
 from eventlog.raft.types import ConfChange, ConfChangeKind, ConfState
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.errors import InvalidArgumentError, RejectedError
+from epochlog.local_groups import LocalGroups
 from statemachines import events as ev
 from statemachines.state import MemberState, Outcome, decode_state
-
-if TYPE_CHECKING:
-    from epochlog.node import Node
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +52,14 @@ MEMBERS_REFRESH_S = 0.05      # the address book is re-read at most this often u
 
 
 class Membership:
-    """The address book of `node` and the membership calls it serves (on its loop)."""
+    """The address book of this node and the membership calls it serves (on its loop)."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, local: LocalGroups, configured: Sequence[MemberConfig], me: MemberConfig,
+                 transport: Callable[[], PeerTransport | None]) -> None:
+        self.local = local
+        self._configured_members = tuple(configured)
+        self._me = me
+        self._transport = transport
         self.members: dict[int, p.MemberInfo] = self._configured()   # the address book
         self.removed: set[int] = set()   # nodes removed at runtime (tombstones in the metadata views)
         self._task: asyncio.Task[None] | None = None
@@ -74,15 +79,15 @@ class Membership:
 
     def list(self) -> p.Members:
         """The address book, and the voters and learners of the metadata group as this node sees them."""
-        conf = self.node.group("metadata").node.conf
+        conf = self.local.group("metadata").node.conf
         return p.Members(self.sorted(), list(conf.voters), list(conf.learners))
 
     def sorted(self) -> list[p.MemberInfo]:
         return [self.members[i] for i in sorted(self.members)]
 
     def _configured(self) -> dict[int, p.MemberInfo]:
-        book = {m.id: p.MemberInfo(m.id, m.peer_address, m.client_address) for m in self.node.configs.cluster.members}
-        me = self.node.member
+        book = {m.id: p.MemberInfo(m.id, m.peer_address, m.client_address) for m in self._configured_members}
+        me = self._me
         book[me.id] = p.MemberInfo(me.id, me.peer_address, me.client_address)
         return book
 
@@ -90,21 +95,21 @@ class Membership:
         """Rebuild the address book from the config and the metadata views; sync the peer transport."""
         book = self._configured()
         removed: set[int] = set()
-        for key, raw in self.node.views["metadata"].store.scan_prefix("members", b"member/"):
+        for key, raw in self.local.views["metadata"].store.scan_prefix("members", b"member/"):
             state = decode_state(key, raw)
             assert isinstance(state, MemberState)
             if state.removed:
                 book.pop(state.node_id, None)
                 removed.add(state.node_id)
-            elif state.node_id != self.node.node_id:   # this node's own addresses are those it was started with
+            elif state.node_id != self.local.node_id:   # this node's own addresses are those it was started with
                 book[state.node_id] = p.MemberInfo(state.node_id, state.peer_address, state.client_address)
         self.members = book
         self.removed = removed
-        transport = self.node.host.transport
+        transport = self._transport()
         if transport is None:
             return
         for node_id, info in book.items():
-            if node_id != self.node.node_id:
+            if node_id != self.local.node_id:
                 try:
                     transport.add_peer(node_id, parse_address(info.peer_address, f"member/{node_id}.peer_address"))
                 except ConfigError as exc:
@@ -113,7 +118,7 @@ class Membership:
             transport.remove_peer(node_id)
 
     async def _follow(self) -> None:
-        group = self.node.group("metadata")
+        group = self.local.group("metadata")
         while True:
             seen = group.sm.applied_index
             try:
@@ -124,13 +129,13 @@ class Membership:
             await asyncio.sleep(MEMBERS_REFRESH_S)
 
     def _group_order(self, *, metadata_last: bool = False) -> tuple[str, ...]:
-        others = tuple(g for g in self.node.host.groups if g != "metadata")
+        others = tuple(g for g in self.local.groups() if g != "metadata")
         return (*others, "metadata") if metadata_last else ("metadata", *others)
 
     def _require_leader(self, name: str) -> RaftGroup:
-        group = self.node.group(name)
+        group = self.local.group(name)
         if group.node.role is not Role.LEADER:
-            raise NotLeaderError(self.node.node_id, group.node.leader, group.node.term)
+            raise NotLeaderError(self.local.node_id, group.node.leader, group.node.term)
         return group
 
     async def _change_group(self, name: str, cc: ConfChange, timeout: float) -> ConfState:
@@ -152,7 +157,7 @@ class Membership:
         client = None
         try:
             for name in names:
-                group = self.node.group(name)
+                group = self.local.group(name)
                 if group.node.role is Role.LEADER:
                     try:
                         await self._change_group(name, cc, max(0.1, deadline - loop.time()))
@@ -166,7 +171,7 @@ class Membership:
                     if not endpoints:
                         raise InvalidArgumentError(f"group {name} is led by another node and no client address is known")
                     client = AsyncClient(endpoints, timeout=max(1.0, deadline - loop.time()),
-                                         name=f"epochlog-node-{self.node.node_id}")
+                                         name=f"epochlog-node-{self.local.node_id}")
                 if isinstance(call, p.MemberAdd):
                     await client.member_add(call.node_id, call.peer_address, call.client_address,
                                             auto_promote=call.auto_promote, group=name)
@@ -180,7 +185,7 @@ class Membership:
 
     async def _record(self, event: ev.Event) -> None:
         """Commit a member record in the metadata group (this node leads it) and use it at once."""
-        done = await self.node.group("metadata").submit([ev.event_record(event)])
+        done = await self.local.group("metadata").submit([ev.event_record(event)])
         outcome = done.outcomes[0] if done.outcomes else None
         if isinstance(outcome, Outcome) and not outcome.ok:
             raise RejectedError(p.WriteResult(done.offset, "metadata", False, outcome.code, outcome.message))
@@ -206,9 +211,9 @@ class Membership:
             known = self.members.get(call.node_id)
             wanted = p.MemberInfo(call.node_id, call.peer_address, call.client_address)
             if known != wanted:
-                if known is not None and any(g.node.conf.contains(call.node_id) for g in self.node.host.groups.values()):
-                    raise InvalidArgumentError(f"node {call.node_id} is a member at {known.peer_address}: remove it "
-                                               f"before adding it with other addresses")
+                if known is not None and any(g.node.conf.contains(call.node_id) for g in self.local.groups().values()):
+                    raise InvalidArgumentError(f"node {call.node_id} is a member at {known.peer_address}: remove it before "
+                                    f"adding it with other addresses")
                 taken = {a: m.id for m in self.members.values() if m.id != call.node_id
                          for a in (m.peer_address, m.client_address) if a}
                 for address in (call.peer_address, call.client_address):
@@ -241,14 +246,14 @@ class Membership:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + MEMBERSHIP_TIMEOUT_S
         if call.node_id not in self.members and not any(g.node.conf.contains(call.node_id)
-                                                         for g in self.node.host.groups.values()):
+                                                         for g in self.local.groups().values()):
             if call.node_id in self.removed:
                 return self.list()   # a retry of a removal that completed
             raise NotFoundError(f"node {call.node_id} is not a member")
-        for name, group in self.node.host.groups.items():
+        for name, group in self.local.groups().items():
             if group.node.conf.voters == (call.node_id,):
                 raise InvalidArgumentError(f"node {call.node_id} is the last voter of group {name}: add another first")
-        if call.node_id == self.node.node_id:
+        if call.node_id == self.local.node_id:
             # Removing the metadata group's leader while it coordinates would cut it off from the rest of
             # the work: hand the leadership over first; the client retries at the new leader.
             await self._hand_off(metadata, deadline)
@@ -260,16 +265,16 @@ class Membership:
     async def _hand_off(self, group: RaftGroup, deadline: float) -> None:
         """Transfer `group`'s leadership to its most caught-up other voter, then raise NotLeaderError."""
         n = group.node
-        others = [v for v in n.conf.voters if v != self.node.node_id]
+        others = [v for v in n.conf.voters if v != self.local.node_id]
         if not others:
-            raise InvalidArgumentError(f"node {self.node.node_id} is the last voter of group {group.name}")
+            raise InvalidArgumentError(f"node {self.local.node_id} is the last voter of group {group.name}")
         target = max(others, key=lambda v: n.progress[v].match if v in n.progress else -1)
         group.transfer_leadership(target)
         loop = asyncio.get_running_loop()
         give_up = min(deadline, loop.time() + 5.0)
         while group.node.role is Role.LEADER and loop.time() < give_up:
             await asyncio.sleep(group.tick_interval)
-        raise NotLeaderError(self.node.node_id, group.node.leader or target, group.node.term)
+        raise NotLeaderError(self.local.node_id, group.node.leader or target, group.node.term)
 
 
 def _done(conf: ConfState, cc: ConfChange) -> bool:

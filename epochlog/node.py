@@ -4,7 +4,7 @@
 ViewsStateMachine over RocksDB) and exposes the operations of the client protocol as coroutines
 returning protocol messages, so the native server and the gRPC face share one implementation.
 
-Writes go to the leader of the group that owns the entity (epochlog.routing); a follower answers
+Writes go to the leader of the group that owns the entity (epochlog.api.routing); a follower answers
 `not_leader` with the leader's id and client address, and the SDK retries there. A Write naming
 several groups commits each group's part atomically and in order, but the groups independently:
 each event carries a request id, so retrying the whole Write after a failure never applies an event
@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import secrets
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -35,13 +36,15 @@ from eventlog.raft.runtime.host import NodeHost
 from compaction.config import compaction_configs
 from compaction.service import CompactionService, allocated_bytes
 from controller.config import controller_config
-from controller.runtime import ControllerRuntime
-from epochlog import protocol as p
+from controller.runtime import GROUP as CONTROLLER_GROUP, ControllerRuntime
+from epochlog.api import messages as p
+from epochlog.api.routing import REQUIRED_GROUPS, group_of_event, group_of_key
 from epochlog.errors import GroupHaltedError, InvalidArgumentError, RejectedError
 from epochlog.halts import Halts
+from epochlog.identity import storage_id
 from epochlog.integrity import DigestCheck, damage_info
+from epochlog.local_groups import LocalGroups
 from epochlog.membership import Membership
-from epochlog.routing import REQUIRED_GROUPS, group_of_event, group_of_key
 from statemachines import events as ev
 from statemachines.apply import HALTED
 from statemachines.query import MAX_LIMIT, Query
@@ -68,13 +71,15 @@ class Node:
         self.node_id = node_id
         self.data_dir = Path(data_dir)
         self.views_config = from_mapping(ViewsConfig, configs.views, "views")
-        self.controller = ControllerRuntime(self, controller_config(configs.controller))  # on the metadata leader
+        self.views: dict[str, ViewsStateMachine] = {}
+        self.controller = ControllerRuntime(controller_config(configs.controller), node_id,
+                                            lambda: self.group(CONTROLLER_GROUP),   # runs on its leader
+                                            lambda: self.views[CONTROLLER_GROUP].store)
         missing = [g for g in REQUIRED_GROUPS if g not in configs.cluster.groups]
         if missing:
             raise ConfigError("cluster.groups", list(configs.cluster.groups),
                               f"must include {', '.join(REQUIRED_GROUPS)} (missing {', '.join(missing)})")
         self.member = configs.cluster.member(node_id) if member is None else member
-        self.views: dict[str, ViewsStateMachine] = {}
         compaction_config, self.cleaner_config = compaction_configs(configs.compaction)
         compaction_config.check_groups(configs.cluster.groups)
         self.compaction = CompactionService(compaction_config,
@@ -84,9 +89,14 @@ class Node:
                              retention_floor=self.compaction.retention_floor,
                              space_guard=self.compaction.space_guard,
                              ships_log_prefix=self.compaction.ships_log_prefix)
-        self.membership = Membership(self)
-        self.halts = Halts(self)
-        self.digest_check = DigestCheck(self, self.views_config.digest_check_interval_ms)
+        self.local_groups = LocalGroups(node_id, lambda: self.host.groups, self.views)
+        self.membership = Membership(self.local_groups, configs.cluster.members, self.member,
+                                     lambda: self.host.transport)
+        self.halts = Halts(self.local_groups, lambda name: self.transfer_leader(p.TransferLeader(name, 0)))
+        self.digest_check = DigestCheck(self.local_groups, lambda: self.client_addresses,
+                                        self.views_config.digest_check_interval_ms)
+        self.instance = secrets.token_hex(8)   # this run of the node (status: `epochlog up` tells restarts apart)
+        self.storage = ""                      # the data directory's id, read at start (epochlog.identity)
 
     def _open_views(self, name: str, directory: Path) -> ViewsStateMachine:
         sm = ViewsStateMachine(directory, self.views_config, name=name)
@@ -113,6 +123,7 @@ class Node:
         return found
 
     async def start(self) -> None:
+        self.storage = storage_id(self.data_dir)
         await self.host.start()
         self.compaction.start()
         self.membership.start()
@@ -142,10 +153,7 @@ class Node:
     # --- helpers ----------------------------------------------------------------------------------
 
     def group(self, name: str) -> RaftGroup:
-        group = self.host.groups.get(name)
-        if group is None:
-            raise InvalidArgumentError(f"no group {name!r} (groups: {', '.join(self.host.groups)})")
-        return group
+        return self.local_groups.group(name)
 
     @property
     def members(self) -> dict[int, p.MemberInfo]:
@@ -361,8 +369,10 @@ class Node:
             s = group.status()
             conf = group.node.conf
             progress = group.node.progress if s.role == "leader" else {}
+            now = group.loop.time()
             peers = [p.PeerInfo(n, "voter" if n in conf.voters else "learner",
-                                progress[n].match if n in progress else -1)
+                                progress[n].match if n in progress else -1,
+                                round((now - group.heard_at[n]) * 1000) if n in group.heard_at else -1)
                      for n in (*conf.voters, *conf.learners)]
             views = self.views.get(name)
             groups.append(p.GroupInfo(name, self.node_id, s.role, s.term, s.leader, s.commit, s.applied,
@@ -370,7 +380,8 @@ class Node:
                                       sorted(views.applier.skipped) if views is not None else [],
                                       damage_info(s.repair), self.digest_check.digests(name),
                                       list(self.digest_check.alarms.get(name, {}).values())))
-        return p.StatusInfo(self.cluster, self.node_id, groups, self.membership.sorted())
+        return p.StatusInfo(self.cluster, self.node_id, groups, self.membership.sorted(), self.instance, os.getpid(),
+                            self.storage)
 
     def compaction_status(self) -> p.CompactionInfo:
         """This node's retention of every group (`epochlog compaction status`)."""

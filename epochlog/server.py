@@ -1,4 +1,4 @@
-"""The native client service: the protocol of epochlog.protocol over asyncio TCP.
+"""The native client service: the protocol of epochlog.api over asyncio TCP.
 
 One `ClientConnection` per client connection. Requests of a frame are started at once (pipelining);
 replies are queued and written once per turn of the event loop, so the replies that completed
@@ -38,7 +38,9 @@ from typing import Any
 from eventlog.configuration import doc
 from eventlog.errors import (BadFrameError, ConnectionLimitError, DeadlineExceededError, EpochlogError,
                              InvalidArgumentError, WatchCancelledError, as_error)
-from epochlog import protocol as p
+from epochlog.api import messages as p
+from epochlog.api.frames import (MAX_FRAME_BYTES, BadRequest, ClientFrame, FrameDecoder, FrameError, encode_frame,
+                                 encode_frames, salvage_requests)
 from epochlog.calls import wire_error
 from epochlog.metrics import Metrics
 from epochlog.logs import Throttled
@@ -58,7 +60,7 @@ class ClientServiceConfig:
     partial_frames_bytes: int = field(default=64 << 20, metadata=doc(
         "Memory for frames being received, summed over every client connection of the node: a connection "
         "whose partly received frame would take the sum past it is closed (connection_limit, retriable). At "
-        "least one frame of the maximum size (16 MiB).", min=p.MAX_FRAME_BYTES + 4))
+        "least one frame of the maximum size (16 MiB).", min=MAX_FRAME_BYTES + 4))
     frame_timeout_ms: int = field(default=30_000, metadata=doc(
         "A frame must be received in full within this many ms of its first byte, and the hello within this "
         "many ms of the connection; else the connection is closed (connection_limit).", min=100,
@@ -130,7 +132,7 @@ class ClientConnection(asyncio.Protocol):
         self.node = service.node
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self.decoder = p.FrameDecoder(p.ClientFrame, salvage=p.salvage_requests)
+        self.decoder = FrameDecoder(ClientFrame, salvage=salvage_requests)
         self.counted = 0                      # this connection's part of service.partial_bytes
         self.waiting_since: float | None = time.monotonic()   # a frame (or the hello) is due since then
         self.greeted = False
@@ -168,7 +170,7 @@ class ClientConnection(asyncio.Protocol):
         self.service.limit_closes += 1
         self.service.refusals.warning("refusing client connection %s: %s", self._peer(), message)
         error = wire_error(ConnectionLimitError(message))
-        self.transport.write(p.encode_frame(p.Replies([p.Reply(0, error=error)])))
+        self.transport.write(encode_frame(p.Replies([p.Reply(0, error=error)])))
         if self.transport.can_write_eof():
             self.transport.write_eof()
             self.loop.call_later(REFUSED_LINGER_S, self.transport.abort)
@@ -213,7 +215,7 @@ class ClientConnection(asyncio.Protocol):
             return
         try:
             frames = self.decoder.feed(data)
-        except p.FrameError as exc:
+        except FrameError as exc:
             self._fail(str(exc))
             return
         except Exception as exc:   # never leave a connection without its reason (a bug if it happens)
@@ -228,7 +230,7 @@ class ClientConnection(asyncio.Protocol):
             elif not self.greeted:
                 self._fail("the first frame must be a client hello")
                 return
-            elif isinstance(frame, p.BadRequest):
+            elif isinstance(frame, BadRequest):
                 self.reply_error(frame.id, InvalidArgumentError(frame.problem))
             else:
                 self.backlog.extend(frame.requests)
@@ -288,7 +290,7 @@ class ClientConnection(asyncio.Protocol):
         self.counted = 0
         self.waiting_since = None
         if self.decoder.pending_bytes:
-            self.decoder = p.FrameDecoder(p.ClientFrame, salvage=p.salvage_requests)
+            self.decoder = FrameDecoder(ClientFrame, salvage=salvage_requests)
 
     def close_for_limit(self, message: str) -> None:
         """Close the connection for breaking a limit: one `connection_limit` reply (id 0), then close."""
@@ -297,7 +299,7 @@ class ClientConnection(asyncio.Protocol):
         self._release_partial()
         if self.transport is not None and not self.transport.is_closing():
             error = wire_error(ConnectionLimitError(message))
-            self.transport.write(p.encode_frame(p.Replies([p.Reply(0, error=error)])))
+            self.transport.write(encode_frame(p.Replies([p.Reply(0, error=error)])))
             self.transport.close()
 
     def _peer(self) -> str:
@@ -316,12 +318,12 @@ class ClientConnection(asyncio.Protocol):
         assert self.transport is not None
         if hello.version != p.PROTOCOL_VERSION:
             error = f"protocol version {hello.version} is not supported (this node speaks {p.PROTOCOL_VERSION})"
-            self.transport.write(p.encode_frame(p.ServerHello(p.PROTOCOL_VERSION, self.node.cluster,
+            self.transport.write(encode_frame(p.ServerHello(p.PROTOCOL_VERSION, self.node.cluster,
                                                               self.node.node_id, error)))
             self.transport.close()
             return
         self.greeted = True
-        self.transport.write(p.encode_frame(p.ServerHello(p.PROTOCOL_VERSION, self.node.cluster, self.node.node_id,
+        self.transport.write(encode_frame(p.ServerHello(p.PROTOCOL_VERSION, self.node.cluster, self.node.node_id,
                                                           election_timeout_ms=self.service.election_timeout_ms)))
 
     def _fail(self, message: str) -> None:
@@ -329,7 +331,7 @@ class ClientConnection(asyncio.Protocol):
         self._release_partial()
         if self.transport is not None and not self.transport.is_closing():
             error = wire_error(BadFrameError(message))
-            self.transport.write(p.encode_frame(p.Replies([p.Reply(0, error=error)])))
+            self.transport.write(encode_frame(p.Replies([p.Reply(0, error=error)])))
             self.transport.close()
 
     def _start(self, request: p.Request) -> None:
@@ -429,7 +431,7 @@ class ClientConnection(asyncio.Protocol):
             self.pending.clear()
             return
         replies, self.pending = self.pending, []
-        for frame in p.encode_frames(_merge_watch_events(replies), p.Replies, oversize=_oversize_reply):
+        for frame in encode_frames(_merge_watch_events(replies), p.Replies, oversize=_oversize_reply):
             self.transport.write(frame)
 
 
@@ -446,7 +448,7 @@ def _oversize_reply(reply: p.Reply, size: int) -> list[p.Reply]:
         half = len(result.events) // 2
         return [p.Reply(reply.id, p.WatchEvents(result.watch_id, result.events[:half])),
                 p.Reply(reply.id, p.WatchEvents(result.watch_id, result.events[half:]))]
-    message = (f"the reply of {size} bytes exceeds the frame limit of {p.MAX_FRAME_BYTES} bytes: "
+    message = (f"the reply of {size} bytes exceeds the frame limit of {MAX_FRAME_BYTES} bytes: "
                f"ask for less at once (limit, max_bytes, fewer keys)")
     return [p.Reply(reply.id, error=wire_error(InvalidArgumentError(message)))]
 

@@ -17,6 +17,15 @@ leader, term, commit and applied offsets, events/s (the rate of the commit offse
 `RATE_WINDOW_S`), and each member's lag (the leader's commit offset minus the member's own applied
 offset). On a terminal the rows are drawn with rich.live; otherwise one plain line per second.
 
+Only its own nodes. Before any process starts, every address of every member is bind-checked: a port
+another process listens on (another cluster, another `up`) is refused in one line (exit 3), so `up`
+never shows, loads or stops someone else's cluster. Each node reports in its status the id of its
+data directory (epochlog.identity.storage_id, which `up` reads or makes before the start), its pid
+and a per-run instance nonce: an answer whose node id, cluster or data directory id is not the
+expected one is another cluster's (shown as such, never counted or drawn as this cluster's, and a
+problem of the run); an answer from the expected data directory but another pid is this cluster's
+node restarted by hand, shown up (and left running at the end: `up` signals only what it started).
+
 Peer TLS (`ensure_certificates`, before any node starts): unless the config says `[cluster.tls]
 insecure`, `up` keeps the cluster's CA in `<data-dir>/ca/` and each member's certificate, key and CA
 copy where `[cluster.tls]` says (by default `<data-dir>/node-N/tls/`), made when missing and re-issued
@@ -28,8 +37,14 @@ node, a wait of up to `STOP_TIMEOUT_S`, SIGKILL for what is left (a second signa
 The data stays: the same command resumes the cluster from disk.
 
 Exit codes: 0 the run ended as asked and every node stopped cleanly; 1 a node exited on its own,
-start-up elected no leader for some group within `START_TIMEOUT_S`, or a node had to be killed; 3 a
-configuration problem (raised as an EpochlogError before any process starts).
+start-up elected no leader for some group within `START_TIMEOUT_S`, a node had to be killed, another
+cluster's node answered on a member's address, or the demo load or the tour failed; 3 a configuration
+problem, an address in use or a data directory that cannot be made (an EpochlogError before any
+process starts).
+
+`--tour` (what `make run` runs): once every group has a leader, epochlog.tour walks through what the
+cluster is for, one line per step, then the nodes stop; lines fit 80 columns when piped (and
+the status line is shortened and printed every TOUR_STATUS_EVERY_S), the live table on a terminal.
 """
 
 from __future__ import annotations
@@ -54,15 +69,19 @@ from eventlog import kafka_codes as kc
 from eventlog.errors import ConfigError, EpochlogError
 from eventlog.raft.runtime.config import (ClusterConfig, MemberConfig, NodeConfigs, load_node_configs,
                                           parse_address)
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client import AsyncClient, ClientError
 from epochlog.demo_load import DemoLoad, DemoReport
+from epochlog.identity import storage_id
+from epochlog.ports import address_taken
+from epochlog.tour import Tour
 
 START_TIMEOUT_S = 60.0      # launch to a leader in every group (2 shared cores, cold imports)
 STOP_TIMEOUT_S = 15.0       # SIGTERM to exit, for all nodes together
 STATUS_TIMEOUT_S = 1.0      # one node's status call
 RATE_WINDOW_S = 5.0         # events/s is the commit offset's rate over this window
 LOG_TAIL_LINES = 8
+TOUR_STATUS_EVERY_S = 10.0  # piped, with --tour: a short status line this often (the steps say the rest)
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 # Every address of a member (peer, client, admin, ...): `--nodes` extends each one's port scheme.
 ADDRESS_KINDS = tuple(f.name for f in dataclasses.fields(MemberConfig) if f.name.endswith("_address"))
@@ -112,7 +131,7 @@ class Plan:
 
 def make_plan(config_path: Path, nodes: int | None, data_dir: Path) -> Plan:
     """Load and check everything before a process starts; raises ConfigError / UpError."""
-    from epochlog.routing import REQUIRED_GROUPS
+    from epochlog.api.routing import REQUIRED_GROUPS
     from epochlog.kafka.config import KafkaServiceConfig
     from epochlog.server import ClientServiceConfig
     from statemachines.store import ViewsConfig
@@ -147,7 +166,7 @@ def make_plan(config_path: Path, nodes: int | None, data_dir: Path) -> Plan:
     plan = Plan(config_path.resolve(), configs, data_dir, text is not None)
     _check_previous_run(plan)
     if text is not None:
-        data_dir.mkdir(parents=True, exist_ok=True)
+        make_data_dir(data_dir)
         tmp = config_path.with_suffix(".toml.tmp")
         tmp.write_text(text)
         os.replace(tmp, config_path)
@@ -217,10 +236,51 @@ def _toml_value(value: Any) -> str:
     raise UpError(f"cannot write {value!r} as a TOML value")
 
 
+def up_command(plan: Plan) -> tuple[str, str]:
+    """The `epochlog up` command line that runs this plan's cluster again (defaults left out), and the
+    option the client commands need to reach it ("" for the default config's addresses)."""
+    words = ["epochlog up"]
+    naming = ""
+    if plan.config_path != default_config().resolve():
+        naming = f"--config {_relative(plan.config_path)}"
+        words.append(naming)
+    if plan.data_dir.resolve() != Path("data/local").resolve():
+        words.append(f"--data-dir {_relative(plan.data_dir)}")
+    return " ".join(words), naming
+
+
+def _relative(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def make_data_dir(path: Path) -> None:
+    """Create `path` (and its parents) for `up`'s data; UpError (one line) when that is not possible."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as exc:
+        raise UpError(f"cannot use {path} as the data directory: {exc.strerror or exc}") from None
+
+
+def check_ports(plan: Plan) -> None:
+    """UpError (one line) naming the first member address another process listens on."""
+    for m in plan.members:
+        for kind in ADDRESS_KINDS:
+            address = getattr(m, kind)
+            why = address_taken(address, kind) if address else None
+            if why is not None:
+                raise UpError(f"{address} ({kind} of node {m.id}) is {why}: `up` runs only nodes it starts; "
+                              f"stop what listens there (another `epochlog up`?) or use --config with other ports")
+
+
 def _check_previous_run(plan: Plan) -> None:
     try:
         record = json.loads(plan.record_path.read_text())
-    except (FileNotFoundError, ValueError):
+    except (OSError, ValueError):   # none yet (or no data directory: make_data_dir says why)
         return
     ids = [m.id for m in plan.members]
     recorded = record.get("members") or []
@@ -281,6 +341,11 @@ class NodeProcess:
     answering: bool = False           # it answered the last status call
     reported: bool = False            # its unexpected exit was reported
     log_start: int = 0                # where this incarnation's lines begin in the log
+    storage: str = ""                 # the id of its data directory (epochlog.identity.storage_id)
+    instance: str = ""                # the run nonce of the process that last answered as this node
+    answer_pid: int = 0               # that process's pid (not `pid` after a restart by hand)
+    foreign: str = ""                 # what else answered on its client address ("": nothing)
+    foreign_reported: bool = False
 
     @property
     def id(self) -> int:
@@ -311,6 +376,22 @@ class NodeProcess:
     def exit_code(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
 
+    def judge(self, status: p.StatusInfo, cluster: str) -> bool:
+        """Whether `status` (from this node's client address) comes from this node: its id, cluster and
+        data directory. Remembers the answering process, or what answered instead."""
+        if (status.node, status.cluster, status.storage) != (self.id, cluster, self.storage):
+            self.foreign = (f"node {status.node} of cluster {status.cluster!r} (pid {status.pid or '?'}, data "
+                            f"directory id {status.storage[:8] or '?'}) answers at {self.member.client_address}")
+            return False
+        self.foreign = ""
+        self.instance, self.answer_pid = status.instance, status.pid
+        return True
+
+    @property
+    def by_hand(self) -> bool:
+        """It answers from a process `up` did not start (restarted by hand on its data directory)."""
+        return self.answering and self.answer_pid != self.pid
+
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -335,13 +416,23 @@ class NodeProcess:
         code = self.exit_code()
         if self.proc is None:
             return "not started"
+        if self.by_hand:
+            return "up"
         if code is not None:
             return f"{'stopped' if self.stopping else 'down'} ({describe_exit(code)})"
         if self.stopping:
             return "stopping"
         if self.answering:
             return "up"
+        if self.foreign:
+            return "another cluster's node answers"
         return "not answering" if self.answered else "starting"
+
+    def process(self) -> str:
+        """`pid N, instance X` of what answers as this node (`by hand` when `up` did not start it)."""
+        if self.answering:
+            return f"pid {self.answer_pid}{' (by hand)' if self.by_hand else ''}, instance {self.instance[:8]}"
+        return f"pid {self.pid}"
 
 
 def _count(n: int, word: str) -> str:
@@ -365,6 +456,7 @@ def write_record(plan: Plan, nodes: Sequence[NodeProcess]) -> None:
         "members": [n.id for n in nodes],
         "up_pid": os.getpid(),
         "nodes": {str(n.id): {"pid": n.pid, "running": n.running, "exit_code": n.exit_code(),
+                              "instance": n.instance, "answer_pid": n.answer_pid, "by_hand": n.by_hand,
                               "client_address": n.member.client_address,
                               "admin_address": n.member.admin_address,
                               "log": str(n.log_path.resolve()),
@@ -471,6 +563,7 @@ def plain_line(elapsed: float, nodes: Sequence[NodeProcess], rows: Sequence[Grou
     up = sum(1 for n in nodes if n.state() == "up")
     parts = [f"[{elapsed:6.1f}s] nodes {up}/{len(nodes)} up"]
     parts += [f"{n.id} {n.state()}" for n in nodes if n.state() != "up"]
+    parts += [f"{n.id} up by hand (pid {n.answer_pid})" for n in nodes if n.by_hand]
     for r in rows:
         lags = " ".join(f"{m.id}:{'down' if m.lag is None else m.lag}" for m in r.members)
         parts.append(f"{r.name}: leader {r.leader or '-'} term {r.term} commit {r.commit} "
@@ -478,11 +571,20 @@ def plain_line(elapsed: float, nodes: Sequence[NodeProcess], rows: Sequence[Grou
     return " | ".join(parts)
 
 
+def short_line(elapsed: float, nodes: Sequence[NodeProcess], rows: Sequence[GroupRow]) -> str:
+    """The status in at most 80 columns (the tour's piped output): nodes up, leaders, kv's rate."""
+    up = sum(1 for n in nodes if n.state() == "up")
+    leaders = " ".join(f"{r.name} {r.leader or '-'}" for r in rows)
+    kv = next((r for r in rows if r.name == "kv"), None)
+    rate = f"; kv {kv.events_per_s:.0f} ev/s" if kv is not None else ""
+    return f"[{elapsed:5.1f}s] {up}/{len(nodes)} up; leaders: {leaders}{rate}"[:80]
+
+
 def summary_lines(elapsed: float, cluster: str, nodes: Sequence[NodeProcess],
                   rows: Sequence[GroupRow]) -> list[str]:
     lines = [f"status after {elapsed:.1f} s, cluster {cluster!r}, {_count(len(nodes), 'node')}:"]
     for n in nodes:
-        lines.append(f"  node {n.id}: {n.state()}, pid {n.pid}, client {n.member.client_address}, "
+        lines.append(f"  node {n.id}: {n.state()}, {n.process()}, client {n.member.client_address}, "
                      f"admin {n.member.admin_address or '-'}, log {n.log_path}")
     for r in rows:
         lines.append(f"  group {r.name}: leader {r.leader or '-'}, term {r.term}, commit {r.commit}, "
@@ -502,13 +604,15 @@ def live_view(title: str, elapsed: float, nodes: Sequence[NodeProcess], rows: Se
         if r.leader is not None:
             leads[r.leader].append(r.name)
     node_table = Table(box=box.SIMPLE_HEAD, title="nodes", title_justify="left")
-    for column in ("node", "state", "pid", "client", "admin", "leads"):
+    for column in ("node", "state", "pid", "instance", "client", "admin", "leads"):
         node_table.add_column(column)
     for n in nodes:
         state = n.state()
         style = "green" if state == "up" else "yellow" if state in ("starting", "stopping") else "red"
-        node_table.add_row(str(n.id), Text(state, style=style), str(n.pid or "-"), n.member.client_address,
-                           n.member.admin_address or "-", ", ".join(leads.get(n.id, [])) or "-")
+        pid = (f"{n.answer_pid} (by hand)" if n.by_hand else str(n.answer_pid)) if n.answering else str(n.pid or "-")
+        node_table.add_row(str(n.id), Text(state, style=style), pid, n.instance[:8] if n.answering else "-",
+                           n.member.client_address, n.member.admin_address or "-",
+                           ", ".join(leads.get(n.id, [])) or "-")
     group_table = Table(box=box.SIMPLE_HEAD, title="groups", title_justify="left")
     for column, justify in (("group", "left"), ("leader", "right"), ("term", "right"), ("commit", "right"),
                             ("applied", "right"), ("events/s", "right"), ("members (lag)", "left")):
@@ -528,7 +632,7 @@ def live_view(title: str, elapsed: float, nodes: Sequence[NodeProcess], rows: Se
     parts: list[Any] = [Text(f"{title}   {elapsed:.1f} s   (Ctrl-C stops every node)", style="bold"),
                         node_table, group_table]
     for n in nodes:
-        if n.exit_code() is not None and not n.stopping:
+        if n.exit_code() is not None and not n.stopping and not n.by_hand:
             title = f"node {n.id} is down ({describe_exit(n.exit_code() or 0)}): last lines of {n.log_path}"
             parts.append(Panel("\n".join(n.tail()) or "(empty)", title=title, border_style="red"))
     return Group(*parts)
@@ -570,19 +674,25 @@ def ensure_certificates(plan: Plan) -> list[str]:
 
 
 def up(config_path: Path, *, nodes: int | None, data_dir: Path, seconds: float | None, demo_load: bool,
-       live: bool | None = None) -> int:
-    """Run the cluster until a signal (or `seconds` after every group has a leader); the exit code."""
+       live: bool | None = None, tour: bool = False) -> int:
+    """Run the cluster until a signal (or `seconds` after every group has a leader, or the end of the
+    tour); the exit code."""
     plan = make_plan(config_path, nodes, data_dir)
+    make_data_dir(plan.data_dir)
+    check_ports(plan)
     made = ensure_certificates(plan)
-    if made:
+    if made and tour:
+        print(f"peer TLS: made the cluster CA and {_count(len(made) - 1, 'member certificate')} "
+              f"in {plan.data_dir}", flush=True)
+    elif made:
         print(f"peer TLS: made {', '.join(made)}", flush=True)
     elif plan.configs.cluster.tls.insecure:
         print("peer TLS is OFF ([cluster.tls] insecure = true): the nodes log a warning", flush=True)
-    return asyncio.run(_run(plan, seconds=seconds, demo_load=demo_load,
+    return asyncio.run(_run(plan, seconds=seconds, demo_load=demo_load, tour=tour,
                             live=sys.stdout.isatty() if live is None else live))
 
 
-async def _run(plan: Plan, *, seconds: float | None, demo_load: bool, live: bool) -> int:
+async def _run(plan: Plan, *, seconds: float | None, demo_load: bool, live: bool, tour: bool = False) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     force = asyncio.Event()
@@ -592,7 +702,8 @@ async def _run(plan: Plan, *, seconds: float | None, demo_load: bool, live: bool
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
-    nodes = [NodeProcess(m, plan) for m in plan.members]
+    nodes = [NodeProcess(m, plan, storage=storage_id(plan.node_dir(m.id))) for m in plan.members]
+    guide = Tour(plan.members, plan.data_dir) if tour else None
     outcome = Outcome()
     began = time.monotonic()
     view = ClusterView(plan.configs.cluster.groups, [n.id for n in nodes])
@@ -606,19 +717,26 @@ async def _run(plan: Plan, *, seconds: float | None, demo_load: bool, live: bool
         for n in nodes:
             n.start(hook)
         write_record(plan, nodes)
-        print(title, flush=True)
-        for n in nodes:
-            print(f"node {n.id}: pid {n.pid}, client {n.member.client_address}, "
-                  f"admin {n.member.admin_address or '-'}, log {n.log_path}", flush=True)
+        if tour:
+            print(f"epochlog up: {_count(len(nodes), 'node')} of cluster {plan.configs.cluster.name!r} "
+                  f"(pids {', '.join(str(n.pid) for n in nodes)})", flush=True)
+            print(f"their data and logs (node-N.log) are in {plan.data_dir}", flush=True)
+        else:
+            print(title, flush=True)
+            for n in nodes:
+                print(f"node {n.id}: pid {n.pid}, client {n.member.client_address}, "
+                      f"admin {n.member.admin_address or '-'}, log {n.log_path}", flush=True)
         client = AsyncClient([n.member.client_address for n in nodes], timeout=STATUS_TIMEOUT_S,
                              name="epochlog-up")
         try:
             await _watch_cluster(nodes, view, client, stop, force, outcome, seconds=seconds,
-                                 demo_load=demo_load, live=live, title=title, began=began)
+                                 demo_load=demo_load, live=live, title=title, began=began, plan=plan,
+                                 tour=guide)
         finally:
             await client.close()
-        for line in summary_lines(time.monotonic() - began, plan.configs.cluster.name, nodes, view.rows()):
-            print(line, flush=True)
+        if not tour:
+            for line in summary_lines(time.monotonic() - began, plan.configs.cluster.name, nodes, view.rows()):
+                print(line, flush=True)
     finally:
         await _stop_nodes(nodes, force, outcome)
         write_record(plan, nodes)
@@ -627,14 +745,21 @@ async def _run(plan: Plan, *, seconds: float | None, demo_load: bool, live: bool
     for reason in outcome.reasons:
         print(f"problem: {reason}", flush=True)
     verdict = "stopped cleanly" if outcome.code == 0 else "stopped with problems"
-    print(f"epochlog up: {verdict}; the data stays in {plan.data_dir} (run the same command to resume)",
-          flush=True)
+    if guide is not None:
+        print(f"epochlog up: {verdict}; the data stays in {plan.data_dir}", flush=True)
+        if outcome.code == 0:
+            for line in guide.next_steps(*up_command(plan)):
+                print(line, flush=True)
+    else:
+        print(f"epochlog up: {verdict}; the data stays in {plan.data_dir} (run the same command to resume)",
+              flush=True)
     return outcome.code
 
 
 async def _watch_cluster(nodes: list[NodeProcess], view: ClusterView, client: AsyncClient,
                          stop: asyncio.Event, force: asyncio.Event, outcome: Outcome, *,
-                         seconds: float | None, demo_load: bool, live: bool, title: str, began: float) -> None:
+                         seconds: float | None, demo_load: bool, live: bool, title: str, began: float,
+                         plan: Plan, tour: Tour | None = None) -> None:
     """Poll, draw and (when bounded) decide when to stop; returns once the nodes should stop."""
     from contextlib import nullcontext
 
@@ -649,14 +774,21 @@ async def _watch_cluster(nodes: list[NodeProcess], view: ClusterView, client: As
     load_report: DemoReport | None = None
     load_failed = False
     load_stop = asyncio.Event()
+    tour_task: asyncio.Task[Any] | None = None
+    last_short = -TOUR_STATUS_EVERY_S
+    cluster = plan.configs.cluster.name
     display = Live(console=console, auto_refresh=False) if live else nullcontext()
     with display as shown:
         while True:
             now = time.monotonic()
-            answers = await _poll(client, nodes)
+            answers = await _poll(client, nodes, cluster)
             view.observe(now, answers)
             rows = view.rows()
             for n in nodes:
+                if n.foreign and not n.foreign_reported:
+                    n.foreign_reported = True
+                    outcome.fail(f"not this cluster's: {n.foreign} (its answers are ignored)")
+                    say(f"node {n.id}: another cluster's {n.foreign}: ignored, not shown as node {n.id}")
                 if n.exit_code() is not None and not n.stopping and not n.reported:
                     n.reported = True
                     why = describe_exit(n.exit_code() or 0)
@@ -668,12 +800,17 @@ async def _watch_cluster(nodes: list[NodeProcess], view: ClusterView, client: As
             if live:
                 assert isinstance(shown, Live)
                 shown.update(live_view(title, now - began, nodes, rows), refresh=True)
-            else:
+            elif tour is None:
                 say(plain_line(now - began, nodes, rows))
+            elif now - last_short >= TOUR_STATUS_EVERY_S:
+                last_short = now
+                say(short_line(now - began, nodes, rows))
             if ready_at is None and view.all_led():
                 ready_at = now
                 say(f"every group has a leader after {now - began:.1f} s")
-                if demo_load:
+                if tour is not None:
+                    tour_task = asyncio.get_running_loop().create_task(tour.run(say))
+                elif demo_load:
                     load = DemoLoad([n.member.client_address for n in nodes], say)
                     load_report = load.report
                     load_task = asyncio.get_running_loop().create_task(load.run(load_stop))
@@ -681,6 +818,15 @@ async def _watch_cluster(nodes: list[NodeProcess], view: ClusterView, client: As
                 load_failed = True   # the nodes go on; the load's failure is worth seeing now
                 say(f"demo load failed: {load_task.exception()!r}")
                 outcome.fail(f"demo load failed: {load_task.exception()!r}")
+            if tour_task is not None and tour_task.done():
+                if tour_task.cancelled() or tour_task.exception() is not None:
+                    why = "cancelled" if tour_task.cancelled() else repr(tour_task.exception())
+                    say(f"the tour failed: {why}"[:80])
+                    outcome.fail(f"the tour failed: {why}")
+                else:
+                    for problem in tour_task.result().problems():
+                        outcome.fail(problem)
+                break
             if stop.is_set():
                 break
             if ready_at is None and now - began > START_TIMEOUT_S:
@@ -697,6 +843,13 @@ async def _watch_cluster(nodes: list[NodeProcess], view: ClusterView, client: As
                 await asyncio.wait_for(stop.wait(), max(0.0, interval - (time.monotonic() - now)))
             except TimeoutError:
                 pass
+        if tour_task is not None and not tour_task.done():
+            # Ctrl-C in the middle: the tour stops its brokers, consumer and load (a second one cuts it short).
+            tour_task.cancel()
+            forced = asyncio.ensure_future(force.wait())
+            await asyncio.wait({tour_task, forced}, timeout=30.0, return_when=asyncio.FIRST_COMPLETED)
+            forced.cancel()
+            say("the tour was stopped before its end")
         if load_task is not None:
             # The load finishes its round and reports before the nodes stop (a second signal cuts it short).
             load_stop.set()
@@ -714,18 +867,23 @@ async def _watch_cluster(nodes: list[NodeProcess], view: ClusterView, client: As
             elif load_task.exception() is None and load_report is not None:
                 for problem in load_report.problems():
                     outcome.fail(problem)
-            view.observe(time.monotonic(), await _poll(client, nodes))   # the summary shows what it wrote
+            view.observe(time.monotonic(), await _poll(client, nodes, cluster))   # the summary shows what it wrote
 
 
-async def _poll(client: AsyncClient, nodes: Sequence[NodeProcess]) -> dict[int, p.StatusInfo | None]:
+async def _poll(client: AsyncClient, nodes: Sequence[NodeProcess], cluster: str
+                ) -> dict[int, p.StatusInfo | None]:
+    """Each node's status, None for a node that did not answer or whose address another cluster's node
+    answers on (NodeProcess.judge); a node restarted by hand after its process ended is asked too."""
     async def one(n: NodeProcess) -> p.StatusInfo | None:
         n.answering = False
-        if not n.running:
+        if n.proc is None or (n.stopping and not n.running):
             return None
         try:
             status: p.StatusInfo = await asyncio.wait_for(client.status(n.member.client_address),
                                                           STATUS_TIMEOUT_S + 0.5)
         except (ClientError, OSError, TimeoutError):
+            return None
+        if not n.judge(status, cluster):
             return None
         n.answered = n.answering = True
         return status
@@ -761,6 +919,9 @@ async def _stop_nodes(nodes: Sequence[NodeProcess], force: asyncio.Event, outcom
         # -SIGTERM: the signal came before the node had installed its handler (still starting).
         if code not in (0, -signal.SIGTERM) and n.id not in killed:
             outcome.fail(f"node {n.id} stopped with {describe_exit(code)}; see {n.log_path}")
+    for n in nodes:
+        if n.by_hand:
+            print(f"node {n.id} runs as pid {n.answer_pid}, started by hand: left running", flush=True)
     for n in nodes:   # went down between the last poll and the stop
         if n.proc is not None and not n.stopping and not n.reported:
             n.reported = True

@@ -17,8 +17,8 @@ protocol, epochlog/calls.py), gRPC's `failure` (epochlog/grpc/convert.py), Kafka
 error is made again from its code (`from_code`). Low layers raise them too (the log, Raft, the views), which is why
 the table sits here, at the bottom.
 
-A class that names a `code` states its three face mappings itself (checked when the class is made),
-and no two classes name the same code. A subclass without a code of its own narrows where an error
+A class that names a `code` states its face mappings itself (ROW_FIELDS; a test checks it), and no
+two classes name the same code (checked when the class is made). A subclass without a code of its own narrows where an error
 comes from (EventError, HistoryCompactedError) and keeps its parent's row. Errors of offline tools
 that never cross a wire (certificates, `up`, the Delta export, the cleaner) are rows declared next to
 their tool, the same way. To add an error: a class here (or next to such a tool), with its row;
@@ -43,7 +43,9 @@ from eventlog import kafka_codes as kc
 EXIT_ERROR: Final = 3   # the exit code of a command that ends on an Epochlog error (all of them, today)
 
 _BY_CODE: dict[str, type[EpochlogError]] = {}
-_ROW: Final = ("retriable", "grpc_status", "kafka_error")
+ROW_FIELDS: Final = ("retriable", "grpc_status", "kafka_error")
+"""What a class that names a code states itself (tests/epochlog/test_errors.py checks it); `exit_code`
+is EXIT_ERROR unless the class says otherwise."""
 
 
 class EpochlogError(Exception):
@@ -63,10 +65,6 @@ class EpochlogError(Exception):
         super().__init_subclass__(**kwargs)
         if "code" not in cls.__dict__:
             return
-        missing = [name for name in _ROW if name not in cls.__dict__]
-        if missing:
-            raise TypeError(f"{cls.__qualname__} names code {cls.code!r} without its {', '.join(missing)}: a row "
-                            f"of the error table states how every face reports it")
         first = _BY_CODE.get(cls.code)
         if first is not None and (first.__module__, first.__qualname__) != (cls.__module__, cls.__qualname__):
             if cls.__module__ == "__main__":
@@ -136,7 +134,8 @@ class ConfigError(EpochlogError):
         self.key = key
         self.value = value
         self.problem = problem
-        super().__init__(f"config {key} = {value!r}: {problem}")
+        # No value (a whole file is wrong: not found, invalid TOML): the key is the file, and no "= None".
+        super().__init__(f"config {key}: {problem}" if value is None else f"config {key} = {value!r}: {problem}")
 
 
 # --- the segmented event log (eventlog) ---------------------------------------------------------------
@@ -429,7 +428,7 @@ class RejectedError(EpochlogError):
     kafka_error = kc.UNKNOWN_SERVER_ERROR
 
     def __init__(self, result: Any) -> None:
-        """`result`: the write's result (epochlog.protocol.WriteResult: its `code`, `message`, `offset`)."""
+        """`result`: the write's result (epochlog.api.messages.WriteResult: its `code`, `message`, `offset`)."""
         super().__init__(f"{result.code}: {result.message} (committed at offset {result.offset}, changed nothing)")
         self.result = result
         self.reason: str = result.code

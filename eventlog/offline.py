@@ -7,6 +7,10 @@ point that `Log.open` would trust, so `verify` says exactly what `Log.open` woul
 segments (key compaction, `eventlog.cleaned`) are checked by the cleaner checkpoint's rules, and a
 swap or a log prefix install (`eventlog.prefix`) a crash interrupted is judged on the files
 `Log.open` would end up with (it finishes or undoes them before anything else).
+
+A directory without a single segment file is no log at all (`Log.open` always leaves one): `verify`
+refuses it (`NotALogError`, naming the log directories below it, such as a node's
+`groups/<group>/log`) instead of calling it clean.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eventlog.cleaned import SWAP_SUFFIX, CleanerCheckpoint, cleaned_path, cleaned_ranges
+from eventlog import kafka_codes as kc
 from eventlog.epoch_cache import CHECKPOINT_NAME as EPOCH_CHECKPOINT_NAME
 from eventlog.epoch_cache import LeaderEpochCache
 from eventlog.errors import EpochlogError, LogError
@@ -28,6 +33,39 @@ from eventlog.prefix import PrefixInstall, prefix_path
 from eventlog.records import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, RecordBatch, check_batch, read_header
 from eventlog.scan import ScanStatus, scan_segment
 from eventlog.segment import LOG_SUFFIX, parse_segment_name
+
+
+class NotALogError(LogError):
+    """The directory given to `verify` holds no segment file (the message says where logs are below it)."""
+
+    code = "not_a_log"
+    retriable = False
+    grpc_status = "INTERNAL"
+    kafka_error = kc.UNKNOWN_SERVER_ERROR
+    exit_code = 2   # `log verify`: no log to verify, as mid-log corruption
+
+
+def find_logs(directory: Path, depth: int = 3) -> list[Path]:
+    """Directories at most `depth` levels below `directory` that hold segment files, in path order."""
+    found: list[Path] = []
+    level = [directory]
+    for _ in range(depth):
+        below = []
+        for d in level:
+            try:
+                children = sorted(c for c in d.iterdir() if c.is_dir() and not c.is_symlink())
+            except OSError:
+                continue
+            for c in children:
+                try:
+                    if any(parse_segment_name(f.name) is not None for f in c.iterdir()):
+                        found.append(c)
+                        continue
+                except OSError:
+                    continue
+                below.append(c)
+        level = below
+    return sorted(found)
 
 
 class Verdict(enum.IntEnum):
@@ -137,6 +175,11 @@ def verify_log_dir(directory: str | Path) -> VerifyReport:
     """Check every batch CRC of every segment and the links between segments."""
     directory = Path(directory)
     report = VerifyReport(directory)
+    if not segment_files(directory) and PrefixInstall.load(directory) is None:
+        logs = find_logs(directory)
+        where = (f"; logs below it: {', '.join(str(d) for d in logs[:3])}{', ...' if len(logs) > 3 else ''}"
+                 if logs else "")
+        raise NotALogError(f"{directory} holds no log (no segment file *{LOG_SUFFIX}){where}")
     try:
         cleaner, all_files, report.interrupted_swap = effective_layout(directory)
     except EpochlogError as exc:

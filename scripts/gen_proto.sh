@@ -2,7 +2,7 @@
 # Regenerate the Python modules of proto/epochlog/v1/epochlog.proto into epochlog/grpc/v1/.
 #
 # The generated files are committed, so running a node needs grpcio and protobuf but not
-# grpcio-tools; run this after editing the .proto (tests/grpc/test_stubs.py fails until you do).
+# grpcio-tools; run this after editing the .proto (tests/epochlog/grpc/test_stubs.py fails until you do).
 # Usage: scripts/gen_proto.sh [OUTPUT_DIR]   (PYTHON selects the interpreter; default .venv/bin/python)
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)

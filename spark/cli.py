@@ -367,7 +367,7 @@ def _point(at: str | None, offset: int | None, group: str | None, prefix: str, f
     if at is not None:
         return Point(time=parse_time(at))
     if group is None:
-        from epochlog.routing import group_of_key
+        from epochlog.api.routing import group_of_key
         from statemachines.events import EventError
 
         try:

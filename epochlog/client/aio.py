@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client.connection import GRACE_S, Connection, Sent
 from epochlog.client.errors import (
     ClientError,
@@ -37,7 +37,7 @@ from epochlog.client.errors import (
 )
 from epochlog.client.retry import Attempts, Timing
 from epochlog.client.sessions import ClientSessions, GroupSession
-from epochlog.routing import group_of_event, group_of_key
+from epochlog.api.routing import group_of_event, group_of_key
 from eventlog.errors import REQUEST_EXPIRED, SESSION_EXPIRED, from_code
 from statemachines import events as ev
 from statemachines.request_ids import uuid7

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from statemachines.brokers import new_incarnation
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client.aio import AsyncClient
 from epochlog.client.errors import ClientError, InvalidArgumentError
 from eventlog.errors import FENCED, NOT_FOUND, from_code

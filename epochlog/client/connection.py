@@ -19,7 +19,9 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
+from epochlog.api.frames import (MAX_FRAME_BYTES, FrameDecoder, FrameError, ServerFrame, encode_frame,
+                                 encode_frames)
 from epochlog.client.errors import ClientError, InvalidArgumentError, NoAnswerError, UnavailableError, from_wire
 from epochlog.client.retry import Timing
 from eventlog.errors import ProtocolError, from_code
@@ -71,8 +73,8 @@ class Connection:
         try:
             async with asyncio.timeout(timeout):
                 self._reader, self._writer = await asyncio.open_connection(host, int(port))
-                self._writer.write(p.encode_frame(p.ClientHello(p.PROTOCOL_VERSION, self.client_name)))
-                decoder = p.FrameDecoder(p.ServerFrame)
+                self._writer.write(encode_frame(p.ClientHello(p.PROTOCOL_VERSION, self.client_name)))
+                decoder = FrameDecoder(ServerFrame)
                 frames: list[Any] = []
                 while not frames:
                     data = await self._reader.read(65536)
@@ -229,13 +231,13 @@ class Connection:
         if not self._queue or self._writer is None:
             return
         requests, self._queue = self._queue, []
-        for frame in p.encode_frames(requests, p.Requests, oversize=self._too_large):
+        for frame in encode_frames(requests, p.Requests, oversize=self._too_large):
             self._writer.write(frame)
 
     def _too_large(self, request: p.Request, size: int) -> list[p.Request]:
         """A request that fits in no frame is not sent: its caller gets invalid_argument."""
         error = p.WireError(InvalidArgumentError.code, f"the request of {size} bytes exceeds the frame limit of "
-                            f"{p.MAX_FRAME_BYTES} bytes: split it")
+                            f"{MAX_FRAME_BYTES} bytes: split it")
         future = self._pending.pop(request.id, None)
         if future is not None and not future.done():
             future.set_result(p.Reply(request.id, error=error))
@@ -244,7 +246,7 @@ class Connection:
             stream.put_nowait(p.Reply(request.id, error=error))
         return []
 
-    async def _read_loop(self, decoder: p.FrameDecoder, early: list[Any]) -> None:
+    async def _read_loop(self, decoder: FrameDecoder, early: list[Any]) -> None:
         assert self._reader is not None
         loop = asyncio.get_running_loop()
         try:
@@ -257,7 +259,7 @@ class Connection:
                 self._heard = loop.time()
                 for frame in decoder.feed(data):
                     self._dispatch(frame)
-        except (OSError, p.FrameError):
+        except (OSError, FrameError):
             pass
         finally:
             self._fail_all(UnavailableError(f"connection to {self.address} (node {self.node_id}) closed"))

@@ -20,7 +20,7 @@ from eventlog.errors import (
     UnavailableError,
     from_code,
 )
-from epochlog import protocol as p
+from epochlog.api import messages as p
 
 ClientError = EpochlogError
 

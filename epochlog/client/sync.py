@@ -13,7 +13,7 @@ import threading
 from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client.aio import AsyncClient, Entity, History, KeyValue, Page, WatchedEvent
 from epochlog.client.errors import ClientError, DeadlineExceededError
 

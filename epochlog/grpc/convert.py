@@ -1,6 +1,6 @@
 """Conversions between the gRPC messages (epochlog/v1) and the native protocol, events and errors.
 
-The gRPC face adds no behaviour: a request becomes the `epochlog.protocol` call or the events the
+The gRPC face adds no behaviour: a request becomes the `epochlog.api.messages` call or the events the
 Node takes, a result becomes its message, and an error becomes a status through one table
 (`failure`). Kept apart from the server so both the unary methods and the Session stream use it.
 """
@@ -16,7 +16,7 @@ import msgspec
 from google.protobuf.message import Message
 
 from eventlog.errors import InvalidArgumentError, NotLeaderError, RejectedError
-from epochlog import protocol as p
+from epochlog.api import frames, messages as p
 from epochlog.calls import call_error
 from epochlog.grpc.v1 import epochlog_pb2 as pb
 from statemachines import events as ev
@@ -60,9 +60,9 @@ C = TypeVar("C")
 
 
 def checked(call: C) -> C:
-    """A native call built from a request, once its values are in range (the ranges of epochlog.protocol,
+    """A native call built from a request, once its values are in range (the ranges of epochlog.api.messages,
     which frames are checked against when decoded); else RequestError naming the field and the range."""
-    problem = p.problem(call)
+    problem = frames.problem(call)
     if problem is not None:
         raise RequestError(problem)
     return call
@@ -213,7 +213,7 @@ def to_json(msgpack: bytes) -> str:
     decode (a committed record no version applies may be anything)."""
     try:
         return _json_encoder.encode(msgspec.msgpack.decode(msgpack)).decode()
-    except p.DECODE_ERRORS:
+    except frames.DECODE_ERRORS:
         return ""
 
 
@@ -222,7 +222,7 @@ def event_type(value: bytes | None) -> str:
         return ""
     try:
         return _tag_decoder.decode(value).type
-    except p.DECODE_ERRORS:
+    except frames.DECODE_ERRORS:
         return ""
 
 

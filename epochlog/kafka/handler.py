@@ -73,7 +73,7 @@ from epochlog.kafka import hosted
 from epochlog.kafka.errors import KafkaError, UnsupportedRequestError, kafka_code
 from epochlog.kafka import producers
 from epochlog.kafka.wire import Buffer, FetchPartitionOut, encode_fetch_response, metadata_topic_count, response_frame
-from epochlog.routing import group_of_event
+from epochlog.api.routing import group_of_event
 from statemachines import events as ev
 from statemachines.state import Outcome
 

@@ -29,7 +29,10 @@ it). The checks, in order:
 5. the log, for a leader's message the core will act on: the commit index it sets ends an entry
    (else the entry would be applied past the commit index), an append's prev_index ends an entry of
    this log, entries it already holds have the same boundaries, and its configuration changes apply
-   in order from the configuration at prev_index.
+   in order from the configuration at prev_index; a snapshot chunk the core will take is one the
+   storage can stage (`check_snapshot_chunk`, given by the runtime: its image receiver refuses
+   bytes that are no part of a valid image), so the core never takes, nor on the last chunk
+   restores, a snapshot its storage cannot hold.
 
 A dropped message is as if the network lost it: Raft tolerates loss (a leader retries, a candidate
 times out), so dropping is always safe, and an honest member's message is dropped only when it is
@@ -68,6 +71,7 @@ from eventlog.raft.types import (
     Message,
     PreVote,
     PreVoteResp,
+    SnapshotMeta,
     TimeoutNow,
     Vote,
     VoteResp,
@@ -84,12 +88,13 @@ WRONG_DST = "wrong_dst"              # dst is not this node
 TERM_LIMIT = "term_limit"            # a term above MAX_TERM
 MALFORMED = "malformed"              # a field out of range or inconsistent with the others
 SNAPSHOT_CHUNK = "snapshot_chunk"    # a snapshot chunk outside its snapshot, or a bad snapshot meta
+SNAPSHOT_IMAGE = "snapshot_image"    # a snapshot chunk the storage cannot stage (not a valid image's bytes)
 BAD_ENTRY = "bad_entry"              # entries the storage or this log cannot take as they are
 NOT_MEMBER = "not_member"            # from a node that is not a member as this node sees the group
 NOT_LEADER = "not_leader"            # a leader's message from another node than this term's leader
 UNKNOWN_GROUP = "unknown_group"      # (the host's) a message for a group this node does not run
-REASONS = (SRC_MISMATCH, WRONG_DST, TERM_LIMIT, MALFORMED, SNAPSHOT_CHUNK, BAD_ENTRY, NOT_MEMBER, NOT_LEADER,
-           UNKNOWN_GROUP)
+REASONS = (SRC_MISMATCH, WRONG_DST, TERM_LIMIT, MALFORMED, SNAPSHOT_CHUNK, SNAPSHOT_IMAGE, BAD_ENTRY, NOT_MEMBER,
+           NOT_LEADER, UNKNOWN_GROUP)
 
 _LEADER_MESSAGES = (Append, Heartbeat, InstallSnapshot, TimeoutNow)
 _RESPONSES = (PreVoteResp, VoteResp, AppendResp, HeartbeatResp, InstallSnapshotResp)
@@ -107,17 +112,27 @@ def _no_entry_check(entry: Entry) -> str | None:
     return None
 
 
+def _no_snapshot_chunk_check(meta: SnapshotMeta, offset: int, data: bytes) -> str | None:
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class PeerCheck:
-    """The checks of one node (see the module docstring); stateless itself, it reads the core.
+    """The checks of one group of a node (see the module docstring); stateless itself, it reads the core.
 
     `known_peer(id)`: whether the node's address book knows `id` as a current member of the
     cluster (not a removed one). `check_entry(entry)`: why the storage cannot hold this entry's
-    data as it is, or None (the core treats data as opaque bytes).
+    data as it is, or None (the core treats data as opaque bytes). `check_snapshot_chunk(meta,
+    offset, data)`: why the group's storage cannot stage this chunk (with the chunks it staged so
+    far) or, when it ends the snapshot, install it; None also for a chunk that does not continue
+    the snapshot being staged (the core answers it itself). Asked only for a chunk the core may
+    take: the runtime hands the core the chunks it took (Ready.snapshot_chunks) for staging before
+    it steps another InstallSnapshot, so the storage's staged image is the core's.
     """
 
     known_peer: Callable[[int], bool]
     check_entry: Callable[[Entry], str | None] = _no_entry_check
+    check_snapshot_chunk: Callable[[SnapshotMeta, int, bytes], str | None] = _no_snapshot_chunk_check
 
     def check(self, node: RaftNode, peer: int, m: Message) -> Drop | None:
         """None when `node` may step `m`, which arrived from `peer`; else why it must be dropped."""
@@ -132,6 +147,8 @@ class PeerCheck:
             drop = _check_leadership(node, m)
         if drop is None and isinstance(m, Append | Heartbeat | InstallSnapshot) and m.term >= node.term:
             drop = _check_against_log(node, m)
+            if drop is None and isinstance(m, InstallSnapshot):
+                drop = self._check_image(node, m)
         return drop
 
     def _check_entries(self, m: Message) -> Drop | None:
@@ -140,6 +157,18 @@ class PeerCheck:
                 why = self.check_entry(e)
                 if why is not None:
                     return Drop(BAD_ENTRY, f"entry {e.index}: {why}")
+        return None
+
+    def _check_image(self, node: RaftNode, m: InstallSnapshot) -> Drop | None:
+        """A chunk the core takes (it does not hold the snapshot's last entry yet) is one the storage
+        can stage: else the core would count it received and, on the last one, restore a snapshot
+        its storage never holds (the storage would fail the group)."""
+        meta, log = m.meta, node.log
+        if meta.index <= log.committed or log.match_term(meta.index, meta.term):
+            return None   # the core answers that it holds the snapshot, staging nothing
+        why = self.check_snapshot_chunk(meta, m.offset, m.data)
+        if why is not None:
+            return Drop(SNAPSHOT_IMAGE, f"snapshot {meta.index}, bytes [{m.offset}, {m.offset + len(m.data)}): {why}")
         return None
 
     def _check_membership(self, node: RaftNode, m: Message) -> Drop | None:

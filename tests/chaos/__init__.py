@@ -1,6 +1,6 @@
 """Chaos runs against real processes: `python -m tests.chaos --seconds N --seed S`.
 
-Theory of operation. A run starts three `epochlog serve` processes on 127.0.0.1 (tests/node's
+Theory of operation. A run starts three `epochlog serve` processes on 127.0.0.1 (tests/support/nodes.py's
 `NodeCluster`) and, for N seconds, drives two things at once:
 
 - clients (asyncio, one SDK `AsyncClient` each): put, compare-and-set and get (linearizable, a
@@ -11,7 +11,7 @@ Theory of operation. A run starts three `epochlog serve` processes on 127.0.0.1 
   time after its invocation; an unknown read is dropped);
 - a nemesis (a thread, tests/chaos/nemesis.py), drawn from the seed: kill -9 and restart, SIGSTOP /
   SIGCONT pauses and, with `--partitions`, isolation from its peers and one-way cuts (through the
-  frame-aware proxies of tests/runtime/proxy.py: no iptables, no root), of group leaders (mostly
+  frame-aware proxies of tests/support/proxy.py: no iptables, no root), of group leaders (mostly
   kv's) and followers, one node at a time so a majority stays.
 
 Meanwhile a log tail reads the committed kv records (tests/chaos/observers.py) and, with `--watch`, a

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", action="store_true",
                     help="the nemesis also isolates leaders and followers from their peers (client ports stay "
                          "reachable) and cuts peer links one way, through frame-aware proxies between the nodes "
-                         "(tests/runtime/proxy.py; no iptables, no root)")
+                         "(tests/support/proxy.py; no iptables, no root)")
     ap.add_argument("--watch", action="store_true",
                     help="a watch consumer replays the chaos keys; its replay must equal every node's final views")
     ap.add_argument("--op-timeout", type=float, default=OP_TIMEOUT_S,

@@ -12,7 +12,7 @@ Faults, each on a group's leader or on a follower (mostly the kv group's leader)
 - `one-way` (with partitions): only the node's outgoing frames are dropped (it still hears its
   peers) or only its incoming ones (its peers still hear it).
 
-Partitions go through the frame-aware proxies of tests/runtime/proxy.py between the nodes
+Partitions go through the frame-aware proxies of tests/support/proxy.py between the nodes
 (`NodeCluster(proxied=True)`), not iptables: they need no root and act on whole transport frames.
 
 One node at a time, healed before the next fault, so a majority can always make progress. With
@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from typing import TextIO
 
-from tests.node.cluster import NodeCluster
+from tests.support.nodes import NodeCluster
 
 GROUPS = ("metadata", "offsets", "kv")
 

@@ -20,7 +20,7 @@ from statemachines.events import KvPut, decode_event
 from tests.chaos.nemesis import GROUPS, Nemesis
 from tests.chaos.observers import LogTail, Replay, WatchConsumer
 from tests.chaos.versions import Read, check_versions
-from tests.node.cluster import NodeCluster
+from tests.support.nodes import NodeCluster
 from tests.sim.history import History
 from tests.sim.linearizability import check_history
 

@@ -3,7 +3,7 @@
 Three nodes run with retention turned up (a snapshot every 150 offsets, 16 KiB segments, 100 offsets
 of history, a check every 100 ms, pruning chunks of 40 rows every 20 ms) while a writer puts and
 deletes keys through the SDK. Node 3 is started again and again with a crash point
-(`EPOCHLOG_CRASH_AT`, eventlog/raft/runtime/faults.py): it SIGKILLs itself as a step starts (or just
+(`EPOCHLOG_CRASH_AT`, eventlog/fault_injection.py): it SIGKILLs itself as a step starts (or just
 before its first file operation, for the steps that usually have nothing to do), just after its
 first or second file operation, or just after the step, for each step of the work this package
 added: a snapshot's RocksDB checkpoint (on the loop) and its packing (in a thread), sealing it
@@ -33,17 +33,18 @@ import pytest
 
 from epochlog.client import Client, ClientError, CompactedError
 from eventlog.config import LogConfig
-from eventlog.raft.runtime.faults import CRASH_ENV_VAR, CRASH_STEPS
+from eventlog.fault_injection import CRASH_ENV_VAR, CRASH_STEPS
 from statemachines.views import ViewsStateMachine
-from tests.node.cluster import BackgroundWriter, NodeCluster, wait_until
-from tests.runtime.cluster import compare_committed, read_log_dir
+from tests.support.nodes import BackgroundWriter, NodeCluster
+from tests.support.wait import wait_until
+from tests.support.offline import compare_committed, read_log_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 VICTIM = 3
 KEYS = [f"crash/{i:02d}" for i in range(24)]
 SEGMENT = 16 << 10
-# Each step of retention (key compaction's steps are tests/kafka/test_compaction.py's): before its first io,
+# Each step of retention (key compaction's steps are tests/epochlog/kafka/test_compaction.py's): before its first io,
 # just after its first and second io, and after it.
 STEPS = [step for step in CRASH_STEPS if not step.startswith(("clean.", "log."))]
 POINTS = [f"{step}:{point}" for step in STEPS for point in ("before", "io1", "io2", "after")]

@@ -2,7 +2,7 @@
 reader rebuilding state from a cleaned log gets the state the views hold.
 
 The property test draws programs of every event family from the views' model-based harness
-(tests/views/harness.py: compare-and-sets that succeed and fail, stale epochs, retried request ids,
+(tests/statemachines/harness.py: compare-and-sets that succeed and fail, stale epochs, retried request ids,
 malformed and invalid records, transactions, leases with attached keys and sessions, brokers fenced
 and unfenced, topics updated), applies them to real views (which write the `noops` rows), writes the
 same records to a real log of small segments and cleans it below its last segment with the node's
@@ -45,9 +45,9 @@ from statemachines import noops
 from statemachines.state import decode_state
 from statemachines.store import ENTITY_CFS
 from statemachines.views import ViewsStateMachine
-from tests.events.test_events import EXAMPLES
-from tests.views.harness import build, entry_cmds
-from tests.views.model import Model
+from tests.statemachines.test_events import EXAMPLES
+from tests.statemachines.harness import build, entry_cmds
+from tests.statemachines.model import Model
 
 CFG = LogConfig(segment_bytes=4096, index_interval_bytes=256, flush_policy="fsync", preallocate_next_segment=False)
 THREAD = CleanerConfig(delete_retention_ms=10**15, worker_process=False, min_cleanable_dirty_ratio=0.0)

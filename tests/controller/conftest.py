@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -15,20 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.node.cluster import ROOT, NodeCluster
+from tests.support.fixtures import seed_for
+from tests.support.nodes import ROOT, NodeCluster
+from tests.support.wait import wait_until
 
 HEARTBEAT_INTERVAL_MS = 250
 HEARTBEAT_TIMEOUT_MS = 2500
 CLUSTER = "e2e"
 
 
-class ControllerCluster(NodeCluster):
-    """A NodeCluster whose config has a [controller] section (fast heartbeats for tests)."""
-
-    def config_text(self) -> str:
-        return (super().config_text() + "\n[controller]\n"
-                f"heartbeat_interval_ms = {HEARTBEAT_INTERVAL_MS}\nheartbeat_timeout_ms = {HEARTBEAT_TIMEOUT_MS}\n"
-                "check_interval_ms = 25\n")
+# Fast heartbeats for tests: the [controller] section of the cluster's config.
+CONTROLLER = {"heartbeat_interval_ms": HEARTBEAT_INTERVAL_MS, "heartbeat_timeout_ms": HEARTBEAT_TIMEOUT_MS,
+              "check_interval_ms": 25}
 
 
 @dataclass
@@ -71,11 +68,14 @@ class Brokers:
                 cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
         broker = BrokerProcess(group, name, proc, out)
         self.procs.append(broker)
-        deadline = time.monotonic() + timeout
-        while "REGISTERED" not in broker.stdout():
+        def registered() -> bool:
             assert broker.running, f"broker {name} exited with {proc.returncode}:\n{broker.stdout()[-3000:]}"
-            assert time.monotonic() < deadline, f"broker {name} did not register:\n{broker.stdout()[-3000:]}"
-            time.sleep(0.05)
+            return "REGISTERED" in broker.stdout()
+        try:
+            wait_until(registered, timeout, f"broker {name} to register")
+        except AssertionError:
+            print(broker.stdout()[-3000:])
+            raise
         return broker
 
     def close(self) -> None:
@@ -89,10 +89,10 @@ class Brokers:
 
 
 @pytest.fixture(scope="module")
-def controller_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerCluster]:
-    seed = int(os.environ.get("EPOCHLOG_NODE_SEED") or random.SystemRandom().getrandbits(32))
-    print(f"controller cluster seed={seed}")
-    cluster = ControllerCluster(tmp_path_factory.mktemp("controller"), seed=seed, name="controller-test")
+def controller_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
+    """A started 3-node cluster with fast controller timing, shared by a module's tests."""
+    cluster = NodeCluster(tmp_path_factory.mktemp("controller"), seed=seed_for("controller cluster"),
+                          name="controller-test", controller=CONTROLLER)
     try:
         cluster.start()
         yield cluster
@@ -102,7 +102,7 @@ def controller_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Con
 
 
 @pytest.fixture
-def brokers(controller_cluster: ControllerCluster, tmp_path: Path) -> Iterator[Brokers]:
+def brokers(controller_cluster: NodeCluster, tmp_path: Path) -> Iterator[Brokers]:
     fleet = Brokers(controller_cluster, tmp_path)
     try:
         yield fleet

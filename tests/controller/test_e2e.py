@@ -18,12 +18,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.client import Client, ClientError
 from epochlog.client.broker import ControllerClient
 from statemachines import events as ev
-from tests.controller.conftest import CLUSTER, HEARTBEAT_TIMEOUT_MS, Brokers, ControllerCluster
-from tests.node.cluster import ROOT, wait_until
+from tests.controller.conftest import CLUSTER, HEARTBEAT_TIMEOUT_MS, Brokers
+from tests.support.nodes import NodeCluster, ROOT
+from tests.support.wait import wait_until
 
 TIMEOUT_S = HEARTBEAT_TIMEOUT_MS / 1000
 MARGIN_S = 1.0     # detection (25 ms scan) + commit + this test's 50 ms polling, on 2 shared cores
@@ -74,14 +75,14 @@ def in_sync(ctl: Ctl, group: str, members: list[int]) -> p.BrokerGroupInfo | Non
     return g if g is not None and sorted(g.sync_state_set) == members else None
 
 
-def cli(cluster: ControllerCluster, *args: str) -> str:
+def cli(cluster: NodeCluster, *args: str) -> str:
     done = subprocess.run([sys.executable, "-m", "epochlog", *args, "--endpoints", ",".join(cluster.endpoints)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
 
-def test_a_killed_master_is_replaced_by_an_in_sync_replica(controller_cluster: ControllerCluster,
+def test_a_killed_master_is_replaced_by_an_in_sync_replica(controller_cluster: NodeCluster,
                                                            brokers: Brokers) -> None:
     c = controller_cluster
     with Ctl(c.endpoints) as ctl:
@@ -133,7 +134,7 @@ def test_a_killed_master_is_replaced_by_an_in_sync_replica(controller_cluster: C
 
 
 def test_controller_failover_in_the_middle_of_an_election_fences_nobody_else(
-        controller_cluster: ControllerCluster, brokers: Brokers) -> None:
+        controller_cluster: NodeCluster, brokers: Brokers) -> None:
     c = controller_cluster
     with Ctl(c.endpoints) as ctl:
         procs = [brokers.start("g2", f"x{i}", 32000 + i) for i in range(3)]
@@ -159,7 +160,7 @@ def test_controller_failover_in_the_middle_of_an_election_fences_nobody_else(
             c.restart(controller)
 
 
-def test_sim_brokers_and_a_route_watch_see_a_killed_master_replaced(controller_cluster: ControllerCluster,
+def test_sim_brokers_and_a_route_watch_see_a_killed_master_replaced(controller_cluster: NodeCluster,
                                                                    tmp_path) -> None:
     """`epochlog sim brokers` kills one of its masters; `epochlog routes --watch --json` is pushed the
     new route (the killed broker gone, another master) without polling."""

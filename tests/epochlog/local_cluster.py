@@ -12,26 +12,16 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from epochlog.up import is_node_process, to_toml
+from tests.support.ports import PORT_RANGE, is_free
 
 ROOT = Path(__file__).resolve().parents[2]
-_PORT_RANGE = (20000, 32000)
 KINDS = ("peer_address", "client_address", "admin_address")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def scheme_bases(nodes: int, rng: random.Random) -> dict[str, int]:
@@ -40,9 +30,9 @@ def scheme_bases(nodes: int, rng: random.Random) -> dict[str, int]:
     taken: set[int] = set()
     for kind in KINDS:
         for _ in range(500):
-            base = rng.randrange(*_PORT_RANGE)
+            base = rng.randrange(*PORT_RANGE)
             ports = set(range(base + 1, base + nodes + 1))
-            if not ports & taken and all(_free(p) for p in ports):
+            if not ports & taken and all(is_free(p) for p in ports):
                 bases[kind] = base
                 taken |= ports
                 break

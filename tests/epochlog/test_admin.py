@@ -1,8 +1,9 @@
 """The admin endpoint and logs of a real node: /metrics, /healthz, /readyz over a socket, JSON log lines.
 
-Nodes run in-process (`RunningNode`, the object `epochlog serve` runs) on free 127.0.0.1 ports,
-with real segmented logs, RocksDB views and TCP; clients are the SDK (`AsyncClient`). The JSON log
-test runs `python -m epochlog serve` as a subprocess, stopped by its pid.
+Nodes run in-process (`RunningNode`, the object `epochlog serve` runs) with the config and data
+directories of a NodeCluster (tests/support/nodes.py: free 127.0.0.1 ports, certificates), with real
+segmented logs, RocksDB views and TCP; clients are the SDK (`AsyncClient`). The JSON log test runs
+that cluster's `epochlog serve` process with `--log-format json`.
 """
 
 from __future__ import annotations
@@ -10,56 +11,37 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import random
-import select
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import IO, TypeVar
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from eventlog.raft.runtime.config import load_node_configs
+from eventlog.raft.runtime.config import NodeConfigs, load_node_configs
 from epochlog.client import AsyncClient
 from epochlog.client.errors import ClientError
 from epochlog.logs import ContextFilter
 from epochlog.serve import RunningNode
-from tests.runtime.cluster import free_ports
-from tests.tls import provision
+from tests.support.nodes import NodeCluster
+from tests.support.wait import eventually, wait_until
 
-T = TypeVar("T")
 
-ROOT = Path(__file__).resolve().parents[2]
 GROUPS = ("metadata", "offsets", "kv")
 WRITES = 40
 
 
-@pytest.fixture
-def seed(request: pytest.FixtureRequest) -> int:
-    value = int(os.environ.get("EPOCHLOG_TEST_SEED") or random.SystemRandom().getrandbits(32))
-    print(f"{request.node.name}: seed={value} (replay with EPOCHLOG_TEST_SEED={value})")
-    return value
+def admin_cluster(root: Path, members: int, seed: int, **kwargs: object) -> NodeCluster:
+    """The test cluster's members on free ports (peer, client, admin each), their certificates made; the
+    in-process tests load its config and run RunningNode on its data directories."""
+    cluster = NodeCluster(root, size=members, seed=seed, name="admin-test", groups=GROUPS, tick_interval_ms=20,
+                          log={"flush_policy": "group"}, views={"write_buffer_bytes": 1 << 20}, **kwargs)  # type: ignore[arg-type]
+    for i in cluster.nodes:
+        cluster.provision_tls(i)
+    return cluster
 
 
-def write_config(root: Path, members: int, rng: random.Random) -> Path:
-    """A cluster config with `members` nodes on free ports (peer, client, admin each)."""
-    ports = free_ports(3 * members, rng)
-    lines = ['[cluster]', 'name = "admin-test"', f'groups = {json.dumps(list(GROUPS))}', 'tick_interval_ms = 20', '']
-    for i in range(members):
-        peer, client, admin = ports[3 * i:3 * i + 3]
-        lines += ['[[cluster.members]]', f'id = {i + 1}', f'peer_address = "127.0.0.1:{peer}"',
-                  f'client_address = "127.0.0.1:{client}"', f'admin_address = "127.0.0.1:{admin}"', '']
-    lines += ['[log]', 'segment_bytes = 1048576', 'flush_policy = "group"', '',
-              '[views]', 'block_cache_bytes = 8388608', 'write_buffer_bytes = 1048576', '']
-    path = root / "cluster.toml"
-    path.write_text("\n".join(lines))
-    provision(root / "ca", "admin-test", {i: root / f"n{i}" for i in range(1, members + 1)})   # data dirs n<id>
-    return path
+def in_process(cluster: NodeCluster) -> tuple[NodeConfigs, dict[int, Path]]:
+    """The configs a RunningNode of `cluster` starts with, and each member's data directory."""
+    return load_node_configs(cluster.config_path), {i: n.data_dir for i, n in cluster.nodes.items()}
 
 
 async def http_get(address: str, path: str) -> tuple[int, str]:
@@ -91,21 +73,11 @@ def sample(samples: Samples, name: str, **labels: str) -> float:
     return samples[key]
 
 
-async def eventually(check: Callable[[], Awaitable[T | None]], timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await check()
-        if result is not None and result is not False:
-            return result
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 def test_metrics_health_and_readiness_of_a_single_node(tmp_path: Path, seed: int) -> None:
-    configs = load_node_configs(write_config(tmp_path, 1, random.Random(seed)))
+    configs, data = in_process(admin_cluster(tmp_path, 1, seed))
 
     async def main() -> None:
-        running = await RunningNode.start(configs, 1, tmp_path / "n1", seed=seed)
+        running = await RunningNode.start(configs, 1, data[1], seed=seed)
         try:
             admin, client = running.addresses["admin"], running.addresses["client"]
 
@@ -161,7 +133,7 @@ def test_metrics_health_and_readiness_of_a_single_node(tmp_path: Path, seed: int
 def test_readiness_needs_a_leader_and_follower_lag_is_per_peer(tmp_path: Path, seed: int) -> None:
     """Three members: node 1 alone has no leader (503 with the reason); with node 2 a leader exists
     (200 on both); on the kv leader, the down peer 3 lags by the whole log, the live follower by 0."""
-    configs = load_node_configs(write_config(tmp_path, 3, random.Random(seed)))
+    configs, data = in_process(admin_cluster(tmp_path, 3, seed))
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.addFilter(ContextFilter())
@@ -173,14 +145,14 @@ def test_readiness_needs_a_leader_and_follower_lag_is_per_peer(tmp_path: Path, s
     async def main() -> None:
         nodes: dict[int, RunningNode] = {}
         try:
-            nodes[1] = await RunningNode.start(configs, 1, tmp_path / "n1", seed=seed)
+            nodes[1] = await RunningNode.start(configs, 1, data[1], seed=seed)
             admin1 = nodes[1].addresses["admin"]
             await asyncio.sleep(1.0)   # > 2 election timeouts (10-20 ticks of 20 ms): a lone node cannot win
             status, body = await http_get(admin1, "/readyz")
             assert status == 503 and "has no leader" in body, (status, body)
             assert await http_get(admin1, "/healthz") == (200, "ok\n")
 
-            nodes[2] = await RunningNode.start(configs, 2, tmp_path / "n2", seed=seed + 1)
+            nodes[2] = await RunningNode.start(configs, 2, data[2], seed=seed + 1)
             for n in (1, 2):
                 address = nodes[n].addresses["admin"]
 
@@ -225,45 +197,21 @@ def test_readiness_needs_a_leader_and_follower_lag_is_per_peer(tmp_path: Path, s
         assert r.group in GROUPS and r.term >= 1 and f"in term {r.term}" in r.getMessage()  # type: ignore[attr-defined]
 
 
-def read_line(stream: IO[bytes], timeout: float) -> str:
-    """One line of a child's stdout, waiting at most `timeout` seconds for it."""
-    deadline = time.monotonic() + timeout
-    data = b""
-    while not data.endswith(b"\n"):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or not select.select([stream], [], [], remaining)[0]:
-            break
-        byte = os.read(stream.fileno(), 1)
-        if not byte:
-            break
-        data += byte
-    return data.decode()
-
-
 def test_serve_writes_json_log_lines(tmp_path: Path, seed: int) -> None:
-    config = write_config(tmp_path, 1, random.Random(seed))
-    err_path = tmp_path / "serve.err"
-    with open(err_path, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "epochlog", "serve", "--config", str(config), "--node-id", "1",
-                                 "--data-dir", str(tmp_path / "n1"), "--seed", str(seed), "--log-format", "json"],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=err)
+    cluster = admin_cluster(tmp_path, 1, seed, serve_args=("--log-format", "json"))
     try:
-        assert proc.stdout is not None
-        ready = read_line(proc.stdout, 30)
-        assert ready.startswith("READY 1 127.0.0.1:"), (ready, err_path.read_text())
-        deadline = time.monotonic() + 15
-        while sum("leads in term" in line for line in err_path.read_text().splitlines()) < len(GROUPS):
-            assert time.monotonic() < deadline, err_path.read_text()
-            assert proc.poll() is None, err_path.read_text()
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=15) == 0, err_path.read_text()
+        cluster.start()
+        node = cluster.nodes[1]
+
+        def every_group_led() -> bool:
+            assert node.running, node.stderr()[-2000:]
+            return sum("leads in term" in line for line in node.stderr().splitlines()) >= len(GROUPS)
+        wait_until(every_group_led, 15, "a leader of every group")
+        assert cluster.stop(1) == 0, node.stderr()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        cluster.close()
+    err_path = node.err_path
+    assert err_path is not None
     lines = [line for line in err_path.read_text().splitlines() if line.strip()]
     records = [json.loads(line) for line in lines]   # every line is one JSON object
     assert records

@@ -15,7 +15,6 @@ import random
 import re
 import signal
 import subprocess
-import time
 import tomllib
 from typing import Any
 
@@ -38,7 +37,8 @@ from eventlog.raft.runtime.config import (
 from epochlog.kafka.config import KafkaServiceConfig
 from statemachines.store import ViewsConfig
 from tests.epochlog.local_cluster import ROOT, cluster_document, epochlog_argv, scheme_bases, write_config
-from tests.tls import provision
+from tests.support.tls import provision
+from tests.support.wait import wait_until
 
 CONFIGS = ROOT / "configs"
 PRODUCTION = CONFIGS / "production.example.toml"
@@ -157,11 +157,10 @@ def test_single_toml_serves_one_node(tmp_path, rng):
                                               "--data-dir", str(tmp_path / "node-1")),
                                 stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
-        deadline = time.monotonic() + 60
-        while b"READY 1 " not in out.read_bytes():
+        def ready() -> bool:
             assert proc.poll() is None, f"serve exited with {proc.returncode}:\n{out.read_text()}"
-            assert time.monotonic() < deadline, f"no READY within 60 s:\n{out.read_text()}"
-            time.sleep(0.05)
+            return b"READY 1 " in out.read_bytes()
+        wait_until(ready, 60, f"READY from serve (output in {out})")
         address = f"127.0.0.1:{bases['client_address'] + 1}"
         with Client(address, timeout=20.0) as client:
             written = client.put("single/x", b"1")
@@ -271,11 +270,10 @@ def test_insecure_peers_are_a_warning_at_start(tmp_path, rng):
                                               "--data-dir", str(tmp_path / "n1")),
                                 stdout=stdout, stderr=sink, cwd=ROOT)
     try:
-        deadline = time.monotonic() + 60
-        while "READY 1 " not in out.read_text():   # signal handlers installed
+        def ready() -> bool:   # READY: signal handlers installed
             assert proc.poll() is None, err.read_text()
-            assert time.monotonic() < deadline, err.read_text()
-            time.sleep(0.05)
+            return "READY 1 " in out.read_text()
+        wait_until(ready, 60, f"READY from serve (stderr in {err})")
         line = next(x for x in err.read_text().splitlines() if "peer TLS is OFF" in x)
         assert " WARNING " in line and "insecure = true" in line
         proc.send_signal(signal.SIGTERM)

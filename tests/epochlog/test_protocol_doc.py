@@ -1,8 +1,8 @@
-"""docs/protocol.md cannot drift from epochlog.protocol.
+"""docs/protocol.md cannot drift from epochlog.api (messages and frames).
 
 Two independent checks: the generated sections (message tables, events, errors, examples) are what
 docs/protocol_examples.py prints from the current code; and every example frame, parsed from the
-document itself, decodes with `epochlog.protocol`, re-encodes to the same bytes, and matches the
+document itself, decodes with `epochlog.api.frames`, re-encodes to the same bytes, and matches the
 JSON shown next to it (nested msgpack included: events and entity states decode too).
 """
 
@@ -18,7 +18,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from epochlog import protocol as p
+from epochlog.api import messages as p
+from epochlog.api.frames import ClientFrame, FrameDecoder, ServerFrame, encode_frame
 from statemachines import events as ev
 from statemachines.state import decode_state
 
@@ -74,11 +75,11 @@ def test_generated_sections_match_the_code() -> None:
 def test_example_decodes_with_the_protocol(name: str, direction: str, body: str, data: bytes) -> None:
     assert int.from_bytes(data[:4], "big") == len(data) - 4, "length prefix"
     client = direction == "Client → server"
-    frames = p.FrameDecoder(p.ClientFrame if client else p.ServerFrame).feed(data)
+    frames = FrameDecoder(ClientFrame if client else ServerFrame).feed(data)
     assert len(frames) == 1
     frame = frames[0]
     assert isinstance(frame, (p.ClientHello, p.Requests) if client else (p.ServerHello, p.Replies))
-    assert p.encode_frame(frame) == data, "the example is not what the protocol encodes today"
+    assert encode_frame(frame) == data, "the example is not what the protocol encodes today"
     assert json.loads(body) == _view(msgspec.msgpack.decode(data[4:])), "JSON view and hex disagree"
     _check_nested(frame)
 
@@ -107,7 +108,7 @@ def _check_nested(frame: Any) -> None:
 def test_examples_cover_the_frame_types_and_a_watch() -> None:
     seen: set[str] = set()
     for _, direction, _, data in _examples():
-        decoder = p.FrameDecoder(p.ClientFrame if direction == "Client → server" else p.ServerFrame)
+        decoder = FrameDecoder(ClientFrame if direction == "Client → server" else ServerFrame)
         (frame,) = decoder.feed(data)
         seen.add(type(frame).__name__)
         if isinstance(frame, p.Requests):

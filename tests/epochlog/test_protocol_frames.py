@@ -16,14 +16,15 @@ from typing import Any
 
 import pytest
 
-from eventlog.raft.runtime.config import load_node_configs
-from epochlog import protocol as p
+from epochlog.api import messages as p
+from epochlog.api.frames import (MAX_FRAME_BYTES, BadRequest, ClientFrame, FrameDecoder, FrameError, ServerFrame,
+                                 encode_frame, encode_frames, problem, salvage_requests)
 from epochlog.client import AsyncClient
 from epochlog.client.errors import ClientError
 from epochlog.serve import RunningNode
 from epochlog.server import _merge_watch_events, _oversize_reply
 from statemachines import events as ev
-from tests.epochlog.test_admin import write_config
+from tests.epochlog.test_admin import admin_cluster, in_process
 
 # --- FrameDecoder ------------------------------------------------------------------------------------
 
@@ -36,46 +37,46 @@ def _client_stream() -> tuple[bytes, list[Any]]:
         p.Requests([p.Request(4, p.Watch("kv/", window=3))]),
         p.Requests([p.Request(5, p.CancelWatch(4))]),
     ]
-    return b"".join(p.encode_frame(f) for f in frames), frames
+    return b"".join(encode_frame(f) for f in frames), frames
 
 
 def test_decoder_splits_frames_at_every_byte_boundary() -> None:
     stream, expected = _client_stream()
     for cut in range(len(stream) + 1):
-        decoder = p.FrameDecoder(p.ClientFrame)
+        decoder = FrameDecoder(ClientFrame)
         got = decoder.feed(stream[:cut]) + decoder.feed(stream[cut:])
         assert got == expected, f"split at byte {cut}"
-    decoder = p.FrameDecoder(p.ClientFrame)
+    decoder = FrameDecoder(ClientFrame)
     got = [f for i in range(len(stream)) for f in decoder.feed(stream[i:i + 1])]
     assert got == expected
     assert decoder.feed(b"") == []
 
 
 def test_decoder_refuses_an_oversized_length_before_its_payload() -> None:
-    decoder = p.FrameDecoder(p.ClientFrame)
-    with pytest.raises(p.FrameError, match="exceeds the limit"):
-        decoder.feed(struct.pack(">I", p.MAX_FRAME_BYTES + 1))
-    at_limit = p.FrameDecoder(p.ClientFrame)
-    assert at_limit.feed(struct.pack(">I", p.MAX_FRAME_BYTES) + b"\x80" * 100) == []   # waits for the rest
-    small = p.FrameDecoder(p.ClientFrame, max_frame_bytes=16)
-    frame = p.encode_frame(p.ClientHello(1, "a name longer than sixteen bytes"))
-    with pytest.raises(p.FrameError):
+    decoder = FrameDecoder(ClientFrame)
+    with pytest.raises(FrameError, match="exceeds the limit"):
+        decoder.feed(struct.pack(">I", MAX_FRAME_BYTES + 1))
+    at_limit = FrameDecoder(ClientFrame)
+    assert at_limit.feed(struct.pack(">I", MAX_FRAME_BYTES) + b"\x80" * 100) == []   # waits for the rest
+    small = FrameDecoder(ClientFrame, max_frame_bytes=16)
+    frame = encode_frame(p.ClientHello(1, "a name longer than sixteen bytes"))
+    with pytest.raises(FrameError):
         small.feed(frame[:4])
 
 
 @pytest.mark.parametrize("payload", [
     b"\xc1",                                                    # never valid msgpack
     b"\x82\xa4type",                                            # truncated map
-    p.encode_frame(p.ClientHello(1))[4:] + b"\x00",             # trailing bytes
-    p.encode_frame(p.ServerHello(1, "c", 1))[4:],               # a server frame to the server
+    encode_frame(p.ClientHello(1))[4:] + b"\x00",             # trailing bytes
+    encode_frame(p.ServerHello(1, "c", 1))[4:],               # a server frame to the server
     b"\x81\xa4type\xa4nope",                                    # unknown tag
     b"\x82\xa4type\xacclient_hello\xa7version\xa11",            # version as str
     b"\x82\xa4type\xa8requests\xa8requests\x91\x92\x01\x81\xa4type\xa4nope",   # unknown call
     bytes(random.Random(7).randbytes(64)),                      # noise
 ], ids=["c1", "truncated", "trailing", "server-frame", "unknown-tag", "wrong-type", "unknown-call", "noise"])
 def test_decoder_refuses_garbage(payload: bytes) -> None:
-    decoder = p.FrameDecoder(p.ClientFrame)
-    with pytest.raises(p.FrameError):
+    decoder = FrameDecoder(ClientFrame)
+    with pytest.raises(FrameError):
         decoder.feed(struct.pack(">I", len(payload)) + payload)
 
 
@@ -85,7 +86,7 @@ def test_decoder_accepts_missing_defaults_unknown_keys_and_extra_elements() -> N
     raw = {"requests": [[9, {"zz": 1, "type": "get", "key": "kv/x"}], [10, {"type": "status"}, 0, "future"]],
            "type": "requests", "future": True}
     payload = msgspec.msgpack.encode(raw)
-    (frame,) = p.FrameDecoder(p.ClientFrame).feed(struct.pack(">I", len(payload)) + payload)
+    (frame,) = FrameDecoder(ClientFrame).feed(struct.pack(">I", len(payload)) + payload)
     assert frame == p.Requests([p.Request(9, p.Get("kv/x")), p.Request(10, p.Status())])
 
 
@@ -98,7 +99,7 @@ def _framed(raw: Any) -> bytes:
 
 def test_a_request_that_does_not_decode_is_answered_alone_naming_field_range_and_value() -> None:
     """Issue 11: ranges are part of the types; one bad request does not take its frame down."""
-    decoder = p.FrameDecoder(p.ClientFrame, salvage=p.salvage_requests)
+    decoder = FrameDecoder(ClientFrame, salvage=salvage_requests)
     frames = decoder.feed(_framed({"type": "requests", "requests": [
         [1, {"type": "get", "key": "kv/a", "as_of": -5}, 0],
         [2, {"type": "status"}, -3],
@@ -124,9 +125,9 @@ def test_a_request_that_does_not_decode_is_answered_alone_naming_field_range_and
         9: "read_events.from_offset: expected `int` >= 0, got -1",
         10: "write.events: expected `array` of length >= 1",
     }
-    assert p.problem(p.Get("kv/a", as_of=-5)) == "get.as_of: expected `int` >= 0, got -5"
-    assert p.problem(p.List(prefix="kv/", limit=20_000)) == "list.limit: expected `int` <= 10000, got 20000"
-    assert p.problem(p.Get("kv/a", min_offset=-1)) is None
+    assert problem(p.Get("kv/a", as_of=-5)) == "get.as_of: expected `int` >= 0, got -5"
+    assert problem(p.List(prefix="kv/", limit=20_000)) == "list.limit: expected `int` <= 10000, got 20000"
+    assert problem(p.Get("kv/a", min_offset=-1)) is None
 
 
 @pytest.mark.parametrize(("payload", "message"), [
@@ -139,8 +140,8 @@ def test_a_request_that_does_not_decode_is_answered_alone_naming_field_range_and
 ], ids=["deep-unknown-key", "deep-frame", "deep-request", "no-id", "not-utf8"])
 def test_a_frame_with_no_answerable_request_is_a_frame_error_never_another_exception(payload: bytes,
                                                                                     message: str) -> None:
-    decoder = p.FrameDecoder(p.ClientFrame, salvage=p.salvage_requests)
-    with pytest.raises(p.FrameError, match=message):
+    decoder = FrameDecoder(ClientFrame, salvage=salvage_requests)
+    with pytest.raises(FrameError, match=message):
         decoder.feed(_framed(payload))
 
 
@@ -149,13 +150,13 @@ def test_a_request_whose_strings_are_not_utf8_is_answered_with_its_id() -> None:
 
     good = msgspec.msgpack.encode({"type": "requests", "requests": [[7, {"type": "get", "key": "kv/aa"}, 0]]})
     bad = good.replace(b"kv/aa", b"kv/\xff\xfe")
-    (frame,) = p.FrameDecoder(p.ClientFrame, salvage=p.salvage_requests).feed(_framed(bad))
-    assert frame == p.BadRequest(7, frame.problem) and "not UTF-8" in frame.problem
+    (frame,) = FrameDecoder(ClientFrame, salvage=salvage_requests).feed(_framed(bad))
+    assert frame == BadRequest(7, frame.problem) and "not UTF-8" in frame.problem
 
 
 def test_pending_bytes_count_the_frame_being_received_and_are_given_back() -> None:
-    decoder = p.FrameDecoder(p.ClientFrame)
-    frame = p.encode_frame(p.Requests([p.Request(1, p.Write([ev.KvPut(name="a", value=b"x" * 300_000)]))]))
+    decoder = FrameDecoder(ClientFrame)
+    frame = encode_frame(p.Requests([p.Request(1, p.Write([ev.KvPut(name="a", value=b"x" * 300_000)]))]))
     assert decoder.feed(frame[:200_000]) == [] and decoder.pending_bytes == 200_000
     assert len(decoder.feed(frame[200_000:] + frame[:10])) == 1 and decoder.pending_bytes == 10
 
@@ -164,12 +165,12 @@ def test_pending_bytes_count_the_frame_being_received_and_are_given_back() -> No
 
 def test_encode_frames_splits_within_the_limit_and_keeps_order() -> None:
     requests = [p.Request(i, p.Get(f"kv/{'x' * (i * 7 % 300)}")) for i in range(1, 200)]
-    (whole,) = p.encode_frames(requests, p.Requests)
+    (whole,) = encode_frames(requests, p.Requests)
     limit = len(whole) // 5
-    frames = p.encode_frames(requests, p.Requests, max_frame_bytes=limit)
+    frames = encode_frames(requests, p.Requests, max_frame_bytes=limit)
     assert len(frames) >= 5
     assert all(len(f) - 4 <= limit for f in frames)
-    decoder = p.FrameDecoder(p.ClientFrame)
+    decoder = FrameDecoder(ClientFrame)
     decoded = [r for frame in decoder.feed(b"".join(frames)) for r in frame.requests]
     assert decoded == requests
 
@@ -177,16 +178,16 @@ def test_encode_frames_splits_within_the_limit_and_keeps_order() -> None:
 def test_encode_frames_hands_an_item_too_large_alone_to_oversize() -> None:
     big = p.Request(2, p.Write([ev.KvPut(name="big", value=b"v" * 5000)]))
     small = [p.Request(1, p.Status()), p.Request(3, p.Status())]
-    with pytest.raises(p.FrameError):
-        p.encode_frames([small[0], big, small[1]], p.Requests, max_frame_bytes=1000)
+    with pytest.raises(FrameError):
+        encode_frames([small[0], big, small[1]], p.Requests, max_frame_bytes=1000)
     seen: list[tuple[int, int]] = []
 
     def oversize(item: p.Request, size: int) -> list[p.Request]:
         seen.append((item.id, size))
         return []
 
-    frames = p.encode_frames([small[0], big, small[1]], p.Requests, oversize=oversize, max_frame_bytes=1000)
-    decoded = [r for f in p.FrameDecoder(p.ClientFrame).feed(b"".join(frames)) for r in f.requests]
+    frames = encode_frames([small[0], big, small[1]], p.Requests, oversize=oversize, max_frame_bytes=1000)
+    decoded = [r for f in FrameDecoder(ClientFrame).feed(b"".join(frames)) for r in f.requests]
     assert decoded == small and seen[0][0] == 2 and seen[0][1] > 5000
 
 
@@ -238,7 +239,7 @@ class RawConnection:
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
-        self.decoder = p.FrameDecoder(p.ServerFrame)
+        self.decoder = FrameDecoder(ServerFrame)
         self.frames: list[Any] = []
 
     @classmethod
@@ -247,7 +248,7 @@ class RawConnection:
         return cls(*await asyncio.wait_for(asyncio.open_connection(host, int(port)), 5))
 
     def send(self, *frames: Any) -> None:
-        self.writer.write(b"".join(p.encode_frame(f) for f in frames))
+        self.writer.write(b"".join(encode_frame(f) for f in frames))
 
     async def frame(self, timeout: float = 5.0) -> Any:
         while not self.frames:
@@ -273,10 +274,10 @@ class RawConnection:
 def test_a_node_on_the_wire(tmp_path: Path) -> None:
     seed = int.from_bytes(os.urandom(4), "big")
     print(f"seed={seed}")
-    configs = load_node_configs(write_config(tmp_path, 1, random.Random(seed)))
+    configs, data_dirs = in_process(admin_cluster(tmp_path, 1, seed))
 
     async def main() -> None:
-        running = await RunningNode.start(configs, 1, tmp_path / "n1", seed=seed)
+        running = await RunningNode.start(configs, 1, data_dirs[1], seed=seed)
         address = running.addresses["client"]
         try:
             # Version refused: a server hello with the reason, then the connection closes.
@@ -295,7 +296,7 @@ def test_a_node_on_the_wire(tmp_path: Path) -> None:
             c = await RawConnection.open(address)
             c.send(p.ClientHello(1))
             assert (await c.frame()).cluster == "admin-test"
-            c.writer.write(struct.pack(">I", p.MAX_FRAME_BYTES + 1))
+            c.writer.write(struct.pack(">I", MAX_FRAME_BYTES + 1))
             (reply,) = (await c.frame()).replies
             assert reply.error is not None and reply.error.code == "bad_frame" and "exceeds" in reply.error.message
             assert await c.closed()

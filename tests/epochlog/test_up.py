@@ -14,7 +14,6 @@ import random
 import re
 import signal
 import subprocess
-import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,11 +22,12 @@ import pytest
 
 from eventlog.configuration import load_toml
 from eventlog.errors import EpochlogError
-from epochlog import protocol as p
+from epochlog.api import messages as p
 from epochlog.certs import CertsError, ClusterCA
 from epochlog.up import ClusterView, UpError, ensure_certificates, make_plan
 from tests.epochlog.local_cluster import (ROOT, cluster_document, epochlog_argv, kill_leftovers,
                                           live_node_pids, recorded_nodes, run_epochlog, write_config)
+from tests.support.wait import wait_until
 
 GROUPS = {"metadata", "offsets", "kv"}
 UP_TIMEOUT_S = 120.0
@@ -101,16 +101,17 @@ def test_bounded_run_shows_leaders_then_a_second_run_resumes_from_disk(tmp_path,
 
 
 def _wait_for(path: Path, pattern: str, proc: subprocess.Popen[bytes], timeout: float) -> re.Match[str]:
-    deadline = time.monotonic() + timeout
-    while True:
+    def printed() -> re.Match[str] | None:
         exited = proc.poll() is not None
         text = path.read_text(errors="replace")
         found = re.search(pattern, text, re.MULTILINE)
-        if found:
-            return found
-        assert not exited, f"up exited with {proc.returncode} before printing {pattern!r}:\n{text}"
-        assert time.monotonic() < deadline, f"timed out waiting for {pattern!r}:\n{text}"
-        time.sleep(0.05)
+        assert found or not exited, f"up exited with {proc.returncode} before printing {pattern!r}:\n{text}"
+        return found
+    try:
+        return wait_until(printed, timeout, f"up to print {pattern!r}")
+    except AssertionError:
+        print(f"{path}:\n{path.read_text(errors='replace')}")
+        raise
 
 
 def test_sigint_in_the_middle_stops_every_node(tmp_path, rng, data_dir):

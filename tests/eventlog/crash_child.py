@@ -12,7 +12,7 @@ batch is acknowledged on stdout only once it is durable, one line each, written 
     ACK <base offset> <last offset>     that batch is durable: it must survive any crash
     RETAIN <offset>                     about to call delete_segments_below(offset)
 
-With `EPOCHLOG_CRASH_AT=log.roll:<point>` (eventlog/raft/runtime/faults.py) the child kills itself
+With `EPOCHLOG_CRASH_AT=log.roll:<point>` (eventlog/fault_injection.py) the child kills itself
 at that point of its first (or n-th) segment roll instead of waiting for the parent's SIGKILL.
 
 Under `fsync` one thread appends (each append returns durable). Under `group` several threads
@@ -38,7 +38,7 @@ from pathlib import Path
 
 from eventlog.config import KIB, LogConfig
 from eventlog.log import Log
-from eventlog.raft.runtime.faults import install_crash_point_from_env
+from eventlog.fault_injection import install_crash_point_from_env
 from eventlog.records import encode_batch
 
 MAX_SECONDS = 20.0

@@ -173,7 +173,7 @@ def test_the_election_after_a_won_pre_vote_respects_leases() -> None:
 
 
 def test_a_restarted_follower_does_not_help_elect_anyone_for_an_election_timeout() -> None:
-    """Found by tests/raft/test_paper.py (the simulator never lined it up: the candidate's pre-vote
+    """Found by tests/eventlog/raft/test_paper.py (the simulator never lined it up: the candidate's pre-vote
     and vote must both reach the restarted node before the leader's next heartbeat). Node 2 backs
     leader 1's lease, restarts at once and used to grant node 3's votes at once: node 3 (cut off
     from node 1) won while node 1 still served lease reads."""

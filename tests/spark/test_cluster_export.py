@@ -25,7 +25,8 @@ from spark.export import WATERMARK_SCOPE, export_once, release_watermark, report
 from spark.sources import ClusterSource
 from spark.table import exported_through, open_table, resolve
 from statemachines import events as ev
-from tests.node.cluster import NodeCluster, wait_until
+from tests.support.nodes import NodeCluster
+from tests.support.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = [f"audit/k{i:02d}" for i in range(30)]

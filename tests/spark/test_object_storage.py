@@ -38,7 +38,7 @@ from spark.records import to_batch
 from spark.sources import OfflineSource
 from spark.storage import TableLocation
 from spark.synthetic import BASE_TIMESTAMP_MS, write_group
-from tests.node.cluster import wait_until
+from tests.support.wait import wait_until
 from tests.spark.s3_server import S3Server
 from tests.spark.test_commit import _records
 

@@ -34,7 +34,8 @@ from spark.sources import OfflineSource
 from spark.synthetic import BASE_TIMESTAMP_MS, write_group
 from spark.table import exported_through, open_table
 from statemachines import events as ev
-from tests.node.cluster import NodeCluster, wait_until
+from tests.support.nodes import NodeCluster
+from tests.support.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,15 +1,16 @@
 """One Raft group driven by asyncio: the core, its storage and its state machine.
 
-One task (`run`) owns the `RaftNode`: it steps arriving messages, turns queued proposals into one
-entry, and carries out each `Ready` with pipelined persistence (see `RaftNode.accept`): send
-`send_now`; stage snapshot chunks, install a snapshot; write the entries (group commit: the
-segmented log's flusher thread syncs them while this task goes on); persist term and vote when
-they changed; apply committed entries and answer waiters; `accept()`, and take the next Ready at
-once. Accepted Readys wait in order (`PersistQueue`) until the log's durable offset passes their
-entries, or what is left of them once a later Ready replaced a suffix; then their `send_after`
-goes out through `persisted()` (the leader counts its own copy only then). A second task ticks the
-core every `tick_interval_ms`; on the leader it also measures how far behind each member is
-(`LagMonitor`: /metrics, and a warning about a member that stays behind).
+One task (`run`) owns the `RaftNode`: it steps arriving messages that pass the peer checks
+(eventlog/raft/peer_check.py; a snapshot chunk only once the previous one is staged), turns queued
+proposals into one entry, and carries out each `Ready` with pipelined persistence (see
+`RaftNode.accept`): send `send_now`; stage snapshot chunks, install a snapshot; write the entries
+(group commit: the segmented log's flusher thread syncs them while this task goes on); persist term
+and vote when they changed; apply committed entries and answer waiters; `accept()`, and take the
+next Ready at once. Accepted Readys wait in order (`PersistQueue`) until the log's durable offset
+passes their entries, or what is left of them once a later Ready replaced a suffix; then their
+`send_after` goes out through `persisted()` (the leader counts its own copy only then). A second
+task ticks the core every `tick_interval_ms`; on the leader it also measures how far behind each
+member is (`LagMonitor`: /metrics, and a warning about a member that stays behind).
 
 Proposals from any number of coroutines are coalesced: everything queued while the previous Ready
 was being handled becomes one record batch, one entry (`propose`).
@@ -87,6 +88,7 @@ from eventlog.raft.types import (
     ConfState,
     Entry,
     EntryKind,
+    InstallSnapshot,
     Message,
     SnapshotMeta,
 )
@@ -248,7 +250,8 @@ class RaftGroup:
         self.node = RaftNode(node_id, storage, raft_config, rng, applied=state_machine.applied_index)
         self.loop = asyncio.get_running_loop()
         self._inbox: list[tuple[int, Message]] = []   # (the peer it came from, the message)
-        self.peer_check = peer_check if peer_check is not None else PeerCheck(known_peer=lambda _: False)
+        self.peer_check = peer_check if peer_check is not None else PeerCheck(
+            known_peer=lambda _: False, check_snapshot_chunk=storage.snapshot_chunk_refusal)
         self.peer_drops = peer_drops if peer_drops is not None else PeerDrops(node_id)
         self._proposals: list[_Proposal] = []
         self._reads: dict[int, asyncio.Future[int]] = {}
@@ -281,6 +284,7 @@ class RaftGroup:
         self._seen_term = self.node.term
         self._seen_leadership = (self.node.term, self.node.leader)
         self._last_tick_at = self.loop.time()   # when the core last ticked (see _check_clock)
+        self.heard_at: dict[int, float] = {}    # peer -> loop time of its latest message (status: heard_ms)
         self._term_limit_said_at = -math.inf
         # The leader's view of how far behind each member is (logged, and read by metrics).
         self.lag = lag if lag is not None else LagMonitor(warn_after_s=10.0)
@@ -333,6 +337,7 @@ class RaftGroup:
 
     def deliver(self, peer: int, msg: Message) -> None:
         """A message from `peer` (called by the transport; checked just before the core steps it)."""
+        self.heard_at[peer] = self.loop.time()
         self._inbox.append((peer, msg))
         self._wake.set()
 
@@ -701,6 +706,8 @@ class RaftGroup:
                     self._step_inbox()
                     self._submit_proposals()
                     if not self.node.has_ready():
+                        if self._inbox:
+                            continue
                         break
                     self._handle(self.node.ready())
                     self.node.accept()
@@ -718,7 +725,7 @@ class RaftGroup:
         msgs, self._inbox = self._inbox, []
         full = self._check_space()
         node = self.node
-        for peer, m in msgs:
+        for i, (peer, m) in enumerate(msgs):
             drop = self.peer_check.check(node, peer, m)
             if drop is not None:   # as if the network lost it (eventlog/raft/peer_check.py)
                 self.peer_drops.dropped(self.name, peer, drop, m)
@@ -728,6 +735,11 @@ class RaftGroup:
                 self.counters.appends_dropped += 1
                 continue
             self.node.step(m)
+            if isinstance(m, InstallSnapshot) and i + 1 < len(msgs):
+                # The check of the next chunk reads the storage's staged image: stage this one first
+                # (the rest waits for this Ready to be handled; PeerCheck.check_snapshot_chunk).
+                self._inbox = msgs[i + 1:] + self._inbox
+                return
 
     def _submit_proposals(self) -> None:
         if not self._proposals:

@@ -75,12 +75,13 @@ class NodeHost:
                                        tls=tls, limits=cluster.peer_limits,
                                        dial_lower_ms=0 if self.configured else 1000)
         conf = initial_conf([m.id for m in cluster.members])
-        check = PeerCheck(known_peer=self._known_peer,
-                          check_entry=functools.partial(check_entry, max_batch_bytes=self.configs.log.batch_limit_bytes))
+        entry_check = functools.partial(check_entry, max_batch_bytes=self.configs.log.batch_limit_bytes)
         for name in cluster.groups:
             directory = self.data_dir / "groups" / name
             ships = self._ships_log_prefix is not None and self._ships_log_prefix(name)
             storage = LogStorage.open(directory, self.configs.log, conf, ships_log_prefix=ships)
+            check = PeerCheck(known_peer=self._known_peer, check_entry=entry_check,
+                              check_snapshot_chunk=storage.snapshot_chunk_refusal)
             sm = self._factory(name, directory)
             snap = storage.snapshot()
             if sm.applied_index < snap.index:

@@ -58,7 +58,7 @@ from eventlog.log import Log
 from eventlog.prefix import PrefixInstall
 from eventlog.raft.errors import CompactedError, UnavailableError
 from eventlog.raft.runtime.entries import batch_to_entry, entry_to_batch
-from eventlog.raft.runtime.snapshot_image import PREFIX_DIR, ImageStaging, SnapshotImage, build_image
+from eventlog.raft.runtime.snapshot_image import PREFIX_DIR, ImageCheck, ImageStaging, SnapshotImage, build_image
 from eventlog.raft.types import ConfState, Entry, EntryKind, HardState, SnapshotMeta
 
 QUORUM_STATE = "quorum-state"
@@ -419,10 +419,35 @@ class LogStorage:
     def _write_state(self) -> None:
         atomic_write(self.directory / QUORUM_STATE, msgspec.json.encode(self._state))
 
+    def snapshot_chunk_refusal(self, meta: SnapshotMeta, offset: int, data: bytes) -> str | None:
+        """Why `stage_snapshot_chunk` (and, for the last chunk, `install_snapshot`) would refuse this
+        chunk, or None; nothing is written. The runtime asks before the core may accept a chunk, so the
+        core never takes one its storage cannot stage (peer_check.PeerCheck.check_snapshot_chunk).
+
+        The core stages only a chunk at offset 0 (a new image) or the one continuing the image it is
+        receiving, which is the image staged here: any other chunk is None (the core answers it with
+        the offset it expects, staging nothing)."""
+        staging = self._staging
+        if offset == 0:
+            check = ImageCheck(self.directory / SNAPSHOTS / INCOMING, meta)
+        elif staging is not None and staging.meta == meta and staging.received == offset:
+            check = staging.check.copy()
+        else:
+            return None
+        try:
+            check.feed(offset, data)
+            if check.received == meta.size:
+                check.check_whole()
+        except LogCorruptionError as exc:
+            return f"byte {exc.position}: {exc.reason}"
+        return None
+
     def stage_snapshot_chunk(self, meta: SnapshotMeta, offset: int, data: bytes) -> None:
         """Write a received chunk of the image of snapshot `meta` at `offset` (durable on return).
 
-        Chunks come in order from offset 0 (the core accepts no other); offset 0 starts over."""
+        Chunks come in order from offset 0 (the core accepts no other); offset 0 starts over. A chunk
+        the image refuses (LogCorruptionError: `snapshot_chunk_refusal` says so beforehand) leaves
+        the staged image as it was (at offset 0: empty)."""
         path = self.directory / SNAPSHOTS / INCOMING
         if offset == 0:
             shutil.rmtree(path, ignore_errors=True)

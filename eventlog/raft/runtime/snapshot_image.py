@@ -48,7 +48,7 @@ import threading
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
 
 import msgspec
 from msgspec.structs import replace
@@ -58,7 +58,7 @@ from eventlog.fileutil import atomic_write, fsync_dir, io_error
 from eventlog.index import IndexBuilder
 from eventlog.log import Log
 from eventlog.prefix import PrefixInstall, PrefixPart
-from eventlog.raft.types import SnapshotMeta
+from eventlog.raft.types import MAX_TERM, SnapshotMeta
 from eventlog.records import LOG_OVERHEAD, MIN_BATCH_LENGTH, check_batch
 from eventlog.segment import INDEX_SUFFIX, TIMEINDEX_SUFFIX, segment_name
 
@@ -157,7 +157,7 @@ class SnapshotImage:
         with self._check_lock:
             check = self._checks.get(i)
             if check is None:
-                check = self._checks[i] = _PartCheck(part, path, _Epochs(self.epochs), 1 << 40)
+                check = self._checks[i] = _PartCheck(part, path, _Epochs(self.epochs))
             done = check.checked + len(check.carried)
             if done >= min(through, part.size):
                 return
@@ -198,13 +198,15 @@ def build_image(meta: SnapshotMeta, data: Path, log: Log | None) -> SnapshotImag
 
 
 class _PartCheck:
-    """Checks the batches of one prefix part as its bytes arrive (a batch may span chunks)."""
+    """Checks the batches of one prefix part as its bytes arrive (a batch may span chunks). `path`
+    names the part's file in errors only."""
 
-    def __init__(self, part: PrefixPart, path: Path, epoch_of: _Epochs, index_interval_bytes: int) -> None:
+    __slots__ = ("part", "path", "epoch_of", "checked", "next_offset", "_carry")
+
+    def __init__(self, part: PrefixPart, path: Path, epoch_of: _Epochs) -> None:
         self.part = part
         self.path = path
         self.epoch_of = epoch_of
-        self.indexes = IndexBuilder(part.base, index_interval_bytes)   # the part's, written by `finish`
         self.checked = 0                 # bytes of whole, checked batches
         self.next_offset = part.base     # the next batch starts at or after it
         self._carry = b""                # the start of a batch not complete yet
@@ -214,8 +216,15 @@ class _PartCheck:
         """Bytes fed that start a batch not complete yet."""
         return self._carry
 
-    def feed(self, data: bytes) -> None:
-        buf = self._carry + data if self._carry else data
+    def copy(self) -> _PartCheck:
+        other = _PartCheck(self.part, self.path, self.epoch_of)
+        other.checked, other.next_offset, other._carry = self.checked, self.next_offset, self._carry
+        return other
+
+    def feed(self, data: bytes | memoryview) -> list[_Batch]:
+        """Check the batches `data` completes; returns them (for the part's indexes)."""
+        buf = self._carry + bytes(data) if self._carry else data
+        found: list[_Batch] = []
         pos = 0
         while len(buf) - pos >= LOG_OVERHEAD:
             length = int.from_bytes(buf[pos + 8:pos + 12], "big", signed=True)
@@ -234,11 +243,12 @@ class _PartCheck:
             if header.leader_epoch != expected:
                 self.fail(f"batch epoch {header.leader_epoch} at offset {header.base_offset}, the image's epoch "
                           f"cache says {expected}")
-            self.indexes.add(header.base_offset, self.checked, total, header.max_timestamp)
+            found.append(_Batch(header.base_offset, self.checked, total, header.max_timestamp))
             self.next_offset = header.next_offset
             self.checked += total
             pos += total
         self._carry = bytes(buf[pos:])
+        return found
 
     @property
     def complete(self) -> bool:
@@ -246,6 +256,15 @@ class _PartCheck:
 
     def fail(self, problem: str) -> NoReturn:
         raise LogCorruptionError(str(self.path), self.checked, f"snapshot image, prefix part {self.part}: {problem}")
+
+
+class _Batch(NamedTuple):
+    """A checked batch of a part: what the part's indexes need of it."""
+
+    base_offset: int
+    position: int
+    size: int
+    max_timestamp: int
 
 
 class _Epochs:
@@ -258,43 +277,67 @@ class _Epochs:
         return self.epochs[i - 1] if i else None
 
 
-class ImageStaging:
-    """An image being received into `directory` (see the module docstring); the prefix's segments get
-    indexes every `index_interval_bytes` (the log's). Not thread-safe."""
+class ImageCheck:
+    """What the bytes of an image received so far say, checked without any IO: the header once whole,
+    then every batch of a prefix part as it completes (CRC, offsets inside its part and ascending,
+    epoch as the shipped epoch cache says). `feed` refuses (LogCorruptionError naming `directory`,
+    where the image is staged) bytes that no valid image of `meta` holds there.
 
-    def __init__(self, directory: Path, meta: SnapshotMeta, index_interval_bytes: int) -> None:
+    Checking a chunk on a `copy` leaves this one as it was: so a chunk can be checked before a node
+    accepts it (`LogStorage.snapshot_chunk_refusal`), and a refused one changes nothing. Not thread-safe."""
+
+    def __init__(self, directory: Path, meta: SnapshotMeta) -> None:
         self.directory = directory
         self.meta = meta
-        self.index_interval_bytes = index_interval_bytes
         self.received = 0
         self.header: ImageHeader | None = None
+        self.pieces: list[tuple[int, int, int]] = []   # (start, end, part index or -1: the data), once the header is
+        self.parts: list[_PartCheck] = []
         self._head = b""
-        self._pieces: list[tuple[int, int, Path, _PartCheck | None]] = []   # (start, end, file, check)
 
-    def write(self, offset: int, chunk: bytes) -> None:
-        """Write the chunk at image offset `offset` (the bytes received so far); durable on return."""
+    def copy(self) -> ImageCheck:
+        other = ImageCheck(self.directory, self.meta)
+        other.received, other.header, other._head = self.received, self.header, self._head
+        other.pieces = self.pieces                       # never changed once set
+        other.parts = [p.copy() for p in self.parts]
+        return other
+
+    def feed(self, offset: int, chunk: bytes | memoryview) -> list[tuple[int, _Batch]]:
+        """Take the chunk at image offset `offset` (the bytes received so far); returns the batches it
+        completes, with the index of their part."""
         if offset != self.received:
-            raise LogCorruptionError(str(self.directory), offset, f"chunk of snapshot {self.meta.index} at byte "
-                                                                  f"{offset}, {self.received} bytes were staged")
+            self._bad(f"chunk at byte {offset}, {self.received} bytes were received")
         if self.received + len(chunk) > self.meta.size:
-            raise LogCorruptionError(str(self.directory), offset, f"chunk runs past the image's {self.meta.size} bytes")
+            self._bad(f"chunk of {len(chunk)} bytes at byte {offset} runs past the image's {self.meta.size} bytes")
         view = memoryview(chunk)
-        touched: dict[Path, int] = {}
-        try:
-            while view:
-                if self.header is None:
-                    taken = self._take_head(view)
-                else:
-                    taken = self._write_piece(view, touched)
-                view = view[taken:]
-                self.received += taken
-            for fd in touched.values():
-                os.fsync(fd)
-        except OSError as exc:
-            raise io_error(f"staging snapshot chunk in {self.directory}", exc) from exc
-        finally:
-            for fd in touched.values():
-                os.close(fd)
+        found: list[tuple[int, _Batch]] = []
+        while view:
+            if self.header is None:
+                taken = self._take_head(view)
+            else:
+                start, end, part = self.piece_at(self.received)
+                taken = min(end - self.received, len(view))
+                if part >= 0:
+                    found += [(part, b) for b in self.parts[part].feed(view[:taken])]
+            view = view[taken:]
+            self.received += taken
+        return found
+
+    def piece_at(self, position: int) -> tuple[int, int, int]:
+        for piece in self.pieces:
+            if piece[0] <= position < piece[1]:
+                return piece
+        raise AssertionError(f"no piece holds byte {position} of {self.pieces}")
+
+    def check_whole(self) -> ImageHeader:
+        """The header of the image, once every byte of it was received and every part ends with a
+        whole batch (else LogCorruptionError)."""
+        if self.header is None or self.received != self.meta.size:
+            self._bad(f"{self.received} of {self.meta.size} bytes received")
+        for check in self.parts:
+            if not check.complete:
+                check.fail("ends inside a batch")
+        return self.header
 
     def _take_head(self, view: memoryview) -> int:
         if len(self._head) < _FRAME.size:
@@ -315,61 +358,117 @@ class ImageStaging:
     def _parse_head(self) -> None:
         try:
             header = msgspec.json.decode(self._head[_FRAME.size:], type=ImageHeader)
+            why = _header_problem(header, self.meta)
             if header.parts:   # what the log will be told to install: checked now
                 PrefixInstall(self.meta.index + 1, header.dirty_offset, header.prefix, header.epochs)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError, AssertionError) as exc:
             self._bad(f"bad image header: {exc}")
+        if why is not None:
+            self._bad(f"bad image header: {why}")
         if len(self._head) + header.body_bytes != self.meta.size:
             self._bad(f"the header describes {len(self._head) + header.body_bytes} bytes, the snapshot has "
                       f"{self.meta.size}")
         self.header = header
         start = len(self._head)
-        self._pieces.append((start, start + header.data_bytes, self.directory / "data", None))
+        pieces = [(start, start + header.data_bytes, -1)]
         start += header.data_bytes
         epochs = _Epochs(header.epochs)
-        if header.parts:
-            (self.directory / PREFIX_DIR).mkdir()
-        for part in header.prefix:
-            path = self.directory / PREFIX_DIR / segment_name(part.base)
-            self._pieces.append((start, start + part.size, path,
-                                 _PartCheck(part, path, epochs, self.index_interval_bytes)))
+        for i, part in enumerate(header.prefix):
+            self.parts.append(_PartCheck(part, self.directory / PREFIX_DIR / segment_name(part.base), epochs))
+            pieces.append((start, start + part.size, i))
             start += part.size
-        for _, _, path, _ in self._pieces:   # every file exists, empty parts included
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644))
+        self.pieces = pieces
 
-    def _write_piece(self, view: memoryview, touched: dict[Path, int]) -> int:
-        for start, end, path, check in self._pieces:
-            if start <= self.received < end:
-                break
-        else:
-            raise AssertionError(f"no piece holds byte {self.received} of {self._pieces}")
-        taken = min(end - self.received, len(view))
-        data = bytes(view[:taken])
-        if check is not None:
-            check.feed(data)
-        fd = touched.get(path)
-        if fd is None:
-            fd = touched[path] = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-        os.ftruncate(fd, self.received - start)
-        os.pwrite(fd, data, self.received - start)
-        return taken
+    def _bad(self, problem: str) -> NoReturn:
+        raise LogCorruptionError(str(self.directory), self.received, f"snapshot image {self.meta.index}: {problem}")
+
+
+def _header_problem(header: ImageHeader, meta: SnapshotMeta) -> str | None:
+    """What the log could not adopt as it is (beyond `PrefixInstall`'s own checks): the leader builds
+    its epochs from its epoch cache, ascending in both, from the prefix's first offset."""
+    if header.data_bytes < 0:
+        return f"data of {header.data_bytes} bytes"
+    if not header.parts:
+        return "epochs without a prefix" if header.epochs or header.dirty_offset else None
+    if header.parts[0][0] < 0:
+        return f"a prefix from offset {header.parts[0][0]}"
+    previous = (-1, header.parts[0][0] - 1)
+    for epoch, start in header.epochs:
+        if not (previous[0] < epoch <= MAX_TERM and previous[1] < start <= meta.index):
+            return f"epoch {epoch} from offset {start} after epoch {previous[0]} from {previous[1]}"
+        previous = (epoch, start)
+    return None
+
+
+class ImageStaging:
+    """An image being received into `directory` (see the module docstring); the prefix's segments get
+    indexes every `index_interval_bytes` (the log's). Every chunk is checked whole (`ImageCheck`)
+    before any of it is written. Not thread-safe."""
+
+    def __init__(self, directory: Path, meta: SnapshotMeta, index_interval_bytes: int) -> None:
+        self.directory = directory
+        self.meta = meta
+        self.index_interval_bytes = index_interval_bytes
+        self.check = ImageCheck(directory, meta)
+        self._indexes: list[IndexBuilder] = []   # each part's, written by `finish`
+
+    @property
+    def received(self) -> int:
+        return self.check.received
+
+    def write(self, offset: int, chunk: bytes) -> None:
+        """Write the chunk at image offset `offset` (the bytes received so far); durable on return.
+        A chunk refused (LogCorruptionError) leaves the staged image as it was."""
+        check = self.check.copy()
+        found = check.feed(offset, chunk)
+        view = memoryview(chunk)
+        touched: dict[Path, int] = {}
+        try:
+            if check.header is not None and self.check.header is None:
+                self._create_files(check)
+            for start, end, part in check.pieces:
+                lo, hi = max(offset, start), min(offset + len(chunk), end)
+                if lo >= hi:
+                    continue
+                path = self._path(check, part)
+                fd = touched.get(path)
+                if fd is None:
+                    fd = touched[path] = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+                os.ftruncate(fd, lo - start)
+                os.pwrite(fd, view[lo - offset:hi - offset], lo - start)
+            for fd in touched.values():
+                os.fsync(fd)
+        except OSError as exc:
+            raise io_error(f"staging snapshot chunk in {self.directory}", exc) from exc
+        finally:
+            for fd in touched.values():
+                os.close(fd)
+        for part, batch in found:
+            self._indexes[part].add(batch.base_offset, batch.position, batch.size, batch.max_timestamp)
+        self.check = check
+
+    def _path(self, check: ImageCheck, part: int) -> Path:
+        return self.directory / "data" if part < 0 else check.parts[part].path
+
+    def _create_files(self, check: ImageCheck) -> None:
+        """Every file of the image, empty (empty parts included), once its header is known."""
+        header = check.header
+        assert header is not None
+        if header.parts:
+            (self.directory / PREFIX_DIR).mkdir(exist_ok=True)
+        self._indexes = [IndexBuilder(p.base, self.index_interval_bytes) for p in header.prefix]
+        for _, _, part in check.pieces:
+            os.close(os.open(self._path(check, part), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644))
 
     def finish(self) -> PrefixInstall | None:
         """Check the image is whole, record it as a snapshot of `data_bytes` (`meta`) and write the
         prefix's manifest; returns the prefix to install (None: the image has none). Durable on return."""
-        header = self.header
-        if header is None or self.received != self.meta.size:
-            self._bad(f"{self.received} of {self.meta.size} bytes staged")
-        assert header is not None
-        for _, _, path, check in self._pieces:
-            if check is None:
-                continue
-            if not check.complete:
-                check.fail("ends inside a batch")
-            check.indexes.seal()   # derived data: written, not synced (a bad one is rebuilt)
-            path.with_name(segment_name(check.part.base, INDEX_SUFFIX)).write_bytes(check.indexes.index.to_bytes())
-            path.with_name(segment_name(check.part.base, TIMEINDEX_SUFFIX)).write_bytes(
-                check.indexes.time_index.to_bytes())
+        header = self.check.check_whole()
+        for check, indexes in zip(self.check.parts, self._indexes, strict=True):
+            indexes.seal()   # derived data: written, not synced (a bad one is rebuilt)
+            path = check.path
+            path.with_name(segment_name(check.part.base, INDEX_SUFFIX)).write_bytes(indexes.index.to_bytes())
+            path.with_name(segment_name(check.part.base, TIMEINDEX_SUFFIX)).write_bytes(indexes.time_index.to_bytes())
         atomic_write(self.directory / "meta", msgspec.json.encode(replace(self.meta, size=header.data_bytes)))
         install = None
         if header.parts:
@@ -377,6 +476,3 @@ class ImageStaging:
             install.write(self.directory / PREFIX_DIR)   # fsyncs the directory, its part files included
         fsync_dir(self.directory)
         return install
-
-    def _bad(self, problem: str) -> NoReturn:
-        raise LogCorruptionError(str(self.directory), self.received, f"snapshot image {self.meta.index}: {problem}")

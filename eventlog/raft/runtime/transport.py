@@ -43,7 +43,7 @@ before that peer learns its address. For the same reason a node added at runtime
 set) also dials a lower-id peer it has had no connection to for that long: the lower node may not
 know its address yet. The lower id's connection is the canonical one: it replaces any other, and a
 second connection from the higher id is closed when one already exists. (Nodes of the configured
-member list never dial lower ids, so the proxies of tests/runtime see every connection.)
+member list never dial lower ids, so the proxies of tests/support/proxy.py see every connection.)
 
 Runs on one asyncio loop; `send` and `close` must be called from it.
 """

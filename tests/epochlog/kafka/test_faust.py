@@ -1,0 +1,117 @@
+"""End to end: the Faust app of examples/live_brokers.py over a real cluster's Kafka face.
+
+The worker (a real `python -m examples.live_brokers worker` process, aiokafka underneath) consumes
+`__metadata` in a consumer group, creates its changelog topic with CreateTopics (hosted in the kv
+group) and keeps its table in RocksDB. The test registers brokers through the controller, shuts one
+down, and checks the table in RocksDB once the worker stopped; then a second worker with an empty
+data directory rebuilds the same table from the changelog topic alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from statemachines.brokers import new_incarnation
+from epochlog.api import messages as p
+from epochlog.client import AsyncClient
+from epochlog.client.broker import DEFAULT_CLUSTER, ControllerClient
+from examples.live_brokers import CHANGELOG, live_brokers
+from tests.support.nodes import NodeCluster, ROOT
+from tests.support.wait import wait_until
+
+EXPECTED = {f"{DEFAULT_CLUSTER}/broker-a": ["a-0", "a-2"], f"{DEFAULT_CLUSTER}/broker-b": ["b-0"]}
+
+
+class Worker:
+    def __init__(self, cluster: NodeCluster, datadir: Path, log: Path) -> None:
+        env = dict(os.environ, EPOCHLOG_KAFKA=",".join(cluster.bootstrap), EPOCHLOG_FAUST_DIR=str(datadir))
+        self.log = log
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "examples.live_brokers", "worker", "--loglevel=info"],
+                                         cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=subprocess.STDOUT)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_ready(self) -> None:
+        wait_until(lambda: "[^Worker]: Ready" in self.text() or self.proc.poll() is not None, 90, "the Faust worker")
+        assert self.proc.poll() is None, self.text()[-3000:]
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            assert self.proc.wait(30) == 0, self.text()[-3000:]
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+
+async def _brokers(cluster: NodeCluster) -> None:
+    async with AsyncClient(cluster.endpoints) as client:
+        controller = ControllerClient(client)
+        registered = await controller.register([
+            p.BrokerIdentity(DEFAULT_CLUSTER, group, name, f"10.0.0.{i}:10911", new_incarnation(time.time_ns()))
+            for i, (group, name) in enumerate([("broker-a", "a-0"), ("broker-a", "a-1"), ("broker-a", "a-2"),
+                                               ("broker-b", "b-0")], 1)])
+        assert all(r.code == "" for r in registered.results), registered
+        await controller.shutdown(DEFAULT_CLUSTER, "broker-a", "a-1", registered.results[1].broker_epoch)
+
+
+def test_a_faust_app_keeps_live_brokers_in_rocksdb_and_recovers_them_from_its_changelog(
+        kafka_cluster_factory: Any, tmp_path: Path) -> None:
+    # The registered brokers never heartbeat: the controller must not fence them during the test.
+    cluster: NodeCluster = kafka_cluster_factory(controller={"heartbeat_timeout_ms": 600_000})
+    cluster.start()
+    for group in ("metadata", "offsets", "kv"):
+        cluster.leader(group)
+    first = Worker(cluster, tmp_path / "faust-1", tmp_path / "faust-1.log")
+    try:
+        first.wait_ready()
+        asyncio.run(_brokers(cluster))
+        # The worker has processed the shutdown once its changelog holds it: poll the table's
+        # changelog topic through the Kafka face.
+        wait_until(lambda: _changelog_has(cluster, EXPECTED), 60, "the changelog to show the live brokers")
+    finally:
+        first.stop()
+    assert live_brokers(tmp_path / "faust-1") == EXPECTED
+
+    second = Worker(cluster, tmp_path / "faust-2", tmp_path / "faust-2.log")   # empty data dir
+    try:
+        second.wait_ready()
+        wait_until(lambda: "Recovery]: Worker ready" in second.text(), 60, "the second worker's recovery")
+    finally:
+        second.stop()
+    highwater = re.search(rf"{CHANGELOG} +\| 0 +\| +(-?\d+)", second.text())
+    assert highwater is not None and int(highwater.group(1)) >= 0, second.text()[-3000:]   # it had a changelog
+    assert live_brokers(tmp_path / "faust-2") == EXPECTED
+
+
+def _changelog_has(cluster: NodeCluster, expected: dict[str, list[str]]) -> bool:
+    import json
+
+    from kafka import KafkaConsumer, TopicPartition
+
+    tp = TopicPartition(CHANGELOG, 0)
+    consumer = KafkaConsumer(bootstrap_servers=cluster.bootstrap, enable_auto_commit=False)
+    try:
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        end = consumer.end_offsets([tp])[tp]
+        state: dict[str, list[str]] = {}
+        deadline = time.monotonic() + 10
+        while consumer.position(tp) < end and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                for r in records:
+                    state[json.loads(r.key)] = json.loads(r.value)
+        return state == expected
+    finally:
+        consumer.close()
