@@ -426,13 +426,16 @@ class RejectedError(EpochlogError):
     retriable = False
     grpc_status = "FAILED_PRECONDITION"
     kafka_error = kc.UNKNOWN_SERVER_ERROR
+    reason = ""      # unknown on an error a reply made again (the native wire carries only the message)
+    offset = -1
+    result: Any = None
 
     def __init__(self, result: Any) -> None:
         """`result`: the write's result (epochlog.api.messages.WriteResult: its `code`, `message`, `offset`)."""
         super().__init__(f"{result.code}: {result.message} (committed at offset {result.offset}, changed nothing)")
         self.result = result
-        self.reason: str = result.code
-        self.offset: int = result.offset
+        self.reason = result.code
+        self.offset = result.offset
         row = rejection(self.reason)
         self.grpc_status = row.grpc_status
         if row.kafka_error is not None:
