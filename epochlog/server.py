@@ -36,12 +36,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eventlog.configuration import doc
-from eventlog.errors import (BadFrameError, ConnectionLimitError, DeadlineExceededError, EpochlogError,
-                             InvalidArgumentError, WatchCancelledError, as_error)
+from eventlog.errors import BadFrameError, ConnectionLimitError, InvalidArgumentError, WatchCancelledError
 from epochlog.api import messages as p
 from epochlog.api.frames import (MAX_FRAME_BYTES, BadRequest, ClientFrame, FrameDecoder, FrameError, encode_frame,
                                  encode_frames, salvage_requests)
-from epochlog.calls import wire_error
+from epochlog.calls import CallRunner, Done, FaceRules, Failed, wire_error
 from epochlog.metrics import Metrics
 from epochlog.logs import Throttled
 from epochlog.node import DEFAULT_TIMEOUT_S, Node
@@ -83,7 +82,7 @@ class ClientService:
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self.connections: set[ClientConnection] = set()
-        self.rpc_children: dict[str, Any] = {}   # op -> its latency histogram child (labels() is not free)
+        self.runner = CallRunner(FaceRules(), metrics)   # the call path every face shares (epochlog/calls.py)
         self.partial_bytes = 0                    # sum of every connection's `decoder.pending_bytes`
         self.limit_closes = 0                     # connections closed for a limit (budget, frame timeout, count)
         self.refusals = Throttled(logger)         # connections refused past max_connections: logged rarely
@@ -338,12 +337,7 @@ class ClientConnection(asyncio.Protocol):
         call = request.call
         handler = _SYNC.get(type(call))
         if handler is not None:
-            started = time.perf_counter()
-            try:
-                self.reply(request.id, handler(self, call))
-            except Exception as exc:  # every error becomes a reply; the connection lives on
-                self.reply_error(request.id, exc, call)
-            self._observe(call, started)
+            self._answer(request.id, self.service.runner.now(_op(call), call, functools.partial(handler, self, call)))
             return
         # The coroutine is made when the task first runs: a task cancelled before that (a watch
         # cancelled in its own frame, a connection lost) leaves no coroutine never awaited.
@@ -359,65 +353,37 @@ class ClientConnection(asyncio.Protocol):
 
     async def _run(self, rid: int, call: p.Call, work: Callable[[], Coroutine[Any, Any, Any]],
                    timeout: float) -> None:
-        started = time.perf_counter()
         watch = isinstance(call, p.Watch)
-        # One timer per call, not asyncio.wait_for: that runs the work in a second task, which
-        # costs a task and a loop turn per request.
-        expired = False
-        task = asyncio.current_task()
-        assert task is not None
-
-        def expire() -> None:
-            nonlocal expired
-            expired = True
-            task.cancel()
-
-        timer = None if watch else self.loop.call_later(timeout, expire)
         try:
-            if watch:
-                await work()   # a watch lives until cancelled or failed; it replies by itself
-            else:
-                self.reply(rid, await work())
-        except asyncio.CancelledError:
-            if not expired:
-                raise
-            self.reply_error(rid, DeadlineExceededError(
-                f"the request's deadline ({timeout:.3f} s) passed before it completed"), call)
-        except Exception as exc:
-            self.reply_error(rid, exc, call)
+            # A watch lives until cancelled or failed and replies by itself; its lifetime is not a latency.
+            outcome = await self.service.runner.run(_op(call), call, work, None if watch else timeout,
+                                                    observe=not watch)
+            if not watch or isinstance(outcome, Failed):
+                self._answer(rid, outcome)
         finally:
-            if timer is not None:
-                timer.cancel()
             self.tasks.pop(rid, None)
             self.watch_ids.discard(rid)
-            if not watch:   # a watch's lifetime is not a latency
-                self._observe(call, started)
+            if not watch:
                 self.in_flight -= 1
                 if self.backlog:
                     self._schedule_pump()
-
-    def _observe(self, call: p.Call, started: float) -> None:
-        metrics = self.service.metrics
-        if metrics is not None:
-            op = _op(call)
-            child = self.service.rpc_children.get(op)
-            if child is None:
-                child = self.service.rpc_children[op] = metrics.rpc_seconds.labels(op)
-            child.observe(time.perf_counter() - started)
 
     # --- replies ------------------------------------------------------------------------------
 
     def reply(self, rid: int, result: p.Result) -> None:
         self._queue(p.Reply(rid, result=result))
 
-    def reply_error(self, rid: int, exc: BaseException, call: p.Call | None = None) -> None:
-        failed = as_error(exc)
-        error = wire_error(failed, self.node.client_addresses.get(failed.leader_hint, "") if failed.leader_hint else "")
-        if error.code == EpochlogError.code:
-            logger.exception("request %s failed", rid, exc_info=exc)
-        if self.service.metrics is not None:
-            self.service.metrics.rpc_errors.labels(_op(call) if call is not None else "", error.code).inc()
-        self._queue(p.Reply(rid, error=error))
+    def reply_error(self, rid: int, exc: BaseException) -> None:
+        """An error outside a call (a request that did not decode): counted under no op."""
+        self._answer(rid, Failed(self.service.runner.error("", exc)))
+
+    def _answer(self, rid: int, outcome: Done[Any] | Failed) -> None:
+        if isinstance(outcome, Done):
+            self._queue(p.Reply(rid, result=outcome.result))
+            return
+        error = outcome.error
+        leader = self.node.client_addresses.get(error.leader_hint, "") if error.leader_hint else ""
+        self._queue(p.Reply(rid, error=wire_error(error, leader)))
 
     def _queue(self, reply: p.Reply) -> None:
         self.pending.append(reply)
