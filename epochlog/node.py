@@ -40,6 +40,7 @@ from controller.runtime import GROUP as CONTROLLER_GROUP, ControllerRuntime
 from epochlog.api import messages as p
 from epochlog.api.routing import REQUIRED_GROUPS, group_of_event, group_of_key
 from epochlog.errors import GroupHaltedError, InvalidArgumentError, RejectedError
+from epochlog.group_log import GroupLog
 from epochlog.halts import Halts
 from epochlog.identity import storage_id
 from epochlog.integrity import DigestCheck, damage_info
@@ -166,6 +167,16 @@ class Node:
 
     def leader_address(self, error: NotLeaderError) -> str:
         return self.client_addresses.get(error.leader_hint, "")
+
+    def group_log(self, name: str) -> GroupLog | None:
+        """Group `name`'s log as a face produces to and fetches from it (the Kafka face: epochlog/group_log.py);
+        None when this node runs no such group."""
+        group = self.host.groups.get(name)
+        return None if group is None else GroupLog(group)
+
+    def group_logs(self) -> dict[str, GroupLog]:
+        """Every group's log on this node, by name (see group_log)."""
+        return {name: GroupLog(group) for name, group in self.host.groups.items()}
 
     def serving(self, name: str) -> RaftGroup:
         """The group, if its views can serve on this node (GroupHaltedError when it halted here)."""

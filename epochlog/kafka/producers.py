@@ -21,11 +21,25 @@ node's loop (it reads the views and the log).
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from eventlog.errors import KafkaError, rejection
-from eventlog.log import Log
+from eventlog.log import LogRead
 from eventlog.records import NO_PRODUCER_ID
 from statemachines import producers as sp
 from statemachines.producers import BatchMeta, ProducerState, Verdict
+
+
+class LogReader(Protocol):
+    """What `check` reads of a group's log: the node's GroupLog (epochlog/group_log.py), or eventlog's Log."""
+
+    @property
+    def start_offset(self) -> int: ...
+
+    @property
+    def end_offset(self) -> int: ...
+
+    def read(self, offset: int, max_bytes: int = ..., *, max_offset: int | None = None) -> LogRead: ...
 
 
 def refused(reason: str, message: str) -> KafkaError:
@@ -36,7 +50,7 @@ def refused(reason: str, message: str) -> KafkaError:
     return KafkaError(code, message)
 
 
-def check(views: sp.Reader, log: Log, applied: int, producer_id: int, epoch: int, first_seq: int, count: int,
+def check(views: sp.Reader, log: LogReader, applied: int, producer_id: int, epoch: int, first_seq: int, count: int,
           partition: str = "") -> BatchMeta | None:
     """None: append the batch. A BatchMeta: it is a retry of that stored batch (answer its offsets).
     Raises KafkaError OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH or UNKNOWN_PRODUCER_ID.
@@ -54,7 +68,7 @@ def check(views: sp.Reader, log: Log, applied: int, producer_id: int, epoch: int
     return None
 
 
-def _pending(log: Log, applied: int, producer_id: int, partition: str) -> list[tuple[int, int, BatchMeta]]:
+def _pending(log: LogReader, applied: int, producer_id: int, partition: str) -> list[tuple[int, int, BatchMeta]]:
     """(epoch, first sequence, batch) of the producer's batches of `partition` in `log` past `applied`."""
     out = []
     offset = max(applied + 1, log.start_offset)
