@@ -4,7 +4,8 @@ A face (the native protocol in epochlog/server.py, gRPC in epochlog/grpc_server.
 turns bytes into a call of `Node` and the outcome back into bytes. What happens between is here, once:
 
 - `CallRunner.authorize`: the one place where a call's principal is checked against the permission
-  the call needs (issue 21; today every call is allowed);
+  the call needs (issue 21; today every call is allowed). The faces pass the connection's principal
+  (statemachines.access.Principal: ANONYMOUS until they authenticate);
 - `CallRunner.now` runs a call that completes without waiting (status, a keep-alive...) in the
   caller's turn of the loop; `CallRunner.run` awaits one in the caller's task under its deadline: a
   timer cancels the task when it passes (one timer per call, not `asyncio.wait_for`, which would run
@@ -30,6 +31,7 @@ from prometheus_client import Counter, Histogram
 
 from eventlog.errors import DeadlineExceededError, EpochlogError, as_error
 from epochlog.api import messages as p
+from statemachines.access import ANONYMOUS, Principal
 
 logger = logging.getLogger(__name__)
 
@@ -51,17 +53,6 @@ def call_error(exc: BaseException, *, timeout: float | None = None, deadline_pas
 def wire_error(error: EpochlogError, leader_address: str = "") -> p.WireError:
     """The native protocol's form of an error (`leader_address`: the leader's client address, if known)."""
     return p.WireError(error.code, str(error), error.retriable, error.leader_hint, leader_address)
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """Who makes a call, as the face authenticated it. Issue 21 fills it in (a certificate's subject, a
-    token's user); until then every face passes ANONYMOUS."""
-
-    name: str = ""
-
-
-ANONYMOUS = Principal()
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +104,9 @@ class CallRunner:
     # --- the hook of issue 21 ---------------------------------------------------------------------
 
     def authorize(self, principal: Principal, op: str, call: object) -> None:
-        """Raise unless `principal` may make `call` (`op` names it, as in the metrics). Every call of
-        every face passes here before it runs: the one place authorization is enforced (issue 21).
+        """Raise (PermissionDeniedError) unless `principal` may make `call` (`op` names it, as in the
+        metrics). Every call of every face passes here before it runs: the one place authorization is
+        enforced (issue 21: statemachines.access.authorize over epochlog.api.permissions.call_actions).
         Today every call is allowed."""
 
     # --- running ----------------------------------------------------------------------------------
@@ -188,5 +180,4 @@ class CallRunner:
         child.observe(time.perf_counter() - started)
 
 
-__all__ = ["ANONYMOUS", "CallRunner", "Done", "FaceRules", "Failed", "Principal", "RpcMetrics", "call_error",
-           "wire_error"]
+__all__ = ["CallRunner", "Done", "FaceRules", "Failed", "RpcMetrics", "call_error", "wire_error"]

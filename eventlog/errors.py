@@ -504,6 +504,26 @@ class OutcomeUnknownError(EpochlogError):
     kafka_error = kc.UNKNOWN_SERVER_ERROR
 
 
+# --- access (statemachines/access.py: who may do what) ------------------------------------------------
+
+class AuthenticationError(EpochlogError):
+    """No credentials, or credentials that do not prove who the client says it is (or are revoked, expired)."""
+
+    code = "unauthenticated"
+    retriable = False
+    grpc_status = "UNAUTHENTICATED"
+    kafka_error = kc.SASL_AUTHENTICATION_FAILED
+
+
+class PermissionDeniedError(EpochlogError):
+    """The authenticated principal may not do this; nothing of the request was done."""
+
+    code = "permission_denied"
+    retriable = False
+    grpc_status = "PERMISSION_DENIED"
+    kafka_error = kc.TOPIC_AUTHORIZATION_FAILED   # what the Kafka face's requests act on: topics
+
+
 # --- the controller (brokers, their groups, topic routes) ---------------------------------------------
 
 class ControllerStartingError(EpochlogError):

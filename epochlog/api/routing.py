@@ -4,6 +4,7 @@ Entities are routed by kind so that everything one command can touch atomically 
 
     broker/ group/ topic/ config/   -> metadata   (the controller's and NameServer's state)
     member/                         -> metadata   (node addresses: written by membership changes only)
+    user/ acl/                      -> metadata   (users' credentials and grants: statemachines/access.py)
     offset/ kafka-group/            -> offsets    (consumer offsets, Kafka consumer groups: own leader)
     kv/ lease/ session/             -> kv         (leases delete the kv entries and sessions attached)
     client-session/<group>/         -> <group>    (a writing client's session is in the group it writes
@@ -18,6 +19,7 @@ from statemachines.events import Event, EventError, Txn
 
 GROUP_OF_KIND = {
     "broker": "metadata", "group": "metadata", "topic": "metadata", "config": "metadata", "member": "metadata",
+    "user": "metadata", "acl": "metadata",
     "offset": "offsets", "kafka-group": "offsets",
     "kv": "kv", "lease": "kv", "session": "kv",
 }

@@ -15,6 +15,7 @@ moves to the other members (epochlog/client/retry.py).
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
@@ -36,6 +37,7 @@ from epochlog.client.errors import (
     from_wire,
 )
 from epochlog.client.retry import Attempts, Timing
+from epochlog.client.tls import TOKEN_ENV, ClientTls
 from epochlog.client.sessions import ClientSessions, GroupSession
 from epochlog.api.routing import group_of_event, group_of_key
 from eventlog.errors import REQUEST_EXPIRED, SESSION_EXPIRED, from_code
@@ -105,7 +107,8 @@ class AsyncClient:
     """A client of one cluster. `endpoints`: client addresses ("host:port") of some of its nodes."""
 
     def __init__(self, endpoints: Sequence[str] | str, *, timeout: float = 10.0, actor: str = "",
-                 name: str = "epochlog-python", sessions: bool = True) -> None:
+                 name: str = "epochlog-python", sessions: bool = True, tls: ClientTls | None = None,
+                 token: str | None = None) -> None:
         """`sessions`: writes are requests of a client session (one per group, opened by the first write,
         closed by `close`): exactly once for retries however late. Off (for a client that makes a write
         or two and exits, like the CLI), each write carries a UUIDv7 request id instead: exactly once for
@@ -126,6 +129,10 @@ class AsyncClient:
         self._rr = random.randrange(len(self.endpoints))
         self._sessions = ClientSessions(name, self._open_session)
         self.use_sessions = sessions
+        # TLS and a bearer token (epochlog/client/tls.py): given, or from the environment
+        self.tls = tls if tls is not None else ClientTls.from_env()
+        self._tls_context = None if self.tls is None else self.tls.context()
+        self.token = token if token is not None else os.environ.get(TOKEN_ENV, "")
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -680,7 +687,7 @@ class AsyncClient:
         future: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
         self._connecting[address] = future
         try:
-            conn = Connection(address, client_name=self.name)
+            conn = Connection(address, client_name=self.name, tls=self._tls_context, token=self.token)
             await conn.connect(min(timeout, 5.0))
             self._connections[address] = conn
             self.timing = conn.timing

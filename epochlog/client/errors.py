@@ -8,6 +8,7 @@ the table's root, `EpochlogError`: catching it catches every one.
 from __future__ import annotations
 
 from eventlog.errors import (
+    AuthenticationError,
     CompactedError,
     DeadlineExceededError,
     DiskFullError,
@@ -16,6 +17,7 @@ from eventlog.errors import (
     NotFoundError,
     NotLeaderError,
     OutcomeUnknownError,
+    PermissionDeniedError,
     RejectedError,
     UnavailableError,
     from_code,
@@ -37,6 +39,6 @@ def from_wire(error: p.WireError) -> EpochlogError:
                      leader_address=error.leader_address)
 
 
-__all__ = ["ClientError", "CompactedError", "DeadlineExceededError", "DiskFullError", "InvalidArgumentError",
-           "NoAnswerError", "NotFoundError", "NotLeaderError", "OutcomeUnknownError", "RejectedError",
-           "UnavailableError", "from_wire"]
+__all__ = ["AuthenticationError", "ClientError", "CompactedError", "DeadlineExceededError", "DiskFullError",
+           "InvalidArgumentError", "NoAnswerError", "NotFoundError", "NotLeaderError", "OutcomeUnknownError",
+           "PermissionDeniedError", "RejectedError", "UnavailableError", "from_wire"]

@@ -12,7 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from eventlog.errors import EpochlogError, InvalidArgumentError, NotCaughtUpError
-from epochlog.calls import ANONYMOUS, CallRunner, Done, FaceRules, Failed, Principal
+from epochlog.calls import CallRunner, Done, FaceRules, Failed
+from statemachines.access import ANONYMOUS, Principal
 
 
 @dataclass
