@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from eventlog import kafka_codes as kc
 from eventlog.errors import EpochlogError, InvalidArgumentError
 
 
@@ -12,7 +11,7 @@ class ExportError(EpochlogError):
     code = "export"
     retriable = False
     grpc_status = "INTERNAL"
-    kafka_error = kc.UNKNOWN_SERVER_ERROR
+    kafka_error = EpochlogError.kafka_error   # no Kafka request reaches an export
 
 
 class ExportConflictError(ExportError):
@@ -22,7 +21,7 @@ class ExportConflictError(ExportError):
     code = "export_conflict"
     retriable = True
     grpc_status = "ABORTED"
-    kafka_error = kc.UNKNOWN_SERVER_ERROR
+    kafka_error = EpochlogError.kafka_error   # no Kafka request reaches an export
 
 
 class AuditError(InvalidArgumentError):
