@@ -186,7 +186,8 @@ class EpochlogServicer(pb_grpc.EpochlogServicer):
                                        observe=False)
         if isinstance(opened, Failed):
             f = self._failure(opened.error)
-            await context.abort(f.status, f.message, f.metadata())
+            await context.abort(f.status, f.message, f.metadata())   # raises: the call ends here
+        assert isinstance(opened, Done)
         group, start, records = opened.result
         queue: asyncio.Queue[p.EventRecord | BaseException] = asyncio.Queue(WATCH_BUFFER_EVENTS)
 
