@@ -80,6 +80,7 @@ from eventlog.errors import (
     StaleEpochError,
 )
 from eventlog.fileutil import atomic_write, fsync_dir, io_error
+from eventlog.log_segments import LogSegments, install_segment, prepare_segment_file
 from eventlog.preallocate import PREALLOCATED_NAME, PreparedFile, SegmentPreallocator
 from eventlog.prefix import PREFIX_SUFFIX, PrefixInstall, PrefixPart, link_parts, replace_segments
 from eventlog.records import LOG_OVERHEAD, BatchHeader, RecordBatch, check_batch, read_header
@@ -89,7 +90,6 @@ from eventlog.segment import (
     TIMEINDEX_SUFFIX,
     Segment,
     parse_segment_name,
-    prepare_file,
     segment_name,
 )
 
@@ -242,8 +242,7 @@ class Log:
         self._lock = threading.RLock()
         self._pending = threading.Condition(self._lock)   # flusher waits: data to sync
         self._durable = threading.Condition(self._lock)   # callers wait: durability advanced
-        self._segments: list[Segment] = []
-        self._bases: list[int] = []
+        self._segments = LogSegments()
         self._end_offset = 0
         self._durable_offset = 0
         self._log_start = 0
@@ -251,7 +250,6 @@ class Log:
         self._epochs = LeaderEpochCache(directory / EPOCH_CHECKPOINT_NAME)
         self._listeners: list[DurabilityListener] = []
         self._damage_listeners: list[DamageListener] = []
-        self._damage: Damage | None = None   # the lowest damaged batch of any segment (eventlog.damage)
         self._damage_reported: set[tuple[str, int]] = set()   # (file, position) logged and told once
         self._failure: LogError | None = None
         self._closed = False
@@ -259,7 +257,6 @@ class Log:
         self._files_generation = 0  # bumped whenever a segment file below the end changes (prefix_parts)
         self._files_lock = threading.Lock()  # sealed segment files: see the module docstring
         self._cleaner = CleanerCheckpoint()
-        self._clean_end = 0   # end of the last cleaned segment (see clean_end_offset)
         self._flusher: threading.Thread | None = None
         self._preallocator: SegmentPreallocator | None = None
         self.recovery: RecoveryReport | None = None
@@ -357,15 +354,14 @@ class Log:
             self._cleaner = kept
             kept.write(self.directory)
         if not segments:
-            self._segments = []
+            self._segments = LogSegments()
             self._adopt_new_segment(self._log_start)
         else:
-            self._segments = segments
-            self._bases = [s.base_offset for s in segments]
+            self._segments = LogSegments(segments)
             active = segments[-1]
             active.activate(max(self.config.segment_bytes, active.size))
-        self._end_offset = self._segments[-1].next_offset
-        self._segments_changed()
+        self._end_offset = self._segments.active.next_offset
+        self._segments.changed()
         if self._recovery_point > self._end_offset:
             # A repair cut the log below the checkpointed recovery point. Left there until the next
             # roll or close, it would make a crash's torn tail (offsets between the new end and the
@@ -374,7 +370,7 @@ class Log:
             self._write_offsets_checkpoint()
         self._reconcile_epochs(stats, epochs_trusted)
         # Whatever the crash left in the page cache is now made durable before anyone relies on it.
-        self._segments[-1].sync()
+        self._segments.active.sync()
         self._durable_offset = self._end_offset
         self.recovery = stats.report(len(self._segments), time.perf_counter() - started)
         if self.recovery.bytes_truncated or self.recovery.repaired:
@@ -469,7 +465,7 @@ class Log:
     def start_offset(self) -> int:
         """The first offset held by the log."""
         with self._lock:
-            return self._segments[0].base_offset
+            return self._segments.first_base
 
     @property
     def end_offset(self) -> int:
@@ -493,7 +489,7 @@ class Log:
 
     def segment_bases(self) -> list[int]:
         with self._lock:
-            return list(self._bases)
+            return list(self._segments.bases)
 
     @property
     def clean_end_offset(self) -> int:
@@ -501,7 +497,7 @@ class Log:
         rebuilt): the end of the last cleaned segment, or the log start when none is cleaned.
         Raft storage serves no entry below it (a follower that needs one gets a snapshot)."""
         with self._lock:
-            return max(self._clean_end, self._bases[0])
+            return max(self._segments.clean_end, self._segments.first_base)
 
     @property
     def files_generation(self) -> int:
@@ -514,7 +510,7 @@ class Log:
         """Where the cleaner's next pass starts mapping: every record below it was judged by a pass
         (the log start when nothing was cleaned)."""
         with self._lock:
-            return max(self._cleaner.dirty_offset, self._bases[0])
+            return max(self._cleaner.dirty_offset, self._segments.first_base)
 
     @property
     def cleaned_segments(self) -> list[tuple[int, int]]:
@@ -642,7 +638,7 @@ class Log:
 
     def _prepare_write(self, size: int, epoch: int, base_offset: int) -> Segment:
         """Roll if the batch does not fit; record a new epoch. Returns the segment to write to."""
-        seg = self._segments[-1]
+        seg = self._segments.active
         if seg.size + size > seg.capacity:
             if seg.size == 0:
                 raise BatchTooLargeError(f"batch of {size} bytes does not fit in a segment of {seg.capacity}")
@@ -682,7 +678,7 @@ class Log:
         target = self._end_offset
         started = time.perf_counter()
         try:
-            self._segments[-1].sync()
+            self._segments.active.sync()
         except LogError as exc:
             self._fail(exc)
             raise
@@ -700,7 +696,7 @@ class Log:
         starts at or below the recovery point is opened as sealed, neither scanned nor trimmed. A
         crash between the seal and the new file leaves the sealed segment last: scanned and reused.
         """
-        old = self._segments[-1]
+        old = self._segments.active
         new_base = self._end_offset
         started = time.perf_counter()
         try:
@@ -723,7 +719,6 @@ class Log:
             self._fail(exc)   # the old segment is sealed and no new one exists: nowhere to append
             raise
         self._segments.append(new)
-        self._bases.append(new_base)
         self._recovery_point = new_base
         self._write_offsets_checkpoint()
         self._durable.notify_all()
@@ -731,30 +726,17 @@ class Log:
 
     def _take_prepared(self) -> PreparedFile:
         """The next segment's file, prepared in the background or now (raises DiskFullError)."""
-        prepared = self._preallocator.take() if self._preallocator else None
-        if prepared is None:
-            tmp = self.directory / PREALLOCATED_NAME
-            fd, mm = prepare_file(tmp, self.config.segment_bytes)
-            prepared = PreparedFile(tmp, fd, mm)
-        return prepared
+        return prepare_segment_file(self.directory, self.config.segment_bytes, self._preallocator)
 
     def _install_segment(self, base: int, prepared: PreparedFile) -> Segment:
-        """Put a prepared file in place as the segment starting at `base` (discarded on failure)."""
-        path = self.directory / segment_name(base)
-        try:
-            os.rename(prepared.path, path)
-            fsync_dir(self.directory)
-        except OSError as exc:
-            prepared.discard()
-            raise io_error(f"creating segment {path}", exc) from exc
+        """Put a prepared file in place as the segment starting at `base`, and have the next one prepared."""
+        seg = install_segment(self.directory, base, prepared, self.config.index_interval_bytes)
         if self._preallocator and self.config.preallocate_next_segment:
             self._preallocator.request()
-        return Segment.from_prepared(self.directory, base, self.config.index_interval_bytes, prepared.fd, prepared.mm)
+        return seg
 
     def _adopt_new_segment(self, base: int) -> None:
-        seg = self._install_segment(base, self._take_prepared())
-        self._segments.append(seg)
-        self._bases.append(base)
+        self._segments.append(self._install_segment(base, self._take_prepared()))
 
     # --- durability ----------------------------------------------------------------------------
 
@@ -774,7 +756,7 @@ class Log:
                     continue
                 target = self._end_offset
                 generation = self._generation
-                seg = self._segments[-1]
+                seg = self._segments.active
                 assert seg.fd is not None
                 fd = os.dup(seg.fd)  # the segment may be sealed or deleted while we sync
             started = time.perf_counter()
@@ -863,14 +845,15 @@ class Log:
         with self._lock:
             if self._closed:
                 raise LogClosedError(f"log {self.directory} is closed")
-            if not self._bases[0] <= offset <= self._end_offset:
-                raise OffsetOutOfRangeError(offset, self._bases[0], self._end_offset)
+            segments = self._segments
+            if not segments.first_base <= offset <= self._end_offset:
+                raise OffsetOutOfRangeError(offset, segments.first_base, self._end_offset)
             limit_offset = self._end_offset if max_offset is None else min(max_offset, self._end_offset)
-            i = bisect_right(self._bases, offset) - 1
+            i = segments.floor(offset)
             while True:
                 if offset >= limit_offset:
                     return LogRead(memoryview(b""), offset, offset)
-                seg = self._segments[i]
+                seg = segments[i]
                 try:
                     found = seg.locate(offset)
                 except CorruptBatchError:
@@ -883,7 +866,7 @@ class Log:
                     break
                 # Past the last batch a cleaned segment kept: the next segment holds what follows.
                 i += 1
-                offset = self._bases[i]
+                offset = segments.bases[i]
             start, h = found
             view = seg.view()
             start_offset = next_offset = h.base_offset
@@ -925,7 +908,7 @@ class Log:
     @property
     def damage(self) -> Damage | None:
         """The lowest damaged batch of the log (None: none is known)."""
-        return self._damage
+        return self._segments.damage
 
     def add_damage_listener(self, listener: DamageListener) -> None:
         """Call `listener(damage)` when a damaged batch is found (once per segment and position), from the
@@ -936,7 +919,7 @@ class Log:
     def _damage_found(self, damage: Damage) -> None:
         """A segment recorded `damage` (lock held): update `damage`; the first time, log it (CRITICAL) and
         tell the listeners."""
-        self._refresh_damage()
+        self._segments.refresh_damage()
         key = (damage.path, damage.position)
         if key in self._damage_reported:
             return
@@ -944,10 +927,6 @@ class Log:
         logger.critical("log %s: %s", self.directory, damage.describe())
         for listener in list(self._damage_listeners):
             listener(damage)
-
-    def _refresh_damage(self) -> None:
-        found = [s.damage for s in self._segments if s.damage is not None]
-        self._damage = min(found, key=lambda d: d.offset) if found else None
 
     def sealed_segments(self) -> list[SealedSegment]:
         """The sealed segments (all but the active one), oldest first, that are not known to be damaged:
@@ -1001,8 +980,8 @@ class Log:
         image's check), if that file (`inode`) is still the log's segment at `base_offset`: the damage
         recorded (None: the segment left the log or was replaced meanwhile)."""
         with self._lock:
-            i = bisect_right(self._bases, base_offset) - 1
-            if self._closed or i < 0 or self._bases[i] != base_offset:
+            i = self._segments.floor(base_offset)
+            if self._closed or i < 0 or self._segments.bases[i] != base_offset:
                 return None
             seg = self._segments[i]
             try:
@@ -1051,7 +1030,7 @@ class Log:
     def epoch_for_offset(self, offset: int) -> int | None:
         """The epoch that wrote `offset` (None when it is not in the log)."""
         with self._lock:
-            if not self._bases[0] <= offset < self._end_offset:
+            if not self._segments.first_base <= offset < self._end_offset:
                 return None
             return self._epochs.epoch_for_offset(offset)
 
@@ -1071,12 +1050,13 @@ class Log:
         """
         with self._files_lock, self._lock:
             self._check_writable()
-            if not self._bases[0] <= offset <= self._end_offset:
-                raise OffsetOutOfRangeError(offset, self._bases[0], self._end_offset)
+            segments = self._segments
+            if not segments.first_base <= offset <= self._end_offset:
+                raise OffsetOutOfRangeError(offset, segments.first_base, self._end_offset)
             if offset == self._end_offset:
                 return
-            keep = bisect_right(self._bases, offset) - 1
-            if self._bases[keep] == offset and keep > 0 and not self._segments[keep - 1].cleaned:
+            keep = segments.floor(offset)
+            if segments.bases[keep] == offset and keep > 0 and not segments[keep - 1].cleaned:
                 keep -= 1  # keep the previous segment whole and make it active again
             target = self._segments[keep]
             if target.cleaned and offset != target.base_offset:
@@ -1096,13 +1076,12 @@ class Log:
                     self._recovery_point = offset
                     self._write_offsets_checkpoint()
                 first_deleted = keep if target.cleaned else keep + 1
-                for seg in reversed(self._segments[first_deleted:]):
+                for seg in reversed(segments[first_deleted:]):
                     seg.delete()
                 fsync_dir(self.directory)
-                del self._segments[first_deleted:]
-                del self._bases[first_deleted:]
+                segments.truncate_from(first_deleted)
                 self._forget_cleaned(dirty_limit=offset)
-                self._segments_changed()
+                segments.changed()
                 if target.cleaned:
                     self._adopt_new_segment(offset)   # the cleaned segment went whole
                 else:
@@ -1114,19 +1093,14 @@ class Log:
                 raise
             self._end_offset = offset
             self._durable_offset = min(self._durable_offset, offset)
-            self._refresh_damage()   # damage at or after `offset` went with its bytes
+            segments.refresh_damage()   # damage at or after `offset` went with its bytes
             if self._epochs.truncate_from_end(offset):
                 self._epochs.write()
-
-    def _segments_changed(self) -> None:
-        """Recompute what depends on which segments are cleaned or damaged (lock held)."""
-        self._clean_end = max((s.next_offset for s in self._segments if s.cleaned), default=0)
-        self._refresh_damage()
 
     def _forget_cleaned(self, dirty_limit: int | None = None) -> None:
         """Drop the cleaner checkpoint's lines of segments no longer in the log (and lower its dirty
         offset to `dirty_limit`), durably, before any new segment can reuse their base offsets."""
-        kept = self._cleaner.keeping(self._bases)
+        kept = self._cleaner.keeping(list(self._segments.bases))
         if dirty_limit is not None and kept.dirty_offset > dirty_limit:
             kept = CleanerCheckpoint(dirty_limit, kept.segments, kept.swap)
         if kept != self._cleaner:
@@ -1159,9 +1133,8 @@ class Log:
                 return []
             doomed = self._segments[:count]
             self._files_generation += 1
-            del self._segments[:count]
-            del self._bases[:count]
-            self._log_start = self._bases[0]
+            self._segments.drop_first(count)
+            self._log_start = self._segments.first_base
             self._recovery_point = max(self._recovery_point, self._log_start)
             self._write_offsets_checkpoint()  # first: an interrupted deletion is finished on open
             detached = []
@@ -1176,7 +1149,7 @@ class Log:
                     detached.append(target)
             fsync_dir(self.directory)
             self._forget_cleaned()
-            self._segments_changed()
+            self._segments.changed()
             changed = self._epochs.truncate_from_start(self._log_start)
             changed |= self._epochs.truncate_from_end(self._end_offset)  # nothing left of an empty tail epoch
             if changed:
@@ -1202,8 +1175,8 @@ class Log:
             for seg in self._segments:
                 seg.delete()
             fsync_dir(self.directory)
-            self._segments, self._bases = [], []
-            self._segments_changed()
+            self._segments.clear()
+            self._segments.changed()
             if self._cleaner != CleanerCheckpoint():
                 self._cleaner = CleanerCheckpoint()
                 self._cleaner.write(self.directory)
@@ -1225,14 +1198,13 @@ class Log:
                 for seg in self._segments:
                     seg.close()
                 replace_segments(self.directory, install)                        # 3, 4
-                self._segments, self._bases = [], []
+                self._segments.clear()
                 self._write_install_checkpoints(install)                         # 5
                 for p in install.parts:
                     self._segments.append(Segment.sealed_lazy(self.directory, p.base, p.end,
                                                               self.config.index_interval_bytes, cleaned=True))
-                    self._bases.append(p.base)
                 self._adopt_new_segment(install.end)                             # 6
-                self._segments_changed()
+                self._segments.changed()
                 PrefixInstall.remove(self.directory)                             # 7
             except LogError as exc:
                 self._fail(exc)   # open rolls the install forward
@@ -1250,8 +1222,8 @@ class Log:
         with self._lock:
             if self._closed:
                 raise LogClosedError(f"log {self.directory} is closed")
-            if not self._bases[0] <= end_offset <= self._end_offset:
-                raise OffsetOutOfRangeError(end_offset, self._bases[0], self._end_offset)
+            if not self._segments.first_base <= end_offset <= self._end_offset:
+                raise OffsetOutOfRangeError(end_offset, self._segments.first_base, self._end_offset)
             parts: list[PrefixPart] = []
             for seg in self._segments:
                 if seg.base_offset >= end_offset:
@@ -1309,7 +1281,8 @@ class Log:
                 if seg.next_offset > below:
                     break
                 out.append(SealedSegment(seg.base_offset, seg.next_offset, seg.size, seg.cleaned))
-            return CleanableSegments(out, self._generation, max(self._cleaner.dirty_offset, self._bases[0]))
+            return CleanableSegments(out, self._generation,
+                                     max(self._cleaner.dirty_offset, self._segments.first_base))
 
     def cleaned_writer(self, base_offset: int, end_offset: int) -> CleanedSegmentWriter:
         """A writer for the cleaned segment that will replace the segments covering [base, end)."""
@@ -1332,10 +1305,11 @@ class Log:
                 except LogError:
                     cleaned.discard()
                     raise
-                i = bisect_right(self._bases, base) - 1
-                j = bisect_right(self._bases, end) - 1
-                valid = (generation == self._generation and i >= 0 and self._bases[i] == base
-                         and 0 <= j < len(self._bases) and self._bases[j] == end and j > i)
+                bases = self._segments.bases
+                i = self._segments.floor(base)
+                j = self._segments.floor(end)
+                valid = (generation == self._generation and i >= 0 and bases[i] == base
+                         and 0 <= j < len(bases) and bases[j] == end and j > i)
             if not valid:
                 cleaned.discard()
                 return False
@@ -1356,12 +1330,12 @@ class Log:
                 self._swap_failed(exc)
             with self._lock:                                                      # step 4
                 # Only appends (at the end) could change the list meanwhile: the rest takes the files lock.
-                assert self._bases[i] == base and self._bases[j] == end, (self._bases, base, end)
+                bases = self._segments.bases
+                assert bases[i] == base and bases[j] == end, (list(bases), base, end)
                 old = self._segments[i:j]
                 self._files_generation += 1
-                self._segments[i:j] = [new]
-                self._bases[i:j] = [base]
-                self._segments_changed()
+                self._segments.replace(i, j, new)
+                self._segments.changed()
             try:
                 for seg in old:                                                   # step 5
                     seg.close()
