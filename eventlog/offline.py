@@ -27,7 +27,7 @@ from eventlog.cleaned import SWAP_SUFFIX, CleanerCheckpoint, cleaned_path, clean
 from eventlog.epoch_cache import CHECKPOINT_NAME as EPOCH_CHECKPOINT_NAME
 from eventlog.epoch_cache import LeaderEpochCache
 from eventlog.errors import EpochlogError, LogError
-from eventlog.log import read_offsets_checkpoint
+from eventlog.offsets_checkpoint import read_offsets_checkpoint
 from eventlog.prefix import PrefixInstall, prefix_path
 from eventlog.records import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, RecordBatch, check_batch, read_header
 from eventlog.scan import ScanStatus, scan_segment
