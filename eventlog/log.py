@@ -1,5 +1,10 @@
 """The segmented log: an ordered sequence of segments holding Kafka RecordBatch v2 entries.
 
+`Log` is the API and owns appends, rolls, reads, damage, truncation, deletion, resets, prefixes and
+the key-compaction swap. It leans on three parts, as Kafka's UnifiedLog leans on LogSegments and
+LogLoader: the set of segments (`eventlog.log_segments`), opening and recovery
+(`eventlog.log_loader`) and durability (`eventlog.log_flush`).
+
 Directory layout::
 
     00000000000000000000.log         segments, named by base offset (see eventlog.segment)
@@ -14,14 +19,14 @@ Directory layout::
 
 The log start offset is always the base offset of the first segment; the recovery point is an
 offset below which every byte is known to be on disk (it advances when a segment is sealed and on
-close). Opening scans, with CRC checks, every segment from the one holding the recovery point to
-the end; segments below it are trusted as flushed and only their indexes are validated, lazily.
-Damage that appears in them later is found by the reads, which check every batch they hand out, and
-by the scrub (`scrub_segment`): see `eventlog.damage` for what the log then does.
+close). Opening (eventlog.log_loader) scans, with CRC checks, every segment from the one holding the
+recovery point to the end; segments below it are trusted as flushed and only their indexes are
+validated, lazily. Damage that appears in them later is found by the reads, which check every batch
+they hand out, and by the scrub (`scrub_segment`): see `eventlog.damage` for what the log then does.
 
 Durability: `append` copies the batch into the mapped active segment; when it is on disk depends on
-the flush policy (see `LogConfig`). `durable_offset` is the end of the prefix known to be on disk;
-`wait_durable` and durability listeners report its progress.
+the flush policy (see `LogConfig` and eventlog.log_flush). `durable_offset` is the end of the prefix
+known to be on disk; `wait_durable` and durability listeners report its progress.
 
 Key compaction (`compaction/cleaner.py`) reads sealed segment files without the lock and hands back a cleaned segment that `swap_cleaned` puts in place of the segments it
 replaces, crash-safely (`eventlog.cleaned`); reads of a cleaned range skip the offsets it dropped.
@@ -77,6 +82,7 @@ from eventlog.errors import (
     StaleEpochError,
 )
 from eventlog.fileutil import fsync_dir, io_error
+from eventlog.log_flush import DurabilityListener, LogFlusher
 from eventlog.log_loader import LogLoader, write_install_checkpoints
 from eventlog.log_loader import RecoveryReport as RecoveryReport  # re-exported
 from eventlog.log_segments import LogSegments, install_segment, prepare_segment_file
@@ -93,7 +99,6 @@ logger = logging.getLogger(__name__)
 
 LOCK_NAME = ".lock"
 
-DurabilityListener = Callable[[int], None]
 DamageListener = Callable[[Damage], None]
 
 
@@ -181,15 +186,11 @@ class Log:
         self.config = config
         self._lock_fd = lock_fd
         self._lock = threading.RLock()
-        self._pending = threading.Condition(self._lock)   # flusher waits: data to sync
-        self._durable = threading.Condition(self._lock)   # callers wait: durability advanced
         self._segments = LogSegments()
         self._end_offset = 0
-        self._durable_offset = 0
         self._log_start = 0
         self._recovery_point = 0
         self._epochs = LeaderEpochCache(directory / EPOCH_CHECKPOINT_NAME)
-        self._listeners: list[DurabilityListener] = []
         self._damage_listeners: list[DamageListener] = []
         self._damage_reported: set[tuple[str, int]] = set()   # (file, position) logged and told once
         self._failure: LogError | None = None
@@ -198,7 +199,7 @@ class Log:
         self._files_generation = 0  # bumped whenever a segment file below the end changes (prefix_parts)
         self._files_lock = threading.Lock()  # sealed segment files: see the module docstring
         self._cleaner = CleanerCheckpoint()
-        self._flusher: threading.Thread | None = None
+        self._flusher = LogFlusher(self, self._lock, config)
         self._preallocator: SegmentPreallocator | None = None
         self.recovery: RecoveryReport | None = None
         self.observer: LogObserver | None = None   # set by the owner to collect timings
@@ -235,7 +236,7 @@ class Log:
         loaded = LogLoader(self.directory, self.config, self._segments).load(repair)
         self._log_start, self._recovery_point = loaded.log_start, loaded.recovery_point
         self._cleaner, self._epochs = loaded.cleaner, loaded.epochs
-        self._end_offset = self._durable_offset = loaded.end_offset
+        self._end_offset = self._flusher.durable_offset = loaded.end_offset   # not shared yet: nobody waits
         self.recovery = loaded.report
 
     def _write_offsets_checkpoint(self) -> None:
@@ -245,10 +246,7 @@ class Log:
         if self.config.preallocate_next_segment:
             self._preallocator = SegmentPreallocator(self.directory, self.config.segment_bytes)
             self._preallocator.request()
-        if self.config.flush_policy in ("group", "interval"):
-            self._flusher = threading.Thread(target=self._flush_loop, name=f"log-flusher:{self.directory.name}",
-                                             daemon=True)
-            self._flusher.start()
+        self._flusher.start()
 
     # --- properties ----------------------------------------------------------------------------
 
@@ -266,7 +264,7 @@ class Log:
     @property
     def durable_offset(self) -> int:
         """Every offset below this is on disk."""
-        return self._durable_offset
+        return self._flusher.durable_offset
 
     @property
     def latest_epoch(self) -> int | None:
@@ -354,10 +352,10 @@ class Log:
             pos = self._write(seg, batch, header, base, epoch)
             self._end_offset = seg.next_offset
             info = AppendInfo(base, seg.next_offset - 1, pos, size)
-            notify = self._after_write()
+            notify = self._flusher.after_write()
         self._appended(started, size)
         if notify:
-            self._notify_listeners()
+            self._flusher.notify_listeners()
         return info
 
     def append_replica(self, data: bytes | bytearray | memoryview) -> AppendInfo | None:
@@ -403,12 +401,12 @@ class Log:
                 written = self._write(seg, view[pos:pos + h.size], h)
                 first_pos = written if first_pos is None else first_pos
                 self._end_offset = seg.next_offset
-            notify = self._after_write()
+            notify = self._flusher.after_write()
             assert first_pos is not None
             info = AppendInfo(headers[0][1].base_offset, self._end_offset - 1, first_pos, len(view))
         self._appended(started, len(view))
         if notify:
-            self._notify_listeners()
+            self._flusher.notify_listeners()
         return info
 
     def _appended(self, started: float, size: int) -> None:
@@ -455,28 +453,6 @@ class Log:
             self._fail(exc)  # a partial write: nothing after it can be trusted until reopened
             raise
 
-    def _after_write(self) -> bool:
-        """Apply the flush policy after a write (lock held); True if durability advanced."""
-        policy = self.config.flush_policy
-        if policy == "fsync":
-            self._sync_active_locked()
-            return True
-        if policy == "group":
-            self._pending.notify()
-        return False
-
-    def _sync_active_locked(self) -> None:
-        target = self._end_offset
-        started = time.perf_counter()
-        try:
-            self._segments.active.sync()
-        except LogError as exc:
-            self._fail(exc)
-            raise
-        self._synced(started)
-        self._durable_offset = max(self._durable_offset, target)
-        self._durable.notify_all()
-
     def _roll(self) -> Segment:
         """Seal the full active segment and start a new one at the log end (lock held).
 
@@ -496,7 +472,7 @@ class Log:
             self._fail(exc)
             raise
         self._synced(started)
-        self._durable_offset = max(self._durable_offset, new_base)
+        self._flusher.sealed(new_base)
         prepared = self._take_prepared()   # a full disk fails here, with the log unchanged
         try:
             old.seal()
@@ -512,7 +488,7 @@ class Log:
         self._segments.append(new)
         self._recovery_point = new_base
         self._write_offsets_checkpoint()
-        self._durable.notify_all()
+        self._flusher.wake_waiters()
         return new
 
     def _take_prepared(self) -> PreparedFile:
@@ -531,56 +507,13 @@ class Log:
 
     # --- durability ----------------------------------------------------------------------------
 
-    def _flush_loop(self) -> None:
-        """The group-commit / interval flusher thread."""
-        interval = self.config.flush_interval_ms / 1000 if self.config.flush_policy == "interval" else None
-        while True:
-            with self._lock:
-                if interval is None:
-                    while not self._closed and self._end_offset <= self._durable_offset:
-                        self._pending.wait()
-                else:
-                    self._pending.wait(interval)
-                if self._failure is not None or (self._closed and self._end_offset <= self._durable_offset):
-                    return
-                if self._end_offset <= self._durable_offset:
-                    continue
-                target = self._end_offset
-                generation = self._generation
-                seg = self._segments.active
-                assert seg.fd is not None
-                fd = os.dup(seg.fd)  # the segment may be sealed or deleted while we sync
-            started = time.perf_counter()
-            try:
-                os.fdatasync(fd)
-            except OSError as exc:
-                with self._lock:
-                    self._fail(io_error(f"fdatasync of {seg.path}", exc))
-                self._notify_listeners()  # listeners check `failure`: nobody may wait on this log forever
-                return
-            finally:
-                os.close(fd)
-            self._synced(started)
-            with self._lock:
-                # Older segments were synced when they were sealed, so everything below `target`
-                # is on disk, unless a truncation rewrote part of it meanwhile.
-                if generation == self._generation:
-                    self._durable_offset = max(self._durable_offset, target)
-                self._durable.notify_all()
-            self._notify_listeners()
-
     def _fail(self, error: LogError) -> None:
         """Record a fatal write/sync failure (lock held): all later writes and waits raise it."""
         if self._failure is None:
             self._failure = error
             logger.error("log %s failed: %s", self.directory, error)
-        self._durable.notify_all()
-        self._pending.notify_all()
-
-    def _notify_listeners(self) -> None:
-        offset = self._durable_offset
-        for listener in list(self._listeners):
-            listener(offset)
+        self._flusher.wake_waiters()
+        self._flusher.wake_flusher()
 
     @property
     def failure(self) -> LogError | None:
@@ -594,13 +527,13 @@ class Log:
         It runs without the log's lock and must not block (hand the value over to your own loop).
         """
         with self._lock:
-            self._listeners.append(listener)
+            self._flusher.add_listener(listener)
 
     def wait_durable(self, offset: int, timeout: float | None = None) -> bool:
         """Block until `offset` is on disk; False on timeout. Raises LogFailedError after a failed sync."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            while self._durable_offset <= offset:
+            while self._flusher.durable_offset <= offset:
                 if self._failure is not None:
                     raise LogFailedError(f"log {self.directory} failed: {self._failure}")
                 if offset >= self._end_offset:
@@ -610,16 +543,16 @@ class Log:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
-                self._durable.wait(remaining)
+                self._flusher.wait(remaining)
             return True
 
     def flush(self) -> None:
         """Force everything appended so far to disk now, whatever the policy."""
         with self._lock:
             self._check_writable()
-            if self._durable_offset < self._end_offset:
-                self._sync_active_locked()
-        self._notify_listeners()
+            if self._flusher.durable_offset < self._end_offset:
+                self._flusher.sync_active()
+        self._flusher.notify_listeners()
 
     # --- reading -------------------------------------------------------------------------------
 
@@ -883,7 +816,7 @@ class Log:
                 self._fail(exc)
                 raise
             self._end_offset = offset
-            self._durable_offset = min(self._durable_offset, offset)
+            self._flusher.truncated(offset)
             segments.refresh_damage()   # damage at or after `offset` went with its bytes
             if self._epochs.truncate_from_end(offset):
                 self._epochs.write()
@@ -974,8 +907,8 @@ class Log:
             self._epochs.clear()
             self._epochs.write()
             self._adopt_new_segment(offset)
-            self._end_offset = self._durable_offset = offset
-            self._durable.notify_all()
+            self._end_offset = offset
+            self._flusher.reset(offset)
 
     def _reset_onto(self, install: PrefixInstall, source: Path) -> None:
         """`reset` with a prefix: the steps of `eventlog.prefix`."""
@@ -1001,8 +934,8 @@ class Log:
             except LogError as exc:
                 self._fail(exc)   # open rolls the install forward
                 raise
-            self._end_offset = self._durable_offset = install.end
-            self._durable.notify_all()
+            self._end_offset = install.end
+            self._flusher.reset(install.end)
 
     # --- a prefix for a follower (eventlog.prefix, eventlog/raft/runtime/snapshot_image.py) ----------
 
@@ -1160,19 +1093,18 @@ class Log:
             if self._closed:
                 return
             self._closed = True
-            self._pending.notify_all()
-        if self._flusher is not None:
-            self._flusher.join()
+            self._flusher.wake_flusher()
+        self._flusher.join()
         with self._lock:
             if self._failure is None:
                 try:
-                    if self._durable_offset < self._end_offset:
-                        self._sync_active_locked()
+                    if self._flusher.durable_offset < self._end_offset:
+                        self._flusher.sync_active()
                     self._recovery_point = self._end_offset
                     self._write_offsets_checkpoint()
                 except EpochlogError as exc:
                     logger.error("closing log %s: %s", self.directory, exc)
-            self._durable.notify_all()
+            self._flusher.wake_waiters()
         if self._preallocator is not None:
             self._preallocator.close()
         self._release()
