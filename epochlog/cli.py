@@ -21,7 +21,7 @@ from pathlib import Path
 
 import click
 
-from epochlog import cli_brokers, cli_certs, cli_client
+from epochlog import cli_access, cli_brokers, cli_certs, cli_client
 from eventlog.errors import EpochlogError
 
 EXIT_ERROR = 3
@@ -270,6 +270,7 @@ def serve_command(config_path: Path, node_id: int, data_dir: Path | None, seed: 
 cli_client.register(cli)
 cli_brokers.register(cli)   # brokers, routes, topic create, broker run, sim brokers (the controller)
 cli_certs.register(cli)     # certs init|member|client|show (the cluster CA)
+cli_access.register(cli)    # user add|remove|list, acl grant|revoke|list (issue 21)
 
 
 def _use_uvloop() -> None:

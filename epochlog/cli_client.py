@@ -8,7 +8,9 @@ that says so when nothing answers there.
 Output is a plain table for people, or with `--json` one JSON document (one per line for the
 streaming commands) whose field names are stable: README.md, section "CLI", lists them.
 
-Keys are kv names (`app/x` is the entity `kv/app/x`). Values are given as UTF-8 text (or base64
+Keys are written one way on every command (epochlog/api/routing.py): `app/x` is a kv entry,
+`topic/orders`, `broker/...`, `lease/...` other entities (watch and txn --if take both); `kv/app/x`
+and kv names starting with an entity kind are refused, naming the spelling to use. Values are given as UTF-8 text (or base64
 with `--base64`, or `-` for stdin) and printed as UTF-8 when they decode to printable text, else
 as base64 with `encoding: "base64"`. A write prints the offset it committed at (a read-your-writes
 token for `get --consistency local --min-offset`). Errors are EpochlogErrors: `error: <message>`,
@@ -493,11 +495,6 @@ def txn_command(target: Target, ops: tuple[str, ...], conditions: tuple[str, ...
     _written(target, target.run(lambda c: c.txn(events, guards)))
 
 
-def _kv_entity(name: str) -> str:
-    """The entity key of the kv name `name` (what a transaction's condition names)."""
-    return "kv/" + name
-
-
 def _txn_from_args(words: Sequence[str], conditions: Sequence[str], as_base64: bool
                    ) -> tuple[list[ev.Event], list[tuple[str, int]]]:
     guards = []
@@ -506,7 +503,7 @@ def _txn_from_args(words: Sequence[str], conditions: Sequence[str], as_base64: b
         if not sep or not key or not version.isdigit():
             raise click.BadParameter(f"{condition!r} is not KEY=VERSION (VERSION: an offset, 0 for absent)",
                                      param_hint="--if")
-        guards.append((_kv_entity(key), int(version)))
+        guards.append((key, int(version)))
     events: list[ev.Event] = []
     i = 0
     while i < len(words):
@@ -526,7 +523,7 @@ def _txn_from_args(words: Sequence[str], conditions: Sequence[str], as_base64: b
 def _txn_from_json(text: str, as_base64: bool) -> tuple[list[ev.Event], list[tuple[str, int]]]:
     try:
         doc = json.loads(text)
-        guards = [(_kv_entity(str(c["key"])), int(c["version"])) for c in doc.get("conditions", [])]
+        guards = [(str(c["key"]), int(c["version"])) for c in doc.get("conditions", [])]
         events: list[ev.Event] = []
         for op in doc.get("ops", []):
             if op.get("op") == "put":
@@ -630,7 +627,7 @@ def history_command(target: Target, key: str, limit: int, after_offset: int) -> 
                                               for d in documents])
         if changes.floor > 0:
             click.echo(f"history starts at the history floor {changes.floor}: earlier changes are in the export "
-                       f"archive (epochlog audit history kv/{key} --table PATH)", err=True)
+                       f"archive (epochlog audit history {key} --table PATH)", err=True)
     target.emit(documents, human)
 
 
@@ -643,7 +640,8 @@ def history_command(target: Target, key: str, limit: int, after_offset: int) -> 
 @click.option("--all", "show_all", is_flag=True,
               help="Also print the committed writes that changed nothing (rejected, retried, skipped), marked.")
 def watch_command(target: Target, prefix: str, from_offset: int | None, count: int | None, show_all: bool) -> None:
-    """Stream the changes of keys starting with PREFIX until Ctrl-C (or --count events).
+    """Stream the changes of keys starting with PREFIX until Ctrl-C (or --count events): `app/` for kv
+    entries (the default, '': all of them), `broker/`, `topic/`... for other entities.
 
     Only writes that changed a key are printed, unless --all: then every committed write, and the
     APPLIED column (`applied` in --json) tells which changed nothing (a failed compare-and-set, a
@@ -653,7 +651,7 @@ def watch_command(target: Target, prefix: str, from_offset: int | None, count: i
 
     async def body(client: AsyncClient, stop: asyncio.Event) -> None:
         seen = 0
-        stream = client.watch("kv/" + prefix, from_offset=-1 if from_offset is None else from_offset)
+        stream = client.watch(prefix, from_offset=-1 if from_offset is None else from_offset)
         try:
             async for watched in stream:
                 if stop.is_set():
@@ -677,12 +675,11 @@ def watch_command(target: Target, prefix: str, from_offset: int | None, count: i
 
 
 def _event_document(watched: WatchedEvent) -> dict[str, Any]:
-    """A watched kv event: the key as a kv name, the event type, the value a put wrote, and whether it
+    """A watched event: its key (as every command writes it), the event type, the value a put wrote, and whether it
     changed anything (`applied`: false for a rejected, retried or skipped write; null: unknown)."""
     event = watched.event
     value = event.value if isinstance(event, ev.KvPut) else None
-    key = watched.key
-    return {"offset": watched.offset, "key": key[3:] if key.startswith("kv/") else key,
+    return {"offset": watched.offset, "key": watched.key,
             "event": type(event).__name__ if event is not None else None, "timestamp": watched.timestamp,
             **_value_fields(value), "term": watched.term, "applied": watched.applied}
 

@@ -218,7 +218,7 @@ class EpochlogServicer(pb_grpc.EpochlogServicer):
                 records_ = [r for r in batch if isinstance(r, p.EventRecord)]
                 if records_:
                     await context.write(pb.WatchResponse(events=pb.WatchEvents(
-                        events=[cv.event(r, request.json) for r in records_])))
+                        events=[cv.event(r, request.json, watched=True) for r in records_])))
                 if error is not None:
                     f = self._failure("watch", error, DEFAULT_TIMEOUT_S, started)
                     await context.abort(f.status, f.message, f.metadata())

@@ -41,6 +41,7 @@ from eventlog.raft.errors import NotLeaderError
 from epochlog.api import messages as p
 from epochlog.api.frames import (MAX_FRAME_BYTES, BadRequest, ClientFrame, FrameDecoder, FrameError, encode_frame,
                                  encode_frames, salvage_requests)
+from epochlog.face_tls import ClientTlsConfig, certificate_principal, server_context
 from epochlog.metrics import Metrics
 from epochlog.errors import NodeError
 from epochlog.logs import Throttled
@@ -71,6 +72,8 @@ class ClientServiceConfig:
     max_in_flight_requests: int = field(default=256, metadata=doc(
         "Requests of one connection running at once (watches apart); the next ones wait, and the "
         "connection reads no more until they started.", min=1, max=1_000_000))
+    tls: ClientTlsConfig = field(default_factory=ClientTlsConfig, metadata=doc(
+        "TLS of every client face ([clients.tls], epochlog/face_tls.py)."))
 
 
 class DeadlineExceededError(EpochlogError):
@@ -118,7 +121,9 @@ class ClientService:
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: ClientConnection(self), host, port, reuse_address=True)
+        tls = server_context(self.config.tls, self.node.data_dir)
+        self._server = await loop.create_server(lambda: ClientConnection(self), host, port, reuse_address=True,
+                                                ssl=tls)
         self._sweeper = loop.create_task(self._sweep(), name="client-frame-timeouts")
 
     async def _sweep(self) -> None:
@@ -173,11 +178,14 @@ class ClientConnection(asyncio.Protocol):
         self.watches: dict[int, _WatchState] = {}
         self.can_write = asyncio.Event()
         self.can_write.set()
+        self.certificate_principal: str | None = None   # named by a verified client certificate (TLS)
+        self.token = ""                                  # the hello's bearer token
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio subclasses
+        self.certificate_principal = certificate_principal(transport.get_extra_info("peercert"))
         service = self.service
         if len(service.connections) >= service.config.max_connections:
             self._refuse(f"the node has {len(service.connections)} client connections open "
@@ -348,6 +356,7 @@ class ClientConnection(asyncio.Protocol):
             self.transport.close()
             return
         self.greeted = True
+        self.token = hello.token
         self.transport.write(encode_frame(p.ServerHello(p.PROTOCOL_VERSION, self.node.cluster, self.node.node_id,
                                                           election_timeout_ms=self.service.election_timeout_ms)))
 

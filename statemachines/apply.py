@@ -52,6 +52,7 @@ from statemachines import brokers, producers, request_ids, sessions
 from statemachines.noops import CF as NOOPS
 from statemachines.noops import ensure_noops_from
 from statemachines.state import (
+    AclState,
     BrokerState,
     ConfigState,
     GroupState,
@@ -63,6 +64,7 @@ from statemachines.state import (
     Outcome,
     SessionState,
     TopicState,
+    UserState,
     Version,
     decode_outcome,
     decode_state,
@@ -706,6 +708,42 @@ def _client_session_closed(a: Applier, ov: Overlay, e: ev.Event, offset: int) ->
     return sessions.close_session(ov, e, offset)
 
 
+def _user_added(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    """The user's credentials, whole: a password change or a token revoked replaces them."""
+    assert isinstance(e, ev.UserAdded)
+    current = a.load(ov, e.key())
+    created = current.created if isinstance(current, UserState) else offset
+    a.save(ov, e.key(), UserState(name=e.name, scram=e.scram, tokens=e.tokens, version=offset, created=created),
+           e, offset)
+    return _ok(offset)
+
+
+def _user_removed(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    """The user's credentials go; its grants stay (they name a principal, which a certificate may be too)."""
+    assert isinstance(e, ev.UserRemoved)
+    if a.load(ov, e.key()) is None:
+        return _reject(offset, "not_found", f"user {e.name} does not exist")
+    a.remove(ov, e.key(), e, offset)
+    return _ok(offset)
+
+
+def _acl_granted(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.AclGranted)
+    if a.load(ov, e.key()) is not None:
+        return _reject(offset, "already_exists", f"{e.principal} already holds {e.role} {e.resource}".rstrip())
+    a.save(ov, e.key(), AclState(principal=e.principal, role=e.role, resource=e.resource, version=offset,
+                                 created=offset), e, offset)
+    return _ok(offset)
+
+
+def _acl_revoked(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.AclRevoked)
+    if a.load(ov, e.key()) is None:
+        return _reject(offset, "not_found", f"{e.principal} does not hold {e.role} {e.resource}".rstrip())
+    a.remove(ov, e.key(), e, offset)
+    return _ok(offset)
+
+
 def _txn(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     assert isinstance(e, ev.Txn)
     for cond in e.conditions:
@@ -746,4 +784,8 @@ _HANDLERS: dict[type, Handler] = {
     ev.HistoryPruned: _history_pruned,
     ev.ClientSessionOpened: _client_session_opened,
     ev.ClientSessionClosed: _client_session_closed,
+    ev.UserAdded: _user_added,
+    ev.UserRemoved: _user_removed,
+    ev.AclGranted: _acl_granted,
+    ev.AclRevoked: _acl_revoked,
 }

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ from epochlog.api.frames import (MAX_FRAME_BYTES, FrameDecoder, FrameError, Serv
                                  encode_frames)
 from epochlog.client.errors import ClientError, NoAnswerError, UnavailableError, from_wire
 from epochlog.client.retry import Timing
+from epochlog.client.tls import check_server
 
 GRACE_S = 0.25   # how much longer than the node's deadline a call waits for its answer
 
@@ -39,9 +41,12 @@ class Sent:
 class Connection:
     """A connection to `address` ("host:port"); use on one asyncio loop."""
 
-    def __init__(self, address: str, *, client_name: str = "epochlog-python") -> None:
+    def __init__(self, address: str, *, client_name: str = "epochlog-python", tls: ssl.SSLContext | None = None,
+                 token: str = "") -> None:
         self.address = address
         self.client_name = client_name
+        self.tls = tls              # epochlog/client/tls.py
+        self.token = token          # a bearer token, sent in the hello
         self.node_id = 0
         self.cluster = ""
         self.timing = Timing.from_hello(0)      # the node's, once its hello arrived
@@ -71,8 +76,11 @@ class Connection:
         host, _, port = self.address.rpartition(":")
         try:
             async with asyncio.timeout(timeout):
-                self._reader, self._writer = await asyncio.open_connection(host, int(port))
-                self._writer.write(encode_frame(p.ClientHello(p.PROTOCOL_VERSION, self.client_name)))
+                self._reader, self._writer = await asyncio.open_connection(
+                    host, int(port), ssl=self.tls, server_hostname=host if self.tls is not None else None)
+                if self.tls is not None:
+                    check_server(self.address, self._writer.get_extra_info("peercert"))
+                self._writer.write(encode_frame(p.ClientHello(p.PROTOCOL_VERSION, self.client_name, self.token)))
                 decoder = FrameDecoder(ServerFrame)
                 frames: list[Any] = []
                 while not frames:
@@ -83,6 +91,9 @@ class Connection:
         except TimeoutError:
             self._abort()
             raise UnavailableError(f"cannot connect to {self.address}: no hello within {timeout:.2f} s") from None
+        except ClientError:
+            self._abort()
+            raise
         except (OSError, ValueError) as exc:
             self._abort()
             raise UnavailableError(f"cannot connect to {self.address}: {exc}") from None

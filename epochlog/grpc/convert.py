@@ -19,6 +19,7 @@ from google.protobuf.message import Message
 from eventlog.errors import EpochlogError
 from eventlog.raft.errors import NotLeaderError
 from epochlog.api import frames, messages as p
+from epochlog.api.routing import entity_key, entity_prefix, user_key
 from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.errors import RejectedError
 from epochlog.server import wire_error
@@ -89,17 +90,21 @@ def _opt(msg: Any, name: str, default: Any) -> Any:
 
 
 def get_call(r: pb.GetRequest) -> p.Get:
-    return checked(p.Get(r.key, consistency(r.consistency), _opt(r, "min_offset", -1), _opt(r, "as_of", None)))
+    return checked(p.Get(entity_key(r.key), consistency(r.consistency), _opt(r, "min_offset", -1), _opt(r, "as_of", None)))
 
 
 def list_call(r: pb.ListRequest) -> p.List:
-    return checked(p.List(prefix=r.prefix, start=r.start, end=r.end, limit=r.limit or 100,
-                          after=_opt(r, "after", None), consistency=consistency(r.consistency),
+    # Keys and prefixes are user keys (`app/x`, `topic/orders`: epochlog/api/routing.py).
+    prefix = entity_prefix(r.prefix) if r.prefix or not (r.start or r.end) else ""
+    after = _opt(r, "after", None)
+    return checked(p.List(prefix=prefix, start=r.start and entity_key(r.start), end=r.end and entity_key(r.end),
+                          limit=r.limit or 100, after=None if after is None else entity_key(after),
+                          consistency=consistency(r.consistency),
                           min_offset=_opt(r, "min_offset", -1), as_of=_opt(r, "as_of", None)))
 
 
 def history_call(r: pb.HistoryRequest) -> p.History:
-    return checked(p.History(r.key, r.limit or 1000, _opt(r, "after_offset", -1), consistency(r.consistency),
+    return checked(p.History(entity_key(r.key), r.limit or 1000, _opt(r, "after_offset", -1), consistency(r.consistency),
                              _opt(r, "min_offset", -1)))
 
 
@@ -108,7 +113,7 @@ def read_events_call(r: pb.ReadEventsRequest) -> p.ReadEvents:
 
 
 def watch_call(r: pb.WatchRequest) -> p.Watch:
-    return checked(p.Watch(decoded(r).prefix, _opt(r, "from_offset", -1), r.group))
+    return checked(p.Watch(entity_prefix(decoded(r).prefix), _opt(r, "from_offset", -1), r.group))
 
 
 def put_event(r: pb.PutRequest) -> ev.KvPut:
@@ -134,7 +139,7 @@ def txn_event(r: pb.TxnRequest) -> ev.Txn:
                                     expected_version=_opt(op.delete, "expected_version", None)))
         else:
             raise RequestError("every transaction op is a put or a delete")
-    return ev.Txn(conditions=tuple(ev.Condition(c.key, c.version) for c in r.conditions), ops=tuple(ops),
+    return ev.Txn(conditions=tuple(ev.Condition(entity_key(c.key), c.version) for c in r.conditions), ops=tuple(ops),
                   actor=r.actor, request_id=r.request_id)
 
 
@@ -238,7 +243,7 @@ def _kv(key: str, state: bytes) -> pb.KeyValue:
 
 
 def item(i: p.Item, json: bool) -> pb.Item:
-    out = pb.Item(key=i.key, version=i.version, state_msgpack=i.state,
+    out = pb.Item(key=user_key(i.key), version=i.version, state_msgpack=i.state,
                   state_json=to_json(i.state) if json else "")
     if i.key.startswith("kv/"):
         out.kv.CopyFrom(_kv(i.key, i.state))
@@ -255,11 +260,13 @@ def got(g: p.Got, json: bool) -> pb.GetResponse:
 def listed(listed_: p.Listed, json: bool) -> pb.ListResponse:
     out = pb.ListResponse(items=[item(i, json) for i in listed_.items], applied=listed_.applied)
     if listed_.next_after is not None:
-        out.next_after = listed_.next_after
+        out.next_after = user_key(listed_.next_after)
     return out
 
 
 def history_rows(key: str, h: p.HistoryRows, json: bool) -> pb.HistoryResponse:
+    """`key`: the request's (a user key, `app/x`)."""
+    key = entity_key(key)
     rows = []
     for r in h.rows:
         row = pb.HistoryRow(offset=r.offset, event=r.event, deleted=r.state is None)
@@ -282,9 +289,11 @@ def lease(lease_: p.Lease) -> pb.LeaseResponse:
     return pb.LeaseResponse(lease_id=lease_.lease_id, ttl_ms=lease_.ttl_ms, offset=lease_.offset)
 
 
-def event(r: p.EventRecord, json: bool) -> pb.Event:
+def event(r: p.EventRecord, json: bool, *, watched: bool = False) -> pb.Event:
+    """`watched`: an event of a Watch, keyed as the user named its prefix (`app/x`); else a log record,
+    keyed by its record key (the storage form, `kv/app/x`: epochlog/api/routing.py)."""
     value = r.value or b""
-    return pb.Event(offset=r.offset, key=r.key, type=event_type(value), event_msgpack=value,
+    return pb.Event(offset=r.offset, key=user_key(r.key) if watched else r.key, type=event_type(value), event_msgpack=value,
                     timestamp=r.timestamp, event_json=to_json(value) if json and value else "",
                     term=r.term, applied=r.applied)   # applied None: the field stays absent
 

@@ -135,7 +135,7 @@ def test_audit_refuses_bad_input_before_starting_spark(tmp_path: Path) -> None:
          "table version 9 does not exist"),
         (["audit", "state", "--table", str(table), "--table-as-of", "2001-01-01T00:00:00Z", "--offset", "1",
           "--group", "kv"], "before the table existed"),
-        (["audit", "history", "app/x", "--table", str(table)], "malformed key 'app/x'"),
+        (["audit", "history", "kv/app/x", "--table", str(table)], "kv keys are written without kv/, e.g. 'app/x'"),
         (["audit", "state", "--table", str(tmp_path / "nothing"), "--at", "2026-01-01"], "not a Delta table"),
     ]
     for argv, message in cases:

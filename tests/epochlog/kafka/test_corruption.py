@@ -165,7 +165,7 @@ def _watch(cluster: NodeCluster, node: int, written: dict[int, tuple[str, bytes]
     want = {o for o, (name, _) in written.items() if name.startswith(prefix + "/")}
     seen: set[int] = set()
     with Client([cluster.endpoint(node)], timeout=10.0, sessions=False) as client:
-        for event in client.watch(f"kv/{prefix}/", from_offset=0):
+        for event in client.watch(f"{prefix}/", from_offset=0):
             assert isinstance(event.event, ev.KvPut)
             assert (event.event.name, event.event.value) == written[event.offset], event.offset
             seen.add(event.offset)

@@ -89,7 +89,7 @@ def test_history_floor_as_of_history_watch_and_status(node_cluster_factory: Call
         assert history.floor == floor
         assert history[0].offset <= floor < history[1].offset and history[-1].offset > floor
         with pytest.raises(CompactedError):
-            for _ in client.watch("kv/ret/", from_offset=0):
+            for _ in client.watch("ret/", from_offset=0):
                 pass
 
     result = cli(cluster, "get", below[0], "--as-of", str(below[1]))

@@ -64,7 +64,7 @@ def test_kill9_leader_mid_stream_then_restart_catches_up(node_cluster_factory, s
                 AsyncClient([cluster.endpoint(victim)] + [e for e in cluster.endpoints
                                                           if e != cluster.endpoint(victim)]) as watcher:
             first = await client.put("stream/start", b"")
-            stream = watcher.watch("kv/stream/", from_offset=first.offset + 1)
+            stream = watcher.watch("stream/", from_offset=first.offset + 1)
 
             async def watch() -> None:
                 async for event in stream:
