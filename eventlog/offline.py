@@ -28,7 +28,7 @@ from eventlog import kafka_codes as kc
 from eventlog.epoch_cache import CHECKPOINT_NAME as EPOCH_CHECKPOINT_NAME
 from eventlog.epoch_cache import LeaderEpochCache
 from eventlog.errors import EpochlogError, LogError
-from eventlog.log import read_offsets_checkpoint
+from eventlog.offsets_checkpoint import read_offsets_checkpoint
 from eventlog.prefix import PrefixInstall, prefix_path
 from eventlog.records import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, RecordBatch, check_batch, read_header
 from eventlog.scan import ScanStatus, scan_segment
