@@ -8,7 +8,8 @@ client commands of a running cluster (`status`, `put`, `get`, `ls`, `del`, `watc
 Exit codes: 0 success (a stream ended by Ctrl-C included); `log verify` uses 1 (recovery would
 repair: cut a torn tail, finish or undo an interrupted cleaner swap) and 2 (mid-log corruption), `up` 1 (a node went down on its own or no leader
 came up); 3 an Epochlog error, printed as `error: <message>` (a rejected compare-and-set, a
-missing key, an unreachable cluster, a bad config...); 64 a usage error (bad option or argument,
+missing key, an unreachable cluster, a bad config...: the `exit_code` of its row of the error table,
+eventlog/errors.py); 64 a usage error (bad option or argument,
 no cluster named); 130 interrupted (Ctrl-C outside a stream).
 """
 
@@ -22,9 +23,8 @@ from pathlib import Path
 import click
 
 from epochlog import cli_access, cli_brokers, cli_certs, cli_client
-from eventlog.errors import EpochlogError
+from eventlog.errors import EXIT_ERROR, EpochlogError
 
-EXIT_ERROR = 3
 EXIT_USAGE = 64
 
 LAZY_COMMANDS = {"export": "export_command", "audit": "audit_group", "table": "table_group"}
@@ -126,7 +126,7 @@ def log_verify(directory: Path, as_json: bool) -> None:
         report = verify_log_dir(directory)
     except NotALogError as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        sys.exit(exc.exit_code)
     if as_json:
         click.echo(json.dumps({
             "directory": str(report.directory), "verdict": report.verdict_name,
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except EpochlogError as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_ERROR)
+        sys.exit(exc.exit_code)   # its row of the error table
 
 
 if __name__ == "__main__":

@@ -31,10 +31,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 from eventlog.cleaned import SWAP_SUFFIX, CleanerCheckpoint, cleaned_path, cleaned_ranges
+from eventlog import kafka_codes as kc
 from eventlog.epoch_cache import CHECKPOINT_NAME as EPOCH_CHECKPOINT_NAME
 from eventlog.epoch_cache import LeaderEpochCache
 from eventlog.errors import EpochlogError, LogError
-from eventlog.log import read_offsets_checkpoint
+from eventlog.offsets_checkpoint import read_offsets_checkpoint
 from eventlog.prefix import PrefixInstall, prefix_path
 from eventlog.raft.runtime.log_storage import QUORUM_STATE, read_quorum_state
 from eventlog.records import (
@@ -57,6 +58,10 @@ class NotALogError(LogError):
     """The directory given to `verify` holds no segment file (the message says where logs are below it)."""
 
     code = "not_a_log"
+    retriable = False
+    grpc_status = "INTERNAL"
+    kafka_error = kc.UNKNOWN_SERVER_ERROR
+    exit_code = 2   # `log verify`: no log to verify, as mid-log corruption
 
 
 def find_logs(directory: Path, depth: int = 3) -> list[Path]:
