@@ -120,7 +120,7 @@ class RunningNode:
                 from epochlog.grpc_server import GrpcService   # grpc is imported only where it is served
 
                 host, port = parse_address(member.grpc_address, f"cluster.members[{node_id}].grpc_address")
-                running.grpc = GrpcService(node, metrics)
+                running.grpc = GrpcService(node, metrics, clients.access, client_config.tls)
                 await running.grpc.start(host, port)
                 running.addresses["grpc"] = f"{host}:{running.grpc.port}"
             if member.kafka_address:

@@ -727,7 +727,7 @@ class KafkaHandler:
         addresses = [a for i, a in self.node.client_addresses.items() if a and i != self.node_id]
         if not addresses:
             raise KafkaError(ke.COORDINATOR_NOT_AVAILABLE, "no other node to write through")
-        async with AsyncClient(addresses, timeout=FORWARD_TIMEOUT_S) as client:
+        async with AsyncClient(addresses, timeout=FORWARD_TIMEOUT_S, tls=self.node.internal_tls) as client:
             return (await client.commands([event]))[0]
 
 
