@@ -127,7 +127,8 @@ class RunningNode:
                 from epochlog.kafka.server import KafkaService, brokers_of   # kafka-python: only where served
 
                 host, port = parse_address(member.kafka_address, f"cluster.members[{node_id}].kafka_address")
-                running.kafka = KafkaService(node, brokers_of(configs, member), kafka_config)
+                running.kafka = KafkaService(node, brokers_of(configs, member), kafka_config, clients.access,
+                                             client_config.tls if client_config.tls.enabled else None)
                 await running.kafka.start(host, port)
                 running.addresses["kafka"] = f"{host}:{running.kafka.port}"
         except BaseException:
