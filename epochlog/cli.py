@@ -39,11 +39,19 @@ class _Commands(click.Group):
         return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:
+        if cmd_name in LAZY_COMMANDS:
             from spark import cli as spark_cli
 
-            self.add_command(getattr(spark_cli, LAZY_COMMANDS[cmd_name]), cmd_name)
+            ctx.meta[spark_cli.COMMAND_LINE] = spark_cli.CommandLine(endpoints=_endpoints,
+                                                                     print_table=cli_client._table)
+            if cmd_name not in self.commands:
+                self.add_command(getattr(spark_cli, LAZY_COMMANDS[cmd_name]), cmd_name)
         return super().get_command(ctx, cmd_name)
+
+
+def _endpoints(endpoints: str | None, config_path: Path | None) -> tuple[str, ...]:
+    """The client addresses --endpoints or --config name, as every client command resolves them."""
+    return cli_client.Target.resolve(endpoints, config_path, 0.0, False).endpoints
 
 
 _dir_argument = click.argument(
