@@ -44,6 +44,7 @@ from epochlog.calls import CallRunner, Done, FaceRules, Failed, wire_error
 from epochlog.access_control import AccessConfig, AccessControl, AccessMetrics, Caller
 from epochlog.face_tls import (ClientTlsConfig, certificate_node, certificate_principal, internal_client_tls,
                                server_context)
+from epochlog.listener import Listener
 from epochlog.metrics import Metrics
 from epochlog.logs import Throttled
 from epochlog.node import DEFAULT_TIMEOUT_S, Node
@@ -92,9 +93,8 @@ class ClientService:
         self.access = access                      # shared with the node's other faces (epochlog/serve.py)
         if self.config.tls.enabled:               # the node's own clients of the others present its certificate
             node.internal_tls = internal_client_tls(self.config.tls, node.data_dir)
-        self._server: asyncio.Server | None = None
-        self._sweeper: asyncio.Task[None] | None = None
-        self.connections: set[ClientConnection] = set()
+        self.listener: Listener[ClientConnection] = Listener("client", self.config.frame_timeout_ms)
+        self.connections = self.listener.connections
         self.runner = CallRunner(FaceRules(), metrics, access)   # the call path every face shares (epochlog/calls.py)
         self.partial_bytes = 0                    # sum of every connection's `decoder.pending_bytes`
         self.limit_closes = 0                     # connections closed for a limit (budget, frame timeout, count)
@@ -104,40 +104,15 @@ class ClientService:
         self.election_timeout_ms = configs.raft.election_timeout_ticks * configs.cluster.tick_interval_ms
 
     async def start(self, host: str, port: int) -> None:
-        loop = asyncio.get_running_loop()
         tls = server_context(self.config.tls, self.node.data_dir)
-        self._server = await loop.create_server(lambda: ClientConnection(self), host, port, reuse_address=True,
-                                                ssl=tls)
-        self._sweeper = loop.create_task(self._sweep(), name="client-frame-timeouts")
-
-    async def _sweep(self) -> None:
-        """Close connections whose frame (or hello) is overdue: one pass per quarter of the timeout."""
-        timeout = self.config.frame_timeout_ms / 1000
-        while True:
-            await asyncio.sleep(min(1.0, timeout / 4))
-            now = time.monotonic()
-            for conn in list(self.connections):
-                since = conn.waiting_since
-                if since is not None and now - since > timeout:
-                    what = "its hello" if not conn.greeted else f"a frame ({conn.decoder.pending_bytes} bytes so far)"
-                    conn.close_for_limit(f"{what} did not arrive in full within frame_timeout_ms "
-                                         f"({self.config.frame_timeout_ms} ms)")
+        await self.listener.start(lambda: ClientConnection(self), host, port, tls)
 
     @property
     def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.sockets[0].getsockname()[1])
+        return self.listener.port
 
     async def close(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            await asyncio.gather(self._sweeper, return_exceptions=True)
-            self._sweeper = None
-        if self._server is not None:
-            self._server.close()
-            for conn in list(self.connections):
-                conn.abort()
-            await self._server.wait_closed()
+        await self.listener.close()
 
 
 def access_control(node: Node, config: ClientServiceConfig, metrics: Metrics | None) -> AccessControl:
@@ -323,6 +298,9 @@ class ClientConnection(asyncio.Protocol):
         self.waiting_since = None
         if self.decoder.pending_bytes:
             self.decoder = FrameDecoder(ClientFrame, salvage=salvage_requests)
+
+    def overdue(self) -> str:
+        return "its hello" if not self.greeted else f"a frame ({self.decoder.pending_bytes} bytes so far)"
 
     def close_for_limit(self, message: str) -> None:
         """Close the connection for breaking a limit: one `connection_limit` reply (id 0), then close."""

@@ -36,6 +36,7 @@ from epochlog.kafka.groups import GroupCoordinator
 from epochlog.kafka.errors import UnsupportedRequestError
 from epochlog.kafka.handler import Broker, KafkaHandler
 from epochlog.kafka.wire import FrameTooLarge, RequestFrames
+from epochlog.listener import Listener
 from epochlog.logs import Throttled
 
 logger = logging.getLogger(__name__)
@@ -53,48 +54,23 @@ class KafkaService:
         self.tls = tls      # [clients.tls]: the listener is SSL (SASL_SSL with SASL) when it is enabled
         self.handler = KafkaHandler(node, brokers, node.node_id, access)
         self.groups = GroupCoordinator(self.handler, self.config)
-        self._server: asyncio.Server | None = None
-        self._sweeper: asyncio.Task[None] | None = None
-        self.connections: set[KafkaConnection] = set()
+        self.listener: Listener[KafkaConnection] = Listener("kafka", self.config.frame_timeout_ms)
+        self.connections = self.listener.connections
         self.held_bytes = 0          # sum of every connection's `held`
         self.limit_closes = 0        # connections closed for a limit (memory, frame timeout, connections)
         self.refusals = Throttled(logger)
 
     async def start(self, host: str, port: int) -> None:
-        loop = asyncio.get_running_loop()
         context = None if self.tls is None else server_context(self.tls, self.node.data_dir)
-        self._server = await loop.create_server(lambda: KafkaConnection(self), host, port, reuse_address=True,
-                                                ssl=context)
-        self._sweeper = loop.create_task(self._sweep(), name="kafka-frame-timeouts")
+        await self.listener.start(lambda: KafkaConnection(self), host, port, context)
         self.groups.start()
-
-    async def _sweep(self) -> None:
-        """Close connections whose frame is overdue: one pass per quarter of the timeout (at most 1 s)."""
-        timeout = self.config.frame_timeout_ms / 1000
-        while True:
-            await asyncio.sleep(min(1.0, timeout / 4))
-            now = time.monotonic()
-            for conn in list(self.connections):
-                since = conn.waiting_since
-                if since is not None and now - since > timeout:
-                    conn.close_for_limit(f"a request frame ({conn.frames.pending_bytes} bytes so far) did not "
-                                         f"arrive in full within frame_timeout_ms ({self.config.frame_timeout_ms} ms)")
 
     @property
     def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.sockets[0].getsockname()[1])
+        return self.listener.port
 
     async def close(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            await asyncio.gather(self._sweeper, return_exceptions=True)
-            self._sweeper = None
-        if self._server is not None:
-            self._server.close()
-            for conn in list(self.connections):
-                conn.abort()
-            await self._server.wait_closed()
+        await self.listener.close()
         await self.groups.close()
         await self.handler.close()
 
@@ -200,6 +176,9 @@ class KafkaConnection(asyncio.Protocol):
             self.waiting_since = None
         elif complete or self.waiting_since is None:
             self.waiting_since = time.monotonic()
+
+    def overdue(self) -> str:
+        return f"a request frame ({self.frames.pending_bytes} bytes so far)"
 
     def close_for_limit(self, reason: str) -> None:
         self.service.limit_closes += 1
