@@ -368,6 +368,7 @@ class AsyncClient:
     async def watch(self, prefix: str, *, from_offset: int = -1, window: int = 4096) -> AsyncIterator[WatchedEvent]:
         """Events whose key starts with `prefix` (`app/` for kv entries, `broker/`...: one key space,
         epochlog/api/routing.py), from `from_offset` on, forever; `WatchedEvent.key` is in the same form.
+        A transaction comes once if any of its operations writes under `prefix` (its key: `txn/<first op>`).
 
         If the node serving the watch goes away, the watch resumes on another node from the offset
         after the last event delivered: no gaps, no repeats. A watch behind the log start raises

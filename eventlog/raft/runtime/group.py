@@ -167,6 +167,11 @@ whether applying that record changed the state machine (None: unknown). The stat
 knowledge (the views' `noops` rows): a committed record may be a rejected write or a retry."""
 
 
+WrittenKeys = Callable[[bytes, bytes | None], Sequence[bytes]]
+"""`written_keys(record key, value)`: the keys a record writes besides its own (the state machine knows:
+a transaction's record key names its first operation only)."""
+
+
 @dataclass(slots=True)
 class GroupCounters:
     """What one group did on this node since it started (monotonic; read by metrics)."""
@@ -407,8 +412,11 @@ class RaftGroup:
         return self.sm.applied_index
 
     async def watch(self, prefix: bytes, from_offset: int, *, changed: ChangedIn | None = None,
+                    written_keys: WrittenKeys | None = None,
                     chunk_bytes: int = 1 << 20) -> AsyncIterator[WatchEvent]:
-        """Committed records whose key starts with `prefix`, from `from_offset` on, as they are applied.
+        """Committed records whose key starts with `prefix`, or that write a key starting with it (as
+        `written_keys` tells: a record may write more keys than its own, e.g. a transaction), from
+        `from_offset` on, as they are applied; each record once.
 
         Reads the log in chunks of at most `chunk_bytes`, as fast as the consumer pulls (that is the
         flow control). A watcher whose offset is no longer in the log record by record (truncated, or
@@ -444,7 +452,10 @@ class RaftGroup:
                     continue
                 term = batch.header.leader_epoch
                 for record in batch.records():
-                    if record.offset >= offset and record.key is not None and record.key.startswith(prefix):
+                    if record.offset < offset or record.key is None:
+                        continue
+                    if record.key.startswith(prefix) or (written_keys is not None and any(
+                            k.startswith(prefix) for k in written_keys(record.key, record.value))):
                         yield WatchEvent(record.offset, record.key, record.value, record.timestamp, term,
                                          None if applied_flag is None else applied_flag(record.key, record.offset))
             offset = max(offset, chunk.next_offset)
