@@ -487,7 +487,7 @@ class AsyncClient:
     async def group_skip(self, group: str, offset: int, endpoint: str) -> int:
         """Skip the record `group` halted at (`offset`) on the node at `endpoint`; its applied offset after.
 
-        Operator recovery (README "Events"): only when no Epochlog version can apply the record, on
+        Operator recovery (docs/views.md): only when no Epochlog version can apply the record, on
         every member halted there (`epochlog group skip` checks every member first)."""
         result = await self._call_on(endpoint, p.GroupSkip(group, offset))
         assert isinstance(result, p.Done)
