@@ -43,8 +43,8 @@ import click
 import msgspec
 
 from epochlog.api import messages as p
-from epochlog.client import (AsyncClient, ClientError, DeadlineExceededError, KeyValue, NotFoundError,
-                             UnavailableError, WatchedEvent)
+from epochlog.client import (AsyncClient, ClientError, DeadlineExceededError, InvalidArgumentError, KeyValue,
+                             NotFoundError, UnavailableError, WatchedEvent)
 from statemachines import events as ev
 from statemachines.state import KvState
 
@@ -108,8 +108,7 @@ class Target:
                 try:
                     return await body(client)
                 except TimeoutError:   # a call straight to one node (status, snapshot --node) got no reply
-                    raise ClientError(f"no reply within {self.timeout:.1f} s",
-                                      code="deadline_exceeded") from None
+                    raise DeadlineExceededError(f"no reply within {self.timeout:.1f} s") from None
         with self._explained():
             return asyncio.run(main())
 
@@ -329,7 +328,7 @@ async def _ask_each_member(client: AsyncClient, ask: Callable[[str], Awaitable[T
         except ClientError as exc:
             return exc
         except TimeoutError:
-            return ClientError(f"{address} did not answer within {client.timeout:.1f} s", code="unavailable")
+            return UnavailableError(f"{address} did not answer within {client.timeout:.1f} s")
 
     return list(await asyncio.gather(*(one(m.client_address) for m in members))), members
 
@@ -770,9 +769,8 @@ def leader_transfer(target: Target, group: str, to: int) -> None:
             if now is not None and before is not None and now[1] > before[1] and (to in (0, now[0])):
                 return {"group": group, "leader": now[0], "term": now[1], "previous_leader": before[0]}
             if time.monotonic() > deadline:
-                raise ClientError(f"leadership of {group} did not move within {target.timeout:.1f} s "
-                                  f"(before: {before}, now: {now}; as (leader, term))",
-                                  code="deadline_exceeded")
+                raise DeadlineExceededError(f"leadership of {group} did not move within {target.timeout:.1f} s "
+                                            f"(before: {before}, now: {now}; as (leader, term))")
             await asyncio.sleep(0.05)
     moved = target.run(body)
     target.emit(moved, lambda: click.echo(f"group {group}: leader {moved['leader']} in term {moved['term']} "
@@ -962,19 +960,19 @@ def group_skip(target: Target, group: str, offset: int) -> None:
         halted: list[p.MemberInfo] = []
         for member, reply in zip(members, statuses):
             if not isinstance(reply, p.StatusInfo):
-                raise ClientError(f"node {member.id} did not answer ({reply}): every member must be halted at "
-                                  f"offset {offset} before it is skipped", code="unavailable")
+                raise UnavailableError(f"node {member.id} did not answer ({reply}): every member must be halted "
+                                       f"at offset {offset} before it is skipped")
             info = next((g for g in reply.groups if g.group == group), None)
             if info is None:
-                raise ClientError(f"node {member.id} has no group {group!r}", code="invalid_argument")
+                raise InvalidArgumentError(f"node {member.id} has no group {group!r}")
             if info.halted is not None and info.halted.offset == offset:
                 halted.append(member)
             elif offset not in info.skipped:
                 state = (f"is halted at offset {info.halted.offset}" if info.halted is not None
                          else f"is not halted (applied offset {info.applied_offset})")
-                raise ClientError(f"node {member.id} {state}: skip only a record every member is halted at "
-                                  f"(one that applied it would diverge from those that skip it; upgrade the "
-                                  f"halted nodes instead)", code="invalid_argument")
+                raise InvalidArgumentError(f"node {member.id} {state}: skip only a record every member is halted "
+                                           f"at (one that applied it would diverge from those that skip it; "
+                                           f"upgrade the halted nodes instead)")
         applied = {m.id: await client.group_skip(group, offset, m.client_address) for m in halted}
         return {"group": group, "offset": offset, "skipped_on": sorted(applied), "applied": applied}
 

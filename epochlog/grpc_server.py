@@ -28,14 +28,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 
+from eventlog.errors import EpochlogError
 from epochlog.api import messages as p
 from epochlog.api.frames import MAX_FRAME_BYTES
+from epochlog.calls import CallRunner, Done, FaceRules, Failed
 from epochlog.grpc import convert as cv
 from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
@@ -53,6 +54,8 @@ WATCH_MESSAGE_EVENTS = 1024                    # at most this many events per Wa
 # The node's own waits (read barriers) get the call's timeout and fail first, saying what they waited
 # for; the whole call is cut this much later (writes have no timeout of their own).
 DEADLINE_GRACE_S = 0.05
+# A retriable error raised once the deadline passed is DEADLINE_EXCEEDED, as gRPC clients expect.
+GRPC_RULES = FaceRules(metrics_prefix="grpc_", grace_s=DEADLINE_GRACE_S, late_retriable_is_deadline=True)
 
 
 class GrpcService:
@@ -97,35 +100,23 @@ class EpochlogServicer(pb_grpc.EpochlogServicer):
 
     def __init__(self, node: Node, metrics: Metrics | None = None) -> None:
         self.node = node
-        self.metrics = metrics
+        self.runner = CallRunner(GRPC_RULES, metrics)   # the call path every face shares (epochlog/calls.py)
         self.grpc_addresses = {m.id: m.grpc_address for m in node.configs.cluster.members}
 
     # --- unary ------------------------------------------------------------------------------------
 
     async def _unary(self, op: str, request: Any, context: Ctx) -> Any:
-        started = time.perf_counter()
         remaining = context.time_remaining()
         timeout = DEFAULT_TIMEOUT_S if remaining is None else max(0.0, min(remaining, MAX_TIMEOUT_S))
-        try:
-            return await _run(self, op, request, timeout)
-        except Exception as exc:
-            f = self._failure(op, exc, timeout, started)
-            await context.abort(f.status, f.message, f.metadata())
-        finally:
-            self._observe(op, started)
+        outcome = await _run(self, op, request, timeout)
+        if isinstance(outcome, Done):
+            return outcome.result
+        f = self._failure(outcome.error)
+        await context.abort(f.status, f.message, f.metadata())
 
-    def _failure(self, op: str, exc: BaseException, timeout: float, started: float) -> cv.Failure:
-        f = cv.failure(exc, self.grpc_addresses, timeout=timeout,
-                       deadline_passed=time.perf_counter() - started >= timeout - 0.001)
-        if f.status == grpc.StatusCode.INTERNAL:
-            logger.error("gRPC %s failed", op, exc_info=exc)
-        if self.metrics is not None:
-            self.metrics.rpc_errors.labels("grpc_" + op, f.error.code).inc()
-        return f
-
-    def _observe(self, op: str, started: float) -> None:
-        if self.metrics is not None:
-            self.metrics.rpc_seconds.labels("grpc_" + op).observe(time.perf_counter() - started)
+    def _failure(self, error: EpochlogError) -> cv.Failure:
+        """A call's error (its row, from the runner) as gRPC reports it."""
+        return cv.failure(error, self.grpc_addresses)
 
     async def Put(self, request: pb.PutRequest, context: Ctx) -> Any:
         return await self._unary("put", request, context)
@@ -191,12 +182,13 @@ class EpochlogServicer(pb_grpc.EpochlogServicer):
 
     async def Watch(self, request: pb.WatchRequest, context: Ctx) -> None:
         """Started, then the events in messages of what was read ahead (gRPC flow control paces it)."""
-        started = time.perf_counter()
-        try:
-            group, start, records = await self.node.watch(cv.watch_call(request))
-        except Exception as exc:
-            f = self._failure("watch", exc, DEFAULT_TIMEOUT_S, started)
-            await context.abort(f.status, f.message, f.metadata())
+        opened = await self.runner.run("watch", request, lambda: self.node.watch(cv.watch_call(request)), None,
+                                       observe=False)
+        if isinstance(opened, Failed):
+            f = self._failure(opened.error)
+            await context.abort(f.status, f.message, f.metadata())   # raises: the call ends here
+        assert isinstance(opened, Done)
+        group, start, records = opened.result
         queue: asyncio.Queue[p.EventRecord | BaseException] = asyncio.Queue(WATCH_BUFFER_EVENTS)
 
         async def read_ahead() -> None:
@@ -220,7 +212,7 @@ class EpochlogServicer(pb_grpc.EpochlogServicer):
                     await context.write(pb.WatchResponse(events=pb.WatchEvents(
                         events=[cv.event(r, request.json, watched=True) for r in records_])))
                 if error is not None:
-                    f = self._failure("watch", error, DEFAULT_TIMEOUT_S, started)
+                    f = self._failure(self.runner.error("watch", error))
                     await context.abort(f.status, f.message, f.metadata())
         finally:
             reader.cancel()
@@ -391,12 +383,13 @@ def _add_servicer(servicer: EpochlogServicer, server: grpc.aio.Server) -> None:
     server.add_registered_method_handlers(service.full_name, handlers)
 
 
-async def _run(s: EpochlogServicer, op: str, request: Any, timeout: float) -> Any:
-    cv.decoded(request)
+async def _run(s: EpochlogServicer, op: str, request: Any, timeout: float) -> Done[Any] | Failed:
+    """A call of a unary method or of a Session, through the runner: in this turn of the loop when it
+    does not wait, else in the caller's task under its deadline."""
     sync = _SYNC.get(op)
     if sync is not None:
-        return sync(s, request, timeout)
-    return await asyncio.wait_for(_ASYNC[op](s, request, timeout), timeout + DEADLINE_GRACE_S)
+        return s.runner.now(op, request, lambda: sync(s, cv.decoded(request), timeout))
+    return await s.runner.run(op, request, lambda: _ASYNC[op](s, cv.decoded(request), timeout), timeout)
 
 
 class _Session:
@@ -407,7 +400,6 @@ class _Session:
         self.context = context
         self.loop = asyncio.get_running_loop()
         self.tasks: set[asyncio.Task[None]] = set()
-        self.expired: set[asyncio.Task[None]] = set()   # cancelled by their deadline
         self.pending: list[pb.SessionReply] = []
         self.ready = asyncio.Event()         # replies are pending, or the reader ended
         self.room = asyncio.Event()          # fewer than MAX_SESSION_INFLIGHT calls run
@@ -460,17 +452,13 @@ class _Session:
         op = call.WhichOneof("call")
         if op is None:
             error = cv.RequestError(f"call {call.id} names no operation")
-            self._reply_error(call.id, "session", error, 0.0, 0.0)
+            self._answer(call.id, op, Failed(self.servicer.runner.error("session", error)))
             return
         request = getattr(call, op)
         timeout = self._timeout(call)
-        sync = _SYNC.get(op)
-        if sync is not None:
-            started = time.perf_counter()
-            try:
-                self._reply(call.id, op, sync(self.servicer, request, timeout))
-            except Exception as exc:
-                self._reply_error(call.id, op, exc, timeout, started)
+        if op in _SYNC:
+            self._answer(call.id, op, self.servicer.runner.now(
+                op, request, lambda: _SYNC[op](self.servicer, cv.decoded(request), timeout)))
             return
         task = self.loop.create_task(self._call(call.id, op, request, timeout))
         self.tasks.add(task)
@@ -478,46 +466,23 @@ class _Session:
             self.room.clear()
 
     async def _call(self, rid: int, op: str, request: Any, timeout: float) -> None:
-        started = time.perf_counter()
         task = asyncio.current_task()
         assert task is not None
-        # A timer that cancels this task, not asyncio.wait_for: that would wrap every call in a
-        # second task, the largest cost of a small call here.
-        timer = self.loop.call_later(timeout + DEADLINE_GRACE_S, self._expire, task)
         try:
-            result = await _ASYNC[op](self.servicer, request, timeout)
-        except asyncio.CancelledError:
-            if task not in self.expired:
-                raise
-            self.expired.discard(task)
-            task.uncancel()
-            self._reply_error(rid, op, TimeoutError(), timeout, started)
-        except Exception as exc:
-            self._reply_error(rid, op, exc, timeout, started)
-        else:
-            self._reply(rid, op, result)
+            self._answer(rid, op, await _run(self.servicer, op, request, timeout))
         finally:
-            timer.cancel()
             self.tasks.discard(task)
             if len(self.tasks) < MAX_SESSION_INFLIGHT:
                 self.room.set()
             if not self.tasks and not self.reading:
                 self.ready.set()
 
-    def _expire(self, task: asyncio.Task[None]) -> None:
-        self.expired.add(task)
-        task.cancel()
-
-    def _reply(self, rid: int, op: str, result: Any) -> None:
-        reply = pb.SessionReply(id=rid)
-        getattr(reply, _REPLY_FIELD[op]).CopyFrom(result)
+    def _answer(self, rid: int, op: str | None, outcome: Done[Any] | Failed) -> None:
+        if isinstance(outcome, Done):
+            reply = pb.SessionReply(id=rid)
+            assert op is not None
+            getattr(reply, _REPLY_FIELD[op]).CopyFrom(outcome.result)
+        else:
+            reply = pb.SessionReply(id=rid, error=self.servicer._failure(outcome.error).error)
         self.pending.append(reply)
         self.ready.set()
-
-    def _reply_error(self, rid: int, op: str, exc: BaseException, timeout: float, started: float) -> None:
-        f = self.servicer._failure(op, exc, timeout, started)
-        self.pending.append(pb.SessionReply(id=rid, error=f.error))
-        self.ready.set()
-
-
-__all__ = ["GrpcService", "EpochlogServicer", "MAX_MESSAGE_BYTES"]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eventlog.configuration import from_mapping
+from eventlog import kafka_codes as kc
 from eventlog.errors import EpochlogError
 from eventlog.raft.runtime.config import MemberConfig, NodeConfigs, parse_address
 from epochlog.admin import AdminServer
@@ -46,6 +47,9 @@ class StartError(EpochlogError):
     """A node cannot start where it was told to: an address is taken, the data directory cannot be made."""
 
     code = "start"
+    retriable = False
+    grpc_status = "INTERNAL"
+    kafka_error = kc.UNKNOWN_SERVER_ERROR
 
 
 def check_can_start(member: MemberConfig, data_dir: str | Path) -> None:

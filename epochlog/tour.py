@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eventlog import kafka_codes as kc
 from eventlog.errors import EpochlogError
 from eventlog.raft.runtime.config import MemberConfig
 from epochlog.client import AsyncClient
@@ -62,6 +63,9 @@ class TourError(EpochlogError):
     """A step of the tour did not do what it shows (the message names the step)."""
 
     code = "tour"
+    retriable = False
+    grpc_status = "INTERNAL"
+    kafka_error = kc.UNKNOWN_SERVER_ERROR
 
 
 @dataclass

@@ -7,6 +7,10 @@ mode unless `--master` names another (its executors must have the epochlog packa
 Output: a plain table for people, `--json` (one JSON document; `export --follow`: one per run) or
 `--csv` (audit). Errors are EpochlogErrors (`error: <message>`, exit 3): an unknown table version,
 a time before the table existed, a malformed key, an export that lost a race with another one.
+
+These are commands of the `epochlog` CLI, which loads them lazily (epochlog/cli.py LAZY_COMMANDS) and
+lends them what they share with its other commands through `CommandLine` (which cluster the options
+name, how a table is printed): spark imports nothing of the CLI.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
@@ -32,6 +37,27 @@ _storage_option = click.option(
     "--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
     help="Object storage setting (AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID...); repeatable; "
          "wins over the AWS_* environment variables.")
+
+
+@dataclass(frozen=True, slots=True)
+class CommandLine:
+    """What the `epochlog` CLI lends its Spark commands: they share its cluster options and its output."""
+
+    endpoints: Callable[[str | None, Path | None], tuple[str, ...]]
+    """(--endpoints, --config) -> the client addresses they name (the CLI's defaults when neither is
+    given); a click.UsageError when none can be found."""
+    print_table: Callable[[Sequence[str], Sequence[Sequence[Any]]], None]
+    """(headers, rows) -> printed as the other commands print theirs."""
+
+
+COMMAND_LINE = "spark.cli.CommandLine"
+"""The key of the `CommandLine` in click's context `meta` (shared by every nested context)."""
+
+
+def _command_line() -> CommandLine:
+    host = click.get_current_context().meta.get(COMMAND_LINE)
+    assert isinstance(host, CommandLine), "the Spark commands run under the epochlog CLI (epochlog/cli.py)"
+    return host
 
 
 def _location(table: str, storage_options: tuple[str, ...]) -> Any:
@@ -93,7 +119,6 @@ def export_command(table: str, storage_options: tuple[str, ...], endpoints: str 
 
     On a cluster the table's watermark (the highest exported offset per group) is reported back, and
     the groups keep their logs above it when they compact."""
-    from epochlog.cli_client import Target
     from spark.sources import ClusterSource, OfflineSource
 
     only = tuple(g.strip() for g in groups.split(",") if g.strip())
@@ -104,8 +129,7 @@ def export_command(table: str, storage_options: tuple[str, ...], endpoints: str 
         source: Any = OfflineSource.discover(offline_dir, only)
         endpoints_used: tuple[str, ...] = ()
     else:
-        target = Target.resolve(endpoints, config_path, timeout, as_json)
-        endpoints_used = target.endpoints
+        endpoints_used = _command_line().endpoints(endpoints, config_path)
         source = ClusterSource(endpoints_used, timeout, only)
     if release:
         from spark.export import release_watermark
@@ -503,9 +527,7 @@ def _rows(rows: list[dict[str, Any]], as_json: bool, as_csv: bool, columns: Sequ
         for row in rows:
             writer.writerow({k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in row.items()})
         return
-    from epochlog.cli_client import _table
-
-    _table(columns, [[_cell(row.get(c)) for c in columns] for row in rows])
+    _command_line().print_table(columns, [[_cell(row.get(c)) for c in columns] for row in rows])
     click.echo(f"({len(rows)} rows)")
 
 

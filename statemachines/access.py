@@ -38,23 +38,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from eventlog.errors import EpochlogError
+from eventlog.errors import AuthenticationError, PermissionDeniedError  # noqa: F401 - rows of the one error table
 from statemachines import events as ev
 from statemachines.grants import Grant, GrantSyntaxError, Role, parse_grant
 from statemachines.query import MAX_LIMIT, Query
 from statemachines.state import AclState
-
-
-class PermissionDeniedError(EpochlogError):
-    """The authenticated principal may not do this; nothing of the request was done."""
-
-    code = "permission_denied"
-
-
-class AuthenticationError(EpochlogError):
-    """No credentials, or credentials that do not prove who the client says it is (or are revoked, expired)."""
-
-    code = "unauthenticated"
 
 
 class Operation(StrEnum):

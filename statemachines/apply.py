@@ -44,7 +44,9 @@ from dataclasses import dataclass
 
 import msgspec
 
-from eventlog.errors import InvalidBatchError
+from eventlog.errors import (ALREADY_EXISTS, CONDITION_FAILED, HALTED, INVALID_ARGUMENT, NOT_FOUND,
+                             VERSION_MISMATCH, InvalidBatchError)
+from eventlog.errors import SKIPPED as SKIPPED_CODE   # the reason (SKIPPED below is a meta key)
 from eventlog.raft.types import Entry, EntryKind
 from eventlog.records import NO_PRODUCER_ID, BatchHeader, Record, RecordBatch
 from statemachines import events as ev
@@ -92,8 +94,6 @@ jumps far ahead drains over the next entries instead of stalling one apply call 
 call, so replicas stay identical)."""
 SKIPPED = b"skipped_offsets"    # meta: msgpack list of the offsets the operator skipped (`Applier.skip`)
 DIGEST_CHECKPOINTS_KEPT = 16   # (offset, digest) notes an applier keeps for the leader's comparison
-HALTED = "group_halted"         # outcome code of records not applied because the group halted before them
-SKIPPED_CODE = "skipped"        # outcome code of a record the operator skipped
 UPGRADE = "upgrade this node: a restart of a newer Epochlog applies it"
 _SKIP_HINT = ("if no Epochlog version can apply it (e.g. a node before the leader check accepted it), "
               "skip it on every node: epochlog group skip --group {group} --offset {offset}")
@@ -290,7 +290,7 @@ class Applier:
         except RecursionError as exc:
             raise _CannotApply(offset, f"{exc} in this process", "a node with a deeper stack may apply it") from None
         if key != event.key().encode():
-            return Outcome(False, offset, "invalid_argument", f"record key {key!r} is not the event's key")
+            return Outcome(False, offset, INVALID_ARGUMENT, f"record key {key!r} is not the event's key")
         admitted: sessions.Admission | None = None
         dedupe_key = None
         request_time = None
@@ -460,7 +460,7 @@ def _version_mismatch(offset: int, key: str, expected: int | None, state: msgspe
     current = 0 if state is None else state.version  # type: ignore[attr-defined]
     if current == expected:
         return None
-    return _reject(offset, "version_mismatch", f"{key} is at version {current}, not {expected}")
+    return _reject(offset, VERSION_MISMATCH, f"{key} is at version {current}, not {expected}")
 
 
 # --- handlers ------------------------------------------------------------------------------------
@@ -511,7 +511,7 @@ def _group_change(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
 def _topic_created(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     assert isinstance(e, ev.TopicCreated)
     if a.load(ov, e.key()) is not None:
-        return _reject(offset, "already_exists", f"topic {e.name} exists")
+        return _reject(offset, ALREADY_EXISTS, f"topic {e.name} exists")
     a.save(ov, e.key(), TopicState(name=e.name, read_queues=e.read_queues, write_queues=e.write_queues,
                                    perm=e.perm, broker_groups=tuple(e.broker_groups), config=dict(e.config),
                                    version=offset, created=offset), e, offset)
@@ -522,7 +522,7 @@ def _topic_updated(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome
     assert isinstance(e, ev.TopicUpdated)
     current = a.load(ov, e.key())
     if not isinstance(current, TopicState):
-        return _reject(offset, "not_found", f"topic {e.name} does not exist")
+        return _reject(offset, NOT_FOUND, f"topic {e.name} does not exist")
     mismatch = _version_mismatch(offset, e.key(), e.expected_version, current)
     if mismatch:
         return mismatch
@@ -536,7 +536,7 @@ def _topic_deleted(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome
     assert isinstance(e, ev.TopicDeleted)
     current = a.load(ov, e.key())
     if current is None:
-        return _reject(offset, "not_found", f"topic {e.name} does not exist")
+        return _reject(offset, NOT_FOUND, f"topic {e.name} does not exist")
     mismatch = _version_mismatch(offset, e.key(), e.expected_version, current)
     if mismatch:
         return mismatch
@@ -559,7 +559,7 @@ def _lease_key(lease_id: int, entity_key: str) -> bytes:
 
 def _attach(a: Applier, ov: Overlay, old_lease: int, new_lease: int, key: str, offset: int) -> Outcome | None:
     if new_lease and not isinstance(a.load(ov, f"lease/{new_lease:020d}"), LeaseState):
-        return _reject(offset, "not_found", f"lease {new_lease} does not exist (expired or revoked?)")
+        return _reject(offset, NOT_FOUND, f"lease {new_lease} does not exist (expired or revoked?)")
     if old_lease and old_lease != new_lease:
         ov.delete("lease_keys", _lease_key(old_lease, key))
     if new_lease:
@@ -587,7 +587,7 @@ def _kv_deleted(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     assert isinstance(e, ev.KvDeleted)
     current = a.load(ov, e.key())
     if not isinstance(current, KvState):
-        return _reject(offset, "not_found", f"key {e.name!r} does not exist")
+        return _reject(offset, NOT_FOUND, f"key {e.name!r} does not exist")
     mismatch = _version_mismatch(offset, e.key(), e.expected_version, current)
     if mismatch:
         return mismatch
@@ -599,7 +599,7 @@ def _kv_deleted(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
 def _lease_granted(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     assert isinstance(e, ev.LeaseGranted)
     if a.load(ov, e.key()) is not None:
-        return _reject(offset, "already_exists", f"lease {e.lease_id} exists")
+        return _reject(offset, ALREADY_EXISTS, f"lease {e.lease_id} exists")
     a.save(ov, e.key(), LeaseState(lease_id=e.lease_id, ttl_ms=e.ttl_ms, version=offset, created=offset), e, offset)
     return _ok(offset)
 
@@ -608,7 +608,7 @@ def _lease_ended(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     """LeaseRevoked / LeaseExpired: the lease and every entity attached to it go."""
     assert isinstance(e, ev.LeaseRevoked | ev.LeaseExpired)
     if a.load(ov, e.key()) is None:
-        return _reject(offset, "not_found", f"lease {e.lease_id} does not exist")
+        return _reject(offset, NOT_FOUND, f"lease {e.lease_id} does not exist")
     prefix = f"{e.lease_id:020d}/".encode()
     for k, _ in list(ov.scan("lease_keys", prefix, prefix_upper_bound(prefix))):
         ov.delete("lease_keys", k)
@@ -636,7 +636,7 @@ def _session_closed(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcom
     assert isinstance(e, ev.SessionClosed)
     current = a.load(ov, e.key())
     if not isinstance(current, SessionState):
-        return _reject(offset, "not_found", f"session {e.client_id!r} is not open")
+        return _reject(offset, NOT_FOUND, f"session {e.client_id!r} is not open")
     _attach(a, ov, current.lease, 0, e.key(), offset)
     a.remove(ov, e.key(), e, offset)
     return _ok(offset)
@@ -647,7 +647,7 @@ def _config_changed(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcom
     current = a.load(ov, e.key())
     if e.value is None:
         if current is None:
-            return _reject(offset, "not_found", f"config {e.scope}/{e.name} is not set")
+            return _reject(offset, NOT_FOUND, f"config {e.scope}/{e.name} is not set")
         a.remove(ov, e.key(), e, offset)
     else:
         created = current.created if isinstance(current, ConfigState) else offset
@@ -691,7 +691,7 @@ def _history_pruned(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcom
     """Raise the history floor (never lower it): a meta key, so the digest covers it."""
     assert isinstance(e, ev.HistoryPruned)
     if e.floor > offset:
-        return _reject(offset, "invalid_argument", f"history floor {e.floor} is beyond its own offset {offset}")
+        return _reject(offset, INVALID_ARGUMENT, f"history floor {e.floor} is beyond its own offset {offset}")
     raw = ov.get(META, HISTORY_FLOOR)
     if raw is None or decode_offset(raw) < e.floor:
         ov.put(META, HISTORY_FLOOR, encode_offset(e.floor))
@@ -722,7 +722,7 @@ def _user_removed(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     """The user's credentials go; its grants stay (they name a principal, which a certificate may be too)."""
     assert isinstance(e, ev.UserRemoved)
     if a.load(ov, e.key()) is None:
-        return _reject(offset, "not_found", f"user {e.name} does not exist")
+        return _reject(offset, NOT_FOUND, f"user {e.name} does not exist")
     a.remove(ov, e.key(), e, offset)
     return _ok(offset)
 
@@ -730,7 +730,7 @@ def _user_removed(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
 def _acl_granted(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     assert isinstance(e, ev.AclGranted)
     if a.load(ov, e.key()) is not None:
-        return _reject(offset, "already_exists", f"{e.principal} already holds {e.role} {e.resource}".rstrip())
+        return _reject(offset, ALREADY_EXISTS, f"{e.principal} already holds {e.role} {e.resource}".rstrip())
     a.save(ov, e.key(), AclState(principal=e.principal, role=e.role, resource=e.resource, version=offset,
                                  created=offset), e, offset)
     return _ok(offset)
@@ -739,7 +739,7 @@ def _acl_granted(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
 def _acl_revoked(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     assert isinstance(e, ev.AclRevoked)
     if a.load(ov, e.key()) is None:
-        return _reject(offset, "not_found", f"{e.principal} does not hold {e.role} {e.resource}".rstrip())
+        return _reject(offset, NOT_FOUND, f"{e.principal} does not hold {e.role} {e.resource}".rstrip())
     a.remove(ov, e.key(), e, offset)
     return _ok(offset)
 
@@ -750,7 +750,7 @@ def _txn(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
         state = a.load(ov, cond.key)
         current = 0 if state is None else state.version  # type: ignore[attr-defined]
         if current != cond.version:
-            return _reject(offset, "condition_failed", f"{cond.key} is at version {current}, not {cond.version}")
+            return _reject(offset, CONDITION_FAILED, f"{cond.key} is at version {current}, not {cond.version}")
     for op in e.ops:
         outcome = _HANDLERS[type(op)](a, ov, op, offset)
         if not outcome.ok:

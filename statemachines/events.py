@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import msgspec
 
-from eventlog.errors import EpochlogError
+from eventlog.errors import InvalidArgumentError, SchemaVersionError
 from statemachines.credentials import BearerToken, ScramCredential, check_credential
 from statemachines.grants import GrantSyntaxError, check_principal, parse_grant
 
@@ -38,10 +38,8 @@ _TOPIC = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._:-]{0,127}$")
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$")
 
 
-class EventError(EpochlogError):
+class EventError(InvalidArgumentError):
     """An event (or command) is invalid; nothing was appended."""
-
-    code = "invalid_argument"
 
 
 class InvalidEventError(EventError):
@@ -50,12 +48,6 @@ class InvalidEventError(EventError):
     def __init__(self, event: Event, message: str) -> None:
         super().__init__(message)
         self.event = event
-
-
-class SchemaVersionError(EpochlogError):
-    """An event was written by a newer Epochlog than this reader understands."""
-
-    code = "schema_version"
 
 
 def _name(field: str, value: str) -> None:

@@ -28,22 +28,19 @@ from epochlog.api import messages as p
 from epochlog.client.connection import GRACE_S, Connection, Sent
 from epochlog.client.errors import (
     ClientError,
+    InvalidArgumentError,
     NoAnswerError,
     NotLeaderError,
+    OutcomeUnknownError,
     RejectedError,
     UnavailableError,
     from_wire,
 )
 from epochlog.client.retry import Attempts, Timing
 from epochlog.client.tls import TOKEN_ENV, ClientTls
-from epochlog.client.sessions import (
-    REQUEST_EXPIRED,
-    SESSION_EXPIRED,
-    ClientSessions,
-    GroupSession,
-    OutcomeUnknownError,
-)
+from epochlog.client.sessions import ClientSessions, GroupSession
 from epochlog.api.routing import KV_PREFIX, entity_key, entity_prefix, group_of_event, group_of_key, user_key
+from eventlog.errors import REQUEST_EXPIRED, SESSION_EXPIRED, from_code
 from statemachines import events as ev
 from statemachines.request_ids import uuid7
 from statemachines.sessions import session_id_at
@@ -120,7 +117,7 @@ class AsyncClient:
             endpoints = [e for e in endpoints.split(",") if e.strip()]
         self.endpoints = [e.strip() for e in endpoints]
         if not self.endpoints:
-            raise ClientError("at least one endpoint is needed", code="invalid_argument")
+            raise InvalidArgumentError("at least one endpoint is needed")
         self.timeout = timeout
         self.actor = actor
         self.name = name
@@ -298,8 +295,8 @@ class AsyncClient:
         assert isinstance(result, p.Written)
         (written,) = result.results
         if not written.ok:
-            raise ClientError(f"cannot open a client session in group {group}: {written.code}: {written.message}",
-                              code=written.code or "internal")
+            raise from_code(written.code or ClientError.code,
+                            f"cannot open a client session in group {group}: {written.code}: {written.message}")
         return session_id_at(written.offset)
 
     async def _close_sessions(self) -> None:
@@ -333,7 +330,7 @@ class AsyncClient:
         keys = [entity_key(k) for k in keys]
         groups = {group_of_key(k) for k in keys}
         if len(groups) != 1:
-            raise ClientError("get_many reads from one group at a time", code="invalid_argument")
+            raise InvalidArgumentError("get_many reads from one group at a time")
         result = await self._read(p.Gets([p.Get(k, consistency, min_offset) for k in keys]), groups.pop(),
                                   consistency)
         assert isinstance(result, p.GotMany)
@@ -388,7 +385,7 @@ class AsyncClient:
                 while True:
                     reply = await queue.get()
                     if reply.error is not None:
-                        if reply.error.code == "unavailable":
+                        if reply.error.code == UnavailableError.code:
                             break   # the connection dropped: resume elsewhere
                         if reply.error.retriable:
                             avoid.add(conn.address)
@@ -459,8 +456,7 @@ class AsyncClient:
             assert isinstance(info, p.StatusInfo)
             leader = next((g.leader for g in info.groups if g.group == group), None)
             if leader is None:
-                raise ClientError(f"no group {group!r} (groups: {', '.join(g.group for g in info.groups)})",
-                                  code="invalid_argument")
+                raise InvalidArgumentError(f"no group {group!r} (groups: {', '.join(g.group for g in info.groups)})")
             address = next((m.client_address for m in info.members if m.id == leader), "")
             if address:
                 self._leaders[group] = address

@@ -23,9 +23,10 @@ from typing import Any
 from epochlog.api import messages as p
 from epochlog.api.frames import (MAX_FRAME_BYTES, FrameDecoder, FrameError, ServerFrame, encode_frame,
                                  encode_frames)
-from epochlog.client.errors import ClientError, NoAnswerError, UnavailableError, from_wire
+from epochlog.client.errors import ClientError, InvalidArgumentError, NoAnswerError, UnavailableError, from_wire
 from epochlog.client.retry import Timing
 from epochlog.client.tls import check_server
+from eventlog.errors import ProtocolError, from_code
 
 GRACE_S = 0.25   # how much longer than the node's deadline a call waits for its answer
 
@@ -101,12 +102,11 @@ class Connection:
         if isinstance(hello, p.Replies) and hello.replies and hello.replies[0].error is not None:
             error = hello.replies[0].error   # refused before the hello: a limit of the node (connection_limit)
             self._abort()
-            raise ClientError(f"{self.address} refused the connection: {error.message}", code=error.code,
-                              retriable=error.retriable)
+            raise from_code(error.code, f"{self.address} refused the connection: {error.message}",
+                            retriable=error.retriable)
         if not isinstance(hello, p.ServerHello) or hello.error:
             self._abort()
-            raise ClientError(f"{self.address} refused the connection: {getattr(hello, 'error', hello)}",
-                              code="protocol")
+            raise ProtocolError(f"{self.address} refused the connection: {getattr(hello, 'error', hello)}")
         self.node_id, self.cluster = hello.node, hello.cluster
         self.timing = Timing.from_hello(hello.election_timeout_ms)
         self._closed_error = None
@@ -247,7 +247,7 @@ class Connection:
 
     def _too_large(self, request: p.Request, size: int) -> list[p.Request]:
         """A request that fits in no frame is not sent: its caller gets invalid_argument."""
-        error = p.WireError("invalid_argument", f"the request of {size} bytes exceeds the frame limit of "
+        error = p.WireError(InvalidArgumentError.code, f"the request of {size} bytes exceeds the frame limit of "
                             f"{MAX_FRAME_BYTES} bytes: split it")
         future = self._pending.pop(request.id, None)
         if future is not None and not future.done():
@@ -301,7 +301,7 @@ class Connection:
             if not future.done():
                 future.set_exception(error)
         for rid, queue in self._streams.items():
-            queue.put_nowait(p.Reply(rid, error=p.WireError(error.code, str(error), True)))
+            queue.put_nowait(p.Reply(rid, error=p.WireError(error.code, str(error), True)))   # resumed elsewhere
         self._streams.clear()
         self._abort()
 

@@ -14,7 +14,7 @@ import ssl
 from dataclasses import dataclass
 from typing import Any
 
-from epochlog.client.errors import ClientError
+from epochlog.client.errors import AuthenticationError, InvalidArgumentError
 
 CA_ENV, CERT_ENV, KEY_ENV = "EPOCHLOG_TLS_CA", "EPOCHLOG_TLS_CERT", "EPOCHLOG_TLS_KEY"
 TOKEN_ENV = "EPOCHLOG_TOKEN"
@@ -44,13 +44,13 @@ class ClientTls:
             if self.cert_file:
                 context.load_cert_chain(self.cert_file, self.key_file)
         except (ssl.SSLError, OSError) as exc:
-            raise ClientError(f"TLS files ({self.ca_file}, {self.cert_file}): {exc}", code="invalid_argument") from None
+            raise InvalidArgumentError(f"TLS files ({self.ca_file}, {self.cert_file}): {exc}") from None
         return context
 
 
 def check_server(address: str, peercert: dict[str, Any] | None) -> None:
-    """ClientError unless the verified server certificate names a node (not a client of the same CA)."""
+    """AuthenticationError unless the verified server certificate names a node (not a client of the same CA)."""
     for kind, value in (peercert or {}).get("subjectAltName", ()):
         if kind == "URI" and value.startswith(NODE_URI) and "/node/" in value:
             return
-    raise ClientError(f"{address}: its certificate names no node of the cluster", code="unauthenticated")
+    raise AuthenticationError(f"{address}: its certificate names no node of the cluster")

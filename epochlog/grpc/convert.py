@@ -7,7 +7,6 @@ Node takes, a result becomes its message, and an error becomes a status through 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -16,23 +15,19 @@ import grpc
 import msgspec
 from google.protobuf.message import Message
 
-from eventlog.errors import EpochlogError
-from eventlog.raft.errors import NotLeaderError
+from eventlog.errors import InvalidArgumentError, NotLeaderError, RejectedError
 from epochlog.api import frames, messages as p
 from epochlog.api.routing import entity_key, entity_prefix, user_key
+from epochlog.calls import call_error
 from epochlog.grpc.v1 import epochlog_pb2 as pb
-from epochlog.errors import RejectedError
-from epochlog.server import wire_error
 from statemachines import events as ev
 from statemachines.state import KvState, decode_state
 
 # --- requests -------------------------------------------------------------------------------------
 
 
-class RequestError(EpochlogError):
+class RequestError(InvalidArgumentError):
     """A gRPC request that does not translate into a valid call (a malformed event, a bad enum...)."""
-
-    code = "invalid_argument"
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,31 +334,8 @@ def members(m: p.Members, grpc_addresses: Mapping[int, str]) -> pb.MembersRespon
 
 # --- errors ---------------------------------------------------------------------------------------
 
-S = grpc.StatusCode
-STATUS_OF_CODE: dict[str, grpc.StatusCode] = {
-    "not_leader": S.UNAVAILABLE,
-    "invalid_argument": S.INVALID_ARGUMENT,
-    "config": S.INVALID_ARGUMENT,
-    "not_found": S.NOT_FOUND,
-    "already_exists": S.ALREADY_EXISTS,
-    "compacted": S.OUT_OF_RANGE,
-    "offset_out_of_range": S.OUT_OF_RANGE,
-    "deadline_exceeded": S.DEADLINE_EXCEEDED,
-    "schema_version": S.FAILED_PRECONDITION,
-    "group_halted": S.UNAVAILABLE,
-    "conf_change": S.FAILED_PRECONDITION,
-    "disk_full": S.RESOURCE_EXHAUSTED,
-    "cancelled": S.CANCELLED,
-}
-"""Epochlog error code -> gRPC status; a code not listed is UNAVAILABLE if retriable, else INTERNAL."""
-
-STATUS_OF_REJECTION: dict[str, grpc.StatusCode] = {
-    "not_found": S.NOT_FOUND,
-    "already_exists": S.ALREADY_EXISTS,
-    "invalid_argument": S.INVALID_ARGUMENT,
-}
-"""A committed write that changed nothing, by reason; any other reason (version_mismatch,
-condition_failed, stale_epoch...) is FAILED_PRECONDITION."""
+STATUS: dict[str, grpc.StatusCode] = {status.name: status for status in grpc.StatusCode}
+"""The gRPC status of each name the error table uses (`EpochlogError.grpc_status`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,40 +352,30 @@ class Failure:
     def metadata(self) -> tuple[tuple[str, str], ...]:
         e = self.error
         md = [("epochlog-code", e.code), ("epochlog-retriable", "true" if e.retriable else "false")]
-        if e.code == "not_leader":
+        if e.code == NotLeaderError.code:
             md += [("epochlog-leader", e.leader_address), ("epochlog-leader-id", str(e.leader))]
-        if e.code == "rejected":
+        if e.code == RejectedError.code:
             md += [("epochlog-reason", e.reason), ("epochlog-offset", str(e.offset))]
         return tuple(md)
 
 
 def failure(exc: BaseException, grpc_addresses: Mapping[int, str], *, timeout: float | None = None,
             deadline_passed: bool = False) -> Failure:
-    """The status of an exception. A retriable error (not caught up, no leader yet...) raised because
-    the call's deadline passed is DEADLINE_EXCEEDED, naming what it was waiting for."""
-    w = wire_error(exc)
-    reason, offset, leader_address = "", 0, ""
-    if isinstance(exc, RejectedError):
-        reason, offset = exc.result.code, exc.result.offset
-        code = STATUS_OF_REJECTION.get(reason, S.FAILED_PRECONDITION)
-    elif isinstance(exc, (TimeoutError, asyncio.TimeoutError)) or (deadline_passed and w.retriable):
-        code = S.DEADLINE_EXCEEDED
-        waited = "" if timeout is None else f" of {timeout:.3g} s"
-        detail = "" if w.code == "deadline_exceeded" else f": {w.message}"
-        w = p.WireError("deadline_exceeded", f"the deadline{waited} passed before the call completed{detail}",
-                        True)
-    else:
-        code = STATUS_OF_CODE.get(w.code, S.UNAVAILABLE if w.retriable else S.INTERNAL)
-    message = w.message
-    if isinstance(exc, NotLeaderError):
-        leader_address = grpc_addresses.get(exc.leader_hint, "")
-        if leader_address:
-            message += f"; the leader's gRPC address is {leader_address}"
-        elif exc.leader_hint:
-            message += f"; node {exc.leader_hint} serves no gRPC"
-    return Failure(code, pb.Error(status=code.value[0], code=w.code, message=message, retriable=w.retriable,
-                                  leader=w.leader, leader_address=leader_address, reason=reason,
-                                  offset=offset))
+    """The status of an exception: its row of the error table (a rejected write's: its reason's). A
+    retriable error (not caught up, no leader yet...) raised because the call's deadline passed is
+    DEADLINE_EXCEEDED, naming what it was waiting for (epochlog.calls.call_error)."""
+    error = call_error(exc, timeout=timeout, deadline_passed=deadline_passed)
+    status = STATUS[error.grpc_status]
+    message = str(error)
+    leader_address = ""
+    if error.leader_hint:
+        leader_address = grpc_addresses.get(error.leader_hint, "")
+        message += (f"; the leader's gRPC address is {leader_address}" if leader_address else
+                    f"; node {error.leader_hint} serves no gRPC")
+    reason, offset = (error.reason, error.offset) if isinstance(error, RejectedError) else ("", 0)
+    return Failure(status, pb.Error(status=status.value[0], code=error.code, message=message,
+                                    retriable=error.retriable, leader=error.leader_hint,
+                                    leader_address=leader_address, reason=reason, offset=offset))
 
 
-__all__ = ["Failure", "RequestError", "failure", "STATUS_OF_CODE", "STATUS_OF_REJECTION"]
+__all__ = ["Failure", "RequestError", "STATUS", "failure"]

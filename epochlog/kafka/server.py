@@ -29,7 +29,7 @@ from typing import Any
 
 from epochlog.kafka.config import MAX_REQUEST_BYTES, KafkaServiceConfig
 from epochlog.kafka.groups import GroupCoordinator
-from epochlog.kafka.errors import UnsupportedRequest
+from epochlog.kafka.errors import UnsupportedRequestError
 from epochlog.kafka.handler import Broker, KafkaHandler
 from epochlog.kafka.wire import FrameTooLarge, RequestFrames
 from epochlog.logs import Throttled
@@ -217,7 +217,7 @@ class KafkaConnection(asyncio.Protocol):
                         self._frame_due(complete=True)
                     try:
                         response = await self.handler.handle(frame)
-                    except UnsupportedRequest as exc:
+                    except UnsupportedRequestError as exc:
                         self._close(str(exc))
                         return
                     except Exception:  # noqa: BLE001 - a bug must not take the node down

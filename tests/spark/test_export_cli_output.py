@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from spark.synthetic import BASE_TIMESTAMP_MS
-from spark.synthetic import write_events
 from statemachines import events as ev
+from tests.spark.synthetic import BASE_TIMESTAMP_MS, write_events
 from tests.support.nodes import ROOT
 
 JVM_NOISE = ("Using incubator modules", "Setting default log level", "setLogLevel(newLevel)")

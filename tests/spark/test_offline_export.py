@@ -1,6 +1,6 @@
 """Offline export (segment files of a stopped node) through Spark, then audit and time travel vs a model.
 
-The segment directories are written with eventlog.log.Log (spark.synthetic); the model is the list
+The segment directories are written with eventlog.log.Log (tests/spark/synthetic.py); the model is the list
 of events written, replayed in Python. Checks: one row per event, offsets unique and exactly the
 events' offsets (control batches hold the others); audit state at offsets and at times, history and
 diff equal the model's; table versions and times resolve to the right snapshot; bad input is refused
@@ -21,7 +21,7 @@ from typing import Any
 from spark.audit import Audit, Point
 from spark.export import export_once
 from spark.sources import OfflineSource
-from spark.synthetic import BASE_TIMESTAMP_MS, write_group
+from tests.spark.synthetic import BASE_TIMESTAMP_MS, write_group
 from spark.table import open_table, resolve
 from statemachines import events as ev
 
