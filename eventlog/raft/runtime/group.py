@@ -583,14 +583,14 @@ class RaftGroup:
 
     def _check_term_limit(self) -> None:
         """Say loudly, and again every TERM_LIMIT_REPEAT_S, that the term reached its limit: this node can
-        never start another election, so the group is lost once its last leader is (README, "Raft")."""
+        never start another election, so the group is lost once its last leader is (docs/raft.md)."""
         n = self.node
         if not n.term_exhausted or self.loop.time() - self._term_limit_said_at < TERM_LIMIT_REPEAT_S:
             return
         self._term_limit_said_at = self.loop.time()
         logger.critical("group %s: term %d is at the limit %d (the int32 partitionLeaderEpoch of a record batch): "
                         "node %s can never start another election%s; the data stays readable (epochlog export "
-                        "--offline), the group has to be rebuilt in a new cluster (README, Raft)", self.name, n.term, MAX_TERM, self.node_id,
+                        "--offline), the group has to be rebuilt in a new cluster (docs/raft.md)", self.name, n.term, MAX_TERM, self.node_id,
                         f" (node {n.leader} leads in this term for now)" if n.leader else "")
 
     def _state_machine_tick(self) -> None:
