@@ -3,9 +3,11 @@
 A face (the native protocol in epochlog/server.py, gRPC in epochlog/grpc_server.py) is a codec: it
 turns bytes into a call of `Node` and the outcome back into bytes. What happens between is here, once:
 
-- `CallRunner.authorize`: the one place where a call's principal is checked against the permission
-  the call needs (issue 21; today every call is allowed). The faces pass the connection's principal
-  (statemachines.access.Principal: ANONYMOUS until they authenticate);
+- `CallRunner.authorize`: the one place where a call's caller is authenticated and checked against
+  the permissions the call needs (issue 21: epochlog/access_control.py over statemachines/access.py),
+  and where the events a client writes get its principal as their actor. The faces pass what the
+  connection said about itself (`Caller`: a certificate's name, a token...). Without an
+  `AccessControl` that enforces, every call is allowed as it comes;
 - `CallRunner.now` runs a call that completes without waiting (status, a keep-alive...) in the
   caller's turn of the loop; `CallRunner.run` awaits one in the caller's task under its deadline: a
   timer cancels the task when it passes (one timer per call, not `asyncio.wait_for`, which would run
@@ -31,7 +33,9 @@ from prometheus_client import Counter, Histogram
 
 from eventlog.errors import DeadlineExceededError, EpochlogError, as_error
 from epochlog.api import messages as p
-from statemachines.access import ANONYMOUS, Principal
+from epochlog.access_control import ANONYMOUS_CALLER, AccessControl, Caller, stamped
+from epochlog.api.permissions import call_actions
+from statemachines.access import Action
 
 logger = logging.getLogger(__name__)
 
@@ -96,26 +100,40 @@ class RpcMetrics(Protocol):
 class CallRunner:
     """Runs the calls of one face of a node; see the module docstring. Use on the node's loop."""
 
-    def __init__(self, rules: FaceRules, metrics: RpcMetrics | None = None) -> None:
+    def __init__(self, rules: FaceRules, metrics: RpcMetrics | None = None,
+                 access: AccessControl | None = None) -> None:
         self.rules = rules
         self.metrics = metrics
+        self.access = access
         self._latency: dict[str, Any] = {}   # op -> its histogram child (labels() costs per call)
 
     # --- the hook of issue 21 ---------------------------------------------------------------------
 
-    def authorize(self, principal: Principal, op: str, call: object) -> None:
-        """Raise (PermissionDeniedError) unless `principal` may make `call` (`op` names it, as in the
-        metrics). Every call of every face passes here before it runs: the one place authorization is
-        enforced (issue 21: statemachines.access.authorize over epochlog.api.permissions.call_actions).
-        Today every call is allowed."""
+    def authorize(self, caller: Caller, op: str, call: object) -> None:
+        """Raise (AuthenticationError, PermissionDeniedError) unless `caller` may make `call` (`op` names
+        it, as in the metrics). Every call of every face passes here before it runs: the one place
+        authorization is enforced. `call` is a native call (epochlog/api/messages.py), or a tuple of them
+        (a gRPC batch); its writes' events get the principal as their actor, in place, before they run."""
+        access = self.access
+        if access is None or not access.enforce:
+            return
+        principal = access.authenticate(caller, op)
+        calls = call if isinstance(call, tuple) else (call,)
+        actions: list[Action] = []
+        for one in calls:
+            actions.extend(call_actions(one))
+        access.check(principal, self.rules.metrics_prefix + op, actions)
+        for one in calls:
+            if isinstance(one, p.Write):
+                one.events = stamped(one.events, principal.name)
 
     # --- running ----------------------------------------------------------------------------------
 
-    def now(self, op: str, call: object, work: Callable[[], T], principal: Principal = ANONYMOUS) -> Done[T] | Failed:
+    def now(self, op: str, call: object, work: Callable[[], T], caller: Caller = ANONYMOUS_CALLER) -> Done[T] | Failed:
         """Run `work`, a call that completes without waiting, in the caller's turn of the loop."""
         started = time.perf_counter()
         try:
-            self.authorize(principal, op, call)
+            self.authorize(caller, op, call)
             outcome: Done[T] | Failed = Done(work())
         except Exception as exc:  # every error is an outcome; the face lives on
             outcome = Failed(self.error(op, exc))
@@ -123,7 +141,7 @@ class CallRunner:
         return outcome
 
     async def run(self, op: str, call: object, work: Callable[[], Coroutine[Any, Any, T]], timeout: float | None,
-                  principal: Principal = ANONYMOUS, *, observe: bool = True) -> Done[T] | Failed:
+                  caller: Caller = ANONYMOUS_CALLER, *, observe: bool = True) -> Done[T] | Failed:
         """Await `work()` in the current task, cut `timeout` (+ the face's grace) seconds from now;
         None: no deadline (a watch lives until cancelled or failed). A cancellation that is not the
         deadline's (the connection went, the client cancelled) propagates. `observe`: count the
@@ -141,7 +159,7 @@ class CallRunner:
         timer = None if timeout is None else asyncio.get_running_loop().call_later(timeout + self.rules.grace_s,
                                                                                    expire)
         try:
-            self.authorize(principal, op, call)
+            self.authorize(caller, op, call)
             return Done(await work())
         except asyncio.CancelledError:
             if not expired:

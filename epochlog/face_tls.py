@@ -16,12 +16,15 @@ import logging
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from eventlog.configuration import doc
 from eventlog.errors import ConfigError
 from eventlog.raft.runtime.tls import SCHEME
+
+if TYPE_CHECKING:
+    from epochlog.client.tls import ClientTls
 
 logger = logging.getLogger(__name__)
 
@@ -81,3 +84,61 @@ def certificate_principal(peercert: dict[str, Any] | None) -> str | None:
             if key == "commonName":
                 return str(value)
     return None
+
+
+def certificate_node(peercert: dict[str, Any] | None, cluster: str) -> int | None:
+    """The node id a verified member certificate of `cluster` names (`epochlog://<cluster>/node/<id>`):
+    another node's own calls (membership forwards, the Kafka face's writes through a leader). None for
+    any other certificate."""
+    for kind, value in (peercert or {}).get("subjectAltName", ()):
+        if kind == "URI" and value.startswith(SCHEME):
+            parts = value[len(SCHEME):].split("/")
+            if len(parts) == 3 and unquote(parts[0]) == cluster and parts[1] == "node" and parts[2].isdigit():
+                return int(parts[2])
+    return None
+
+
+def internal_client_tls(config: ClientTlsConfig, data_dir: Path) -> ClientTls:
+    """What a node's own clients of the other nodes present: its certificate, trusting the faces' CA."""
+    from epochlog.client.tls import ClientTls   # the SDK's side; only where the faces speak TLS
+
+    def path(name: str) -> str:
+        value = Path(name)
+        return str(value if value.is_absolute() else data_dir / value)
+
+    return ClientTls(path(config.ca_file), path(config.cert_file), path(config.key_file))
+
+
+def grpc_credentials(config: ClientTlsConfig | None, data_dir: Path) -> Any:
+    """The gRPC face's server credentials from the same files, or None when TLS is off. gRPC's server
+    either requires a client certificate or asks for none: without `require_client_cert` its clients
+    authenticate by a bearer token."""
+    if config is None or not config.enabled:
+        return None
+    server_context(config, data_dir)   # the same checks and one-line errors as the other faces
+    import grpc   # only where gRPC is served
+
+    def read(name: str) -> bytes:
+        path = Path(name)
+        return (path if path.is_absolute() else data_dir / path).read_bytes()
+
+    return grpc.ssl_server_credentials([(read(config.key_file), read(config.cert_file))],
+                                       root_certificates=read(config.ca_file),
+                                       require_client_auth=config.require_client_cert)
+
+
+def peercert_of_pem(pem: bytes | str) -> dict[str, Any]:
+    """A PEM certificate (gRPC's `x509_pem_cert`) in the form of `SSLObject.getpeercert()` as far as
+    certificate_principal and certificate_node read it: its URI names and its common name."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    cert = x509.load_pem_x509_certificate(pem.encode() if isinstance(pem, str) else pem)
+    try:
+        uris = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+            x509.UniformResourceIdentifier)
+    except x509.ExtensionNotFound:
+        uris = []
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return {"subjectAltName": tuple(("URI", u) for u in uris),
+            "subject": tuple(((("commonName", str(n.value)),) for n in names))}

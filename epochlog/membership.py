@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from eventlog.errors import ConfigError, EpochlogError
 from eventlog.raft.errors import ConfChangeError, NotFoundError, NotLeaderError
@@ -45,6 +46,9 @@ from epochlog.local_groups import LocalGroups
 from statemachines import events as ev
 from statemachines.state import MemberState, Outcome, decode_state
 
+if TYPE_CHECKING:
+    from epochlog.client.tls import ClientTls
+
 logger = logging.getLogger(__name__)
 
 MEMBERSHIP_TIMEOUT_S = 60.0   # a whole membership call (the client's deadline usually ends it first)
@@ -55,8 +59,10 @@ class Membership:
     """The address book of this node and the membership calls it serves (on its loop)."""
 
     def __init__(self, local: LocalGroups, configured: Sequence[MemberConfig], me: MemberConfig,
-                 transport: Callable[[], PeerTransport | None]) -> None:
+                 transport: Callable[[], PeerTransport | None],
+                 client_tls: Callable[[], ClientTls | None] = lambda: None) -> None:
         self.local = local
+        self._client_tls = client_tls   # what forwarded calls present (the member certificate)
         self._configured_members = tuple(configured)
         self._me = me
         self._transport = transport
@@ -171,7 +177,7 @@ class Membership:
                     if not endpoints:
                         raise InvalidArgumentError(f"group {name} is led by another node and no client address is known")
                     client = AsyncClient(endpoints, timeout=max(1.0, deadline - loop.time()),
-                                         name=f"epochlog-node-{self.local.node_id}")
+                                         name=f"epochlog-node-{self.local.node_id}", tls=self._client_tls())
                 if isinstance(call, p.MemberAdd):
                     await client.member_add(call.node_id, call.peer_address, call.client_address,
                                             auto_promote=call.auto_promote, group=name)

@@ -24,6 +24,7 @@ import secrets
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -54,6 +55,9 @@ from statemachines.state import Outcome, encode
 from statemachines.noops import ChangedViews, changed_views_in
 from statemachines.store import ViewsConfig
 from statemachines.views import ViewsStateMachine
+
+if TYPE_CHECKING:
+    from epochlog.client.tls import ClientTls
 
 logger = logging.getLogger(__name__)
 
@@ -91,11 +95,14 @@ class Node:
                              space_guard=self.compaction.space_guard,
                              ships_log_prefix=self.compaction.ships_log_prefix)
         self.local_groups = LocalGroups(node_id, lambda: self.host.groups, self.views)
+        # What this node's own clients of the other nodes present (its member certificate), set by the
+        # client service when the faces speak TLS (epochlog/server.py): forwarded calls authenticate by it.
+        self.internal_tls: ClientTls | None = None
         self.membership = Membership(self.local_groups, configs.cluster.members, self.member,
-                                     lambda: self.host.transport)
+                                     lambda: self.host.transport, lambda: self.internal_tls)
         self.halts = Halts(self.local_groups, lambda name: self.transfer_leader(p.TransferLeader(name, 0)))
         self.digest_check = DigestCheck(self.local_groups, lambda: self.client_addresses,
-                                        self.views_config.digest_check_interval_ms)
+                                        self.views_config.digest_check_interval_ms, lambda: self.internal_tls)
         self.instance = secrets.token_hex(8)   # this run of the node (status: `epochlog up` tells restarts apart)
         self.storage = ""                      # the data directory's id, read at start (epochlog.identity)
 

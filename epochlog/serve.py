@@ -120,14 +120,15 @@ class RunningNode:
                 from epochlog.grpc_server import GrpcService   # grpc is imported only where it is served
 
                 host, port = parse_address(member.grpc_address, f"cluster.members[{node_id}].grpc_address")
-                running.grpc = GrpcService(node, metrics)
+                running.grpc = GrpcService(node, metrics, clients.access, client_config.tls)
                 await running.grpc.start(host, port)
                 running.addresses["grpc"] = f"{host}:{running.grpc.port}"
             if member.kafka_address:
                 from epochlog.kafka.server import KafkaService, brokers_of   # kafka-python: only where served
 
                 host, port = parse_address(member.kafka_address, f"cluster.members[{node_id}].kafka_address")
-                running.kafka = KafkaService(node, brokers_of(configs, member), kafka_config)
+                running.kafka = KafkaService(node, brokers_of(configs, member), kafka_config, clients.access,
+                                             client_config.tls if client_config.tls.enabled else None)
                 await running.kafka.start(host, port)
                 running.addresses["kafka"] = f"{host}:{running.kafka.port}"
         except BaseException:

@@ -36,12 +36,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eventlog.configuration import doc
-from eventlog.errors import BadFrameError, ConnectionLimitError, InvalidArgumentError, WatchCancelledError
+from eventlog.errors import BadFrameError, ConfigError, ConnectionLimitError, InvalidArgumentError, WatchCancelledError
 from epochlog.api import messages as p
 from epochlog.api.frames import (MAX_FRAME_BYTES, BadRequest, ClientFrame, FrameDecoder, FrameError, encode_frame,
                                  encode_frames, salvage_requests)
 from epochlog.calls import CallRunner, Done, FaceRules, Failed, wire_error
-from epochlog.face_tls import ClientTlsConfig, certificate_principal, server_context
+from epochlog.access_control import AccessConfig, AccessControl, AccessMetrics, Caller
+from epochlog.face_tls import (ClientTlsConfig, certificate_node, certificate_principal, internal_client_tls,
+                               server_context)
 from epochlog.metrics import Metrics
 from epochlog.logs import Throttled
 from epochlog.node import DEFAULT_TIMEOUT_S, Node
@@ -73,19 +75,27 @@ class ClientServiceConfig:
         "connection reads no more until they started.", min=1, max=1_000_000))
     tls: ClientTlsConfig = field(default_factory=ClientTlsConfig, metadata=doc(
         "TLS of every client face ([clients.tls], epochlog/face_tls.py)."))
+    access: AccessConfig = field(default_factory=AccessConfig, metadata=doc(
+        "Authentication and authorization on every client face ([clients.access], epochlog/access_control.py)."))
 
 
 class ClientService:
     """Listens for clients on one address and serves them from `node`. Use on the node's loop."""
 
-    def __init__(self, node: Node, metrics: Metrics | None = None, config: ClientServiceConfig | None = None) -> None:
+    def __init__(self, node: Node, metrics: Metrics | None = None, config: ClientServiceConfig | None = None,
+                 access: AccessControl | None = None) -> None:
         self.node = node
         self.metrics = metrics
         self.config = config or ClientServiceConfig()
+        if access is None:
+            access = access_control(node, self.config, metrics)
+        self.access = access                      # shared with the node's other faces (epochlog/serve.py)
+        if self.config.tls.enabled:               # the node's own clients of the others present its certificate
+            node.internal_tls = internal_client_tls(self.config.tls, node.data_dir)
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self.connections: set[ClientConnection] = set()
-        self.runner = CallRunner(FaceRules(), metrics)   # the call path every face shares (epochlog/calls.py)
+        self.runner = CallRunner(FaceRules(), metrics, access)   # the call path every face shares (epochlog/calls.py)
         self.partial_bytes = 0                    # sum of every connection's `decoder.pending_bytes`
         self.limit_closes = 0                     # connections closed for a limit (budget, frame timeout, count)
         self.refusals = Throttled(logger)         # connections refused past max_connections: logged rarely
@@ -130,6 +140,16 @@ class ClientService:
             await self._server.wait_closed()
 
 
+def access_control(node: Node, config: ClientServiceConfig, metrics: Metrics | None) -> AccessControl:
+    """The node's access state for every face, from `[clients.access]`; enforcing needs TLS on the faces
+    (the nodes' own calls authenticate by their member certificates)."""
+    if config.access.enforce and not config.tls.enabled:
+        raise ConfigError("clients.access.enforce", True, "needs [clients.tls] enabled = true (the nodes "
+                                                          "authenticate each other's calls by their member certificates)")
+    return AccessControl(config.access, lambda: node.views.get("metadata"),
+                         None if metrics is None else AccessMetrics(metrics.registry))
+
+
 class ClientConnection(asyncio.Protocol):
     def __init__(self, service: ClientService) -> None:
         self.service = service
@@ -153,13 +173,18 @@ class ClientConnection(asyncio.Protocol):
         self.can_write = asyncio.Event()
         self.can_write.set()
         self.certificate_principal: str | None = None   # named by a verified client certificate (TLS)
+        self.certificate_node: int | None = None        # another node of the cluster, by its member certificate
         self.token = ""                                  # the hello's bearer token
+        self.caller = Caller()                           # who the connection says it is (epochlog/calls.py)
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio subclasses
-        self.certificate_principal = certificate_principal(transport.get_extra_info("peercert"))
+        peercert = transport.get_extra_info("peercert")
+        self.certificate_principal = certificate_principal(peercert)
+        self.certificate_node = certificate_node(peercert, self.node.cluster)
+        self.caller = Caller(certificate=self.certificate_principal, node=self.certificate_node)
         service = self.service
         if len(service.connections) >= service.config.max_connections:
             self._refuse(f"the node has {len(service.connections)} client connections open "
@@ -331,6 +356,7 @@ class ClientConnection(asyncio.Protocol):
             return
         self.greeted = True
         self.token = hello.token
+        self.caller = Caller(certificate=self.certificate_principal, node=self.certificate_node, token=hello.token)
         self.transport.write(encode_frame(p.ServerHello(p.PROTOCOL_VERSION, self.node.cluster, self.node.node_id,
                                                           election_timeout_ms=self.service.election_timeout_ms)))
 
@@ -346,7 +372,8 @@ class ClientConnection(asyncio.Protocol):
         call = request.call
         handler = _SYNC.get(type(call))
         if handler is not None:
-            self._answer(request.id, self.service.runner.now(_op(call), call, functools.partial(handler, self, call)))
+            self._answer(request.id, self.service.runner.now(_op(call), call, functools.partial(handler, self, call),
+                                                             self.caller))
             return
         # The coroutine is made when the task first runs: a task cancelled before that (a watch
         # cancelled in its own frame, a connection lost) leaves no coroutine never awaited.
@@ -366,7 +393,7 @@ class ClientConnection(asyncio.Protocol):
         try:
             # A watch lives until cancelled or failed and replies by itself; its lifetime is not a latency.
             outcome = await self.service.runner.run(_op(call), call, work, None if watch else timeout,
-                                                    observe=not watch)
+                                                    self.caller, observe=not watch)
             if not watch or isinstance(outcome, Failed):
                 self._answer(rid, outcome)
         finally:

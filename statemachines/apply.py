@@ -187,6 +187,9 @@ class Applier:
         self.config = config or ViewsConfig()
         # (lease id, ttl ms or 0 when it ended, offset) of the last apply call, for the leader's clocks
         self.lease_changes: list[tuple[int, int, int]] = []
+        # Bumped by every user or ACL event applied: the faces' caches of principals drop then
+        # (epochlog/access_control.py).
+        self.access_changes = 0
         self.halt: Halt | None = None      # set when a record cannot be applied here (see the module doc)
         raw = store.meta(SKIPPED)
         self.skipped: frozenset[int] = frozenset(msgspec.msgpack.decode(raw, type=list[int]) if raw else ())
@@ -711,6 +714,7 @@ def _client_session_closed(a: Applier, ov: Overlay, e: ev.Event, offset: int) ->
 def _user_added(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     """The user's credentials, whole: a password change or a token revoked replaces them."""
     assert isinstance(e, ev.UserAdded)
+    a.access_changes += 1
     current = a.load(ov, e.key())
     created = current.created if isinstance(current, UserState) else offset
     a.save(ov, e.key(), UserState(name=e.name, scram=e.scram, tokens=e.tokens, version=offset, created=created),
@@ -721,6 +725,7 @@ def _user_added(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
 def _user_removed(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     """The user's credentials go; its grants stay (they name a principal, which a certificate may be too)."""
     assert isinstance(e, ev.UserRemoved)
+    a.access_changes += 1
     if a.load(ov, e.key()) is None:
         return _reject(offset, NOT_FOUND, f"user {e.name} does not exist")
     a.remove(ov, e.key(), e, offset)
@@ -729,6 +734,7 @@ def _user_removed(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
 
 def _acl_granted(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     assert isinstance(e, ev.AclGranted)
+    a.access_changes += 1
     if a.load(ov, e.key()) is not None:
         return _reject(offset, ALREADY_EXISTS, f"{e.principal} already holds {e.role} {e.resource}".rstrip())
     a.save(ov, e.key(), AclState(principal=e.principal, role=e.role, resource=e.resource, version=offset,
@@ -738,6 +744,7 @@ def _acl_granted(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
 
 def _acl_revoked(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     assert isinstance(e, ev.AclRevoked)
+    a.access_changes += 1
     if a.load(ov, e.key()) is None:
         return _reject(offset, NOT_FOUND, f"{e.principal} does not hold {e.role} {e.resource}".rstrip())
     a.remove(ov, e.key(), e, offset)

@@ -61,10 +61,14 @@ from kafka.protocol.consumer.offsets import (
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
+from kafka.protocol.sasl import (SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest,
+                                 SaslHandshakeResponse)
 from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
 
 from eventlog.errors import EpochlogError, InvalidBatchError, rejection
 from eventlog.raft.errors import NotLeaderError
+from epochlog.access_control import AccessControl, stamped
+from epochlog.kafka.sasl import MECHANISMS, KafkaAccess
 from epochlog.group_log import Committed, GroupLog, ProducerStamp
 from eventlog.records import NO_PRODUCER_ID, iter_batches
 from epochlog.kafka import errors as ke
@@ -73,6 +77,7 @@ from epochlog.kafka.errors import KafkaError, UnsupportedRequestError, kafka_cod
 from epochlog.kafka import producers
 from epochlog.kafka.wire import Buffer, FetchPartitionOut, encode_fetch_response, metadata_topic_count, response_frame
 from epochlog.api.routing import group_of_event
+from statemachines.access import Action, Operation, event_actions
 from statemachines import events as ev
 from statemachines.state import Outcome
 
@@ -105,6 +110,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     22: (0, 4),    # InitProducerId
     23: (0, 4),    # OffsetForLeaderEpoch
     19: (0, 3),    # CreateTopics (hosted topics, epochlog/kafka/hosted.py)
+    17: (1, 1),    # SaslHandshake (then SaslAuthenticate frames: epochlog/kafka/sasl.py)
+    36: (0, 2),    # SaslAuthenticate
 }
 
 _ZERO_UUID = "00000000-0000-0000-0000-000000000000"
@@ -138,8 +145,10 @@ Handler = Callable[[Any, int], Awaitable[Any]]
 class KafkaHandler:
     """Serves decoded Kafka requests from `node` (an epochlog.node.Node)."""
 
-    def __init__(self, node: Node, brokers: dict[int, Broker], node_id: int) -> None:
+    def __init__(self, node: Node, brokers: dict[int, Broker], node_id: int,
+                 access: AccessControl | None = None) -> None:
         self.node = node
+        self.auth = KafkaAccess(access)   # who the connection is, what it may do (epochlog/kafka/sasl.py)
         self.brokers = brokers
         self.node_id = node_id
         self._producer_locks: dict[tuple[str, int], asyncio.Lock] = {}
@@ -156,6 +165,8 @@ class KafkaHandler:
             22: (InitProducerIdRequest, self.init_producer_id),
             23: (OffsetForLeaderEpochRequest, self.offset_for_leader_epoch),
             19: (CreateTopicsRequest, self.create_topics),
+            17: (SaslHandshakeRequest, self.sasl_handshake),
+            36: (SaslAuthenticateRequest, self.sasl_authenticate),
         }
         self._hosted: dict[str, hosted.HostedTopic] = {}
         self._hosted_index = hosted.HostedIndex()
@@ -180,6 +191,9 @@ class KafkaHandler:
         if entry is None or versions is None:
             raise UnsupportedRequestError(f"API key {api_key} is not served")
         request_class, handler = entry
+        if not self.auth.may_serve(api_key):
+            raise UnsupportedRequestError(f"API key {api_key} before the connection authenticated (SASL or a "
+                                          f"client certificate)")
         if not versions[0] <= version <= versions[1]:
             if api_key == 18:   # KIP-511: answer with the supported list in v0
                 return response_frame(correlation_id, False, [self._api_versions_body(0, ke.UNSUPPORTED_VERSION)])
@@ -283,6 +297,15 @@ class KafkaHandler:
                 for k, (lo, hi) in sorted(self.supported.items())]
         return bytes(ApiVersionsResponse(error_code=error_code, api_keys=keys, throttle_time_ms=0,
                                          version=version).encode(version=version))
+
+    async def sasl_handshake(self, request: Any, version: int) -> Any:
+        code = self.auth.handshake(request.mechanism)
+        return SaslHandshakeResponse(error_code=code, mechanisms=list(MECHANISMS), version=version)
+
+    async def sasl_authenticate(self, request: Any, version: int) -> Any:
+        code, message, server_bytes = self.auth.authenticate(bytes(request.auth_bytes))
+        return SaslAuthenticateResponse(error_code=code, error_message=message, auth_bytes=server_bytes,
+                                        session_lifetime_ms=0, version=version)
 
     async def api_versions(self, request: Any, version: int) -> list[Buffer]:
         return [self._api_versions_body(version)]
@@ -427,6 +450,7 @@ class KafkaHandler:
                 po = FetchPartitionOut(p.partition)
                 try:
                     ref = self._leader(t.topic, p.partition, getattr(p, "current_leader_epoch", -1))
+                    self.auth.check("fetch", (_read_action(ref),))
                     log = ref.group
                     # A partition is read up to its high watermark: for a group's topic the commit
                     # offset + 1; for a hosted one its last committed record + 1, so positions never
@@ -495,6 +519,7 @@ class KafkaHandler:
         """(error code, base offset, error message, log start offset) for one partition's batch."""
         try:
             ref = self._leader(topic, partition)
+            self.auth.check("produce", (_append_action(ref),))
             header, records = await self._decode_batch(ref, data)
             committed = await self._append(ref, header, records, acks, timeout)
             return ke.NONE, committed, None, ref.group.start_offset
@@ -535,6 +560,7 @@ class KafkaHandler:
         if h.is_control or h.is_transactional:
             raise KafkaError(ke.INVALID_RECORD, "control and transactional batches are not accepted")
         records: list[tuple[bytes, bytes]] = []
+        principal = None if ref.hosted else self.auth.principal("produce")
         # BatchTooLargeError (MESSAGE_TOO_LARGE) once the records inflate past the limit;
         # UnsupportedCompressionError: snappy, lz4, zstd.
         for i, record in enumerate(batch.records(max_bytes=limit)):
@@ -552,6 +578,12 @@ class KafkaHandler:
                 raise KafkaError(ke.INVALID_RECORD, f"record {i}: the value must be an event, not null")
             try:
                 event = self.node.client_event(ev.decode_event(record.value))
+            except (EpochlogError, RecursionError) as exc:   # RecursionError: nested too deeply to decode
+                raise KafkaError(ke.INVALID_RECORD, f"record {i}: {exc}") from None
+            if principal is not None:   # each record's event on its own, signed by its sender
+                self.auth.check("produce", event_actions(event))
+                event = stamped([event], principal.name)[0]
+            try:
                 key, value = ev.event_record(event)
                 owner = group_of_event(event)
             except (EpochlogError, RecursionError) as exc:   # RecursionError: nested too deeply to decode
@@ -727,8 +759,22 @@ class KafkaHandler:
         addresses = [a for i, a in self.node.client_addresses.items() if a and i != self.node_id]
         if not addresses:
             raise KafkaError(ke.COORDINATOR_NOT_AVAILABLE, "no other node to write through")
-        async with AsyncClient(addresses, timeout=FORWARD_TIMEOUT_S) as client:
+        async with AsyncClient(addresses, timeout=FORWARD_TIMEOUT_S, tls=self.node.internal_tls) as client:
             return (await client.commands([event]))[0]
+
+
+def _read_action(ref: PartitionRef) -> Action:
+    """What reading a partition asks: a group's whole log, or a hosted topic."""
+    if ref.hosted:
+        return Action(Operation.READ, f"kafka-topic/{ref.topic}")
+    return Action(Operation.READ_LOG, f"log/{ref.group.name}")
+
+
+def _append_action(ref: PartitionRef) -> Action:
+    """What producing to a partition asks (a group's log: then each record's event too)."""
+    if ref.hosted:
+        return Action(Operation.WRITE, f"kafka-topic/{ref.topic}")
+    return Action(Operation.APPEND_LOG, f"log/{ref.group.name}")
 
 
 def _decode(request_class: Any, frame: memoryview, version: int) -> Any:

@@ -22,11 +22,15 @@ protocol has no such frame), so each close is logged instead (at a bounded rate)
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections import deque
 from typing import Any
 
+from epochlog.access_control import AccessControl, Caller
+from epochlog.face_tls import ClientTlsConfig, certificate_node, certificate_principal, server_context
+from epochlog.kafka.sasl import SESSION, KafkaSession
 from epochlog.kafka.config import MAX_REQUEST_BYTES, KafkaServiceConfig
 from epochlog.kafka.groups import GroupCoordinator
 from epochlog.kafka.errors import UnsupportedRequestError
@@ -42,10 +46,12 @@ MAX_QUEUED_REQUESTS = 64            # per connection: reading pauses beyond this
 class KafkaService:
     """Serves the Kafka protocol for `node` on one address. Use on the node's loop."""
 
-    def __init__(self, node: Any, brokers: dict[int, Broker], config: KafkaServiceConfig | None = None) -> None:
+    def __init__(self, node: Any, brokers: dict[int, Broker], config: KafkaServiceConfig | None = None,
+                 access: AccessControl | None = None, tls: ClientTlsConfig | None = None) -> None:
         self.node = node
         self.config = config or KafkaServiceConfig()
-        self.handler = KafkaHandler(node, brokers, node.node_id)
+        self.tls = tls      # [clients.tls]: the listener is SSL (SASL_SSL with SASL) when it is enabled
+        self.handler = KafkaHandler(node, brokers, node.node_id, access)
         self.groups = GroupCoordinator(self.handler, self.config)
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -56,7 +62,9 @@ class KafkaService:
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: KafkaConnection(self), host, port, reuse_address=True)
+        context = None if self.tls is None else server_context(self.tls, self.node.data_dir)
+        self._server = await loop.create_server(lambda: KafkaConnection(self), host, port, reuse_address=True,
+                                                ssl=context)
         self._sweeper = loop.create_task(self._sweep(), name="kafka-frame-timeouts")
         self.groups.start()
 
@@ -116,7 +124,14 @@ class KafkaConnection(asyncio.Protocol):
             transport.abort()
             return
         service.connections.add(self)
-        self.task = asyncio.get_running_loop().create_task(self._serve())
+        # The connection's authentication state lives in its serving task's context (epochlog/kafka/sasl.py).
+        peercert = transport.get_extra_info("peercert")
+        caller = Caller(certificate=certificate_principal(peercert),
+                        node=certificate_node(peercert, service.node.cluster))
+        session = KafkaSession(caller, authenticated=caller.certificate is not None or caller.node is not None)
+        context = contextvars.copy_context()
+        context.run(SESSION.set, session)
+        self.task = asyncio.get_running_loop().create_task(self._serve(), context=context)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.service.connections.discard(self)

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from eventlog.errors import EpochlogError, InvalidArgumentError, NotCaughtUpError
 from epochlog.calls import CallRunner, Done, FaceRules, Failed
-from statemachines.access import ANONYMOUS, Principal
+from epochlog.access_control import ANONYMOUS_CALLER, Caller
 
 
 @dataclass
@@ -111,11 +111,11 @@ def test_a_retriable_error_at_the_deadline_is_reported_by_the_face_s_rule(late_r
 
 
 class Refusing(CallRunner):
-    """A runner whose authorization refuses one principal: what issue 21 plugs in at the hook."""
+    """A runner whose authorization refuses one caller (the hook's contract; the real rule: test_access_control)."""
 
-    def authorize(self, principal: Principal, op: str, call: object) -> None:
-        if principal.name == "mallory":
-            raise InvalidArgumentError(f"{principal.name} may not {op}")
+    def authorize(self, caller: Caller, op: str, call: object) -> None:
+        if caller.authenticated == "mallory":
+            raise InvalidArgumentError(f"{caller.authenticated} may not {op}")
 
 
 def test_every_call_passes_the_authorization_hook_before_it_runs() -> None:
@@ -130,10 +130,10 @@ def test_every_call_passes_the_authorization_hook_before_it_runs() -> None:
         ran.append("sync")
         return "ok"
 
-    mallory = Principal("mallory")
+    mallory = Caller(authenticated="mallory")
     refused = [asyncio.run(runner.run("put", object(), work, 1.0, mallory)), runner.now("status", object(), now, mallory)]
     assert all(isinstance(o, Failed) and "mallory may not" in str(o.error) for o in refused) and ran == []
-    allowed = [asyncio.run(runner.run("put", object(), work, 1.0, ANONYMOUS)), runner.now("status", object(), now)]
+    allowed = [asyncio.run(runner.run("put", object(), work, 1.0, ANONYMOUS_CALLER)), runner.now("status", object(), now)]
     assert allowed == [Done("ok"), Done("ok")] and ran == ["async", "sync"]
 
 

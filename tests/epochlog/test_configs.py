@@ -23,6 +23,7 @@ import pytest
 from compaction.config import CleanerConfig, CompactionConfig, compaction_configs
 from controller.config import ControllerConfig, controller_config
 from epochlog.client import Client
+from epochlog.access_control import AccessConfig
 from epochlog.face_tls import ClientTlsConfig
 from epochlog.server import ClientServiceConfig
 from eventlog.config import LogConfig
@@ -48,6 +49,7 @@ SECTIONS: dict[str, Any] = {"cluster": ClusterConfig, "cluster.members": MemberC
                             "cluster.tls": PeerTlsConfig, "cluster.peer_limits": PeerLimitsConfig, "raft": RaftConfig,
                             "log": LogConfig, "views": ViewsConfig, "controller": ControllerConfig,
                             "clients": ClientServiceConfig, "clients.tls": ClientTlsConfig,
+                            "clients.access": AccessConfig,
                             "kafka": KafkaServiceConfig,
                             "compaction": CompactionConfig,
                             "compaction.cleaner": CleanerConfig}

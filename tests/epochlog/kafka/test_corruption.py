@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaTimeoutError
 
 from epochlog.client import Client
 from epochlog.client.errors import ClientError
@@ -183,8 +184,13 @@ def _kafka_read(cluster: NodeCluster, written: dict[int, tuple[str, bytes]], sto
     try:
         consumer.assign([KV])
         consumer.seek_to_beginning(KV)
-        end = consumer.end_offsets([KV])[KV]
         deadline = time.monotonic() + timeout
+        while True:   # the kv leader may be handing over (it found damage): kafka-python gives up after 30 s
+            try:
+                end = consumer.end_offsets([KV])[KV]
+                break
+            except KafkaTimeoutError:
+                assert time.monotonic() < deadline, "no end offset of __kv within the wait"
         while consumer.position(KV) < end and (stop is None or not stop.is_set()):
             assert time.monotonic() < deadline, f"position {consumer.position(KV)}, end {end}"
             for records in consumer.poll(timeout_ms=500).values():
