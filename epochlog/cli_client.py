@@ -6,7 +6,7 @@ variable EPOCHLOG_ENDPOINTS, in that order of precedence; with none of them, the
 the config `epochlog up` runs by default (configs/local-3.toml: 127.0.0.1:7201-7203), and an error
 that says so when nothing answers there.
 Output is a plain table for people, or with `--json` one JSON document (one per line for the
-streaming commands) whose field names are stable: README.md, section "CLI", lists them.
+streaming commands) whose field names are stable: docs/cli.md lists them.
 
 Keys are written one way on every command (epochlog/api/routing.py): `app/x` is a kv entry,
 `topic/orders`, `broker/...`, `lease/...` other entities (watch and txn --if take both); `kv/app/x`
@@ -612,7 +612,7 @@ def lease_list(target: Target) -> None:
               help="Only changes after this offset.")
 def history_command(target: Target, key: str, limit: int, after_offset: int) -> None:
     """Every change of KEY, oldest first: offset, event and the value it left (none: deleted). History
-    starts at the group's history floor (README "Compaction"); earlier changes are in the archive."""
+    starts at the group's history floor (docs/compaction.md); earlier changes are in the archive."""
     changes = target.run(lambda c: c.history(key, limit=limit, after_offset=after_offset))
     documents = []
     for change in changes:

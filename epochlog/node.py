@@ -366,7 +366,8 @@ class Node:
             raise _compacted(group, start)
 
         async def records() -> AsyncIterator[p.EventRecord]:
-            async for e in group.watch(call.prefix.encode(), start, changed=self._changed_views(group_name)):
+            async for e in group.watch(call.prefix.encode(), start, changed=self._changed_views(group_name),
+                                       written_keys=ev.written_keys):
                 yield p.EventRecord(e.offset, _key_text(e.key), e.value, e.timestamp, e.term, e.applied)
 
         return group_name, start, records()

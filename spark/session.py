@@ -60,6 +60,13 @@ def register(session: Any) -> None:
     session.dataSource.register(TableFilesSource)
 
 
+def activate(session: Any) -> None:
+    """Make `session` the active one of the calling thread. Spark looks a Python data source up in the
+    thread's active session when it writes (DataFrameWriter.save), and a thread other than the one that
+    made the session (asyncio.to_thread, a worker pool) has none: the writer would not be found."""
+    session._jvm.org.apache.spark.sql.SparkSession.setActiveSession(session._jsparkSession)
+
+
 def jvm_log_path() -> Path:
     """Where the JVM of this process writes its stderr (Spark's start-up lines, a crash's last words)."""
     return Path(tempfile.gettempdir()) / f"epochlog-spark-{os.getpid()}.log"

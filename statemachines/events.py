@@ -660,6 +660,19 @@ def decode_event(data: bytes | memoryview) -> Event:
     return event
 
 
+def written_keys(record_key: bytes | memoryview | None, value: bytes | memoryview | None) -> tuple[bytes, ...]:
+    """The entity keys a record writes besides its own key: a Txn's record key names its first operation
+    only (`txn/<key>`), so a reader matching keys (a watch on a prefix) asks for its operations' keys here.
+    () for any other record, and for a value that does not decode (it applied nothing)."""
+    if record_key is None or value is None or bytes(record_key[:4]) != b"txn/":
+        return ()
+    try:
+        event = _decoder.decode(value)
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return ()
+    return tuple(op.key().encode() for op in event.ops) if isinstance(event, Txn) else ()
+
+
 def check_versions(event: Event) -> None:
     """SchemaVersionError when `event`, or an operation of a `Txn`, has a newer schema version than this code."""
     for e in (event, *event.ops) if isinstance(event, Txn) else (event,):

@@ -365,6 +365,7 @@ class AsyncClient:
     async def watch(self, prefix: str, *, from_offset: int = -1, window: int = 4096) -> AsyncIterator[WatchedEvent]:
         """Events whose key starts with `prefix` (`app/` for kv entries, `broker/`...: one key space,
         epochlog/api/routing.py), from `from_offset` on, forever; `WatchedEvent.key` is in the same form.
+        A transaction comes once if any of its operations writes under `prefix` (its key: `txn/<first op>`).
 
         If the node serving the watch goes away, the watch resumes on another node from the offset
         after the last event delivered: no gaps, no repeats. A watch behind the log start raises
@@ -482,7 +483,7 @@ class AsyncClient:
     async def group_skip(self, group: str, offset: int, endpoint: str) -> int:
         """Skip the record `group` halted at (`offset`) on the node at `endpoint`; its applied offset after.
 
-        Operator recovery (README "Events"): only when no Epochlog version can apply the record, on
+        Operator recovery (docs/views.md): only when no Epochlog version can apply the record, on
         every member halted there (`epochlog group skip` checks every member first)."""
         result = await self._call_on(endpoint, p.GroupSkip(group, offset))
         assert isinstance(result, p.Done)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import subprocess
+import threading
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -181,3 +182,26 @@ def test_a_key_compacted_range_is_a_gap_for_the_first_export(tmp_path: Path) -> 
     (kv,) = plan.groups
     assert (kv.start, kv.skipped) == (end, end)
 
+
+
+def test_export_from_a_thread_other_than_the_sessions(tmp_path: Path, spark_session: Any) -> None:
+    """Spark finds a Python data source's writer through the calling thread's active session: an export
+    from another thread (the tour's asyncio.to_thread) failed with DATA_SOURCE_NOT_FOUND."""
+    data = tmp_path / "node"
+    write_group(data, "kv", 200, batch_records=50, keys=20, seed=1, timestamp_ms=BASE_TIMESTAMP_MS,
+                segment_bytes=256 << 10)
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(export_once(spark_session, tmp_path / "events", OfflineSource.discover(data)))
+        except Exception as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join(timeout=300)
+    assert not worker.is_alive(), "the export did not end within 300 s"
+    [result] = outcome
+    assert not isinstance(result, Exception), result
+    assert result.table_version == 1 and result.rows == 200

@@ -159,6 +159,11 @@ whether applying that record changed the state machine (None: unknown). The stat
 knowledge (the views' `noops` rows): a committed record may be a rejected write or a retry."""
 
 
+WrittenKeys = Callable[[bytes, bytes | None], Sequence[bytes]]
+"""`written_keys(record key, value)`: the keys a record writes besides its own (the state machine knows:
+a transaction's record key names its first operation only)."""
+
+
 @dataclass(slots=True)
 class GroupCounters:
     """What one group did on this node since it started (monotonic; read by metrics)."""
@@ -336,8 +341,11 @@ class RaftGroup:
         return await self._reads.barrier(consistency, min_offset, timeout)
 
     async def watch(self, prefix: bytes, from_offset: int, *, changed: ChangedIn | None = None,
+                    written_keys: WrittenKeys | None = None,
                     chunk_bytes: int = 1 << 20) -> AsyncIterator[WatchEvent]:
-        """Committed records whose key starts with `prefix`, from `from_offset` on, as they are applied.
+        """Committed records whose key starts with `prefix`, or that write a key starting with it (as
+        `written_keys` tells: a record may write more keys than its own, e.g. a transaction), from
+        `from_offset` on, as they are applied; each record once.
 
         Reads the log in chunks of at most `chunk_bytes`, as fast as the consumer pulls (that is the
         flow control). A watcher whose offset is no longer in the log record by record (truncated, or
@@ -373,7 +381,10 @@ class RaftGroup:
                     continue
                 term = batch.header.leader_epoch
                 for record in batch.records():
-                    if record.offset >= offset and record.key is not None and record.key.startswith(prefix):
+                    if record.offset < offset or record.key is None:
+                        continue
+                    if record.key.startswith(prefix) or (written_keys is not None and any(
+                            k.startswith(prefix) for k in written_keys(record.key, record.value))):
                         yield WatchEvent(record.offset, record.key, record.value, record.timestamp, term,
                                          None if applied_flag is None else applied_flag(record.key, record.offset))
             offset = max(offset, chunk.next_offset)
@@ -572,14 +583,14 @@ class RaftGroup:
 
     def _check_term_limit(self) -> None:
         """Say loudly, and again every TERM_LIMIT_REPEAT_S, that the term reached its limit: this node can
-        never start another election, so the group is lost once its last leader is (README, "Raft")."""
+        never start another election, so the group is lost once its last leader is (docs/raft.md)."""
         n = self.node
         if not n.term_exhausted or self.loop.time() - self._term_limit_said_at < TERM_LIMIT_REPEAT_S:
             return
         self._term_limit_said_at = self.loop.time()
         logger.critical("group %s: term %d is at the limit %d (the int32 partitionLeaderEpoch of a record batch): "
                         "node %s can never start another election%s; the data stays readable (epochlog export "
-                        "--offline), the group has to be rebuilt in a new cluster (README, Raft)", self.name, n.term, MAX_TERM, self.node_id,
+                        "--offline), the group has to be rebuilt in a new cluster (docs/raft.md)", self.name, n.term, MAX_TERM, self.node_id,
                         f" (node {n.leader} leads in this term for now)" if n.leader else "")
 
     def _state_machine_tick(self) -> None:

@@ -1,4 +1,4 @@
-"""Key compaction on real `epochlog serve` nodes, read back by real Kafka clients (README "Compaction").
+"""Key compaction on real `epochlog serve` nodes, read back by real Kafka clients (docs/compaction.md).
 
 1. Three nodes with 1 MiB segments, a snapshot every 300 offsets, 300 offsets of retention and a
    1 s delete retention (so passes run within seconds). One follower is stopped first. Through the

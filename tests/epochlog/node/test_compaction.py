@@ -1,4 +1,4 @@
-"""Retention on real `epochlog serve` nodes, through the SDK and the CLI (compaction/, README "Compaction").
+"""Retention on real `epochlog serve` nodes, through the SDK and the CLI (compaction/, docs/compaction.md).
 
 1. The history floor: three nodes with 300 offsets of retention, a snapshot every 200 offsets and an
    export table that stopped at offset 5 (its pin capped at 1,000 offsets). After a few thousand
