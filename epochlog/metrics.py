@@ -86,6 +86,14 @@ Families (counters get the `_total` suffix on the wire):
     epochlog_controller_elections_total      counter     master elections it committed
     epochlog_controller_activations_total    counter     times it became the active controller
 
+    epochlog_kafka_requests_total{api}       counter     Kafka requests by API (epochlog/kafka/counters.py)
+    epochlog_kafka_produced_records_total{topic} counter records appended through the Kafka face
+    epochlog_kafka_produced_bytes_total{topic} counter   bytes of the batches they came in
+    epochlog_kafka_fetched_records_total{topic} counter  records handed to Kafka consumers
+    epochlog_kafka_fetched_bytes_total{topic} counter
+    epochlog_kafka_errors_total{api,error}   counter     partitions answered with a Kafka error (Produce, Fetch,
+                                                         ListOffsets, OffsetForLeaderEpoch), by Kafka's error name
+
 gRPC calls are counted with the native ones (`epochlog_rpc_seconds{op="grpc_<method>"}`).
 """
 
@@ -99,6 +107,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from epochlog.kafka.counters import KafkaCounters
     from epochlog.loop_monitor import LoopMonitor
     from epochlog.node import Node
 
@@ -134,9 +143,38 @@ class Metrics:
             group.storage.log.observer = _LogTimings(self, name)
 
 
+    def track_kafka(self, counters: KafkaCounters) -> None:
+        """Serve the Kafka face's counts (when the node serves Kafka)."""
+        self.registry.register(_KafkaCollector(counters))
+
     def track_loop(self, monitor: LoopMonitor) -> None:
         """Serve the loop monitor's longest stall and its count of stalls past the warning bound."""
         self.registry.register(_LoopCollector(monitor))
+
+
+class _KafkaCollector(Collector):
+    """epochlog_kafka_*, read from the face's counters when scraped."""
+
+    def __init__(self, counters: KafkaCounters) -> None:
+        self.counters = counters
+
+    def collect(self) -> Iterator[Metric]:
+        c = self.counters
+        for name, doc, label, values in (
+                ("requests", "Kafka requests by API.", "api", c.requests),
+                ("produced_records", "Records appended through the Kafka face.", "topic", c.produced_records),
+                ("produced_bytes", "Bytes of the batches produced through the Kafka face.", "topic", c.produced_bytes),
+                ("fetched_records", "Records handed to Kafka consumers.", "topic", c.fetched_records),
+                ("fetched_bytes", "Bytes handed to Kafka consumers.", "topic", c.fetched_bytes)):
+            family = CounterMetricFamily(f"epochlog_kafka_{name}", doc, labels=[label])
+            for key, value in sorted(values.items()):
+                family.add_metric([key], value)
+            yield family
+        errors = CounterMetricFamily("epochlog_kafka_errors", "Partitions answered with a Kafka error, by API and "
+                                     "Kafka error name.", labels=["api", "error"])
+        for (api, error), value in sorted(c.errors.items()):
+            errors.add_metric([api, error], value)
+        yield errors
 
 
 class _LoopCollector(Collector):

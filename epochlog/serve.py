@@ -129,6 +129,7 @@ class RunningNode:
                 host, port = parse_address(member.kafka_address, f"cluster.members[{node_id}].kafka_address")
                 running.kafka = KafkaService(node, brokers_of(configs, member), kafka_config, clients.access,
                                              client_config.tls if client_config.tls.enabled else None)
+                metrics.track_kafka(running.kafka.handler.counters)
                 await running.kafka.start(host, port)
                 running.addresses["kafka"] = f"{host}:{running.kafka.port}"
         except BaseException:

@@ -72,6 +72,7 @@ from epochlog.kafka.sasl import MECHANISMS, KafkaAccess
 from epochlog.group_log import Committed, GroupLog, ProducerStamp
 from eventlog.records import NO_PRODUCER_ID, iter_batches
 from epochlog.kafka import errors as ke
+from epochlog.kafka.counters import KafkaCounters
 from epochlog.kafka import hosted
 from epochlog.kafka.errors import KafkaError, UnsupportedRequestError, kafka_code
 from epochlog.kafka import producers
@@ -156,6 +157,7 @@ class KafkaHandler:
         self._background: set[asyncio.Task[Any]] = set()
         self._decoder = ThreadPoolExecutor(1, thread_name_prefix="kafka-decode")   # one: never a crowd of them
         self.groups_coordinator: Any = None   # set by epochlog.kafka.groups when served
+        self.counters = KafkaCounters()       # served on /metrics (epochlog/metrics.py)
         self._apis: dict[int, tuple[type, Handler]] = {
             0: (ProduceRequest, self.produce),
             1: (FetchRequest, self.fetch),
@@ -191,6 +193,7 @@ class KafkaHandler:
         if entry is None or versions is None:
             raise UnsupportedRequestError(f"API key {api_key} is not served")
         request_class, handler = entry
+        self.counters.request(api_key)
         if not self.auth.may_serve(api_key):
             raise UnsupportedRequestError(f"API key {api_key} before the connection authenticated (SASL or a "
                                           f"client certificate)")
@@ -372,6 +375,7 @@ class KafkaHandler:
                     out.offset, out.timestamp, out.leader_epoch = self._offset_for(ref, p.timestamp)
                 except Exception as exc:  # noqa: BLE001 - answered as a Kafka error code
                     out.error_code = kafka_code(exc)
+                    self.counters.error(2, out.error_code)
                 parts.append(out)
             topics.append(ListOffsetsResponse.ListOffsetsTopicResponse(name=t.name, partitions=parts))
         return ListOffsetsResponse(throttle_time_ms=0, topics=topics, version=version)
@@ -420,6 +424,7 @@ class KafkaHandler:
                         out.leader_epoch, out.end_offset = found
                 except Exception as exc:  # noqa: BLE001
                     out.error_code = kafka_code(exc)
+                    self.counters.error(23, out.error_code)
                 parts.append(out)
             topics.append(OffsetForLeaderEpochResponse.OffsetForLeaderTopicResult(topic=t.topic, partitions=parts))
         return OffsetForLeaderEpochResponse(throttle_time_ms=0, topics=topics, version=version)
@@ -475,6 +480,9 @@ class KafkaHandler:
                 except Exception as exc:  # noqa: BLE001
                     po.error_code = kafka_code(exc)
                     po.records = []
+                    self.counters.error(1, po.error_code)
+                else:
+                    self.counters.fetched(t.topic, po.records)
                 parts.append(po)
             out.append((t.topic, parts))
         return total, out, waits
@@ -522,9 +530,11 @@ class KafkaHandler:
             self.auth.check("produce", (_append_action(ref),))
             header, records = await self._decode_batch(ref, data)
             committed = await self._append(ref, header, records, acks, timeout)
+            self.counters.produced(topic, len(records), len(data or b""))
             return ke.NONE, committed, None, ref.group.start_offset
         except Exception as exc:  # noqa: BLE001 - every failure is a Kafka error code
             code = kafka_code(exc)
+            self.counters.error(0, code)
             if code == ke.UNKNOWN_SERVER_ERROR:
                 logger.exception("produce to %s-%s failed", topic, partition)
             elif code in (ke.OUT_OF_ORDER_SEQUENCE_NUMBER, ke.INVALID_PRODUCER_EPOCH):

@@ -479,3 +479,47 @@ def test_created_topics_carry_any_records_and_consumer_groups(kafka_cluster: Nod
     with Client(kafka_cluster.endpoints) as client:
         assert client.get(f"kafka/{topic}/1/kazE").value == b"v49"                      # base64url("k1"), last one
         assert client.get(f"kafka/{topic}/0/kazA") is None                               # tombstoned
+
+
+def test_metrics_count_what_the_face_produced_fetched_and_refused(kafka_cluster: NodeCluster) -> None:
+    """/metrics of the kv leader counts the records and bytes kafka-python produced and fetched through
+    it, and a follower counts the produce it refused (NOT_LEADER) by API and error name."""
+    leader = kafka_cluster.leader("kv")
+    follower = next(i for i in kafka_cluster.running() if i != leader)
+
+    def counter(node: int, name: str, labels: tuple[tuple[str, str], ...]) -> float:
+        return kafka_cluster.metrics(node).get((f"epochlog_kafka_{name}_total", labels), 0.0)
+
+    topic = (("topic", "__kv"),)
+    before = {name: counter(leader, name, topic) for name in ("produced_records", "produced_bytes",
+                                                               "fetched_records", "fetched_bytes")}
+    refused = (("api", "Produce"), ("error", "NOT_LEADER_FOR_PARTITION"))
+    refused_before = counter(follower, "errors", refused)
+    tag = uuid.uuid4().hex[:8]
+    count = 200
+    producer = KafkaProducer(bootstrap_servers=kafka_cluster.bootstrap, acks="all", linger_ms=5)
+    try:
+        futures = [producer.send("__kv", value=_put(f"metrics-{tag}/{i}")) for i in range(count)]
+        producer.flush(30)
+        offsets = [f.get(timeout=30).offset for f in futures]
+    finally:
+        producer.close(5)
+    consumer = KafkaConsumer(bootstrap_servers=kafka_cluster.bootstrap, enable_auto_commit=False)
+    try:
+        consumer.assign([KV])
+        consumer.seek(KV, min(offsets))
+        fetched = _consume_all(consumer, max(offsets) + 1)
+    finally:
+        consumer.close()
+    with RawKafka(_kafka_of(kafka_cluster, follower)) as raw:
+        result = _partition_result(raw.call(_produce(encode_batch([(None, _put("f/x"))], timestamp_ms=1)),
+                                            ProduceResponse, 9))
+        assert result.error_code == 6
+    after = {name: counter(leader, name, topic) for name in before}
+    # Only this test writes through the face now; records of other writers may be fetched with ours.
+    assert after["produced_records"] - before["produced_records"] == count, (before, after)
+    assert after["produced_bytes"] - before["produced_bytes"] > count * len(_put(f"metrics-{tag}/0"))
+    assert after["fetched_records"] - before["fetched_records"] >= len(fetched) >= count, (before, after)
+    assert after["fetched_bytes"] > before["fetched_bytes"]
+    assert counter(follower, "errors", refused) == refused_before + 1
+    assert counter(leader, "requests", (("api", "Produce"),)) >= 1
