@@ -7,7 +7,10 @@ The cluster is shared by the module (no test kills a node; tests/epochlog/kafka/
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import time
+import urllib.request
 import uuid
 from typing import Any
 
@@ -523,3 +526,14 @@ def test_metrics_count_what_the_face_produced_fetched_and_refused(kafka_cluster:
     assert after["fetched_bytes"] > before["fetched_bytes"]
     assert counter(follower, "errors", refused) == refused_before + 1
     assert counter(leader, "requests", (("api", "Produce"),)) >= 1
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Prometheus) is not installed")
+def test_promtool_finds_nothing_wrong_with_the_metrics(kafka_cluster: NodeCluster) -> None:
+    """Every family of a Kafka-serving node, by Prometheus's own linter (names, units, help texts)."""
+    leader = kafka_cluster.leader("kv")
+    with urllib.request.urlopen(f"http://{kafka_cluster.nodes[leader].admin_address}/metrics", timeout=10) as r:
+        text = r.read()
+    assert b"epochlog_kafka_requests_total" in text
+    result = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
