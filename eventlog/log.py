@@ -760,6 +760,14 @@ class Log:
 
     def _flush_loop(self) -> None:
         """The group-commit / interval flusher thread."""
+        held: list[tuple[Segment, int]] = []   # the segment it syncs, with its own copy of the segment's fd
+        try:
+            self._flush_until_closed(held)
+        finally:
+            for _, fd in held:
+                os.close(fd)
+
+    def _flush_until_closed(self, held: list[tuple[Segment, int]]) -> None:
         interval = self.config.flush_interval_ms / 1000 if self.config.flush_policy == "interval" else None
         while True:
             with self._lock:
@@ -776,7 +784,13 @@ class Log:
                 generation = self._generation
                 seg = self._segments[-1]
                 assert seg.fd is not None
-                fd = os.dup(seg.fd)  # the segment may be sealed or deleted while we sync
+                if not held or held[0][0] is not seg:
+                    # Its own copy, duplicated once per segment (not per sync): the segment may be sealed
+                    # or deleted while it syncs. Closed when the next segment is synced, or on exit.
+                    if held:
+                        os.close(held.pop()[1])
+                    held.append((seg, os.dup(seg.fd)))
+                fd = held[0][1]
             started = time.perf_counter()
             try:
                 os.fdatasync(fd)
@@ -785,8 +799,6 @@ class Log:
                     self._fail(io_error(f"fdatasync of {seg.path}", exc))
                 self._notify_listeners()  # listeners check `failure`: nobody may wait on this log forever
                 return
-            finally:
-                os.close(fd)
             self._synced(started)
             with self._lock:
                 # Older segments were synced when they were sealed, so everything below `target`
