@@ -56,6 +56,14 @@ def per_event(run: dict[str, object]) -> float:
     return float(run["server_cpu_us_per_rpc"]) / float(run.get("batch", 1) or 1)  # type: ignore[arg-type]
 
 
+def changes(runs: list[dict[str, object]]) -> str:
+    """Leadership changes summed over runs and groups (bench/vs_etcd.leader_changes; '?' if not reported)."""
+    counts = [x.get("leader_changes") for x in runs]
+    if any(not isinstance(c, dict) for c in counts):
+        return "?"
+    return str(sum(sum(c.values()) for c in counts))  # type: ignore[union-attr]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", type=Path, required=True, help="source tree of the build to compare with")
@@ -81,11 +89,11 @@ def main() -> None:
                     out = run_build(builds[build], label, n, scratch / f"{build}-{label}-{r}")
                     results.setdefault((label, build), []).append(out)
                     log(f"round {r + 1} {label} {build}: {out['ops_per_s']} ops/s, {per_event(out):.1f} us server "
-                        f"CPU per event, errors {out['errors']}")
+                        f"CPU per event, errors {out['errors']}, leader changes {out.get('leader_changes', '?')}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     lines = ["| case | base ops/s | head ops/s | ratio | base server CPU us/event | head server CPU us/event | "
-             "CPU ratio |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "CPU ratio | leader changes, all runs (base / head) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for label in labels:
         b, h = results[(label, "base")], results[(label, "head")]
         b_ops = statistics.median(float(x["ops_per_s"]) for x in b)  # type: ignore[arg-type]
@@ -93,7 +101,7 @@ def main() -> None:
         b_cpu = statistics.median(per_event(x) for x in b)
         h_cpu = statistics.median(per_event(x) for x in h)
         lines.append(f"| {label} | {b_ops:,.0f} | {h_ops:,.0f} | {h_ops / b_ops:.2f}x | {b_cpu:,.1f} | {h_cpu:,.1f} | "
-                     f"{h_cpu / b_cpu:.2f}x |")
+                     f"{h_cpu / b_cpu:.2f}x | {changes(b)} / {changes(h)} |")
     body = "\n".join(lines) + (
         f"\n\nbase: {builds['base']}, head: {builds['head']}. Medians of {args.rounds} rounds, builds interleaved "
         f"(order alternating per round), a fresh 3-node cluster per run, requests scaled by {args.scale} of "

@@ -711,9 +711,11 @@ class RaftGroup:
                 await self._wake.wait()
                 self._wake.clear()
                 self._release_persisted()
+                backlog = False   # applying committed entries in slices, the loop running between them
                 while True:
                     self._step_inbox()
-                    self._submit_proposals()
+                    if not backlog:   # proposals queued meanwhile wait for the backlog: bigger entries
+                        self._submit_proposals()
                     if not self.node.has_ready():
                         if self._inbox:
                             continue
@@ -722,8 +724,9 @@ class RaftGroup:
                     self._handle(rd)
                     self.node.accept()
                     self._release_persisted()
-                    if rd.committed:
-                        await asyncio.sleep(0)   # between slices of applying, the loop runs (see APPLY_BYTES_PER_TURN)
+                    backlog = bool(rd.committed) and self.node.log.applicable()
+                    if backlog:
+                        await asyncio.sleep(0)   # see APPLY_BYTES_PER_TURN
                 self._persist_commit(force=False)
         except asyncio.CancelledError:
             raise
