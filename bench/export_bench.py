@@ -9,7 +9,7 @@
              runs: ranges spread over the three members, read through the SDK) into a fresh local
              table and into a fresh table on an S3-compatible server on 127.0.0.1 (moto's server
              mode, tests/spark/s3_server.py), each on a warm SparkSession. Reported: events/s.
-2. audit     N events generated offline into segment files (spark.synthetic) and exported; then
+2. audit     N events generated offline into segment files (tests/spark/synthetic.py) and exported; then
              `history KEY` and `state --offset M --prefix P` (1% of the keys) at the table as
              exported, after `table optimize` clusters it by key, and after state checkpoints
              (every N/4 offsets): seconds (first and median of the next 3, warm session) and the
@@ -159,7 +159,7 @@ def audit(spark: Any, base: Path, n: int, keys: int) -> dict[str, Any]:
     from spark.maintenance import optimize_table
     from spark.sources import OfflineSource
     from spark.storage import TableLocation
-    from spark.synthetic import write_group
+    from tests.spark.synthetic import write_group
 
     data, table = base / f"data-{n}", base / f"audit-{n}"
     shutil.rmtree(data, ignore_errors=True)
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     s3.create_bucket("bench")
     from spark.export import export_once
     from spark.sources import OfflineSource
-    from spark.synthetic import write_group
+    from tests.spark.synthetic import write_group
 
     warm = base / "warm"
     write_group(warm, "kv", 20_000, keys=1000)

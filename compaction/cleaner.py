@@ -87,6 +87,7 @@ from compaction.rewrite import (
     skip_reason,
 )
 from eventlog.cleaned import CleanedSegment
+from eventlog import kafka_codes as kc
 from eventlog.errors import EpochlogError
 from eventlog.log import Log
 
@@ -104,6 +105,9 @@ class CleanerFailedError(EpochlogError):
     disk...); nothing was swapped in by it, its cleaned files are deleted."""
 
     code = "cleaner_failed"
+    retriable = False
+    grpc_status = "INTERNAL"
+    kafka_error = kc.UNKNOWN_SERVER_ERROR
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,8 @@ BrokerRegistered, TopicCreated, OffsetCommitted, KvPut (hosted Kafka topics' rec
 LeaseGranted, SessionOpened, ConfigChanged, MemberAdded, MemberRemoved (kept: it keeps a configured
 member out), KafkaGroupStored, HistoryPruned (one entity, `retention/history`: only the latest floor
 matters), ClientSessionOpened (the sessions themselves live in the views: statemachines/sessions.py),
-and the deletes BrokerUnregistered, TopicDeleted, KvDeleted, SessionClosed, ClientSessionClosed,
-ConfigChanged with no value.
+UserAdded, AclGranted, and the deletes BrokerUnregistered, TopicDeleted, KvDeleted, SessionClosed,
+ClientSessionClosed, UserRemoved, AclRevoked, ConfigChanged with no value.
 
 Part of the state, set wholly (an *aspect*: superseded by a later record of the aspect or of the
 whole entity): BrokerFenced / BrokerUnfenced (the `fenced` flag of a registered broker).
@@ -47,11 +47,13 @@ from statemachines import events as ev
 WHOLE: Final = frozenset({
     "BrokerRegistered", "BrokerUnregistered", "TopicCreated", "TopicDeleted", "OffsetCommitted", "KvPut",
     "KvDeleted", "LeaseGranted", "SessionOpened", "SessionClosed", "ConfigChanged", "MemberAdded",
-    "MemberRemoved", "KafkaGroupStored", "HistoryPruned", "ClientSessionOpened", "ClientSessionClosed"})
+    "MemberRemoved", "KafkaGroupStored", "HistoryPruned", "ClientSessionOpened", "ClientSessionClosed",
+    "UserAdded", "UserRemoved", "AclGranted", "AclRevoked"})
 ASPECTS: Final = {"BrokerFenced": b"fenced", "BrokerUnfenced": b"fenced"}
 PARTIAL: Final = frozenset({"TopicUpdated"})
 NEVER: Final = frozenset({"Txn", "LeaseRevoked", "LeaseExpired", "SyncStateSetChanged", "MasterElected"})
-DELETES: Final = frozenset({"BrokerUnregistered", "TopicDeleted", "KvDeleted", "SessionClosed", "ClientSessionClosed"})
+DELETES: Final = frozenset({"BrokerUnregistered", "TopicDeleted", "KvDeleted", "SessionClosed", "ClientSessionClosed",
+                            "UserRemoved", "AclRevoked"})
 CONTROL_PREFIX: Final = b"__raft/"
 
 _STR8 = 0xD9

@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 from compaction.config import CleanerConfig
 from eventlog.cleaned import CleanedSegmentWriter
+from eventlog import kafka_codes as kc
 from eventlog.errors import EpochlogError, LogCorruptionError, UnsupportedCompressionError
 from eventlog.index import IndexBuilder
 from eventlog.log import SealedSegment
@@ -85,15 +86,14 @@ class CleanerAbortedError(EpochlogError):
 
     code = "cleaner_aborted"
     retriable = True
+    grpc_status = "UNAVAILABLE"
+    kafka_error = kc.UNKNOWN_SERVER_ERROR
 
 
-class PassAbandonedError(EpochlogError):
+class PassAbandonedError(CleanerAbortedError):
     """The pass cannot go on and is abandoned (the next one starts from what is there): a segment it
     was to read is gone (retention or a truncation deleted it), or another pass holds the log's
     cleaner lock."""
-
-    code = "cleaner_aborted"
-    retriable = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,13 +24,13 @@ from controller.config import ControllerConfig
 from controller.errors import ControllerError
 from controller.liveness import Liveness
 from controller.registry import Registry, broker_key, group_key, group_key_of
+from eventlog.errors import FENCED, NOT_FOUND
 from statemachines import events as ev
 from statemachines.state import BrokerState, GroupState
 
-# heartbeat answers
+# heartbeat answers: OK, FENCED (another incarnation holds the name: stop), NOT_FOUND (not registered
+# any more: register again)
 OK = ""
-FENCED = "fenced"          # another incarnation holds the name: stop
-NOT_FOUND = "not_found"    # not registered (any more): register again
 
 
 @dataclass(frozen=True, slots=True)

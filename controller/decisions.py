@@ -34,7 +34,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol
 
-from controller.errors import ControllerError, FencedError, InvalidRequestError, StaleEpochError, UnknownBrokerError
+from controller.errors import ControllerError, FencedError, StaleEpochError
+from eventlog.errors import InvalidArgumentError, NotFoundError
 from controller.registry import Registry, broker_key, group_key
 from statemachines import events as ev
 from statemachines.state import BrokerState, GroupState
@@ -68,7 +69,7 @@ def _refuse(error: ControllerError) -> Decision:
 def _check_broker(reg: Registry, key: str, broker_epoch: int) -> BrokerState | ControllerError:
     broker = reg.brokers.get(key)
     if broker is None:
-        return UnknownBrokerError(f"{key} is not registered")
+        return NotFoundError(f"{key} is not registered")
     if broker.broker_epoch != broker_epoch:
         return FencedError(f"{key} is at broker epoch {broker.broker_epoch}, not {broker_epoch}: another "
                            f"incarnation registered since")
@@ -100,7 +101,7 @@ def register(reg: Registry, cluster: str, group: str, name: str, address: str, i
     try:
         event.validate()
     except ev.EventError as exc:
-        return _refuse(InvalidRequestError(str(exc)))
+        return _refuse(InvalidArgumentError(str(exc)))
     return Decision((event,))
 
 
@@ -179,27 +180,28 @@ def alter_sync_state_set(reg: Registry, cluster: str, group: str, name: str, bro
     gkey = group_key(cluster, group)
     gstate = reg.groups.get(gkey)
     if gstate is None:
-        return _refuse(UnknownBrokerError(f"{gkey} does not exist"))
+        return _refuse(NotFoundError(f"{gkey} does not exist"))
     if (gstate.master_epoch, gstate.sync_state_set_epoch) != (master_epoch, sync_state_set_epoch):
-        return _refuse(StaleEpochError(f"{gkey} is at master epoch {gstate.master_epoch} and sync-state-set epoch "
+        return _refuse(StaleEpochError(master_epoch, gstate.master_epoch,
+                                       f"{gkey} is at master epoch {gstate.master_epoch} and sync-state-set epoch "
                                        f"{gstate.sync_state_set_epoch}, not {master_epoch}/{sync_state_set_epoch}"))
     if checked.fenced:
         return _refuse(FencedError(f"{checked.name} of {group} is fenced"))
     if gstate.master != checked.broker_id:
-        return _refuse(InvalidRequestError(f"broker {checked.broker_id} is not the master of {group} "
-                                           f"(master: {gstate.master})"))
+        return _refuse(InvalidArgumentError(f"broker {checked.broker_id} is not the master of {group} "
+                                            f"(master: {gstate.master})"))
     wanted = tuple(sorted(set(sync_state_set)))
     if gstate.master not in wanted:
-        return _refuse(InvalidRequestError("the master must stay in its sync state set"))
+        return _refuse(InvalidArgumentError("the master must stay in its sync state set"))
     for broker_id in wanted:
         if broker_id in gstate.sync_state_set:
             continue
         member = reg.broker_by_id(gkey, broker_id)
         if member is None:
-            return _refuse(InvalidRequestError(f"broker {broker_id} is not a broker of {group}"))
+            return _refuse(InvalidArgumentError(f"broker {broker_id} is not a broker of {group}"))
         if member.fenced or not clocks.alive(broker_key(cluster, group, member.name)):
-            return _refuse(InvalidRequestError(f"broker {broker_id} ({member.name}) is not alive: it cannot join "
-                                               f"the sync state set"))
+            return _refuse(InvalidArgumentError(f"broker {broker_id} ({member.name}) is not alive: it cannot join "
+                                                f"the sync state set"))
     if wanted == gstate.sync_state_set:
         return NOTHING
     return Decision((ev.SyncStateSetChanged(cluster=cluster, group=group, sync_state_set=wanted,

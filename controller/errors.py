@@ -1,44 +1,13 @@
-"""Errors of the controller: why a broker's request was refused (codes go on the wire as they are)."""
+"""The controller's refusals: rows of the one error table (eventlog/errors.py), on the wire by their codes.
+
+A refusal is any EpochlogError (`fenced`, `stale_epoch`, `not_found`, `invalid_argument`,
+`controller_starting`...); `ControllerError` names their root where the controller speaks of refusals.
+"""
 
 from __future__ import annotations
 
-from eventlog.errors import EpochlogError
+from eventlog.errors import ControllerStartingError, EpochlogError, FencedError, StaleEpochError
 
+ControllerError = EpochlogError
 
-class ControllerError(EpochlogError):
-    """Base of the controller's refusals."""
-
-    code = "controller"
-
-
-class ControllerStartingError(ControllerError):
-    """This node leads the metadata group but its controller is still loading the registry: retry."""
-
-    code = "controller_starting"
-    retriable = True
-
-
-class FencedError(ControllerError):
-    """The broker's epoch is not its current one: another incarnation registered since (or it is an
-    older incarnation trying to come back). This process must stop acting as that broker."""
-
-    code = "fenced"
-
-
-class StaleEpochError(ControllerError):
-    """A master or sync-state-set epoch that is not the group's current one: a deposed master (or a
-    report that crossed an election) cannot change anything."""
-
-    code = "stale_epoch"
-
-
-class UnknownBrokerError(ControllerError):
-    """No such broker is registered (unregistered, or never was): register first."""
-
-    code = "not_found"
-
-
-class InvalidRequestError(ControllerError):
-    """A request the controller can never accept as given (not the master, master not in its set...)."""
-
-    code = "invalid_argument"
+__all__ = ["ControllerError", "ControllerStartingError", "FencedError", "StaleEpochError"]

@@ -49,17 +49,10 @@ from controller.core import (
     Register,
     Shutdown,
 )
-from controller.errors import (
-    ControllerError,
-    ControllerStartingError,
-    FencedError,
-    InvalidRequestError,
-    StaleEpochError,
-    UnknownBrokerError,
-)
+from controller.errors import ControllerError, ControllerStartingError, FencedError
 from controller.registry import Registry, broker_key, group_key
 from epochlog.api import messages as p
-from eventlog.errors import EpochlogError
+from eventlog.errors import EpochlogError, InvalidArgumentError, error_class, from_code
 from eventlog.raft.errors import NotFoundError, NotLeaderError
 from eventlog.raft.node import Role
 from eventlog.raft.runtime.group import RaftGroup
@@ -77,8 +70,6 @@ SLOW_PASS_S = 0.2        # a batch of decisions slower than this is logged with 
 # timeout (a 10,000-broker storm in one pass held the loop long enough to lose the leadership).
 MAX_PASS_COMMANDS = 1000
 LOGGED_ELECTIONS = 10    # per batch; a mass failure logs a count of the rest
-_REJECTED: dict[str, type[ControllerError]] = {"stale_epoch": StaleEpochError, "not_found": UnknownBrokerError,
-                                               "fenced": FencedError}
 
 
 @dataclass
@@ -292,7 +283,7 @@ class ControllerRuntime:
             if error is None:
                 rejected = next((o for o in outcomes[start:end] if isinstance(o, Outcome) and not o.ok), None)
                 if rejected is not None:
-                    error = _REJECTED.get(rejected.code, InvalidRequestError)(f"{rejected.code}: {rejected.message}")
+                    error = _refusal(rejected)
             if error is None:
                 item.future.set_result(None)
             else:
@@ -384,7 +375,7 @@ class ControllerRuntime:
     async def register(self, call: p.BrokerRegister) -> p.Registered:
         self._require_active()   # raises unless this node runs the controller
         if not call.brokers:
-            raise InvalidRequestError("a registration names at least one broker")
+            raise InvalidArgumentError("a registration names at least one broker")
         futures = [self._submit(Register(b.cluster, b.group, b.name, b.address, b.incarnation)) for b in call.brokers]
         results = await asyncio.gather(*futures, return_exceptions=True)
         out = []
@@ -436,12 +427,12 @@ class ControllerRuntime:
 
     async def _read_barrier(self, consistency: str, min_offset: int, timeout: float) -> int:
         if consistency not in p.CONSISTENCY:
-            raise InvalidRequestError(f"consistency {consistency!r} is not one of {', '.join(p.CONSISTENCY)}")
+            raise InvalidArgumentError(f"consistency {consistency!r} is not one of {', '.join(p.CONSISTENCY)}")
         return await self.group.read_barrier(consistency, min_offset, timeout)
 
     async def route(self, call: p.RouteQuery, timeout: float) -> p.TopicRoute:
         if not call.topic:
-            raise InvalidRequestError("a route query names a topic")
+            raise InvalidArgumentError("a route query names a topic")
         applied = await self._read_barrier(call.consistency, call.min_offset, timeout)
         store = self._metadata_store()
         raw_key = f"topic/{call.topic}".encode()
@@ -462,7 +453,7 @@ class ControllerRuntime:
         applied = await self._read_barrier(call.consistency, call.min_offset, timeout)
         store = self._metadata_store()
         if call.group and not call.cluster:
-            raise InvalidRequestError("a group is named with its cluster")
+            raise InvalidArgumentError("a group is named with its cluster")
         cluster = f"{call.cluster}/" if call.cluster else ""
         group = f"{call.group}/" if call.group else ""
         groups = {k.decode(): s for k, s in _scan(store, "broker_groups", f"group/{cluster}".encode())
@@ -489,3 +480,10 @@ class ControllerRuntime:
 
 def _scan(store: ViewStore, cf: str, prefix: bytes) -> list[tuple[bytes, msgspec.Struct]]:
     return [(k, decode_state(k, v)) for k, v in store.scan(cf, prefix, prefix_upper_bound(prefix))]
+
+
+def _refusal(rejected: Outcome) -> ControllerError:
+    """A controller event the applier rejected, as the refusal a broker gets: the error its reason names
+    (stale_epoch, not_found, fenced...), else invalid_argument."""
+    code = rejected.code if error_class(rejected.code) is not EpochlogError else InvalidArgumentError.code
+    return from_code(code, f"{rejected.code}: {rejected.message}")

@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from eventlog import kafka_codes as kc
 from eventlog.errors import EpochlogError
 from eventlog.fileutil import fsync_dir
 from eventlog.raft.runtime.tls import SCHEME, Identity, client_identity, identities_in, node_identity
@@ -45,6 +46,9 @@ class CertsError(EpochlogError):
     """The CA or a certificate cannot be made or used as asked (the message says why)."""
 
     code = "certs"
+    retriable = False
+    grpc_status = "INTERNAL"
+    kafka_error = kc.UNKNOWN_SERVER_ERROR
 
 
 def _now() -> datetime.datetime:

@@ -8,7 +8,8 @@ client commands of a running cluster (`status`, `put`, `get`, `ls`, `del`, `watc
 Exit codes: 0 success (a stream ended by Ctrl-C included); `log verify` uses 1 (recovery would
 repair: cut a torn tail, finish or undo an interrupted cleaner swap) and 2 (mid-log corruption), `up` 1 (a node went down on its own or no leader
 came up); 3 an Epochlog error, printed as `error: <message>` (a rejected compare-and-set, a
-missing key, an unreachable cluster, a bad config...); 64 a usage error (bad option or argument,
+missing key, an unreachable cluster, a bad config...: the `exit_code` of its row of the error table,
+eventlog/errors.py); 64 a usage error (bad option or argument,
 no cluster named); 130 interrupted (Ctrl-C outside a stream).
 """
 
@@ -21,10 +22,9 @@ from pathlib import Path
 
 import click
 
-from epochlog import cli_brokers, cli_certs, cli_client
-from eventlog.errors import EpochlogError
+from epochlog import cli_access, cli_brokers, cli_certs, cli_client
+from eventlog.errors import EXIT_ERROR, EpochlogError
 
-EXIT_ERROR = 3
 EXIT_USAGE = 64
 
 LAZY_COMMANDS = {"export": "export_command", "audit": "audit_group", "table": "table_group"}
@@ -39,11 +39,19 @@ class _Commands(click.Group):
         return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:
+        if cmd_name in LAZY_COMMANDS:
             from spark import cli as spark_cli
 
-            self.add_command(getattr(spark_cli, LAZY_COMMANDS[cmd_name]), cmd_name)
+            ctx.meta[spark_cli.COMMAND_LINE] = spark_cli.CommandLine(endpoints=_endpoints,
+                                                                     print_table=cli_client._table)
+            if cmd_name not in self.commands:
+                self.add_command(getattr(spark_cli, LAZY_COMMANDS[cmd_name]), cmd_name)
         return super().get_command(ctx, cmd_name)
+
+
+def _endpoints(endpoints: str | None, config_path: Path | None) -> tuple[str, ...]:
+    """The client addresses --endpoints or --config name, as every client command resolves them."""
+    return cli_client.Target.resolve(endpoints, config_path, 0.0, False).endpoints
 
 
 _dir_argument = click.argument(
@@ -118,7 +126,7 @@ def log_verify(directory: Path, as_json: bool) -> None:
         report = verify_log_dir(directory)
     except NotALogError as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        sys.exit(exc.exit_code)
     if as_json:
         click.echo(json.dumps({
             "directory": str(report.directory), "verdict": report.verdict_name,
@@ -270,6 +278,7 @@ def serve_command(config_path: Path, node_id: int, data_dir: Path | None, seed: 
 cli_client.register(cli)
 cli_brokers.register(cli)   # brokers, routes, topic create, broker run, sim brokers (the controller)
 cli_certs.register(cli)     # certs init|member|client|show (the cluster CA)
+cli_access.register(cli)    # user add|remove|list, acl grant|revoke|list (issue 21)
 
 
 def _use_uvloop() -> None:
@@ -297,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except EpochlogError as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_ERROR)
+        sys.exit(exc.exit_code)   # its row of the error table
 
 
 if __name__ == "__main__":

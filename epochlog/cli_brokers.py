@@ -34,6 +34,7 @@ from epochlog.api import messages as p
 from epochlog.cli_client import Target, _cluster_command, _table
 from epochlog.client import AsyncClient, ClientError, RejectedError
 from epochlog.client.broker import DEFAULT_CLUSTER, ControllerClient, HeartbeatSender
+from eventlog.errors import ALREADY_EXISTS
 from statemachines import events as ev
 
 _COMMANDS = click.Group("broker-commands")
@@ -301,7 +302,7 @@ async def _create_topics(client: AsyncClient, count: int, groups: list[str]) -> 
     events = [ev.TopicCreated(name=f"topic-{i:03d}", broker_groups=tuple(groups)) for i in range(count)]
     for i in range(0, len(events), 500):
         for result in await client.commands(events[i:i + 500]):
-            if not result.ok and result.code != "already_exists":
+            if not result.ok and result.code != ALREADY_EXISTS:
                 raise RejectedError(result)
 
 

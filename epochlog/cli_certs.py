@@ -23,7 +23,7 @@ _ca_dir = click.option("--dir", "ca_dir", type=click.Path(file_okay=False, path_
 
 @click.group("certs")
 def certs_group() -> None:
-    """The cluster CA and its certificates: mutual TLS between members (README "Peer security")."""
+    """The cluster CA and its certificates: mutual TLS between members (docs/security.md)."""
 
 
 @certs_group.command("init")

@@ -6,9 +6,11 @@ variable EPOCHLOG_ENDPOINTS, in that order of precedence; with none of them, the
 the config `epochlog up` runs by default (configs/local-3.toml: 127.0.0.1:7201-7203), and an error
 that says so when nothing answers there.
 Output is a plain table for people, or with `--json` one JSON document (one per line for the
-streaming commands) whose field names are stable: README.md, section "CLI", lists them.
+streaming commands) whose field names are stable: docs/cli.md lists them.
 
-Keys are kv names (`app/x` is the entity `kv/app/x`). Values are given as UTF-8 text (or base64
+Keys are written one way on every command (epochlog/api/routing.py): `app/x` is a kv entry,
+`topic/orders`, `broker/...`, `lease/...` other entities (watch and txn --if take both); `kv/app/x`
+and kv names starting with an entity kind are refused, naming the spelling to use. Values are given as UTF-8 text (or base64
 with `--base64`, or `-` for stdin) and printed as UTF-8 when they decode to printable text, else
 as base64 with `encoding: "base64"`. A write prints the offset it committed at (a read-your-writes
 token for `get --consistency local --min-offset`). Errors are EpochlogErrors: `error: <message>`,
@@ -41,8 +43,8 @@ import click
 import msgspec
 
 from epochlog.api import messages as p
-from epochlog.client import (AsyncClient, ClientError, DeadlineExceededError, KeyValue, NotFoundError,
-                             UnavailableError, WatchedEvent)
+from epochlog.client import (AsyncClient, ClientError, DeadlineExceededError, InvalidArgumentError, KeyValue,
+                             NotFoundError, UnavailableError, WatchedEvent)
 from statemachines import events as ev
 from statemachines.state import KvState
 
@@ -106,8 +108,7 @@ class Target:
                 try:
                     return await body(client)
                 except TimeoutError:   # a call straight to one node (status, snapshot --node) got no reply
-                    raise ClientError(f"no reply within {self.timeout:.1f} s",
-                                      code="deadline_exceeded") from None
+                    raise DeadlineExceededError(f"no reply within {self.timeout:.1f} s") from None
         with self._explained():
             return asyncio.run(main())
 
@@ -327,7 +328,7 @@ async def _ask_each_member(client: AsyncClient, ask: Callable[[str], Awaitable[T
         except ClientError as exc:
             return exc
         except TimeoutError:
-            return ClientError(f"{address} did not answer within {client.timeout:.1f} s", code="unavailable")
+            return UnavailableError(f"{address} did not answer within {client.timeout:.1f} s")
 
     return list(await asyncio.gather(*(one(m.client_address) for m in members))), members
 
@@ -493,11 +494,6 @@ def txn_command(target: Target, ops: tuple[str, ...], conditions: tuple[str, ...
     _written(target, target.run(lambda c: c.txn(events, guards)))
 
 
-def _kv_entity(name: str) -> str:
-    """The entity key of the kv name `name` (what a transaction's condition names)."""
-    return "kv/" + name
-
-
 def _txn_from_args(words: Sequence[str], conditions: Sequence[str], as_base64: bool
                    ) -> tuple[list[ev.Event], list[tuple[str, int]]]:
     guards = []
@@ -506,7 +502,7 @@ def _txn_from_args(words: Sequence[str], conditions: Sequence[str], as_base64: b
         if not sep or not key or not version.isdigit():
             raise click.BadParameter(f"{condition!r} is not KEY=VERSION (VERSION: an offset, 0 for absent)",
                                      param_hint="--if")
-        guards.append((_kv_entity(key), int(version)))
+        guards.append((key, int(version)))
     events: list[ev.Event] = []
     i = 0
     while i < len(words):
@@ -526,7 +522,7 @@ def _txn_from_args(words: Sequence[str], conditions: Sequence[str], as_base64: b
 def _txn_from_json(text: str, as_base64: bool) -> tuple[list[ev.Event], list[tuple[str, int]]]:
     try:
         doc = json.loads(text)
-        guards = [(_kv_entity(str(c["key"])), int(c["version"])) for c in doc.get("conditions", [])]
+        guards = [(str(c["key"]), int(c["version"])) for c in doc.get("conditions", [])]
         events: list[ev.Event] = []
         for op in doc.get("ops", []):
             if op.get("op") == "put":
@@ -616,7 +612,7 @@ def lease_list(target: Target) -> None:
               help="Only changes after this offset.")
 def history_command(target: Target, key: str, limit: int, after_offset: int) -> None:
     """Every change of KEY, oldest first: offset, event and the value it left (none: deleted). History
-    starts at the group's history floor (README "Compaction"); earlier changes are in the archive."""
+    starts at the group's history floor (docs/compaction.md); earlier changes are in the archive."""
     changes = target.run(lambda c: c.history(key, limit=limit, after_offset=after_offset))
     documents = []
     for change in changes:
@@ -630,7 +626,7 @@ def history_command(target: Target, key: str, limit: int, after_offset: int) -> 
                                               for d in documents])
         if changes.floor > 0:
             click.echo(f"history starts at the history floor {changes.floor}: earlier changes are in the export "
-                       f"archive (epochlog audit history kv/{key} --table PATH)", err=True)
+                       f"archive (epochlog audit history {key} --table PATH)", err=True)
     target.emit(documents, human)
 
 
@@ -643,7 +639,8 @@ def history_command(target: Target, key: str, limit: int, after_offset: int) -> 
 @click.option("--all", "show_all", is_flag=True,
               help="Also print the committed writes that changed nothing (rejected, retried, skipped), marked.")
 def watch_command(target: Target, prefix: str, from_offset: int | None, count: int | None, show_all: bool) -> None:
-    """Stream the changes of keys starting with PREFIX until Ctrl-C (or --count events).
+    """Stream the changes of keys starting with PREFIX until Ctrl-C (or --count events): `app/` for kv
+    entries (the default, '': all of them), `broker/`, `topic/`... for other entities.
 
     Only writes that changed a key are printed, unless --all: then every committed write, and the
     APPLIED column (`applied` in --json) tells which changed nothing (a failed compare-and-set, a
@@ -653,7 +650,7 @@ def watch_command(target: Target, prefix: str, from_offset: int | None, count: i
 
     async def body(client: AsyncClient, stop: asyncio.Event) -> None:
         seen = 0
-        stream = client.watch("kv/" + prefix, from_offset=-1 if from_offset is None else from_offset)
+        stream = client.watch(prefix, from_offset=-1 if from_offset is None else from_offset)
         try:
             async for watched in stream:
                 if stop.is_set():
@@ -677,12 +674,11 @@ def watch_command(target: Target, prefix: str, from_offset: int | None, count: i
 
 
 def _event_document(watched: WatchedEvent) -> dict[str, Any]:
-    """A watched kv event: the key as a kv name, the event type, the value a put wrote, and whether it
+    """A watched event: its key (as every command writes it), the event type, the value a put wrote, and whether it
     changed anything (`applied`: false for a rejected, retried or skipped write; null: unknown)."""
     event = watched.event
     value = event.value if isinstance(event, ev.KvPut) else None
-    key = watched.key
-    return {"offset": watched.offset, "key": key[3:] if key.startswith("kv/") else key,
+    return {"offset": watched.offset, "key": watched.key,
             "event": type(event).__name__ if event is not None else None, "timestamp": watched.timestamp,
             **_value_fields(value), "term": watched.term, "applied": watched.applied}
 
@@ -773,9 +769,8 @@ def leader_transfer(target: Target, group: str, to: int) -> None:
             if now is not None and before is not None and now[1] > before[1] and (to in (0, now[0])):
                 return {"group": group, "leader": now[0], "term": now[1], "previous_leader": before[0]}
             if time.monotonic() > deadline:
-                raise ClientError(f"leadership of {group} did not move within {target.timeout:.1f} s "
-                                  f"(before: {before}, now: {now}; as (leader, term))",
-                                  code="deadline_exceeded")
+                raise DeadlineExceededError(f"leadership of {group} did not move within {target.timeout:.1f} s "
+                                            f"(before: {before}, now: {now}; as (leader, term))")
             await asyncio.sleep(0.05)
     moved = target.run(body)
     target.emit(moved, lambda: click.echo(f"group {group}: leader {moved['leader']} in term {moved['term']} "
@@ -965,19 +960,19 @@ def group_skip(target: Target, group: str, offset: int) -> None:
         halted: list[p.MemberInfo] = []
         for member, reply in zip(members, statuses):
             if not isinstance(reply, p.StatusInfo):
-                raise ClientError(f"node {member.id} did not answer ({reply}): every member must be halted at "
-                                  f"offset {offset} before it is skipped", code="unavailable")
+                raise UnavailableError(f"node {member.id} did not answer ({reply}): every member must be halted "
+                                       f"at offset {offset} before it is skipped")
             info = next((g for g in reply.groups if g.group == group), None)
             if info is None:
-                raise ClientError(f"node {member.id} has no group {group!r}", code="invalid_argument")
+                raise InvalidArgumentError(f"node {member.id} has no group {group!r}")
             if info.halted is not None and info.halted.offset == offset:
                 halted.append(member)
             elif offset not in info.skipped:
                 state = (f"is halted at offset {info.halted.offset}" if info.halted is not None
                          else f"is not halted (applied offset {info.applied_offset})")
-                raise ClientError(f"node {member.id} {state}: skip only a record every member is halted at "
-                                  f"(one that applied it would diverge from those that skip it; upgrade the "
-                                  f"halted nodes instead)", code="invalid_argument")
+                raise InvalidArgumentError(f"node {member.id} {state}: skip only a record every member is halted "
+                                           f"at (one that applied it would diverge from those that skip it; "
+                                           f"upgrade the halted nodes instead)")
         applied = {m.id: await client.group_skip(group, offset, m.client_address) for m in halted}
         return {"group": group, "offset": offset, "skipped_on": sorted(applied), "applied": applied}
 

@@ -44,7 +44,7 @@ class DemoReport:
         out = [f"demo load, run {self.run}: {self.puts} puts (demo/keys/{self.run}-*, last at offset "
                f"{self.last_offset}), {self.offset_commits} offset commits, topic {TOPIC} written, "
                f"lease {self.lease_id:#x} (ttl {LEASE_TTL_MS} ms) kept alive {self.keepalives} times",
-               f"demo load, run {self.run}: the watch on kv/demo/keys/{self.run}- saw {self.watched} of "
+               f"demo load, run {self.run}: the watch on demo/keys/{self.run}- saw {self.watched} of "
                f"{self.puts} puts; last key read back: {self._read_back()}; "
                f"keys from earlier runs: {self.earlier_keys}"]
         if self.errors:
@@ -96,8 +96,8 @@ class DemoLoad:
                                lease=lease.lease_id)
             self.say(f"demo load, run {r.run}: {r.earlier_keys} keys from earlier runs found; writing "
                      f"~{self.puts_per_s:.0f} puts/s, offset commits, lease {lease.lease_id:#x}, watch on "
-                     f"kv/demo/keys/{r.run}-")
-            prefix = f"kv/demo/keys/{r.run}-"
+                     f"demo/keys/{r.run}-")
+            prefix = f"demo/keys/{r.run}-"
             watch = asyncio.get_running_loop().create_task(self._watch(c, prefix, held.offset + 1))
             try:
                 await self._write(c, stop)

@@ -1,31 +1,7 @@
-"""Errors of the node layer (under the one hierarchy rooted at eventlog.errors.EpochlogError)."""
+"""The node's errors: rows of the one error table (eventlog/errors.py), by the names the node uses."""
 
 from __future__ import annotations
 
-from eventlog.errors import EpochlogError
-from epochlog.api import messages as p
+from eventlog.errors import GroupHaltedError, InvalidArgumentError, RejectedError
 
-
-class NodeError(EpochlogError):
-    """A request the node cannot serve as asked (unknown group, bad consistency, ...)."""
-
-    code = "invalid_argument"
-
-
-class GroupHaltedError(EpochlogError):
-    """The group halted on this node at a record its code cannot apply (the message names the offset, why,
-    and the fix: upgrade the node, or `epochlog group skip`); another member may serve the call."""
-
-    code = "group_halted"
-    retriable = True
-
-
-class RejectedError(EpochlogError):
-    """The command was committed but applying it changed nothing (a failed condition, stale epoch...)."""
-
-    code = "rejected"
-
-    def __init__(self, result: p.WriteResult) -> None:
-        self.result = result
-        self.reason = result.code
-        super().__init__(f"{result.code}: {result.message} (offset {result.offset})")
+__all__ = ["GroupHaltedError", "InvalidArgumentError", "RejectedError"]

@@ -28,14 +28,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 
+from eventlog.errors import EpochlogError
 from epochlog.api import messages as p
 from epochlog.api.frames import MAX_FRAME_BYTES
+from epochlog.access_control import ANONYMOUS_CALLER, AccessControl, Caller
+from epochlog.calls import CallRunner, Done, FaceRules, Failed
+from epochlog.face_tls import ClientTlsConfig, certificate_node, certificate_principal, grpc_credentials, peercert_of_pem
 from epochlog.grpc import convert as cv
 from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
@@ -53,14 +56,18 @@ WATCH_MESSAGE_EVENTS = 1024                    # at most this many events per Wa
 # The node's own waits (read barriers) get the call's timeout and fail first, saying what they waited
 # for; the whole call is cut this much later (writes have no timeout of their own).
 DEADLINE_GRACE_S = 0.05
+# A retriable error raised once the deadline passed is DEADLINE_EXCEEDED, as gRPC clients expect.
+GRPC_RULES = FaceRules(metrics_prefix="grpc_", grace_s=DEADLINE_GRACE_S, late_retriable_is_deadline=True)
 
 
 class GrpcService:
     """Serves the Epochlog gRPC service of `node` on one address."""
 
-    def __init__(self, node: Node, metrics: Metrics | None = None) -> None:
+    def __init__(self, node: Node, metrics: Metrics | None = None, access: AccessControl | None = None,
+                 tls: ClientTlsConfig | None = None) -> None:
         self.node = node
-        self.servicer = EpochlogServicer(node, metrics)
+        self.servicer = EpochlogServicer(node, metrics, access)
+        self.tls = tls
         self._server: grpc.aio.Server | None = None
         self._port = 0
 
@@ -71,7 +78,11 @@ class GrpcService:
             ("grpc.so_reuseport", 0),
         ])
         _add_servicer(self.servicer, server)
-        self._port = server.add_insecure_port(f"{host}:{port}")
+        credentials = grpc_credentials(self.tls, self.node.data_dir)
+        if credentials is None:
+            self._port = server.add_insecure_port(f"{host}:{port}")
+        else:
+            self._port = server.add_secure_port(f"{host}:{port}", credentials)
         if self._port == 0:
             raise OSError(f"gRPC could not listen on {host}:{port}")
         await server.start()
@@ -88,44 +99,47 @@ class GrpcService:
             self._server = None
 
 
-Handler = Callable[["EpochlogServicer", Any, float], Awaitable[Any]]
+Handler = Callable[["EpochlogServicer", Any, Any, float], Awaitable[Any]]
 Ctx = grpc.aio.ServicerContext
 
 
 class EpochlogServicer(pb_grpc.EpochlogServicer):
     """The methods of the service; `_OPS` holds the calls that unary methods and Session share."""
 
-    def __init__(self, node: Node, metrics: Metrics | None = None) -> None:
+    def __init__(self, node: Node, metrics: Metrics | None = None, access: AccessControl | None = None) -> None:
         self.node = node
-        self.metrics = metrics
+        # the call path every face shares (epochlog/calls.py)
+        self.runner = CallRunner(GRPC_RULES, metrics, access)
         self.grpc_addresses = {m.id: m.grpc_address for m in node.configs.cluster.members}
 
     # --- unary ------------------------------------------------------------------------------------
 
     async def _unary(self, op: str, request: Any, context: Ctx) -> Any:
-        started = time.perf_counter()
         remaining = context.time_remaining()
         timeout = DEFAULT_TIMEOUT_S if remaining is None else max(0.0, min(remaining, MAX_TIMEOUT_S))
-        try:
-            return await _run(self, op, request, timeout)
-        except Exception as exc:
-            f = self._failure(op, exc, timeout, started)
-            await context.abort(f.status, f.message, f.metadata())
-        finally:
-            self._observe(op, started)
+        outcome = await _run(self, op, request, timeout, self.caller(context))
+        if isinstance(outcome, Done):
+            return outcome.result
+        f = self._failure(outcome.error)
+        await context.abort(f.status, f.message, f.metadata())
 
-    def _failure(self, op: str, exc: BaseException, timeout: float, started: float) -> cv.Failure:
-        f = cv.failure(exc, self.grpc_addresses, timeout=timeout,
-                       deadline_passed=time.perf_counter() - started >= timeout - 0.001)
-        if f.status == grpc.StatusCode.INTERNAL:
-            logger.error("gRPC %s failed", op, exc_info=exc)
-        if self.metrics is not None:
-            self.metrics.rpc_errors.labels("grpc_" + op, f.error.code).inc()
-        return f
+    def caller(self, context: Ctx) -> Caller:
+        """Who the call says it is: a bearer token (`authorization: Bearer <token>` metadata) and the
+        client certificate the TLS handshake verified (when [clients.tls] requires one)."""
+        if self.runner.access is None or not self.runner.access.enforce:
+            return ANONYMOUS_CALLER
+        token = ""
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
+                token = value[len("Bearer "):]
+        pem = (context.auth_context() or {}).get("x509_pem_cert")
+        peercert = peercert_of_pem(pem[0]) if pem else None
+        return Caller(certificate=certificate_principal(peercert), node=certificate_node(peercert, self.node.cluster),
+                      token=token)
 
-    def _observe(self, op: str, started: float) -> None:
-        if self.metrics is not None:
-            self.metrics.rpc_seconds.labels("grpc_" + op).observe(time.perf_counter() - started)
+    def _failure(self, error: EpochlogError) -> cv.Failure:
+        """A call's error (its row, from the runner) as gRPC reports it."""
+        return cv.failure(error, self.grpc_addresses)
 
     async def Put(self, request: pb.PutRequest, context: Ctx) -> Any:
         return await self._unary("put", request, context)
@@ -191,12 +205,18 @@ class EpochlogServicer(pb_grpc.EpochlogServicer):
 
     async def Watch(self, request: pb.WatchRequest, context: Ctx) -> None:
         """Started, then the events in messages of what was read ahead (gRPC flow control paces it)."""
-        started = time.perf_counter()
         try:
-            group, start, records = await self.node.watch(cv.watch_call(request))
+            call = cv.watch_call(request)
         except Exception as exc:
-            f = self._failure("watch", exc, DEFAULT_TIMEOUT_S, started)
-            await context.abort(f.status, f.message, f.metadata())
+            opened: Done[Any] | Failed = Failed(self.runner.error("watch", exc))
+        else:
+            opened = await self.runner.run("watch", call, lambda: self.node.watch(call), None, self.caller(context),
+                                           observe=False)
+        if isinstance(opened, Failed):
+            f = self._failure(opened.error)
+            await context.abort(f.status, f.message, f.metadata())   # raises: the call ends here
+        assert isinstance(opened, Done)
+        group, start, records = opened.result
         queue: asyncio.Queue[p.EventRecord | BaseException] = asyncio.Queue(WATCH_BUFFER_EVENTS)
 
         async def read_ahead() -> None:
@@ -218,9 +238,9 @@ class EpochlogServicer(pb_grpc.EpochlogServicer):
                 records_ = [r for r in batch if isinstance(r, p.EventRecord)]
                 if records_:
                     await context.write(pb.WatchResponse(events=pb.WatchEvents(
-                        events=[cv.event(r, request.json) for r in records_])))
+                        events=[cv.event(r, request.json, watched=True) for r in records_])))
                 if error is not None:
-                    f = self._failure("watch", error, DEFAULT_TIMEOUT_S, started)
+                    f = self._failure(self.runner.error("watch", error))
                     await context.abort(f.status, f.message, f.metadata())
         finally:
             reader.cancel()
@@ -228,71 +248,58 @@ class EpochlogServicer(pb_grpc.EpochlogServicer):
                 await reader
 
     async def Session(self, request_iterator: AsyncIterator[pb.SessionRequest], context: Ctx) -> None:
-        await _Session(self, context).run(request_iterator)
+        await _Session(self, context, self.caller(context)).run(request_iterator)
 
 
 # --- the calls ------------------------------------------------------------------------------------
 
-async def _write_one(s: EpochlogServicer, event: Any) -> pb.WriteResponse:
-    (result,) = await s.node.write([event])
+async def _write_one(s: EpochlogServicer, call: p.Write, r: Any, timeout: float) -> pb.WriteResponse:
+    (result,) = await s.node.write(call.events)
     if not result.ok:
         raise RejectedError(result)
     return cv.write_result(result)
 
 
-async def _put(s: EpochlogServicer, r: pb.PutRequest, timeout: float) -> pb.WriteResponse:
-    return await _write_one(s, cv.put_event(r))
+async def _get(s: EpochlogServicer, call: p.Get, r: pb.GetRequest, timeout: float) -> pb.GetResponse:
+    return cv.got(await s.node.get(call, timeout), r.json)
 
 
-async def _delete(s: EpochlogServicer, r: pb.DeleteRequest, timeout: float) -> pb.WriteResponse:
-    return await _write_one(s, cv.delete_event(r))
+async def _list(s: EpochlogServicer, call: p.List, r: pb.ListRequest, timeout: float) -> pb.ListResponse:
+    return cv.listed(await s.node.list(call, timeout), r.json)
 
 
-async def _txn(s: EpochlogServicer, r: pb.TxnRequest, timeout: float) -> pb.WriteResponse:
-    return await _write_one(s, cv.txn_event(r))
-
-
-async def _command(s: EpochlogServicer, r: pb.CommandRequest, timeout: float) -> pb.WriteResponse:
-    return await _write_one(s, cv.command_event(r))
-
-
-async def _lease_revoke(s: EpochlogServicer, r: pb.LeaseRevokeRequest, timeout: float) -> pb.WriteResponse:
-    return await _write_one(s, cv.lease_revoke_event(r))
-
-
-async def _get(s: EpochlogServicer, r: pb.GetRequest, timeout: float) -> pb.GetResponse:
-    return cv.got(await s.node.get(cv.get_call(r), timeout), r.json)
-
-
-async def _list(s: EpochlogServicer, r: pb.ListRequest, timeout: float) -> pb.ListResponse:
-    return cv.listed(await s.node.list(cv.list_call(r), timeout), r.json)
-
-
-async def _history(s: EpochlogServicer, r: pb.HistoryRequest, timeout: float) -> pb.HistoryResponse:
-    return cv.history_rows(r.key, await s.node.history(cv.history_call(r), timeout), r.json)
+async def _history(s: EpochlogServicer, call: p.History, r: pb.HistoryRequest, timeout: float) -> pb.HistoryResponse:
+    return cv.history_rows(r.key, await s.node.history(call, timeout), r.json)
 
 
 _BATCH_WRITES: dict[str, Callable[[Any], Any]] = {
     "put": cv.put_event, "delete": cv.delete_event, "txn": cv.txn_event, "command": cv.command_event}
 
 
-async def _batch(s: EpochlogServicer, r: pb.BatchRequest, timeout: float) -> pb.BatchResponse:
-    """Every write in one Node.write (validated together, committed per group in order), then the reads."""
+def _batch_call(r: pb.BatchRequest) -> tuple[p.Write, p.Gets]:
+    """A batch as the native calls it makes: its writes, then its reads."""
     if not r.ops:
         raise cv.RequestError("a batch carries at least one op")
-    events, gets, order = [], [], []
+    events, gets = [], []
     for op in r.ops:
         kind = op.WhichOneof("op")
         if kind == "get":
-            order.append(False)
-            gets.append(op.get)
+            gets.append(cv.get_call(op.get))
         elif kind in _BATCH_WRITES:
-            order.append(True)
             events.append(_BATCH_WRITES[kind](getattr(op, kind)))
         else:
             raise cv.RequestError("every batch op is a put, delete, txn, command or get")
-    written = await s.node.write(events) if events else []
-    got = (await s.node.get_many(p.Gets([cv.get_call(g) for g in gets]), timeout)).replies if gets else []
+    return p.Write(events), p.Gets(gets)
+
+
+async def _batch(s: EpochlogServicer, call: tuple[p.Write, p.Gets], r: pb.BatchRequest,
+                 timeout: float) -> pb.BatchResponse:
+    """Every write in one Node.write (validated together, committed per group in order), then the reads."""
+    writes, reads = call
+    order = [op.WhichOneof("op") != "get" for op in r.ops]
+    gets = [op.get for op in r.ops if op.WhichOneof("op") == "get"]
+    written = await s.node.write(writes.events) if writes.events else []
+    got = (await s.node.get_many(reads, timeout)).replies if reads.gets else []
     results, w, g = [], iter(written), iter(zip(gets, got))
     for is_write in order:
         if is_write:
@@ -303,63 +310,85 @@ async def _batch(s: EpochlogServicer, r: pb.BatchRequest, timeout: float) -> pb.
     return pb.BatchResponse(results=results)
 
 
-async def _lease_grant(s: EpochlogServicer, r: pb.LeaseGrantRequest, timeout: float) -> pb.LeaseResponse:
-    return cv.lease(await s.node.lease_grant(p.LeaseGrant(r.ttl_ms, r.lease_id, r.request_id)))
+async def _lease_grant(s: EpochlogServicer, call: p.LeaseGrant, r: pb.LeaseGrantRequest,
+                       timeout: float) -> pb.LeaseResponse:
+    return cv.lease(await s.node.lease_grant(call))
 
 
-def _lease_keep_alive(s: EpochlogServicer, r: pb.LeaseKeepAliveRequest, timeout: float) -> pb.LeaseResponse:
-    return cv.lease(s.node.lease_keepalive(p.LeaseKeepAlive(r.lease_id)))
+def _lease_keep_alive(s: EpochlogServicer, call: p.LeaseKeepAlive, r: pb.LeaseKeepAliveRequest,
+                      timeout: float) -> pb.LeaseResponse:
+    return cv.lease(s.node.lease_keepalive(call))
 
 
-def _read_events(s: EpochlogServicer, r: pb.ReadEventsRequest, timeout: float) -> pb.ReadEventsResponse:
-    return cv.events(s.node.read_events(cv.read_events_call(r)), r.json)
+def _read_events(s: EpochlogServicer, call: p.ReadEvents, r: pb.ReadEventsRequest,
+                 timeout: float) -> pb.ReadEventsResponse:
+    return cv.events(s.node.read_events(call), r.json)
 
 
-def _status(s: EpochlogServicer, r: pb.StatusRequest, timeout: float) -> pb.StatusResponse:
+def _status(s: EpochlogServicer, call: p.Status, r: pb.StatusRequest, timeout: float) -> pb.StatusResponse:
     return cv.status(s.node.status(), s.grpc_addresses)
 
 
-def _transfer_leader(s: EpochlogServicer, r: pb.TransferLeaderRequest, timeout: float) -> pb.DoneResponse:
-    return pb.DoneResponse(offset=s.node.transfer_leader(p.TransferLeader(r.group, r.to)).offset)
+def _transfer_leader(s: EpochlogServicer, call: p.TransferLeader, r: pb.TransferLeaderRequest,
+                     timeout: float) -> pb.DoneResponse:
+    return pb.DoneResponse(offset=s.node.transfer_leader(call).offset)
 
 
-def _snapshot(s: EpochlogServicer, r: pb.SnapshotRequest, timeout: float) -> pb.DoneResponse:
-    return pb.DoneResponse(offset=s.node.snapshot(p.Snapshot(r.group)).offset)
+def _snapshot(s: EpochlogServicer, call: p.Snapshot, r: pb.SnapshotRequest, timeout: float) -> pb.DoneResponse:
+    return pb.DoneResponse(offset=s.node.snapshot(call).offset)
 
 
-def _compaction_status(s: EpochlogServicer, r: pb.CompactionStatusRequest,
+def _compaction_status(s: EpochlogServicer, call: p.CompactionStatus, r: pb.CompactionStatusRequest,
                        timeout: float) -> pb.CompactionStatusResponse:
     return cv.compaction(s.node.compaction_status())
 
 
-def _member_list(s: EpochlogServicer, r: pb.MemberListRequest, timeout: float) -> pb.MembersResponse:
+def _member_list(s: EpochlogServicer, call: p.MemberList, r: pb.MemberListRequest,
+                 timeout: float) -> pb.MembersResponse:
     return cv.members(s.node.member_list(), s.grpc_addresses)
 
 
-async def _member_add(s: EpochlogServicer, r: pb.MemberAddRequest, timeout: float) -> pb.MembersResponse:
-    call = p.MemberAdd(r.node_id, r.peer_address, r.client_address, not r.manual_promote)
+async def _member_add(s: EpochlogServicer, call: p.MemberAdd, r: pb.MemberAddRequest,
+                      timeout: float) -> pb.MembersResponse:
     return cv.members(await s.node.member_add(call), s.grpc_addresses)
 
 
-async def _member_promote(s: EpochlogServicer, r: pb.MemberPromoteRequest,
+async def _member_promote(s: EpochlogServicer, call: p.MemberPromote, r: pb.MemberPromoteRequest,
                           timeout: float) -> pb.MembersResponse:
-    return cv.members(await s.node.member_promote(p.MemberPromote(r.node_id)), s.grpc_addresses)
+    return cv.members(await s.node.member_promote(call), s.grpc_addresses)
 
 
-async def _member_remove(s: EpochlogServicer, r: pb.MemberRemoveRequest,
+async def _member_remove(s: EpochlogServicer, call: p.MemberRemove, r: pb.MemberRemoveRequest,
                          timeout: float) -> pb.MembersResponse:
-    return cv.members(await s.node.member_remove(p.MemberRemove(r.node_id)), s.grpc_addresses)
+    return cv.members(await s.node.member_remove(call), s.grpc_addresses)
 
 
-_SYNC: dict[str, Callable[[EpochlogServicer, Any, float], Any]] = {
+_SYNC: dict[str, Callable[[EpochlogServicer, Any, Any, float], Any]] = {
     "lease_keep_alive": _lease_keep_alive, "read_events": _read_events, "status": _status,
     "transfer_leader": _transfer_leader, "snapshot": _snapshot, "member_list": _member_list,
     "compaction_status": _compaction_status,
 }
 _ASYNC: dict[str, Handler] = {
-    "put": _put, "get": _get, "delete": _delete, "list": _list, "history": _history, "txn": _txn,
-    "command": _command, "batch": _batch, "lease_grant": _lease_grant, "lease_revoke": _lease_revoke,
+    "put": _write_one, "get": _get, "delete": _write_one, "list": _list, "history": _history, "txn": _write_one,
+    "command": _write_one, "batch": _batch, "lease_grant": _lease_grant, "lease_revoke": _write_one,
     "member_add": _member_add, "member_promote": _member_promote, "member_remove": _member_remove,
+}
+# Each method's request as the native call(s) it makes: what the runner authorizes (the same
+# permissions as the native face: epochlog/api/permissions.py), and what the handler then runs.
+_NATIVE: dict[str, Callable[[Any], Any]] = {
+    "put": lambda r: p.Write([cv.put_event(r)]),
+    "delete": lambda r: p.Write([cv.delete_event(r)]),
+    "txn": lambda r: p.Write([cv.txn_event(r)]),
+    "command": lambda r: p.Write([cv.command_event(r)]),
+    "lease_revoke": lambda r: p.Write([cv.lease_revoke_event(r)]),
+    "get": cv.get_call, "list": cv.list_call, "history": cv.history_call, "batch": _batch_call,
+    "lease_grant": lambda r: p.LeaseGrant(r.ttl_ms, r.lease_id, r.request_id),
+    "lease_keep_alive": lambda r: p.LeaseKeepAlive(r.lease_id),
+    "read_events": cv.read_events_call, "status": lambda r: p.Status(),
+    "transfer_leader": lambda r: p.TransferLeader(r.group, r.to), "snapshot": lambda r: p.Snapshot(r.group),
+    "compaction_status": lambda r: p.CompactionStatus(), "member_list": lambda r: p.MemberList(),
+    "member_add": lambda r: p.MemberAdd(r.node_id, r.peer_address, r.client_address, not r.manual_promote),
+    "member_promote": lambda r: p.MemberPromote(r.node_id), "member_remove": lambda r: p.MemberRemove(r.node_id),
 }
 
 # The field of SessionReply that carries each Session call's result.
@@ -391,23 +420,44 @@ def _add_servicer(servicer: EpochlogServicer, server: grpc.aio.Server) -> None:
     server.add_registered_method_handlers(service.full_name, handlers)
 
 
-async def _run(s: EpochlogServicer, op: str, request: Any, timeout: float) -> Any:
-    cv.decoded(request)
-    sync = _SYNC.get(op)
-    if sync is not None:
-        return sync(s, request, timeout)
-    return await asyncio.wait_for(_ASYNC[op](s, request, timeout), timeout + DEADLINE_GRACE_S)
+def _native(s: EpochlogServicer, op: str, request: Any) -> Any:
+    """The native call(s) of `request`, or its error's outcome (a message that does not parse, a value
+    out of range)."""
+    try:
+        return _NATIVE[op](cv.decoded(request))
+    except Exception as exc:
+        return Failed(s.runner.error(op, exc))
+
+
+def _run_now(s: EpochlogServicer, op: str, request: Any, timeout: float, caller: Caller) -> Done[Any] | Failed:
+    """A call that completes without waiting (`_SYNC`), through the runner in this turn of the loop."""
+    call = _native(s, op, request)
+    if isinstance(call, Failed):
+        return call
+    return s.runner.now(op, call, lambda: _SYNC[op](s, call, request, timeout), caller)
+
+
+async def _run(s: EpochlogServicer, op: str, request: Any, timeout: float,
+               caller: Caller = ANONYMOUS_CALLER) -> Done[Any] | Failed:
+    """A call of a unary method or of a Session, through the runner: in this turn of the loop when it
+    does not wait, else in the caller's task under its deadline."""
+    if op in _SYNC:
+        return _run_now(s, op, request, timeout, caller)
+    call = _native(s, op, request)
+    if isinstance(call, Failed):
+        return call
+    return await s.runner.run(op, call, lambda: _ASYNC[op](s, call, request, timeout), timeout, caller)
 
 
 class _Session:
     """One Session stream: a reader starting calls, and this task writing the coalesced replies."""
 
-    def __init__(self, servicer: EpochlogServicer, context: grpc.aio.ServicerContext) -> None:
+    def __init__(self, servicer: EpochlogServicer, context: grpc.aio.ServicerContext, caller: Caller) -> None:
         self.servicer = servicer
         self.context = context
+        self.caller = caller
         self.loop = asyncio.get_running_loop()
         self.tasks: set[asyncio.Task[None]] = set()
-        self.expired: set[asyncio.Task[None]] = set()   # cancelled by their deadline
         self.pending: list[pb.SessionReply] = []
         self.ready = asyncio.Event()         # replies are pending, or the reader ended
         self.room = asyncio.Event()          # fewer than MAX_SESSION_INFLIGHT calls run
@@ -460,17 +510,12 @@ class _Session:
         op = call.WhichOneof("call")
         if op is None:
             error = cv.RequestError(f"call {call.id} names no operation")
-            self._reply_error(call.id, "session", error, 0.0, 0.0)
+            self._answer(call.id, op, Failed(self.servicer.runner.error("session", error)))
             return
         request = getattr(call, op)
         timeout = self._timeout(call)
-        sync = _SYNC.get(op)
-        if sync is not None:
-            started = time.perf_counter()
-            try:
-                self._reply(call.id, op, sync(self.servicer, request, timeout))
-            except Exception as exc:
-                self._reply_error(call.id, op, exc, timeout, started)
+        if op in _SYNC:
+            self._answer(call.id, op, _run_now(self.servicer, op, request, timeout, self.caller))
             return
         task = self.loop.create_task(self._call(call.id, op, request, timeout))
         self.tasks.add(task)
@@ -478,46 +523,23 @@ class _Session:
             self.room.clear()
 
     async def _call(self, rid: int, op: str, request: Any, timeout: float) -> None:
-        started = time.perf_counter()
         task = asyncio.current_task()
         assert task is not None
-        # A timer that cancels this task, not asyncio.wait_for: that would wrap every call in a
-        # second task, the largest cost of a small call here.
-        timer = self.loop.call_later(timeout + DEADLINE_GRACE_S, self._expire, task)
         try:
-            result = await _ASYNC[op](self.servicer, request, timeout)
-        except asyncio.CancelledError:
-            if task not in self.expired:
-                raise
-            self.expired.discard(task)
-            task.uncancel()
-            self._reply_error(rid, op, TimeoutError(), timeout, started)
-        except Exception as exc:
-            self._reply_error(rid, op, exc, timeout, started)
-        else:
-            self._reply(rid, op, result)
+            self._answer(rid, op, await _run(self.servicer, op, request, timeout, self.caller))
         finally:
-            timer.cancel()
             self.tasks.discard(task)
             if len(self.tasks) < MAX_SESSION_INFLIGHT:
                 self.room.set()
             if not self.tasks and not self.reading:
                 self.ready.set()
 
-    def _expire(self, task: asyncio.Task[None]) -> None:
-        self.expired.add(task)
-        task.cancel()
-
-    def _reply(self, rid: int, op: str, result: Any) -> None:
-        reply = pb.SessionReply(id=rid)
-        getattr(reply, _REPLY_FIELD[op]).CopyFrom(result)
+    def _answer(self, rid: int, op: str | None, outcome: Done[Any] | Failed) -> None:
+        if isinstance(outcome, Done):
+            reply = pb.SessionReply(id=rid)
+            assert op is not None
+            getattr(reply, _REPLY_FIELD[op]).CopyFrom(outcome.result)
+        else:
+            reply = pb.SessionReply(id=rid, error=self.servicer._failure(outcome.error).error)
         self.pending.append(reply)
         self.ready.set()
-
-    def _reply_error(self, rid: int, op: str, exc: BaseException, timeout: float, started: float) -> None:
-        f = self.servicer._failure(op, exc, timeout, started)
-        self.pending.append(pb.SessionReply(id=rid, error=f.error))
-        self.ready.set()
-
-
-__all__ = ["GrpcService", "EpochlogServicer", "MAX_MESSAGE_BYTES"]

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from eventlog.errors import EpochlogError
 from eventlog.raft.node import Role
 from epochlog.api import messages as p
-from epochlog.errors import GroupHaltedError, NodeError
+from epochlog.errors import GroupHaltedError, InvalidArgumentError
 from epochlog.local_groups import LocalGroups
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class Halts:
         try:
             views.skip(call.offset)
         except EpochlogError as exc:
-            raise NodeError(f"node {self.local.node_id}: {exc}") from None
+            raise InvalidArgumentError(f"node {self.local.node_id}: {exc}") from None
         await self._resume(group)
         return p.Done(views.applied_index)
 

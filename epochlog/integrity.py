@@ -42,6 +42,7 @@ from epochlog.local_groups import LocalGroups
 
 if TYPE_CHECKING:
     from epochlog.client.aio import AsyncClient
+    from epochlog.client.tls import ClientTls
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +61,9 @@ class DigestCheck:
     """The leader's comparison of views digests with every member's (see the module docstring)."""
 
     def __init__(self, local: LocalGroups, client_addresses: Callable[[], Mapping[int, str]],
-                 interval_ms: int) -> None:
+                 interval_ms: int, client_tls: Callable[[], ClientTls | None] = lambda: None) -> None:
         self.local = local
+        self._client_tls = client_tls   # what its status calls present (the member certificate)
         self._client_addresses = client_addresses
         self.interval_s = interval_ms / 1000
         self.alarms: dict[str, dict[int, p.DigestAlarm]] = {}   # group -> member -> alarm
@@ -147,7 +149,7 @@ class DigestCheck:
             from epochlog.client.aio import AsyncClient
 
             self._client = AsyncClient([address], timeout=STATUS_TIMEOUT_S, name=f"epochlog-node-{self.local.node_id}",
-                                       sessions=False)
+                                       sessions=False, tls=self._client_tls())
         try:
             return await asyncio.wait_for(self._client.status(address), STATUS_TIMEOUT_S)
         except (EpochlogError, OSError, TimeoutError):

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from eventlog.raft.runtime.group import RaftGroup
-from epochlog.errors import NodeError
+from epochlog.errors import InvalidArgumentError
 from statemachines.views import ViewsStateMachine
 
 
@@ -26,9 +26,9 @@ class LocalGroups:
     views: Mapping[str, ViewsStateMachine]
 
     def group(self, name: str) -> RaftGroup:
-        """The group `name`; NodeError when this node has no such group."""
+        """The group `name`; InvalidArgumentError when this node has no such group."""
         groups = self.groups()
         group = groups.get(name)
         if group is None:
-            raise NodeError(f"no group {name!r} (groups: {', '.join(groups)})")
+            raise InvalidArgumentError(f"no group {name!r} (groups: {', '.join(groups)})")
         return group

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from eventlog.errors import ConfigError, EpochlogError
 from eventlog.raft.errors import ConfChangeError, NotFoundError, NotLeaderError
@@ -40,10 +41,13 @@ from eventlog.raft.runtime.group import RaftGroup
 from eventlog.raft.runtime.transport import PeerTransport
 from eventlog.raft.types import ConfChange, ConfChangeKind, ConfState
 from epochlog.api import messages as p
-from epochlog.errors import NodeError, RejectedError
+from epochlog.errors import InvalidArgumentError, RejectedError
 from epochlog.local_groups import LocalGroups
 from statemachines import events as ev
 from statemachines.state import MemberState, Outcome, decode_state
+
+if TYPE_CHECKING:
+    from epochlog.client.tls import ClientTls
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +59,10 @@ class Membership:
     """The address book of this node and the membership calls it serves (on its loop)."""
 
     def __init__(self, local: LocalGroups, configured: Sequence[MemberConfig], me: MemberConfig,
-                 transport: Callable[[], PeerTransport | None]) -> None:
+                 transport: Callable[[], PeerTransport | None],
+                 client_tls: Callable[[], ClientTls | None] = lambda: None) -> None:
         self.local = local
+        self._client_tls = client_tls   # what forwarded calls present (the member certificate)
         self._configured_members = tuple(configured)
         self._me = me
         self._transport = transport
@@ -169,9 +175,9 @@ class Membership:
 
                     endpoints = [m.client_address for m in self.members.values() if m.client_address]
                     if not endpoints:
-                        raise NodeError(f"group {name} is led by another node and no client address is known")
+                        raise InvalidArgumentError(f"group {name} is led by another node and no client address is known")
                     client = AsyncClient(endpoints, timeout=max(1.0, deadline - loop.time()),
-                                         name=f"epochlog-node-{self.local.node_id}")
+                                         name=f"epochlog-node-{self.local.node_id}", tls=self._client_tls())
                 if isinstance(call, p.MemberAdd):
                     await client.member_add(call.node_id, call.peer_address, call.client_address,
                                             auto_promote=call.auto_promote, group=name)
@@ -212,13 +218,13 @@ class Membership:
             wanted = p.MemberInfo(call.node_id, call.peer_address, call.client_address)
             if known != wanted:
                 if known is not None and any(g.node.conf.contains(call.node_id) for g in self.local.groups().values()):
-                    raise NodeError(f"node {call.node_id} is a member at {known.peer_address}: remove it before "
+                    raise InvalidArgumentError(f"node {call.node_id} is a member at {known.peer_address}: remove it before "
                                     f"adding it with other addresses")
                 taken = {a: m.id for m in self.members.values() if m.id != call.node_id
                          for a in (m.peer_address, m.client_address) if a}
                 for address in (call.peer_address, call.client_address):
                     if address in taken:
-                        raise NodeError(f"{address} is an address of node {taken[address]}")
+                        raise InvalidArgumentError(f"{address} is an address of node {taken[address]}")
                 await self._record(ev.MemberAdded(node_id=call.node_id, peer_address=call.peer_address,
                                                   client_address=call.client_address, actor="epochlog/membership"))
             await self._change_everywhere(cc, call, self._group_order(), deadline)
@@ -252,7 +258,7 @@ class Membership:
             raise NotFoundError(f"node {call.node_id} is not a member")
         for name, group in self.local.groups().items():
             if group.node.conf.voters == (call.node_id,):
-                raise NodeError(f"node {call.node_id} is the last voter of group {name}: add another first")
+                raise InvalidArgumentError(f"node {call.node_id} is the last voter of group {name}: add another first")
         if call.node_id == self.local.node_id:
             # Removing the metadata group's leader while it coordinates would cut it off from the rest of
             # the work: hand the leadership over first; the client retries at the new leader.
@@ -267,7 +273,7 @@ class Membership:
         n = group.node
         others = [v for v in n.conf.voters if v != self.local.node_id]
         if not others:
-            raise NodeError(f"node {self.local.node_id} is the last voter of group {group.name}")
+            raise InvalidArgumentError(f"node {self.local.node_id} is the last voter of group {group.name}")
         target = max(others, key=lambda v: n.progress[v].match if v in n.progress else -1)
         group.transfer_leadership(target)
         loop = asyncio.get_running_loop()
@@ -288,4 +294,4 @@ def _done(conf: ConfState, cc: ConfChange) -> bool:
 
 def _check_node_id(node_id: int) -> None:
     if node_id <= 0:
-        raise NodeError(f"node ids are positive integers, got {node_id}")
+        raise InvalidArgumentError(f"node ids are positive integers, got {node_id}")

@@ -75,6 +75,18 @@ Families (counters get the `_total` suffix on the wire):
     epochlog_views_digest_checks_total{group} counter    comparisons of views digests this node made as leader
     epochlog_views_digest_mismatch{group,member} gauge   on the leader: 1 while the member's views digest
                                                          differs from its own at the same applied offset
+    epochlog_controller_active               gauge       1 while the controller runs on this node (it leads metadata)
+    epochlog_controller_brokers{state}       gauge       on the active controller: registered brokers, `active` or
+                                                         `fenced`
+    epochlog_controller_broker_groups{master} gauge      on the active controller: broker groups with (`yes`) and
+                                                         without (`no`) a live master
+    epochlog_controller_heartbeats_total     counter     broker heartbeats this node's controller took
+    epochlog_controller_heartbeats_rejected_total counter   ... refused (unknown broker, stale epoch)
+    epochlog_controller_fenced_total         counter     brokers it fenced (heartbeat timeout)
+    epochlog_controller_elections_total      counter     master elections it committed
+    epochlog_controller_activations_total    counter     times it became the active controller
+
+gRPC calls are counted with the native ones (`epochlog_rpc_seconds{op="grpc_<method>"}`).
 """
 
 from __future__ import annotations
@@ -117,6 +129,7 @@ class Metrics:
                                             "heartbeats were that late.", registry=r, buckets=_STALL_BUCKETS)
         self.registry.register(_GroupCollector(node))
         self.registry.register(_PeerCollector(node))
+        self.registry.register(_ControllerCollector(node))
         for name, group in node.host.groups.items():
             group.storage.log.observer = _LogTimings(self, name)
 
@@ -316,3 +329,38 @@ class _PeerCollector(Collector):
             for reason, count in sorted(transport.closes.counts.items()):
                 closed.add_metric([reason], count)
         yield closed
+
+
+class _ControllerCollector(Collector):
+    """The controller's state and counters (controller/runtime.py), read at scrape time."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def collect(self) -> Iterator[Metric]:
+        runtime = self.node.controller
+        core = runtime.core
+        yield GaugeMetricFamily("epochlog_controller_active", "1 while the controller runs on this node.",
+                                value=1 if core is not None else 0)
+        brokers = GaugeMetricFamily("epochlog_controller_brokers", "Registered brokers by state (on the active "
+                                    "controller).", labels=["state"])
+        masters = GaugeMetricFamily("epochlog_controller_broker_groups", "Broker groups with and without a live "
+                                    "master (on the active controller).", labels=["master"])
+        if core is not None:
+            registry = core.registry
+            fenced = sum(1 for b in registry.brokers.values() if b.fenced)
+            brokers.add_metric(["active"], len(registry.brokers) - fenced)
+            brokers.add_metric(["fenced"], fenced)
+            live = sum(1 for key, g in registry.groups.items()
+                       if any(b.broker_id == g.master and not b.fenced for b in registry.brokers_of(key)))
+            masters.add_metric(["yes"], live)
+            masters.add_metric(["no"], len(registry.groups) - live)
+        yield brokers
+        yield masters
+        c = runtime.counters
+        for name, value, doc in (("heartbeats", c.heartbeats, "Broker heartbeats this node's controller took."),
+                                 ("heartbeats_rejected", c.heartbeats_rejected, "Broker heartbeats it refused."),
+                                 ("fenced", c.fenced, "Brokers it fenced."),
+                                 ("elections", c.elections, "Master elections it committed."),
+                                 ("activations", c.activations, "Times it became the active controller.")):
+            yield CounterMetricFamily(f"epochlog_controller_{name}", doc, value=value)

@@ -24,6 +24,7 @@ import secrets
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -39,7 +40,8 @@ from controller.config import controller_config
 from controller.runtime import GROUP as CONTROLLER_GROUP, ControllerRuntime
 from epochlog.api import messages as p
 from epochlog.api.routing import REQUIRED_GROUPS, group_of_event, group_of_key
-from epochlog.errors import GroupHaltedError, NodeError, RejectedError
+from epochlog.errors import GroupHaltedError, InvalidArgumentError, RejectedError
+from epochlog.group_log import GroupLog
 from epochlog.halts import Halts
 from epochlog.identity import storage_id
 from epochlog.integrity import DigestCheck, damage_info
@@ -53,6 +55,9 @@ from statemachines.state import Outcome, encode
 from statemachines.noops import ChangedViews, changed_views_in
 from statemachines.store import ViewsConfig
 from statemachines.views import ViewsStateMachine
+
+if TYPE_CHECKING:
+    from epochlog.client.tls import ClientTls
 
 logger = logging.getLogger(__name__)
 
@@ -90,11 +95,14 @@ class Node:
                              space_guard=self.compaction.space_guard,
                              ships_log_prefix=self.compaction.ships_log_prefix)
         self.local_groups = LocalGroups(node_id, lambda: self.host.groups, self.views)
+        # What this node's own clients of the other nodes present (its member certificate), set by the
+        # client service when the faces speak TLS (epochlog/server.py): forwarded calls authenticate by it.
+        self.internal_tls: ClientTls | None = None
         self.membership = Membership(self.local_groups, configs.cluster.members, self.member,
-                                     lambda: self.host.transport)
+                                     lambda: self.host.transport, lambda: self.internal_tls)
         self.halts = Halts(self.local_groups, lambda name: self.transfer_leader(p.TransferLeader(name, 0)))
         self.digest_check = DigestCheck(self.local_groups, lambda: self.client_addresses,
-                                        self.views_config.digest_check_interval_ms)
+                                        self.views_config.digest_check_interval_ms, lambda: self.internal_tls)
         self.instance = secrets.token_hex(8)   # this run of the node (status: `epochlog up` tells restarts apart)
         self.storage = ""                      # the data directory's id, read at start (epochlog.identity)
 
@@ -167,6 +175,16 @@ class Node:
     def leader_address(self, error: NotLeaderError) -> str:
         return self.client_addresses.get(error.leader_hint, "")
 
+    def group_log(self, name: str) -> GroupLog | None:
+        """Group `name`'s log as a face produces to and fetches from it (the Kafka face: epochlog/group_log.py);
+        None when this node runs no such group."""
+        group = self.host.groups.get(name)
+        return None if group is None else GroupLog(group)
+
+    def group_logs(self) -> dict[str, GroupLog]:
+        """Every group's log on this node, by name (see group_log)."""
+        return {name: GroupLog(group) for name, group in self.host.groups.items()}
+
     def serving(self, name: str) -> RaftGroup:
         """The group, if its views can serve on this node (GroupHaltedError when it halted here)."""
         group = self.group(name)
@@ -178,7 +196,7 @@ class Node:
 
     async def _barrier(self, group: str, consistency: str, min_offset: int, timeout: float) -> int:
         if consistency not in p.CONSISTENCY:
-            raise NodeError(f"consistency {consistency!r} is not one of {', '.join(p.CONSISTENCY)}")
+            raise InvalidArgumentError(f"consistency {consistency!r} is not one of {', '.join(p.CONSISTENCY)}")
         applied = await self.serving(group).read_barrier(consistency, min_offset, timeout)
         self.halts.check(group)   # it may have halted while the read waited
         return applied
@@ -188,7 +206,7 @@ class Node:
     async def write(self, events: Sequence[ev.Event]) -> list[p.WriteResult]:
         """Validate every event first (nothing is appended if one is invalid), then commit per group."""
         if not events:
-            raise NodeError("a write carries at least one event")
+            raise InvalidArgumentError("a write carries at least one event")
         by_group: dict[str, list[int]] = defaultdict(list)
         records: dict[str, list[tuple[bytes | None, bytes | None]]] = defaultdict(list)
         checked: dict[str, list[ev.Event]] = defaultdict(list)
@@ -228,16 +246,16 @@ class Node:
         return [r for r in results if r is not None]
 
     def client_event(self, event: ev.Event) -> ev.Event:
-        """A client's event as the node proposes it, or NodeError/EventError (nothing is appended).
+        """A client's event as the node proposes it, or InvalidArgumentError/EventError (nothing is appended).
 
         The rules every client face shares: member records and history floors are the node's own; a
         request id without a session must be time-ordered (statemachines/request_ids.py); a session
         opens with the bounds of this node's `[views]` config, stamped here so that every replica applies
         the leader's (statemachines/sessions.py)."""
         if isinstance(event, ev.MemberAdded | ev.MemberRemoved):
-            raise NodeError("member records are written by member_add and member_remove only")
+            raise InvalidArgumentError("member records are written by member_add and member_remove only")
         if isinstance(event, ev.HistoryPruned):
-            raise NodeError("history floors are written by the node's compaction service only")
+            raise InvalidArgumentError("history floors are written by the node's compaction service only")
         check_client_request_id(event)
         if isinstance(event, ev.ClientSessionOpened):
             c = self.views_config
@@ -271,7 +289,7 @@ class Node:
         call arrived, so every read keeps its consistency), then the reads are served READS_PER_TURN
         per turn of the loop: thousands of reads never hold the loop that sends the heartbeats."""
         if len(call.gets) > MAX_LIMIT:
-            raise NodeError(f"at most {MAX_LIMIT} reads per call, got {len(call.gets)}")
+            raise InvalidArgumentError(f"at most {MAX_LIMIT} reads per call, got {len(call.gets)}")
         barriers: dict[tuple[str, str], int] = {}
         for g in call.gets:
             key = (group_of_key(g.key), g.consistency)
@@ -290,7 +308,7 @@ class Node:
 
     async def list(self, call: p.List, timeout: float = DEFAULT_TIMEOUT_S) -> p.Listed:
         if call.end and not call.start:
-            raise NodeError("a range needs start as well as end")
+            raise InvalidArgumentError("a range needs start as well as end")
         key = call.start or call.prefix
         group = group_of_key(key)
         applied = await self._barrier(group, call.consistency, call.min_offset, timeout)
@@ -314,7 +332,7 @@ class Node:
         """Committed records of a group's log from `from_offset` (what this node has applied)."""
         group = self.group(call.group)
         if call.max_events < 1 or call.max_bytes < 1:
-            raise NodeError("max_events and max_bytes are positive")
+            raise InvalidArgumentError("max_events and max_bytes are positive")
         log = group.storage.log
         applied = group.sm.applied_index
         offset = max(call.from_offset, 0)
@@ -354,7 +372,8 @@ class Node:
             raise _compacted(group, start)
 
         async def records() -> AsyncIterator[p.EventRecord]:
-            async for e in group.watch(call.prefix.encode(), start, changed=self._changed_views(group_name)):
+            async for e in group.watch(call.prefix.encode(), start, changed=self._changed_views(group_name),
+                                       written_keys=ev.written_keys):
                 yield p.EventRecord(e.offset, _key_text(e.key), e.value, e.timestamp, e.term, e.applied)
 
         return group_name, start, records()
@@ -458,7 +477,7 @@ class Node:
             progress = group.node.progress
             followers = [n for n in group.node.conf.voters if n != self.node_id]
             if not followers:
-                raise NodeError(f"group {call.group} has no other voter to hand leadership to")
+                raise InvalidArgumentError(f"group {call.group} has no other voter to hand leadership to")
             target = max(followers, key=lambda n: progress[n].match if n in progress else -1)
         group.transfer_leadership(target)
         return p.Done()

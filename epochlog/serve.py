@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eventlog.configuration import from_mapping
+from eventlog import kafka_codes as kc
 from eventlog.errors import EpochlogError
 from eventlog.raft.runtime.config import MemberConfig, NodeConfigs, parse_address
 from epochlog.admin import AdminServer
@@ -46,6 +47,9 @@ class StartError(EpochlogError):
     """A node cannot start where it was told to: an address is taken, the data directory cannot be made."""
 
     code = "start"
+    retriable = False
+    grpc_status = "INTERNAL"
+    kafka_error = kc.UNKNOWN_SERVER_ERROR
 
 
 def check_can_start(member: MemberConfig, data_dir: str | Path) -> None:
@@ -116,14 +120,15 @@ class RunningNode:
                 from epochlog.grpc_server import GrpcService   # grpc is imported only where it is served
 
                 host, port = parse_address(member.grpc_address, f"cluster.members[{node_id}].grpc_address")
-                running.grpc = GrpcService(node, metrics)
+                running.grpc = GrpcService(node, metrics, clients.access, client_config.tls)
                 await running.grpc.start(host, port)
                 running.addresses["grpc"] = f"{host}:{running.grpc.port}"
             if member.kafka_address:
                 from epochlog.kafka.server import KafkaService, brokers_of   # kafka-python: only where served
 
                 host, port = parse_address(member.kafka_address, f"cluster.members[{node_id}].kafka_address")
-                running.kafka = KafkaService(node, brokers_of(configs, member), kafka_config)
+                running.kafka = KafkaService(node, brokers_of(configs, member), kafka_config, clients.access,
+                                             client_config.tls if client_config.tls.enabled else None)
                 await running.kafka.start(host, port)
                 running.addresses["kafka"] = f"{host}:{running.kafka.port}"
         except BaseException:

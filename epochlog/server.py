@@ -36,13 +36,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eventlog.configuration import doc
-from eventlog.errors import EpochlogError
-from eventlog.raft.errors import NotLeaderError
+from eventlog.errors import BadFrameError, ConfigError, ConnectionLimitError, InvalidArgumentError, WatchCancelledError
 from epochlog.api import messages as p
 from epochlog.api.frames import (MAX_FRAME_BYTES, BadRequest, ClientFrame, FrameDecoder, FrameError, encode_frame,
                                  encode_frames, salvage_requests)
+from epochlog.calls import CallRunner, Done, FaceRules, Failed, wire_error
+from epochlog.access_control import AccessConfig, AccessControl, AccessMetrics, Caller
+from epochlog.face_tls import (ClientTlsConfig, certificate_node, certificate_principal, internal_client_tls,
+                               server_context)
+from epochlog.listener import Listener
 from epochlog.metrics import Metrics
-from epochlog.errors import NodeError
 from epochlog.logs import Throttled
 from epochlog.node import DEFAULT_TIMEOUT_S, Node
 
@@ -71,44 +74,28 @@ class ClientServiceConfig:
     max_in_flight_requests: int = field(default=256, metadata=doc(
         "Requests of one connection running at once (watches apart); the next ones wait, and the "
         "connection reads no more until they started.", min=1, max=1_000_000))
-
-
-class DeadlineExceededError(EpochlogError):
-    code = "deadline_exceeded"
-    retriable = True
-
-
-class ConnectionLimitError(EpochlogError):
-    """The connection broke a limit of the node (memory for partly received frames, time to complete a
-    frame) and is closed; connect again (with less in flight)."""
-
-    code = "connection_limit"
-    retriable = True
-
-
-def wire_error(exc: BaseException, node: Node | None = None) -> p.WireError:
-    """The protocol form of an error: EpochlogErrors keep their code; anything else is `internal`."""
-    if isinstance(exc, NotLeaderError):
-        address = node.leader_address(exc) if node is not None else ""
-        return p.WireError(exc.code, str(exc), True, exc.leader_hint, address)
-    if isinstance(exc, EpochlogError):
-        return p.WireError(exc.code, str(exc), exc.retriable)
-    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
-        return p.WireError("deadline_exceeded", "the request's deadline passed before it completed", True)
-    return p.WireError("internal", f"{type(exc).__name__}: {exc}", False)
+    tls: ClientTlsConfig = field(default_factory=ClientTlsConfig, metadata=doc(
+        "TLS of every client face ([clients.tls], epochlog/face_tls.py)."))
+    access: AccessConfig = field(default_factory=AccessConfig, metadata=doc(
+        "Authentication and authorization on every client face ([clients.access], epochlog/access_control.py)."))
 
 
 class ClientService:
     """Listens for clients on one address and serves them from `node`. Use on the node's loop."""
 
-    def __init__(self, node: Node, metrics: Metrics | None = None, config: ClientServiceConfig | None = None) -> None:
+    def __init__(self, node: Node, metrics: Metrics | None = None, config: ClientServiceConfig | None = None,
+                 access: AccessControl | None = None) -> None:
         self.node = node
         self.metrics = metrics
         self.config = config or ClientServiceConfig()
-        self._server: asyncio.Server | None = None
-        self._sweeper: asyncio.Task[None] | None = None
-        self.connections: set[ClientConnection] = set()
-        self.rpc_children: dict[str, Any] = {}   # op -> its latency histogram child (labels() is not free)
+        if access is None:
+            access = access_control(node, self.config, metrics)
+        self.access = access                      # shared with the node's other faces (epochlog/serve.py)
+        if self.config.tls.enabled:               # the node's own clients of the others present its certificate
+            node.internal_tls = internal_client_tls(self.config.tls, node.data_dir)
+        self.listener: Listener[ClientConnection] = Listener("client", self.config.frame_timeout_ms)
+        self.connections = self.listener.connections
+        self.runner = CallRunner(FaceRules(), metrics, access)   # the call path every face shares (epochlog/calls.py)
         self.partial_bytes = 0                    # sum of every connection's `decoder.pending_bytes`
         self.limit_closes = 0                     # connections closed for a limit (budget, frame timeout, count)
         self.refusals = Throttled(logger)         # connections refused past max_connections: logged rarely
@@ -117,38 +104,25 @@ class ClientService:
         self.election_timeout_ms = configs.raft.election_timeout_ticks * configs.cluster.tick_interval_ms
 
     async def start(self, host: str, port: int) -> None:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: ClientConnection(self), host, port, reuse_address=True)
-        self._sweeper = loop.create_task(self._sweep(), name="client-frame-timeouts")
-
-    async def _sweep(self) -> None:
-        """Close connections whose frame (or hello) is overdue: one pass per quarter of the timeout."""
-        timeout = self.config.frame_timeout_ms / 1000
-        while True:
-            await asyncio.sleep(min(1.0, timeout / 4))
-            now = time.monotonic()
-            for conn in list(self.connections):
-                since = conn.waiting_since
-                if since is not None and now - since > timeout:
-                    what = "its hello" if not conn.greeted else f"a frame ({conn.decoder.pending_bytes} bytes so far)"
-                    conn.close_for_limit(f"{what} did not arrive in full within frame_timeout_ms "
-                                         f"({self.config.frame_timeout_ms} ms)")
+        tls = server_context(self.config.tls, self.node.data_dir)
+        await self.listener.start(lambda: ClientConnection(self), host, port, tls)
 
     @property
     def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.sockets[0].getsockname()[1])
+        return self.listener.port
 
     async def close(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            await asyncio.gather(self._sweeper, return_exceptions=True)
-            self._sweeper = None
-        if self._server is not None:
-            self._server.close()
-            for conn in list(self.connections):
-                conn.abort()
-            await self._server.wait_closed()
+        await self.listener.close()
+
+
+def access_control(node: Node, config: ClientServiceConfig, metrics: Metrics | None) -> AccessControl:
+    """The node's access state for every face, from `[clients.access]`; enforcing needs TLS on the faces
+    (the nodes' own calls authenticate by their member certificates)."""
+    if config.access.enforce and not config.tls.enabled:
+        raise ConfigError("clients.access.enforce", True, "needs [clients.tls] enabled = true (the nodes "
+                                                          "authenticate each other's calls by their member certificates)")
+    return AccessControl(config.access, lambda: node.views.get("metadata"),
+                         None if metrics is None else AccessMetrics(metrics.registry))
 
 
 class ClientConnection(asyncio.Protocol):
@@ -173,11 +147,19 @@ class ClientConnection(asyncio.Protocol):
         self.watches: dict[int, _WatchState] = {}
         self.can_write = asyncio.Event()
         self.can_write.set()
+        self.certificate_principal: str | None = None   # named by a verified client certificate (TLS)
+        self.certificate_node: int | None = None        # another node of the cluster, by its member certificate
+        self.token = ""                                  # the hello's bearer token
+        self.caller = Caller()                           # who the connection says it is (epochlog/calls.py)
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio subclasses
+        peercert = transport.get_extra_info("peercert")
+        self.certificate_principal = certificate_principal(peercert)
+        self.certificate_node = certificate_node(peercert, self.node.cluster)
+        self.caller = Caller(certificate=self.certificate_principal, node=self.certificate_node)
         service = self.service
         if len(service.connections) >= service.config.max_connections:
             self._refuse(f"the node has {len(service.connections)} client connections open "
@@ -194,7 +176,7 @@ class ClientConnection(asyncio.Protocol):
         self.waiting_since = None
         self.service.limit_closes += 1
         self.service.refusals.warning("refusing client connection %s: %s", self._peer(), message)
-        error = p.WireError(ConnectionLimitError.code, message, ConnectionLimitError.retriable)
+        error = wire_error(ConnectionLimitError(message))
         self.transport.write(encode_frame(p.Replies([p.Reply(0, error=error)])))
         if self.transport.can_write_eof():
             self.transport.write_eof()
@@ -256,7 +238,7 @@ class ClientConnection(asyncio.Protocol):
                 self._fail("the first frame must be a client hello")
                 return
             elif isinstance(frame, BadRequest):
-                self.reply_error(frame.id, NodeError(frame.problem))
+                self.reply_error(frame.id, InvalidArgumentError(frame.problem))
             else:
                 self.backlog.extend(frame.requests)
         self._frame_due(bool(frames))
@@ -317,13 +299,16 @@ class ClientConnection(asyncio.Protocol):
         if self.decoder.pending_bytes:
             self.decoder = FrameDecoder(ClientFrame, salvage=salvage_requests)
 
+    def overdue(self) -> str:
+        return "its hello" if not self.greeted else f"a frame ({self.decoder.pending_bytes} bytes so far)"
+
     def close_for_limit(self, message: str) -> None:
         """Close the connection for breaking a limit: one `connection_limit` reply (id 0), then close."""
         self.service.limit_closes += 1
         logger.warning("closing client connection %s: %s", self._peer(), message)
         self._release_partial()
         if self.transport is not None and not self.transport.is_closing():
-            error = p.WireError(ConnectionLimitError.code, message, ConnectionLimitError.retriable)
+            error = wire_error(ConnectionLimitError(message))
             self.transport.write(encode_frame(p.Replies([p.Reply(0, error=error)])))
             self.transport.close()
 
@@ -348,6 +333,8 @@ class ClientConnection(asyncio.Protocol):
             self.transport.close()
             return
         self.greeted = True
+        self.token = hello.token
+        self.caller = Caller(certificate=self.certificate_principal, node=self.certificate_node, token=hello.token)
         self.transport.write(encode_frame(p.ServerHello(p.PROTOCOL_VERSION, self.node.cluster, self.node.node_id,
                                                           election_timeout_ms=self.service.election_timeout_ms)))
 
@@ -355,19 +342,16 @@ class ClientConnection(asyncio.Protocol):
         logger.warning("closing client connection %s: %s", self._peer(), message)
         self._release_partial()
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(encode_frame(p.Replies([p.Reply(0, error=p.WireError("bad_frame", message))])))
+            error = wire_error(BadFrameError(message))
+            self.transport.write(encode_frame(p.Replies([p.Reply(0, error=error)])))
             self.transport.close()
 
     def _start(self, request: p.Request) -> None:
         call = request.call
         handler = _SYNC.get(type(call))
         if handler is not None:
-            started = time.perf_counter()
-            try:
-                self.reply(request.id, handler(self, call))
-            except Exception as exc:  # every error becomes a reply; the connection lives on
-                self.reply_error(request.id, exc, call)
-            self._observe(call, started)
+            self._answer(request.id, self.service.runner.now(_op(call), call, functools.partial(handler, self, call),
+                                                             self.caller))
             return
         # The coroutine is made when the task first runs: a task cancelled before that (a watch
         # cancelled in its own frame, a connection lost) leaves no coroutine never awaited.
@@ -383,64 +367,37 @@ class ClientConnection(asyncio.Protocol):
 
     async def _run(self, rid: int, call: p.Call, work: Callable[[], Coroutine[Any, Any, Any]],
                    timeout: float) -> None:
-        started = time.perf_counter()
         watch = isinstance(call, p.Watch)
-        # One timer per call, not asyncio.wait_for: that runs the work in a second task, which
-        # costs a task and a loop turn per request.
-        expired = False
-        task = asyncio.current_task()
-        assert task is not None
-
-        def expire() -> None:
-            nonlocal expired
-            expired = True
-            task.cancel()
-
-        timer = None if watch else self.loop.call_later(timeout, expire)
         try:
-            if watch:
-                await work()   # a watch lives until cancelled or failed; it replies by itself
-            else:
-                self.reply(rid, await work())
-        except asyncio.CancelledError:
-            if not expired:
-                raise
-            self.reply_error(rid, DeadlineExceededError(
-                f"the request's deadline ({timeout:.3f} s) passed before it completed"), call)
-        except Exception as exc:
-            self.reply_error(rid, exc, call)
+            # A watch lives until cancelled or failed and replies by itself; its lifetime is not a latency.
+            outcome = await self.service.runner.run(_op(call), call, work, None if watch else timeout,
+                                                    self.caller, observe=not watch)
+            if not watch or isinstance(outcome, Failed):
+                self._answer(rid, outcome)
         finally:
-            if timer is not None:
-                timer.cancel()
             self.tasks.pop(rid, None)
             self.watch_ids.discard(rid)
-            if not watch:   # a watch's lifetime is not a latency
-                self._observe(call, started)
+            if not watch:
                 self.in_flight -= 1
                 if self.backlog:
                     self._schedule_pump()
-
-    def _observe(self, call: p.Call, started: float) -> None:
-        metrics = self.service.metrics
-        if metrics is not None:
-            op = _op(call)
-            child = self.service.rpc_children.get(op)
-            if child is None:
-                child = self.service.rpc_children[op] = metrics.rpc_seconds.labels(op)
-            child.observe(time.perf_counter() - started)
 
     # --- replies ------------------------------------------------------------------------------
 
     def reply(self, rid: int, result: p.Result) -> None:
         self._queue(p.Reply(rid, result=result))
 
-    def reply_error(self, rid: int, exc: BaseException, call: p.Call | None = None) -> None:
-        error = wire_error(exc, self.node)
-        if error.code == "internal":
-            logger.exception("request %s failed", rid, exc_info=exc)
-        if self.service.metrics is not None:
-            self.service.metrics.rpc_errors.labels(_op(call) if call is not None else "", error.code).inc()
-        self._queue(p.Reply(rid, error=error))
+    def reply_error(self, rid: int, exc: BaseException) -> None:
+        """An error outside a call (a request that did not decode): counted under no op."""
+        self._answer(rid, Failed(self.service.runner.error("", exc)))
+
+    def _answer(self, rid: int, outcome: Done[Any] | Failed) -> None:
+        if isinstance(outcome, Done):
+            self._queue(p.Reply(rid, result=outcome.result))
+            return
+        error = outcome.error
+        leader = self.node.client_addresses.get(error.leader_hint, "") if error.leader_hint else ""
+        self._queue(p.Reply(rid, error=wire_error(error, leader)))
 
     def _queue(self, reply: p.Reply) -> None:
         self.pending.append(reply)
@@ -473,7 +430,7 @@ def _oversize_reply(reply: p.Reply, size: int) -> list[p.Reply]:
                 p.Reply(reply.id, p.WatchEvents(result.watch_id, result.events[half:]))]
     message = (f"the reply of {size} bytes exceeds the frame limit of {MAX_FRAME_BYTES} bytes: "
                f"ask for less at once (limit, max_bytes, fewer keys)")
-    return [p.Reply(reply.id, error=p.WireError("invalid_argument", message))]
+    return [p.Reply(reply.id, error=wire_error(InvalidArgumentError(message)))]
 
 
 def _merge_watch_events(replies: list[p.Reply]) -> list[p.Reply]:
@@ -528,7 +485,7 @@ async def _lease_grant(c: ClientConnection, call: p.LeaseGrant) -> p.Result:
 async def _watch(c: ClientConnection, rid: int, call: p.Watch) -> None:
     """Started, then the events (at most `window` unacknowledged); an error reply ends it."""
     if not 1 <= call.window <= 1_000_000:
-        raise NodeError("window must be between 1 and 1000000")
+        raise InvalidArgumentError("window must be between 1 and 1000000")
     group, start, records = await c.node.watch(call)
     state = _WatchState(call.window)
     c.watches[rid] = state
@@ -566,7 +523,8 @@ def _cancel_watch(c: ClientConnection, call: p.CancelWatch) -> p.Result:
     task = c.tasks.pop(call.watch_id, None)
     if task is not None:     # also before the watch started: its task may not have run yet
         task.cancel()
-        c._queue(p.Reply(call.watch_id, error=p.WireError("cancelled", "the watch was cancelled by the client")))
+        cancelled = WatchCancelledError("the watch was cancelled by the client")
+        c._queue(p.Reply(call.watch_id, error=wire_error(cancelled)))
     return p.Done()
 
 

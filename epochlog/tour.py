@@ -16,7 +16,7 @@ step (at most 80 columns; the test of the tour checks each claim a line makes):
 6. export   Spark (its session started in the background at step 1, so its slow start overlaps
             the failover's wait) exports every committed event to the Delta table `<data-dir>/events` (one commit;
             the next run adds only what is new) and reports the watermark to the cluster;
-7. audit    the state of `kv/tour/greeting` just before its second put, asked of the exported table
+7. audit    the state of `tour/greeting` just before its second put, asked of the exported table
             with spark/audit.py's SQL on the export's Spark session (already warm: a second JVM
             start would double the step), compared with the live `get --as-of` of that offset.
 
@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eventlog import kafka_codes as kc
 from eventlog.errors import EpochlogError
 from eventlog.raft.runtime.config import MemberConfig
 from epochlog.client import AsyncClient
@@ -62,6 +63,9 @@ class TourError(EpochlogError):
     """A step of the tour did not do what it shows (the message names the step)."""
 
     code = "tour"
+    retriable = False
+    grpc_status = "INTERNAL"
+    kafka_error = kc.UNKNOWN_SERVER_ERROR
 
 
 @dataclass
@@ -116,6 +120,7 @@ class Tour:
         try:
             await self._cluster_steps()
             # Spark blocks: a thread, so `up` goes on drawing its status meanwhile.
+            self.line("export", f"starting Spark to export to {_short_path(self.table)} (a minute or two)...")
             await self._table_steps(await spark_start)
         finally:
             if spark_start.done() and not spark_start.cancelled() and spark_start.exception() is None:
@@ -228,7 +233,7 @@ class Tour:
             kv = await c.get(GREETING, as_of=r.audit_offset)
         r.live_value = None if kv is None else kv.value.decode("utf-8", "replace")
         same = "= live get --as-of" if r.audit_value == r.live_value else f"!= live {r.live_value!r}"
-        self.line("audit", f"kv/{GREETING} @ kv {r.audit_offset}: {r.audit_value!r} {same}")
+        self.line("audit", f"{GREETING} @ kv {r.audit_offset}: {r.audit_value!r} {same}")
 
     async def _wait(self, done: Callable[[], bool], timeout: float, step: str, what: str) -> None:
         deadline = time.monotonic() + timeout

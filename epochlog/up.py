@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from eventlog.configuration import from_mapping, load_toml
+from eventlog import kafka_codes as kc
 from eventlog.errors import ConfigError, EpochlogError
 from eventlog.raft.runtime.config import (ClusterConfig, MemberConfig, NodeConfigs, load_node_configs,
                                           parse_address)
@@ -91,6 +92,9 @@ class UpError(EpochlogError):
     """`epochlog up` cannot run as asked (the message says why and what to do)."""
 
     code = "up"
+    retriable = False
+    grpc_status = "INTERNAL"
+    kafka_error = kc.UNKNOWN_SERVER_ERROR
 
 
 def default_config() -> Path:

@@ -1,5 +1,10 @@
 """The segmented log: an ordered sequence of segments holding Kafka RecordBatch v2 entries.
 
+`Log` is the API and owns appends, rolls, reads, damage, truncation, deletion, resets, prefixes and
+the key-compaction swap. It leans on three parts, as Kafka's UnifiedLog leans on LogSegments and
+LogLoader: the set of segments (`eventlog.log_segments`), opening and recovery
+(`eventlog.log_loader`) and durability (`eventlog.log_flush`).
+
 Directory layout::
 
     00000000000000000000.log         segments, named by base offset (see eventlog.segment)
@@ -14,14 +19,14 @@ Directory layout::
 
 The log start offset is always the base offset of the first segment; the recovery point is an
 offset below which every byte is known to be on disk (it advances when a segment is sealed and on
-close). Opening scans, with CRC checks, every segment from the one holding the recovery point to
-the end; segments below it are trusted as flushed and only their indexes are validated, lazily.
-Damage that appears in them later is found by the reads, which check every batch they hand out, and
-by the scrub (`scrub_segment`): see `eventlog.damage` for what the log then does.
+close). Opening (eventlog.log_loader) scans, with CRC checks, every segment from the one holding the
+recovery point to the end; segments below it are trusted as flushed and only their indexes are
+validated, lazily. Damage that appears in them later is found by the reads, which check every batch
+they hand out, and by the scrub (`scrub_segment`): see `eventlog.damage` for what the log then does.
 
 Durability: `append` copies the batch into the mapped active segment; when it is on disk depends on
-the flush policy (see `LogConfig`). `durable_offset` is the end of the prefix known to be on disk;
-`wait_durable` and durability listeners report its progress.
+the flush policy (see `LogConfig` and eventlog.log_flush). `durable_offset` is the end of the prefix
+known to be on disk; `wait_durable` and durability listeners report its progress.
 
 Key compaction (`compaction/cleaner.py`) reads sealed segment files without the lock and hands back a cleaned segment that `swap_cleaned` puts in place of the segments it
 replaces, crash-safely (`eventlog.cleaned`); reads of a cleaned range skip the offsets it dropped.
@@ -58,8 +63,6 @@ from eventlog.cleaned import (
     CleanedSegmentWriter,
     CleanerCheckpoint,
     cleaned_path,
-    cleaned_ranges,
-    finish_interrupted_swap,
     rename_state,
 )
 from eventlog.config import LogConfig
@@ -72,33 +75,30 @@ from eventlog.errors import (
     EpochlogError,
     InvalidBatchError,
     LogClosedError,
-    LogCorruptionError,
     LogError,
     LogFailedError,
     OffsetMismatchError,
     OffsetOutOfRangeError,
     StaleEpochError,
 )
-from eventlog.fileutil import atomic_write, fsync_dir, io_error
-from eventlog.preallocate import PREALLOCATED_NAME, PreparedFile, SegmentPreallocator
-from eventlog.prefix import PREFIX_SUFFIX, PrefixInstall, PrefixPart, link_parts, replace_segments
+from eventlog.fileutil import fsync_dir, io_error
+from eventlog.log_flush import DurabilityListener, LogFlusher
+from eventlog.log_loader import LogLoader, write_install_checkpoints
+from eventlog.log_loader import RecoveryReport as RecoveryReport  # re-exported
+from eventlog.log_segments import LogSegments, install_segment, prepare_segment_file
+from eventlog.offsets_checkpoint import OFFSETS_CHECKPOINT_NAME as OFFSETS_CHECKPOINT_NAME  # re-exported
+from eventlog.offsets_checkpoint import read_offsets_checkpoint as read_offsets_checkpoint  # re-exported
+from eventlog.offsets_checkpoint import write_offsets_checkpoint
+from eventlog.preallocate import PreparedFile, SegmentPreallocator
+from eventlog.prefix import PrefixInstall, PrefixPart, link_parts, replace_segments
 from eventlog.records import LOG_OVERHEAD, BatchHeader, RecordBatch, check_batch, read_header
-from eventlog.scan import ScanStatus, SegmentScan, scan_segment
-from eventlog.segment import (
-    INDEX_SUFFIX,
-    TIMEINDEX_SUFFIX,
-    Segment,
-    parse_segment_name,
-    prepare_file,
-    segment_name,
-)
+from eventlog.scan import ScanStatus, scan_segment
+from eventlog.segment import Segment, segment_name
 
 logger = logging.getLogger(__name__)
 
-OFFSETS_CHECKPOINT_NAME = "log-offsets-checkpoint"
 LOCK_NAME = ".lock"
 
-DurabilityListener = Callable[[int], None]
 DamageListener = Callable[[Damage], None]
 
 
@@ -177,60 +177,6 @@ class CleanableSegments:
     dirty_offset: int
 
 
-@dataclass(frozen=True, slots=True)
-class RecoveryReport:
-    """What opening the log found and did."""
-
-    segments: int
-    segments_scanned: int
-    batches_scanned: int
-    records_scanned: int
-    bytes_scanned: int
-    bytes_truncated: int
-    truncated_file: str | None
-    truncated_position: int | None
-    repaired: bool
-    problem: str | None
-    seconds: float
-
-    @property
-    def records_per_second(self) -> float:
-        return self.records_scanned / self.seconds if self.seconds > 0 else float("inf")
-
-    def summary(self) -> str:
-        """One human-readable line: what was scanned and what was cut."""
-        text = (f"scanned {self.segments_scanned} of {self.segments} segments ({self.records_scanned:,} records, "
-                f"{self.bytes_scanned:,} bytes) in {self.seconds * 1000:.1f} ms")
-        if self.bytes_truncated:
-            text += (f"; cut {self.bytes_truncated:,} bytes at byte {self.truncated_position} of "
-                     f"{self.truncated_file} ({self.problem})")
-        if self.repaired:
-            text += "; REPAIRED: data after the corruption was dropped"
-        return text
-
-
-def read_offsets_checkpoint(directory: Path) -> tuple[int, int]:
-    """(log start offset, recovery point) from `log-offsets-checkpoint`; (0, 0) when absent.
-
-    The file is written atomically, so a malformed one is damage, not a torn write: it is then
-    ignored (logged) and the whole log is scanned.
-    """
-    path = directory / OFFSETS_CHECKPOINT_NAME
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return 0, 0
-    try:
-        version, values = raw.decode("ascii").split("\n", 1)
-        start_s, rp_s = values.split()
-        if int(version) != 0:
-            raise ValueError(f"version {version}")
-        return int(start_s), int(rp_s)
-    except (ValueError, UnicodeDecodeError) as exc:
-        logger.warning("%s is malformed (%s); scanning the whole log", path, exc)
-        return 0, 0
-
-
 class Log:
     """A segmented, memory-mapped, CRC-checked append-only log of record batches."""
 
@@ -240,18 +186,12 @@ class Log:
         self.config = config
         self._lock_fd = lock_fd
         self._lock = threading.RLock()
-        self._pending = threading.Condition(self._lock)   # flusher waits: data to sync
-        self._durable = threading.Condition(self._lock)   # callers wait: durability advanced
-        self._segments: list[Segment] = []
-        self._bases: list[int] = []
+        self._segments = LogSegments()
         self._end_offset = 0
-        self._durable_offset = 0
         self._log_start = 0
         self._recovery_point = 0
         self._epochs = LeaderEpochCache(directory / EPOCH_CHECKPOINT_NAME)
-        self._listeners: list[DurabilityListener] = []
         self._damage_listeners: list[DamageListener] = []
-        self._damage: Damage | None = None   # the lowest damaged batch of any segment (eventlog.damage)
         self._damage_reported: set[tuple[str, int]] = set()   # (file, position) logged and told once
         self._failure: LogError | None = None
         self._closed = False
@@ -259,8 +199,7 @@ class Log:
         self._files_generation = 0  # bumped whenever a segment file below the end changes (prefix_parts)
         self._files_lock = threading.Lock()  # sealed segment files: see the module docstring
         self._cleaner = CleanerCheckpoint()
-        self._clean_end = 0   # end of the last cleaned segment (see clean_end_offset)
-        self._flusher: threading.Thread | None = None
+        self._flusher = LogFlusher(self, self._lock, config)
         self._preallocator: SegmentPreallocator | None = None
         self.recovery: RecoveryReport | None = None
         self.observer: LogObserver | None = None   # set by the owner to collect timings
@@ -294,174 +233,20 @@ class Log:
         return log
 
     def _recover(self, repair: bool) -> None:
-        started = time.perf_counter()
-        self._finish_interrupted_install()
-        self._cleaner = finish_interrupted_swap(self.directory)
-        self._remove_leftovers()
-        self._log_start, self._recovery_point = read_offsets_checkpoint(self.directory)
-        bases = sorted(b for p in self.directory.iterdir() if (b := parse_segment_name(p.name)) is not None)
-        for base in [b for b in bases if b < self._log_start]:
-            # Below the log start: left over from a deletion or reset that a crash interrupted.
-            for suffix in (".log", INDEX_SUFFIX, TIMEINDEX_SUFFIX):
-                (self.directory / segment_name(base, suffix)).unlink(missing_ok=True)
-        bases = [b for b in bases if b >= self._log_start]
-        cleaned_ends = cleaned_ranges(self._cleaner, bases)
-        epochs_trusted = self._load_epoch_cache()
-        # Without a checkpoint the epochs are derived from the batches themselves: rescan everything.
-        rp = self._recovery_point if epochs_trusted else 0
-        expected_epoch = self._epochs.epoch_for_offset if epochs_trusted else None
-        stats = _ScanStats()
-        segments: list[Segment] = []
-        for i, base in enumerate(bases):
-            is_last = i == len(bases) - 1
-            next_base = None if is_last else bases[i + 1]
-            cleaned_end = cleaned_ends.get(base)
-            if not is_last and next_base is not None and next_base <= rp:
-                segments.append(Segment.sealed_lazy(self.directory, base, next_base,
-                                                    self.config.index_interval_bytes, cleaned=cleaned_end is not None))
-                continue
-            seg = Segment(self.directory, base, self.config.index_interval_bytes)
-            seg.cleaned = cleaned_end is not None
-            min_epoch = stats.last_epoch if stats.last_epoch is not None else -1
-            scan = scan_segment(seg.open_for_scan(), base, index_interval_bytes=self.config.index_interval_bytes,
-                                recovery_point=rp, min_epoch=min_epoch, expected_epoch=expected_epoch,
-                                cleaned_end=cleaned_end)
-            stats.add(scan)
-            damaged = scan.status is not ScanStatus.CLEAN
-            # A cleaned segment covers up to the next segment's base, whatever its last kept batch.
-            covered = next_base if cleaned_end is not None and next_base is not None and not damaged else scan.next_offset
-            gap = next_base is not None and not damaged and covered != next_base
-            if gap:
-                scan.problem = f"segment ends at offset {scan.next_offset} but the next one starts at {next_base}"
-            if (damaged and (scan.status is ScanStatus.CORRUPT or not is_last)) or gap:
-                if not repair:
-                    seg.close()
-                    raise LogCorruptionError(str(seg.path), scan.valid_bytes, scan.problem or "damaged")
-                stats.repaired = True
-            seg.adopt_scan(scan.valid_bytes, covered, scan.builder)  # type: ignore[arg-type]
-            if scan.bytes_to_cut:
-                seg.zero_range(scan.valid_bytes, scan.data_end)
-                stats.cut(seg, scan)
-            segments.append(seg)
-            if damaged or gap:
-                # Everything after the damage goes (a torn tail in the last segment, or a repair).
-                for later in bases[i + 1:]:
-                    Segment(self.directory, later, 0).delete()
-                fsync_dir(self.directory)
-                break
-            if not is_last:
-                seg.trim_file()
-        kept = self._cleaner.keeping([s.base_offset for s in segments])
-        if kept != self._cleaner:
-            # Lines of segments deleted or cut away: gone before any new segment could reuse a base.
-            self._cleaner = kept
-            kept.write(self.directory)
-        if not segments:
-            self._segments = []
-            self._adopt_new_segment(self._log_start)
-        else:
-            self._segments = segments
-            self._bases = [s.base_offset for s in segments]
-            active = segments[-1]
-            active.activate(max(self.config.segment_bytes, active.size))
-        self._end_offset = self._segments[-1].next_offset
-        self._segments_changed()
-        if self._recovery_point > self._end_offset:
-            # A repair cut the log below the checkpointed recovery point. Left there until the next
-            # roll or close, it would make a crash's torn tail (offsets between the new end and the
-            # old point) look like flushed data: the next open would refuse it as corruption.
-            self._recovery_point = self._end_offset
-            self._write_offsets_checkpoint()
-        self._reconcile_epochs(stats, epochs_trusted)
-        # Whatever the crash left in the page cache is now made durable before anyone relies on it.
-        self._segments[-1].sync()
-        self._durable_offset = self._end_offset
-        self.recovery = stats.report(len(self._segments), time.perf_counter() - started)
-        if self.recovery.bytes_truncated or self.recovery.repaired:
-            logger.warning("log %s recovered: %s", self.directory, self.recovery.summary())
-
-    def _load_epoch_cache(self) -> bool:
-        """Load the leader epoch checkpoint; False when it is missing or damaged (to be rebuilt)."""
-        path = self._epochs.path
-        if not path.exists():
-            return False
-        try:
-            self._epochs = LeaderEpochCache.load(path)
-        except LogCorruptionError as exc:
-            logger.warning("%s; rebuilding it from the whole log", exc)
-            return False
-        return True
-
-    def _reconcile_epochs(self, stats: _ScanStats, trusted: bool) -> None:
-        """Make the epoch cache agree with the recovered log, and persist it if it changed.
-
-        A trusted checkpoint was checked batch by batch during the scan: only entries outside the
-        recovered range go (epochs whose batches a crash cut, or below a deletion). Otherwise every
-        segment was scanned and the cache is rebuilt from the epochs the batches carry.
-        """
-        cache = self._epochs
-        if trusted:
-            changed = cache.truncate_from_start(self._log_start)
-            changed |= cache.truncate_from_end(self._end_offset)
-        else:
-            cache.clear()
-            for epoch, start in stats.epoch_starts:
-                cache.assign(epoch, start)
-            changed = True
-        if changed:
-            cache.write()
-
-    def _finish_interrupted_install(self) -> None:
-        """Roll forward a prefix install a crash interrupted after its commit point (steps 3-7 of
-        `eventlog.prefix`); nothing when there is no `prefix-install` journal."""
-        install = PrefixInstall.load(self.directory)
-        if install is None:
-            return
-        logger.warning("%s: completing an interrupted install of a log prefix [%d, %d)", self.directory,
-                       install.start, install.end)
-        replace_segments(self.directory, install)
-        self._write_install_checkpoints(install)
-        active = self.directory / segment_name(install.end)
-        if not active.exists():
-            try:
-                os.close(os.open(active, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
-            except OSError as exc:
-                raise io_error(f"creating {active}", exc) from exc
-            fsync_dir(self.directory)
-        PrefixInstall.remove(self.directory)
-
-    def _write_install_checkpoints(self, install: PrefixInstall) -> None:
-        """Step 5 of `eventlog.prefix`: the cleaner, leader epoch and offsets checkpoints of the log a
-        prefix install leaves (and this object's copies of them)."""
-        self._cleaner = CleanerCheckpoint(install.dirty_offset, tuple((p.base, p.end) for p in install.parts))
-        self._cleaner.write(self.directory)
-        self._epochs = LeaderEpochCache(self.directory / EPOCH_CHECKPOINT_NAME, list(install.epochs))
-        self._epochs.write()
-        self._log_start, self._recovery_point = install.start, install.end
-        self._write_offsets_checkpoint()
-
-    def _remove_leftovers(self) -> None:
-        for p in self.directory.iterdir():
-            name = p.name
-            if name.endswith((".tmp", ".deleted", PREFIX_SUFFIX)) or name == PREALLOCATED_NAME:
-                p.unlink(missing_ok=True)
-            elif name.endswith((INDEX_SUFFIX, TIMEINDEX_SUFFIX)):
-                stem = name.rsplit(".", 1)[0]
-                if not (self.directory / (stem + ".log")).exists():
-                    p.unlink(missing_ok=True)
+        loaded = LogLoader(self.directory, self.config, self._segments).load(repair)
+        self._log_start, self._recovery_point = loaded.log_start, loaded.recovery_point
+        self._cleaner, self._epochs = loaded.cleaner, loaded.epochs
+        self._end_offset = self._flusher.durable_offset = loaded.end_offset   # not shared yet: nobody waits
+        self.recovery = loaded.report
 
     def _write_offsets_checkpoint(self) -> None:
-        data = f"0\n{self._log_start} {self._recovery_point}\n".encode("ascii")
-        atomic_write(self.directory / OFFSETS_CHECKPOINT_NAME, data)
+        write_offsets_checkpoint(self.directory, self._log_start, self._recovery_point)
 
     def _start_background(self) -> None:
         if self.config.preallocate_next_segment:
             self._preallocator = SegmentPreallocator(self.directory, self.config.segment_bytes)
             self._preallocator.request()
-        if self.config.flush_policy in ("group", "interval"):
-            self._flusher = threading.Thread(target=self._flush_loop, name=f"log-flusher:{self.directory.name}",
-                                             daemon=True)
-            self._flusher.start()
+        self._flusher.start()
 
     # --- properties ----------------------------------------------------------------------------
 
@@ -469,7 +254,7 @@ class Log:
     def start_offset(self) -> int:
         """The first offset held by the log."""
         with self._lock:
-            return self._segments[0].base_offset
+            return self._segments.first_base
 
     @property
     def end_offset(self) -> int:
@@ -479,7 +264,7 @@ class Log:
     @property
     def durable_offset(self) -> int:
         """Every offset below this is on disk."""
-        return self._durable_offset
+        return self._flusher.durable_offset
 
     @property
     def latest_epoch(self) -> int | None:
@@ -493,7 +278,7 @@ class Log:
 
     def segment_bases(self) -> list[int]:
         with self._lock:
-            return list(self._bases)
+            return list(self._segments.bases)
 
     @property
     def clean_end_offset(self) -> int:
@@ -501,7 +286,7 @@ class Log:
         rebuilt): the end of the last cleaned segment, or the log start when none is cleaned.
         Raft storage serves no entry below it (a follower that needs one gets a snapshot)."""
         with self._lock:
-            return max(self._clean_end, self._bases[0])
+            return max(self._segments.clean_end, self._segments.first_base)
 
     @property
     def files_generation(self) -> int:
@@ -514,7 +299,7 @@ class Log:
         """Where the cleaner's next pass starts mapping: every record below it was judged by a pass
         (the log start when nothing was cleaned)."""
         with self._lock:
-            return max(self._cleaner.dirty_offset, self._bases[0])
+            return max(self._cleaner.dirty_offset, self._segments.first_base)
 
     @property
     def cleaned_segments(self) -> list[tuple[int, int]]:
@@ -567,10 +352,10 @@ class Log:
             pos = self._write(seg, batch, header, base, epoch)
             self._end_offset = seg.next_offset
             info = AppendInfo(base, seg.next_offset - 1, pos, size)
-            notify = self._after_write()
+            notify = self._flusher.after_write()
         self._appended(started, size)
         if notify:
-            self._notify_listeners()
+            self._flusher.notify_listeners()
         return info
 
     def append_replica(self, data: bytes | bytearray | memoryview) -> AppendInfo | None:
@@ -616,12 +401,12 @@ class Log:
                 written = self._write(seg, view[pos:pos + h.size], h)
                 first_pos = written if first_pos is None else first_pos
                 self._end_offset = seg.next_offset
-            notify = self._after_write()
+            notify = self._flusher.after_write()
             assert first_pos is not None
             info = AppendInfo(headers[0][1].base_offset, self._end_offset - 1, first_pos, len(view))
         self._appended(started, len(view))
         if notify:
-            self._notify_listeners()
+            self._flusher.notify_listeners()
         return info
 
     def _appended(self, started: float, size: int) -> None:
@@ -642,7 +427,7 @@ class Log:
 
     def _prepare_write(self, size: int, epoch: int, base_offset: int) -> Segment:
         """Roll if the batch does not fit; record a new epoch. Returns the segment to write to."""
-        seg = self._segments[-1]
+        seg = self._segments.active
         if seg.size + size > seg.capacity:
             if seg.size == 0:
                 raise BatchTooLargeError(f"batch of {size} bytes does not fit in a segment of {seg.capacity}")
@@ -668,28 +453,6 @@ class Log:
             self._fail(exc)  # a partial write: nothing after it can be trusted until reopened
             raise
 
-    def _after_write(self) -> bool:
-        """Apply the flush policy after a write (lock held); True if durability advanced."""
-        policy = self.config.flush_policy
-        if policy == "fsync":
-            self._sync_active_locked()
-            return True
-        if policy == "group":
-            self._pending.notify()
-        return False
-
-    def _sync_active_locked(self) -> None:
-        target = self._end_offset
-        started = time.perf_counter()
-        try:
-            self._segments[-1].sync()
-        except LogError as exc:
-            self._fail(exc)
-            raise
-        self._synced(started)
-        self._durable_offset = max(self._durable_offset, target)
-        self._durable.notify_all()
-
     def _roll(self) -> Segment:
         """Seal the full active segment and start a new one at the log end (lock held).
 
@@ -700,7 +463,7 @@ class Log:
         starts at or below the recovery point is opened as sealed, neither scanned nor trimmed. A
         crash between the seal and the new file leaves the sealed segment last: scanned and reused.
         """
-        old = self._segments[-1]
+        old = self._segments.active
         new_base = self._end_offset
         started = time.perf_counter()
         try:
@@ -709,7 +472,7 @@ class Log:
             self._fail(exc)
             raise
         self._synced(started)
-        self._durable_offset = max(self._durable_offset, new_base)
+        self._flusher.sealed(new_base)
         prepared = self._take_prepared()   # a full disk fails here, with the log unchanged
         try:
             old.seal()
@@ -723,103 +486,34 @@ class Log:
             self._fail(exc)   # the old segment is sealed and no new one exists: nowhere to append
             raise
         self._segments.append(new)
-        self._bases.append(new_base)
         self._recovery_point = new_base
         self._write_offsets_checkpoint()
-        self._durable.notify_all()
+        self._flusher.wake_waiters()
         return new
 
     def _take_prepared(self) -> PreparedFile:
         """The next segment's file, prepared in the background or now (raises DiskFullError)."""
-        prepared = self._preallocator.take() if self._preallocator else None
-        if prepared is None:
-            tmp = self.directory / PREALLOCATED_NAME
-            fd, mm = prepare_file(tmp, self.config.segment_bytes)
-            prepared = PreparedFile(tmp, fd, mm)
-        return prepared
+        return prepare_segment_file(self.directory, self.config.segment_bytes, self._preallocator)
 
     def _install_segment(self, base: int, prepared: PreparedFile) -> Segment:
-        """Put a prepared file in place as the segment starting at `base` (discarded on failure)."""
-        path = self.directory / segment_name(base)
-        try:
-            os.rename(prepared.path, path)
-            fsync_dir(self.directory)
-        except OSError as exc:
-            prepared.discard()
-            raise io_error(f"creating segment {path}", exc) from exc
+        """Put a prepared file in place as the segment starting at `base`, and have the next one prepared."""
+        seg = install_segment(self.directory, base, prepared, self.config.index_interval_bytes)
         if self._preallocator and self.config.preallocate_next_segment:
             self._preallocator.request()
-        return Segment.from_prepared(self.directory, base, self.config.index_interval_bytes, prepared.fd, prepared.mm)
+        return seg
 
     def _adopt_new_segment(self, base: int) -> None:
-        seg = self._install_segment(base, self._take_prepared())
-        self._segments.append(seg)
-        self._bases.append(base)
+        self._segments.append(self._install_segment(base, self._take_prepared()))
 
     # --- durability ----------------------------------------------------------------------------
-
-    def _flush_loop(self) -> None:
-        """The group-commit / interval flusher thread."""
-        held: list[tuple[Segment, int]] = []   # the segment it syncs, with its own copy of the segment's fd
-        try:
-            self._flush_until_closed(held)
-        finally:
-            for _, fd in held:
-                os.close(fd)
-
-    def _flush_until_closed(self, held: list[tuple[Segment, int]]) -> None:
-        interval = self.config.flush_interval_ms / 1000 if self.config.flush_policy == "interval" else None
-        while True:
-            with self._lock:
-                if interval is None:
-                    while not self._closed and self._end_offset <= self._durable_offset:
-                        self._pending.wait()
-                else:
-                    self._pending.wait(interval)
-                if self._failure is not None or (self._closed and self._end_offset <= self._durable_offset):
-                    return
-                if self._end_offset <= self._durable_offset:
-                    continue
-                target = self._end_offset
-                generation = self._generation
-                seg = self._segments[-1]
-                assert seg.fd is not None
-                if not held or held[0][0] is not seg:
-                    # Its own copy, duplicated once per segment (not per sync): the segment may be sealed
-                    # or deleted while it syncs. Closed when the next segment is synced, or on exit.
-                    if held:
-                        os.close(held.pop()[1])
-                    held.append((seg, os.dup(seg.fd)))
-                fd = held[0][1]
-            started = time.perf_counter()
-            try:
-                os.fdatasync(fd)
-            except OSError as exc:
-                with self._lock:
-                    self._fail(io_error(f"fdatasync of {seg.path}", exc))
-                self._notify_listeners()  # listeners check `failure`: nobody may wait on this log forever
-                return
-            self._synced(started)
-            with self._lock:
-                # Older segments were synced when they were sealed, so everything below `target`
-                # is on disk, unless a truncation rewrote part of it meanwhile.
-                if generation == self._generation:
-                    self._durable_offset = max(self._durable_offset, target)
-                self._durable.notify_all()
-            self._notify_listeners()
 
     def _fail(self, error: LogError) -> None:
         """Record a fatal write/sync failure (lock held): all later writes and waits raise it."""
         if self._failure is None:
             self._failure = error
             logger.error("log %s failed: %s", self.directory, error)
-        self._durable.notify_all()
-        self._pending.notify_all()
-
-    def _notify_listeners(self) -> None:
-        offset = self._durable_offset
-        for listener in list(self._listeners):
-            listener(offset)
+        self._flusher.wake_waiters()
+        self._flusher.wake_flusher()
 
     @property
     def failure(self) -> LogError | None:
@@ -833,13 +527,13 @@ class Log:
         It runs without the log's lock and must not block (hand the value over to your own loop).
         """
         with self._lock:
-            self._listeners.append(listener)
+            self._flusher.add_listener(listener)
 
     def wait_durable(self, offset: int, timeout: float | None = None) -> bool:
         """Block until `offset` is on disk; False on timeout. Raises LogFailedError after a failed sync."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            while self._durable_offset <= offset:
+            while self._flusher.durable_offset <= offset:
                 if self._failure is not None:
                     raise LogFailedError(f"log {self.directory} failed: {self._failure}")
                 if offset >= self._end_offset:
@@ -849,16 +543,16 @@ class Log:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
-                self._durable.wait(remaining)
+                self._flusher.wait(remaining)
             return True
 
     def flush(self) -> None:
         """Force everything appended so far to disk now, whatever the policy."""
         with self._lock:
             self._check_writable()
-            if self._durable_offset < self._end_offset:
-                self._sync_active_locked()
-        self._notify_listeners()
+            if self._flusher.durable_offset < self._end_offset:
+                self._flusher.sync_active()
+        self._flusher.notify_listeners()
 
     # --- reading -------------------------------------------------------------------------------
 
@@ -875,14 +569,15 @@ class Log:
         with self._lock:
             if self._closed:
                 raise LogClosedError(f"log {self.directory} is closed")
-            if not self._bases[0] <= offset <= self._end_offset:
-                raise OffsetOutOfRangeError(offset, self._bases[0], self._end_offset)
+            segments = self._segments
+            if not segments.first_base <= offset <= self._end_offset:
+                raise OffsetOutOfRangeError(offset, segments.first_base, self._end_offset)
             limit_offset = self._end_offset if max_offset is None else min(max_offset, self._end_offset)
-            i = bisect_right(self._bases, offset) - 1
+            i = segments.floor(offset)
             while True:
                 if offset >= limit_offset:
                     return LogRead(memoryview(b""), offset, offset)
-                seg = self._segments[i]
+                seg = segments[i]
                 try:
                     found = seg.locate(offset)
                 except CorruptBatchError:
@@ -895,7 +590,7 @@ class Log:
                     break
                 # Past the last batch a cleaned segment kept: the next segment holds what follows.
                 i += 1
-                offset = self._bases[i]
+                offset = segments.bases[i]
             start, h = found
             view = seg.view()
             start_offset = next_offset = h.base_offset
@@ -937,7 +632,7 @@ class Log:
     @property
     def damage(self) -> Damage | None:
         """The lowest damaged batch of the log (None: none is known)."""
-        return self._damage
+        return self._segments.damage
 
     def add_damage_listener(self, listener: DamageListener) -> None:
         """Call `listener(damage)` when a damaged batch is found (once per segment and position), from the
@@ -948,7 +643,7 @@ class Log:
     def _damage_found(self, damage: Damage) -> None:
         """A segment recorded `damage` (lock held): update `damage`; the first time, log it (CRITICAL) and
         tell the listeners."""
-        self._refresh_damage()
+        self._segments.refresh_damage()
         key = (damage.path, damage.position)
         if key in self._damage_reported:
             return
@@ -956,10 +651,6 @@ class Log:
         logger.critical("log %s: %s", self.directory, damage.describe())
         for listener in list(self._damage_listeners):
             listener(damage)
-
-    def _refresh_damage(self) -> None:
-        found = [s.damage for s in self._segments if s.damage is not None]
-        self._damage = min(found, key=lambda d: d.offset) if found else None
 
     def sealed_segments(self) -> list[SealedSegment]:
         """The sealed segments (all but the active one), oldest first, that are not known to be damaged:
@@ -1013,8 +704,8 @@ class Log:
         image's check), if that file (`inode`) is still the log's segment at `base_offset`: the damage
         recorded (None: the segment left the log or was replaced meanwhile)."""
         with self._lock:
-            i = bisect_right(self._bases, base_offset) - 1
-            if self._closed or i < 0 or self._bases[i] != base_offset:
+            i = self._segments.floor(base_offset)
+            if self._closed or i < 0 or self._segments.bases[i] != base_offset:
                 return None
             seg = self._segments[i]
             try:
@@ -1063,7 +754,7 @@ class Log:
     def epoch_for_offset(self, offset: int) -> int | None:
         """The epoch that wrote `offset` (None when it is not in the log)."""
         with self._lock:
-            if not self._bases[0] <= offset < self._end_offset:
+            if not self._segments.first_base <= offset < self._end_offset:
                 return None
             return self._epochs.epoch_for_offset(offset)
 
@@ -1083,12 +774,13 @@ class Log:
         """
         with self._files_lock, self._lock:
             self._check_writable()
-            if not self._bases[0] <= offset <= self._end_offset:
-                raise OffsetOutOfRangeError(offset, self._bases[0], self._end_offset)
+            segments = self._segments
+            if not segments.first_base <= offset <= self._end_offset:
+                raise OffsetOutOfRangeError(offset, segments.first_base, self._end_offset)
             if offset == self._end_offset:
                 return
-            keep = bisect_right(self._bases, offset) - 1
-            if self._bases[keep] == offset and keep > 0 and not self._segments[keep - 1].cleaned:
+            keep = segments.floor(offset)
+            if segments.bases[keep] == offset and keep > 0 and not segments[keep - 1].cleaned:
                 keep -= 1  # keep the previous segment whole and make it active again
             target = self._segments[keep]
             if target.cleaned and offset != target.base_offset:
@@ -1108,13 +800,12 @@ class Log:
                     self._recovery_point = offset
                     self._write_offsets_checkpoint()
                 first_deleted = keep if target.cleaned else keep + 1
-                for seg in reversed(self._segments[first_deleted:]):
+                for seg in reversed(segments[first_deleted:]):
                     seg.delete()
                 fsync_dir(self.directory)
-                del self._segments[first_deleted:]
-                del self._bases[first_deleted:]
+                segments.truncate_from(first_deleted)
                 self._forget_cleaned(dirty_limit=offset)
-                self._segments_changed()
+                segments.changed()
                 if target.cleaned:
                     self._adopt_new_segment(offset)   # the cleaned segment went whole
                 else:
@@ -1125,20 +816,15 @@ class Log:
                 self._fail(exc)
                 raise
             self._end_offset = offset
-            self._durable_offset = min(self._durable_offset, offset)
-            self._refresh_damage()   # damage at or after `offset` went with its bytes
+            self._flusher.truncated(offset)
+            segments.refresh_damage()   # damage at or after `offset` went with its bytes
             if self._epochs.truncate_from_end(offset):
                 self._epochs.write()
-
-    def _segments_changed(self) -> None:
-        """Recompute what depends on which segments are cleaned or damaged (lock held)."""
-        self._clean_end = max((s.next_offset for s in self._segments if s.cleaned), default=0)
-        self._refresh_damage()
 
     def _forget_cleaned(self, dirty_limit: int | None = None) -> None:
         """Drop the cleaner checkpoint's lines of segments no longer in the log (and lower its dirty
         offset to `dirty_limit`), durably, before any new segment can reuse their base offsets."""
-        kept = self._cleaner.keeping(self._bases)
+        kept = self._cleaner.keeping(list(self._segments.bases))
         if dirty_limit is not None and kept.dirty_offset > dirty_limit:
             kept = CleanerCheckpoint(dirty_limit, kept.segments, kept.swap)
         if kept != self._cleaner:
@@ -1171,9 +857,8 @@ class Log:
                 return []
             doomed = self._segments[:count]
             self._files_generation += 1
-            del self._segments[:count]
-            del self._bases[:count]
-            self._log_start = self._bases[0]
+            self._segments.drop_first(count)
+            self._log_start = self._segments.first_base
             self._recovery_point = max(self._recovery_point, self._log_start)
             self._write_offsets_checkpoint()  # first: an interrupted deletion is finished on open
             detached = []
@@ -1188,7 +873,7 @@ class Log:
                     detached.append(target)
             fsync_dir(self.directory)
             self._forget_cleaned()
-            self._segments_changed()
+            self._segments.changed()
             changed = self._epochs.truncate_from_start(self._log_start)
             changed |= self._epochs.truncate_from_end(self._end_offset)  # nothing left of an empty tail epoch
             if changed:
@@ -1214,16 +899,16 @@ class Log:
             for seg in self._segments:
                 seg.delete()
             fsync_dir(self.directory)
-            self._segments, self._bases = [], []
-            self._segments_changed()
+            self._segments.clear()
+            self._segments.changed()
             if self._cleaner != CleanerCheckpoint():
                 self._cleaner = CleanerCheckpoint()
                 self._cleaner.write(self.directory)
             self._epochs.clear()
             self._epochs.write()
             self._adopt_new_segment(offset)
-            self._end_offset = self._durable_offset = offset
-            self._durable.notify_all()
+            self._end_offset = offset
+            self._flusher.reset(offset)
 
     def _reset_onto(self, install: PrefixInstall, source: Path) -> None:
         """`reset` with a prefix: the steps of `eventlog.prefix`."""
@@ -1237,20 +922,20 @@ class Log:
                 for seg in self._segments:
                     seg.close()
                 replace_segments(self.directory, install)                        # 3, 4
-                self._segments, self._bases = [], []
-                self._write_install_checkpoints(install)                         # 5
+                self._segments.clear()
+                self._cleaner, self._epochs = write_install_checkpoints(self.directory, install)   # 5
+                self._log_start, self._recovery_point = install.start, install.end
                 for p in install.parts:
                     self._segments.append(Segment.sealed_lazy(self.directory, p.base, p.end,
                                                               self.config.index_interval_bytes, cleaned=True))
-                    self._bases.append(p.base)
                 self._adopt_new_segment(install.end)                             # 6
-                self._segments_changed()
+                self._segments.changed()
                 PrefixInstall.remove(self.directory)                             # 7
             except LogError as exc:
                 self._fail(exc)   # open rolls the install forward
                 raise
-            self._end_offset = self._durable_offset = install.end
-            self._durable.notify_all()
+            self._end_offset = install.end
+            self._flusher.reset(install.end)
 
     # --- a prefix for a follower (eventlog.prefix, eventlog/raft/runtime/snapshot_image.py) ----------
 
@@ -1262,8 +947,8 @@ class Log:
         with self._lock:
             if self._closed:
                 raise LogClosedError(f"log {self.directory} is closed")
-            if not self._bases[0] <= end_offset <= self._end_offset:
-                raise OffsetOutOfRangeError(end_offset, self._bases[0], self._end_offset)
+            if not self._segments.first_base <= end_offset <= self._end_offset:
+                raise OffsetOutOfRangeError(end_offset, self._segments.first_base, self._end_offset)
             parts: list[PrefixPart] = []
             for seg in self._segments:
                 if seg.base_offset >= end_offset:
@@ -1321,7 +1006,8 @@ class Log:
                 if seg.next_offset > below:
                     break
                 out.append(SealedSegment(seg.base_offset, seg.next_offset, seg.size, seg.cleaned))
-            return CleanableSegments(out, self._generation, max(self._cleaner.dirty_offset, self._bases[0]))
+            return CleanableSegments(out, self._generation,
+                                     max(self._cleaner.dirty_offset, self._segments.first_base))
 
     def cleaned_writer(self, base_offset: int, end_offset: int) -> CleanedSegmentWriter:
         """A writer for the cleaned segment that will replace the segments covering [base, end)."""
@@ -1344,10 +1030,11 @@ class Log:
                 except LogError:
                     cleaned.discard()
                     raise
-                i = bisect_right(self._bases, base) - 1
-                j = bisect_right(self._bases, end) - 1
-                valid = (generation == self._generation and i >= 0 and self._bases[i] == base
-                         and 0 <= j < len(self._bases) and self._bases[j] == end and j > i)
+                bases = self._segments.bases
+                i = self._segments.floor(base)
+                j = self._segments.floor(end)
+                valid = (generation == self._generation and i >= 0 and bases[i] == base
+                         and 0 <= j < len(bases) and bases[j] == end and j > i)
             if not valid:
                 cleaned.discard()
                 return False
@@ -1368,12 +1055,12 @@ class Log:
                 self._swap_failed(exc)
             with self._lock:                                                      # step 4
                 # Only appends (at the end) could change the list meanwhile: the rest takes the files lock.
-                assert self._bases[i] == base and self._bases[j] == end, (self._bases, base, end)
+                bases = self._segments.bases
+                assert bases[i] == base and bases[j] == end, (list(bases), base, end)
                 old = self._segments[i:j]
                 self._files_generation += 1
-                self._segments[i:j] = [new]
-                self._bases[i:j] = [base]
-                self._segments_changed()
+                self._segments.replace(i, j, new)
+                self._segments.changed()
             try:
                 for seg in old:                                                   # step 5
                     seg.close()
@@ -1406,19 +1093,18 @@ class Log:
             if self._closed:
                 return
             self._closed = True
-            self._pending.notify_all()
-        if self._flusher is not None:
-            self._flusher.join()
+            self._flusher.wake_flusher()
+        self._flusher.join()
         with self._lock:
             if self._failure is None:
                 try:
-                    if self._durable_offset < self._end_offset:
-                        self._sync_active_locked()
+                    if self._flusher.durable_offset < self._end_offset:
+                        self._flusher.sync_active()
                     self._recovery_point = self._end_offset
                     self._write_offsets_checkpoint()
                 except EpochlogError as exc:
                     logger.error("closing log %s: %s", self.directory, exc)
-            self._durable.notify_all()
+            self._flusher.wake_waiters()
         if self._preallocator is not None:
             self._preallocator.close()
         self._release()
@@ -1438,36 +1124,3 @@ class Log:
 
     def __repr__(self) -> str:
         return f"Log({str(self.directory)!r}, [{self.start_offset}, {self._end_offset}))"
-
-
-class _ScanStats:
-    """Totals of the segments scanned during recovery."""
-
-    def __init__(self) -> None:
-        self.scanned = self.batches = self.records = self.bytes = self.truncated = 0
-        self.truncated_file: str | None = None
-        self.truncated_position: int | None = None
-        self.problem: str | None = None
-        self.repaired = False
-        self.epoch_starts: list[tuple[int, int]] = []
-        self.last_epoch: int | None = None
-
-    def add(self, scan: SegmentScan) -> None:
-        self.scanned += 1
-        self.batches += scan.batches
-        self.records += scan.records
-        self.bytes += scan.valid_bytes
-        self.epoch_starts += scan.epoch_starts
-        if scan.last_epoch is not None:
-            self.last_epoch = scan.last_epoch
-        if scan.problem:
-            self.problem = scan.problem
-
-    def cut(self, seg: Segment, scan: SegmentScan) -> None:
-        self.truncated += scan.bytes_to_cut
-        self.truncated_file = str(seg.path)
-        self.truncated_position = scan.valid_bytes
-
-    def report(self, segments: int, seconds: float) -> RecoveryReport:
-        return RecoveryReport(segments, self.scanned, self.batches, self.records, self.bytes, self.truncated,
-                              self.truncated_file, self.truncated_position, self.repaired, self.problem, seconds)

@@ -1,4 +1,5 @@
-"""Offline, read-only inspection of a log directory: `epochlog log dump` and `epochlog log verify`.
+"""Offline, read-only access to a log directory: `epochlog log dump`, `epochlog log verify`, and the
+public reader of committed records (`read_committed`) that the export reads a stopped node with.
 
 Nothing here writes to the directory or takes its lock: it can look at the log of a stopped node
 or a backup, and at a running node's log (with the caveat that the tail may be moving). It applies
@@ -11,6 +12,11 @@ swap or a log prefix install (`eventlog.prefix`) a crash interrupted is judged o
 A directory without a single segment file is no log at all (`Log.open` always leaves one): `verify`
 refuses it (`NotALogError`, naming the log directories below it, such as a node's
 `groups/<group>/log`) instead of calling it clean.
+
+`read_committed` yields the records of an offset range of a group's log (`<group dir>/log`) up to the
+commit bound the caller gives (`committed_offset` reads the one Raft persisted), every batch CRC-checked,
+control batches skipped, and raises LogError rather than return fewer offsets than asked. Whether a
+record changed the views is the views' to say (statemachines/offline.py): the caller passes that lookup.
 """
 
 from __future__ import annotations
@@ -18,18 +24,32 @@ from __future__ import annotations
 import enum
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from eventlog.cleaned import SWAP_SUFFIX, CleanerCheckpoint, cleaned_path, cleaned_ranges
+from eventlog import kafka_codes as kc
 from eventlog.epoch_cache import CHECKPOINT_NAME as EPOCH_CHECKPOINT_NAME
 from eventlog.epoch_cache import LeaderEpochCache
 from eventlog.errors import EpochlogError, LogError
-from eventlog.log import read_offsets_checkpoint
+from eventlog.offsets_checkpoint import read_offsets_checkpoint
 from eventlog.prefix import PrefixInstall, prefix_path
-from eventlog.records import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, RecordBatch, check_batch, read_header
+from eventlog.raft.runtime.log_storage import QUORUM_STATE, read_quorum_state
+from eventlog.records import (
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MAGIC,
+    MIN_BATCH_LENGTH,
+    BatchHeader,
+    RecordBatch,
+    check_batch,
+    decode_records,
+    read_header,
+    records_payload,
+)
 from eventlog.scan import ScanStatus, scan_segment
 from eventlog.segment import LOG_SUFFIX, parse_segment_name
 
@@ -38,6 +58,10 @@ class NotALogError(LogError):
     """The directory given to `verify` holds no segment file (the message says where logs are below it)."""
 
     code = "not_a_log"
+    retriable = False
+    grpc_status = "INTERNAL"
+    kafka_error = kc.UNKNOWN_SERVER_ERROR
+    exit_code = 2   # `log verify`: no log to verify, as mid-log corruption
 
 
 def find_logs(directory: Path, depth: int = 3) -> list[Path]:
@@ -309,3 +333,117 @@ def _row(path: Path, pos: int, h: BatchHeader | None, ok: bool, problem: str | N
         return BatchRow(path.name, pos, -1, -1, -1, -1, 0, 0, ok, problem, keys, cleaned)
     return BatchRow(path.name, pos, h.base_offset, h.base_offset + h.last_offset_delta, h.leader_epoch,
                     h.max_timestamp, h.records_count, h.batch_length + LOG_OVERHEAD, ok, problem, keys, cleaned)
+
+
+# --- committed records -------------------------------------------------------------------------------
+
+class CommittedRecord(NamedTuple):
+    """One committed record of a group's log, as the node's `read_events` serves it online."""
+
+    offset: int
+    key: str                  # the record key as text (bytes that are not UTF-8 backslash-escaped)
+    value: bytes | None
+    timestamp: int            # ms since the epoch
+    term: int                 # the leader epoch of its batch: the Raft term that appended it
+    applied: bool | None      # it changed the views (False: rejected, a retry, skipped); None: not known
+
+
+AppliedLookup = Callable[[bytes | None, int], bool | None]
+"""(record key, offset) -> whether applying the record changed the views (None: cannot tell)."""
+
+
+def log_start(log_dir: str | Path) -> int:
+    """The first offset the segment files hold every committed record of, as written: past the log
+    start and past the key-compacted range (cleaned segments hold each entity's latest record only),
+    as the node's read_events reports it online."""
+    log_dir = Path(log_dir)
+    start, _ = read_offsets_checkpoint(log_dir)
+    cleaner, files, _ = effective_layout(log_dir)
+    if not files:
+        return start
+    cleaned = cleaned_ranges(cleaner, [b for b, _ in files])
+    return max(start, files[0][0], max(cleaned.values(), default=0))
+
+
+def committed_offset(group_dir: str | Path) -> int:
+    """The commit index a group's Raft storage persisted in `<group_dir>/quorum-state` (-1: none). It is
+    written lazily, so a lower bound of what was committed."""
+    return read_quorum_state(Path(group_dir) / QUORUM_STATE).commit
+
+
+def read_committed(log_dir: str | Path, lo: int, hi: int, *, applied: AppliedLookup | None = None,
+                   chunk: int = 10_000) -> Iterator[list[CommittedRecord]]:
+    """The records of offsets [lo, hi) in lists of about `chunk`, from the segment files in `log_dir`
+    (read-only, without the log's lock, every batch CRC-checked). `hi` must not pass the commit bound:
+    records past it may still be truncated by a new leader. LogError when the files do not hold every
+    offset of the range (a cleaned segment's missing offsets are compacted away, not missing)."""
+    log_dir = Path(log_dir)
+    cleaner, files, _ = effective_layout(log_dir)
+    cleaned = cleaned_ranges(cleaner, [b for b, _ in files])
+    out: list[CommittedRecord] = []
+    offset = lo
+    for i, (base, path) in enumerate(files):
+        seg_end = files[i + 1][0] if i + 1 < len(files) else None
+        if seg_end is not None and seg_end <= lo:
+            continue
+        if base >= hi:
+            break
+        if base > offset:
+            raise LogError(f"{log_dir}: offsets {offset}..{base - 1} are missing (segment {path.name})")
+        for header, raw in _batches_from(path, lo):
+            if header.base_offset >= hi:
+                break
+            offset = header.base_offset + header.last_offset_delta + 1
+            if header.is_control:
+                continue
+            records = decode_records(header, records_payload(header, raw), _maker(header.leader_epoch, applied))
+            if lo <= header.base_offset and header.last_offset < hi:
+                out.extend(records)
+            else:
+                out.extend(r for r in records if lo <= r.offset < hi)
+            if len(out) >= chunk:
+                yield out
+                out = []
+        if seg_end is not None and base in cleaned:
+            offset = max(offset, seg_end)   # the rest of a cleaned segment's range was compacted away
+        if offset >= hi:
+            break
+    if out:
+        yield out
+    if offset < hi:
+        raise LogError(f"{log_dir}: the log ends at offset {offset}, before {hi} (the commit bound)")
+
+
+def _maker(term: int, applied: AppliedLookup | None) -> Callable[..., CommittedRecord]:
+    """What `decode_records` builds each record with: the export's hot loop, so the tuple is made
+    directly (`tuple.__new__`, as `CommittedRecord._make` does) rather than through the class's
+    Python-level constructor."""
+    new = tuple.__new__
+    if applied is None:
+        return lambda offset, timestamp, key, value, _headers: new(CommittedRecord, (
+            offset, "" if key is None else key.decode("utf-8", "backslashreplace"), value, timestamp, term, None))
+    return lambda offset, timestamp, key, value, _headers: new(CommittedRecord, (
+        offset, "" if key is None else key.decode("utf-8", "backslashreplace"), value, timestamp, term,
+        applied(key, offset)))
+
+
+def _batches_from(path: Path, lo: int) -> Iterator[tuple[BatchHeader, bytes]]:
+    """(header, bytes) of each valid batch of a segment file holding offsets at or above `lo`, up to
+    the first invalid one (the zeroed, preallocated end, or a torn tail past the commit bound).
+    Batches below `lo` are stepped over by their headers (no CRC: they are not read)."""
+    with _mapped(path) as view:
+        size = len(view)
+        pos = 0
+        while pos + HEADER_SIZE <= size:
+            h = read_header(view, pos)
+            if h.magic != MAGIC or h.batch_length < MIN_BATCH_LENGTH or pos + h.size > size:
+                return
+            if h.base_offset + h.last_offset_delta < lo:
+                pos += h.size
+                continue
+            checked = check_batch(view, pos, size)
+            if isinstance(checked, str):
+                return
+            end = pos + checked.size
+            yield checked, bytes(view[pos:end])   # a copy: nothing outlives the mapping
+            pos = end

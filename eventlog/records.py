@@ -34,9 +34,9 @@ from __future__ import annotations
 import gzip
 import struct
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, TypeVar
 
 import crc32c as _crc32c
 
@@ -459,7 +459,7 @@ def retain_spans(header: BatchHeader, payload: bytes | memoryview, spans: Sequen
 def decode_record(header: BatchHeader, payload: bytes | memoryview, span: RecordSpan) -> Record:
     """The one record at `span` of a batch's payload, decoded."""
     one = header._replace(records_count=1)
-    return next(_iter_records(memoryview(payload)[span.start:span.end], one))
+    return next(decode_records(one, memoryview(payload)[span.start:span.end], Record))
 
 
 def _encode_records(records: Sequence[Record], base: int, base_ts: int) -> bytes:
@@ -554,7 +554,7 @@ class RecordBatch:
         With `max_bytes`: BatchTooLargeError, at once, for records taking more than that uncompressed
         (a batch from outside: it never inflates past the bound, `gunzip`)."""
         h = self.header
-        return _iter_records(_payload(h, self._buf[HEADER_SIZE:], max_bytes), h)
+        return decode_records(h, _payload(h, self._buf[HEADER_SIZE:], max_bytes), Record)
 
     def __iter__(self) -> Iterator[Record]:
         return self.records()
@@ -565,7 +565,19 @@ class RecordBatch:
                 f"epoch={h.leader_epoch}, size={h.size})")
 
 
-def _iter_records(data: bytes | memoryview, h: BatchHeader) -> Iterator[Record]:
+R = TypeVar("R")
+
+
+def decode_records(h: BatchHeader, payload: bytes | memoryview,
+                   make: Callable[[int, int, bytes | None, bytes | None, tuple[Header, ...]], R]) -> Iterator[R]:
+    """The records of a batch's records part (`payload`, decompressed), each built by
+    `make(offset, timestamp, key, value, headers)`: `Record` for `RecordBatch.records()`, a reader's own
+    row type elsewhere (eventlog/offline.py `read_committed`), so every reader shares this one decoder.
+
+    The hot loop of every read: the payload is copied to `bytes` once (slices of it are then the keys
+    and values, one copy each instead of two), and the one-byte case of each varint is decoded inline
+    (`decode_varint` does the longer ones)."""
+    data = payload.tobytes() if isinstance(payload, memoryview) else payload
     pos = 0
     end = len(data)
     dv = decode_varint
@@ -574,26 +586,53 @@ def _iter_records(data: bytes | memoryview, h: BatchHeader) -> Iterator[Record]:
     # LogAppendTime: every record's timestamp is the batch's max timestamp (the broker's clock).
     log_append_time = h.max_timestamp if h.attributes & TIMESTAMP_TYPE_MASK else None
     for _ in range(h.records_count):
-        length, pos = dv(data, pos)
-        record_end = pos + length
-        if length < 0 or record_end > end:
-            raise InvalidBatchError(f"record length {length} runs past the end of the batch")
-        pos += 1  # record attributes (unused in v2)
-        ts_delta, pos = dv(data, pos)
-        offset_delta, pos = dv(data, pos)
-        klen, pos = dv(data, pos)
-        if klen >= 0:
-            key: bytes | None = bytes(data[pos:pos + klen])
-            pos += klen
-        else:
-            key = None
-        vlen, pos = dv(data, pos)
-        if vlen >= 0:
-            value: bytes | None = bytes(data[pos:pos + vlen])
-            pos += vlen
-        else:
-            value = None
-        nheaders, pos = dv(data, pos)
+        try:
+            b = data[pos]
+            if b < 0x80:
+                length, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                length, pos = dv(data, pos)
+            record_end = pos + length
+            if length < 0 or record_end > end:
+                raise InvalidBatchError(f"record length {length} runs past the end of the batch")
+            pos += 1  # record attributes (unused in v2)
+            b = data[pos]
+            if b < 0x80:
+                ts_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                ts_delta, pos = dv(data, pos)
+            b = data[pos]
+            if b < 0x80:
+                offset_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                offset_delta, pos = dv(data, pos)
+            b = data[pos]
+            if b < 0x80:
+                klen, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                klen, pos = dv(data, pos)
+            if klen >= 0:
+                key: bytes | None = data[pos:pos + klen]
+                pos += klen
+            else:
+                key = None
+            b = data[pos]
+            if b < 0x80:
+                vlen, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                vlen, pos = dv(data, pos)
+            if vlen >= 0:
+                value: bytes | None = data[pos:pos + vlen]
+                pos += vlen
+            else:
+                value = None
+            b = data[pos]
+            if b < 0x80:
+                nheaders, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                nheaders, pos = dv(data, pos)
+        except IndexError:
+            raise InvalidBatchError("varint runs past the end of the batch") from None
         if nheaders < 0:
             raise InvalidBatchError(f"record header count {nheaders} is negative")
         headers: list[Header] = []
@@ -601,11 +640,11 @@ def _iter_records(data: bytes | memoryview, h: BatchHeader) -> Iterator[Record]:
             hklen, pos = dv(data, pos)
             if hklen < 0:
                 raise InvalidBatchError("a header key cannot be null")
-            hkey = bytes(data[pos:pos + hklen]).decode("utf-8", errors="replace")
+            hkey = data[pos:pos + hklen].decode("utf-8", errors="replace")
             pos += hklen
             hvlen, pos = dv(data, pos)
             if hvlen >= 0:
-                hvalue: bytes | None = bytes(data[pos:pos + hvlen])
+                hvalue: bytes | None = data[pos:pos + hvlen]
                 pos += hvlen
             else:
                 hvalue = None
@@ -613,7 +652,7 @@ def _iter_records(data: bytes | memoryview, h: BatchHeader) -> Iterator[Record]:
         if pos != record_end:
             raise InvalidBatchError(f"record declares {length} bytes but its fields take {pos - record_end + length}")
         timestamp = base_ts + ts_delta if log_append_time is None else log_append_time
-        yield Record(base_offset + offset_delta, timestamp, key, value, tuple(headers))
+        yield make(base_offset + offset_delta, timestamp, key, value, tuple(headers))
     if pos != end:
         raise InvalidBatchError(f"{end - pos} bytes left over after {h.records_count} records")
 

@@ -6,8 +6,8 @@ brokers that are registered and not fenced. The table lives in RocksDB (Faust's 
 rocksdict) and its changelog is a topic Faust creates through the Kafka face (CreateTopics: hosted
 in the kv group), so a restarted worker recovers it.
 
-    EPOCHLOG_KAFKA=127.0.0.1:9092,127.0.0.1:9093 EPOCHLOG_FAUST_DIR=data/faust \\
-        python -m examples.live_brokers worker --loglevel=info
+    EPOCHLOG_KAFKA=127.0.0.1:7401,127.0.0.1:7402,127.0.0.1:7403 EPOCHLOG_FAUST_DIR=data/faust \\
+        .venv/bin/python3 -m examples.live_brokers worker -l info     (configs/local-3.toml's Kafka addresses)
 
 Read the table with `live_brokers(...)` below (the worker must be stopped: RocksDB is locked while it
 runs), or tail its changelog topic `epochlog-live-brokers-live_brokers-changelog`.
@@ -84,7 +84,7 @@ def live_brokers(datadir: str | Path) -> dict[str, list[str]]:
 
 
 def main() -> None:
-    bootstrap = os.environ.get("EPOCHLOG_KAFKA", "127.0.0.1:9092").split(",")
+    bootstrap = os.environ.get("EPOCHLOG_KAFKA", "127.0.0.1:7401,127.0.0.1:7402,127.0.0.1:7403").split(",")
     app = make_app(bootstrap, os.environ.get("EPOCHLOG_FAUST_DIR", "data/faust"))
     app.main()
 

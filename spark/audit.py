@@ -196,21 +196,7 @@ class Audit:
 
     def diff(self, start: Point, end: Point, prefix: str = "") -> list[dict[str, Any]]:
         """Entities added, removed or changed between two points, in key order."""
-        before = {r["key"]: r for r in self.state(start, prefix)}
-        after = {r["key"]: r for r in self.state(end, prefix)}
-        out = []
-        for key in sorted(before.keys() | after.keys()):
-            b, a = before.get(key), after.get(key)
-            if b is not None and a is not None and b["offset"] == a["offset"] and b["group"] == a["group"]:
-                continue
-            change = "added" if b is None else "removed" if a is None else "changed"
-            out.append({"key": key, "change": change,
-                        "before_offset": None if b is None else b["offset"],
-                        "after_offset": None if a is None else a["offset"],
-                        "before": None if b is None else _shown(b), "after": None if a is None else _shown(a),
-                        "after_event": None if a is None else a["event_type"],
-                        "actor": None if a is None else a["actor"]})
-        return out
+        return diff_rows(self.state(start, prefix), self.state(end, prefix))
 
     def actions(self, actor: str, *, since: datetime | None = None, until: datetime | None = None,
                 limit: int = 1000) -> list[dict[str, Any]]:
@@ -227,6 +213,26 @@ class Audit:
                          f"request_id, applied, `timestamp` FROM {{events}} WHERE {' AND '.join(conditions)} "
                          f"ORDER BY `timestamp`, `group`, `offset` LIMIT :limit", **args)
         return [_event_row(r) for r in rows]
+
+
+def diff_rows(before_rows: list[dict[str, Any]], after_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The diff of two states (rows of `state`): entities added, removed or changed, in key order (the
+    same for every engine that answers `state`: spark.audit_local too)."""
+    before = {r["key"]: r for r in before_rows}
+    after = {r["key"]: r for r in after_rows}
+    out = []
+    for key in sorted(before.keys() | after.keys()):
+        b, a = before.get(key), after.get(key)
+        if b is not None and a is not None and b["offset"] == a["offset"] and b["group"] == a["group"]:
+            continue
+        change = "added" if b is None else "removed" if a is None else "changed"
+        out.append({"key": key, "change": change,
+                    "before_offset": None if b is None else b["offset"],
+                    "after_offset": None if a is None else a["offset"],
+                    "before": None if b is None else _shown(b), "after": None if a is None else _shown(a),
+                    "after_event": None if a is None else a["event_type"],
+                    "actor": None if a is None else a["actor"]})
+    return out
 
 
 def table_frame(spark: Any, snapshot: Snapshot, files: list[str]) -> Any:

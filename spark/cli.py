@@ -7,6 +7,10 @@ mode unless `--master` names another (its executors must have the epochlog packa
 Output: a plain table for people, `--json` (one JSON document; `export --follow`: one per run) or
 `--csv` (audit). Errors are EpochlogErrors (`error: <message>`, exit 3): an unknown table version,
 a time before the table existed, a malformed key, an export that lost a race with another one.
+
+These are commands of the `epochlog` CLI, which loads them lazily (epochlog/cli.py LAZY_COMMANDS) and
+lends them what they share with its other commands through `CommandLine` (which cluster the options
+name, how a table is printed): spark imports nothing of the CLI.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from __future__ import annotations
 import csv
 import json
 import sys
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
@@ -31,6 +37,27 @@ _storage_option = click.option(
     "--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
     help="Object storage setting (AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID...); repeatable; "
          "wins over the AWS_* environment variables.")
+
+
+@dataclass(frozen=True, slots=True)
+class CommandLine:
+    """What the `epochlog` CLI lends its Spark commands: they share its cluster options and its output."""
+
+    endpoints: Callable[[str | None, Path | None], tuple[str, ...]]
+    """(--endpoints, --config) -> the client addresses they name (the CLI's defaults when neither is
+    given); a click.UsageError when none can be found."""
+    print_table: Callable[[Sequence[str], Sequence[Sequence[Any]]], None]
+    """(headers, rows) -> printed as the other commands print theirs."""
+
+
+COMMAND_LINE = "spark.cli.CommandLine"
+"""The key of the `CommandLine` in click's context `meta` (shared by every nested context)."""
+
+
+def _command_line() -> CommandLine:
+    host = click.get_current_context().meta.get(COMMAND_LINE)
+    assert isinstance(host, CommandLine), "the Spark commands run under the epochlog CLI (epochlog/cli.py)"
+    return host
 
 
 def _location(table: str, storage_options: tuple[str, ...]) -> Any:
@@ -92,7 +119,6 @@ def export_command(table: str, storage_options: tuple[str, ...], endpoints: str 
 
     On a cluster the table's watermark (the highest exported offset per group) is reported back, and
     the groups keep their logs above it when they compact."""
-    from epochlog.cli_client import Target
     from spark.sources import ClusterSource, OfflineSource
 
     only = tuple(g.strip() for g in groups.split(",") if g.strip())
@@ -103,8 +129,7 @@ def export_command(table: str, storage_options: tuple[str, ...], endpoints: str 
         source: Any = OfflineSource.discover(offline_dir, only)
         endpoints_used: tuple[str, ...] = ()
     else:
-        target = Target.resolve(endpoints, config_path, timeout, as_json)
-        endpoints_used = target.endpoints
+        endpoints_used = _command_line().endpoints(endpoints, config_path)
         source = ClusterSource(endpoints_used, timeout, only)
     if release:
         from spark.export import release_watermark
@@ -259,7 +284,10 @@ def _follow(spark: Any, table: Any, source: Any, endpoints: tuple[str, ...], che
 
 
 class _progress_bar:
-    """A rich progress bar of the run's Spark tasks on a terminal (nothing when piped or with --json)."""
+    """The run's progress on stderr: a rich progress bar on a terminal; piped, a line every
+    PIPED_PROGRESS_S and one when every range is done (nothing with --json)."""
+
+    PIPED_PROGRESS_S = 5.0
 
     def __init__(self, quiet: bool) -> None:
         self.quiet = quiet
@@ -268,9 +296,13 @@ class _progress_bar:
         self._progress: Any = None
         self._task: Any = None
         self._events = 0
+        self._started = time.monotonic()
+        self._said = 0.0
 
     def __enter__(self) -> Self:
         self._task = None
+        self._started = time.monotonic()
+        self._said = -1.0   # the first update is said at once
         if self.enabled:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -293,6 +325,13 @@ class _progress_bar:
                 click.echo(f"{m} serves {', '.join(spans)}", err=True)
 
     def update(self, done: int, total: int) -> None:
+        if not self.quiet and not self.enabled:
+            now = time.monotonic()
+            if self._said < 0 or done >= total or now - self._said >= self.PIPED_PROGRESS_S:
+                self._said = now
+                click.echo(f"exporting up to {self._events} offsets: {done} of {total} ranges done "
+                           f"({now - self._started:.0f} s)", err=True)
+            return
         if self._progress is None:
             return
         if self._task is None:
@@ -327,6 +366,9 @@ def _audit_options(f: Callable[..., None]) -> Callable[..., None]:
                      help="Read the table as of this time (ISO 8601 or epoch ms): the last version committed then."),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON document."),
         click.option("--csv", "as_csv", is_flag=True, help="Print CSV (a header line, then one line per row)."),
+        click.option("--engine", type=click.Choice(["auto", "local", "spark"]), default="auto", show_default=True,
+                     help="local: answer in this process with pyarrow (seconds); spark: a Spark job (--master); "
+                          "auto: local up to 2,000,000 rows, else Spark. The answers are the same."),
         _master_option,
     ]
     for option in reversed(options):
@@ -338,7 +380,8 @@ class _AuditRun:
     """The session and snapshot of one audit command."""
 
     def __init__(self, table: str, storage_options: tuple[str, ...], table_version: int | None,
-                 table_as_of: str | None, master: str) -> None:
+                 table_as_of: str | None, master: str, engine: str = "auto") -> None:
+        from spark.audit_local import LOCAL_MAX_ROWS, fits_local, table_rows
         from spark.table import resolve
 
         if table_version is not None and table_as_of is not None:
@@ -346,8 +389,19 @@ class _AuditRun:
         location = _location(table, storage_options)
         self.snapshot = resolve(location, version=table_version, as_of=table_as_of)   # errors before Spark starts
         self.master = master
+        self.spark: Any = None
+        self.engine = engine if engine != "auto" else "local" if fits_local(self.snapshot) else "spark"
+        if engine == "auto" and self.engine == "spark":
+            rows = table_rows(self.snapshot)
+            click.echo(f"asking Spark: the table holds {'an unknown number of' if rows is None else f'{rows:,}'} "
+                       f"rows (more than {LOCAL_MAX_ROWS:,} are not read in-process; --engine local forces it)",
+                       err=True)
 
     def __enter__(self) -> Any:
+        if self.engine == "local":
+            from spark.audit_local import LocalAudit
+
+            return LocalAudit(self.snapshot)
         from spark.audit import Audit
         from spark.session import get_session
 
@@ -355,7 +409,8 @@ class _AuditRun:
         return Audit(self.spark, self.snapshot)
 
     def __exit__(self, *exc: object) -> None:
-        self.spark.stop()
+        if self.spark is not None:
+            self.spark.stop()
 
 
 def _point(at: str | None, offset: int | None, group: str | None, prefix: str, flag: str) -> Any:
@@ -368,13 +423,11 @@ def _point(at: str | None, offset: int | None, group: str | None, prefix: str, f
         return Point(time=parse_time(at))
     if group is None:
         from epochlog.api.routing import group_of_key
-        from statemachines.events import EventError
 
-        try:
-            group = group_of_key(prefix)
-        except EventError:
+        if not prefix:
             raise click.UsageError("an offset belongs to one group: name it with --group (or give a --prefix "
-                                   "such as kv/...)") from None
+                                   "such as app/ or topic/)")
+        group = group_of_key(prefix)
     return Point(group=group, offset=offset)
 
 
@@ -382,16 +435,16 @@ def _point(at: str | None, offset: int | None, group: str | None, prefix: str, f
 @click.option("--at", default=None, metavar="TIME", help="The state at this time (ISO 8601 or epoch ms).")
 @click.option("--offset", type=int, default=None, help="The state at this offset of --group.")
 @click.option("--group", default=None, help="The group of --offset [default: the group of --prefix].")
-@click.option("--prefix", default="", help="Only entity keys starting with this (kv/app/, topic/...).")
+@click.option("--prefix", default=None, help="Only keys starting with this: app/ (kv), topic/... [default: all].")
 @_audit_options
 def audit_state(at: str | None, offset: int | None, group: str | None, prefix: str, table: str,
-                storage_options: tuple[str, ...], table_version: int | None, table_as_of: str | None, as_json: bool, as_csv: bool, master: str) -> None:
+                storage_options: tuple[str, ...], table_version: int | None, table_as_of: str | None, as_json: bool, as_csv: bool, engine: str, master: str) -> None:
     """The entities as they were at a time or an offset (the views replayed from the history)."""
     from spark.audit import check_prefix
 
-    check_prefix(prefix)
+    prefix = check_prefix(_stored_prefix(prefix))
     point = _point(at, offset, group, prefix, "--at ")
-    with _AuditRun(table, storage_options, table_version, table_as_of, master) as audit:
+    with _AuditRun(table, storage_options, table_version, table_as_of, master, engine) as audit:
         rows = audit.state(point, prefix)
     _rows(rows, as_json, as_csv, ("key", "group", "offset", "event_type", "value", "timestamp", "actor"))
 
@@ -400,12 +453,13 @@ def audit_state(at: str | None, offset: int | None, group: str | None, prefix: s
 @click.argument("key")
 @_audit_options
 def audit_history(key: str, table: str, storage_options: tuple[str, ...], table_version: int | None, table_as_of: str | None, as_json: bool,
-                  as_csv: bool, master: str) -> None:
-    """Every event that touched KEY (an entity key: kv/app/x, topic/orders...), rejected ones included."""
+                  as_csv: bool, engine: str, master: str) -> None:
+    """Every event that touched KEY (app/x for a kv entry, topic/orders...), rejected ones included."""
+    from epochlog.api.routing import entity_key
     from spark.audit import check_key
 
-    check_key(key)
-    with _AuditRun(table, storage_options, table_version, table_as_of, master) as audit:
+    key = check_key(entity_key(key))
+    with _AuditRun(table, storage_options, table_version, table_as_of, master, engine) as audit:
         rows = audit.history(key)
     _rows(rows, as_json, as_csv, ("group", "offset", "timestamp", "event_type", "applied", "value", "actor",
                                   "request_id"))
@@ -414,20 +468,20 @@ def audit_history(key: str, table: str, storage_options: tuple[str, ...], table_
 @audit_group.command("diff")
 @click.option("--from", "start", required=True, metavar="TIME", help="The earlier time.")
 @click.option("--to", "end", required=True, metavar="TIME", help="The later time.")
-@click.option("--prefix", default="", help="Only entity keys starting with this.")
+@click.option("--prefix", default=None, help="Only keys starting with this: app/ (kv), topic/... [default: all].")
 @_audit_options
 def audit_diff(start: str, end: str, prefix: str, table: str, storage_options: tuple[str, ...],
                table_version: int | None, table_as_of: str | None,
-               as_json: bool, as_csv: bool, master: str) -> None:
+               as_json: bool, as_csv: bool, engine: str, master: str) -> None:
     """What changed between two times: entities added, removed or changed."""
     from spark.audit import Point, check_prefix
     from spark.table import parse_time
 
-    check_prefix(prefix)
+    prefix = check_prefix(_stored_prefix(prefix))
     t1, t2 = parse_time(start), parse_time(end)
     if t2 < t1:
         raise AuditError(f"--to {end} is before --from {start}")
-    with _AuditRun(table, storage_options, table_version, table_as_of, master) as audit:
+    with _AuditRun(table, storage_options, table_version, table_as_of, master, engine) as audit:
         rows = audit.diff(Point(time=t1), Point(time=t2), prefix)
     _rows(rows, as_json, as_csv, ("key", "change", "before_offset", "after_offset", "before", "after", "actor"))
 
@@ -439,18 +493,28 @@ def audit_diff(start: str, end: str, prefix: str, table: str, storage_options: t
 @click.option("--limit", type=click.IntRange(min=1), default=1000, show_default=True)
 @_audit_options
 def audit_actions(actor: str, since: str | None, until: str | None, limit: int, table: str,
-                  storage_options: tuple[str, ...], table_version: int | None, table_as_of: str | None, as_json: bool, as_csv: bool, master: str) -> None:
+                  storage_options: tuple[str, ...], table_version: int | None, table_as_of: str | None, as_json: bool, as_csv: bool, engine: str, master: str) -> None:
     """Every event a principal wrote (accepted or rejected), oldest first."""
     from spark.table import parse_time
 
     s = None if since is None else parse_time(since)
     u = None if until is None else parse_time(until)
-    with _AuditRun(table, storage_options, table_version, table_as_of, master) as audit:
+    with _AuditRun(table, storage_options, table_version, table_as_of, master, engine) as audit:
         rows = audit.actions(actor, since=s, until=u, limit=limit)
     _rows(rows, as_json, as_csv, ("timestamp", "group", "offset", "event_type", "key", "applied", "request_id"))
 
 
+def _stored_prefix(prefix: str | None) -> str:
+    """The table's key prefix (the storage form, kv/app/) of a --prefix as every command takes keys (app/)."""
+    from epochlog.api.routing import entity_prefix
+
+    return "" if prefix is None else entity_prefix(prefix)
+
+
 def _rows(rows: list[dict[str, Any]], as_json: bool, as_csv: bool, columns: Sequence[str]) -> None:
+    from epochlog.api.routing import user_key
+
+    rows = [{**row, "key": user_key(row["key"])} if "key" in row else row for row in rows]
     if as_json and as_csv:
         raise click.UsageError("give --json or --csv, not both")
     if as_json:
@@ -463,9 +527,7 @@ def _rows(rows: list[dict[str, Any]], as_json: bool, as_csv: bool, columns: Sequ
         for row in rows:
             writer.writerow({k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in row.items()})
         return
-    from epochlog.cli_client import _table
-
-    _table(columns, [[_cell(row.get(c)) for c in columns] for row in rows])
+    _command_line().print_table(columns, [[_cell(row.get(c)) for c in columns] for row in rows])
     click.echo(f"({len(rows)} rows)")
 
 

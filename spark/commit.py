@@ -26,9 +26,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -181,40 +183,24 @@ def commit_run(root: str | Path | TableLocation, files: list[DataFile], plan: Ex
                attempts: int = COMMIT_ATTEMPTS) -> int:
     """Add `files` to the table in one commit that moves each planned group's app transaction to the
     end of its range; the table version created. See the module docstring for the checks."""
-    from deltalake import CommitProperties, Transaction
-    from deltalake.exceptions import CommitFailedError
-    from deltalake.transaction import AddAction
-
     active = plan.active()
     if not active:
         raise ExportError("nothing planned: no commit")
     groups = [g.group for g in active]
-    actions = [AddAction(f.path, f.size, {PARTITION_COLUMN: f.day}, f.modification_ms, True, f.stats) for f in files]
-    txns = [Transaction(app_id(g.group), g.end - 1) for g in active]
-    run = uuid.uuid4().hex
-    metadata = {"epochlog.run": run, "epochlog.export": json.dumps({g.group: [g.start, g.end] for g in active}),
-                "epochlog.rows": str(sum(f.rows for f in files))}
-    delay = 0.05
-    for attempt in range(attempts):
-        dt = open_table(root)
+
+    def check(dt: Any) -> bool:
         current = exported_through(dt, groups)
         for g in active:
             if current[g.group] >= g.start:
                 raise ExportConflictError(
                     f"group {g.group}: offsets through {current[g.group]} were exported by another run while "
                     f"this one exported {g.start}..{g.end - 1}; nothing of this run was committed")
-        try:
-            dt.create_write_transaction(  # type: ignore[attr-defined]
-                actions, mode="append", schema=TABLE_SCHEMA, partition_by=[PARTITION_COLUMN],
-                commit_properties=CommitProperties(app_transactions=txns, custom_metadata=metadata,
-                                                   max_commit_retries=0))
-            return _version_of(root, run)
-        except CommitFailedError:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
-    raise AssertionError("unreachable")
+        return True
+
+    version = _commit(TableLocation.of(root), files, {g.group: g.end - 1 for g in active},
+                      {"epochlog.export": json.dumps({g.group: [g.start, g.end] for g in active})}, check, attempts)
+    assert version is not None
+    return version
 
 
 def commit_batch(root: str | Path | TableLocation, files: list[DataFile], batch_id: int, *,
@@ -228,10 +214,6 @@ def commit_batch(root: str | Path | TableLocation, files: list[DataFile], batch_
     every event at or below it is in the table. Files carry the rows' offset span per group in their
     stats; a batch whose rows are partly at or below a watermark overlaps another writer's export and
     is refused (ExportConflictError), as `commit_run` refuses an overlapping run."""
-    from deltalake import CommitProperties, Transaction
-    from deltalake.exceptions import CommitFailedError
-    from deltalake.transaction import AddAction
-
     spans: dict[str, tuple[int, int]] = {}
     for f in files:
         stats = json.loads(f.stats)
@@ -243,24 +225,44 @@ def commit_batch(root: str | Path | TableLocation, files: list[DataFile], batch_
     if not spans:
         return None
     loc = TableLocation.of(root)
-    actions = [AddAction(f.path, f.size, {PARTITION_COLUMN: f.day}, f.modification_ms, True, f.stats) for f in files]
-    txns = [Transaction(app_id(g), hi) for g, (_, hi) in sorted(spans.items())]
-    run = uuid.uuid4().hex
-    metadata = {"epochlog.run": run, "epochlog.stream_batch": str(batch_id),
-                "epochlog.export": json.dumps({g: [lo, hi + 1] for g, (lo, hi) in sorted(spans.items())}),
-                "epochlog.rows": str(sum(f.rows for f in files))}
-    delay = 0.05
-    for attempt in range(attempts):
-        dt = open_table(loc)
+
+    def check(dt: Any) -> bool:
         current = exported_through(dt, sorted(spans))
         if all(current[g] >= hi for g, (_, hi) in spans.items()):
             delete_unreferenced(loc, files)   # a replayed batch, committed before
-            return None
+            return False
         for g, (lo, hi) in spans.items():
             if current[g] >= lo:
                 raise ExportConflictError(
                     f"group {g}: offsets through {current[g]} were exported by another writer while this stream "
                     f"read {lo}..{hi}; nothing of micro-batch {batch_id} was committed")
+        return True
+
+    return _commit(loc, files, {g: hi for g, (_, hi) in sorted(spans.items())},
+                   {"epochlog.stream_batch": str(batch_id),
+                    "epochlog.export": json.dumps({g: [lo, hi + 1] for g, (lo, hi) in sorted(spans.items())})},
+                   check, attempts)
+
+
+def _commit(loc: TableLocation, files: list[DataFile], versions: dict[str, int], metadata: dict[str, str],
+            check: Callable[[Any], bool], attempts: int) -> int | None:
+    """Add `files` in one Delta commit that sets each group's app transaction to `versions[group]`: the
+    table version created, or None when `check` says there is nothing to commit. `check(table)` runs on
+    the table as reloaded before each attempt (it raises ExportConflictError for an overlap); a
+    concurrent commit (CommitFailedError) is retried with a backoff, checked again."""
+    from deltalake import CommitProperties, Transaction
+    from deltalake.exceptions import CommitFailedError
+    from deltalake.transaction import AddAction
+
+    actions = [AddAction(f.path, f.size, {PARTITION_COLUMN: f.day}, f.modification_ms, True, f.stats) for f in files]
+    txns = [Transaction(app_id(g), v) for g, v in versions.items()]
+    run = uuid.uuid4().hex
+    metadata = {"epochlog.run": run, **metadata, "epochlog.rows": str(sum(f.rows for f in files))}
+    delay = 0.05
+    for attempt in range(attempts):
+        dt = open_table(loc)
+        if not check(dt):
+            return None
         try:
             dt.create_write_transaction(  # type: ignore[attr-defined]
                 actions, mode="append", schema=TABLE_SCHEMA, partition_by=[PARTITION_COLUMN],

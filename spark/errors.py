@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from eventlog.errors import EpochlogError
+from eventlog.errors import EpochlogError, InvalidArgumentError
 
 
 class ExportError(EpochlogError):
     """An export run cannot go on as asked (nothing was committed to the table by it)."""
 
     code = "export"
+    retriable = False
+    grpc_status = "INTERNAL"
+    kafka_error = EpochlogError.kafka_error   # no Kafka request reaches an export
 
 
 class ExportConflictError(ExportError):
@@ -17,17 +20,15 @@ class ExportConflictError(ExportError):
 
     code = "export_conflict"
     retriable = True
+    grpc_status = "ABORTED"
+    kafka_error = EpochlogError.kafka_error   # no Kafka request reaches an export
 
 
-class AuditError(EpochlogError):
+class AuditError(InvalidArgumentError):
     """An audit question that cannot be answered as asked (unknown table version, a time before the
     table existed, a malformed key...)."""
 
-    code = "invalid_argument"
 
-
-class MaintenanceError(EpochlogError):
+class MaintenanceError(InvalidArgumentError):
     """A table maintenance operation refused as asked (not an events table, a retention below the
     table's minimum without --force...); the table is unchanged."""
-
-    code = "invalid_argument"

@@ -73,6 +73,7 @@ def export_once(spark: Any | Callable[[], Any], table_root: str | Path | TableLo
     end exclusive), in one commit. `on_plan(plan, members)`: the plan and which member serves each of
     its ranges (`plan.ranges()` order; "" for an offline source)."""
     from spark.datasource import READER_NAME, WRITER_NAME
+    from spark.session import activate
 
     started = time.monotonic()
     root = TableLocation.of(table_root)
@@ -91,6 +92,7 @@ def export_once(spark: Any | Callable[[], Any], table_root: str | Path | TableLo
         on_plan(plan, serving_members(source, plan))
     if callable(spark):
         spark = spark()   # a factory: the session starts only when there is something to export
+    activate(spark)       # this thread may not be the one that made it
     df = spark.read.format(READER_NAME).options(**reader_options(source, plan)).load()
     writer = df.write.format(WRITER_NAME).mode("append").options(**root.to_spark_options()).option(
         "plan", plan.to_json())

@@ -12,25 +12,21 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from eventlog.offline import CommittedRecord
 from spark.table import FILE_SCHEMA, PARTITION_COLUMN, ROW_SCHEMA
 from statemachines import events as ev
 
 MALFORMED = "_malformed"
 
 
-class SourceRecord(NamedTuple):
-    offset: int
-    key: str
-    value: bytes | memoryview | None
-    timestamp: int           # ms since the epoch
-    term: int                # the batch's partitionLeaderEpoch
-    applied: bool | None     # None: the source cannot tell
+SourceRecord = CommittedRecord
+"""What both sources yield for one offset: the offline reader's record (eventlog/offline.py), which
+ClusterSource builds from the SDK's `EventRecord` (the same fields: the node serves them online)."""
 
 
 _json = msgspec.json.Encoder()

@@ -4,14 +4,19 @@ Spark's Python workers must run this interpreter (it has the epochlog packages),
 PYSPARK_PYTHON; on a real cluster the epochlog package must be installed on every executor. The
 session uses UTC (the table's partition days are UTC days), no UI, few shuffle partitions (the
 audit queries are small aggregations), logs errors only (spark/log4j2.properties), and has both
-data sources registered.
+data sources registered. The JVM's own start-up lines (an incubator-module warning, "Setting default
+log level") would land on the user's terminal: the JVM is started with its stderr in a file instead
+(`jvm_log_path()`; its tail is printed if the start fails), so a command prints only its own output.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +45,8 @@ def get_session(master: str = DEFAULT_MASTER, app_name: str = "epochlog", *,
                .config("spark.executor.extraJavaOptions", log4j))
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    with _stderr_to(jvm_log_path()):
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     register(session)
     return session
@@ -52,3 +58,36 @@ def register(session: Any) -> None:
     session.dataSource.register(EventsSource)
     session.dataSource.register(DeltaEventsSink)
     session.dataSource.register(TableFilesSource)
+
+
+def activate(session: Any) -> None:
+    """Make `session` the active one of the calling thread. Spark looks a Python data source up in the
+    thread's active session when it writes (DataFrameWriter.save), and a thread other than the one that
+    made the session (asyncio.to_thread, a worker pool) has none: the writer would not be found."""
+    session._jvm.org.apache.spark.sql.SparkSession.setActiveSession(session._jsparkSession)
+
+
+def jvm_log_path() -> Path:
+    """Where the JVM of this process writes its stderr (Spark's start-up lines, a crash's last words)."""
+    return Path(tempfile.gettempdir()) / f"epochlog-spark-{os.getpid()}.log"
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path) -> Iterator[None]:
+    """Point file descriptor 2 at `path` while a child (the JVM) is started: it inherits that; this
+    process gets its stderr back afterwards. On failure the file's tail is printed, then the error."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(path, "ab") as log:
+            os.dup2(log.fileno(), 2)
+        yield
+    except BaseException:
+        os.dup2(saved, 2)
+        with contextlib.suppress(OSError):
+            tail = path.read_text(errors="replace")[-4000:]
+            print(f"Spark did not start; its log ({path}) ends with:\n{tail}", file=sys.stderr)
+        raise
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

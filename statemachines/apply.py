@@ -44,7 +44,9 @@ from dataclasses import dataclass
 
 import msgspec
 
-from eventlog.errors import InvalidBatchError
+from eventlog.errors import (ALREADY_EXISTS, CONDITION_FAILED, HALTED, INVALID_ARGUMENT, NOT_FOUND,
+                             VERSION_MISMATCH, InvalidBatchError)
+from eventlog.errors import SKIPPED as SKIPPED_CODE   # the reason (SKIPPED below is a meta key)
 from eventlog.raft.types import Entry, EntryKind
 from eventlog.records import NO_PRODUCER_ID, BatchHeader, Record, RecordBatch
 from statemachines import events as ev
@@ -52,6 +54,7 @@ from statemachines import brokers, producers, request_ids, sessions
 from statemachines.noops import CF as NOOPS
 from statemachines.noops import ensure_noops_from
 from statemachines.state import (
+    AclState,
     BrokerState,
     ConfigState,
     GroupState,
@@ -63,6 +66,7 @@ from statemachines.state import (
     Outcome,
     SessionState,
     TopicState,
+    UserState,
     Version,
     decode_outcome,
     decode_state,
@@ -91,8 +95,6 @@ call, so replicas stay identical)."""
 SKIPPED = b"skipped_offsets"    # meta: msgpack list of the offsets the operator skipped (`Applier.skip`)
 CHECKED_KEPT = 65_536          # record values checked before proposing (`Applier.expect`) kept for their apply
 DIGEST_CHECKPOINTS_KEPT = 16   # (offset, digest) notes an applier keeps for the leader's comparison
-HALTED = "group_halted"         # outcome code of records not applied because the group halted before them
-SKIPPED_CODE = "skipped"        # outcome code of a record the operator skipped
 UPGRADE = "upgrade this node: a restart of a newer Epochlog applies it"
 _SKIP_HINT = ("if no Epochlog version can apply it (e.g. a node before the leader check accepted it), "
               "skip it on every node: epochlog group skip --group {group} --offset {offset}")
@@ -219,6 +221,9 @@ class Applier:
         self.config = config or ViewsConfig()
         # (lease id, ttl ms or 0 when it ended, offset) of the last apply call, for the leader's clocks
         self.lease_changes: list[tuple[int, int, int]] = []
+        # Bumped by every user or ACL event applied: the faces' caches of principals drop then
+        # (epochlog/access_control.py).
+        self.access_changes = 0
         self.halt: Halt | None = None      # set when a record cannot be applied here (see the module doc)
         raw = store.meta(SKIPPED)
         self.skipped: frozenset[int] = frozenset(msgspec.msgpack.decode(raw, type=list[int]) if raw else ())
@@ -336,7 +341,7 @@ class Applier:
         except RecursionError as exc:
             raise _CannotApply(offset, f"{exc} in this process", "a node with a deeper stack may apply it") from None
         if key != event.key().encode():
-            return Outcome(False, offset, "invalid_argument", f"record key {key!r} is not the event's key")
+            return Outcome(False, offset, INVALID_ARGUMENT, f"record key {key!r} is not the event's key")
         admitted: sessions.Admission | None = None
         dedupe_key = None
         request_time = None
@@ -525,7 +530,7 @@ def _version_mismatch(offset: int, key: str, expected: int | None, state: msgspe
     current = 0 if state is None else state.version  # type: ignore[attr-defined]
     if current == expected:
         return None
-    return _reject(offset, "version_mismatch", f"{key} is at version {current}, not {expected}")
+    return _reject(offset, VERSION_MISMATCH, f"{key} is at version {current}, not {expected}")
 
 
 # --- handlers ------------------------------------------------------------------------------------
@@ -576,7 +581,7 @@ def _group_change(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
 def _topic_created(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     assert isinstance(e, ev.TopicCreated)
     if a.load(ov, e.key()) is not None:
-        return _reject(offset, "already_exists", f"topic {e.name} exists")
+        return _reject(offset, ALREADY_EXISTS, f"topic {e.name} exists")
     a.save(ov, e.key(), TopicState(name=e.name, read_queues=e.read_queues, write_queues=e.write_queues,
                                    perm=e.perm, broker_groups=tuple(e.broker_groups), config=dict(e.config),
                                    version=offset, created=offset), e, offset)
@@ -587,7 +592,7 @@ def _topic_updated(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome
     assert isinstance(e, ev.TopicUpdated)
     current = a.load(ov, e.key())
     if not isinstance(current, TopicState):
-        return _reject(offset, "not_found", f"topic {e.name} does not exist")
+        return _reject(offset, NOT_FOUND, f"topic {e.name} does not exist")
     mismatch = _version_mismatch(offset, e.key(), e.expected_version, current)
     if mismatch:
         return mismatch
@@ -601,7 +606,7 @@ def _topic_deleted(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome
     assert isinstance(e, ev.TopicDeleted)
     current = a.load(ov, e.key())
     if current is None:
-        return _reject(offset, "not_found", f"topic {e.name} does not exist")
+        return _reject(offset, NOT_FOUND, f"topic {e.name} does not exist")
     mismatch = _version_mismatch(offset, e.key(), e.expected_version, current)
     if mismatch:
         return mismatch
@@ -624,7 +629,7 @@ def _lease_key(lease_id: int, entity_key: str) -> bytes:
 
 def _attach(a: Applier, ov: Overlay, old_lease: int, new_lease: int, key: str, offset: int) -> Outcome | None:
     if new_lease and not isinstance(a.load(ov, f"lease/{new_lease:020d}"), LeaseState):
-        return _reject(offset, "not_found", f"lease {new_lease} does not exist (expired or revoked?)")
+        return _reject(offset, NOT_FOUND, f"lease {new_lease} does not exist (expired or revoked?)")
     if old_lease and old_lease != new_lease:
         ov.delete("lease_keys", _lease_key(old_lease, key))
     if new_lease:
@@ -652,7 +657,7 @@ def _kv_deleted(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     assert isinstance(e, ev.KvDeleted)
     current = a.load(ov, e.key())
     if not isinstance(current, KvState):
-        return _reject(offset, "not_found", f"key {e.name!r} does not exist")
+        return _reject(offset, NOT_FOUND, f"key {e.name!r} does not exist")
     mismatch = _version_mismatch(offset, e.key(), e.expected_version, current)
     if mismatch:
         return mismatch
@@ -664,7 +669,7 @@ def _kv_deleted(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
 def _lease_granted(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     assert isinstance(e, ev.LeaseGranted)
     if a.load(ov, e.key()) is not None:
-        return _reject(offset, "already_exists", f"lease {e.lease_id} exists")
+        return _reject(offset, ALREADY_EXISTS, f"lease {e.lease_id} exists")
     a.save(ov, e.key(), LeaseState(lease_id=e.lease_id, ttl_ms=e.ttl_ms, version=offset, created=offset), e, offset)
     return _ok(offset)
 
@@ -673,7 +678,7 @@ def _lease_ended(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     """LeaseRevoked / LeaseExpired: the lease and every entity attached to it go."""
     assert isinstance(e, ev.LeaseRevoked | ev.LeaseExpired)
     if a.load(ov, e.key()) is None:
-        return _reject(offset, "not_found", f"lease {e.lease_id} does not exist")
+        return _reject(offset, NOT_FOUND, f"lease {e.lease_id} does not exist")
     prefix = f"{e.lease_id:020d}/".encode()
     for k, _ in list(ov.scan("lease_keys", prefix, prefix_upper_bound(prefix))):
         ov.delete("lease_keys", k)
@@ -701,7 +706,7 @@ def _session_closed(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcom
     assert isinstance(e, ev.SessionClosed)
     current = a.load(ov, e.key())
     if not isinstance(current, SessionState):
-        return _reject(offset, "not_found", f"session {e.client_id!r} is not open")
+        return _reject(offset, NOT_FOUND, f"session {e.client_id!r} is not open")
     _attach(a, ov, current.lease, 0, e.key(), offset)
     a.remove(ov, e.key(), e, offset)
     return _ok(offset)
@@ -712,7 +717,7 @@ def _config_changed(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcom
     current = a.load(ov, e.key())
     if e.value is None:
         if current is None:
-            return _reject(offset, "not_found", f"config {e.scope}/{e.name} is not set")
+            return _reject(offset, NOT_FOUND, f"config {e.scope}/{e.name} is not set")
         a.remove(ov, e.key(), e, offset)
     else:
         created = current.created if isinstance(current, ConfigState) else offset
@@ -756,7 +761,7 @@ def _history_pruned(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcom
     """Raise the history floor (never lower it): a meta key, so the digest covers it."""
     assert isinstance(e, ev.HistoryPruned)
     if e.floor > offset:
-        return _reject(offset, "invalid_argument", f"history floor {e.floor} is beyond its own offset {offset}")
+        return _reject(offset, INVALID_ARGUMENT, f"history floor {e.floor} is beyond its own offset {offset}")
     raw = ov.get(META, HISTORY_FLOOR)
     if raw is None or decode_offset(raw) < e.floor:
         ov.put(META, HISTORY_FLOOR, encode_offset(e.floor))
@@ -773,13 +778,53 @@ def _client_session_closed(a: Applier, ov: Overlay, e: ev.Event, offset: int) ->
     return sessions.close_session(ov, e, offset)
 
 
+def _user_added(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    """The user's credentials, whole: a password change or a token revoked replaces them."""
+    assert isinstance(e, ev.UserAdded)
+    a.access_changes += 1
+    current = a.load(ov, e.key())
+    created = current.created if isinstance(current, UserState) else offset
+    a.save(ov, e.key(), UserState(name=e.name, scram=e.scram, tokens=e.tokens, version=offset, created=created),
+           e, offset)
+    return _ok(offset)
+
+
+def _user_removed(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    """The user's credentials go; its grants stay (they name a principal, which a certificate may be too)."""
+    assert isinstance(e, ev.UserRemoved)
+    a.access_changes += 1
+    if a.load(ov, e.key()) is None:
+        return _reject(offset, NOT_FOUND, f"user {e.name} does not exist")
+    a.remove(ov, e.key(), e, offset)
+    return _ok(offset)
+
+
+def _acl_granted(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.AclGranted)
+    a.access_changes += 1
+    if a.load(ov, e.key()) is not None:
+        return _reject(offset, ALREADY_EXISTS, f"{e.principal} already holds {e.role} {e.resource}".rstrip())
+    a.save(ov, e.key(), AclState(principal=e.principal, role=e.role, resource=e.resource, version=offset,
+                                 created=offset), e, offset)
+    return _ok(offset)
+
+
+def _acl_revoked(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    assert isinstance(e, ev.AclRevoked)
+    a.access_changes += 1
+    if a.load(ov, e.key()) is None:
+        return _reject(offset, NOT_FOUND, f"{e.principal} does not hold {e.role} {e.resource}".rstrip())
+    a.remove(ov, e.key(), e, offset)
+    return _ok(offset)
+
+
 def _txn(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     assert isinstance(e, ev.Txn)
     for cond in e.conditions:
         state = a.load(ov, cond.key)
         current = 0 if state is None else state.version  # type: ignore[attr-defined]
         if current != cond.version:
-            return _reject(offset, "condition_failed", f"{cond.key} is at version {current}, not {cond.version}")
+            return _reject(offset, CONDITION_FAILED, f"{cond.key} is at version {current}, not {cond.version}")
     for op in e.ops:
         outcome = _HANDLERS[type(op)](a, ov, op, offset)
         if not outcome.ok:
@@ -813,4 +858,8 @@ _HANDLERS: dict[type, Handler] = {
     ev.HistoryPruned: _history_pruned,
     ev.ClientSessionOpened: _client_session_opened,
     ev.ClientSessionClosed: _client_session_closed,
+    ev.UserAdded: _user_added,
+    ev.UserRemoved: _user_removed,
+    ev.AclGranted: _acl_granted,
+    ev.AclRevoked: _acl_revoked,
 }

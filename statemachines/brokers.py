@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import msgspec
 
+from eventlog.errors import INVALID_ARGUMENT, NOT_FOUND, STALE_EPOCH
 from statemachines import events as ev
 from statemachines.state import BrokerState, GroupState
 
@@ -50,7 +51,7 @@ class BrokerChange(NamedTuple):
 def broker_registered(current: BrokerState | None, group: GroupState | None, e: ev.BrokerRegistered,
                       offset: int) -> BrokerChange | Rejected:
     if current is not None and current.broker_epoch >= e.broker_epoch:
-        return Rejected("stale_epoch", f"broker {e.name} is at epoch {current.broker_epoch}, not below "
+        return Rejected(STALE_EPOCH, f"broker {e.name} is at epoch {current.broker_epoch}, not below "
                                        f"{e.broker_epoch}")
     created = current.created if current is not None else offset
     broker = BrokerState(cluster=e.cluster, group=e.group, name=e.name, address=e.address, incarnation=e.incarnation,
@@ -68,9 +69,9 @@ def broker_changed(current: BrokerState | None, group: GroupState | None,
                    offset: int) -> BrokerChange | Rejected:
     """BrokerFenced, BrokerUnfenced (the fenced flag) or BrokerUnregistered (the broker leaves)."""
     if current is None:
-        return Rejected("not_found", f"broker {e.name} of {e.group} is not registered")
+        return Rejected(NOT_FOUND, f"broker {e.name} of {e.group} is not registered")
     if current.broker_epoch != e.broker_epoch:
-        return Rejected("stale_epoch", f"broker {e.name} is at epoch {current.broker_epoch}, not {e.broker_epoch}")
+        return Rejected(STALE_EPOCH, f"broker {e.name} is at epoch {current.broker_epoch}, not {e.broker_epoch}")
     if isinstance(e, ev.BrokerUnregistered):
         if group is not None:
             group = msgspec.structs.replace(group, brokers={n: i for n, i in group.brokers.items() if n != e.name},
@@ -81,13 +82,13 @@ def broker_changed(current: BrokerState | None, group: GroupState | None,
 
 def sync_state_set_changed(group: GroupState | None, e: ev.SyncStateSetChanged, offset: int) -> GroupState | Rejected:
     if group is None:
-        return Rejected("not_found", f"broker group {e.group} has no master yet")
+        return Rejected(NOT_FOUND, f"broker group {e.group} has no master yet")
     if (group.master_epoch, group.sync_state_set_epoch) != (e.master_epoch, e.sync_state_set_epoch):
-        return Rejected("stale_epoch", f"group {e.group} is at master epoch {group.master_epoch} and sync-state-set "
+        return Rejected(STALE_EPOCH, f"group {e.group} is at master epoch {group.master_epoch} and sync-state-set "
                                        f"epoch {group.sync_state_set_epoch}, not {e.master_epoch}/"
                                        f"{e.sync_state_set_epoch}")
     if group.master not in e.sync_state_set:
-        return Rejected("invalid_argument", "the master must stay in its sync state set")
+        return Rejected(INVALID_ARGUMENT, "the master must stay in its sync state set")
     return msgspec.structs.replace(group, sync_state_set=tuple(sorted(set(e.sync_state_set))),
                                    sync_state_set_epoch=group.sync_state_set_epoch + 1, version=offset)
 
@@ -96,7 +97,7 @@ def master_elected(group: GroupState | None, e: ev.MasterElected, offset: int) -
     if group is None:
         group = GroupState(cluster=e.cluster, group=e.group, version=offset, created=offset)
     if group.master_epoch != e.master_epoch:
-        return Rejected("stale_epoch", f"group {e.group} is at master epoch {group.master_epoch}, not {e.master_epoch}")
+        return Rejected(STALE_EPOCH, f"group {e.group} is at master epoch {group.master_epoch}, not {e.master_epoch}")
     sync = tuple(sorted(set(e.sync_state_set))) if e.sync_state_set else ((e.master,) if e.master >= 0 else ())
     return msgspec.structs.replace(group, master=e.master, master_epoch=group.master_epoch + 1, sync_state_set=sync,
                                    sync_state_set_epoch=group.sync_state_set_epoch + 1, version=offset)

@@ -25,7 +25,9 @@ from typing import ClassVar
 
 import msgspec
 
-from eventlog.errors import EpochlogError
+from eventlog.errors import InvalidArgumentError, SchemaVersionError
+from statemachines.credentials import BearerToken, ScramCredential, check_credential
+from statemachines.grants import GrantSyntaxError, check_principal, parse_grant
 
 MAX_KEY_BYTES = 1024
 MAX_VALUE_BYTES = 1 << 20
@@ -36,10 +38,8 @@ _TOPIC = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._:-]{0,127}$")
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$")
 
 
-class EventError(EpochlogError):
+class EventError(InvalidArgumentError):
     """An event (or command) is invalid; nothing was appended."""
-
-    code = "invalid_argument"
 
 
 class InvalidEventError(EventError):
@@ -48,12 +48,6 @@ class InvalidEventError(EventError):
     def __init__(self, event: Event, message: str) -> None:
         super().__init__(message)
         self.event = event
-
-
-class SchemaVersionError(EpochlogError):
-    """An event was written by a newer Epochlog than this reader understands."""
-
-    code = "schema_version"
 
 
 def _name(field: str, value: str) -> None:
@@ -510,9 +504,82 @@ class HistoryPruned(Event, frozen=True, kw_only=True, tag="HistoryPruned"):
             raise EventError(f"a history floor is an offset >= 0, got {self.floor}")
 
 
+# --- users and ACLs (statemachines/credentials.py, statemachines/grants.py, statemachines/access.py) ------
+
+class UserAdded(Event, frozen=True, kw_only=True, tag="UserAdded"):
+    """A user and its credentials, whole (adding an existing user replaces them: a password change, a
+    token added or revoked). Only salted SCRAM keys and token hashes: never a password or a token."""
+
+    name: str
+    scram: tuple[ScramCredential, ...] = ()
+    tokens: tuple[BearerToken, ...] = ()
+
+    def key(self) -> str:
+        return f"user/{self.name}"
+
+    def validate(self) -> None:
+        super().validate()
+        _principal(self.name)
+        if len({c.mechanism for c in self.scram}) != len(self.scram):
+            raise EventError("at most one SCRAM credential per mechanism")
+        for c in self.scram:
+            problem = check_credential(c)
+            if problem:
+                raise EventError(f"user {self.name}: {problem}")
+        if len(self.tokens) > 64:
+            raise EventError("at most 64 bearer tokens per user")
+        for t in self.tokens:
+            if len(t.sha256) != 32 or t.expires_ms < 0:
+                raise EventError("a bearer token is stored as its 32-byte SHA-256 and an expiry >= 0")
+
+
+class UserRemoved(Event, frozen=True, kw_only=True, tag="UserRemoved"):
+    name: str
+
+    def key(self) -> str:
+        return f"user/{self.name}"
+
+    def validate(self) -> None:
+        super().validate()
+        _principal(self.name)
+
+
+class _AclEvent(Event, frozen=True, kw_only=True):
+    principal: str   # a user's name or a client certificate's name
+    role: str
+    resource: str = ""
+
+    def key(self) -> str:
+        return f"acl/{self.principal}/{self.role}:{self.resource}"
+
+    def validate(self) -> None:
+        super().validate()
+        _principal(self.principal)
+        try:
+            parse_grant(self.role, self.resource)
+        except GrantSyntaxError as exc:
+            raise EventError(str(exc)) from None
+
+
+class AclGranted(_AclEvent, frozen=True, kw_only=True, tag="AclGranted"):
+    """`principal` holds the role (scoped to `resource`) from this offset on."""
+
+
+class AclRevoked(_AclEvent, frozen=True, kw_only=True, tag="AclRevoked"):
+    """`principal` no longer holds the role (scoped to `resource`) from this offset on."""
+
+
+def _principal(name: str) -> None:
+    try:
+        check_principal(name)
+    except GrantSyntaxError as exc:
+        raise EventError(str(exc)) from None
+
+
 # --- transactions ----------------------------------------------------------------------------------
 
-ENTITY_KINDS = ("broker", "group", "topic", "offset", "kv", "lease", "session", "config", "member", "kafka-group")
+ENTITY_KINDS = ("broker", "group", "topic", "offset", "kv", "lease", "session", "config", "member", "kafka-group",
+                "user", "acl")
 
 
 class Condition(msgspec.Struct, frozen=True):
@@ -554,7 +621,7 @@ AnyEvent = (BrokerRegistered | BrokerFenced | BrokerUnfenced | BrokerUnregistere
             | MasterElected | TopicCreated | TopicUpdated | TopicDeleted | OffsetCommitted | KvPut | KvDeleted
             | LeaseGranted | LeaseRevoked | LeaseExpired | SessionOpened | SessionClosed | ConfigChanged | Txn
             | MemberAdded | MemberRemoved | KafkaGroupStored | HistoryPruned | ClientSessionOpened
-            | ClientSessionClosed)
+            | ClientSessionClosed | UserAdded | UserRemoved | AclGranted | AclRevoked)
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__struct_config__.tag: cls for cls in AnyEvent.__args__  # type: ignore[attr-defined]
 }
@@ -591,6 +658,19 @@ def decode_event(data: bytes | memoryview) -> Event:
         raise RecursionError("event nested too deeply to decode") from None
     check_versions(event)
     return event
+
+
+def written_keys(record_key: bytes | memoryview | None, value: bytes | memoryview | None) -> tuple[bytes, ...]:
+    """The entity keys a record writes besides its own key: a Txn's record key names its first operation
+    only (`txn/<key>`), so a reader matching keys (a watch on a prefix) asks for its operations' keys here.
+    () for any other record, and for a value that does not decode (it applied nothing)."""
+    if record_key is None or value is None or bytes(record_key[:4]) != b"txn/":
+        return ()
+    try:
+        event = _decoder.decode(value)
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return ()
+    return tuple(op.key().encode() for op in event.ops) if isinstance(event, Txn) else ()
 
 
 def check_versions(event: Event) -> None:

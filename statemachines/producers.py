@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 import msgspec
 
+from eventlog.errors import INVALID_PRODUCER_EPOCH, OUT_OF_ORDER_SEQUENCE, UNKNOWN_PRODUCER
 from statemachines.deadlines import Deadlines
 from statemachines.state import Outcome, encode
 from statemachines.store import encode_offset
@@ -54,9 +55,6 @@ MAX_PRODUCERS: Final = 100_000
 DEADLINE_STEP_MS: Final = 60_000     # the deadline row moves at most once a minute per producer
 
 # Outcome codes of refused producer batches (the Kafka face maps them to Kafka's error codes).
-OUT_OF_ORDER: Final = "out_of_order_sequence"
-INVALID_EPOCH: Final = "invalid_producer_epoch"
-UNKNOWN_PRODUCER: Final = "unknown_producer_id"
 
 
 class BatchMeta(msgspec.Struct, frozen=True, array_like=True):
@@ -88,7 +86,7 @@ class Verdict(enum.Enum):
 class Judgement(msgspec.Struct, frozen=True):
     verdict: Verdict
     batch: BatchMeta | None = None       # DUPLICATE: the stored batch it repeats
-    code: str = ""                       # REFUSED: why (OUT_OF_ORDER, INVALID_EPOCH, UNKNOWN_PRODUCER)
+    code: str = ""                       # REFUSED: why (OUT_OF_ORDER_SEQUENCE, INVALID_PRODUCER_EPOCH, UNKNOWN_PRODUCER)
     message: str = ""
 
 
@@ -108,11 +106,11 @@ def judge(state: ProducerState | None, producer_id: int, epoch: int, first_seq: 
                          message=f"producer {producer_id} has no state here (expired, or never produced): a batch "
                                  f"at sequence {first_seq} may repeat one applied long ago and is not appended")
     if epoch < state.epoch:
-        return Judgement(Verdict.REFUSED, code=INVALID_EPOCH,
+        return Judgement(Verdict.REFUSED, code=INVALID_PRODUCER_EPOCH,
                          message=f"producer {producer_id} epoch {epoch} is older than its current epoch {state.epoch}")
     if epoch > state.epoch:
         if first_seq != 0:
-            return Judgement(Verdict.REFUSED, code=OUT_OF_ORDER,
+            return Judgement(Verdict.REFUSED, code=OUT_OF_ORDER_SEQUENCE,
                              message=f"producer {producer_id}: a new epoch {epoch} starts at sequence 0, not {first_seq}")
         return Judgement(Verdict.APPEND)
     for b in state.batches:
@@ -120,7 +118,7 @@ def judge(state: ProducerState | None, producer_id: int, epoch: int, first_seq: 
             return Judgement(Verdict.DUPLICATE, batch=b)
     expected = (state.last_seq + 1) % SEQUENCE_MODULUS
     if first_seq != expected:
-        return Judgement(Verdict.REFUSED, code=OUT_OF_ORDER,
+        return Judgement(Verdict.REFUSED, code=OUT_OF_ORDER_SEQUENCE,
                          message=f"producer {producer_id} epoch {epoch}: sequence {first_seq}, expected {expected}")
     return Judgement(Verdict.APPEND)
 

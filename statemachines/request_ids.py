@@ -26,6 +26,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Final
 
+from eventlog.errors import INVALID_ARGUMENT, REQUEST_EXPIRED
 from statemachines import events as ev
 from statemachines.deadlines import Deadlines
 from statemachines.state import Outcome
@@ -37,7 +38,6 @@ RETENTION_MS: Final = 3_600_000
 """How long past its time a time-ordered request id is remembered (committed time)."""
 MAX_AHEAD_MS: Final = 3_600_000
 """How far ahead of the committed clock a request id's time may be."""
-REQUEST_EXPIRED: Final = "request_expired"
 TIMES: Final = Deadlines("request_times", live=None, checked=b"request_times_checked_ms", per_entry=128)
 """When each time-ordered request id is forgotten: the first committed time `admit` refuses it."""
 
@@ -81,7 +81,7 @@ def admit(ov: Overlay, request_time: int, offset: int, now_ms: int) -> Outcome |
                        f"committed time, past the {RETENTION_MS // 1000} s it is remembered: the request may have "
                        f"been applied, and is not applied again (check the client's clock)")
     if request_time > now_ms + MAX_AHEAD_MS and now_ms > 0:
-        return Outcome(False, offset, "invalid_argument",
+        return Outcome(False, offset, INVALID_ARGUMENT,
                        f"the request id's time is {(request_time - now_ms) / 1000:.0f} s ahead of the cluster's "
                        f"committed time (at most {MAX_AHEAD_MS // 1000} s): check the client's clock")
     return None

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 
+from eventlog.errors import SESSION_EXPIRED
 from statemachines import events as ev
 from statemachines.deadlines import Deadlines
 from statemachines.state import Outcome, decode_outcome, encode
@@ -55,7 +56,6 @@ DEADLINES: Final = Deadlines("session_deadlines", live=b"client_sessions_live",
                              checked=b"client_sessions_checked_ms", per_entry=4)
 """Expiry order; at most 4 expired sessions dropped per entry (each takes its kept outcomes with it)."""
 COMMITTED_MS: Final = b"committed_ms"
-SESSION_EXPIRED: Final = "session_expired"
 DEADLINE_STEP: Final = 8
 """A session's deadline row moves only once the deadline advanced by timeout/DEADLINE_STEP: one write
 per request fewer, for a session that may expire up to that much early."""

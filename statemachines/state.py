@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
+from statemachines.credentials import BearerToken, ScramCredential
 from statemachines.events import KafkaGroupMember
 
 
@@ -115,12 +116,32 @@ class KafkaGroupState(msgspec.Struct, frozen=True, kw_only=True):
     created: int
 
 
+class UserState(msgspec.Struct, frozen=True, kw_only=True):
+    """A user's credentials (statemachines/credentials.py: salted SCRAM keys, token hashes)."""
+
+    name: str
+    scram: tuple[ScramCredential, ...] = ()
+    tokens: tuple[BearerToken, ...] = ()
+    version: int
+    created: int
+
+
+class AclState(msgspec.Struct, frozen=True, kw_only=True):
+    """One grant of one principal (statemachines/grants.py); the key lists a principal's grants."""
+
+    principal: str
+    role: str
+    resource: str = ""
+    version: int
+    created: int
+
+
 AnyState = (BrokerState | GroupState | TopicState | OffsetState | KvState | LeaseState | SessionState
-            | ConfigState | MemberState | KafkaGroupState)
+            | ConfigState | MemberState | KafkaGroupState | UserState | AclState)
 STATE_TYPES: dict[str, type[msgspec.Struct]] = {
     "broker": BrokerState, "group": GroupState, "topic": TopicState, "offset": OffsetState, "kv": KvState,
     "lease": LeaseState, "session": SessionState, "config": ConfigState, "member": MemberState,
-    "kafka-group": KafkaGroupState,
+    "kafka-group": KafkaGroupState, "user": UserState, "acl": AclState,
 }
 
 

@@ -2,7 +2,7 @@
 
 Column families:
 
-    brokers, broker_groups, topics, offsets, kv, leases, sessions, config, members
+    brokers, broker_groups, topics, offsets, kv, leases, sessions, config, members, kafka_groups, users, acls
                   current state of each entity, key = entity key (e.g. b"kv/a/b")
     versions      MVCC history: entity key + b"\\0" + 8-byte big-endian offset -> the event type and
                   the entity's state after it (or a tombstone); serves `as_of` reads and `history`
@@ -61,7 +61,7 @@ from eventlog.configuration import doc
 
 ENTITY_CFS = {"broker": "brokers", "group": "broker_groups", "topic": "topics", "offset": "offsets", "kv": "kv",
               "lease": "leases", "session": "sessions", "config": "config", "member": "members",
-              "kafka-group": "kafka_groups"}
+              "kafka-group": "kafka_groups", "user": "users", "acl": "acls"}
 INTERNAL_CFS = ("versions", "lease_keys", "dedupe", "dedupe_expiry", "noops", "client_sessions", "session_outcomes",
                 "session_deadlines", "request_times", "producers", "producer_deadlines")
 ALL_CFS = (*ENTITY_CFS.values(), *INTERNAL_CFS)

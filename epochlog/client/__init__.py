@@ -3,8 +3,7 @@
 from epochlog.client.aio import AsyncClient, Change, Entity, History, KeyValue, Page, WatchedEvent
 from epochlog.client.errors import (ClientError, CompactedError, DeadlineExceededError, DiskFullError,
                                     InvalidArgumentError, NoAnswerError, NotFoundError, NotLeaderError,
-                                    RejectedError, UnavailableError)
-from epochlog.client.sessions import OutcomeUnknownError
+                                    OutcomeUnknownError, RejectedError, UnavailableError)
 from epochlog.client.sync import Client
 
 __all__ = ["AsyncClient", "Change", "Client", "ClientError", "CompactedError", "DeadlineExceededError",

@@ -15,6 +15,7 @@ moves to the other members (epochlog/client/retry.py).
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
@@ -27,21 +28,19 @@ from epochlog.api import messages as p
 from epochlog.client.connection import GRACE_S, Connection, Sent
 from epochlog.client.errors import (
     ClientError,
+    InvalidArgumentError,
     NoAnswerError,
     NotLeaderError,
+    OutcomeUnknownError,
     RejectedError,
     UnavailableError,
     from_wire,
 )
 from epochlog.client.retry import Attempts, Timing
-from epochlog.client.sessions import (
-    REQUEST_EXPIRED,
-    SESSION_EXPIRED,
-    ClientSessions,
-    GroupSession,
-    OutcomeUnknownError,
-)
-from epochlog.api.routing import group_of_event, group_of_key
+from epochlog.client.tls import TOKEN_ENV, ClientTls
+from epochlog.client.sessions import ClientSessions, GroupSession
+from epochlog.api.routing import KV_PREFIX, entity_key, entity_prefix, group_of_event, group_of_key, user_key
+from eventlog.errors import REQUEST_EXPIRED, SESSION_EXPIRED, from_code
 from statemachines import events as ev
 from statemachines.request_ids import uuid7
 from statemachines.sessions import session_id_at
@@ -108,7 +107,8 @@ class AsyncClient:
     """A client of one cluster. `endpoints`: client addresses ("host:port") of some of its nodes."""
 
     def __init__(self, endpoints: Sequence[str] | str, *, timeout: float = 10.0, actor: str = "",
-                 name: str = "epochlog-python", sessions: bool = True) -> None:
+                 name: str = "epochlog-python", sessions: bool = True, tls: ClientTls | None = None,
+                 token: str | None = None) -> None:
         """`sessions`: writes are requests of a client session (one per group, opened by the first write,
         closed by `close`): exactly once for retries however late. Off (for a client that makes a write
         or two and exits, like the CLI), each write carries a UUIDv7 request id instead: exactly once for
@@ -117,7 +117,7 @@ class AsyncClient:
             endpoints = [e for e in endpoints.split(",") if e.strip()]
         self.endpoints = [e.strip() for e in endpoints]
         if not self.endpoints:
-            raise ClientError("at least one endpoint is needed", code="invalid_argument")
+            raise InvalidArgumentError("at least one endpoint is needed")
         self.timeout = timeout
         self.actor = actor
         self.name = name
@@ -129,6 +129,10 @@ class AsyncClient:
         self._rr = random.randrange(len(self.endpoints))
         self._sessions = ClientSessions(name, self._open_session)
         self.use_sessions = sessions
+        # TLS and a bearer token (epochlog/client/tls.py): given, or from the environment
+        self.tls = tls if tls is not None else ClientTls.from_env()
+        self._tls_context = None if self.tls is None else self.tls.context()
+        self.token = token if token is not None else os.environ.get(TOKEN_ENV, "")
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -158,16 +162,16 @@ class AsyncClient:
 
     async def get(self, name: str, *, consistency: str = "linearizable", min_offset: int = -1,
                   as_of: int | None = None) -> KeyValue | None:
-        got = await self.get_entity("kv/" + name, consistency=consistency, min_offset=min_offset, as_of=as_of)
+        got = await self.get_entity(_kv_key(name), consistency=consistency, min_offset=min_offset, as_of=as_of)
         return None if got is None else _kv(got)
 
     async def list(self, prefix: str = "", *, limit: int = 100, after: str | None = None,
                    consistency: str = "linearizable", min_offset: int = -1, as_of: int | None = None) -> Page:
         """One page of kv entries whose names start with `prefix` (`next_after` continues it)."""
-        page = await self.list_entities("kv/" + prefix, limit=limit, after=None if after is None else "kv/" + after,
-                                        consistency=consistency, min_offset=min_offset, as_of=as_of)
-        return Page([_kv(e) for e in page.items], None if page.next_after is None else page.next_after[3:],
-                    page.applied)
+        group_of_key(KV_PREFIX + prefix)   # refuses a prefix of another key space (kv/..., topic/...)
+        page = await self.list_entities(prefix, limit=limit, after=after, consistency=consistency,
+                                        min_offset=min_offset, as_of=as_of)
+        return Page([_kv(e) for e in page.items], page.next_after, page.applied)
 
     async def scan(self, prefix: str = "", *, page_size: int = 1000, **read: Any) -> AsyncIterator[KeyValue]:
         """Every kv entry under `prefix`, page by page."""
@@ -182,12 +186,14 @@ class AsyncClient:
 
     async def history(self, name: str, *, limit: int = 1000, after_offset: int = -1,
                       consistency: str = "linearizable", min_offset: int = -1) -> History:
-        return await self.entity_history("kv/" + name, limit=limit, after_offset=after_offset,
+        return await self.entity_history(_kv_key(name), limit=limit, after_offset=after_offset,
                                          consistency=consistency, min_offset=min_offset)
 
     async def txn(self, ops: Sequence[ev.Event], conditions: Iterable[tuple[str, int]] = ()) -> p.WriteResult:
-        """Apply `ops` (KvPut, KvDeleted, ...) all or nothing if every (entity key, version) condition holds."""
-        return await self.command(ev.Txn(ops=tuple(ops), conditions=tuple(ev.Condition(k, v) for k, v in conditions),  # type: ignore[arg-type]
+        """Apply `ops` (KvPut, KvDeleted, ...) all or nothing if every (key, version) condition holds (keys
+        as everywhere: `app/x` for a kv entry, `topic/orders` for another entity)."""
+        return await self.command(ev.Txn(ops=tuple(ops),  # type: ignore[arg-type]
+                                         conditions=tuple(ev.Condition(entity_key(k), v) for k, v in conditions),
                                           actor=self.actor))
 
     # --- leases -----------------------------------------------------------------------------------
@@ -289,8 +295,8 @@ class AsyncClient:
         assert isinstance(result, p.Written)
         (written,) = result.results
         if not written.ok:
-            raise ClientError(f"cannot open a client session in group {group}: {written.code}: {written.message}",
-                              code=written.code or "internal")
+            raise from_code(written.code or ClientError.code,
+                            f"cannot open a client session in group {group}: {written.code}: {written.message}")
         return session_id_at(written.offset)
 
     async def _close_sessions(self) -> None:
@@ -312,6 +318,8 @@ class AsyncClient:
 
     async def get_entity(self, key: str, *, consistency: str = "linearizable", min_offset: int = -1,
                          as_of: int | None = None) -> Entity | None:
+        """The entity `key` names (`app/x`, `topic/orders`: epochlog/api/routing.py), or None."""
+        key = entity_key(key)
         result = await self._read(p.Get(key, consistency, min_offset, as_of), group_of_key(key), consistency)
         assert isinstance(result, p.Got)
         return None if result.item is None else _entity(result.item)
@@ -319,9 +327,10 @@ class AsyncClient:
     async def get_many(self, keys: Sequence[str], *, consistency: str = "linearizable",
                        min_offset: int = -1) -> list[Entity | None]:
         """Many entity reads in one call (all keys must belong to one group)."""
+        keys = [entity_key(k) for k in keys]
         groups = {group_of_key(k) for k in keys}
         if len(groups) != 1:
-            raise ClientError("get_many reads from one group at a time", code="invalid_argument")
+            raise InvalidArgumentError("get_many reads from one group at a time")
         result = await self._read(p.Gets([p.Get(k, consistency, min_offset) for k in keys]), groups.pop(),
                                   consistency)
         assert isinstance(result, p.GotMany)
@@ -330,14 +339,18 @@ class AsyncClient:
     async def list_entities(self, prefix: str, *, limit: int = 100, after: str | None = None,
                             consistency: str = "linearizable", min_offset: int = -1,
                             as_of: int | None = None) -> Page:
-        call = p.List(prefix=prefix, limit=limit, after=after, consistency=consistency, min_offset=min_offset,
-                      as_of=as_of)
+        """One page of the entities whose keys start with `prefix` (`app/`, `broker/c1/`; `next_after` continues)."""
+        prefix = entity_prefix(prefix)
+        call = p.List(prefix=prefix, limit=limit, after=None if after is None else entity_key(after),
+                      consistency=consistency, min_offset=min_offset, as_of=as_of)
         result = await self._read(call, group_of_key(prefix), consistency)
         assert isinstance(result, p.Listed)
-        return Page([_entity(i) for i in result.items], result.next_after, result.applied)
+        return Page([_entity(i) for i in result.items],
+                    None if result.next_after is None else user_key(result.next_after), result.applied)
 
     async def entity_history(self, key: str, *, limit: int = 1000, after_offset: int = -1,
                              consistency: str = "linearizable", min_offset: int = -1) -> History:
+        key = entity_key(key)
         result = await self._read(p.History(key, limit, after_offset, consistency, min_offset), group_of_key(key),
                                   consistency)
         assert isinstance(result, p.HistoryRows)
@@ -350,14 +363,17 @@ class AsyncClient:
     # --- watch and events -------------------------------------------------------------------------
 
     async def watch(self, prefix: str, *, from_offset: int = -1, window: int = 4096) -> AsyncIterator[WatchedEvent]:
-        """Events whose entity key starts with `prefix` (e.g. 'kv/app/'), from `from_offset` on, forever.
+        """Events whose key starts with `prefix` (`app/` for kv entries, `broker/`...: one key space,
+        epochlog/api/routing.py), from `from_offset` on, forever; `WatchedEvent.key` is in the same form.
+        A transaction comes once if any of its operations writes under `prefix` (its key: `txn/<first op>`).
 
         If the node serving the watch goes away, the watch resumes on another node from the offset
         after the last event delivered: no gaps, no repeats. A watch behind the log start raises
         CompactedError. Every committed event comes, including those that changed nothing
         (`WatchedEvent.applied` False): skip them to rebuild the views.
         """
-        group = group_of_key(prefix if "/" in prefix else prefix + "/")
+        prefix = entity_prefix(prefix)
+        group = group_of_key(prefix)
         next_offset = from_offset
         deadline_base = self.timeout
         avoid: set[str] = set()    # nodes that just answered a retriable error (e.g. group_halted)
@@ -369,7 +385,7 @@ class AsyncClient:
                 while True:
                     reply = await queue.get()
                     if reply.error is not None:
-                        if reply.error.code == "unavailable":
+                        if reply.error.code == UnavailableError.code:
                             break   # the connection dropped: resume elsewhere
                         if reply.error.retriable:
                             avoid.add(conn.address)
@@ -382,7 +398,7 @@ class AsyncClient:
                     elif isinstance(result, p.WatchEvents):
                         for r in result.events:
                             next_offset = r.offset + 1
-                            yield WatchedEvent(r.offset, r.key, None if r.value is None else ev.decode_event(r.value),
+                            yield WatchedEvent(r.offset, user_key(r.key), None if r.value is None else ev.decode_event(r.value),
                                                r.timestamp, r.term, r.applied)
                         unacked += len(result.events)
                         if unacked * 2 >= window:
@@ -440,8 +456,7 @@ class AsyncClient:
             assert isinstance(info, p.StatusInfo)
             leader = next((g.leader for g in info.groups if g.group == group), None)
             if leader is None:
-                raise ClientError(f"no group {group!r} (groups: {', '.join(g.group for g in info.groups)})",
-                                  code="invalid_argument")
+                raise InvalidArgumentError(f"no group {group!r} (groups: {', '.join(g.group for g in info.groups)})")
             address = next((m.client_address for m in info.members if m.id == leader), "")
             if address:
                 self._leaders[group] = address
@@ -468,7 +483,7 @@ class AsyncClient:
     async def group_skip(self, group: str, offset: int, endpoint: str) -> int:
         """Skip the record `group` halted at (`offset`) on the node at `endpoint`; its applied offset after.
 
-        Operator recovery (README "Events"): only when no Epochlog version can apply the record, on
+        Operator recovery (docs/views.md): only when no Epochlog version can apply the record, on
         every member halted there (`epochlog group skip` checks every member first)."""
         result = await self._call_on(endpoint, p.GroupSkip(group, offset))
         assert isinstance(result, p.Done)
@@ -684,7 +699,7 @@ class AsyncClient:
         future: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
         self._connecting[address] = future
         try:
-            conn = Connection(address, client_name=self.name)
+            conn = Connection(address, client_name=self.name, tls=self._tls_context, token=self.token)
             await conn.connect(min(timeout, 5.0))
             self._connections[address] = conn
             self.timing = conn.timing
@@ -700,7 +715,14 @@ class AsyncClient:
 
 
 def _entity(item: p.Item) -> Entity:
-    return Entity(item.key, decode_state(item.key.encode(), item.state), item.version)
+    return Entity(user_key(item.key), decode_state(item.key.encode(), item.state), item.version)
+
+
+def _kv_key(name: str) -> str:
+    """The user key of the kv entry `name` where only kv entries are meant: a name of another space
+    (`kv/app/x`, `topic/orders`) is refused by the routing rule, not read as a key that cannot exist."""
+    group_of_key(KV_PREFIX + name)
+    return name
 
 
 def _kv(entity: Entity) -> KeyValue:

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from statemachines.brokers import new_incarnation
 from epochlog.api import messages as p
 from epochlog.client.aio import AsyncClient
-from epochlog.client.errors import ClientError
+from epochlog.client.errors import ClientError, InvalidArgumentError
+from eventlog.errors import FENCED, NOT_FOUND, from_code
 from statemachines.state import GroupState
 
 logger = logging.getLogger(__name__)
@@ -239,7 +240,7 @@ class BrokerAgent:
         reply = await self.controller.register([identity])
         (result,) = reply.results
         if result.code:
-            raise ClientError(f"{self.name} of {self.group}: registration refused: {result.message}", code=result.code)
+            raise from_code(result.code, f"{self.name} of {self.group}: registration refused: {result.message}")
         self.sender.interval_s = reply.heartbeat_interval_ms / 1000
         self.timeout_ms = reply.heartbeat_timeout_ms
         self.broker_id, self.broker_epoch = result.broker_id, result.broker_epoch
@@ -252,12 +253,12 @@ class BrokerAgent:
     def _rejected(self, code: str, epoch: int) -> None:
         if epoch != self.broker_epoch or self.stopped.is_set():
             return
-        if code == "fenced":
+        if code == FENCED:
             logger.warning("%s of %s: fenced (another incarnation registered): stopping", self.name, self.group)
             self.sender.remove(self)
             self.stopped.set()
             self._emit(self._change("fenced"))
-        elif code == "not_found" and (self._reregister is None or self._reregister.done()):
+        elif code == NOT_FOUND and (self._reregister is None or self._reregister.done()):
             self._reregister = asyncio.get_running_loop().create_task(self._register_again())
 
     async def _register_again(self) -> None:
@@ -350,7 +351,7 @@ class BrokerAgent:
         `stale_epoch` means an election or another report got there first (the watch brings it)."""
         info = self.info
         if info is None:
-            raise ClientError("not registered", code="invalid_argument")
+            raise InvalidArgumentError("not registered")
         group = await self.controller.report_sync_state_set(self.cluster, self.group, self.name, self.broker_epoch,
                                                             info.master_epoch, info.sync_state_set_epoch, members)
         self._update(group, -1)

@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
 from epochlog.api import messages as p
 from epochlog.api.frames import (MAX_FRAME_BYTES, FrameDecoder, FrameError, ServerFrame, encode_frame,
                                  encode_frames)
-from epochlog.client.errors import ClientError, NoAnswerError, UnavailableError, from_wire
+from epochlog.client.errors import ClientError, InvalidArgumentError, NoAnswerError, UnavailableError, from_wire
 from epochlog.client.retry import Timing
+from epochlog.client.tls import check_server
+from eventlog.errors import ProtocolError, from_code
 
 GRACE_S = 0.25   # how much longer than the node's deadline a call waits for its answer
 
@@ -39,9 +42,12 @@ class Sent:
 class Connection:
     """A connection to `address` ("host:port"); use on one asyncio loop."""
 
-    def __init__(self, address: str, *, client_name: str = "epochlog-python") -> None:
+    def __init__(self, address: str, *, client_name: str = "epochlog-python", tls: ssl.SSLContext | None = None,
+                 token: str = "") -> None:
         self.address = address
         self.client_name = client_name
+        self.tls = tls              # epochlog/client/tls.py
+        self.token = token          # a bearer token, sent in the hello
         self.node_id = 0
         self.cluster = ""
         self.timing = Timing.from_hello(0)      # the node's, once its hello arrived
@@ -71,8 +77,11 @@ class Connection:
         host, _, port = self.address.rpartition(":")
         try:
             async with asyncio.timeout(timeout):
-                self._reader, self._writer = await asyncio.open_connection(host, int(port))
-                self._writer.write(encode_frame(p.ClientHello(p.PROTOCOL_VERSION, self.client_name)))
+                self._reader, self._writer = await asyncio.open_connection(
+                    host, int(port), ssl=self.tls, server_hostname=host if self.tls is not None else None)
+                if self.tls is not None:
+                    check_server(self.address, self._writer.get_extra_info("peercert"))
+                self._writer.write(encode_frame(p.ClientHello(p.PROTOCOL_VERSION, self.client_name, self.token)))
                 decoder = FrameDecoder(ServerFrame)
                 frames: list[Any] = []
                 while not frames:
@@ -83,6 +92,9 @@ class Connection:
         except TimeoutError:
             self._abort()
             raise UnavailableError(f"cannot connect to {self.address}: no hello within {timeout:.2f} s") from None
+        except ClientError:
+            self._abort()
+            raise
         except (OSError, ValueError) as exc:
             self._abort()
             raise UnavailableError(f"cannot connect to {self.address}: {exc}") from None
@@ -90,12 +102,11 @@ class Connection:
         if isinstance(hello, p.Replies) and hello.replies and hello.replies[0].error is not None:
             error = hello.replies[0].error   # refused before the hello: a limit of the node (connection_limit)
             self._abort()
-            raise ClientError(f"{self.address} refused the connection: {error.message}", code=error.code,
-                              retriable=error.retriable)
+            raise from_code(error.code, f"{self.address} refused the connection: {error.message}",
+                            retriable=error.retriable)
         if not isinstance(hello, p.ServerHello) or hello.error:
             self._abort()
-            raise ClientError(f"{self.address} refused the connection: {getattr(hello, 'error', hello)}",
-                              code="protocol")
+            raise ProtocolError(f"{self.address} refused the connection: {getattr(hello, 'error', hello)}")
         self.node_id, self.cluster = hello.node, hello.cluster
         self.timing = Timing.from_hello(hello.election_timeout_ms)
         self._closed_error = None
@@ -236,7 +247,7 @@ class Connection:
 
     def _too_large(self, request: p.Request, size: int) -> list[p.Request]:
         """A request that fits in no frame is not sent: its caller gets invalid_argument."""
-        error = p.WireError("invalid_argument", f"the request of {size} bytes exceeds the frame limit of "
+        error = p.WireError(InvalidArgumentError.code, f"the request of {size} bytes exceeds the frame limit of "
                             f"{MAX_FRAME_BYTES} bytes: split it")
         future = self._pending.pop(request.id, None)
         if future is not None and not future.done():
@@ -290,7 +301,7 @@ class Connection:
             if not future.done():
                 future.set_exception(error)
         for rid, queue in self._streams.items():
-            queue.put_nowait(p.Reply(rid, error=p.WireError(error.code, str(error), True)))
+            queue.put_nowait(p.Reply(rid, error=p.WireError(error.code, str(error), True)))   # resumed elsewhere
         self._streams.clear()
         self._abort()
 

@@ -32,6 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from epochlog.client.errors import ClientError
+from eventlog.errors import (BatchTooLargeError, DiskFullError, InvalidArgumentError, NotCaughtUpError,
+                             NotLeaderError)
 
 DEFAULT_ELECTION_TIMEOUT_MS = 1000   # assumed for a node that does not say (before ServerHello had the field)
 
@@ -39,7 +41,8 @@ DEFAULT_ELECTION_TIMEOUT_MS = 1000   # assumed for a node that does not say (bef
 # (checked before proposing, and again when the proposal is taken), a full disk (refused before the
 # log), a request the node cannot accept as given, a batch over the limit, a replica not caught up
 # (reads). Every other error after sending leaves the request's fate unknown.
-NOT_PROPOSED = frozenset({"not_leader", "disk_full", "invalid_argument", "batch_too_large", "not_caught_up"})
+NOT_PROPOSED = frozenset(cls.code for cls in (NotLeaderError, DiskFullError, InvalidArgumentError, BatchTooLargeError,
+                                               NotCaughtUpError))
 
 
 @dataclass(frozen=True, slots=True)

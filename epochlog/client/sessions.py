@@ -23,19 +23,6 @@ import heapq
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Final
-
-from epochlog.client.errors import ClientError
-
-SESSION_EXPIRED: Final = "session_expired"
-REQUEST_EXPIRED: Final = "request_expired"
-class OutcomeUnknownError(ClientError):
-    """A write may or may not have been applied: an attempt's fate was unknown (a timeout, a lost
-    connection, a leader change after proposing it), and its session expired before a retry could
-    learn it. Read the state to find out; the SDK never re-sends it under a new session."""
-
-    code = "outcome_unknown"
-    retriable = False
 
 
 @dataclass(slots=True)

@@ -7,7 +7,6 @@ Node takes, a result becomes its message, and an error becomes a status through 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -16,22 +15,19 @@ import grpc
 import msgspec
 from google.protobuf.message import Message
 
-from eventlog.errors import EpochlogError
-from eventlog.raft.errors import NotLeaderError
+from eventlog.errors import InvalidArgumentError, NotLeaderError, RejectedError
 from epochlog.api import frames, messages as p
+from epochlog.api.routing import entity_key, entity_prefix, user_key
+from epochlog.calls import call_error
 from epochlog.grpc.v1 import epochlog_pb2 as pb
-from epochlog.errors import RejectedError
-from epochlog.server import wire_error
 from statemachines import events as ev
 from statemachines.state import KvState, decode_state
 
 # --- requests -------------------------------------------------------------------------------------
 
 
-class RequestError(EpochlogError):
+class RequestError(InvalidArgumentError):
     """A gRPC request that does not translate into a valid call (a malformed event, a bad enum...)."""
-
-    code = "invalid_argument"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,17 +85,21 @@ def _opt(msg: Any, name: str, default: Any) -> Any:
 
 
 def get_call(r: pb.GetRequest) -> p.Get:
-    return checked(p.Get(r.key, consistency(r.consistency), _opt(r, "min_offset", -1), _opt(r, "as_of", None)))
+    return checked(p.Get(entity_key(r.key), consistency(r.consistency), _opt(r, "min_offset", -1), _opt(r, "as_of", None)))
 
 
 def list_call(r: pb.ListRequest) -> p.List:
-    return checked(p.List(prefix=r.prefix, start=r.start, end=r.end, limit=r.limit or 100,
-                          after=_opt(r, "after", None), consistency=consistency(r.consistency),
+    # Keys and prefixes are user keys (`app/x`, `topic/orders`: epochlog/api/routing.py).
+    prefix = entity_prefix(r.prefix) if r.prefix or not (r.start or r.end) else ""
+    after = _opt(r, "after", None)
+    return checked(p.List(prefix=prefix, start=r.start and entity_key(r.start), end=r.end and entity_key(r.end),
+                          limit=r.limit or 100, after=None if after is None else entity_key(after),
+                          consistency=consistency(r.consistency),
                           min_offset=_opt(r, "min_offset", -1), as_of=_opt(r, "as_of", None)))
 
 
 def history_call(r: pb.HistoryRequest) -> p.History:
-    return checked(p.History(r.key, r.limit or 1000, _opt(r, "after_offset", -1), consistency(r.consistency),
+    return checked(p.History(entity_key(r.key), r.limit or 1000, _opt(r, "after_offset", -1), consistency(r.consistency),
                              _opt(r, "min_offset", -1)))
 
 
@@ -108,7 +108,7 @@ def read_events_call(r: pb.ReadEventsRequest) -> p.ReadEvents:
 
 
 def watch_call(r: pb.WatchRequest) -> p.Watch:
-    return checked(p.Watch(decoded(r).prefix, _opt(r, "from_offset", -1), r.group))
+    return checked(p.Watch(entity_prefix(decoded(r).prefix), _opt(r, "from_offset", -1), r.group))
 
 
 def put_event(r: pb.PutRequest) -> ev.KvPut:
@@ -134,7 +134,7 @@ def txn_event(r: pb.TxnRequest) -> ev.Txn:
                                     expected_version=_opt(op.delete, "expected_version", None)))
         else:
             raise RequestError("every transaction op is a put or a delete")
-    return ev.Txn(conditions=tuple(ev.Condition(c.key, c.version) for c in r.conditions), ops=tuple(ops),
+    return ev.Txn(conditions=tuple(ev.Condition(entity_key(c.key), c.version) for c in r.conditions), ops=tuple(ops),
                   actor=r.actor, request_id=r.request_id)
 
 
@@ -238,7 +238,7 @@ def _kv(key: str, state: bytes) -> pb.KeyValue:
 
 
 def item(i: p.Item, json: bool) -> pb.Item:
-    out = pb.Item(key=i.key, version=i.version, state_msgpack=i.state,
+    out = pb.Item(key=user_key(i.key), version=i.version, state_msgpack=i.state,
                   state_json=to_json(i.state) if json else "")
     if i.key.startswith("kv/"):
         out.kv.CopyFrom(_kv(i.key, i.state))
@@ -255,11 +255,13 @@ def got(g: p.Got, json: bool) -> pb.GetResponse:
 def listed(listed_: p.Listed, json: bool) -> pb.ListResponse:
     out = pb.ListResponse(items=[item(i, json) for i in listed_.items], applied=listed_.applied)
     if listed_.next_after is not None:
-        out.next_after = listed_.next_after
+        out.next_after = user_key(listed_.next_after)
     return out
 
 
 def history_rows(key: str, h: p.HistoryRows, json: bool) -> pb.HistoryResponse:
+    """`key`: the request's (a user key, `app/x`)."""
+    key = entity_key(key)
     rows = []
     for r in h.rows:
         row = pb.HistoryRow(offset=r.offset, event=r.event, deleted=r.state is None)
@@ -282,9 +284,11 @@ def lease(lease_: p.Lease) -> pb.LeaseResponse:
     return pb.LeaseResponse(lease_id=lease_.lease_id, ttl_ms=lease_.ttl_ms, offset=lease_.offset)
 
 
-def event(r: p.EventRecord, json: bool) -> pb.Event:
+def event(r: p.EventRecord, json: bool, *, watched: bool = False) -> pb.Event:
+    """`watched`: an event of a Watch, keyed as the user named its prefix (`app/x`); else a log record,
+    keyed by its record key (the storage form, `kv/app/x`: epochlog/api/routing.py)."""
     value = r.value or b""
-    return pb.Event(offset=r.offset, key=r.key, type=event_type(value), event_msgpack=value,
+    return pb.Event(offset=r.offset, key=user_key(r.key) if watched else r.key, type=event_type(value), event_msgpack=value,
                     timestamp=r.timestamp, event_json=to_json(value) if json and value else "",
                     term=r.term, applied=r.applied)   # applied None: the field stays absent
 
@@ -330,31 +334,8 @@ def members(m: p.Members, grpc_addresses: Mapping[int, str]) -> pb.MembersRespon
 
 # --- errors ---------------------------------------------------------------------------------------
 
-S = grpc.StatusCode
-STATUS_OF_CODE: dict[str, grpc.StatusCode] = {
-    "not_leader": S.UNAVAILABLE,
-    "invalid_argument": S.INVALID_ARGUMENT,
-    "config": S.INVALID_ARGUMENT,
-    "not_found": S.NOT_FOUND,
-    "already_exists": S.ALREADY_EXISTS,
-    "compacted": S.OUT_OF_RANGE,
-    "offset_out_of_range": S.OUT_OF_RANGE,
-    "deadline_exceeded": S.DEADLINE_EXCEEDED,
-    "schema_version": S.FAILED_PRECONDITION,
-    "group_halted": S.UNAVAILABLE,
-    "conf_change": S.FAILED_PRECONDITION,
-    "disk_full": S.RESOURCE_EXHAUSTED,
-    "cancelled": S.CANCELLED,
-}
-"""Epochlog error code -> gRPC status; a code not listed is UNAVAILABLE if retriable, else INTERNAL."""
-
-STATUS_OF_REJECTION: dict[str, grpc.StatusCode] = {
-    "not_found": S.NOT_FOUND,
-    "already_exists": S.ALREADY_EXISTS,
-    "invalid_argument": S.INVALID_ARGUMENT,
-}
-"""A committed write that changed nothing, by reason; any other reason (version_mismatch,
-condition_failed, stale_epoch...) is FAILED_PRECONDITION."""
+STATUS: dict[str, grpc.StatusCode] = {status.name: status for status in grpc.StatusCode}
+"""The gRPC status of each name the error table uses (`EpochlogError.grpc_status`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,40 +352,30 @@ class Failure:
     def metadata(self) -> tuple[tuple[str, str], ...]:
         e = self.error
         md = [("epochlog-code", e.code), ("epochlog-retriable", "true" if e.retriable else "false")]
-        if e.code == "not_leader":
+        if e.code == NotLeaderError.code:
             md += [("epochlog-leader", e.leader_address), ("epochlog-leader-id", str(e.leader))]
-        if e.code == "rejected":
+        if e.code == RejectedError.code:
             md += [("epochlog-reason", e.reason), ("epochlog-offset", str(e.offset))]
         return tuple(md)
 
 
 def failure(exc: BaseException, grpc_addresses: Mapping[int, str], *, timeout: float | None = None,
             deadline_passed: bool = False) -> Failure:
-    """The status of an exception. A retriable error (not caught up, no leader yet...) raised because
-    the call's deadline passed is DEADLINE_EXCEEDED, naming what it was waiting for."""
-    w = wire_error(exc)
-    reason, offset, leader_address = "", 0, ""
-    if isinstance(exc, RejectedError):
-        reason, offset = exc.result.code, exc.result.offset
-        code = STATUS_OF_REJECTION.get(reason, S.FAILED_PRECONDITION)
-    elif isinstance(exc, (TimeoutError, asyncio.TimeoutError)) or (deadline_passed and w.retriable):
-        code = S.DEADLINE_EXCEEDED
-        waited = "" if timeout is None else f" of {timeout:.3g} s"
-        detail = "" if w.code == "deadline_exceeded" else f": {w.message}"
-        w = p.WireError("deadline_exceeded", f"the deadline{waited} passed before the call completed{detail}",
-                        True)
-    else:
-        code = STATUS_OF_CODE.get(w.code, S.UNAVAILABLE if w.retriable else S.INTERNAL)
-    message = w.message
-    if isinstance(exc, NotLeaderError):
-        leader_address = grpc_addresses.get(exc.leader_hint, "")
-        if leader_address:
-            message += f"; the leader's gRPC address is {leader_address}"
-        elif exc.leader_hint:
-            message += f"; node {exc.leader_hint} serves no gRPC"
-    return Failure(code, pb.Error(status=code.value[0], code=w.code, message=message, retriable=w.retriable,
-                                  leader=w.leader, leader_address=leader_address, reason=reason,
-                                  offset=offset))
+    """The status of an exception: its row of the error table (a rejected write's: its reason's). A
+    retriable error (not caught up, no leader yet...) raised because the call's deadline passed is
+    DEADLINE_EXCEEDED, naming what it was waiting for (epochlog.calls.call_error)."""
+    error = call_error(exc, timeout=timeout, deadline_passed=deadline_passed)
+    status = STATUS[error.grpc_status]
+    message = str(error)
+    leader_address = ""
+    if error.leader_hint:
+        leader_address = grpc_addresses.get(error.leader_hint, "")
+        message += (f"; the leader's gRPC address is {leader_address}" if leader_address else
+                    f"; node {error.leader_hint} serves no gRPC")
+    reason, offset = (error.reason, error.offset) if isinstance(error, RejectedError) else ("", 0)
+    return Failure(status, pb.Error(status=status.value[0], code=error.code, message=message,
+                                    retriable=error.retriable, leader=error.leader_hint,
+                                    leader_address=leader_address, reason=reason, offset=offset))
 
 
-__all__ = ["Failure", "RequestError", "failure", "STATUS_OF_CODE", "STATUS_OF_REJECTION"]
+__all__ = ["Failure", "RequestError", "STATUS", "failure"]

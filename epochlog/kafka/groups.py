@@ -57,7 +57,7 @@ from kafka.protocol.consumer.group import (
 from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
 
 from eventlog.errors import EpochlogError
-from eventlog.raft.node import Role
+from epochlog.group_log import GroupLog
 from epochlog.kafka import errors as ke
 from epochlog.kafka.config import KafkaServiceConfig
 from epochlog.kafka.errors import KafkaError, kafka_code
@@ -149,12 +149,14 @@ class GroupCoordinator:
 
     # --- coordination -----------------------------------------------------------------------------
 
-    def _offsets(self) -> Any:
-        return self.node.host.groups[OFFSETS_GROUP]
+    def _offsets(self) -> GroupLog:
+        group = self.node.group_log(OFFSETS_GROUP)
+        assert group is not None, "every node runs the offsets group (epochlog.api.routing.REQUIRED_GROUPS)"
+        return group
 
     def _check_coordinator(self) -> None:
-        g = self._offsets().node
-        if g.role is not Role.LEADER:
+        g = self._offsets()
+        if not g.leads:
             if self.groups:
                 self._drop_all(ke.NOT_COORDINATOR)
             raise KafkaError(ke.NOT_COORDINATOR, f"node {self.handler.node_id} is not the group coordinator")
@@ -299,7 +301,7 @@ class GroupCoordinator:
     async def find_coordinator(self, request: Any, version: int) -> Any:
         keys = list(request.coordinator_keys) if version >= 4 else [request.key]
         key_type = getattr(request, "key_type", 0)
-        leader = self._offsets().node.leader
+        leader = self._offsets().leader
         broker = self.handler.brokers.get(leader)
         results = []
         for key in keys:

@@ -61,19 +61,23 @@ from kafka.protocol.consumer.offsets import (
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
+from kafka.protocol.sasl import (SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest,
+                                 SaslHandshakeResponse)
 from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
 
-from eventlog.errors import EpochlogError, InvalidBatchError
+from eventlog.errors import EpochlogError, InvalidBatchError, rejection
 from eventlog.raft.errors import NotLeaderError
-from eventlog.raft.node import Role
-from eventlog.raft.runtime.group import Committed, ProducerStamp, RaftGroup
+from epochlog.access_control import AccessControl, stamped
+from epochlog.kafka.sasl import MECHANISMS, KafkaAccess
+from epochlog.group_log import Committed, GroupLog, ProducerStamp
 from eventlog.records import NO_PRODUCER_ID, iter_batches
 from epochlog.kafka import errors as ke
 from epochlog.kafka import hosted
-from epochlog.kafka.errors import KafkaError, UnsupportedRequest, kafka_code
+from epochlog.kafka.errors import KafkaError, UnsupportedRequestError, kafka_code
 from epochlog.kafka import producers
 from epochlog.kafka.wire import Buffer, FetchPartitionOut, encode_fetch_response, metadata_topic_count, response_frame
 from epochlog.api.routing import group_of_event
+from statemachines.access import Action, Operation, event_actions
 from statemachines import events as ev
 from statemachines.state import Outcome
 
@@ -106,6 +110,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     22: (0, 4),    # InitProducerId
     23: (0, 4),    # OffsetForLeaderEpoch
     19: (0, 3),    # CreateTopics (hosted topics, epochlog/kafka/hosted.py)
+    17: (1, 1),    # SaslHandshake (then SaslAuthenticate frames: epochlog/kafka/sasl.py)
+    36: (0, 2),    # SaslAuthenticate
 }
 
 _ZERO_UUID = "00000000-0000-0000-0000-000000000000"
@@ -113,11 +119,11 @@ _ZERO_UUID = "00000000-0000-0000-0000-000000000000"
 
 @dataclass(frozen=True, slots=True)
 class PartitionRef:
-    """A topic partition and the Raft group whose log holds it."""
+    """A topic partition and the group log that holds it."""
 
     topic: str
     partition: int
-    group: RaftGroup
+    group: GroupLog
     hosted: bool
 
     @property
@@ -139,8 +145,10 @@ Handler = Callable[[Any, int], Awaitable[Any]]
 class KafkaHandler:
     """Serves decoded Kafka requests from `node` (an epochlog.node.Node)."""
 
-    def __init__(self, node: Node, brokers: dict[int, Broker], node_id: int) -> None:
+    def __init__(self, node: Node, brokers: dict[int, Broker], node_id: int,
+                 access: AccessControl | None = None) -> None:
         self.node = node
+        self.auth = KafkaAccess(access)   # who the connection is, what it may do (epochlog/kafka/sasl.py)
         self.brokers = brokers
         self.node_id = node_id
         self._producer_locks: dict[tuple[str, int], asyncio.Lock] = {}
@@ -157,6 +165,8 @@ class KafkaHandler:
             22: (InitProducerIdRequest, self.init_producer_id),
             23: (OffsetForLeaderEpochRequest, self.offset_for_leader_epoch),
             19: (CreateTopicsRequest, self.create_topics),
+            17: (SaslHandshakeRequest, self.sasl_handshake),
+            36: (SaslAuthenticateRequest, self.sasl_authenticate),
         }
         self._hosted: dict[str, hosted.HostedTopic] = {}
         self._hosted_index = hosted.HostedIndex()
@@ -172,32 +182,35 @@ class KafkaHandler:
 
     async def handle(self, frame: memoryview) -> list[Buffer] | None:
         """One request frame (without its size prefix): the response buffers, None for no response
-        (acks=0). Raises UnsupportedRequest when the connection must be closed."""
+        (acks=0). Raises UnsupportedRequestError when the connection must be closed."""
         if len(frame) < 8:
-            raise UnsupportedRequest(f"a request of {len(frame)} bytes has no header")
+            raise UnsupportedRequestError(f"a request of {len(frame)} bytes has no header")
         api_key, version, correlation_id = struct.unpack_from(">hhi", frame, 0)
         entry = self._apis.get(api_key)
         versions = self.supported.get(api_key)
         if entry is None or versions is None:
-            raise UnsupportedRequest(f"API key {api_key} is not served")
+            raise UnsupportedRequestError(f"API key {api_key} is not served")
         request_class, handler = entry
+        if not self.auth.may_serve(api_key):
+            raise UnsupportedRequestError(f"API key {api_key} before the connection authenticated (SASL or a "
+                                          f"client certificate)")
         if not versions[0] <= version <= versions[1]:
             if api_key == 18:   # KIP-511: answer with the supported list in v0
                 return response_frame(correlation_id, False, [self._api_versions_body(0, ke.UNSUPPORTED_VERSION)])
-            raise UnsupportedRequest(f"API key {api_key} version {version} is not served "
+            raise UnsupportedRequestError(f"API key {api_key} version {version} is not served "
                                      f"(versions {versions[0]}-{versions[1]})")
         try:
             if api_key == 3 and metadata_topic_count(frame, version) > MAX_REQUEST_ENTRIES:
-                raise UnsupportedRequest(f"more than {MAX_REQUEST_ENTRIES} topics named in one request")
+                raise UnsupportedRequestError(f"more than {MAX_REQUEST_ENTRIES} topics named in one request")
             if len(frame) > DECODE_INLINE_BYTES:
                 loop = asyncio.get_running_loop()
                 request = await loop.run_in_executor(self._decoder, _decode, request_class, frame, version)
             else:
                 request = _decode(request_class, frame, version)
-        except UnsupportedRequest as exc:
-            raise UnsupportedRequest(f"API key {api_key} v{version}: {exc}") from None
+        except UnsupportedRequestError as exc:
+            raise UnsupportedRequestError(f"API key {api_key} v{version}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - any parse failure: a malformed request
-            raise UnsupportedRequest(f"API key {api_key} v{version}: malformed request ({exc})") from None
+            raise UnsupportedRequestError(f"API key {api_key} v{version}: malformed request ({exc})") from None
         response = await handler(request, version)
         if response is None:
             return None
@@ -225,7 +238,7 @@ class KafkaHandler:
     def hosted_topics(self) -> dict[str, hosted.HostedTopic]:
         """Topics created with CreateTopics (read again whenever the metadata views moved)."""
         views = self.node.views.get("metadata")
-        if views is None or hosted.HOST_GROUP not in self.node.host.groups:
+        if views is None or self.node.group_log(hosted.HOST_GROUP) is None:
             return {}
         if views.applied_index != self._hosted_at:
             self._hosted = hosted.hosted_topics(views)
@@ -234,17 +247,17 @@ class KafkaHandler:
 
     def topics(self) -> dict[str, int]:
         """Topic name -> partition count: every group's own topic, then the hosted topics."""
-        found = {TOPIC_PREFIX + name: 1 for name in self.node.host.groups}
+        found = {TOPIC_PREFIX + name: 1 for name in self.node.group_logs()}
         found.update({t.name: t.partitions for t in self.hosted_topics().values()})
         return found
 
-    def group_of_topic(self, topic: str) -> RaftGroup | None:
+    def group_of_topic(self, topic: str) -> GroupLog | None:
         if topic.startswith(TOPIC_PREFIX):
-            own = self.node.host.groups.get(topic[len(TOPIC_PREFIX):])
+            own = self.node.group_log(topic[len(TOPIC_PREFIX):])
             if own is not None:
                 return own
         if topic in self.hosted_topics():
-            return self.node.host.groups[hosted.HOST_GROUP]
+            return self.node.group_log(hosted.HOST_GROUP)
         return None
 
     def _partition(self, topic: str, partition: int) -> PartitionRef:
@@ -252,31 +265,28 @@ class KafkaHandler:
         count = self.topics().get(topic, 0)
         if group is None or not 0 <= partition < count:
             raise KafkaError(ke.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition} does not exist")
-        own = topic.startswith(TOPIC_PREFIX) and topic[len(TOPIC_PREFIX):] in self.node.host.groups
+        own = topic.startswith(TOPIC_PREFIX) and group.name == topic[len(TOPIC_PREFIX):]
         return PartitionRef(topic, partition, group, not own)
 
     def _leader(self, topic: str, partition: int, current_leader_epoch: int = -1) -> PartitionRef:
         ref = self._partition(topic, partition)
-        n = ref.group.node
-        if n.role is not Role.LEADER:
+        log = ref.group
+        if not log.leads:
             raise KafkaError(ke.NOT_LEADER_OR_FOLLOWER, f"node {self.node_id} does not lead {topic} "
-                                                        f"(leader: {n.leader or 'unknown'})")
-        if current_leader_epoch >= 0 and current_leader_epoch != n.term:
-            code = ke.FENCED_LEADER_EPOCH if current_leader_epoch < n.term else ke.UNKNOWN_LEADER_EPOCH
-            raise KafkaError(code, f"leader epoch {current_leader_epoch}, this leader's is {n.term}")
+                                                        f"(leader: {log.leader or 'unknown'})")
+        term = log.term
+        if current_leader_epoch >= 0 and current_leader_epoch != term:
+            code = ke.FENCED_LEADER_EPOCH if current_leader_epoch < term else ke.UNKNOWN_LEADER_EPOCH
+            raise KafkaError(code, f"leader epoch {current_leader_epoch}, this leader's is {term}")
         return ref
 
-    @staticmethod
-    def high_watermark(group: RaftGroup) -> int:
-        """Of a group's own topic: its commit offset + 1."""
-        return group.node.log.committed + 1
-
     def partition_high_watermark(self, ref: PartitionRef) -> int:
-        """Of any partition: a hosted one's is its last committed record + 1 (hosted.HostedIndex)."""
-        hw = self.high_watermark(ref.group)
+        """Of any partition: a group's own topic's is its commit offset + 1; a hosted one's is its last
+        committed record + 1 (hosted.HostedIndex)."""
+        log = ref.group
+        hw = log.high_watermark
         if not ref.hosted:
             return hw
-        log = ref.group.storage.log
         self._hosted_index.sync(log, hw)
         return self._hosted_index.high_watermark(ref.key, log.start_offset)
 
@@ -288,14 +298,23 @@ class KafkaHandler:
         return bytes(ApiVersionsResponse(error_code=error_code, api_keys=keys, throttle_time_ms=0,
                                          version=version).encode(version=version))
 
+    async def sasl_handshake(self, request: Any, version: int) -> Any:
+        code = self.auth.handshake(request.mechanism)
+        return SaslHandshakeResponse(error_code=code, mechanisms=list(MECHANISMS), version=version)
+
+    async def sasl_authenticate(self, request: Any, version: int) -> Any:
+        code, message, server_bytes = self.auth.authenticate(bytes(request.auth_bytes))
+        return SaslAuthenticateResponse(error_code=code, error_message=message, auth_bytes=server_bytes,
+                                        session_lifetime_ms=0, version=version)
+
     async def api_versions(self, request: Any, version: int) -> list[Buffer]:
         return [self._api_versions_body(version)]
 
     # --- Metadata ---------------------------------------------------------------------------------
 
     def _fingerprint(self) -> object:
-        return (tuple((name, g.node.leader, g.node.term, g.node.conf.voters, g.node.conf.learners)
-                      for name, g in self.node.host.groups.items()), tuple(sorted(self.topics().items())))
+        return (tuple((name, g.leader, g.term, g.voters, g.learners) for name, g in self.node.group_logs().items()),
+                tuple(sorted(self.topics().items())))
 
     async def metadata(self, request: Any, version: int) -> list[Buffer]:
         """Encoded once per (version, topics) until a leader, term or membership changes."""
@@ -326,17 +345,16 @@ class KafkaHandler:
                     error_code=ke.UNKNOWN_TOPIC_OR_PARTITION, name=name, topic_id=_ZERO_UUID, is_internal=False,
                     partitions=[]))
                 continue
-            n = group.node
-            leader = n.leader if n.leader in self.brokers else -1
-            replicas = [*n.conf.voters, *n.conf.learners]
+            leader = group.leader if group.leader in self.brokers else -1
+            replicas = [*group.voters, *group.learners]
             partitions = [MetadataResponse.MetadataResponseTopic.MetadataResponsePartition(
                 error_code=ke.NONE if leader > 0 else ke.LEADER_NOT_AVAILABLE, partition_index=i,
-                leader_id=leader, leader_epoch=n.term, replica_nodes=replicas, isr_nodes=list(n.conf.voters),
+                leader_id=leader, leader_epoch=group.term, replica_nodes=replicas, isr_nodes=list(group.voters),
                 offline_replicas=[]) for i in range(counts[name])]
             topics.append(MetadataResponse.MetadataResponseTopic(
                 error_code=ke.NONE, name=name, topic_id=_ZERO_UUID, is_internal=False, partitions=partitions))
-        metadata_group = self.node.host.groups.get("metadata")
-        controller = metadata_group.node.leader if metadata_group is not None and metadata_group.node.leader else -1
+        metadata_group = self.node.group_log("metadata")
+        controller = metadata_group.leader if metadata_group is not None and metadata_group.leader else -1
         return MetadataResponse(throttle_time_ms=0, brokers=brokers, cluster_id=self.node.cluster,
                                 controller_id=controller, topics=topics, error_code=0, version=version)
 
@@ -361,10 +379,9 @@ class KafkaHandler:
     def _offset_for(self, ref: PartitionRef, timestamp: int) -> tuple[int, int, int]:
         """(offset, timestamp, leader epoch) for ListOffsets: -1 latest, -2 earliest, -3 max timestamp
         (answered as the latest), else the first record at or after `timestamp` (time index)."""
-        group = ref.group
-        log = group.storage.log
+        log = ref.group
         hw = self.partition_high_watermark(ref)
-        term = group.node.term
+        term = log.term
         if timestamp in (-1, -3):
             return hw, -1, term
         if timestamp == -2:
@@ -375,12 +392,12 @@ class KafkaHandler:
         offset = log.offset_for_timestamp(timestamp)
         if offset is None or offset >= hw:
             return -1, -1, -1
-        found = self._record_timestamp(group, offset)
+        found = self._record_timestamp(log, offset)
         return offset, found, log.epoch_for_offset(offset) or term
 
     @staticmethod
-    def _record_timestamp(group: RaftGroup, offset: int) -> int:
-        chunk = group.storage.log.read(offset, 1)
+    def _record_timestamp(log: GroupLog, offset: int) -> int:
+        chunk = log.read(offset, 1)
         for batch in chunk.batches():
             for record in batch.records():
                 if record.offset == offset:
@@ -398,7 +415,7 @@ class KafkaHandler:
                     error_code=0, partition=p.partition, leader_epoch=-1, end_offset=-1)
                 try:
                     ref = self._leader(t.topic, p.partition, getattr(p, "current_leader_epoch", -1))
-                    found = ref.group.storage.log.end_offset_for_epoch(p.leader_epoch)
+                    found = ref.group.end_offset_for_epoch(p.leader_epoch)
                     if found is not None:
                         out.leader_epoch, out.end_offset = found
                 except Exception as exc:  # noqa: BLE001
@@ -421,20 +438,20 @@ class KafkaHandler:
             await _first_of([g.wait_applied(o) for g, o in waits], remaining)
 
     def _fetch_once(self, request: Any, version: int) -> tuple[
-            int, list[tuple[str, list[FetchPartitionOut]]], list[tuple[RaftGroup, int]]]:
+            int, list[tuple[str, list[FetchPartitionOut]]], list[tuple[GroupLog, int]]]:
         budget = min(request.max_bytes if request.max_bytes > 0 else MAX_FETCH_BYTES, MAX_FETCH_BYTES)
         total = 0
         hosted_left = HOSTED_FETCH_BYTES   # decoding and re-encoding is work on the loop: bounded per request
         out: list[tuple[str, list[FetchPartitionOut]]] = []
-        waits: list[tuple[RaftGroup, int]] = []
+        waits: list[tuple[GroupLog, int]] = []
         for t in request.topics:
             parts = []
             for p in t.partitions:
                 po = FetchPartitionOut(p.partition)
                 try:
                     ref = self._leader(t.topic, p.partition, getattr(p, "current_leader_epoch", -1))
-                    group = ref.group
-                    log = group.storage.log
+                    self.auth.check("fetch", (_read_action(ref),))
+                    log = ref.group
                     # A partition is read up to its high watermark: for a group's topic the commit
                     # offset + 1; for a hosted one its last committed record + 1, so positions never
                     # pass what ListOffsets calls the end.
@@ -451,10 +468,10 @@ class KafkaHandler:
                             hosted_left -= scan
                             po.records = _read_hosted(ref, offset, readable, scan) if scan > 0 else []
                         else:
-                            po.records = _read_committed(group, offset, readable, max(limit, 1))
+                            po.records = _read_committed(log, offset, readable, max(limit, 1))
                         total += po.records_bytes
                     if offset >= readable:   # wake on the group's next commit
-                        waits.append((group, max(offset, self.high_watermark(group))))
+                        waits.append((log, max(offset, log.high_watermark)))
                 except Exception as exc:  # noqa: BLE001
                     po.error_code = kafka_code(exc)
                     po.records = []
@@ -502,9 +519,10 @@ class KafkaHandler:
         """(error code, base offset, error message, log start offset) for one partition's batch."""
         try:
             ref = self._leader(topic, partition)
+            self.auth.check("produce", (_append_action(ref),))
             header, records = await self._decode_batch(ref, data)
             committed = await self._append(ref, header, records, acks, timeout)
-            return ke.NONE, committed, None, ref.group.storage.log.start_offset
+            return ke.NONE, committed, None, ref.group.start_offset
         except Exception as exc:  # noqa: BLE001 - every failure is a Kafka error code
             code = kafka_code(exc)
             if code == ke.UNKNOWN_SERVER_ERROR:
@@ -542,6 +560,7 @@ class KafkaHandler:
         if h.is_control or h.is_transactional:
             raise KafkaError(ke.INVALID_RECORD, "control and transactional batches are not accepted")
         records: list[tuple[bytes, bytes]] = []
+        principal = None if ref.hosted else self.auth.principal("produce")
         # BatchTooLargeError (MESSAGE_TOO_LARGE) once the records inflate past the limit;
         # UnsupportedCompressionError: snappy, lz4, zstd.
         for i, record in enumerate(batch.records(max_bytes=limit)):
@@ -559,6 +578,12 @@ class KafkaHandler:
                 raise KafkaError(ke.INVALID_RECORD, f"record {i}: the value must be an event, not null")
             try:
                 event = self.node.client_event(ev.decode_event(record.value))
+            except (EpochlogError, RecursionError) as exc:   # RecursionError: nested too deeply to decode
+                raise KafkaError(ke.INVALID_RECORD, f"record {i}: {exc}") from None
+            if principal is not None:   # each record's event on its own, signed by its sender
+                self.auth.check("produce", event_actions(event))
+                event = stamped([event], principal.name)[0]
+            try:
                 key, value = ev.event_record(event)
                 owner = group_of_event(event)
             except (EpochlogError, RecursionError) as exc:   # RecursionError: nested too deeply to decode
@@ -585,7 +610,7 @@ class KafkaHandler:
         try:
             await asyncio.wait_for(lock.acquire(), timeout)
             views = self.node.views[group.name]
-            duplicate = producers.check(views.store, group.storage.log, views.applied_index, h.producer_id,
+            duplicate = producers.check(views.store, group, views.applied_index, h.producer_id,
                                         h.producer_epoch, h.base_sequence, len(records), ref.key)
             if duplicate is not None:
                 lock.release()
@@ -600,7 +625,7 @@ class KafkaHandler:
                 for key in [k for k, v in self._producer_locks.items() if not v.locked()]:
                     del self._producer_locks[key]
 
-    async def _submit(self, group: RaftGroup, records: list[tuple[bytes, bytes]], stamp: ProducerStamp | None,
+    async def _submit(self, group: GroupLog, records: list[tuple[bytes, bytes]], stamp: ProducerStamp | None,
                       acks: int, timeout: float, lock: _Held | None = None) -> int:
         loop = asyncio.get_running_loop()
         appended: asyncio.Future[int] = loop.create_future()
@@ -611,15 +636,15 @@ class KafkaHandler:
             if not appended.done():
                 appended.set_result(offset)
 
-        submit = asyncio.ensure_future(group.submit(list(records), producer=stamp, on_appended=on_appended))
+        submit = asyncio.ensure_future(group.append(list(records), producer=stamp, on_appended=on_appended))
         if acks == -1:
             done: Committed = await asyncio.wait_for(asyncio.shield(submit), timeout)
             first = done.outcomes[0] if done.outcomes else None
             if isinstance(first, Outcome) and stamp is not None:
                 if first.duplicate:   # the applier found it in the producer's state: the original offset
                     return first.offset
-                if not first.ok and first.code in producers.CODE_OF_REFUSAL:
-                    raise KafkaError(producers.CODE_OF_REFUSAL[first.code], first.message)
+                if not first.ok and rejection(first.code).kafka_error is not None:
+                    raise producers.refused(first.code, first.message)
             return done.offset
         self._watch(submit)
         # acks 0/1: the leader's log has it, or the proposal failed before that (not the leader...).
@@ -663,7 +688,7 @@ class KafkaHandler:
             partitions = 1
         if not 1 <= partitions <= hosted.MAX_PARTITIONS:
             raise KafkaError(ke.INVALID_PARTITIONS, f"{partitions} partitions (1-{hosted.MAX_PARTITIONS})")
-        if hosted.HOST_GROUP not in self.node.host.groups:
+        if self.node.group_log(hosted.HOST_GROUP) is None:
             raise KafkaError(ke.POLICY_VIOLATION, f"no {hosted.HOST_GROUP} group to host topics")
         if name in self.topics():
             raise KafkaError(ke.TOPIC_ALREADY_EXISTS, f"topic {name} exists")
@@ -673,8 +698,8 @@ class KafkaHandler:
         # Created once: the declaration's key must not exist yet (two concurrent creates: one wins).
         event = ev.Txn(conditions=(ev.Condition(declared.key(), 0),), ops=(declared,), actor="kafka")
         event.validate()
-        group = self.node.group("metadata")
-        if group.node.role is Role.LEADER:
+        group = self._metadata()
+        if group.leads:
             (result,) = await self.node.write([event])
         else:
             result = await asyncio.wait_for(self._forward(event), FORWARD_TIMEOUT_S)
@@ -714,11 +739,15 @@ class KafkaHandler:
     async def _allocate_producer_id(self) -> int:
         event = ev.ConfigChanged(scope=PRODUCER_ID_SCOPE, name=PRODUCER_ID_NAME, value=str(self.node_id),
                                  actor="kafka")
-        group = self.node.group("metadata")
-        if group.node.role is Role.LEADER:
+        if self._metadata().leads:
             (result,) = await self.node.write([event])
             return int(result.offset)
         return await self.forward_write(event)
+
+    def _metadata(self) -> GroupLog:
+        group = self.node.group_log("metadata")
+        assert group is not None, "every node runs the metadata group (epochlog.api.routing.REQUIRED_GROUPS)"
+        return group
 
     async def forward_write(self, event: ev.Event) -> int:
         """Write `event` through its group's leader on another node (the native protocol); its offset."""
@@ -730,18 +759,32 @@ class KafkaHandler:
         addresses = [a for i, a in self.node.client_addresses.items() if a and i != self.node_id]
         if not addresses:
             raise KafkaError(ke.COORDINATOR_NOT_AVAILABLE, "no other node to write through")
-        async with AsyncClient(addresses, timeout=FORWARD_TIMEOUT_S) as client:
+        async with AsyncClient(addresses, timeout=FORWARD_TIMEOUT_S, tls=self.node.internal_tls) as client:
             return (await client.commands([event]))[0]
 
 
+def _read_action(ref: PartitionRef) -> Action:
+    """What reading a partition asks: a group's whole log, or a hosted topic."""
+    if ref.hosted:
+        return Action(Operation.READ, f"kafka-topic/{ref.topic}")
+    return Action(Operation.READ_LOG, f"log/{ref.group.name}")
+
+
+def _append_action(ref: PartitionRef) -> Action:
+    """What producing to a partition asks (a group's log: then each record's event too)."""
+    if ref.hosted:
+        return Action(Operation.WRITE, f"kafka-topic/{ref.topic}")
+    return Action(Operation.APPEND_LOG, f"log/{ref.group.name}")
+
+
 def _decode(request_class: Any, frame: memoryview, version: int) -> Any:
-    """The request of a frame; UnsupportedRequest when it holds more than MAX_REQUEST_ENTRIES array
+    """The request of a frame; UnsupportedRequestError when it holds more than MAX_REQUEST_ENTRIES array
     entries, at any depth. Pure: runs on the decoding thread for large frames, and a request refused
     there is freed there too (the error holds no reference to it)."""
     request = request_class.decode(frame, version=version, header=True)
     if _too_many_entries(request):
         del request
-        raise UnsupportedRequest(f"more than {MAX_REQUEST_ENTRIES} entries (topics, partitions, ...) in one request")
+        raise UnsupportedRequestError(f"more than {MAX_REQUEST_ENTRIES} entries (topics, partitions, ...) in one request")
     return request
 
 
@@ -787,19 +830,17 @@ def _read_hosted(ref: PartitionRef, offset: int, high_watermark: int, max_bytes:
     the partition's watermark: its records from there on are not served yet). The batches served
     cover the offsets read and no more: a read cut short (by `max_bytes`, at a segment's end) must
     not be taken for a range holding nothing of the partition up to the watermark."""
-    group = ref.group
-    log = group.storage.log
-    chunk = log.read(offset, max_bytes, max_offset=group.node.log.committed + 1)
+    log = ref.group
+    chunk = log.read(offset, max_bytes, max_offset=log.high_watermark)
     until = min(high_watermark, chunk.next_offset)
-    epoch = log.epoch_for_offset(until - 1) or group.node.term
+    epoch = log.epoch_for_offset(until - 1) or log.term
     return list(hosted.filter_batches(chunk.batches(), hosted.entity_prefix(ref.topic, ref.partition), offset,
                                       until, epoch))
 
 
-def _read_committed(group: RaftGroup, offset: int, high_watermark: int, max_bytes: int) -> list[Buffer]:
+def _read_committed(log: GroupLog, offset: int, high_watermark: int, max_bytes: int) -> list[Buffer]:
     """Zero-copy views of whole batches from `offset` below the high watermark, up to `max_bytes`
     (at least one batch), across segment boundaries."""
-    log = group.storage.log
     out: list[Buffer] = []
     size = 0
     while offset < high_watermark and (size < max_bytes or not out):

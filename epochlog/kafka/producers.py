@@ -21,21 +21,36 @@ node's loop (it reads the views and the log).
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Protocol
 
-from epochlog.kafka import errors as ke
-from epochlog.kafka.errors import KafkaError
-from eventlog.log import Log
+from eventlog.errors import KafkaError, rejection
+from eventlog.log import LogRead
 from eventlog.records import NO_PRODUCER_ID
 from statemachines import producers as sp
 from statemachines.producers import BatchMeta, ProducerState, Verdict
 
-CODE_OF_REFUSAL: Final = {sp.OUT_OF_ORDER: ke.OUT_OF_ORDER_SEQUENCE_NUMBER, sp.INVALID_EPOCH: ke.INVALID_PRODUCER_EPOCH,
-                          sp.UNKNOWN_PRODUCER: ke.UNKNOWN_PRODUCER_ID}
-"""Outcome code of a refused producer batch (statemachines/producers.py) -> Kafka error code."""
+
+class LogReader(Protocol):
+    """What `check` reads of a group's log: the node's GroupLog (epochlog/group_log.py), or eventlog's Log."""
+
+    @property
+    def start_offset(self) -> int: ...
+
+    @property
+    def end_offset(self) -> int: ...
+
+    def read(self, offset: int, max_bytes: int = ..., *, max_offset: int | None = None) -> LogRead: ...
 
 
-def check(views: sp.Reader, log: Log, applied: int, producer_id: int, epoch: int, first_seq: int, count: int,
+def refused(reason: str, message: str) -> KafkaError:
+    """A producer batch refused for `reason` (statemachines/producers.py), with its Kafka code (its row of
+    eventlog.errors.REJECTIONS)."""
+    code = rejection(reason).kafka_error
+    assert code is not None, f"refusal {reason!r} has no Kafka code in REJECTIONS"
+    return KafkaError(code, message)
+
+
+def check(views: sp.Reader, log: LogReader, applied: int, producer_id: int, epoch: int, first_seq: int, count: int,
           partition: str = "") -> BatchMeta | None:
     """None: append the batch. A BatchMeta: it is a retry of that stored batch (answer its offsets).
     Raises KafkaError OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH or UNKNOWN_PRODUCER_ID.
@@ -49,11 +64,11 @@ def check(views: sp.Reader, log: Log, applied: int, producer_id: int, epoch: int
     if j.verdict is Verdict.DUPLICATE:
         return j.batch
     if j.verdict is Verdict.REFUSED:
-        raise KafkaError(CODE_OF_REFUSAL[j.code], j.message)
+        raise refused(j.code, j.message)
     return None
 
 
-def _pending(log: Log, applied: int, producer_id: int, partition: str) -> list[tuple[int, int, BatchMeta]]:
+def _pending(log: LogReader, applied: int, producer_id: int, partition: str) -> list[tuple[int, int, BatchMeta]]:
     """(epoch, first sequence, batch) of the producer's batches of `partition` in `log` past `applied`."""
     out = []
     offset = max(applied + 1, log.start_offset)

@@ -22,16 +22,21 @@ protocol has no such frame), so each close is logged instead (at a bounded rate)
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections import deque
 from typing import Any
 
+from epochlog.access_control import AccessControl, Caller
+from epochlog.face_tls import ClientTlsConfig, certificate_node, certificate_principal, server_context
+from epochlog.kafka.sasl import SESSION, KafkaSession
 from epochlog.kafka.config import MAX_REQUEST_BYTES, KafkaServiceConfig
 from epochlog.kafka.groups import GroupCoordinator
-from epochlog.kafka.errors import UnsupportedRequest
+from epochlog.kafka.errors import UnsupportedRequestError
 from epochlog.kafka.handler import Broker, KafkaHandler
 from epochlog.kafka.wire import FrameTooLarge, RequestFrames
+from epochlog.listener import Listener
 from epochlog.logs import Throttled
 
 logger = logging.getLogger(__name__)
@@ -42,51 +47,30 @@ MAX_QUEUED_REQUESTS = 64            # per connection: reading pauses beyond this
 class KafkaService:
     """Serves the Kafka protocol for `node` on one address. Use on the node's loop."""
 
-    def __init__(self, node: Any, brokers: dict[int, Broker], config: KafkaServiceConfig | None = None) -> None:
+    def __init__(self, node: Any, brokers: dict[int, Broker], config: KafkaServiceConfig | None = None,
+                 access: AccessControl | None = None, tls: ClientTlsConfig | None = None) -> None:
         self.node = node
         self.config = config or KafkaServiceConfig()
-        self.handler = KafkaHandler(node, brokers, node.node_id)
+        self.tls = tls      # [clients.tls]: the listener is SSL (SASL_SSL with SASL) when it is enabled
+        self.handler = KafkaHandler(node, brokers, node.node_id, access)
         self.groups = GroupCoordinator(self.handler, self.config)
-        self._server: asyncio.Server | None = None
-        self._sweeper: asyncio.Task[None] | None = None
-        self.connections: set[KafkaConnection] = set()
+        self.listener: Listener[KafkaConnection] = Listener("kafka", self.config.frame_timeout_ms)
+        self.connections = self.listener.connections
         self.held_bytes = 0          # sum of every connection's `held`
         self.limit_closes = 0        # connections closed for a limit (memory, frame timeout, connections)
         self.refusals = Throttled(logger)
 
     async def start(self, host: str, port: int) -> None:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: KafkaConnection(self), host, port, reuse_address=True)
-        self._sweeper = loop.create_task(self._sweep(), name="kafka-frame-timeouts")
+        context = None if self.tls is None else server_context(self.tls, self.node.data_dir)
+        await self.listener.start(lambda: KafkaConnection(self), host, port, context)
         self.groups.start()
-
-    async def _sweep(self) -> None:
-        """Close connections whose frame is overdue: one pass per quarter of the timeout (at most 1 s)."""
-        timeout = self.config.frame_timeout_ms / 1000
-        while True:
-            await asyncio.sleep(min(1.0, timeout / 4))
-            now = time.monotonic()
-            for conn in list(self.connections):
-                since = conn.waiting_since
-                if since is not None and now - since > timeout:
-                    conn.close_for_limit(f"a request frame ({conn.frames.pending_bytes} bytes so far) did not "
-                                         f"arrive in full within frame_timeout_ms ({self.config.frame_timeout_ms} ms)")
 
     @property
     def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.sockets[0].getsockname()[1])
+        return self.listener.port
 
     async def close(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            await asyncio.gather(self._sweeper, return_exceptions=True)
-            self._sweeper = None
-        if self._server is not None:
-            self._server.close()
-            for conn in list(self.connections):
-                conn.abort()
-            await self._server.wait_closed()
+        await self.listener.close()
         await self.groups.close()
         await self.handler.close()
 
@@ -116,7 +100,14 @@ class KafkaConnection(asyncio.Protocol):
             transport.abort()
             return
         service.connections.add(self)
-        self.task = asyncio.get_running_loop().create_task(self._serve())
+        # The connection's authentication state lives in its serving task's context (epochlog/kafka/sasl.py).
+        peercert = transport.get_extra_info("peercert")
+        caller = Caller(certificate=certificate_principal(peercert),
+                        node=certificate_node(peercert, service.node.cluster))
+        session = KafkaSession(caller, authenticated=caller.certificate is not None or caller.node is not None)
+        context = contextvars.copy_context()
+        context.run(SESSION.set, session)
+        self.task = asyncio.get_running_loop().create_task(self._serve(), context=context)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.service.connections.discard(self)
@@ -186,6 +177,9 @@ class KafkaConnection(asyncio.Protocol):
         elif complete or self.waiting_since is None:
             self.waiting_since = time.monotonic()
 
+    def overdue(self) -> str:
+        return f"a request frame ({self.frames.pending_bytes} bytes so far)"
+
     def close_for_limit(self, reason: str) -> None:
         self.service.limit_closes += 1
         self.service.refusals.warning("closing Kafka connection %s: %s", self._peer(), reason)
@@ -217,7 +211,7 @@ class KafkaConnection(asyncio.Protocol):
                         self._frame_due(complete=True)
                     try:
                         response = await self.handler.handle(frame)
-                    except UnsupportedRequest as exc:
+                    except UnsupportedRequestError as exc:
                         self._close(str(exc))
                         return
                     except Exception:  # noqa: BLE001 - a bug must not take the node down

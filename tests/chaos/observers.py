@@ -1,6 +1,6 @@
 """What a chaos run watches besides its clients: the kv log as it commits, and a watch consumer.
 
-Theory of operation. Both follow the chaos keys (`kv/chaos/`) from offset 0 while the run goes on,
+Theory of operation. Both follow the chaos keys (`chaos/`) from offset 0 while the run goes on,
 each with its own SDK client:
 
 - `LogTail` reads committed records with `read_events` (from whichever node is ahead), which says
@@ -31,7 +31,8 @@ from eventlog.errors import EpochlogError
 from statemachines.events import Event, KvDeleted, KvPut, decode_event
 from tests.chaos.versions import Coverage, LogRecord
 
-PREFIX = "kv/chaos/"
+PREFIX = "chaos/"            # the chaos keys (their records: RECORD_PREFIX)
+RECORD_PREFIX = "kv/" + PREFIX
 _RETRY_S = 0.1
 
 
@@ -126,7 +127,7 @@ class LogTail:
             self._at = (self._at + 1) % len(self.endpoints)
             return False
         for r in got.events:
-            if r.offset < self.next_offset or not r.key.startswith(PREFIX):
+            if r.offset < self.next_offset or not r.key.startswith(RECORD_PREFIX):
                 continue
             event = None if r.value is None else decode_event(r.value)
             value = int(event.value) if isinstance(event, KvPut) else None
@@ -184,7 +185,7 @@ class WatchConsumer:
         to watch on from."""
         while True:
             try:
-                page = await client.list(PREFIX[3:], limit=1000, consistency="linearizable")
+                page = await client.list(PREFIX, limit=1000, consistency="linearizable")
                 break
             except (ClientError, EpochlogError, TimeoutError, OSError):
                 await asyncio.sleep(_RETRY_S)

@@ -29,12 +29,11 @@ from eventlog.config import LogConfig
 from eventlog.epoch_cache import CHECKPOINT_NAME as EPOCH_CHECKPOINT
 from eventlog.errors import ConfigError, LogCorruptionError, OffsetMismatchError
 from eventlog.log import Log
-from eventlog.offline import Verdict, dump_log_dir, verify_log_dir
+from eventlog.offline import Verdict, dump_log_dir, read_committed, verify_log_dir
 from eventlog.raft.errors import CompactedError
 from eventlog.raft.runtime.log_storage import LogStorage
 from eventlog.raft.types import ConfState
 from eventlog.records import Record, RecordBatch, encode_batch, encode_records, read_header, retain_records
-from spark.sources import read_segments
 from tests.compaction.logs import Written, expected, gzip_batch, records, triples, write_random
 
 CFG = LogConfig(segment_bytes=4096, index_interval_bytes=256, flush_policy="fsync", preallocate_next_segment=False)
@@ -431,7 +430,7 @@ def test_offline_export_reads_across_cleaned_segments(tmp_path):
         clean_log(lg, lg.segment_bases()[-1], KEEP_DELETES, force=True)
         want = records(lg)
         end = lg.end_offset
-    got = [(r.offset, r.key.encode(), r.value) for chunk in read_segments(path, 0, end) for r in chunk]
+    got = [(r.offset, r.key.encode(), r.value) for chunk in read_committed(path, 0, end) for r in chunk]
     assert got == want
 
 

@@ -23,6 +23,8 @@ import pytest
 from compaction.config import CleanerConfig, CompactionConfig, compaction_configs
 from controller.config import ControllerConfig, controller_config
 from epochlog.client import Client
+from epochlog.access_control import AccessConfig
+from epochlog.face_tls import ClientTlsConfig
 from epochlog.server import ClientServiceConfig
 from eventlog.config import LogConfig
 from eventlog.configuration import from_mapping, load_toml
@@ -46,7 +48,9 @@ SHIPPED = ("single.toml", "local-3.toml", "production.example.toml")
 SECTIONS: dict[str, Any] = {"cluster": ClusterConfig, "cluster.members": MemberConfig,
                             "cluster.tls": PeerTlsConfig, "cluster.peer_limits": PeerLimitsConfig, "raft": RaftConfig,
                             "log": LogConfig, "views": ViewsConfig, "controller": ControllerConfig,
-                            "clients": ClientServiceConfig, "kafka": KafkaServiceConfig,
+                            "clients": ClientServiceConfig, "clients.tls": ClientTlsConfig,
+                            "clients.access": AccessConfig,
+                            "kafka": KafkaServiceConfig,
                             "compaction": CompactionConfig,
                             "compaction.cleaner": CleanerConfig}
 KEY_LINE = re.compile(r"^(?:# )?([a-z_]+) = ")

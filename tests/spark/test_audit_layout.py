@@ -28,7 +28,7 @@ from spark.maintenance import optimize_table, table_files
 from spark.records import SourceRecord, to_batch
 from spark.sources import OfflineSource
 from spark.storage import TableLocation
-from spark.synthetic import BASE_TIMESTAMP_MS, write_events, write_group
+from tests.spark.synthetic import BASE_TIMESTAMP_MS, write_events, write_group
 from spark.table import FILE_SCHEMA, PARTITION_COLUMN, TYPED_COLUMNS, open_or_create, open_table, resolve
 from statemachines import events as ev
 

@@ -38,7 +38,7 @@ from spark.maintenance import optimize_table, table_files, vacuum_table
 from spark.plan import ExportPlan
 from spark.records import to_batch
 from spark.sources import OfflineSource
-from spark.synthetic import BASE_TIMESTAMP_MS, write_group
+from tests.spark.synthetic import BASE_TIMESTAMP_MS, write_group
 from spark.table import exported_through, open_or_create, resolve
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -37,7 +37,7 @@ from spark.plan import ExportPlan
 from spark.records import to_batch
 from spark.sources import OfflineSource
 from spark.storage import TableLocation
-from spark.synthetic import BASE_TIMESTAMP_MS, write_group
+from tests.spark.synthetic import BASE_TIMESTAMP_MS, write_group
 from tests.support.wait import wait_until
 from tests.spark.s3_server import S3Server
 from tests.spark.test_commit import _records

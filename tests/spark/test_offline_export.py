@@ -1,6 +1,6 @@
 """Offline export (segment files of a stopped node) through Spark, then audit and time travel vs a model.
 
-The segment directories are written with eventlog.log.Log (spark.synthetic); the model is the list
+The segment directories are written with eventlog.log.Log (tests/spark/synthetic.py); the model is the list
 of events written, replayed in Python. Checks: one row per event, offsets unique and exactly the
 events' offsets (control batches hold the others); audit state at offsets and at times, history and
 diff equal the model's; table versions and times resolve to the right snapshot; bad input is refused
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import subprocess
+import threading
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -20,7 +21,7 @@ from typing import Any
 from spark.audit import Audit, Point
 from spark.export import export_once
 from spark.sources import OfflineSource
-from spark.synthetic import BASE_TIMESTAMP_MS, write_group
+from tests.spark.synthetic import BASE_TIMESTAMP_MS, write_group
 from spark.table import open_table, resolve
 from statemachines import events as ev
 
@@ -135,7 +136,7 @@ def test_audit_refuses_bad_input_before_starting_spark(tmp_path: Path) -> None:
          "table version 9 does not exist"),
         (["audit", "state", "--table", str(table), "--table-as-of", "2001-01-01T00:00:00Z", "--offset", "1",
           "--group", "kv"], "before the table existed"),
-        (["audit", "history", "app/x", "--table", str(table)], "malformed key 'app/x'"),
+        (["audit", "history", "kv/app/x", "--table", str(table)], "kv keys are written without kv/, e.g. 'app/x'"),
         (["audit", "state", "--table", str(tmp_path / "nothing"), "--at", "2026-01-01"], "not a Delta table"),
     ]
     for argv, message in cases:
@@ -181,3 +182,26 @@ def test_a_key_compacted_range_is_a_gap_for_the_first_export(tmp_path: Path) -> 
     (kv,) = plan.groups
     assert (kv.start, kv.skipped) == (end, end)
 
+
+
+def test_export_from_a_thread_other_than_the_sessions(tmp_path: Path, spark_session: Any) -> None:
+    """Spark finds a Python data source's writer through the calling thread's active session: an export
+    from another thread (the tour's asyncio.to_thread) failed with DATA_SOURCE_NOT_FOUND."""
+    data = tmp_path / "node"
+    write_group(data, "kv", 200, batch_records=50, keys=20, seed=1, timestamp_ms=BASE_TIMESTAMP_MS,
+                segment_bytes=256 << 10)
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(export_once(spark_session, tmp_path / "events", OfflineSource.discover(data)))
+        except Exception as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join(timeout=300)
+    assert not worker.is_alive(), "the export did not end within 300 s"
+    [result] = outcome
+    assert not isinstance(result, Exception), result
+    assert result.table_version == 1 and result.rows == 200

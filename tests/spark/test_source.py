@@ -31,9 +31,10 @@ import pytest
 from spark.errors import ExportError
 from spark.export import export_backlog
 from spark.sources import OfflineSource
-from spark.synthetic import BASE_TIMESTAMP_MS, write_group
+from tests.spark.synthetic import BASE_TIMESTAMP_MS, write_group
 from spark.table import exported_through, open_table
 from statemachines import events as ev
+from tests.spark.test_cluster_export import _committed_events
 from tests.support.nodes import NodeCluster
 from tests.support.wait import wait_until
 
@@ -152,19 +153,6 @@ def test_progress_names_the_member_serving_each_range() -> None:
                                                         ("kv", 400), ("metadata", 0)]
     assert members == ["n1:1", "n2:1", "n3:1", "n1:1", "n2:1", "n3:1"]   # range i from member i mod n
     assert serving_members(OfflineSource(), plan) == [""] * 6
-
-
-def _committed_events(client: Any, group: str) -> list[int]:
-    offsets: list[int] = []
-    offset = 0
-    end = client.read_events(group, 1 << 62, max_events=1).commit_offset
-    while offset <= end:
-        got = client.read_events(group, offset, max_events=1000)
-        offsets += [e.offset for e in got.events if e.offset <= end]
-        if got.next_offset <= offset:
-            break
-        offset = got.next_offset
-    return offsets
 
 
 @pytest.mark.slow

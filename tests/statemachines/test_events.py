@@ -144,3 +144,14 @@ def test_a_malformed_record_is_rejected_alike_on_every_replica() -> None:
         sm.close()
     assert outcomes[0] == outcomes[1]
     assert not outcomes[0][0][0].ok and outcomes[0][0][0].code == "invalid_argument"
+
+
+def test_written_keys_are_a_transactions_operations_and_nothing_for_other_records() -> None:
+    txn = ev.Txn(ops=(ev.KvPut(name="other/a", value=b"1"), ev.KvDeleted(name="app/b")))
+    assert ev.written_keys(txn.key().encode(), ev.encode_event(txn)) == (b"kv/other/a", b"kv/app/b")
+    put = ev.KvPut(name="app/x", value=b"1")
+    assert ev.written_keys(put.key().encode(), ev.encode_event(put)) == ()
+    # A value that does not decode applied nothing: no keys, and no error for the reader that asked.
+    for garbage in (b"\xc1", msgspec.msgpack.encode({"type": "Txn", "ops": 5}), b""):
+        assert ev.written_keys(b"txn/kv/app/x", garbage) == ()
+    assert ev.written_keys(None, None) == ()

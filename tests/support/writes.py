@@ -136,8 +136,8 @@ class WriteStream:
             except ClientError as exc:
                 if exc.code == "not_leader":
                     self.not_leader += 1
-                    if exc.leader and exc.leader != target:
-                        self._target = exc.leader
+                    if exc.leader_hint and exc.leader_hint != target:
+                        self._target = exc.leader_hint
                     else:
                         self._rotate(target)
                 elif exc.code == "unavailable":   # the connection failed, or the node did not answer

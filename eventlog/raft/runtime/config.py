@@ -49,7 +49,7 @@ class MemberConfig:
 
 @dataclass(frozen=True, slots=True)
 class PeerTlsConfig:
-    """Mutual TLS between members (`[cluster.tls]`): eventlog.raft.runtime.tls, README "Peer security".
+    """Mutual TLS between members (`[cluster.tls]`): eventlog.raft.runtime.tls, docs/security.md.
 
     Relative paths are relative to the node's data directory, so the layout `epochlog up` and
     `epochlog certs member` write (`<data dir>/tls/`) needs no configuration.

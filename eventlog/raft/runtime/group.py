@@ -1,26 +1,20 @@
 """One Raft group driven by asyncio: the core, its storage and its state machine.
 
-One task (`run`) owns the `RaftNode`: it steps arriving messages that pass the peer checks
-(eventlog/raft/peer_check.py; a snapshot chunk only once the previous one is staged), turns queued
-proposals into one entry, and carries out each `Ready` with pipelined persistence (see
-`RaftNode.accept`): send `send_now`; stage snapshot chunks, install a snapshot; write the entries
-(group commit: the segmented log's flusher thread syncs them while this task goes on); persist term
-and vote when they changed; apply committed entries and answer waiters; `accept()`, and take the
-next Ready at once (letting the loop run first when it applied entries: APPLY_BYTES_PER_TURN).
-Accepted Readys wait in order (`PersistQueue`) until the log's durable offset passes their entries, or what is left of them once a later Ready replaced a suffix; then their
-`send_after` goes out through `persisted()` (the leader counts its own copy only then). A second
-task ticks the core every `tick_interval_ms`; on the leader it also measures how far behind each
-member is (`LagMonitor`: /metrics, and a warning about a member that stays behind).
+`RaftGroup` is the group's API on this node and what it does with the state machine; three parts
+carry the rest, each owning one thing:
 
-Proposals from any number of coroutines are coalesced: everything queued while the previous Ready
-was being handled becomes one record batch, one entry (`propose`), of up to APPLY_BYTES_PER_TURN.
+- `ReadyLoop` (ready_loop.py): the task that steps the core and carries out each Ready in the order
+  it requires (persist, send, apply, accept; sends held back until the log is durable).
+- `Proposals` (proposals.py): proposals from any number of coroutines, coalesced into entries, and
+  their callers until the entries commit.
+- `Reads` (reads.py): read barriers (ReadIndex, the leader lease) and applied-offset waiters.
+
+A second task ticks the core every `tick_interval_ms`; on the leader it also measures how far
+behind each member is (`LagMonitor`: /metrics, and a warning about a member that stays behind).
 
 A membership change (`change_membership`) is one CONF_CHANGE entry: the state machine applies it like
 any entry but it carries no records; the storage keeps the configuration (conf-change offsets in
 quorum-state, the configuration in every snapshot's meta), so restarts and snapshots preserve it.
-
-The commit index is persisted lazily (it is a hint for restarts: the state machine knows what it
-applied); term and vote are persisted before any message that depends on them leaves.
 
 Snapshots and truncation never stop the loop for long: every `snapshot_every_entries` applied
 offsets or `snapshot_every_bytes` of applied entries, a state machine that offers `snapshot_job`
@@ -68,46 +62,36 @@ from eventlog.errors import OffsetOutOfRangeError
 from eventlog.raft.errors import (
     CompactedError,
     LogRefetchingError,
-    NotCaughtUpError,
     NotFoundError,
     NotLeaderError,
     ProposalDroppedError,
     RaftError,
 )
-from eventlog.raft.node import RaftNode, Ready, Role, SoftState
+from eventlog.raft.node import RaftNode, ReadState, Role
 from eventlog.raft.peer_check import PeerCheck
-from eventlog.raft.persist_queue import PersistQueue
 from eventlog.raft.runtime.lag import Behind, LagMonitor
 from eventlog.raft.runtime.log_storage import LogStorage, seal_snapshot_data
 from eventlog.raft.runtime.peer_drops import PeerDrops
+from eventlog.raft.runtime.proposals import Committed as Committed  # re-exported
+from eventlog.raft.runtime.proposals import ProducerStamp as ProducerStamp  # re-exported
+from eventlog.raft.runtime.proposals import Proposal, Proposals
+from eventlog.raft.runtime.reads import Reads
+from eventlog.raft.runtime.ready_loop import APPLY_BYTES_PER_TURN, ReadyLoop, Send
 from eventlog.raft.runtime.repair import LogRepair, RepairStatus
 from eventlog.raft.types import (
     MAX_TERM,
-    Append,
     ConfChange,
     ConfState,
     Entry,
     EntryKind,
-    InstallSnapshot,
     Message,
     SnapshotMeta,
 )
-from eventlog.records import encode_batch
 
 logger = logging.getLogger(__name__)
 
-Send = Callable[[int, str, Message], None]
-
 SNAPSHOT_RETRY_S = 5.0
 """After a failed snapshot (e.g. a full disk) the next one waits this long."""
-
-APPLY_BYTES_PER_TURN = 64 << 10
-"""Committed entries applied per Ready (at least one entry), after which the group's task lets the loop
-run before taking the next Ready; also the size up to which a leader coalesces proposals into one entry
-(an entry is applied whole). Every group of a node shares one loop: applying a large backlog at once
-(a follower catching up, a leader whose commit index jumped), or entries of 1 MiB, held it for up to
-seconds on a loaded machine, and every group's heartbeats with it, so followers elected (issue 20).
-About 300 events, 5-10 ms of applying."""
 
 TERM_LIMIT_REPEAT_S = 60.0
 """While the term is at its limit (types.MAX_TERM), the CRITICAL line saying so repeats this often."""
@@ -175,6 +159,11 @@ whether applying that record changed the state machine (None: unknown). The stat
 knowledge (the views' `noops` rows): a committed record may be a rejected write or a retry."""
 
 
+WrittenKeys = Callable[[bytes, bytes | None], Sequence[bytes]]
+"""`written_keys(record key, value)`: the keys a record writes besides its own (the state machine knows:
+a transaction's record key names its first operation only)."""
+
+
 @dataclass(slots=True)
 class GroupCounters:
     """What one group did on this node since it started (monotonic; read by metrics)."""
@@ -205,39 +194,6 @@ class SnapshotCounters:
     last_truncated_at: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class Committed:
-    """Where proposed records were committed, and what applying each one did (None: no outcome)."""
-
-    offset: int
-    outcomes: tuple[object | None, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ProducerStamp:
-    """A Kafka idempotent producer's (id, epoch, base sequence): its records become one entry whose
-    batch header carries them, so producer state can be rebuilt from the log (epochlog/kafka)."""
-
-    producer_id: int
-    producer_epoch: int
-    base_sequence: int
-
-
-class _Proposal:
-    __slots__ = ("records", "future", "size", "producer", "on_appended")
-
-    def __init__(self, records: list[tuple[bytes | None, bytes | None]],
-                 future: asyncio.Future[Committed], producer: ProducerStamp | None = None,
-                 on_appended: Callable[[int], None] | None = None) -> None:
-        self.records = records
-        self.future = future
-        self.producer = producer
-        self.on_appended = on_appended
-        # An upper bound of the records' encoded size (RecordBatch v2 spends under 16 bytes of framing
-        # per record), so a batch of proposals within max_batch_bytes is one the log accepts.
-        self.size = sum(len(k or b"") + len(v or b"") + 16 for k, v in records)
-
-
 class RaftGroup:
     """A Raft group member running on an asyncio loop."""
 
@@ -250,7 +206,6 @@ class RaftGroup:
         self.node_id = node_id
         self.storage = storage
         self.sm = state_machine
-        self._send = send
         self.tick_interval = tick_interval_ms / 1000
         self.snapshot_every_entries = snapshot_every_entries
         self.snapshot_every_bytes = snapshot_every_bytes
@@ -258,22 +213,12 @@ class RaftGroup:
         self.node = RaftNode(node_id, storage, raft_config, rng, applied=state_machine.applied_index,
                              max_apply_bytes=APPLY_BYTES_PER_TURN)
         self.loop = asyncio.get_running_loop()
-        self._inbox: list[tuple[int, Message]] = []   # (the peer it came from, the message)
         self.peer_check = peer_check if peer_check is not None else PeerCheck(
             known_peer=lambda _: False, check_snapshot_chunk=storage.snapshot_chunk_refusal)
         self.peer_drops = peer_drops if peer_drops is not None else PeerDrops(node_id)
-        self._proposals: list[_Proposal] = []
-        self._reads: dict[int, asyncio.Future[int]] = {}
-        self._read_seq = 0
-        self._applied_waiters: list[tuple[int, asyncio.Future[None]]] = []
-        self._waiters: dict[int, tuple[int, list[tuple[asyncio.Future[Committed], int, int]]]] = {}
-        self._conf_waiters: dict[int, tuple[int, asyncio.Future[ConfState]]] = {}  # index -> (term, future)
-        self._wake = asyncio.Event()
-        self._held = PersistQueue()   # accepted Readys whose send_after waits for their entries' fsync
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
         self._failure: BaseException | None = None
-        self._persisted_commit = self.node.log.committed
         self._last_snapshot_index = storage.snapshot().index
         # Set by the node: the lowest offset the log must keep whatever the snapshot covers (the
         # retention horizon: policy and export watermarks), None: only the snapshot bounds it.
@@ -281,6 +226,11 @@ class RaftGroup:
         # Set by the node: why the disk is too full to take writes (free space below the reserve), or None.
         self.space_guard: Callable[[], str | None] | None = None
         self.counters = GroupCounters()
+        self._ready = ReadyLoop(self, name, self.node, storage, send, loop=self.loop, peer_check=self.peer_check,
+                                peer_drops=self.peer_drops, counters=self.counters)
+        self._proposals = Proposals(self.loop, self.counters)
+        self._reads = Reads(name, self.node, state_machine, loop=self.loop, wake=self._ready.wake,
+                            tick_interval=self.tick_interval, counters=self.counters)
         self.snapshots = SnapshotCounters()
         self._snapshot_task: asyncio.Task[None] | None = None
         self._snapshot_work: concurrent.futures.Future[int] | None = None
@@ -290,28 +240,25 @@ class RaftGroup:
                                          if next_offset > self._last_snapshot_index + 1)
         self._disk_full = ""
         self._last_transfer_tick = -math.inf
-        self._seen_term = self.node.term
-        self._seen_leadership = (self.node.term, self.node.leader)
-        self._last_tick_at = self.loop.time()   # when the core last ticked (see _check_clock)
         self.heard_at: dict[int, float] = {}    # peer -> loop time of its latest message (status: heard_ms)
         self._term_limit_said_at = -math.inf
         # The leader's view of how far behind each member is (logged, and read by metrics).
         self.lag = lag if lag is not None else LagMonitor(warn_after_s=10.0)
         self._lag_term = 0      # the term the monitor watches as leader (0: not leading)
         self.repair = LogRepair(self)
-        storage.log.add_durability_listener(self._on_durable_threadsafe)
+        storage.log.add_durability_listener(self._ready.on_durable_threadsafe)
 
     # --- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
         context = contextvars.copy_context()
         context.run(CURRENT_GROUP.set, self)
-        self._tasks = [self.loop.create_task(self._run(), name=f"raft-{self.name}", context=context),
+        self._tasks = [self.loop.create_task(self._ready.run(), name=f"raft-{self.name}", context=context),
                        self.loop.create_task(self._ticker(), name=f"tick-{self.name}", context=context)]
 
     async def close(self) -> None:
         self._closed = True
-        self._wake.set()
+        self._ready.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -323,7 +270,7 @@ class RaftGroup:
         await self._wait_snapshot_work()
         if self._failure is None:
             try:
-                self._persist_commit(force=True)
+                self._ready.persist_commit(force=True)
             except EpochlogError as exc:
                 logger.error("group %s: %s", self.name, exc)
         close = getattr(self.sm, "close", None)
@@ -347,8 +294,7 @@ class RaftGroup:
     def deliver(self, peer: int, msg: Message) -> None:
         """A message from `peer` (called by the transport; checked just before the core steps it)."""
         self.heard_at[peer] = self.loop.time()
-        self._inbox.append((peer, msg))
-        self._wake.set()
+        self._ready.deliver(peer, msg)
 
     async def propose(self, records: list[tuple[bytes | None, bytes | None]]) -> int:
         """Replicate `records` (key, value pairs); the offset of the first once committed and applied."""
@@ -370,15 +316,15 @@ class RaftGroup:
         if self.node.role is not Role.LEADER:
             raise NotLeaderError(self.node_id, self.node.leader, self.node.term)
         future: asyncio.Future[Committed] = self.loop.create_future()
-        proposal = _Proposal(records, future, producer, on_appended)
+        proposal = Proposal(records, future, producer, on_appended)
         if proposal.size > self.max_batch_bytes:   # the log would refuse the batch, failing the group
             raise BatchTooLargeError(f"{len(records)} records of about {proposal.size} bytes exceed the "
                                      f"batch limit of group {self.name} ({self.max_batch_bytes} bytes)")
         if self._check_space():
             self.counters.proposals_refused += 1
             raise self._disk_full_error()
-        self._proposals.append(proposal)
-        self._wake.set()
+        self._proposals.queue(proposal)
+        self._ready.wake()
         return await future
 
     async def read_barrier(self, consistency: str = "linearizable", min_offset: int = -1,
@@ -393,31 +339,14 @@ class RaftGroup:
           read-your-writes on any replica).
         """
         self._check_open()
-        if consistency == "local":
-            target = min_offset
-        elif consistency in ("linearizable", "lease"):
-            if self.node.role is not Role.LEADER:
-                raise NotLeaderError(self.node_id, self.node.leader, self.node.term)
-            index = None
-            if consistency == "lease":
-                self._check_clock()
-                index = self.node.lease_read_index()
-            if index is None:
-                self._read_seq += 1
-                future: asyncio.Future[int] = self.loop.create_future()
-                self._reads[self._read_seq] = future
-                self.node.read_index(self._read_seq)
-                self._wake.set()
-                index = await asyncio.wait_for(future, timeout)
-            target = max(index, min_offset)
-        else:
-            raise RaftError(f"unknown consistency {consistency!r} (linearizable, lease or local)")
-        await self.wait_applied(target, timeout)
-        return self.sm.applied_index
+        return await self._reads.barrier(consistency, min_offset, timeout)
 
     async def watch(self, prefix: bytes, from_offset: int, *, changed: ChangedIn | None = None,
+                    written_keys: WrittenKeys | None = None,
                     chunk_bytes: int = 1 << 20) -> AsyncIterator[WatchEvent]:
-        """Committed records whose key starts with `prefix`, from `from_offset` on, as they are applied.
+        """Committed records whose key starts with `prefix`, or that write a key starting with it (as
+        `written_keys` tells: a record may write more keys than its own, e.g. a transaction), from
+        `from_offset` on, as they are applied; each record once.
 
         Reads the log in chunks of at most `chunk_bytes`, as fast as the consumer pulls (that is the
         flow control). A watcher whose offset is no longer in the log record by record (truncated, or
@@ -453,7 +382,10 @@ class RaftGroup:
                     continue
                 term = batch.header.leader_epoch
                 for record in batch.records():
-                    if record.offset >= offset and record.key is not None and record.key.startswith(prefix):
+                    if record.offset < offset or record.key is None:
+                        continue
+                    if record.key.startswith(prefix) or (written_keys is not None and any(
+                            k.startswith(prefix) for k in written_keys(record.key, record.value))):
                         yield WatchEvent(record.offset, record.key, record.value, record.timestamp, term,
                                          None if applied_flag is None else applied_flag(record.key, record.offset))
             offset = max(offset, chunk.next_offset)
@@ -503,15 +435,15 @@ class RaftGroup:
         self._last_transfer_tick = n.ticks
         logger.warning("group %s: %s on the leader: handing leadership to node %s", self.name, reason, target)
         n.transfer_leadership(target)
-        self._wake.set()
+        self._ready.wake()
         return target
 
     def discard_held_from(self, index: int) -> None:
         """The storage is about to drop indexes >= `index` (see PersistQueue.discard_from)."""
-        self._held.discard_from(index)
+        self._ready.discard_held_from(index)
 
     def wake(self) -> None:
-        self._wake.set()
+        self._ready.wake()
 
     def snapshot_now(self) -> int:
         """Snapshot the state machine at its applied offset, on the loop, and drop the log below (as far
@@ -562,7 +494,7 @@ class RaftGroup:
         """Hand leadership to voter `target` (leader only); proposals wait until it is done or times out."""
         self._check_open()
         self.node.transfer_leadership(target)
-        self._wake.set()
+        self._ready.wake()
 
     async def change_membership(self, cc: ConfChange, timeout: float = 10.0) -> ConfState:
         """Propose a single-server membership change (leader only); the configuration after it, once
@@ -589,9 +521,8 @@ class RaftGroup:
                                            f"within {timeout:.1f} s (no commit in its term, or a change pending)")
             await asyncio.sleep(self.tick_interval)
         index = self.node.propose_conf_change(cc)
-        future: asyncio.Future[ConfState] = self.loop.create_future()
-        self._conf_waiters[index] = (self.node.term, future)
-        self._wake.set()
+        future = self._proposals.wait_conf_change(index, self.node.term)
+        self._ready.wake()
         try:
             return await asyncio.wait_for(future, max(0.0, deadline - self.loop.time()))
         except TimeoutError:
@@ -599,16 +530,8 @@ class RaftGroup:
                                        f"{timeout:.1f} s (it may still be)") from None
 
     async def wait_applied(self, offset: int, timeout: float | None = None) -> None:
-        """Until this node's state machine applied `offset` (TimeoutError past `timeout`)."""
-        if self.sm.applied_index >= offset:
-            return
-        future: asyncio.Future[None] = self.loop.create_future()
-        self._applied_waiters.append((offset, future))
-        try:
-            await asyncio.wait_for(future, timeout)
-        except TimeoutError:
-            raise NotCaughtUpError(f"node {self.node_id} applied {self.sm.applied_index} of group {self.name}, "
-                                   f"not yet {offset}") from None
+        """Until this node's state machine applied `offset` (NotCaughtUpError past `timeout`)."""
+        await self._reads.wait_applied(offset, timeout)
 
     def status(self) -> GroupStatus:
         n = self.node
@@ -624,14 +547,14 @@ class RaftGroup:
         while not self._closed:
             await asyncio.sleep(max(0.0, next_tick - self.loop.time()))
             next_tick += self.tick_interval
-            self._check_clock()
+            self._reads.check_clock()
             if self.loop.time() > next_tick + 10 * self.tick_interval:
                 next_tick = self.loop.time() + self.tick_interval  # we were stalled: do not burst
             self.node.tick()
-            self._last_tick_at = self.loop.time()
+            self._reads.ticked()
             self._check_term_limit()
             self._observe_lag()
-            self._wake.set()
+            self._ready.wake()
             self._state_machine_tick()
             if self._check_space():
                 self._while_disk_full()
@@ -661,32 +584,15 @@ class RaftGroup:
 
     def _check_term_limit(self) -> None:
         """Say loudly, and again every TERM_LIMIT_REPEAT_S, that the term reached its limit: this node can
-        never start another election, so the group is lost once its last leader is (README, "Raft")."""
+        never start another election, so the group is lost once its last leader is (docs/raft.md)."""
         n = self.node
         if not n.term_exhausted or self.loop.time() - self._term_limit_said_at < TERM_LIMIT_REPEAT_S:
             return
         self._term_limit_said_at = self.loop.time()
         logger.critical("group %s: term %d is at the limit %d (the int32 partitionLeaderEpoch of a record batch): "
                         "node %s can never start another election%s; the data stays readable (epochlog export "
-                        "--offline), the group has to be rebuilt in a new cluster (README, Raft)", self.name, n.term, MAX_TERM, self.node_id,
+                        "--offline), the group has to be rebuilt in a new cluster (docs/raft.md)", self.name, n.term, MAX_TERM, self.node_id,
                         f" (node {n.leader} leads in this term for now)" if n.leader else "")
-
-    def _check_clock(self) -> None:
-        """Void the leader lease when the core's tick clock lags real time.
-
-        The lease is counted in ticks (`RaftNode.lease_read_index`) and is safe only while this
-        clock keeps pace with the followers' (within lease_drift_ticks). A stalled loop or a
-        stopped process (SIGSTOP) stops it: after a pause of seconds the node would still count its
-        old lease as valid while the others, whose clocks ran, elected a new leader. So when the
-        last tick is older than one interval plus the drift allowance (at least half an interval),
-        no lease from before now is trusted: the next heartbeat round a majority acknowledges
-        starts a new one, and meanwhile lease reads go through ReadIndex. Called by the ticker, and
-        by lease reads, which may run before the ticker does after a stall.
-        """
-        limit = (1 + max(0.5, self.node.cfg.lease_drift_ticks)) * self.tick_interval
-        if self.loop.time() - self._last_tick_at > limit:
-            self.node.clock_jumped()
-            self.counters.clock_stalls += 1
 
     def _state_machine_tick(self) -> None:
         """Let the state machine propose what time decides (e.g. lease expiries) on the leader."""
@@ -705,224 +611,50 @@ class RaftGroup:
         except EpochlogError as exc:  # retried by the state machine's own schedule
             logger.info("group %s: proposal from the state machine failed: %s", self.name, exc)
 
-    async def _run(self) -> None:
-        try:
-            while not self._closed:
-                await self._wake.wait()
-                self._wake.clear()
-                self._release_persisted()
-                backlog = False   # applying committed entries in slices, the loop running between them
-                while True:
-                    self._step_inbox()
-                    if not backlog:   # proposals queued meanwhile wait for the backlog: bigger entries
-                        self._submit_proposals()
-                    if not self.node.has_ready():
-                        if self._inbox:
-                            continue
-                        break
-                    rd = self.node.ready()
-                    self._handle(rd)
-                    self.node.accept()
-                    self._release_persisted()
-                    backlog = bool(rd.committed) and self.node.log.applicable()
-                    if backlog:
-                        await asyncio.sleep(0)   # see APPLY_BYTES_PER_TURN
-                self._persist_commit(force=False)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # a failed fsync or a broken invariant: this node must stop
-            self._failure = exc
-            logger.critical("group %s on node %s failed: %r", self.name, self.node_id, exc)
-            self._fail_waiters(RaftError(f"group {self.name} failed: {exc}"))
-            raise
-
-    def _step_inbox(self) -> None:
-        msgs, self._inbox = self._inbox, []
-        full = self._check_space()
-        node = self.node
-        for i, (peer, m) in enumerate(msgs):
-            drop = self.peer_check.check(node, peer, m)
-            if drop is not None:   # as if the network lost it (eventlog/raft/peer_check.py)
-                self.peer_drops.dropped(self.name, peer, drop, m)
-                continue
-            if full and isinstance(m, Append) and m.entries and m.entries[-1].last_index > self.node.log.last_index():
-                # Never acknowledged, so the leader sends it again; by then the disk may have room.
-                self.counters.appends_dropped += 1
-                continue
-            self.node.step(m)
-            if isinstance(m, InstallSnapshot) and i + 1 < len(msgs):
-                # The check of the next chunk reads the storage's staged image: stage this one first
-                # (the rest waits for this Ready to be handled; PeerCheck.check_snapshot_chunk).
-                self._inbox = msgs[i + 1:] + self._inbox
-                return
-
     def _submit_proposals(self) -> None:
-        if not self._proposals:
+        if not self._proposals.queued:
             return
-        pending, self._proposals = self._proposals, []
         if self.node.role is not Role.LEADER:
-            error = NotLeaderError(self.node_id, self.node.leader, self.node.term)
-            for p in pending:
-                if not p.future.done():
-                    p.future.set_exception(error)
+            self._proposals.refuse_queued(NotLeaderError(self.node_id, self.node.leader, self.node.term))
             return
         if self._check_space():
-            error = self._disk_full_error()
-            for p in pending:
-                if not p.future.done():
-                    p.future.set_exception(error)
-            self.counters.proposals_refused += len(pending)
+            self.counters.proposals_refused += self._proposals.refuse_queued(self._disk_full_error())
             return
-        start, n = 0, len(pending)
-        # Proposals are coalesced into entries of up to APPLY_BYTES_PER_TURN (one proposal alone up to
-        # max_batch_bytes): an entry is applied in one piece, so its size bounds how long applying holds the loop.
-        coalesce = min(self.max_batch_bytes, APPLY_BYTES_PER_TURN)
-        while start < n:
-            end, size = start, 0
-            stamp = pending[start].producer
-            while end < n and (end == start or (stamp is None and pending[end].producer is None
-                                                and size + pending[end].size <= coalesce)):
-                size += pending[end].size
-                end += 1
-            batch = pending[start:end]
-            records = [r for p in batch for r in p.records]
-            if stamp is None:
-                data = encode_batch(records, timestamp_ms=int(time.time() * 1000))
-            else:
-                data = encode_batch(records, timestamp_ms=int(time.time() * 1000), producer_id=stamp.producer_id,
-                                    producer_epoch=stamp.producer_epoch, base_sequence=stamp.base_sequence)
-            try:
-                index = self.node.propose(data, count=len(records))
-            except RaftError as exc:
-                for p in pending[start:]:
-                    if not p.future.done():
-                        p.future.set_exception(exc)
-                return
-            start = end
-            waiters = []
-            offset = index
-            for p in batch:
-                waiters.append((p.future, offset, len(p.records)))
-                if p.on_appended is not None:   # runs after this turn wrote the entry to the log (_handle)
-                    self.loop.call_soon(p.on_appended, offset)
-                offset += len(p.records)
-            self._waiters[index] = (self.node.term, waiters)
+        # Entries of up to APPLY_BYTES_PER_TURN (one proposal alone up to max_batch_bytes): an entry is
+        # applied whole, so its size bounds how long applying it holds the loop.
+        self._proposals.propose_queued(self.node, min(self.max_batch_bytes, APPLY_BYTES_PER_TURN))
 
-    def _handle(self, rd: Ready) -> None:
-        if rd.soft_state is not None:
-            self._count_soft_state(rd.soft_state)
-        for m in rd.send_now:
-            self._send(m.dst, self.name, m)
-        storage = self.storage
-        for chunk in rd.snapshot_chunks:
-            storage.stage_snapshot_chunk(chunk.meta, chunk.offset, chunk.data)
-        if rd.snapshot is not None:
-            # A snapshot being written in a thread meanwhile: the state machine protects its own files
-            # (ViewsStateMachine.restore waits for its flush; the loop must not wait for the whole job).
-            self._held.discard_from(rd.snapshot.index + 1)   # the log is reset behind the snapshot
-            path = storage.install_snapshot(rd.snapshot)
-            if rd.snapshot.index > self.sm.applied_index:
-                self.sm.restore(path / "data", rd.snapshot)
-            else:
-                # Fetching a dropped range again (repair.py): the views already applied past it.
-                logger.info("group %s: snapshot %d replaces the log only (the views applied %d)", self.name,
-                            rd.snapshot.index, self.sm.applied_index)
-            self._last_snapshot_index = max(self._last_snapshot_index, rd.snapshot.index)
-            self.snapshots.installed += 1
-            self._wake_applied()
-        if rd.entries:
-            # Entries from here on replace any stored suffix: earlier Readys no longer wait for the
-            # replaced ones (they will never be durable; see eventlog/raft/persist_queue.py).
-            self._held.discard_from(rd.entries[0].index)
-            storage.append(rd.entries)
-        if rd.hard_state is not None:
-            prev = storage.initial_state()[0]
-            hs = rd.hard_state
-            if (hs.term, hs.vote, hs.floor_index) != (prev.term, prev.vote, prev.floor_index):
-                storage.set_hard_state(hs)  # before any vote or ack leaves (§5.1)
-                self._persisted_commit = rd.hard_state.commit
-        self._held.push(rd)
-        if rd.committed:
-            outcomes = self.sm.apply(rd.committed) or {}
-            self.counters.events_applied += sum(e.count for e in rd.committed if e.kind is EntryKind.NORMAL)
-            self._bytes_since_snapshot += sum(e.size for e in rd.committed)
-            self._resolve(rd.committed, outcomes)
-            self._maybe_snapshot()
-            self._wake_applied()
-        for rs in rd.read_states:
-            future = self._reads.pop(rs.request, None)
-            if future is not None and not future.done():
-                future.set_result(rs.index)
-        for request in rd.dropped_reads:
-            future = self._reads.pop(request, None)
-            if future is not None and not future.done():
-                future.set_exception(NotLeaderError(self.node_id, self.node.leader, self.node.term))
+    # --- what the Ready loop hands over (eventlog/raft/runtime/ready_loop.py) -------------------
 
-    def _resolve(self, committed: tuple[Entry, ...], outcomes: Mapping[int, object]) -> None:
-        if self._conf_waiters:
-            self._resolve_conf(committed)
-        for e in committed:
-            waiting = self._waiters.pop(e.index, None)
-            if waiting is None:
-                continue
-            term, futures = waiting
-            for future, offset, count in futures:
-                if future.done():
-                    continue
-                if e.term == term and e.kind is EntryKind.NORMAL:
-                    future.set_result(Committed(offset, tuple(outcomes.get(o) for o in range(offset, offset + count))))
-                    self.counters.proposals_committed += 1
-                else:
-                    future.set_exception(ProposalDroppedError(
-                        f"leadership changed: offset {offset} was committed by another leader"))
-        if committed:
-            last = committed[-1].last_index
-            for index in [i for i in self._waiters if i <= last]:
-                for future, _, _ in self._waiters.pop(index)[1]:
-                    if not future.done():
-                        future.set_exception(ProposalDroppedError("the proposal was overwritten"))
+    def _install_snapshot(self, meta: SnapshotMeta) -> None:
+        # A snapshot being written in a thread meanwhile: the state machine protects its own files
+        # (ViewsStateMachine.restore waits for its flush; the loop must not wait for the whole job).
+        path = self.storage.install_snapshot(meta)
+        if meta.index > self.sm.applied_index:
+            self.sm.restore(path / "data", meta)
+        else:
+            # Fetching a dropped range again (repair.py): the views already applied past it.
+            logger.info("group %s: snapshot %d replaces the log only (the views applied %d)", self.name,
+                        meta.index, self.sm.applied_index)
+        self._last_snapshot_index = max(self._last_snapshot_index, meta.index)
+        self.snapshots.installed += 1
+        self._reads.wake_applied()
 
-    def _count_soft_state(self, soft: SoftState) -> None:
-        """Count elections and leader changes. A Ready reports the state at its making, so changes
-        between two Readys (one loop turn) fold into one: two campaigns in one turn count once."""
-        counters = self.counters
-        if soft.term > self._seen_term and self.node.vote == self.node_id:
-            counters.elections_started += 1
-        self._seen_term = soft.term
-        if soft.leader != 0 and (soft.term, soft.leader) != self._seen_leadership:
-            counters.leader_changes += 1
-            self._seen_leadership = (soft.term, soft.leader)
-            logger.info("group %s: node %s leads in term %s%s", self.name, soft.leader, soft.term,
-                        " (this node)" if soft.leader == self.node_id else "")
+    def _apply_committed(self, committed: tuple[Entry, ...]) -> None:
+        outcomes = self.sm.apply(committed) or {}
+        self.counters.events_applied += sum(e.count for e in committed if e.kind is EntryKind.NORMAL)
+        self._bytes_since_snapshot += sum(e.size for e in committed)
+        self._proposals.resolve(committed, outcomes, self.node.conf_at)
+        self._maybe_snapshot()
+        self._reads.wake_applied()
 
-    def _resolve_conf(self, committed: tuple[Entry, ...]) -> None:
-        for e in committed:
-            waiting = self._conf_waiters.pop(e.index, None)
-            if waiting is None or waiting[1].done():
-                continue
-            if e.term == waiting[0] and e.kind is EntryKind.CONF_CHANGE:
-                waiting[1].set_result(self.node.conf_at(e.index))
-            else:
-                waiting[1].set_exception(ProposalDroppedError(
-                    f"leadership changed: index {e.index} was committed by another leader"))
-        last = committed[-1].last_index
-        for index in [i for i in self._conf_waiters if i <= last]:
-            future = self._conf_waiters.pop(index)[1]
-            if not future.done():
-                future.set_exception(ProposalDroppedError("the membership change was overwritten"))
+    def _answer_reads(self, read_states: tuple[ReadState, ...], dropped_reads: tuple[int, ...]) -> None:
+        self._reads.resolve(read_states, dropped_reads)
 
-    def _wake_applied(self) -> None:
-        if not self._applied_waiters:
-            return
-        applied = self.sm.applied_index
-        keep = []
-        for offset, future in self._applied_waiters:
-            if offset <= applied:
-                if not future.done():
-                    future.set_result(None)
-            else:
-                keep.append((offset, future))
-        self._applied_waiters = keep
+    def _loop_failed(self, exc: BaseException) -> None:
+        self._failure = exc
+        logger.critical("group %s on node %s failed: %r", self.name, self.node_id, exc)
+        self._fail_waiters(RaftError(f"group {self.name} failed: {exc}"))
 
     def _maybe_snapshot(self, *, force: bool = False) -> None:
         if self._snapshot_task is not None:
@@ -1041,54 +773,11 @@ class RaftGroup:
         if not self.node.lead_transferee:
             self.hand_over("disk full")
 
-    def _persist_commit(self, *, force: bool) -> None:
-        committed = self.node.log.committed
-        if committed == self._persisted_commit:
-            return
-        if force or committed - self._persisted_commit >= 10_000:
-            self.storage.set_hard_state(self.node.hard_state)   # with the vote floor, if any
-            self._persisted_commit = committed
-
-    # --- durability ----------------------------------------------------------------------------
-
-    def _release_persisted(self) -> None:
-        """Send what accepted Readys held back, in order, as far as the log is durable."""
-        log = self.storage.log
-        if log.failure is not None:
-            raise log.failure  # a failed fsync is fatal: never wait for, or pretend, durability
-        for rd in self._held.pop_durable(log.durable_offset):
-            for m in self.node.persisted(rd):
-                self._send(m.dst, self.name, m)
-
-    def _on_durable_threadsafe(self, durable_offset: int) -> None:
-        """Durability listener (the log's flusher thread): wake the group's task."""
-        try:
-            self.loop.call_soon_threadsafe(self._wake.set)
-        except RuntimeError:
-            pass  # the loop is closed: shutting down
+    # --- waiters -------------------------------------------------------------------------------
 
     def _fail_waiters(self, error: BaseException) -> None:
-        for p in self._proposals:
-            if not p.future.done():
-                p.future.set_exception(error)
-        self._proposals = []
-        for _, futures in self._waiters.values():
-            for future, _, _ in futures:
-                if not future.done():
-                    future.set_exception(error)
-        self._waiters.clear()
-        for _, conf_future in self._conf_waiters.values():
-            if not conf_future.done():
-                conf_future.set_exception(error)
-        self._conf_waiters.clear()
-        for future in self._reads.values():
-            if not future.done():
-                future.set_exception(error)
-        self._reads.clear()
-        for _, applied_future in self._applied_waiters:
-            if not applied_future.done():
-                applied_future.set_exception(error)
-        self._applied_waiters = []
+        self._proposals.fail_all(error)
+        self._reads.fail_all(error)
 
     def _check_open(self) -> None:
         if self._failure is not None:

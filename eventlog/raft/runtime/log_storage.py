@@ -107,7 +107,7 @@ class LogStorage:
         whose log is key-compacted rather than truncated)."""
         path = Path(directory)
         (path / SNAPSHOTS).mkdir(parents=True, exist_ok=True)
-        state = _read_quorum_state(path / QUORUM_STATE)
+        state = read_quorum_state(path / QUORUM_STATE)
         snapshot = _latest_snapshot(path / SNAPSHOTS) or SnapshotMeta(index=-1, term=0, conf=initial_conf)
         log = Log.open(path / "log", log_config)
         storage = cls(path, log, state, snapshot, ships_log_prefix=ships_log_prefix)
@@ -615,7 +615,7 @@ def seal_snapshot_data(tmp: Path) -> None:
     fsync_dir(tmp)
 
 
-def _read_quorum_state(path: Path) -> QuorumState:
+def read_quorum_state(path: Path) -> QuorumState:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:

@@ -8,7 +8,7 @@ TLS (see below) unless `[cluster.tls] insecure`:
   event loop (`send` only queues; the flush is scheduled once per turn), in frames of at most
   FRAME_SPLIT_BYTES (a single message larger than that goes alone: `largest_frame_bytes`).
 
-Who the peer is (README "Peer security"; eventlog.raft.runtime.tls). With TLS, the default, every
+Who the peer is (docs/security.md; eventlog.raft.runtime.tls). With TLS, the default, every
 connection is mutual TLS 1.3 verified against the cluster CA, and the peer is the node its
 certificate names: a certificate of another cluster, of a client, or (when dialing) of another node
 than the one dialed is refused, and so is a hello that claims another node id than the certificate.

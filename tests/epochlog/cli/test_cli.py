@@ -1,7 +1,7 @@
 """The `epochlog` client commands as real processes (`python -m epochlog ...`) against a real cluster.
 
 The cluster is named with --endpoints, --config and EPOCHLOG_ENDPOINTS; the JSON field names
-checked here are the ones README.md ("CLI") documents.
+checked here are the ones docs/cli.md documents.
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ import pytest
 from epochlog.api import messages as p
 from epochlog.client import AsyncClient, Client, ClientError, DeadlineExceededError, NoAnswerError
 from epochlog.client.connection import Connection
-from epochlog.client.errors import NotLeaderError, UnavailableError
+from epochlog.client.errors import UnavailableError
+from eventlog.errors import from_code
 from epochlog.client.retry import Attempts, Timing, fate_unknown
 from epochlog.client.sync import WAIT_GRACE_S
 from statemachines import events as ev
@@ -282,10 +283,10 @@ def test_the_blocking_client_returns_by_its_deadline_even_when_its_loop_is_stuck
 
 
 def test_which_failures_leave_a_write_in_doubt() -> None:
-    refused = [NotLeaderError("not the leader"), ClientError("full", code="disk_full"),
-               ClientError("bad", code="invalid_argument")]
+    refused = [from_code("not_leader", "not the leader"), from_code("disk_full", "full"),
+               from_code("invalid_argument", "bad")]
     unknown = [NoAnswerError("silent"), UnavailableError("connection closed"), DeadlineExceededError("late"),
-               ClientError("dropped", code="proposal_dropped"), ClientError("halted", code="group_halted"),
+               from_code("proposal_dropped", "dropped"), from_code("group_halted", "halted"),
                asyncio.CancelledError()]
     assert [fate_unknown(e) for e in refused] == [False] * len(refused)
     assert [fate_unknown(e) for e in unknown] == [True] * len(unknown)

@@ -119,15 +119,15 @@ def test_compare_and_set_rejections_change_nothing(client: Client) -> None:
 
 def test_watch_from_an_offset_then_live_writes(client: Client) -> None:
     first = client.put("watch/a", b"1")
-    reader = WatchReader(client.watch("kv/watch/", from_offset=first.offset), 3)
+    reader = WatchReader(client.watch("watch/", from_offset=first.offset), 3)
     replayed = reader.take()
-    assert (replayed.offset, replayed.key) == (first.offset, "kv/watch/a")
+    assert (replayed.offset, replayed.key) == (first.offset, "watch/a")
     assert isinstance(replayed.event, ev.KvPut) and replayed.event.value == b"1"
     client.put("elsewhere/x", b"not watched")
     second = client.put("watch/b", b"2")
     third = client.delete("watch/a")
     live = [reader.take(), reader.take()]
-    assert [(e.offset, e.key) for e in live] == [(second.offset, "kv/watch/b"), (third.offset, "kv/watch/a")]
+    assert [(e.offset, e.key) for e in live] == [(second.offset, "watch/b"), (third.offset, "watch/a")]
     assert isinstance(live[0].event, ev.KvPut) and live[0].event.value == b"2"
     assert isinstance(live[1].event, ev.KvDeleted)
     reader.thread.join(WAIT_S)
@@ -180,11 +180,11 @@ def test_asyncio_client_concurrent_writes_scan_and_watch(shared_cluster: NodeClu
             assert len(set(offsets)) == 200 and all(r.ok and r.group == "kv" for r in results)
             names = [kv.name async for kv in c.scan("aio/", page_size=64)]
             assert names == [f"aio/{i:03d}" for i in range(200)]
-            got = await c.get_many([f"kv/aio/{i:03d}" for i in (0, 199)], consistency="lease")
+            got = await c.get_many([f"aio/{i:03d}" for i in (0, 199)], consistency="lease")
             assert [e.version for e in got if e is not None] == [offsets[0], offsets[199]]
 
             seen: list[tuple[int, str]] = []
-            stream = c.watch("kv/aio/", from_offset=min(offsets))
+            stream = c.watch("aio/", from_offset=min(offsets))
 
             async def consume() -> None:
                 async for event in stream:
@@ -200,7 +200,7 @@ def test_asyncio_client_concurrent_writes_scan_and_watch(shared_cluster: NodeClu
                 consumer.cancel()
                 await asyncio.gather(consumer, return_exceptions=True)
                 await stream.aclose()
-            expected = sorted(zip(offsets, (f"kv/aio/{i:03d}" for i in range(200)))) + [(late.offset, "kv/aio/late")]
+            expected = sorted(zip(offsets, (f"aio/{i:03d}" for i in range(200)))) + [(late.offset, "aio/late")]
             assert seen == expected
     asyncio.run(asyncio.wait_for(main(), 60))
 

@@ -134,25 +134,25 @@ def test_error_table() -> None:
 
 def test_undecodable_messages_and_out_of_range_values_are_invalid_arguments() -> None:
     parse = cv.lenient(pb.GetRequest)
-    assert parse(pb.GetRequest(key="kv/a").SerializeToString()) == pb.GetRequest(key="kv/a")
+    assert parse(pb.GetRequest(key="a").SerializeToString()) == pb.GetRequest(key="a")
     broken = parse(b"\x0a\xff\xff\xff\xff")          # field 1, a length running past the end
     assert isinstance(broken, cv.Undecodable) and broken.message_type == "GetRequest"
     with pytest.raises(cv.RequestError, match="not a valid GetRequest message"):
         cv.decoded(broken)
     assert cv.failure(cv.RequestError("x"), {}).status == S.INVALID_ARGUMENT
     cases = [
-        (lambda: cv.get_call(pb.GetRequest(key="kv/a", as_of=-5)), "get.as_of: expected `int` >= 0, got -5"),
-        (lambda: cv.get_call(pb.GetRequest(key="kv/a", min_offset=-2)), "get.min_offset: expected `int` >= -1"),
-        (lambda: cv.list_call(pb.ListRequest(prefix="kv/", limit=20_000)), "list.limit: expected `int` <= 10000"),
-        (lambda: cv.history_call(pb.HistoryRequest(key="kv/a", after_offset=-7)), "history.after_offset"),
+        (lambda: cv.get_call(pb.GetRequest(key="a", as_of=-5)), "get.as_of: expected `int` >= 0, got -5"),
+        (lambda: cv.get_call(pb.GetRequest(key="a", min_offset=-2)), "get.min_offset: expected `int` >= -1"),
+        (lambda: cv.list_call(pb.ListRequest(prefix="app/", limit=20_000)), "list.limit: expected `int` <= 10000"),
+        (lambda: cv.history_call(pb.HistoryRequest(key="a", after_offset=-7)), "history.after_offset"),
         (lambda: cv.read_events_call(pb.ReadEventsRequest(group="kv", from_offset=-1)), "read_events.from_offset"),
-        (lambda: cv.watch_call(pb.WatchRequest(prefix="kv/", from_offset=-3)), "watch.from_offset"),
+        (lambda: cv.watch_call(pb.WatchRequest(prefix="app/", from_offset=-3)), "watch.from_offset"),
     ]
     for make, message in cases:
         with pytest.raises(cv.RequestError) as error:
             make()
         assert message in str(error.value)
-    assert cv.get_call(pb.GetRequest(key="kv/a", as_of=0)).as_of == 0
+    assert cv.get_call(pb.GetRequest(key="a", as_of=0)).as_of == 0
 
 
 def test_grpc_address_config() -> None:

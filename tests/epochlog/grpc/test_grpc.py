@@ -48,15 +48,15 @@ def test_put_get_list_history_delete(cluster3: GrpcNodes) -> None:
                for i in range(12)]
     assert offsets == sorted(offsets) and len(set(offsets)) == 12
 
-    got = s.Get(pb.GetRequest(key=f"kv/{d}/k03", json=True), timeout=T)
+    got = s.Get(pb.GetRequest(key=f"{d}/k03", json=True), timeout=T)
     assert got.item.kv.value == b"v3" and got.item.version == offsets[3] and got.applied >= offsets[-1]
     assert json.loads(got.item.state_json)["name"] == f"{d}/k03"
-    assert not s.Get(pb.GetRequest(key=f"kv/{d}/missing"), timeout=T).HasField("item")
+    assert not s.Get(pb.GetRequest(key=f"{d}/missing"), timeout=T).HasField("item")
 
     # Pages of 5 with the continuation token, then a range.
     names, after = [], None
     while True:
-        req = pb.ListRequest(prefix=f"kv/{d}/", limit=5)
+        req = pb.ListRequest(prefix=f"{d}/", limit=5)
         if after is not None:
             req.after = after
         page = s.List(req, timeout=T)
@@ -65,21 +65,21 @@ def test_put_get_list_history_delete(cluster3: GrpcNodes) -> None:
             break
         after = page.next_after
     assert names == [f"{d}/k{i:02d}" for i in range(12)]
-    ranged = s.List(pb.ListRequest(start=f"kv/{d}/k02", end=f"kv/{d}/k05"), timeout=T)
+    ranged = s.List(pb.ListRequest(start=f"{d}/k02", end=f"{d}/k05"), timeout=T)
     assert [i.kv.name for i in ranged.items] == [f"{d}/k02", f"{d}/k03", f"{d}/k04"]
 
     second = s.Put(pb.PutRequest(name=f"{d}/k00", value=b"again"), timeout=T)
     deleted = s.Delete(pb.DeleteRequest(name=f"{d}/k00"), timeout=T)
-    history = s.History(pb.HistoryRequest(key=f"kv/{d}/k00"), timeout=T)
+    history = s.History(pb.HistoryRequest(key=f"{d}/k00"), timeout=T)
     assert [(r.offset, r.event, r.deleted) for r in history.rows] == [
         (offsets[0], "KvPut", False), (second.offset, "KvPut", False), (deleted.offset, "KvDeleted", True)]
     assert history.rows[1].kv.value == b"again"
 
     # MVCC and read-your-writes on a follower.
-    old = s.Get(pb.GetRequest(key=f"kv/{d}/k00", as_of=offsets[0]), timeout=T)
+    old = s.Get(pb.GetRequest(key=f"{d}/k00", as_of=offsets[0]), timeout=T)
     assert old.item.kv.value == b"v0"
     follower = cluster3.stub(cluster3.follower("kv"))
-    mine = follower.Get(pb.GetRequest(key=f"kv/{d}/k11", consistency=pb.LOCAL, min_offset=offsets[-1]),
+    mine = follower.Get(pb.GetRequest(key=f"{d}/k11", consistency=pb.LOCAL, min_offset=offsets[-1]),
                         timeout=T)
     assert mine.item.kv.value == b"v11"
 
@@ -95,32 +95,32 @@ def test_compare_and_set_and_txn(cluster3: GrpcNodes) -> None:
     assert md["epochlog-code"] == "rejected" and md["epochlog-reason"] == "version_mismatch"
     assert int(md["epochlog-offset"]) > first.offset            # committed, changed nothing
     assert f"at version {first.offset}" in err.details()
-    assert s.Get(pb.GetRequest(key=f"kv/{name}"), timeout=T).item.kv.value == b"1"
+    assert s.Get(pb.GetRequest(key=f"{name}"), timeout=T).item.kv.value == b"1"
 
     other = unique("cas")
     ok = s.Txn(pb.TxnRequest(
-        conditions=[pb.Condition(key=f"kv/{name}", version=first.offset),
-                    pb.Condition(key=f"kv/{other}", version=0)],
+        conditions=[pb.Condition(key=f"{name}", version=first.offset),
+                    pb.Condition(key=f"{other}", version=0)],
         ops=[pb.TxnOp(put=pb.PutRequest(name=name, value=b"t")),
              pb.TxnOp(put=pb.PutRequest(name=other, value=b"o"))]),
         timeout=T)
     assert ok.ok and ok.group == "kv"
     failed = rpc_error(s.Txn, pb.TxnRequest(
-        conditions=[pb.Condition(key=f"kv/{name}", version=first.offset)],
+        conditions=[pb.Condition(key=f"{name}", version=first.offset)],
         ops=[pb.TxnOp(delete=pb.DeleteRequest(name=other))]), timeout=T)
     assert failed.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert metadata(failed)["epochlog-reason"] == "condition_failed"
-    assert s.Get(pb.GetRequest(key=f"kv/{other}"), timeout=T).item.kv.value == b"o"   # all or nothing
+    assert s.Get(pb.GetRequest(key=f"{other}"), timeout=T).item.kv.value == b"o"   # all or nothing
 
 
 def test_invalid_arguments(cluster3: GrpcNodes) -> None:
     s = cluster3.stub(cluster3.leader("kv"))
     cases = [
-        (s.Get, pb.GetRequest(key="nokind")),
-        (s.Get, pb.GetRequest(key="kv/x", consistency=7)),
+        (s.Get, pb.GetRequest(key="kv/x")),
+        (s.Get, pb.GetRequest(key="x", consistency=7)),
         (s.Put, pb.PutRequest(name="", value=b"x")),
         (s.Put, pb.PutRequest(name="x" * 2000, value=b"x")),
-        (s.List, pb.ListRequest(prefix="kv/", limit=20000)),
+        (s.List, pb.ListRequest(prefix="app/", limit=20000)),
         (s.Txn, pb.TxnRequest(ops=[pb.TxnOp()])),
         (s.Batch, pb.BatchRequest()),
         (s.Command, pb.CommandRequest()),
@@ -133,8 +133,8 @@ def test_invalid_arguments(cluster3: GrpcNodes) -> None:
         err = rpc_error(method, request, timeout=T)
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (request, err)
         assert metadata(err)["epochlog-code"] == "invalid_argument" and err.details()
-    err = rpc_error(s.Get, pb.GetRequest(key="nokind"), timeout=T)
-    assert "is not an entity key" in err.details()
+    err = rpc_error(s.Get, pb.GetRequest(key="kv/x"), timeout=T)
+    assert "kv keys are written without kv/, e.g. 'x'" in err.details()
 
 
 def test_follower_write_names_the_leader(cluster3: GrpcNodes) -> None:
@@ -147,7 +147,7 @@ def test_follower_write_names_the_leader(cluster3: GrpcNodes) -> None:
     assert md["epochlog-retriable"] == "true"
     assert cluster3.grpc[leader] in err.details()
     # A linearizable read on a follower says the same; a local one is served there.
-    err = rpc_error(cluster3.stub(follower).Get, pb.GetRequest(key="kv/x"), timeout=T)
+    err = rpc_error(cluster3.stub(follower).Get, pb.GetRequest(key="x"), timeout=T)
     assert err.code() == grpc.StatusCode.UNAVAILABLE
     assert metadata(err)["epochlog-leader"] == cluster3.grpc[leader]
 
@@ -156,7 +156,7 @@ def test_deadline_exceeded(cluster3: GrpcNodes) -> None:
     s = cluster3.stub(cluster3.leader("kv"))
     far = 1 << 40     # an offset the group will not reach
     started = time.monotonic()
-    err = rpc_error(s.Get, pb.GetRequest(key="kv/x", consistency=pb.LOCAL, min_offset=far), timeout=0.3)
+    err = rpc_error(s.Get, pb.GetRequest(key="x", consistency=pb.LOCAL, min_offset=far), timeout=0.3)
     elapsed = time.monotonic() - started
     assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert 0.25 <= elapsed < 2.0, elapsed
@@ -166,7 +166,7 @@ def test_deadline_exceeded(cluster3: GrpcNodes) -> None:
         async with grpc.aio.insecure_channel(cluster3.grpc[cluster3.leader("kv")]) as channel:
             stream = pb_grpc.EpochlogStub(channel).Session(timeout=T)
             await stream.write(pb.SessionRequest(calls=[pb.SessionCall(
-                id=7, timeout_ms=200, get=pb.GetRequest(key="kv/x", consistency=pb.LOCAL, min_offset=far))]))
+                id=7, timeout_ms=200, get=pb.GetRequest(key="x", consistency=pb.LOCAL, min_offset=far))]))
             response = await stream.read()
             await stream.done_writing()
             return response.replies[0]
@@ -229,9 +229,9 @@ def test_batch(cluster3: GrpcNodes) -> None:
     response = s.Batch(pb.BatchRequest(ops=[
         pb.BatchOp(put=pb.PutRequest(name=f"{d}/a", value=b"1")),
         pb.BatchOp(put=pb.PutRequest(name=f"{d}/b", value=b"2", expected_version=5)),   # not at 5: rejected
-        pb.BatchOp(get=pb.GetRequest(key=f"kv/{d}/a")),
+        pb.BatchOp(get=pb.GetRequest(key=f"{d}/a")),
         pb.BatchOp(txn=pb.TxnRequest(ops=[pb.TxnOp(put=pb.PutRequest(name=f"{d}/c", value=b"3"))])),
-        pb.BatchOp(get=pb.GetRequest(key=f"kv/{d}/b")),
+        pb.BatchOp(get=pb.GetRequest(key=f"{d}/b")),
     ]), timeout=T)
     r = response.results
     assert [x.WhichOneof("result") for x in r] == ["write", "write", "get", "write", "get"]
@@ -247,11 +247,11 @@ def test_leases(cluster3: GrpcNodes) -> None:
     assert lease.lease_id > 0 and lease.ttl_ms == 60_000 and lease.offset >= 0
     name = unique("leased")
     s.Put(pb.PutRequest(name=name, value=b"x", lease=lease.lease_id), timeout=T)
-    assert s.Get(pb.GetRequest(key=f"kv/{name}"), timeout=T).item.kv.lease == lease.lease_id
+    assert s.Get(pb.GetRequest(key=f"{name}"), timeout=T).item.kv.lease == lease.lease_id
     kept = s.LeaseKeepAlive(pb.LeaseKeepAliveRequest(lease_id=lease.lease_id), timeout=T)
     assert kept.ttl_ms == 60_000 and kept.offset == -1
     s.LeaseRevoke(pb.LeaseRevokeRequest(lease_id=lease.lease_id), timeout=T)
-    assert not s.Get(pb.GetRequest(key=f"kv/{name}"), timeout=T).HasField("item")   # deleted with its lease
+    assert not s.Get(pb.GetRequest(key=f"{name}"), timeout=T).HasField("item")   # deleted with its lease
     gone = rpc_error(s.LeaseKeepAlive, pb.LeaseKeepAliveRequest(lease_id=lease.lease_id), timeout=T)
     assert gone.code() == grpc.StatusCode.NOT_FOUND and metadata(gone)["epochlog-code"] == "not_found"
     again = rpc_error(s.LeaseRevoke, pb.LeaseRevokeRequest(lease_id=lease.lease_id), timeout=T)
@@ -268,7 +268,7 @@ def test_watch_stream(cluster3: GrpcNodes) -> None:
     s.Put(pb.PutRequest(name=unique("elsewhere"), value=b"-"), timeout=T)
     # Watch on a follower from the first write's offset: history first, then live events.
     stream = cluster3.stub(cluster3.follower("kv")).Watch(
-        pb.WatchRequest(prefix=f"kv/{d}/", from_offset=first.offset, json=True), timeout=30)
+        pb.WatchRequest(prefix=f"{d}/", from_offset=first.offset, json=True), timeout=30)
     head = next(stream)
     assert head.started.group == "kv" and head.started.from_offset == first.offset
     for i in range(1, 50):
@@ -281,7 +281,7 @@ def test_watch_stream(cluster3: GrpcNodes) -> None:
         messages += 1
         seen += response.events.events
     stream.cancel()
-    assert [e.key for e in seen[:50]] == [f"kv/{d}/{i}" for i in range(50)]
+    assert [e.key for e in seen[:50]] == [f"{d}/{i}" for i in range(50)]
     assert [e.type for e in seen] == ["KvPut"] * 50 + ["KvDeleted"]
     offsets = [e.offset for e in seen]
     assert offsets == sorted(offsets) and offsets[0] == first.offset
@@ -365,10 +365,10 @@ def test_session_many_calls_per_message(cluster3: GrpcNodes) -> None:
                     for i in range(base, base + per_message)]))
             # Reads, an invalid call and a status in one message, after the writes were sent.
             await stream.write(pb.SessionRequest(calls=[
-                pb.SessionCall(id=n, get=pb.GetRequest(key=f"kv/{d}/00042", min_offset=0)),
-                pb.SessionCall(id=n + 1, get=pb.GetRequest(key="nokind")),
+                pb.SessionCall(id=n, get=pb.GetRequest(key=f"{d}/00042", min_offset=0)),
+                pb.SessionCall(id=n + 1, get=pb.GetRequest(key="kv/nokind")),
                 pb.SessionCall(id=n + 2, status=pb.StatusRequest()),
-                pb.SessionCall(id=n + 3, list=pb.ListRequest(prefix=f"kv/{d}/", limit=3)),
+                pb.SessionCall(id=n + 3, list=pb.ListRequest(prefix=f"{d}/", limit=3)),
                 pb.SessionCall(id=n + 4),
             ]))
             await stream.done_writing()
@@ -406,7 +406,7 @@ def test_session_errors_name_the_leader(cluster3: GrpcNodes) -> None:
             stream = pb_grpc.EpochlogStub(channel).Session(timeout=T)
             await stream.write(pb.SessionRequest(calls=[
                 pb.SessionCall(id=1, put=pb.PutRequest(name=unique("s"), value=b"x")),
-                pb.SessionCall(id=2, get=pb.GetRequest(key="kv/x", consistency=pb.LOCAL))]))
+                pb.SessionCall(id=2, get=pb.GetRequest(key="x", consistency=pb.LOCAL))]))
             await stream.done_writing()
             return [r async for m in stream for r in m.replies]
 

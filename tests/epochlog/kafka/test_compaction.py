@@ -1,4 +1,4 @@
-"""Key compaction on real `epochlog serve` nodes, read back by real Kafka clients (README "Compaction").
+"""Key compaction on real `epochlog serve` nodes, read back by real Kafka clients (docs/compaction.md).
 
 1. Three nodes with 1 MiB segments, a snapshot every 300 offsets, 300 offsets of retention and a
    1 s delete retention (so passes run within seconds). One follower is stopped first. Through the
@@ -283,7 +283,7 @@ def test_kafka_readers_see_the_latest_applied_value_of_every_key(
             client.read_events("kv", 0)
         assert f"key-compacted below {end}" in str(info.value)
         with pytest.raises(CompactedError):
-            for _ in client.watch("kv/cmp/", from_offset=end - 1):
+            for _ in client.watch("cmp/", from_offset=end - 1):
                 pass
         tail = client.read_events("kv", end, max_events=100_000, max_bytes=64 << 20)
         assert tail.log_start == end and tail.events[0].offset >= end

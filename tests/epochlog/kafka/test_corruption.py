@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaTimeoutError
 
 from epochlog.client import Client
 from epochlog.client.errors import ClientError
@@ -165,7 +166,7 @@ def _watch(cluster: NodeCluster, node: int, written: dict[int, tuple[str, bytes]
     want = {o for o, (name, _) in written.items() if name.startswith(prefix + "/")}
     seen: set[int] = set()
     with Client([cluster.endpoint(node)], timeout=10.0, sessions=False) as client:
-        for event in client.watch(f"kv/{prefix}/", from_offset=0):
+        for event in client.watch(f"{prefix}/", from_offset=0):
             assert isinstance(event.event, ev.KvPut)
             assert (event.event.name, event.event.value) == written[event.offset], event.offset
             seen.add(event.offset)
@@ -183,8 +184,13 @@ def _kafka_read(cluster: NodeCluster, written: dict[int, tuple[str, bytes]], sto
     try:
         consumer.assign([KV])
         consumer.seek_to_beginning(KV)
-        end = consumer.end_offsets([KV])[KV]
         deadline = time.monotonic() + timeout
+        while True:   # the kv leader may be handing over (it found damage): kafka-python gives up after 30 s
+            try:
+                end = consumer.end_offsets([KV])[KV]
+                break
+            except KafkaTimeoutError:
+                assert time.monotonic() < deadline, "no end offset of __kv within the wait"
         while consumer.position(KV) < end and (stop is None or not stop.is_set()):
             assert time.monotonic() < deadline, f"position {consumer.position(KV)}, end {end}"
             for records in consumer.poll(timeout_ms=500).values():

@@ -14,7 +14,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from epochlog.api import messages as p
 from epochlog.client import AsyncClient
 from epochlog.client.broker import DEFAULT_CLUSTER, ControllerClient
 from examples.live_brokers import CHANGELOG, live_brokers
+from tests.epochlog.kafka.test_docs import faust_command
 from tests.support.nodes import NodeCluster, ROOT
 from tests.support.wait import wait_until
 
@@ -32,12 +32,11 @@ EXPECTED = {f"{DEFAULT_CLUSTER}/broker-a": ["a-0", "a-2"], f"{DEFAULT_CLUSTER}/b
 
 class Worker:
     def __init__(self, cluster: NodeCluster, datadir: Path, log: Path) -> None:
-        env = dict(os.environ, EPOCHLOG_KAFKA=",".join(cluster.bootstrap), EPOCHLOG_FAUST_DIR=str(datadir))
+        argv, doc_env = faust_command(cluster.bootstrap, datadir)   # docs/kafka.md's command, run as given
         self.log = log
         with open(log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "examples.live_brokers", "worker", "--loglevel=info"],
-                                         cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ, **doc_env), stdin=subprocess.DEVNULL,
+                                         stdout=out, stderr=subprocess.STDOUT)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")

@@ -419,7 +419,7 @@ def grpc_message(rng: random.Random, method: str) -> Any:
         return pb.PutRequest(name=rng.choice([name, "", "a\x00b"]), value=rng.randbytes(rng.randrange(0, 20)),
                              request_id=rng.choice([uuid7(), f"g-{rng.getrandbits(40)}"]))
     if method == "Get":
-        m = pb.GetRequest(key=rng.choice([f"kv/{name}", "nope", "kv/"]), consistency=rng.randrange(0, 6))
+        m = pb.GetRequest(key=rng.choice([name, "nope", "kv/"]), consistency=rng.randrange(0, 6))
         if rng.random() < 0.5:
             m.as_of = num()
         if rng.random() < 0.5:
@@ -428,26 +428,26 @@ def grpc_message(rng: random.Random, method: str) -> Any:
     if method == "Delete":
         return pb.DeleteRequest(name=name)
     if method == "List":
-        m = pb.ListRequest(prefix=rng.choice(["kv/fuzz/", "kv/", "nope"]), limit=rng.choice([0, 5, 10_001, 2**31]),
+        m = pb.ListRequest(prefix=rng.choice(["fuzz/", "kv/", "nope"]), limit=rng.choice([0, 5, 10_001, 2**31]),
                            consistency=3)
         if rng.random() < 0.5:
             m.as_of = num()
         return m
     if method == "History":
-        m = pb.HistoryRequest(key=f"kv/{name}", limit=rng.choice([0, 3, 20_000]), consistency=3)
+        m = pb.HistoryRequest(key=name, limit=rng.choice([0, 3, 20_000]), consistency=3)
         if rng.random() < 0.5:
             m.after_offset = num()
         return m
     if method == "Txn":
         return pb.TxnRequest(ops=[pb.TxnOp(put=pb.PutRequest(name=name, value=b"t"))],
-                             conditions=[pb.Condition(key=f"kv/{name}", version=rng.choice([0, -1, 5]))])
+                             conditions=[pb.Condition(key=name, version=rng.choice([0, -1, 5]))])
     if method == "Command":
         event = msgspec.msgpack.encode({"type": rng.choice(["KvPut", "QuotaChanged"]), "v": rng.choice([1, 2]),
                                         "name": name, "value": b"c"})
         return pb.CommandRequest(event_msgpack=event) if rng.random() < 0.7 else pb.CommandRequest(
             event_json=rng.choice(['{"type": "KvPut", "v": 3, "name": "fuzz/j", "value": ""}', "[[[[", "{}"]))
     if method == "Batch":
-        return pb.BatchRequest(ops=[pb.BatchOp(get=pb.GetRequest(key=f"kv/{name}", as_of=num()))])
+        return pb.BatchRequest(ops=[pb.BatchOp(get=pb.GetRequest(key=name, as_of=num()))])
     if method == "LeaseKeepAlive":
         return pb.LeaseKeepAliveRequest(lease_id=rng.choice([0, 1, 2**63]))
     if method == "ReadEvents":
@@ -536,7 +536,7 @@ class GrpcFuzzer:
             self._check(method, grpc.StatusCode.OK, data, undecodable, "ok")
             self._record(response_cls.FromString(response))
         elif kind <= 8:   # Watch: random or mutated request; a stream that starts is cut by its deadline
-            watch = pb.WatchRequest(prefix="kv/fuzz/", from_offset=rng.choice([-9, 0]))
+            watch = pb.WatchRequest(prefix="fuzz/", from_offset=rng.choice([-9, 0]))
             data = mutate_bytes(rng, watch.SerializeToString()) if kind == 7 else rng.randbytes(rng.randrange(1, 40))
             undecodable = not parses(pb.WatchRequest, data)
             try:
@@ -546,7 +546,7 @@ class GrpcFuzzer:
             except grpc.RpcError as exc:
                 self._check("Watch", exc.code(), data, undecodable, exc.details() or "")
         else:   # Session: one message, random bytes or a mutated one
-            good = pb.SessionRequest(calls=[pb.SessionCall(id=1, get=pb.GetRequest(key="kv/fuzz/1", consistency=3))])
+            good = pb.SessionRequest(calls=[pb.SessionCall(id=1, get=pb.GetRequest(key="fuzz/1", consistency=3))])
             data = (mutate_bytes(rng, good.SerializeToString()) if rng.random() < 0.5
                     else rng.randbytes(rng.randrange(1, 40)))
             undecodable = not parses(pb.SessionRequest, data)

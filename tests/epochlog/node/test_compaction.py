@@ -1,4 +1,4 @@
-"""Retention on real `epochlog serve` nodes, through the SDK and the CLI (compaction/, README "Compaction").
+"""Retention on real `epochlog serve` nodes, through the SDK and the CLI (compaction/, docs/compaction.md).
 
 1. The history floor: three nodes with 300 offsets of retention, a snapshot every 200 offsets and an
    export table that stopped at offset 5 (its pin capped at 1,000 offsets). After a few thousand
@@ -89,7 +89,7 @@ def test_history_floor_as_of_history_watch_and_status(node_cluster_factory: Call
         assert history.floor == floor
         assert history[0].offset <= floor < history[1].offset and history[-1].offset > floor
         with pytest.raises(CompactedError):
-            for _ in client.watch("kv/ret/", from_offset=0):
+            for _ in client.watch("ret/", from_offset=0):
                 pass
 
     result = cli(cluster, "get", below[0], "--as-of", str(below[1]))

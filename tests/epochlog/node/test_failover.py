@@ -64,7 +64,7 @@ def test_kill9_leader_mid_stream_then_restart_catches_up(node_cluster_factory, s
                 AsyncClient([cluster.endpoint(victim)] + [e for e in cluster.endpoints
                                                           if e != cluster.endpoint(victim)]) as watcher:
             first = await client.put("stream/start", b"")
-            stream = watcher.watch("kv/stream/", from_offset=first.offset + 1)
+            stream = watcher.watch("stream/", from_offset=first.offset + 1)
 
             async def watch() -> None:
                 async for event in stream:
@@ -119,7 +119,7 @@ def test_kill9_leader_mid_stream_then_restart_catches_up(node_cluster_factory, s
                 assert latest is not None and (int(latest.value), latest.version) == values[-1]
 
             # `epochlog status` while it is down: the others report themselves, the victim is unreachable.
-            status = await asyncio.to_thread(cli_status, cluster)
+            status = await asyncio.to_thread(cli_status, cluster, True)
             assert [n["reachable"] for n in status["nodes"]] == [i != victim for i in (1, 2, 3)]
             kv = next(g for g in status["groups"] if g["group"] == "kv")
             assert kv["leader"] == new_leader and kv["commit_offset"] >= last
@@ -147,9 +147,10 @@ def test_kill9_leader_mid_stream_then_restart_catches_up(node_cluster_factory, s
     asyncio.run(asyncio.wait_for(main(), 90))
 
 
-def cli_status(cluster: NodeCluster) -> dict:  # type: ignore[type-arg]
+def cli_status(cluster: NodeCluster, down: bool) -> dict:  # type: ignore[type-arg]
+    """`epochlog status --json`; it exits 1 when a member does not answer (`down`), else 0."""
     result = subprocess.run([sys.executable, "-m", "epochlog", "status", "--json", "--config", str(cluster.config_path),
                              "--timeout", "5"], capture_output=True, text=True, cwd=ROOT, timeout=30)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == (1 if down else 0), result.stderr
     return json.loads(result.stdout)  # type: ignore[no-any-return]
 

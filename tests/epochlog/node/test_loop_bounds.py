@@ -409,8 +409,10 @@ def test_a_request_repeated_for_20_s_moves_no_leader_and_stalls_no_heartbeat(
 
     assert _terms(cluster) == terms, "a leader or a term changed during the attack"
     assert longest <= STALL_LIMIT_S, f"the loop stalled up to {longest} s (limit {STALL_LIMIT_S} s)"
-    # About one measurement per tick: a loop that never ran its timers would have few.
-    assert measured >= 0.5 * elapsed / (TICK_MS / 1000), (measured, elapsed)
+    # The measurements cover the attack: one a tick, each at most `longest` late, so at least one per
+    # tick + longest (a loop that stopped running its timers would have few, not a long stall only).
+    # Not one per tick: on a loaded machine the process is not scheduled for every tick (load 24: 9 a s).
+    assert measured >= 0.9 * elapsed / (TICK_MS / 1000 + longest), (measured, elapsed, longest)
     assert growth < case.rss_limit_mib, f"RSS grew by {growth:.0f} MiB (limit {case.rss_limit_mib:.0f})"
     case.check(out)
     with Client([cluster.endpoint(ATTACKED)], timeout=20) as client:   # and it serves as before

@@ -257,7 +257,7 @@ def test_a_cluster_whose_term_passed_the_limit_starts_and_says_why(
     the other groups serve."""
     c = node_cluster_factory(raft={"election_timeout_ticks": 10})
     c.start()
-    c.leader(GROUP)
+    c.wait_converged(GROUP, timeout=60)   # every member holds the leader's term: each has a quorum-state
     assert set(c.stop_all().values()) == {0}
     for n in c.nodes.values():
         path = n.data_dir / "groups" / GROUP / "quorum-state"

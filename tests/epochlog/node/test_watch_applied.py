@@ -108,7 +108,7 @@ def _sdk_watch(client: Client, prefix: str, first: int, last: int,
     async def collect() -> list[WatchedEvent]:
         out: list[WatchedEvent] = []
         async with AsyncClient([endpoint] if endpoint else client.aio.endpoints, timeout=WAIT_S) as c:
-            stream = c.watch("kv/" + prefix, from_offset=first)
+            stream = c.watch(prefix, from_offset=first)
             try:
                 async with asyncio.timeout(WAIT_S):
                     async for e in stream:
@@ -134,7 +134,7 @@ def test_sdk_watch_marks_the_rejected_and_the_retried(client: Client, cluster: N
 def test_grpc_watch_marks_them(cluster: NodeCluster, marked: Marked) -> None:
     with grpc.insecure_channel(cluster.nodes[cluster.followers("kv")[-1]].grpc_address) as channel:
         stream = pb_grpc.EpochlogStub(channel).Watch(
-            pb.WatchRequest(prefix="kv/" + marked.prefix, from_offset=marked.first), timeout=WAIT_S)
+            pb.WatchRequest(prefix=marked.prefix, from_offset=marked.first), timeout=WAIT_S)
         assert next(stream).started.from_offset == marked.first
         seen: list[pb.Event] = []
         while not seen or seen[-1].offset < marked.last:

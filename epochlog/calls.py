@@ -1,0 +1,201 @@
+"""The call path every face shares: authorization, dispatch under a deadline, metrics, error mapping.
+
+A face (the native protocol in epochlog/server.py, gRPC in epochlog/grpc_server.py) is a codec: it
+turns bytes into a call of `Node` and the outcome back into bytes. What happens between is here, once:
+
+- `CallRunner.authorize`: the one place where a call's caller is authenticated and checked against
+  the permissions the call needs (issue 21: epochlog/access_control.py over statemachines/access.py),
+  and where the events a client writes get its principal as their actor. The faces pass what the
+  connection said about itself (`Caller`: a certificate's name, a token...). Without an
+  `AccessControl` that enforces, every call is allowed as it comes;
+- `CallRunner.now` runs a call that completes without waiting (status, a keep-alive...) in the
+  caller's turn of the loop; `CallRunner.run` awaits one in the caller's task under its deadline: a
+  timer cancels the task when it passes (one timer per call, not `asyncio.wait_for`, which would run
+  the work in a second task: a task and a loop turn per request);
+- the outcome is the result or the call's error as its row of the one error table
+  (eventlog/errors.py), chosen by `call_error`; the face encodes it (`wire_error` for the native
+  protocol, `convert.failure` for gRPC); a bug (`internal`) is logged with its traceback;
+- `epochlog_rpc_seconds{op}` and `epochlog_rpc_errors_total{op,code}` are observed.
+
+Concurrency contract: use from the node's loop, in the task that runs the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from prometheus_client import Counter, Histogram
+
+from eventlog.errors import DeadlineExceededError, EpochlogError, as_error
+from epochlog.api import messages as p
+from epochlog.access_control import ANONYMOUS_CALLER, AccessControl, Caller, stamped
+from epochlog.api.permissions import call_actions
+from statemachines.access import Action
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def call_error(exc: BaseException, *, timeout: float | None = None, deadline_passed: bool = False) -> EpochlogError:
+    """The error a call ends with: its row of the table. A timeout, or a retriable error raised once the
+    call's deadline passed (a wait the deadline cut: not caught up, no leader yet...), is
+    `deadline_exceeded`, naming what the call was waiting for."""
+    error = as_error(exc)
+    if not (isinstance(exc, TimeoutError) or (deadline_passed and error.retriable)):
+        return error
+    waited = "" if timeout is None else f" of {timeout:.3g} s"
+    detail = "" if error.code == DeadlineExceededError.code else f": {error}"
+    return DeadlineExceededError(f"the deadline{waited} passed before the call completed{detail}")
+
+
+def wire_error(error: EpochlogError, leader_address: str = "") -> p.WireError:
+    """The native protocol's form of an error (`leader_address`: the leader's client address, if known)."""
+    return p.WireError(error.code, str(error), error.retriable, error.leader_hint, leader_address)
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """A call's outcome when it failed: its row of the error table."""
+
+    error: EpochlogError
+
+
+@dataclass(frozen=True, slots=True)
+class Done(Generic[T]):
+    """A call's outcome when it completed: what it returned."""
+
+    result: T
+
+
+@dataclass(frozen=True, slots=True)
+class FaceRules:
+    """What differs between faces, stated once per face.
+
+    `metrics_prefix`: prefixed to the op in the metrics' label (gRPC's are `grpc_put`...).
+    `grace_s`: how much later than its deadline a call is cut. The node's own waits (read barriers)
+    get the deadline and fail first, saying what they waited for; the cut is for what has no timeout
+    of its own (a write waiting for its commit).
+    `late_retriable_is_deadline`: a retriable error raised once the deadline passed is reported as
+    `deadline_exceeded` (gRPC, whose clients expect DEADLINE_EXCEEDED at their deadline); the native
+    face reports it as itself, so the SDK retries it elsewhere within its own deadline."""
+
+    metrics_prefix: str = ""
+    grace_s: float = 0.0
+    late_retriable_is_deadline: bool = False
+
+
+class RpcMetrics(Protocol):
+    """What the runner observes (epochlog.metrics.Metrics has them)."""
+
+    rpc_seconds: Histogram     # labels: op
+    rpc_errors: Counter        # labels: op, code
+
+
+class CallRunner:
+    """Runs the calls of one face of a node; see the module docstring. Use on the node's loop."""
+
+    def __init__(self, rules: FaceRules, metrics: RpcMetrics | None = None,
+                 access: AccessControl | None = None) -> None:
+        self.rules = rules
+        self.metrics = metrics
+        self.access = access
+        self._latency: dict[str, Any] = {}   # op -> its histogram child (labels() costs per call)
+
+    # --- the hook of issue 21 ---------------------------------------------------------------------
+
+    def authorize(self, caller: Caller, op: str, call: object) -> None:
+        """Raise (AuthenticationError, PermissionDeniedError) unless `caller` may make `call` (`op` names
+        it, as in the metrics). Every call of every face passes here before it runs: the one place
+        authorization is enforced. `call` is a native call (epochlog/api/messages.py), or a tuple of them
+        (a gRPC batch); its writes' events get the principal as their actor, in place, before they run."""
+        access = self.access
+        if access is None or not access.enforce:
+            return
+        principal = access.authenticate(caller, op)
+        calls = call if isinstance(call, tuple) else (call,)
+        actions: list[Action] = []
+        for one in calls:
+            actions.extend(call_actions(one))
+        access.check(principal, self.rules.metrics_prefix + op, actions)
+        for one in calls:
+            if isinstance(one, p.Write):
+                one.events = stamped(one.events, principal.name)
+
+    # --- running ----------------------------------------------------------------------------------
+
+    def now(self, op: str, call: object, work: Callable[[], T], caller: Caller = ANONYMOUS_CALLER) -> Done[T] | Failed:
+        """Run `work`, a call that completes without waiting, in the caller's turn of the loop."""
+        started = time.perf_counter()
+        try:
+            self.authorize(caller, op, call)
+            outcome: Done[T] | Failed = Done(work())
+        except Exception as exc:  # every error is an outcome; the face lives on
+            outcome = Failed(self.error(op, exc))
+        self.observe(op, started)
+        return outcome
+
+    async def run(self, op: str, call: object, work: Callable[[], Coroutine[Any, Any, T]], timeout: float | None,
+                  caller: Caller = ANONYMOUS_CALLER, *, observe: bool = True) -> Done[T] | Failed:
+        """Await `work()` in the current task, cut `timeout` (+ the face's grace) seconds from now;
+        None: no deadline (a watch lives until cancelled or failed). A cancellation that is not the
+        deadline's (the connection went, the client cancelled) propagates. `observe`: count the
+        latency (not a watch's lifetime)."""
+        started = time.perf_counter()
+        task = asyncio.current_task()
+        assert task is not None
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            task.cancel()
+
+        timer = None if timeout is None else asyncio.get_running_loop().call_later(timeout + self.rules.grace_s,
+                                                                                   expire)
+        try:
+            self.authorize(caller, op, call)
+            return Done(await work())
+        except asyncio.CancelledError:
+            if not expired:
+                raise
+            task.uncancel()
+            return Failed(self.error(op, TimeoutError(), timeout=timeout))
+        except Exception as exc:
+            late = timeout is not None and time.perf_counter() - started >= timeout - 0.001
+            return Failed(self.error(op, exc, timeout=timeout, deadline_passed=late))
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if observe:
+                self.observe(op, started)
+
+    # --- outcomes ---------------------------------------------------------------------------------
+
+    def error(self, op: str, exc: BaseException, *, timeout: float | None = None,
+              deadline_passed: bool = False) -> EpochlogError:
+        """`exc` as the row the face reports, counted under `op` (a bug is logged with its traceback)."""
+        error = call_error(exc, timeout=timeout,
+                           deadline_passed=deadline_passed and self.rules.late_retriable_is_deadline)
+        if error.code == EpochlogError.code:
+            logger.error("%s%s failed", self.rules.metrics_prefix, op or "a request", exc_info=exc)
+        if self.metrics is not None:
+            self.metrics.rpc_errors.labels(self.rules.metrics_prefix + op, error.code).inc()
+        return error
+
+    def observe(self, op: str, started: float) -> None:
+        """Count a call's latency under `op` (from `started`, a time.perf_counter())."""
+        if self.metrics is None:
+            return
+        child = self._latency.get(op)
+        if child is None:
+            child = self._latency[op] = self.metrics.rpc_seconds.labels(self.rules.metrics_prefix + op)
+        child.observe(time.perf_counter() - started)
+
+
+__all__ = ["CallRunner", "Done", "FaceRules", "Failed", "RpcMetrics", "call_error", "wire_error"]

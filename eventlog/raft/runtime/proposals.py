@@ -1,0 +1,187 @@
+"""A group's proposals on this node, from `submit` until their entry commits: queued, coalesced, awaited.
+
+Proposals from any number of coroutines wait in a queue until the group's loop next turns; then
+everything queued becomes as few entries as `max_batch_bytes` allows, one record batch each (a
+proposal with a Kafka producer stamp is an entry of its own, whose batch header carries the stamp).
+Each caller's future waits under the entry's index with the term it was proposed in: it resolves
+with its offsets and apply outcomes once that entry is applied in the same term, and fails with
+ProposalDroppedError when another leader's entry (or a later one) takes the index. Membership
+changes wait the same way for their CONF_CHANGE entry.
+
+Concurrency contract: call only from the group's loop task (its `RaftGroup` owns one `Proposals`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from eventlog.raft.errors import ProposalDroppedError, RaftError
+from eventlog.raft.node import RaftNode
+from eventlog.raft.types import ConfState, Entry, EntryKind
+from eventlog.records import encode_batch
+
+if TYPE_CHECKING:
+    from eventlog.raft.runtime.group import GroupCounters
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """Where proposed records were committed, and what applying each one did (None: no outcome)."""
+
+    offset: int
+    outcomes: tuple[object | None, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerStamp:
+    """A Kafka idempotent producer's (id, epoch, base sequence): its records become one entry whose
+    batch header carries them, so producer state can be rebuilt from the log (epochlog/kafka)."""
+
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+
+
+class Proposal:
+    """One `submit` call: its records and the future its caller awaits."""
+
+    __slots__ = ("records", "future", "size", "producer", "on_appended")
+
+    def __init__(self, records: list[tuple[bytes | None, bytes | None]],
+                 future: asyncio.Future[Committed], producer: ProducerStamp | None = None,
+                 on_appended: Callable[[int], None] | None = None) -> None:
+        self.records = records
+        self.future = future
+        self.producer = producer
+        self.on_appended = on_appended
+        # An upper bound of the records' encoded size (RecordBatch v2 spends under 16 bytes of framing
+        # per record), so a batch of proposals within max_batch_bytes is one the log accepts.
+        self.size = sum(len(k or b"") + len(v or b"") + 16 for k, v in records)
+
+
+class Proposals:
+    """The queued proposals and the callers waiting for their entries (see the module docstring)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, counters: GroupCounters) -> None:
+        self.loop = loop
+        self.counters = counters
+        self.queued: list[Proposal] = []
+        # entry index -> (term proposed in, [(future, first offset, record count)])
+        self._waiters: dict[int, tuple[int, list[tuple[asyncio.Future[Committed], int, int]]]] = {}
+        self._conf_waiters: dict[int, tuple[int, asyncio.Future[ConfState]]] = {}  # index -> (term, future)
+
+    def queue(self, proposal: Proposal) -> None:
+        self.queued.append(proposal)
+
+    def refuse_queued(self, error: BaseException) -> int:
+        """Fail every queued proposal with `error`; how many there were."""
+        pending, self.queued = self.queued, []
+        for p in pending:
+            if not p.future.done():
+                p.future.set_exception(error)
+        return len(pending)
+
+    def propose_queued(self, node: RaftNode, max_batch_bytes: int) -> None:
+        """Turn the queued proposals into entries of the leader `node`, as few as `max_batch_bytes`
+        allows, and wait for them. A proposal the core refuses fails with its error, with those after it."""
+        pending, self.queued = self.queued, []
+        start, n = 0, len(pending)
+        while start < n:
+            end, size = start, 0
+            stamp = pending[start].producer
+            while end < n and (end == start or (stamp is None and pending[end].producer is None
+                                                and size + pending[end].size <= max_batch_bytes)):
+                size += pending[end].size
+                end += 1
+            batch = pending[start:end]
+            records = [r for p in batch for r in p.records]
+            if stamp is None:
+                data = encode_batch(records, timestamp_ms=int(time.time() * 1000))
+            else:
+                data = encode_batch(records, timestamp_ms=int(time.time() * 1000), producer_id=stamp.producer_id,
+                                    producer_epoch=stamp.producer_epoch, base_sequence=stamp.base_sequence)
+            try:
+                index = node.propose(data, count=len(records))
+            except RaftError as exc:
+                for p in pending[start:]:
+                    if not p.future.done():
+                        p.future.set_exception(exc)
+                return
+            start = end
+            waiters = []
+            offset = index
+            for p in batch:
+                waiters.append((p.future, offset, len(p.records)))
+                if p.on_appended is not None:   # runs after this turn wrote the entry to the log (the Ready)
+                    self.loop.call_soon(p.on_appended, offset)
+                offset += len(p.records)
+            self._waiters[index] = (node.term, waiters)
+
+    def wait_conf_change(self, index: int, term: int) -> asyncio.Future[ConfState]:
+        """A future for the membership change proposed at `index` in `term`: the configuration after it."""
+        future: asyncio.Future[ConfState] = self.loop.create_future()
+        self._conf_waiters[index] = (term, future)
+        return future
+
+    def resolve(self, committed: tuple[Entry, ...], outcomes: Mapping[int, object],
+                conf_at: Callable[[int], ConfState]) -> None:
+        """Answer the callers waiting for the applied entries `committed` (with `outcomes` by offset);
+        those waiting for an index at or below the last one that did not get their entry lost it."""
+        if self._conf_waiters:
+            self._resolve_conf(committed, conf_at)
+        for e in committed:
+            waiting = self._waiters.pop(e.index, None)
+            if waiting is None:
+                continue
+            term, futures = waiting
+            for future, offset, count in futures:
+                if future.done():
+                    continue
+                if e.term == term and e.kind is EntryKind.NORMAL:
+                    future.set_result(Committed(offset, tuple(outcomes.get(o) for o in range(offset, offset + count))))
+                    self.counters.proposals_committed += 1
+                else:
+                    future.set_exception(ProposalDroppedError(
+                        f"leadership changed: offset {offset} was committed by another leader"))
+        if committed:
+            last = committed[-1].last_index
+            for index in [i for i in self._waiters if i <= last]:
+                for future, _, _ in self._waiters.pop(index)[1]:
+                    if not future.done():
+                        future.set_exception(ProposalDroppedError("the proposal was overwritten"))
+
+    def _resolve_conf(self, committed: tuple[Entry, ...], conf_at: Callable[[int], ConfState]) -> None:
+        for e in committed:
+            waiting = self._conf_waiters.pop(e.index, None)
+            if waiting is None or waiting[1].done():
+                continue
+            if e.term == waiting[0] and e.kind is EntryKind.CONF_CHANGE:
+                waiting[1].set_result(conf_at(e.index))
+            else:
+                waiting[1].set_exception(ProposalDroppedError(
+                    f"leadership changed: index {e.index} was committed by another leader"))
+        last = committed[-1].last_index
+        for index in [i for i in self._conf_waiters if i <= last]:
+            future = self._conf_waiters.pop(index)[1]
+            if not future.done():
+                future.set_exception(ProposalDroppedError("the membership change was overwritten"))
+
+    def fail_all(self, error: BaseException) -> None:
+        """Fail every queued proposal and every waiter with `error` (the group stops or failed)."""
+        for p in self.queued:
+            if not p.future.done():
+                p.future.set_exception(error)
+        self.queued = []
+        for _, futures in self._waiters.values():
+            for future, _, _ in futures:
+                if not future.done():
+                    future.set_exception(error)
+        self._waiters.clear()
+        for _, conf_future in self._conf_waiters.values():
+            if not conf_future.done():
+                conf_future.set_exception(error)
+        self._conf_waiters.clear()

@@ -1,0 +1,241 @@
+"""The task that drives a group's `RaftNode`: step what arrives, carry out each Ready, in the order it requires.
+
+Each turn (woken by a message, a proposal, a tick or the log's flusher): send what earlier Readys
+held back, as far as the log is now durable; step the messages that pass the peer checks
+(eventlog/raft/peer_check.py; a snapshot chunk only once the previous one is staged), hand the
+queued proposals to the core, and while the core has a Ready carry it out with pipelined
+persistence (see `RaftNode.accept`): send `send_now`; stage snapshot chunks, install a snapshot;
+write the entries (group commit: the segmented log's flusher thread syncs them while this task goes
+on); persist term and vote when they changed; apply committed entries and answer waiters;
+`accept()`, and take the next Ready at once (while a backlog of committed entries is applied in
+slices, after letting the loop run: APPLY_BYTES_PER_TURN). Accepted Readys wait in order
+(`PersistQueue`) until the log's durable offset passes their entries, or what is left of them once a
+later Ready replaced a suffix; then their `send_after` goes out through `persisted()` (the leader
+counts its own copy only then).
+
+The commit index is persisted lazily (it is a hint for restarts: the state machine knows what it
+applied); term and vote are persisted before any message that depends on them leaves.
+
+What the state machine does with a Ready (apply, restore, answer proposals and reads) is the
+group's (`ReadyOwner`); this module owns the order and the persistence.
+
+Concurrency contract: `run` is the only task that steps the core; call everything else from the
+group's loop, except `on_durable_threadsafe` (any thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from eventlog.raft.node import RaftNode, Ready, ReadState, SoftState
+from eventlog.raft.peer_check import PeerCheck
+from eventlog.raft.persist_queue import PersistQueue
+from eventlog.raft.runtime.log_storage import LogStorage
+from eventlog.raft.runtime.peer_drops import PeerDrops
+from eventlog.raft.types import Append, Entry, InstallSnapshot, Message, SnapshotMeta
+
+logger = logging.getLogger(__name__)
+
+Send = Callable[[int, str, Message], None]
+
+APPLY_BYTES_PER_TURN = 64 << 10
+"""Committed entries a Ready hands out for applying (at least one entry; RaftNode's max_apply_bytes),
+and the size up to which a leader coalesces proposals into one entry (an entry is applied whole).
+While more committed entries wait after a slice, the loop runs before the next one, and proposals
+queued meanwhile wait until the backlog is applied (so they still coalesce). Every group of a node
+shares one loop: applying a backlog at once (a follower catching up, a leader whose commit index
+jumped), or entries of 1 MiB, held it for up to seconds on a loaded machine, and every group's
+heartbeats with it, so followers elected (issue 20). About 300 events, 5-10 ms of applying."""
+
+
+class Counters(Protocol):
+    """The group counters the loop keeps (GroupCounters)."""
+
+    elections_started: int
+    leader_changes: int
+    appends_dropped: int
+
+
+class ReadyOwner(Protocol):
+    """What the group does for its Ready loop."""
+
+    def _submit_proposals(self) -> None:
+        """Hand the queued proposals to the core (or refuse them)."""
+        ...
+
+    def _check_space(self) -> bool:
+        """Whether writes must be refused for lack of disk space."""
+        ...
+
+    def _install_snapshot(self, meta: SnapshotMeta) -> None:
+        """Install the snapshot a Ready carries (its chunks are staged) and restore the state machine."""
+        ...
+
+    def _apply_committed(self, committed: tuple[Entry, ...]) -> None:
+        """Apply committed entries and answer whoever waits for them."""
+        ...
+
+    def _answer_reads(self, read_states: tuple[ReadState, ...], dropped_reads: tuple[int, ...]) -> None:
+        ...
+
+    def _loop_failed(self, exc: BaseException) -> None:
+        """The loop stops for good (a failed fsync, a broken invariant): fail every waiter."""
+        ...
+
+
+class ReadyLoop:
+    """The Ready loop of one group on this node (see the module docstring)."""
+
+    def __init__(self, owner: ReadyOwner, name: str, node: RaftNode, storage: LogStorage, send: Send, *,
+                 loop: asyncio.AbstractEventLoop, peer_check: PeerCheck, peer_drops: PeerDrops,
+                 counters: Counters) -> None:
+        self.owner = owner
+        self.name = name
+        self.node = node
+        self.storage = storage
+        self._send = send
+        self.loop = loop
+        self.peer_check = peer_check
+        self.peer_drops = peer_drops
+        self.counters = counters
+        self._inbox: list[tuple[int, Message]] = []   # (the peer it came from, the message)
+        self._wake = asyncio.Event()
+        self._held = PersistQueue()   # accepted Readys whose send_after waits for their entries' fsync
+        self._stopped = False
+        self._persisted_commit = node.log.committed
+        self._seen_term = node.term
+        self._seen_leadership = (node.term, node.leader)
+
+    def deliver(self, peer: int, msg: Message) -> None:
+        self._inbox.append((peer, msg))
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        """End `run` after its current turn."""
+        self._stopped = True
+        self._wake.set()
+
+    def discard_held_from(self, index: int) -> None:
+        """The storage is about to drop indexes >= `index` (see PersistQueue.discard_from)."""
+        self._held.discard_from(index)
+
+    async def run(self) -> None:
+        try:
+            while not self._stopped:
+                await self._wake.wait()
+                self._wake.clear()
+                self._release_persisted()
+                backlog = False   # applying committed entries in slices, the loop running between them
+                while True:
+                    self._step_inbox()
+                    if not backlog:   # proposals queued meanwhile wait for the backlog: bigger entries
+                        self.owner._submit_proposals()
+                    if not self.node.has_ready():
+                        if self._inbox:
+                            continue
+                        break
+                    rd = self.node.ready()
+                    self._handle(rd)
+                    self.node.accept()
+                    self._release_persisted()
+                    backlog = bool(rd.committed) and self.node.log.applicable()
+                    if backlog:
+                        await asyncio.sleep(0)   # see APPLY_BYTES_PER_TURN
+                self.persist_commit(force=False)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a failed fsync or a broken invariant: this node must stop
+            self.owner._loop_failed(exc)
+            raise
+
+    def _step_inbox(self) -> None:
+        msgs, self._inbox = self._inbox, []
+        full = self.owner._check_space()
+        node = self.node
+        for i, (peer, m) in enumerate(msgs):
+            drop = self.peer_check.check(node, peer, m)
+            if drop is not None:   # as if the network lost it (eventlog/raft/peer_check.py)
+                self.peer_drops.dropped(self.name, peer, drop, m)
+                continue
+            if full and isinstance(m, Append) and m.entries and m.entries[-1].last_index > self.node.log.last_index():
+                # Never acknowledged, so the leader sends it again; by then the disk may have room.
+                self.counters.appends_dropped += 1
+                continue
+            self.node.step(m)
+            if isinstance(m, InstallSnapshot) and i + 1 < len(msgs):
+                # The check of the next chunk reads the storage's staged image: stage this one first
+                # (the rest waits for this Ready to be handled; PeerCheck.check_snapshot_chunk).
+                self._inbox = msgs[i + 1:] + self._inbox
+                return
+
+    def _handle(self, rd: Ready) -> None:
+        if rd.soft_state is not None:
+            self._count_soft_state(rd.soft_state)
+        for m in rd.send_now:
+            self._send(m.dst, self.name, m)
+        storage = self.storage
+        for chunk in rd.snapshot_chunks:
+            storage.stage_snapshot_chunk(chunk.meta, chunk.offset, chunk.data)
+        if rd.snapshot is not None:
+            self._held.discard_from(rd.snapshot.index + 1)   # the log is reset behind the snapshot
+            self.owner._install_snapshot(rd.snapshot)
+        if rd.entries:
+            # Entries from here on replace any stored suffix: earlier Readys no longer wait for the
+            # replaced ones (they will never be durable; see eventlog/raft/persist_queue.py).
+            self._held.discard_from(rd.entries[0].index)
+            storage.append(rd.entries)
+        if rd.hard_state is not None:
+            prev = storage.initial_state()[0]
+            hs = rd.hard_state
+            if (hs.term, hs.vote, hs.floor_index) != (prev.term, prev.vote, prev.floor_index):
+                storage.set_hard_state(hs)  # before any vote or ack leaves (§5.1)
+                self._persisted_commit = rd.hard_state.commit
+        self._held.push(rd)
+        if rd.committed:
+            self.owner._apply_committed(rd.committed)
+        self.owner._answer_reads(rd.read_states, rd.dropped_reads)
+
+    def _count_soft_state(self, soft: SoftState) -> None:
+        """Count elections and leader changes. A Ready reports the state at its making, so changes
+        between two Readys (one loop turn) fold into one: two campaigns in one turn count once."""
+        counters = self.counters
+        node_id = self.node.id
+        if soft.term > self._seen_term and self.node.vote == node_id:
+            counters.elections_started += 1
+        self._seen_term = soft.term
+        if soft.leader != 0 and (soft.term, soft.leader) != self._seen_leadership:
+            counters.leader_changes += 1
+            self._seen_leadership = (soft.term, soft.leader)
+            logger.info("group %s: node %s leads in term %s%s", self.name, soft.leader, soft.term,
+                        " (this node)" if soft.leader == node_id else "")
+
+    def persist_commit(self, *, force: bool) -> None:
+        """Persist the commit index: lazily (every 10,000 offsets), or now with `force` (closing)."""
+        committed = self.node.log.committed
+        if committed == self._persisted_commit:
+            return
+        if force or committed - self._persisted_commit >= 10_000:
+            self.storage.set_hard_state(self.node.hard_state)   # with the vote floor, if any
+            self._persisted_commit = committed
+
+    def _release_persisted(self) -> None:
+        """Send what accepted Readys held back, in order, as far as the log is durable."""
+        log = self.storage.log
+        if log.failure is not None:
+            raise log.failure  # a failed fsync is fatal: never wait for, or pretend, durability
+        for rd in self._held.pop_durable(log.durable_offset):
+            for m in self.node.persisted(rd):
+                self._send(m.dst, self.name, m)
+
+    def on_durable_threadsafe(self, durable_offset: int) -> None:
+        """Durability listener (the log's flusher thread): wake the loop's task."""
+        try:
+            self.loop.call_soon_threadsafe(self._wake.set)
+        except RuntimeError:
+            pass  # the loop is closed: shutting down

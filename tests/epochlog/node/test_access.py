@@ -1,0 +1,216 @@
+"""Authentication and authorization enforced on the native and gRPC faces (issue 21), on a real node
+with [clients.tls] and [clients.access] enforce = true: real TLS on 127.0.0.1, the SDK and a real gRPC
+channel, users and grants written as events by the bootstrap admin (a super user by its certificate).
+
+Each attack of the issue is refused whoever sends it (admin included for the controller's decisions),
+each allowed call works, and a grant or a user removed takes effect at the next call."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from epochlog.certs import ClusterCA
+from epochlog.client import Client
+from epochlog.client.errors import AuthenticationError, PermissionDeniedError
+from epochlog.client.tls import CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV, ClientTls
+from epochlog.grpc.v1 import epochlog_pb2 as pb
+from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
+from statemachines import credentials as cr
+from statemachines import events as ev
+from tests.support.nodes import NodeCluster
+from tests.support.wait import wait_until
+
+NAME = "node-test"
+ALICE_TOKEN = "eltok_alice-secret"
+OLD_TOKEN = "eltok_expired"
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
+    root = tmp_path_factory.mktemp("access-cluster")
+    ca = ClusterCA.create(root / "ca", NAME)
+    admin = ca.issue_client("admin", root / "admin")
+    ca.issue_client("mallory", root / "mallory")
+    cluster = NodeCluster(root, size=1, seed=11, name=NAME, grpc=True,
+                          clients={"tls": {"enabled": True},
+                                   "access": {"enforce": True, "super_users": ["admin"]}})
+    mp = pytest.MonkeyPatch()
+    # The harness's own SDK clients are the admin (its certificate names a super user).
+    for key, value in ((CA_ENV, admin.ca), (CERT_ENV, admin.cert), (KEY_ENV, admin.key)):
+        mp.setenv(key, str(value))
+    mp.delenv(TOKEN_ENV, raising=False)
+    try:
+        cluster.start()
+        for group in cluster.groups:
+            cluster.leader(group)
+        with Client(cluster.endpoints) as c:
+            now_ms = int(time.time() * 1000)
+            c.command(ev.UserAdded(name="alice", tokens=(cr.BearerToken(sha256=cr.token_digest(ALICE_TOKEN)),)))
+            c.command(ev.UserAdded(name="old", tokens=(cr.BearerToken(sha256=cr.token_digest(OLD_TOKEN),
+                                                                      expires_ms=now_ms - 1000),)))
+            c.command(ev.AclGranted(principal="alice", role="writer", resource="kv:app/"))
+            c.command(ev.AclGranted(principal="old", role="admin"))
+            c.put("other/x", b"theirs")
+        yield cluster
+    finally:
+        mp.undo()
+        cluster.close()
+        print(cluster.describe())
+
+
+def _tls(cluster: NodeCluster, who: str | None = None) -> ClientTls:
+    ca = str(cluster.root / "ca" / "ca.crt")
+    if who is None:
+        return ClientTls(ca)
+    return ClientTls(ca, str(cluster.root / who / f"{who}.crt"), str(cluster.root / who / f"{who}.key"))
+
+
+def _client(cluster: NodeCluster, *, who: str | None = None, token: str = "") -> Client:
+    return Client(cluster.endpoints, timeout=5.0, tls=_tls(cluster, who), token=token)
+
+
+def _actor(c: Client, written: object) -> str:
+    events = c.read_events(written.group, written.offset, max_events=1)   # type: ignore[attr-defined]
+    return ev.decode_event(events.events[0].value).actor
+
+
+def test_without_credentials_or_with_wrong_ones_nothing_is_served(secured: NodeCluster) -> None:
+    for token in ("", "eltok_wrong", OLD_TOKEN):   # none, unknown, expired
+        with _client(secured, token=token) as c:
+            with pytest.raises(AuthenticationError):
+                c.get("app/x")
+            with pytest.raises(AuthenticationError):
+                c.put("app/x", b"no")
+    with _client(secured, who="admin") as c:
+        assert c.get("app/x") is None   # nothing of a refused write was appended
+
+
+def test_a_writer_writes_its_prefix_only_and_signs_with_its_own_name(secured: NodeCluster) -> None:
+    with _client(secured, token=ALICE_TOKEN) as alice:
+        written = alice.put("app/x", b"1")
+        assert alice.get("app/x").value == b"1"
+        claimed = alice.command(ev.KvPut(name="app/y", value=b"2", actor="admin"))   # claims another actor
+        with pytest.raises(PermissionDeniedError, match="alice may not write kv/other/x"):
+            alice.delete("other/x")                                  # another application's key
+        with pytest.raises(PermissionDeniedError):
+            alice.put("other/y", b"no")
+        with pytest.raises(PermissionDeniedError):
+            alice.member_remove(1)                                   # membership: admin only
+        with pytest.raises(PermissionDeniedError):
+            alice.transfer_leader("metadata")
+        with pytest.raises(PermissionDeniedError):
+            alice.read_events("metadata", 0)                         # whole logs: admin or auditor
+    with _client(secured, who="admin") as admin:
+        assert admin.get("other/x").value == b"theirs" and admin.get("other/y") is None
+        assert _actor(admin, written) == "alice" and _actor(admin, claimed) == "alice"
+
+
+CONTROLLER_ONLY = [
+    ev.BrokerRegistered(cluster="c", group="broker-a", name="b1", address="6.6.6.6:10911", incarnation="evil",
+                        broker_id=0, broker_epoch=99),                                   # the broker hijack
+    ev.BrokerFenced(cluster="c", group="broker-a", name="b2", broker_epoch=1),           # fencing another broker
+    ev.MasterElected(cluster="c", group="broker-a", master=-1, master_epoch=9),          # clearing a master
+    ev.MemberAdded(node_id=9, peer_address="6.6.6.6:1", client_address="6.6.6.6:2"),    # a node's own record
+]
+
+
+@pytest.mark.parametrize("event", CONTROLLER_ONLY, ids=lambda e: type(e).__name__)
+def test_controller_decisions_are_refused_to_every_client_admin_included(secured: NodeCluster,
+                                                                         event: ev.Event) -> None:
+    for who, token in (("admin", ""), (None, ALICE_TOKEN)):
+        with _client(secured, who=who, token=token) as c:
+            with pytest.raises(PermissionDeniedError):
+                c.command(event)
+    with _client(secured, who="admin") as admin:
+        assert admin.get_entity(event.key()) is None
+
+
+def test_a_certificate_without_grants_may_do_nothing(secured: NodeCluster) -> None:
+    with _client(secured, who="mallory") as c:
+        with pytest.raises(PermissionDeniedError, match="no role is granted"):
+            c.get("app/x")
+        with pytest.raises(PermissionDeniedError):
+            c.status()
+
+
+def test_a_revoked_grant_and_a_removed_user_stop_working_at_the_next_call(secured: NodeCluster) -> None:
+    with _client(secured, who="admin") as admin:
+        admin.command(ev.UserAdded(name="bob", tokens=(cr.BearerToken(sha256=cr.token_digest("eltok_bob")),)))
+        admin.command(ev.AclGranted(principal="bob", role="writer", resource="kv:bob/"))
+        with _client(secured, token="eltok_bob") as bob:
+            wait_until(lambda: _put(bob) == "ok", timeout=10, what="bob's grant applied")
+            admin.command(ev.AclRevoked(principal="bob", role="writer", resource="kv:bob/"))
+            wait_until(lambda: _put(bob) == "permission_denied", timeout=10, what="bob's revoked grant refused")
+            admin.command(ev.AclGranted(principal="bob", role="writer", resource="kv:bob/"))
+            wait_until(lambda: _put(bob) == "ok", timeout=10, what="bob's grant back")
+            admin.command(ev.UserRemoved(name="bob"))
+            wait_until(lambda: _put(bob) == "unauthenticated", timeout=10, what="bob's token refused")
+
+
+def _put(c: Client) -> str:
+    """What a put of bob's key gets: ok or the refusal's code."""
+    try:
+        c.put("bob/1", b"x")
+        return "ok"
+    except (PermissionDeniedError, AuthenticationError) as exc:
+        return exc.code
+
+
+# --- gRPC -------------------------------------------------------------------------------------------
+
+def _channel(cluster: NodeCluster, token: str) -> tuple[grpc.Channel, list[tuple[str, str]]]:
+    ca = (cluster.root / "ca" / "ca.crt").read_bytes()
+    channel = grpc.secure_channel(cluster.nodes[1].grpc_address, grpc.ssl_channel_credentials(ca),
+                                  options=[("grpc.ssl_target_name_override", "node-1")])
+    return channel, ([("authorization", f"Bearer {token}")] if token else [])
+
+
+def test_grpc_takes_a_bearer_token_over_tls_and_refuses_as_the_native_face(secured: NodeCluster) -> None:
+    channel, alice = _channel(secured, ALICE_TOKEN)
+    with channel:
+        stub = pb_grpc.EpochlogStub(channel)
+        written = stub.Put(pb.PutRequest(name="app/g", value=b"1", actor="admin"), metadata=alice, timeout=5)
+        assert stub.Get(pb.GetRequest(key="app/g"), metadata=alice, timeout=5).HasField("item")
+        for call, code in (
+                (lambda: stub.Get(pb.GetRequest(key="app/g"), timeout=5), grpc.StatusCode.UNAUTHENTICATED),
+                (lambda: stub.Get(pb.GetRequest(key="app/g"), metadata=[("authorization", "Bearer nope")],
+                                  timeout=5), grpc.StatusCode.UNAUTHENTICATED),
+                (lambda: stub.Delete(pb.DeleteRequest(name="other/x"), metadata=alice, timeout=5),
+                 grpc.StatusCode.PERMISSION_DENIED),
+                (lambda: stub.MemberRemove(pb.MemberRemoveRequest(node_id=1), metadata=alice, timeout=5),
+                 grpc.StatusCode.PERMISSION_DENIED),
+                (lambda: stub.Batch(pb.BatchRequest(ops=[pb.BatchOp(put=pb.PutRequest(name="app/b", value=b"1")),
+                                                         pb.BatchOp(put=pb.PutRequest(name="other/b", value=b"1"))]),
+                                    metadata=alice, timeout=5), grpc.StatusCode.PERMISSION_DENIED),
+        ):
+            with pytest.raises(grpc.RpcError) as refused:
+                call()
+            assert refused.value.code() == code, refused.value
+    with _client(secured, who="admin") as admin:
+        assert admin.get("other/x").value == b"theirs" and admin.get("app/b") is None   # the batch: all or nothing
+        events = admin.read_events(written.group, written.offset, max_events=1)
+        assert ev.decode_event(events.events[0].value).actor == "alice"
+
+
+def test_plaintext_grpc_is_refused(secured: NodeCluster) -> None:
+    with grpc.insecure_channel(secured.nodes[1].grpc_address) as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            pb_grpc.EpochlogStub(channel).Status(pb.StatusRequest(), timeout=3)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_denials_are_counted_by_principal_operation_and_resource(secured: NodeCluster) -> None:
+    with _client(secured, token=ALICE_TOKEN) as alice:
+        with pytest.raises(PermissionDeniedError):
+            alice.put("other/z", b"no")
+    with _client(secured) as anonymous:
+        with pytest.raises(AuthenticationError):
+            anonymous.get("app/x")
+    samples = secured.metrics(1)
+    denied = {dict(labels)["principal"]: value for (name, labels), value in samples.items()
+              if name == "epochlog_access_denied_total"}
+    assert denied.get("alice", 0) >= 1 and denied.get("anonymous", 0) >= 1, denied
