@@ -39,7 +39,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -93,7 +93,6 @@ outpaces new request ids, and costs each entry about what its own records do): a
 jumps far ahead drains over the next entries instead of stalling one apply call (per entry, not per
 call, so replicas stay identical)."""
 SKIPPED = b"skipped_offsets"    # meta: msgpack list of the offsets the operator skipped (`Applier.skip`)
-CHECKED_KEPT = 65_536          # record values checked before proposing (`Applier.expect`) kept for their apply
 DIGEST_CHECKPOINTS_KEPT = 16   # (offset, digest) notes an applier keeps for the leader's comparison
 UPGRADE = "upgrade this node: a restart of a newer Epochlog applies it"
 _SKIP_HINT = ("if no Epochlog version can apply it (e.g. a node before the leader check accepted it), "
@@ -125,50 +124,26 @@ class _CannotApply(Exception):
 
 
 class Overlay:
-    """The pending writes of one `apply_entries` call over the store, with nested savepoints.
+    """Pending writes over the store (or a parent overlay): reads see them before they are written."""
 
-    Reads see pending writes first, then the store; a store read is cached for the rest of the call
-    (the store changes only when the call writes its batch at the end). `savepoint()` opens a scope
-    whose writes `rollback()` undoes or `release()` folds into the enclosing one: an entry is one
-    (a record it cannot apply drops the whole entry), a record's handler another (a rejected event
-    changes nothing). One flat dict per column family instead of a chain of overlays: a lookup costs
-    one dict probe however deep the savepoints nest (it was one per layer, then RocksDB).
-    """
-
-    def __init__(self, store: ViewStore) -> None:
+    def __init__(self, store: ViewStore, parent: Overlay | None = None) -> None:
         self.store = store
-        self.writes: dict[str, dict[bytes, bytes | None]] = {}   # column family -> key -> value (None: deleted)
-        self._read: dict[str, dict[bytes, bytes | None]] = {}    # store reads of this call
-        self._undo: list[dict[tuple[str, bytes], object]] = []   # per open savepoint: key -> value before it
+        self.parent = parent
+        self.writes: dict[tuple[str, bytes], bytes | None] = {}
 
     def get(self, cf: str, key: bytes) -> bytes | None:
-        pending = self.writes.get(cf)
-        if pending is not None:
-            hit = pending.get(key, _MISSING)
-            if hit is not _MISSING:
-                return hit  # type: ignore[return-value]
-        read = self._read.get(cf)
-        if read is None:
-            read = self._read[cf] = {}
-        else:
-            hit = read.get(key, _MISSING)
-            if hit is not _MISSING:
-                return hit  # type: ignore[return-value]
-        value = read[key] = self.store.get(cf, key)
-        return value
+        hit = self.writes.get((cf, key), _MISSING)
+        if hit is not _MISSING:
+            return hit  # type: ignore[return-value]
+        if self.parent is not None:
+            return self.parent.get(cf, key)
+        return self.store.get(cf, key)
 
-    def put(self, cf: str, key: bytes, value: bytes | None) -> None:
-        pending = self.writes.get(cf)
-        if pending is None:
-            pending = self.writes[cf] = {}
-        if self._undo:
-            undo = self._undo[-1]
-            if (cf, key) not in undo:
-                undo[(cf, key)] = pending.get(key, _MISSING)
-        pending[key] = value
+    def put(self, cf: str, key: bytes, value: bytes) -> None:
+        self.writes[(cf, key)] = value
 
     def delete(self, cf: str, key: bytes) -> None:
-        self.put(cf, key, None)
+        self.writes[(cf, key)] = None
 
     def scan(self, cf: str, start: bytes, end: bytes | None, limit: int | None = None) -> list[tuple[bytes, bytes]]:
         """Live keys in [start, end), pending writes merged over the store, in key order: the first
@@ -180,31 +155,22 @@ class Overlay:
         if limit is not None and len(stored) == limit:
             end = stored[-1][0] + b"\x00"   # past the store's last row, pending writes could skip some
         merged: dict[bytes, bytes | None] = dict(stored)
-        for k, v in self.writes.get(cf, {}).items():
-            if k >= start and (end is None or k < end):
-                merged[k] = v
+        chain = []
+        layer: Overlay | None = self
+        while layer is not None:
+            chain.append(layer)
+            layer = layer.parent
+        for layer in reversed(chain):  # inner layers' writes win
+            for (c, k), v in layer.writes.items():
+                if c == cf and k >= start and (end is None or k < end):
+                    merged[k] = v
         live = [(k, v) for k, v in sorted(merged.items()) if v is not None]
         return live if limit is None else live[:limit]
 
-    def savepoint(self) -> None:
-        self._undo.append({})
-
-    def release(self) -> dict[tuple[str, bytes], object]:
-        """Keep the writes of the innermost savepoint (they join the enclosing one); the keys it wrote."""
-        undo = self._undo.pop()
-        if self._undo:
-            outer = self._undo[-1]
-            for k, before in undo.items():
-                outer.setdefault(k, before)
-        return undo
-
-    def rollback(self) -> None:
-        """Undo every write of the innermost savepoint."""
-        for (cf, key), before in self._undo.pop().items():
-            if before is _MISSING:
-                del self.writes[cf][key]
-            else:
-                self.writes[cf][key] = before  # type: ignore[assignment]
+    def commit_to_parent(self) -> None:
+        assert self.parent is not None
+        self.parent.writes.update(self.writes)
+        self.writes = {}
 
 
 _MISSING = object()
@@ -233,17 +199,6 @@ class Applier:
         # offsets on every member (entries have the same bounds everywhere), compared by the leader
         # (epochlog/integrity.py). In memory: after a restart the next ones are noted.
         self.digest_checkpoints: deque[tuple[int, bytes]] = deque(maxlen=DIGEST_CHECKPOINTS_KEPT)
-        # Record values this node checked as the leader before proposing them (`expect`), with the event
-        # each decodes to: applying such a record takes that event instead of decoding and validating the
-        # same bytes again. A follower decodes them: the same bytes are the same event everywhere.
-        self.checked: dict[bytes, ev.Event] = {}
-
-    def expect(self, value: bytes, event: ev.Event) -> None:
-        """`event` is what `events.applicable(value)` returned (`events.checked_record`): the record with
-        this value may be applied as that event without decoding it again."""
-        if len(self.checked) >= CHECKED_KEPT:   # proposals that never committed here (leadership moved)
-            self.checked.clear()
-        self.checked[value] = event
 
     def skip(self, offset: int) -> None:
         """Record, durably, that the record at `offset` (where this applier halted) is skipped: applied
@@ -267,7 +222,7 @@ class Applier:
         on another record it cannot apply."""
         store = self.store
         self.lease_changes = []
-        ov = Overlay(store)
+        batch_ov = Overlay(store)
         outcomes: dict[int, Outcome] = {}
         digest = store.meta(DIGEST) or b""
         applied = store.applied
@@ -279,44 +234,43 @@ class Applier:
                 _not_applied(outcomes, entry, halted)
                 continue
             assert entry.index == applied + 1, f"gap: entry {entry.index} after applied offset {applied}"
-            ov.savepoint()   # the entry's writes: all of them, or none if a record cannot be applied here
+            entry_ov = Overlay(store, batch_ov)
             leases_before = len(self.lease_changes)
             try:
                 if entry.kind is EntryKind.NORMAL:
                     header, records = _records(entry, self.skipped)
-                    self.now_ms = sessions.Clock.advance(ov, header.max_timestamp if header else 0)
-                    instead = _producer_batch(ov, entry, header, records, self.now_ms)
+                    self.now_ms = sessions.Clock.advance(entry_ov, header.max_timestamp if header else 0)
+                    instead = _producer_batch(entry_ov, entry, header, records, self.now_ms)
                     for i, record in enumerate(records):
                         outcomes[record.offset] = (
-                            self._apply_record(ov, record.key, record.value, record.offset) if instead is None
+                            self._apply_record(entry_ov, record.key, record.value, record.offset) if instead is None
                             else msgspec.structs.replace(instead, offset=instead.offset + i))
-                    _record_noops(ov, entry, outcomes)
-                    sessions.expire(ov, self.now_ms)
-                    request_ids.forget(ov, self.now_ms)
-                    producers.expire(ov, self.now_ms)
+                    _record_noops(entry_ov, entry, outcomes)
+                    sessions.expire(entry_ov, self.now_ms)
+                    request_ids.forget(entry_ov, self.now_ms)
+                    producers.expire(entry_ov, self.now_ms)
             except _CannotApply as stop:   # nothing of this entry is applied: the views end before it
-                ov.rollback()
                 halted = self.halt = stop.halt
                 del self.lease_changes[leases_before:]
                 _not_applied(outcomes, entry, halted)
                 continue
-            self._evict_dedupe(ov, entry.last_index, EVICT_PER_ENTRY + entry.count)
-            digest = _chain(digest, entry.last_index, ov.writes, ov.release())
+            self._evict_dedupe(entry_ov, entry.last_index, EVICT_PER_ENTRY + entry.count)
+            digest = _chain(digest, entry.last_index, entry_ov.writes)
             every = self.config.digest_checkpoint_offsets
             if (entry.last_index + 1) // every > entry.index // every:
                 self.digest_checkpoints.append((entry.last_index, digest))
+            entry_ov.commit_to_parent()
             applied = entry.last_index
         if not entries or applied == store.applied:
             return outcomes
         wb = store.new_batch()
-        for cf, pending in ov.writes.items():
-            for key, value in pending.items():
-                if cf == META:
-                    store.put_meta(wb, key, value or b"")
-                elif value is None:
-                    store.delete(wb, cf, key)
-                else:
-                    store.put(wb, cf, key, value)
+        for (cf, key), value in batch_ov.writes.items():
+            if cf == META:
+                store.put_meta(wb, key, value or b"")
+            elif value is None:
+                store.delete(wb, cf, key)
+            else:
+                store.put(wb, cf, key, value)
         store.put_meta(wb, APPLIED, encode_offset(applied))
         store.put_meta(wb, DIGEST, digest)
         store.write(wb)
@@ -328,10 +282,8 @@ class Applier:
         if offset in self.skipped:
             return Outcome(False, offset, SKIPPED_CODE, "skipped by the operator: no node could apply it")
         invalid: ev.InvalidEventError | None = None
-        event = self.checked.pop(value, None) if value is not None and self.checked else None
         try:
-            if event is None:
-                event = ev.applicable(value or b"")
+            event = ev.applicable(value or b"")
         except ev.InvalidEventError as exc:   # decoded: its key and request id still count, as they always did
             event, invalid = exc.event, exc
         except ev.EventError as exc:
@@ -363,23 +315,20 @@ class Applier:
                 if request_time is not None or (offset - o.offset <= self.config.dedupe_window_offsets and (
                         floor is None or o.offset >= decode_offset(floor))):   # not yet evicted: still forgotten
                     return Outcome(o.ok, o.offset, o.code, o.message, duplicate=True)
-        ov.savepoint()   # the event's own writes: undone if it is rejected
+        savepoint = Overlay(self.store, ov)
         try:
             if invalid is not None:
                 raise invalid
-            outcome = _HANDLERS[type(event)](self, ov, event, offset)
+            outcome = _HANDLERS[type(event)](self, savepoint, event, offset)
         except ev.EventError as exc:
             outcome = Outcome(False, offset, exc.code, str(exc))
         except AssertionError:
             raise   # a broken invariant is never hidden
         except Exception as exc:   # a handler bug: halting keeps the replicas from diverging
-            ov.rollback()
             raise _CannotApply(offset, f"applying {type(event).__name__} failed: {exc!r}",
                                "a bug: report it with this log line") from exc
-        if not outcome.ok:
-            ov.rollback()
-        else:
-            ov.release()
+        if outcome.ok:
+            savepoint.commit_to_parent()
             if isinstance(event, ev.LeaseGranted):
                 self.lease_changes.append((event.lease_id, event.ttl_ms, offset))
             elif isinstance(event, ev.LeaseRevoked | ev.LeaseExpired):
@@ -489,30 +438,14 @@ def _tag(event: ev.Event) -> str:
     return type(event).__struct_config__.tag  # type: ignore[return-value]
 
 
-def _chain(digest: bytes, offset: int, writes: dict[str, dict[bytes, bytes | None]],
-           written: Iterable[tuple[str, bytes]]) -> bytes:
-    """The running digest after the entry ending at `offset`, whose writes were `written` (keys) with
-    their values in `writes`: SHA-256 over the previous digest, the offset and the entry's mutations in
-    key order. One hash call over one buffer (the same bytes as hashing them piece by piece)."""
-    by_cf: dict[str, list[bytes]] = {}
-    for cf, key in written:
-        keys = by_cf.get(cf)
-        if keys is None:
-            by_cf[cf] = [key]
-        else:
-            keys.append(key)
-    parts = [digest, encode_offset(offset)]
-    for cf in sorted(by_cf):   # (column family, key) order, sorting keys within each column family
-        name = cf.encode() + b"\x00"
-        pending = writes[cf]
-        for key in sorted(by_cf[cf]):
-            value = pending[key]
-            parts += (name, len(key).to_bytes(4, "big"), key)
-            if value is None:
-                parts.append(b"\x00")
-            else:
-                parts += (b"\x01", len(value).to_bytes(4, "big"), value)
-    return hashlib.sha256(b"".join(parts)).digest()
+def _chain(digest: bytes, offset: int, writes: dict[tuple[str, bytes], bytes | None]) -> bytes:
+    h = hashlib.sha256(digest)
+    h.update(encode_offset(offset))
+    for (cf, key) in sorted(writes):
+        value = writes[(cf, key)]
+        h.update(cf.encode() + b"\x00" + len(key).to_bytes(4, "big") + key)
+        h.update(b"\x01" + len(value).to_bytes(4, "big") + value if value is not None else b"\x00")
+    return h.digest()
 
 
 def _ok(offset: int) -> Outcome:

@@ -709,18 +709,11 @@ def event_record(event: Event) -> tuple[bytes, bytes]:
     """(record key, record value) of an event this code can apply; else EventError (invalid_argument):
     nothing is appended. The encoded value goes through `applicable`, the applier's own test, so no
     record a leader proposes can stop its replicas of the same version."""
-    key, value, _ = checked_record(event)
-    return key, value
-
-
-def checked_record(event: Event) -> tuple[bytes, bytes, Event]:
-    """`event_record` and the event `applicable` decoded from the value: what applying the record gives
-    (the leader hands it to its applier, `Applier.expect`, so the record is decoded once on that node)."""
     value = encode_event(event)
     try:
-        checked = applicable(value)
+        applicable(value)
     except SchemaVersionError as exc:
         raise EventError(f"{exc}: refused, nothing was written (a node writes only what it can apply)") from None
     except RecursionError as exc:
         raise EventError(str(exc)) from None
-    return checked.key().encode(), value, checked
+    return event.key().encode(), value

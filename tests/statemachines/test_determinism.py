@@ -8,8 +8,6 @@ the applied offset and the digest, included). Event sequences are the model test
 
 from __future__ import annotations
 
-import hashlib
-import random
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -21,11 +19,9 @@ from hypothesis import strategies as st
 
 from eventlog.raft.types import Entry, EntryKind, SnapshotMeta
 from eventlog.records import RecordBatch, encode_batch, stamp
-from statemachines import events as ev
-from statemachines.apply import _chain
 from statemachines.query import Query
 from statemachines.state import Outcome
-from statemachines.store import ViewsConfig, encode_offset
+from statemachines.store import ViewsConfig
 from statemachines.views import ViewsStateMachine
 from tests.statemachines.harness import (
     SHRINK_TIMEOUT_S,
@@ -178,61 +174,3 @@ def test_a_restored_snapshot_continues_exactly_like_the_original(program: tuple,
         leader.sm.close()
         follower.sm.close()
         shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.mark.timeout(SHRINK_TIMEOUT_S)
-@SETTINGS
-@given(program=programs, cuts=st.lists(st.booleans(), min_size=1, max_size=8))
-def test_records_the_leader_checked_apply_exactly_like_decoded_ones(program: tuple, cuts: list[bool]) -> None:
-    """The leader hands its applier the events it checked before proposing (`Applier.expect`): its
-    views must be exactly a follower's, which decodes and validates every record itself."""
-    entries, model, expected = _entries(program)
-    root = Path(tempfile.mkdtemp(prefix="views-checked-"))
-    leader, follower = Replica(root, "leader"), Replica(root, "follower")
-    try:
-        handed = 0
-        for entry in entries:
-            if entry.kind is not EntryKind.NORMAL:
-                continue
-            for record in RecordBatch.parse(entry.data).records():
-                try:
-                    event = ev.applicable(record.value or b"")
-                except (ev.EventError, ev.SchemaVersionError):
-                    continue   # a leader never proposes it: its followers' and its own applier decode it
-                leader.sm.applier.expect(bytes(record.value or b""), event)
-                handed += 1
-        leader.apply(_chunks(entries, cuts))
-        follower.apply(_chunks(entries, cuts[::-1]))
-        assert not leader.sm.applier.checked, "every checked record was taken by its apply"
-        check_outcomes(leader.outcomes, expected)
-        assert leader.outcomes == follower.outcomes
-        assert leader.sm.digest == follower.sm.digest
-        assert dump(leader.sm.store) == dump(follower.sm.store)
-        check_internals(leader.sm.store, model)
-    finally:
-        leader.sm.close()
-        follower.sm.close()
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def test_the_digest_chains_the_same_bytes_as_hashing_mutation_by_mutation() -> None:
-    """`_chain` hashes one buffer; replicas of older versions hash the same mutations piece by piece in
-    (column family, key) order: the digests must stay equal (epochlog/integrity.py compares them)."""
-    seed = random.randrange(1 << 32)
-    rng = random.Random(seed)
-    for _ in range(200):
-        writes: dict[str, dict[bytes, bytes | None]] = {}
-        for _ in range(rng.randrange(0, 40)):
-            cf = rng.choice(("", "kv", "versions", "dedupe", "noops", "session_outcomes"))
-            key = rng.randbytes(rng.randrange(0, 12))
-            writes.setdefault(cf, {})[key] = None if rng.random() < 0.2 else rng.randbytes(rng.randrange(0, 30))
-        written = [(cf, k) for cf, keys in writes.items() for k in keys]
-        rng.shuffle(written)
-        previous, offset = rng.randbytes(rng.choice((0, 32))), rng.randrange(1 << 40)
-        h = hashlib.sha256(previous)
-        h.update(encode_offset(offset))
-        for cf, key in sorted(written):
-            value = writes[cf][key]
-            h.update(cf.encode() + b"\x00" + len(key).to_bytes(4, "big") + key)
-            h.update(b"\x01" + len(value).to_bytes(4, "big") + value if value is not None else b"\x00")
-        assert _chain(previous, offset, writes, written) == h.digest(), f"seed {seed}"
