@@ -7,7 +7,10 @@ each allowed call works, and a grant or a user removed takes effect at the next 
 
 from __future__ import annotations
 
+import socket
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 
 import grpc
@@ -27,6 +30,7 @@ from tests.support.wait import wait_until
 NAME = "node-test"
 ALICE_TOKEN = "eltok_alice-secret"
 OLD_TOKEN = "eltok_expired"
+CAROL_TOKEN = "eltok_carol-auditor"
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +58,8 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
                                                                       expires_ms=now_ms - 1000),)))
             c.command(ev.AclGranted(principal="alice", role="writer", resource="kv:app/"))
             c.command(ev.AclGranted(principal="old", role="admin"))
+            c.command(ev.UserAdded(name="carol", tokens=(cr.BearerToken(sha256=cr.token_digest(CAROL_TOKEN)),)))
+            c.command(ev.AclGranted(principal="carol", role="auditor"))
             c.put("other/x", b"theirs")
         yield cluster
     finally:
@@ -214,3 +220,36 @@ def test_denials_are_counted_by_principal_operation_and_resource(secured: NodeCl
     denied = {dict(labels)["principal"]: value for (name, labels), value in samples.items()
               if name == "epochlog_access_denied_total"}
     assert denied.get("alice", 0) >= 1 and denied.get("anonymous", 0) >= 1, denied
+
+
+def _admin_get(cluster: NodeCluster, path: str, *, who: str | None = None, token: str = "") -> tuple[int, bytes]:
+    request = urllib.request.Request(cluster.admin_url(1, path),
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=5, context=_tls(cluster, who).context()) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_the_admin_endpoint_is_tls_and_metrics_need_admin_or_auditor(secured: NodeCluster) -> None:
+    assert secured.admin_url(1, "/metrics").startswith("https://")
+    host, port = secured.nodes[1].admin_address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as plain:   # plaintext HTTP: no answer in HTTP
+        plain.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        try:
+            reply = plain.recv(65536)
+        except ConnectionResetError:
+            reply = b""
+        assert not reply.startswith(b"HTTP/") and b"epochlog_" not in reply, reply[:200]
+    assert _admin_get(secured, "/metrics")[0] == 401                                    # no credential
+    assert _admin_get(secured, "/metrics", token="eltok_wrong")[0] == 401              # an unknown token
+    assert _admin_get(secured, "/metrics", token=OLD_TOKEN)[0] == 401                  # an expired one
+    assert _admin_get(secured, "/metrics", who="mallory")[0] == 403                     # no role
+    assert _admin_get(secured, "/metrics", token=ALICE_TOKEN)[0] == 403                # a writer
+    for credentials in ({"who": "admin"}, {"token": CAROL_TOKEN}):                      # admin, auditor
+        status, body = _admin_get(secured, "/metrics", **credentials)
+        assert status == 200 and b"epochlog_access_denied_total" in body, (credentials, status)
+    # Health probes stay open (over TLS): a kubelet or load balancer probes without credentials.
+    assert _admin_get(secured, "/healthz") == (200, b"ok\n")
+    assert _admin_get(secured, "/readyz")[0] == 200
