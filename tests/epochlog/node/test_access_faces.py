@@ -1,0 +1,149 @@
+"""Every call of every client face, each made by one principal its rule allows and one it refuses (issue 21),
+on one real node with [clients.tls] and [clients.access] enforce = true: native calls through the SDK's
+connection, gRPC methods through a real TLS channel, the Kafka API keys through kafka-python over SASL_SSL
+and raw frames over TLS.
+
+The allowed call must work (or fail for a reason that is not access, named in its row); the refused one
+must get the face's own denial: native `permission_denied`, gRPC PERMISSION_DENIED, Kafka
+TOPIC_AUTHORIZATION_FAILED (or, for the APIs that only need an authenticated connection, the connection
+closed before any answer). The rows run in their order on one node (LeaseKeepAlive after LeaseGrant,
+MemberRemove after MemberAdd)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from epochlog.api import messages as p
+from epochlog.certs import ClusterCA
+from epochlog.client import AsyncClient, Client
+from epochlog.client.errors import ClientError, PermissionDeniedError
+from epochlog.client.tls import CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV, ClientTls
+from statemachines import credentials as cr
+from statemachines import events as ev
+from tests.support.nodes import NodeCluster
+from tests.support.ports import free_ports
+
+NAME = "node-test"
+TOKENS = {who: f"eltok_{who}-secret" for who in ("app", "audit", "b2", "nobody")}
+PASSWORDS = {"admin": "admin-pw", "app": "app-pw", "audit": "audit-pw", "nobody": "nobody-pw"}
+GRANTS = [("app", "writer", "kv:app/"), ("audit", "auditor", ""), ("b2", "broker", "c/broker-a/b2")]
+CALL_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def faces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
+    root = tmp_path_factory.mktemp("access-faces")
+    ca = ClusterCA.create(root / "ca", NAME)
+    admin = ca.issue_client("admin", root / "admin")
+    cluster = NodeCluster(root, size=1, seed=21, name=NAME, grpc=True, kafka=True,
+                          clients={"tls": {"enabled": True},
+                                   "access": {"enforce": True, "super_users": ["admin"]}})
+    mp = pytest.MonkeyPatch()
+    for key, value in ((CA_ENV, admin.ca), (CERT_ENV, admin.cert), (KEY_ENV, admin.key)):
+        mp.setenv(key, str(value))
+    mp.delenv(TOKEN_ENV, raising=False)
+    try:
+        cluster.start()
+        for group in cluster.groups:
+            cluster.leader(group)
+        with Client(cluster.endpoints) as c:
+            for who in sorted({*TOKENS, *PASSWORDS}):
+                scram = tuple(cr.scram_credential(m, PASSWORDS[who], os.urandom(32)) for m in sorted(cr.MECHANISMS)) \
+                    if who in PASSWORDS else ()
+                tokens = (cr.BearerToken(sha256=cr.token_digest(TOKENS[who])),) if who in TOKENS else ()
+                c.command(ev.UserAdded(name=who, scram=scram, tokens=tokens))
+            for who, role, resource in GRANTS:
+                c.command(ev.AclGranted(principal=who, role=role, resource=resource))
+            c.put("other/x", b"theirs")
+        yield cluster
+    finally:
+        mp.undo()
+        cluster.close()
+        print(cluster.describe())
+
+
+def _ca(cluster: NodeCluster) -> str:
+    return str(cluster.root / "ca" / "ca.crt")
+
+
+def _native_tls(cluster: NodeCluster, who: str) -> tuple[ClientTls, str]:
+    """The SDK's credentials of `who`: the admin by its certificate, the others by their tokens."""
+    if who == "admin":
+        d = cluster.root / "admin"
+        return ClientTls(_ca(cluster), str(d / "admin.crt"), str(d / "admin.key")), ""
+    return ClientTls(_ca(cluster)), TOKENS[who]
+
+
+# --- native and gRPC: the calls of epochlog/api/messages.py -------------------------------------------
+
+@dataclass(frozen=True)
+class Row:
+    call: Callable[[], p.Call]
+    allowed: str
+    denied: str
+    fails_with: str = ""     # the allowed call's error when it cannot work here for a reason not of access
+
+
+B2 = p.BrokerIdentity("c", "broker-a", "b2", "127.0.0.1:10911", "inc-1")
+LEASE = 0x5EED
+PEER_9 = f"127.0.0.1:{free_ports(1)[0]}"
+
+NATIVE: dict[str, Row] = {
+    "Write": Row(lambda: p.Write([ev.KvPut(name="app/w", value=b"1")]), "app", "nobody"),
+    "Write-other-prefix": Row(lambda: p.Write([ev.KvPut(name="other/w", value=b"1")]), "admin", "app"),
+    "Get": Row(lambda: p.Get("kv/app/w"), "app", "nobody"),
+    "Gets": Row(lambda: p.Gets([p.Get("kv/app/w"), p.Get("kv/other/x")]), "audit", "app"),
+    "List": Row(lambda: p.List(prefix="kv/app/"), "app", "nobody"),
+    "History": Row(lambda: p.History("kv/other/x"), "audit", "app"),
+    "LeaseGrant": Row(lambda: p.LeaseGrant(60_000, lease_id=LEASE), "app", "audit"),
+    "LeaseKeepAlive": Row(lambda: p.LeaseKeepAlive(LEASE), "app", "audit"),
+    "Watch": Row(lambda: p.Watch(prefix="kv/app/"), "app", "nobody"),
+    "WatchAck": Row(lambda: p.WatchAck(999, 1), "app", "nobody"),
+    "CancelWatch": Row(lambda: p.CancelWatch(999), "app", "nobody"),
+    "ReadEvents": Row(lambda: p.ReadEvents("kv", 0, max_events=1), "audit", "app"),
+    "Status": Row(lambda: p.Status(), "b2", "nobody"),
+    "Ping": Row(lambda: p.Ping(), "app", "nobody"),
+    "MemberList": Row(lambda: p.MemberList(), "audit", "nobody"),
+    "RouteQuery": Row(lambda: p.RouteQuery("orders"), "app", "nobody", "not_found"),   # no such topic
+    "BrokerList": Row(lambda: p.BrokerList(), "audit", "nobody"),
+    "CompactionStatus": Row(lambda: p.CompactionStatus(), "audit", "app"),
+    "Snapshot": Row(lambda: p.Snapshot("kv"), "admin", "audit"),
+    "TransferLeader": Row(lambda: p.TransferLeader("kv", 1), "admin", "app"),
+    "GroupSkip": Row(lambda: p.GroupSkip("kv", 1), "admin", "audit", "invalid_argument"),   # not halted
+    "MemberAdd": Row(lambda: p.MemberAdd(9, PEER_9, auto_promote=False), "admin", "app"),
+    "MemberPromote": Row(lambda: p.MemberPromote(1), "admin", "app"),
+    "MemberRemove": Row(lambda: p.MemberRemove(9), "admin", "audit"),
+    "BrokerRegister": Row(lambda: p.BrokerRegister([B2]), "b2", "app"),
+    "BrokerHeartbeats": Row(lambda: p.BrokerHeartbeats([p.Heartbeat("c", "broker-a", "b2", 1, 0)]), "b2", "app"),
+    "SyncStateSetReport": Row(lambda: p.SyncStateSetReport("c", "broker-a", "b2", 1, 1, 1, []), "b2", "audit",
+                              "fenced"),   # the controller judges the epoch, after authorization
+    "BrokerShutdown": Row(lambda: p.BrokerShutdown("c", "broker-a", "b2", 1), "b2", "app", "fenced"),
+}
+
+
+def test_the_table_covers_every_call() -> None:
+    assert {type(row.call()) for row in NATIVE.values()} == set(p.Call.__args__)  # type: ignore[attr-defined]
+
+
+async def _native(cluster: NodeCluster, who: str, call: p.Call) -> p.Result:
+    tls, token = _native_tls(cluster, who)
+    async with AsyncClient(cluster.endpoints, timeout=CALL_S, tls=tls, token=token, sessions=False) as client:
+        return await client._call_on(cluster.endpoints[0], call)
+
+
+@pytest.mark.parametrize("name", list(NATIVE))
+def test_each_native_call_is_allowed_and_refused_by_its_rule(faces: NodeCluster, name: str) -> None:
+    row = NATIVE[name]
+    try:
+        asyncio.run(_native(faces, row.allowed, row.call()))
+        outcome = ""
+    except ClientError as exc:
+        outcome = exc.code
+    assert outcome == row.fails_with, f"{name} by {row.allowed}: {outcome or 'ok'}"
+    with pytest.raises(PermissionDeniedError):
+        asyncio.run(_native(faces, row.denied, row.call()))
