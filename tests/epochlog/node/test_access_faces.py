@@ -15,7 +15,9 @@ import asyncio
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
+import grpc
 import pytest
 
 from epochlog.api import messages as p
@@ -23,13 +25,15 @@ from epochlog.certs import ClusterCA
 from epochlog.client import AsyncClient, Client
 from epochlog.client.errors import ClientError, PermissionDeniedError
 from epochlog.client.tls import CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV, ClientTls
+from epochlog.grpc.v1 import epochlog_pb2 as pb
+from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
 from statemachines import credentials as cr
 from statemachines import events as ev
 from tests.support.nodes import NodeCluster
 from tests.support.ports import free_ports
 
 NAME = "node-test"
-TOKENS = {who: f"eltok_{who}-secret" for who in ("app", "audit", "b2", "nobody")}
+TOKENS = {who: f"eltok_{who}-secret" for who in ("admin", "app", "audit", "b2", "nobody")}
 PASSWORDS = {"admin": "admin-pw", "app": "app-pw", "audit": "audit-pw", "nobody": "nobody-pw"}
 GRANTS = [("app", "writer", "kv:app/"), ("audit", "auditor", ""), ("b2", "broker", "c/broker-a/b2")]
 CALL_S = 10.0
@@ -147,3 +151,110 @@ def test_each_native_call_is_allowed_and_refused_by_its_rule(faces: NodeCluster,
     assert outcome == row.fails_with, f"{name} by {row.allowed}: {outcome or 'ok'}"
     with pytest.raises(PermissionDeniedError):
         asyncio.run(_native(faces, row.denied, row.call()))
+
+
+# --- gRPC: every method of the service ------------------------------------------------------------------
+
+GRPC_LEASE = 0x6EED
+GRPC_PEER_9 = f"127.0.0.1:{free_ports(1)[0]}"
+PUT_APP = pb.PutRequest(name="app/g", value=b"1")
+
+
+def _first(stream: Any) -> Any:
+    """The first message of a server stream (then the stream is cancelled)."""
+    try:
+        return next(iter(stream))
+    finally:
+        stream.cancel()
+
+
+def _session(stub: pb_grpc.EpochlogStub, metadata: list[tuple[str, str]], call: pb.SessionCall) -> Any:
+    """One call over a Session stream: its reply; an error in the reply is raised as the unary face would."""
+    (reply,) = _first(stub.Session(iter([pb.SessionRequest(calls=[call])]), metadata=metadata,
+                                   timeout=CALL_S)).replies
+    if reply.HasField("error"):
+        raise SessionError(reply.error)
+    return reply
+
+
+class SessionError(Exception):
+    def __init__(self, error: Any) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+GRPC: dict[str, tuple[Callable[[pb_grpc.EpochlogStub, list[tuple[str, str]]], Any], str, str, str]] = {
+    # method: (the call, allowed, denied, the allowed call's non-access error or "")
+    "Put": (lambda s, m: s.Put(PUT_APP, metadata=m, timeout=CALL_S), "app", "audit", ""),
+    "Get": (lambda s, m: s.Get(pb.GetRequest(key="other/x"), metadata=m, timeout=CALL_S), "audit", "app", ""),
+    "Delete": (lambda s, m: s.Delete(pb.DeleteRequest(name="app/g"), metadata=m, timeout=CALL_S),
+               "app", "audit", ""),   # after Put
+    "List": (lambda s, m: s.List(pb.ListRequest(prefix="app/"), metadata=m, timeout=CALL_S), "app", "nobody", ""),
+    "History": (lambda s, m: s.History(pb.HistoryRequest(key="app/g"), metadata=m, timeout=CALL_S),
+                "app", "nobody", ""),
+    "Txn": (lambda s, m: s.Txn(pb.TxnRequest(conditions=[pb.Condition(key="other/none", version=0)],
+                                             ops=[pb.TxnOp(put=PUT_APP)]), metadata=m, timeout=CALL_S),
+            "admin", "app", ""),   # the condition reads another prefix
+    "Command": (lambda s, m: s.Command(pb.CommandRequest(topic_created=pb.TopicCreated(name="g-orders")),
+                                       metadata=m, timeout=CALL_S), "admin", "app", ""),
+    "Batch": (lambda s, m: s.Batch(pb.BatchRequest(ops=[pb.BatchOp(put=PUT_APP)]), metadata=m, timeout=CALL_S),
+              "app", "b2", ""),
+    "LeaseGrant": (lambda s, m: s.LeaseGrant(pb.LeaseGrantRequest(ttl_ms=60_000, lease_id=GRPC_LEASE),
+                                             metadata=m, timeout=CALL_S), "app", "audit", ""),
+    "LeaseKeepAlive": (lambda s, m: s.LeaseKeepAlive(pb.LeaseKeepAliveRequest(lease_id=GRPC_LEASE), metadata=m,
+                                                     timeout=CALL_S), "app", "audit", ""),
+    "LeaseRevoke": (lambda s, m: s.LeaseRevoke(pb.LeaseRevokeRequest(lease_id=GRPC_LEASE), metadata=m,
+                                               timeout=CALL_S), "app", "nobody", ""),
+    "Watch": (lambda s, m: _first(s.Watch(pb.WatchRequest(prefix="app/"), metadata=m, timeout=CALL_S)),
+              "app", "nobody", ""),
+    "ReadEvents": (lambda s, m: s.ReadEvents(pb.ReadEventsRequest(group="kv", from_offset=0, max_events=1),
+                                             metadata=m, timeout=CALL_S), "audit", "app", ""),
+    "Status": (lambda s, m: s.Status(pb.StatusRequest(), metadata=m, timeout=CALL_S), "app", "nobody", ""),
+    "CompactionStatus": (lambda s, m: s.CompactionStatus(pb.CompactionStatusRequest(), metadata=m, timeout=CALL_S),
+                         "audit", "app", ""),
+    "Snapshot": (lambda s, m: s.Snapshot(pb.SnapshotRequest(group="kv"), metadata=m, timeout=CALL_S),
+                 "admin", "audit", ""),
+    "TransferLeader": (lambda s, m: s.TransferLeader(pb.TransferLeaderRequest(group="kv", to=1), metadata=m,
+                                                     timeout=CALL_S), "admin", "app", ""),
+    "MemberList": (lambda s, m: s.MemberList(pb.MemberListRequest(), metadata=m, timeout=CALL_S),
+                   "audit", "nobody", ""),
+    "MemberAdd": (lambda s, m: s.MemberAdd(pb.MemberAddRequest(node_id=9, peer_address=GRPC_PEER_9,
+                                                               manual_promote=True), metadata=m, timeout=CALL_S),
+                  "admin", "app", ""),
+    "MemberPromote": (lambda s, m: s.MemberPromote(pb.MemberPromoteRequest(node_id=1), metadata=m, timeout=CALL_S),
+                      "admin", "app", ""),
+    "MemberRemove": (lambda s, m: s.MemberRemove(pb.MemberRemoveRequest(node_id=9), metadata=m, timeout=CALL_S),
+                     "admin", "audit", ""),
+    "Session": (lambda s, m: _session(s, m, pb.SessionCall(id=1, put=PUT_APP)), "app", "nobody", ""),
+}
+
+
+def test_the_grpc_table_covers_every_method() -> None:
+    methods = {m.name for m in pb.DESCRIPTOR.services_by_name["Epochlog"].methods}
+    assert set(GRPC) == methods
+
+
+def _grpc(cluster: NodeCluster, who: str, call: Callable[[pb_grpc.EpochlogStub, list[tuple[str, str]]], Any]) -> Any:
+    ca = (cluster.root / "ca" / "ca.crt").read_bytes()
+    with grpc.secure_channel(cluster.nodes[1].grpc_address, grpc.ssl_channel_credentials(ca),
+                             options=[("grpc.ssl_target_name_override", "node-1")]) as channel:
+        return call(pb_grpc.EpochlogStub(channel), [("authorization", f"Bearer {TOKENS[who]}")])
+
+
+@pytest.mark.parametrize("name", list(GRPC))
+def test_each_grpc_method_is_allowed_and_refused_by_its_rule(faces: NodeCluster, name: str) -> None:
+    call, allowed, denied, fails_with = GRPC[name]
+    try:
+        _grpc(faces, allowed, call)
+        outcome = ""
+    except grpc.RpcError as exc:
+        outcome = exc.code().name
+    except SessionError as exc:
+        outcome = exc.error.code
+    assert outcome == fails_with, f"{name} by {allowed}: {outcome or 'ok'}"
+    with pytest.raises((grpc.RpcError, SessionError)) as refused:
+        _grpc(faces, denied, call)
+    if isinstance(refused.value, SessionError):
+        assert refused.value.error.code == "permission_denied" and refused.value.error.status == 7, refused.value
+    else:
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, refused.value
