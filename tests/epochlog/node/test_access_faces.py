@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import ssl
+import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import KafkaAdminClient
+from kafka.errors import TopicAuthorizationFailedError
 
 from epochlog.api import messages as p
 from epochlog.certs import ClusterCA
@@ -258,3 +264,136 @@ def test_each_grpc_method_is_allowed_and_refused_by_its_rule(faces: NodeCluster,
         assert refused.value.error.code == "permission_denied" and refused.value.error.status == 7, refused.value
     else:
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, refused.value
+
+
+# --- Kafka: every API key --------------------------------------------------------------------------------
+
+OPEN_KAFKA_APIS = {17, 18, 36}   # SaslHandshake, ApiVersions, SaslAuthenticate: before authenticating
+
+
+def _sasl(cluster: NodeCluster, user: str) -> dict[str, Any]:
+    return {"bootstrap_servers": cluster.bootstrap, "security_protocol": "SASL_SSL", "ssl_cafile": _ca(cluster),
+            "ssl_check_hostname": False, "sasl_mechanism": "SCRAM-SHA-256", "sasl_plain_username": user,
+            "sasl_plain_password": PASSWORDS[user], "request_timeout_ms": int(CALL_S * 1000)}
+
+
+def _put(name: str) -> bytes:
+    return ev.encode_event(ev.KvPut(name=name, value=b"k"))
+
+
+def _produce(cluster: NodeCluster, who: str, name: str) -> Any:
+    producer = KafkaProducer(acks="all", retries=0, max_block_ms=int(CALL_S * 1000), **_sasl(cluster, who))
+    try:
+        return producer.send("__kv", value=_put(name)).get(timeout=CALL_S)
+    finally:
+        producer.close(timeout=CALL_S)
+
+
+def _fetch(cluster: NodeCluster, who: str, offset: int) -> list[Any]:
+    consumer = KafkaConsumer(enable_auto_commit=False, consumer_timeout_ms=int(CALL_S * 1000), **_sasl(cluster, who))
+    try:
+        consumer.assign([TopicPartition("__kv", 0)])
+        consumer.seek(TopicPartition("__kv", 0), offset)
+        polled: list[Any] = []
+        for _ in range(20):   # bounded: a record or an error within 20 polls of 0.5 s
+            polled = [r for records in consumer.poll(timeout_ms=500).values() for r in records]
+            if polled:
+                return polled
+        return polled
+    finally:
+        consumer.close()
+
+
+def _create_topic(cluster: NodeCluster, who: str, name: str) -> None:
+    admin = KafkaAdminClient(**_sasl(cluster, who))
+    try:
+        admin.create_topics({name: {"num_partitions": 1}})
+    finally:
+        admin.close()
+
+
+def test_kafka_produce_fetch_and_create_topics_are_allowed_and_refused_by_the_rule(faces: NodeCluster) -> None:
+    sent = _produce(faces, "app", "app/kafka")                   # a writer, in its prefix
+    with pytest.raises(TopicAuthorizationFailedError):
+        _produce(faces, "nobody", "app/kafka-nobody")            # no grant
+    polled = _fetch(faces, "audit", sent.offset)                 # an auditor reads a whole log
+    assert polled and ev.decode_event(polled[0].value).name == "app/kafka", polled
+    with pytest.raises(TopicAuthorizationFailedError):
+        _fetch(faces, "app", sent.offset)                        # a writer may not
+    _create_topic(faces, "admin", "faces-admin")                 # a declaration in the metadata group
+    with pytest.raises(TopicAuthorizationFailedError):
+        _create_topic(faces, "app", "faces-app")
+    with Client(faces.endpoints) as admin:
+        assert admin.get("app/kafka-nobody") is None
+        assert admin.get_entity("config/kafka-topic/faces-admin") is not None
+        assert admin.get_entity("config/kafka-topic/faces-app") is None
+
+
+def test_a_kafka_consumer_group_and_an_idempotent_producer_work_when_authenticated(faces: NodeCluster) -> None:
+    """The APIs that need an authenticated connection only (Metadata, ListOffsets, InitProducerId, the
+    consumer group APIs): used by an authenticated client, they work."""
+    producer = KafkaProducer(acks="all", enable_idempotence=True, max_block_ms=int(CALL_S * 1000),
+                             **_sasl(faces, "app"))
+    try:
+        sent = producer.send("__kv", value=_put("app/group")).get(timeout=CALL_S)
+    finally:
+        producer.close(timeout=CALL_S)
+    consumer = KafkaConsumer("__kv", group_id="faces", auto_offset_reset="earliest", enable_auto_commit=False,
+                             consumer_timeout_ms=int(CALL_S * 1000), **_sasl(faces, "audit"))
+    try:
+        seen = False
+        for _ in range(40):   # bounded: the group forms and the record arrives within 40 polls of 0.5 s
+            records = [r for batch in consumer.poll(timeout_ms=500).values() for r in batch]
+            if any(r.offset == sent.offset for r in records):
+                seen = True
+                break
+        assert seen, "the group's consumer did not get the record"
+        consumer.commit()
+        assert consumer.committed(TopicPartition("__kv", 0)) is not None
+    finally:
+        consumer.close()
+
+
+def _tls_socket(cluster: NodeCluster) -> ssl.SSLSocket:
+    context = ssl.create_default_context(cafile=_ca(cluster))
+    context.check_hostname = False
+    host, port = cluster.bootstrap[0].rsplit(":", 1)
+    return context.wrap_socket(socket.create_connection((host, int(port)), timeout=CALL_S))
+
+
+def _request(api_key: int, version: int, correlation: int, body: bytes = b"") -> bytes:
+    frame = struct.pack(">hhih", api_key, version, correlation, -1) + body
+    return struct.pack(">i", len(frame)) + frame
+
+
+def _read_frame(sock: ssl.SSLSocket) -> bytes:
+    data = b""
+    while len(data) < 4 or len(data) < 4 + struct.unpack_from(">i", data)[0]:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    return data[4:]
+
+
+def test_every_kafka_api_but_sasl_is_refused_before_authentication(faces: NodeCluster) -> None:
+    """A TLS connection that did not authenticate gets ApiVersions (the list of served keys) and then, for
+    any other key, no answer: the connection is closed."""
+    with _tls_socket(faces) as sock:
+        sock.sendall(_request(18, 0, 1))
+        reply = _read_frame(sock)
+    correlation, error, count = struct.unpack_from(">ihi", reply)
+    assert (correlation, error) == (1, 0)
+    served = {struct.unpack_from(">hhh", reply, 10 + 6 * i)[0]: struct.unpack_from(">hhh", reply, 10 + 6 * i)[1:]
+              for i in range(count)}
+    assert {0, 1, 2, 3, 19, 22}.issubset(served), served
+    for api_key, (low, _high) in sorted(served.items()):
+        if api_key in OPEN_KAFKA_APIS:
+            continue
+        with _tls_socket(faces) as sock:
+            sock.sendall(_request(api_key, low, 2))
+            try:
+                answer = _read_frame(sock)
+            except ConnectionResetError:
+                answer = b""
+        assert answer == b"", f"API key {api_key} answered an unauthenticated connection"
