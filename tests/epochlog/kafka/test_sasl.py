@@ -17,12 +17,11 @@ from aiokafka.helpers import create_ssl_context
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError, TopicAuthorizationFailedError
 
-from epochlog.certs import ClusterCA
 from epochlog.client import Client
-from epochlog.client.tls import CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV
 from statemachines import credentials as cr
 from statemachines import events as ev
 from tests.support.nodes import NodeCluster
+from tests.support.secured import secured_cluster
 
 NAME = "node-test"
 PASSWORDS = {"alice": "alice-pw", "carol": "carol-pw", "admin": "admin-pw"}
@@ -30,20 +29,7 @@ PASSWORDS = {"alice": "alice-pw", "carol": "carol-pw", "admin": "admin-pw"}
 
 @pytest.fixture(scope="module")
 def kafka_secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
-    root = tmp_path_factory.mktemp("kafka-sasl")
-    ca = ClusterCA.create(root / "ca", NAME)
-    admin = ca.issue_client("admin", root / "admin")
-    cluster = NodeCluster(root, size=1, seed=13, name=NAME, kafka=True,
-                          clients={"tls": {"enabled": True},
-                                   "access": {"enforce": True, "super_users": ["admin"]}})
-    mp = pytest.MonkeyPatch()
-    for key, value in ((CA_ENV, admin.ca), (CERT_ENV, admin.cert), (KEY_ENV, admin.key)):
-        mp.setenv(key, str(value))
-    mp.delenv(TOKEN_ENV, raising=False)
-    try:
-        cluster.start()
-        for group in cluster.groups:
-            cluster.leader(group)
+    with secured_cluster(tmp_path_factory.mktemp("kafka-sasl"), NAME, size=1, seed=13, kafka=True) as cluster:
         with Client(cluster.endpoints) as c:
             for name, password in PASSWORDS.items():
                 scram = tuple(cr.scram_credential(m, password, os.urandom(32)) for m in sorted(cr.MECHANISMS))
@@ -51,10 +37,6 @@ def kafka_secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeClus
             c.command(ev.AclGranted(principal="alice", role="writer", resource="kv:app/"))
             c.command(ev.AclGranted(principal="carol", role="auditor"))
         yield cluster
-    finally:
-        mp.undo()
-        cluster.close()
-        print(cluster.describe())
 
 
 def _sasl(cluster: NodeCluster, user: str, mechanism: str = "SCRAM-SHA-512", password: str | None = None) -> dict:

@@ -20,7 +20,6 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from epochlog.certs import ClusterCA
 from epochlog.client import Client
 from epochlog.client.errors import AuthenticationError, PermissionDeniedError
 from epochlog.client.tls import CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV, ClientTls
@@ -29,6 +28,7 @@ from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
 from statemachines import credentials as cr
 from statemachines import events as ev
 from tests.support.nodes import ROOT, NodeCluster
+from tests.support.secured import secured_cluster
 from tests.support.wait import wait_until
 
 NAME = "node-test"
@@ -39,22 +39,8 @@ CAROL_TOKEN = "eltok_carol-auditor"
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
-    root = tmp_path_factory.mktemp("access-cluster")
-    ca = ClusterCA.create(root / "ca", NAME)
-    admin = ca.issue_client("admin", root / "admin")
-    ca.issue_client("mallory", root / "mallory")
-    cluster = NodeCluster(root, size=1, seed=11, name=NAME, grpc=True,
-                          clients={"tls": {"enabled": True},
-                                   "access": {"enforce": True, "super_users": ["admin"]}})
-    mp = pytest.MonkeyPatch()
-    # The harness's own SDK clients are the admin (its certificate names a super user).
-    for key, value in ((CA_ENV, admin.ca), (CERT_ENV, admin.cert), (KEY_ENV, admin.key)):
-        mp.setenv(key, str(value))
-    mp.delenv(TOKEN_ENV, raising=False)
-    try:
-        cluster.start()
-        for group in cluster.groups:
-            cluster.leader(group)
+    with secured_cluster(tmp_path_factory.mktemp("access-cluster"), NAME, clients=("mallory",), size=1, seed=11,
+                         grpc=True) as cluster:
         with Client(cluster.endpoints) as c:
             now_ms = int(time.time() * 1000)
             c.command(ev.UserAdded(name="alice", tokens=(cr.BearerToken(sha256=cr.token_digest(ALICE_TOKEN)),)))
@@ -66,10 +52,6 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
             c.command(ev.AclGranted(principal="carol", role="auditor"))
             c.put("other/x", b"theirs")
         yield cluster
-    finally:
-        mp.undo()
-        cluster.close()
-        print(cluster.describe())
 
 
 def _tls(cluster: NodeCluster, who: str | None = None) -> ClientTls:

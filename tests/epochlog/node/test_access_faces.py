@@ -27,15 +27,15 @@ from kafka.admin import KafkaAdminClient
 from kafka.errors import TopicAuthorizationFailedError
 
 from epochlog.api import messages as p
-from epochlog.certs import ClusterCA
 from epochlog.client import AsyncClient, Client
 from epochlog.client.errors import ClientError, PermissionDeniedError
-from epochlog.client.tls import CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV, ClientTls
+from epochlog.client.tls import ClientTls
 from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
 from statemachines import credentials as cr
 from statemachines import events as ev
 from tests.support.nodes import NodeCluster
+from tests.support.secured import secured_cluster
 from tests.support.ports import free_ports
 
 NAME = "node-test"
@@ -47,20 +47,8 @@ CALL_S = 10.0
 
 @pytest.fixture(scope="module")
 def faces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
-    root = tmp_path_factory.mktemp("access-faces")
-    ca = ClusterCA.create(root / "ca", NAME)
-    admin = ca.issue_client("admin", root / "admin")
-    cluster = NodeCluster(root, size=1, seed=21, name=NAME, grpc=True, kafka=True,
-                          clients={"tls": {"enabled": True},
-                                   "access": {"enforce": True, "super_users": ["admin"]}})
-    mp = pytest.MonkeyPatch()
-    for key, value in ((CA_ENV, admin.ca), (CERT_ENV, admin.cert), (KEY_ENV, admin.key)):
-        mp.setenv(key, str(value))
-    mp.delenv(TOKEN_ENV, raising=False)
-    try:
-        cluster.start()
-        for group in cluster.groups:
-            cluster.leader(group)
+    with secured_cluster(tmp_path_factory.mktemp("access-faces"), NAME, size=1, seed=21, grpc=True,
+                         kafka=True) as cluster:
         with Client(cluster.endpoints) as c:
             for who in sorted({*TOKENS, *PASSWORDS}):
                 scram = tuple(cr.scram_credential(m, PASSWORDS[who], os.urandom(32)) for m in sorted(cr.MECHANISMS)) \
@@ -71,10 +59,6 @@ def faces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
                 c.command(ev.AclGranted(principal=who, role=role, resource=resource))
             c.put("other/x", b"theirs")
         yield cluster
-    finally:
-        mp.undo()
-        cluster.close()
-        print(cluster.describe())
 
 
 def _ca(cluster: NodeCluster) -> str:
