@@ -47,6 +47,7 @@ def load(endpoints: list[str], events: int, keys: int) -> float:
     """Write `events` kv puts through the SDK; seconds taken."""
     from epochlog.client import Client
     from statemachines import events as ev
+    from statemachines.request_ids import uuid7
 
     pad = b"x" * 56
     per = -(-events // WRITERS)
@@ -62,7 +63,7 @@ def load(endpoints: list[str], events: int, keys: int) -> float:
                     n = min(BATCH, per - done, events - w * per - done)
                     base = w * per + done
                     batch = [ev.KvPut(name=f"k/{(base + i) * 7919 % keys:08d}", value=b"%08d" % (base + i) + pad,
-                                      request_id=f"b{base + i}") for i in range(n)]
+                                      request_id=uuid7()) for i in range(n)]
                     for attempt in range(10):
                         try:
                             client.commands(batch)

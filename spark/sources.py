@@ -4,9 +4,11 @@ Both sources yield lists of `SourceRecord` for offsets [lo, hi) of one group, sk
 batches (Raft no-ops and membership changes: not events), and both fail rather than return fewer
 offsets than asked: an export must never commit a range it did not read completely.
 
-- `ClusterSource`: the SDK's `read_events`. Every node serves the committed records it applied, so
-  the ranges are spread over all members (range i from member i mod n); a member that fails, lags
-  or no longer holds the range hands it to the leader. A node that has not applied through `hi` yet
+- `ClusterSource`: the SDK's `read_log`: batches as the log stores them (CRC included), decoded here
+  by the offline reader's decoder (`decode_batches`), so the serving node does no per-record work.
+  Every node serves the committed records it applied, so the ranges are spread over all members
+  (range i from member i mod n); a member that fails, lags or no longer holds the range hands it to
+  the leader. A node that has not applied through `hi` yet
   is waited for (bounded); a range below the leader's log start is an ExportError (the export
   watermark exists so that compaction does not do that).
 - `OfflineSource`: the segment files of a stopped node (or a copy of its data directory), read with
@@ -28,14 +30,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eventlog.errors import EpochlogError
-from eventlog.offline import committed_offset, log_start, read_committed
+from eventlog.offline import AppliedLookup, committed_offset, decode_batches, log_start, read_committed
 from spark.errors import ExportError
 from spark.records import SourceRecord
 
-READ_MAX_EVENTS = 5000
-READ_MAX_BYTES = 4 << 20
+if TYPE_CHECKING:
+    from epochlog.api.messages import LogBatches
+
+READ_MAX_BYTES = 4 << 20   # per read_log call: whole batches, decoded on the reading worker
 APPLY_WAIT_S = 30.0      # how long a range waits for the leader to apply through its end
 FOLLOWER_WAIT_S = 5.0    # how long it waits for a lagging follower before asking the leader
 
@@ -86,8 +91,7 @@ class ClusterSource:
             stalled_since: float | None = None
             while offset < hi:
                 try:
-                    got = client.read_events(group, offset, max_events=min(READ_MAX_EVENTS, hi - offset),
-                                             max_bytes=READ_MAX_BYTES, endpoint=endpoint)
+                    got = client.read_log(group, offset, max_bytes=READ_MAX_BYTES, endpoint=endpoint)
                 except CompactedError as exc:
                     if endpoint is not None:
                         endpoint = None   # that member compacted (or installed a snapshot): the leader
@@ -99,8 +103,7 @@ class ClusterSource:
                         raise
                     endpoint = None
                     continue
-                records = [SourceRecord(e.offset, e.key, e.value, e.timestamp, e.term, e.applied)
-                           for e in got.events if e.offset < hi]
+                records = _decoded(group, got, offset, hi)
                 if records:
                     yield records
                 if got.next_offset > offset:
@@ -117,6 +120,24 @@ class ClusterSource:
                     raise ExportError(f"group {group}: offset {offset} was not served within {APPLY_WAIT_S:.0f} s "
                                       f"(commit offset {got.commit_offset})")
                 time.sleep(0.05)
+
+
+def _decoded(group: str, got: LogBatches, lo: int, hi: int) -> list[SourceRecord]:
+    """The records of [lo, hi) in a `read_log` reply, decoded here (eventlog.offline.decode_batches, the
+    offline reader's decoder), `applied` set from the reply's no-op and unknown offsets."""
+    noops, unknown = frozenset(got.noops), frozenset(got.unknown)
+    applied: AppliedLookup | frozenset[int] = noops
+    if unknown:   # views older than their no-op rows
+        def lookup(_key: bytes | None, offset: int) -> bool | None:
+            return None if offset in unknown else offset not in noops
+        applied = lookup
+    try:
+        records, end = decode_batches(got.data, lo, hi, applied=applied)
+    except EpochlogError as exc:
+        raise ExportError(f"group {group}: {exc}") from None
+    if got.data and end < min(hi, got.next_offset):
+        raise ExportError(f"group {group}: the batches read end at offset {end}, before {got.next_offset}")
+    return records
 
 
 # --- segment files of a stopped node -------------------------------------------------------------------
