@@ -100,6 +100,7 @@ NATIVE: dict[str, Row] = {
     "WatchAck": Row(lambda: p.WatchAck(999, 1), "app", "nobody"),
     "CancelWatch": Row(lambda: p.CancelWatch(999), "app", "nobody"),
     "ReadEvents": Row(lambda: p.ReadEvents("kv", 0, max_events=1), "audit", "app"),
+    "ReadLog": Row(lambda: p.ReadLog("kv", 0, max_bytes=1), "audit", "app"),
     "Status": Row(lambda: p.Status(), "b2", "nobody"),
     "Ping": Row(lambda: p.Ping(), "app", "nobody"),
     "MemberList": Row(lambda: p.MemberList(), "audit", "nobody"),
