@@ -200,6 +200,8 @@ GRPC: dict[str, tuple[Callable[[pb_grpc.EpochlogStub, list[tuple[str, str]]], An
               "app", "nobody", ""),
     "ReadEvents": (lambda s, m: s.ReadEvents(pb.ReadEventsRequest(group="kv", from_offset=0, max_events=1),
                                              metadata=m, timeout=CALL_S), "audit", "app", ""),
+    "ReadLog": (lambda s, m: s.ReadLog(pb.ReadLogRequest(group="kv", from_offset=0, max_bytes=1), metadata=m,
+                                       timeout=CALL_S), "audit", "app", ""),
     "Status": (lambda s, m: s.Status(pb.StatusRequest(), metadata=m, timeout=CALL_S), "app", "nobody", ""),
     "CompactionStatus": (lambda s, m: s.CompactionStatus(pb.CompactionStatusRequest(), metadata=m, timeout=CALL_S),
                          "audit", "app", ""),

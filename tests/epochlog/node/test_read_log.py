@@ -16,9 +16,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
+import grpc
 import pytest
 
 from epochlog.client import Client, ClientError, CompactedError
+from epochlog.grpc.v1 import epochlog_pb2 as pb
+from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
 from eventlog.errors import LogError
 from eventlog.offline import CommittedRecord, decode_batches
 from spark.errors import ExportError
@@ -36,7 +39,7 @@ WAIT_S = 60.0
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
     c = NodeCluster(tmp_path_factory.mktemp("read-log"), seed=seed_for(__name__),
-                    log={"segment_bytes": 64 << 10, "scrub_bytes_per_second": 0},
+                    grpc=True, log={"segment_bytes": 64 << 10, "scrub_bytes_per_second": 0},
                     raft={"election_timeout_ticks": 20},
                     compaction={"retain_offsets": 0, "compact_groups": ["metadata"]})
     try:
@@ -116,6 +119,14 @@ def test_every_member_serves_what_read_events_serves(cluster: NodeCluster) -> No
             assert by_offset[stale.offset].applied is False
             assert [r.applied for r in raw if r.key == "kv/same/retried"] == [True, False]
             assert sum(r.applied is False for r in raw) == 2 and all(r.term > 0 for r in raw)
+
+        # gRPC's ReadLog is the same reply.
+        native = client.read_log("kv", 0, max_bytes=30_000, endpoint=cluster.endpoint(2))
+        with grpc.insecure_channel(cluster.nodes[2].grpc_address) as channel:
+            twin = pb_grpc.EpochlogStub(channel).ReadLog(pb.ReadLogRequest(group="kv", from_offset=0, max_bytes=30_000),
+                                                         timeout=WAIT_S)
+        assert (twin.batches, twin.start_offset, twin.next_offset, twin.log_start, list(twin.noops)) == \
+            (native.data, native.start_offset, native.next_offset, native.log_start, native.noops)
 
         # A reply is checked where it is decoded: a flipped byte, or a batch missing at its start.
         got = client.read_log("kv", min(written), endpoint=cluster.endpoint(1))
