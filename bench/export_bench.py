@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import bench.results as bench_results
-from bench.log_bench import wait_quiet
+from bench.log_bench import machine_busy_seconds, wait_quiet
 
 RANGE_OFFSETS = 250_000
 BATCH = 1000
@@ -90,6 +90,16 @@ def load(endpoints: list[str], events: int, keys: int) -> float:
     return time.perf_counter() - started
 
 
+def process_cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes `pids` used so far (/proc/<pid>/stat)."""
+    total = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def live(spark: Any, base: Path, n: int, keys: int, s3: Any) -> dict[str, Any]:
     from spark.export import export_once
     from spark.sources import ClusterSource
@@ -113,13 +123,17 @@ def live(spark: Any, base: Path, n: int, keys: int, s3: Any) -> dict[str, Any]:
         for name, loc in (("local", TableLocation.parse(base / f"live-{n}")),
                           ("s3", TableLocation.parse(f"s3://bench/live-{n}", environ=s3.env))):
             other = wait_quiet(30, log)
-            t = time.perf_counter()
+            pids = [node.pid for node in cluster.nodes.values() if node.pid is not None]
+            nodes_cpu, busy, t = process_cpu_seconds(pids), machine_busy_seconds(), time.perf_counter()
             result = export_once(spark, loc, source, range_offsets=RANGE_OFFSETS)
             seconds = time.perf_counter() - t
+            nodes_cpu, busy = process_cpu_seconds(pids) - nodes_cpu, machine_busy_seconds() - busy
             assert result.rows >= n, (result.rows, n)
             out[name], out[f"{name}_other"], out["rows"] = seconds, other, result.rows
+            out[f"{name}_nodes_cpu"], out[f"{name}_busy"] = nodes_cpu, busy / seconds
             log(f"  export to {name}: {result.rows:,} rows in {seconds:.1f} s, {result.rows / seconds:,.0f} events/s "
-                f"({len(result.plan.ranges())} ranges over 3 members; other processes {other:.2f} cores)")
+                f"({len(result.plan.ranges())} ranges over 3 members; other processes {other:.2f} cores before it; "
+                f"the machine busy {busy / seconds:.2f} cores during it; the nodes used {nodes_cpu:.1f} CPU s)")
         shutil.rmtree(base / f"live-{n}", ignore_errors=True)
         return out
     finally:
@@ -243,9 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in lives:
         n = r["n"]
         rows = r["rows"]
-        md.append(f"| {n:,} ({rows:,} rows) | {n / r['load']:,.0f}/s ({r['load']:.0f} s) | {rows / r['local']:,.0f}/s "
-                  f"({r['local']:.1f} s; other {r['local_other']:.2f} cores) | {rows / r['s3']:,.0f}/s ({r['s3']:.1f} s; "
-                  f"other {r['s3_other']:.2f} cores) |")
+        md.append(f"| {n:,} ({rows:,} rows) | {n / r['load']:,.0f}/s ({r['load']:.0f} s) | "
+                  + " | ".join(f"{rows / r[k]:,.0f}/s ({r[k]:.1f} s; other {r[f'{k}_other']:.2f} cores before, machine "
+                               f"{r[f'{k}_busy']:.2f} busy; nodes {r[f'{k}_nodes_cpu']:.1f} CPU s)" for k in ("local", "s3"))
+                  + " |")
     md += ["", ("Audit on a table of N offline-generated events (one day partition), warm session: seconds of the "
                 "first question / median of the next 3, and files read of the table's files. `state` is at 95 % of "
                 "the log with a 1 % key prefix."), "",
