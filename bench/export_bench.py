@@ -6,9 +6,11 @@
 1. live      for each N of --live: a real 3-node cluster (`epochlog serve` processes on 127.0.0.1,
              tests.support.nodes), loaded with N kv puts (64-byte values over K keys) through the SDK
              in 1,000-event commands from 4 threads; then `export_once` (what `epochlog export`
-             runs: ranges spread over the three members, read through the SDK) into a fresh local
-             table and into a fresh table on an S3-compatible server on 127.0.0.1 (moto's server
-             mode, tests/spark/s3_server.py), each on a warm SparkSession. Reported: events/s.
+             runs: ranges spread over the three members, read through the SDK's read_log) into a
+             fresh local table and into a fresh table on an S3-compatible server on 127.0.0.1 (moto's
+             server mode, tests/spark/s3_server.py), each on a warm SparkSession. Reported: events/s,
+             and the nodes' CPU seconds; before the exports, what serving every event to one reader
+             costs a follower through read_events and through read_log (`serving_cost`).
 2. audit     N events generated offline into segment files (tests/spark/synthetic.py) and exported; then
              `history KEY` and `state --offset M --prefix P` (1% of the keys) at the table as
              exported, after `table optimize` clusters it by key, and after state checkpoints
@@ -100,6 +102,49 @@ def process_cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def serving_cost(cluster: Any) -> dict[str, tuple[float, float]]:
+    """What serving the export's reads costs a follower: every committed kv record read from one follower
+    in this process (no Spark) through `read_events` (records decoded and re-encoded by the node, 5,000
+    a call, as the export read before read_log) and through `read_log` (batches as stored, decoded here
+    as the export's executors decode them). Per call: (events/s, the node's CPU seconds per 1M events)."""
+    from epochlog.client import Client
+    from eventlog.offline import decode_batches
+
+    leader = cluster.leader("kv")
+    follower = next(i for i in sorted(cluster.nodes) if i != leader)
+    endpoint, pid = cluster.endpoint(follower), cluster.nodes[follower].pid
+    out = {}
+    with Client([endpoint], timeout=30, sessions=False) as client:
+        end = client.read_events("kv", 1 << 62, max_events=1, endpoint=endpoint).commit_offset + 1
+        cluster.wait_applied(follower, "kv", end - 1, timeout=120)
+
+        def by_events() -> int:
+            offset, rows = 0, 0
+            while offset < end:
+                got = client.read_events("kv", offset, max_events=5000, max_bytes=4 << 20, endpoint=endpoint)
+                rows += len(got.events)
+                offset = got.next_offset
+            return rows
+
+        def by_batches() -> int:
+            offset, rows = 0, 0
+            while offset < end:
+                got = client.read_log("kv", offset, max_bytes=4 << 20, endpoint=endpoint)
+                rows += len(decode_batches(got.data, offset, end, applied=frozenset(got.noops))[0])
+                offset = got.next_offset
+            return rows
+
+        for name, read in (("read_events", by_events), ("read_log", by_batches)):
+            wait_quiet(10, log)
+            cpu, t = process_cpu_seconds([pid]), time.perf_counter()
+            rows = read()
+            seconds, cpu = time.perf_counter() - t, process_cpu_seconds([pid]) - cpu
+            out[name] = (rows / seconds, cpu / rows * 1e6)
+            log(f"  {name} from follower {follower}: {rows:,} events in {seconds:.1f} s ({rows / seconds:,.0f}/s), "
+                f"the node used {cpu:.1f} CPU s ({cpu / rows * 1e6:.2f} s per 1M events)")
+    return out
+
+
 def live(spark: Any, base: Path, n: int, keys: int, s3: Any) -> dict[str, Any]:
     from spark.export import export_once
     from spark.sources import ClusterSource
@@ -119,7 +164,7 @@ def live(spark: Any, base: Path, n: int, keys: int, s3: Any) -> dict[str, Any]:
         load_s = load(cluster.endpoints, n, keys)
         log(f"{n:,} events: loaded into the cluster in {load_s:.1f} s ({n / load_s:,.0f}/s)")
         source = ClusterSource(tuple(cluster.endpoints), 30.0, ("kv",))
-        out: dict[str, Any] = {"n": n, "load": load_s}
+        out: dict[str, Any] = {"n": n, "load": load_s, "serving": serving_cost(cluster)}
         for name, loc in (("local", TableLocation.parse(base / f"live-{n}")),
                           ("s3", TableLocation.parse(f"s3://bench/live-{n}", environ=s3.env))):
             other = wait_quiet(30, log)
@@ -261,6 +306,13 @@ def main(argv: list[str] | None = None) -> int:
                   + " | ".join(f"{rows / r[k]:,.0f}/s ({r[k]:.1f} s; other {r[f'{k}_other']:.2f} cores before, machine "
                                f"{r[f'{k}_busy']:.2f} busy; nodes {r[f'{k}_nodes_cpu']:.1f} CPU s)" for k in ("local", "s3"))
                   + " |")
+    md += ["", ("Serving cost: every committed event read from one follower by one reader in the benchmark's "
+                "process (no Spark), through `read_events` (the node decodes and re-encodes each record) and through "
+                "`read_log` (whole batches as stored; the reader checks and decodes them): events/s and the node's "
+                "CPU seconds per 1M events."), "", "| events | read_events | read_log |", "|---|---|---|"]
+    for r in lives:
+        md.append(f"| {r['n']:,} | " + " | ".join(f"{r['serving'][k][0]:,.0f}/s, node {r['serving'][k][1]:.2f} CPU s/1M"
+                                                  for k in ("read_events", "read_log")) + " |")
     md += ["", ("Audit on a table of N offline-generated events (one day partition), warm session: seconds of the "
                 "first question / median of the next 3, and files read of the table's files. `state` is at 95 % of "
                 "the log with a 1 % key prefix."), "",
