@@ -102,6 +102,32 @@ def process_cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def tree_cpu_seconds() -> float:
+    """CPU seconds used so far by this process and every process below it (the nodes, moto, the Spark
+    driver's JVM and its Python workers): the export's own cost, whatever other processes on the shared
+    machine use. Each process counts its own time and that of its children it reaped (a live child
+    counts for itself), so nothing is counted twice."""
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue   # exited meanwhile
+            parent[int(entry)] = int(fields[1])
+            cpu[int(entry)] = sum(int(x) for x in fields[11:15]) / tick   # utime stime cutime cstime
+    me = os.getpid()
+
+    def below_me(pid: int) -> bool:
+        while pid > 1 and pid != me:
+            pid = parent.get(pid, 0)
+        return pid == me
+    return sum(seconds for pid, seconds in cpu.items() if below_me(pid))
+
+
 def serving_cost(cluster: Any) -> dict[str, tuple[float, float]]:
     """What serving the export's reads costs a follower: every committed kv record read from one follower
     in this process (no Spark) through `read_events` (records decoded and re-encoded by the node, 5,000
@@ -147,7 +173,7 @@ def serving_cost(cluster: Any) -> dict[str, tuple[float, float]]:
 
 def live(spark: Any, base: Path, n: int, keys: int, s3: Any) -> dict[str, Any]:
     from spark.export import export_once
-    from spark.sources import ClusterSource
+    from spark.sources import ClusterSource, OfflineSource
     from spark.storage import TableLocation
     from tests.support.nodes import NodeCluster
 
@@ -165,21 +191,29 @@ def live(spark: Any, base: Path, n: int, keys: int, s3: Any) -> dict[str, Any]:
         log(f"{n:,} events: loaded into the cluster in {load_s:.1f} s ({n / load_s:,.0f}/s)")
         source = ClusterSource(tuple(cluster.endpoints), 30.0, ("kv",))
         out: dict[str, Any] = {"n": n, "load": load_s, "serving": serving_cost(cluster)}
-        for name, loc in (("local", TableLocation.parse(base / f"live-{n}")),
-                          ("s3", TableLocation.parse(f"s3://bench/live-{n}", environ=s3.env))):
+        # The same events from node 1's segment files (the offline reader, no serving node) into a local
+        # table: what the live export costs beyond decoding and writing.
+        offline = OfflineSource.discover(cluster.nodes[1].data_dir, ("kv",))
+        for name, loc, src in (("local", TableLocation.parse(base / f"live-{n}"), source),
+                               ("s3", TableLocation.parse(f"s3://bench/live-{n}", environ=s3.env), source),
+                               ("offline", TableLocation.parse(base / f"offline-{n}"), offline)):
             other = wait_quiet(30, log)
             pids = [node.pid for node in cluster.nodes.values() if node.pid is not None]
-            nodes_cpu, busy, t = process_cpu_seconds(pids), machine_busy_seconds(), time.perf_counter()
-            result = export_once(spark, loc, source, range_offsets=RANGE_OFFSETS)
+            nodes_cpu, busy, tree, t = process_cpu_seconds(pids), machine_busy_seconds(), tree_cpu_seconds(), \
+                time.perf_counter()
+            result = export_once(spark, loc, src, range_offsets=RANGE_OFFSETS)
             seconds = time.perf_counter() - t
             nodes_cpu, busy = process_cpu_seconds(pids) - nodes_cpu, machine_busy_seconds() - busy
+            out[f"{name}_cpu"] = tree_cpu_seconds() - tree
             assert result.rows >= n, (result.rows, n)
             out[name], out[f"{name}_other"], out["rows"] = seconds, other, result.rows
             out[f"{name}_nodes_cpu"], out[f"{name}_busy"] = nodes_cpu, busy / seconds
             log(f"  export to {name}: {result.rows:,} rows in {seconds:.1f} s, {result.rows / seconds:,.0f} events/s "
                 f"({len(result.plan.ranges())} ranges over 3 members; other processes {other:.2f} cores before it; "
-                f"the machine busy {busy / seconds:.2f} cores during it; the nodes used {nodes_cpu:.1f} CPU s)")
+                f"the machine busy {busy / seconds:.2f} cores during it; the nodes used {nodes_cpu:.1f} CPU s, "
+                f"the export's processes {out[f'{name}_cpu']:.1f})")
         shutil.rmtree(base / f"live-{n}", ignore_errors=True)
+        shutil.rmtree(base / f"offline-{n}", ignore_errors=True)
         return out
     finally:
         cluster.close()
@@ -298,13 +332,15 @@ def main(argv: list[str] | None = None) -> int:
           f"Spark `{args.master}` session (start-up {session_s:.1f} s), ranges of {RANGE_OFFSETS:,} offsets spread "
           f"over the three members, one Delta commit; to a local directory, and to moto's S3 server on 127.0.0.1. "
           f"Load average at the start {load_avg[0]:.1f}/{load_avg[1]:.1f}/{load_avg[2]:.1f}."), "",
-          "| events | load through the SDK | export to a local table | export to S3 (moto) |", "|---|---|---|---|"]
+          "| events | load through the SDK | export to a local table | export to S3 (moto) | offline (node 1's files) "
+          "to a local table |", "|---|---|---|---|---|"]
     for r in lives:
         n = r["n"]
         rows = r["rows"]
         md.append(f"| {n:,} ({rows:,} rows) | {n / r['load']:,.0f}/s ({r['load']:.0f} s) | "
                   + " | ".join(f"{rows / r[k]:,.0f}/s ({r[k]:.1f} s; other {r[f'{k}_other']:.2f} cores before, machine "
-                               f"{r[f'{k}_busy']:.2f} busy; nodes {r[f'{k}_nodes_cpu']:.1f} CPU s)" for k in ("local", "s3"))
+                               f"{r[f'{k}_busy']:.2f} busy; CPU s: export {r[f'{k}_cpu']:.1f}, nodes "
+                               f"{r[f'{k}_nodes_cpu']:.1f})" for k in ("local", "s3", "offline"))
                   + " |")
     md += ["", ("Serving cost: every committed event read from one follower by one reader in the benchmark's "
                 "process (no Spark), through `read_events` (the node decodes and re-encodes each record) and through "
