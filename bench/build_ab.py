@@ -105,8 +105,8 @@ def main() -> None:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     lines = ["| case | base ops/s | head ops/s | ratio | base server CPU us/event | head server CPU us/event | "
-             "CPU ratio | busiest node us/event (base / head) | leader changes, all runs (base / head) | "
-             "load avg 1 min (base / head runs) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "CPU ratio | CPU ratio per round (median) | busiest node us/event (base / head) | leader changes, all runs (base / head) | "
+             "load avg 1 min (base / head runs) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for label in labels:
         b, h = results[(label, "base")], results[(label, "head")]
         b_ops = statistics.median(float(x["ops_per_s"]) for x in b)  # type: ignore[arg-type]
@@ -115,13 +115,17 @@ def main() -> None:
         h_cpu = statistics.median(per_event(x) for x in h)
         b_top = statistics.median(busiest_per_event(x) for x in b)
         h_top = statistics.median(busiest_per_event(x) for x in h)
+        paired = sorted(per_event(y) / per_event(x) for x, y in zip(b, h))   # same round: same load, roughly
         load = " / ".join(", ".join(f"{v:.1f}" for v in loads[(label, k)]) for k in ("base", "head"))
+        rounds = f"{', '.join(f'{v:.2f}' for v in paired)} ({statistics.median(paired):.2f}x)"
         lines.append(f"| {label} | {b_ops:,.0f} | {h_ops:,.0f} | {h_ops / b_ops:.2f}x | {b_cpu:,.1f} | {h_cpu:,.1f} | "
-                     f"{h_cpu / b_cpu:.2f}x | {b_top:,.1f} / {h_top:,.1f} | {changes(b)} / {changes(h)} | {load} |")
+                     f"{h_cpu / b_cpu:.2f}x | {rounds} | {b_top:,.1f} / {h_top:,.1f} | {changes(b)} / {changes(h)} | "
+                     f"{load} |")
     body = "\n".join(lines) + (
         f"\n\nbase: {names['base']}, head: {names['head']}. Medians of {args.rounds} rounds, builds interleaved "
         f"(order alternating per round), a fresh 3-node cluster per run, requests scaled by {args.scale} of "
-        f"bench/vs_etcd's. Ratio > 1: head faster; CPU ratio < 1: head spends less server CPU per event.\n\n"
+        f"bench/vs_etcd's. Ratio > 1: head faster; CPU ratio < 1: head spends less server CPU per event (per round: head / base of the same round, "
+        f"sorted; less exposed to the load drifting between rounds).\n\n"
         f"Runs (JSON lines):\n\n```\n"
         + "\n".join(json.dumps({"build": b, **x}) for (_, b), xs in sorted(results.items()) for x in xs) + "\n```")
     print(body.split("\n\nRuns")[0])
