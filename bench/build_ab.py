@@ -23,6 +23,7 @@ import json
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -130,7 +131,7 @@ def main() -> None:
         + "\n".join(json.dumps({"build": b, **x}) for (_, b), xs in sorted(results.items()) for x in xs) + "\n```")
     print(body.split("\n\nRuns")[0])
     if not args.no_write:
-        write_section(args.section, body)
+        write_section(args.section, body, command="python -m bench.build_ab " + " ".join(sys.argv[1:]))
 
 
 if __name__ == "__main__":
