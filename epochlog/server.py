@@ -32,7 +32,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from eventlog.configuration import doc
@@ -78,6 +78,13 @@ class ClientServiceConfig:
         "TLS of every client face ([clients.tls], epochlog/face_tls.py)."))
     access: AccessConfig = field(default_factory=AccessConfig, metadata=doc(
         "Authentication and authorization on every client face ([clients.access], epochlog/access_control.py)."))
+
+    def __post_init__(self) -> None:
+        # The one place the secure default is decided: enforcement follows the faces' TLS unless the
+        # config says otherwise, so a config that says nothing gets both, and `[clients.tls] enabled =
+        # false` alone is a plaintext, unauthenticated cluster (enforcing needs TLS: access_control).
+        if self.access.enforce is None:
+            object.__setattr__(self, "access", replace(self.access, enforce=self.tls.enabled))
 
 
 class ClientService:
