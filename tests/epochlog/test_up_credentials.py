@@ -91,6 +91,8 @@ def test_the_default_up_cluster_refuses_plaintext_and_the_cli_with_no_flags_work
         assert put.returncode == 0, put.stderr
         got = cli("get", "app/x", "--json")
         assert got.returncode == 0 and json.loads(got.stdout)["value"] == "hello", got
+        brokers = cli("brokers", "--json")   # the controller's commands (broker run, brokers simulate) alike
+        assert brokers.returncode == 0, brokers.stderr
         # Enforcement is on: a certificate of the same CA that no grant names may not write.
         mallory = ClusterCA.load(local_dir / "ca").issue_client("mallory", tmp_path / "mallory")
         denied = cli("put", "app/x", "evil", "--tls-ca", str(mallory.ca), "--cert", str(mallory.cert),
