@@ -8,12 +8,13 @@ environment variables (`source` it in a shell). A client takes its credentials f
 1. what its caller gives (`AsyncClient(tls=..., token=...)`, the CLI's `--tls-ca/--cert/--key/--token`);
 2. the environment: EPOCHLOG_TLS_CA, EPOCHLOG_TLS_CERT, EPOCHLOG_TLS_KEY, EPOCHLOG_TOKEN;
 3. a `data/*/client/credentials.json` under the working directory or the repository (where `epochlog
-   up` keeps its data by default) whose cluster serves every endpoint the client was given; the newest
-   when several do (`up` rewrites its file at each start).
+   up` keeps its data by default) whose cluster has one of the addresses the client was given; the
+   newest when several do (`up` rewrites its file at each start, so the cluster started last wins).
 
 So `epochlog up` then `epochlog put ...` from the repository needs nothing typed, and a client of
-another cluster never picks these up: they are matched by address. With a token of its own (1 or 2) a
-client takes only the CA from 3, not the admin certificate, so that it acts as the token's user.
+another cluster never picks these up: they are matched by address (and the CA in them refuses a server
+of another cluster at the handshake). With a token of its own (1 or 2) a client takes only the CA from
+3, not the admin certificate, so that it acts as the token's user.
 """
 
 from __future__ import annotations
@@ -54,9 +55,10 @@ class LocalCredentials:
         return {CA_ENV: str(self.ca_file), CERT_ENV: str(self.cert_file), KEY_ENV: str(self.key_file)}
 
     def serves(self, addresses: Iterable[str], *, kafka: bool = False) -> bool:
+        """Whether one of `addresses` is this cluster's (the CLI's default endpoints are local-3's
+        three; `up --config configs/single.toml` serves the first of them)."""
         known = set(self.kafka_addresses if kafka else self.client_addresses)
-        listed = list(addresses)
-        return bool(listed) and all(a in known for a in listed)
+        return any(a in known for a in addresses)
 
     def write(self, directory: Path) -> Path:
         """`credentials.json` in `directory` and `client.env` beside it (its parent, the data directory)."""
@@ -91,11 +93,16 @@ def _replace(path: Path, text: str) -> None:
 
 def find(addresses: Sequence[str], *, kafka: bool = False,
          roots: Sequence[Path] | None = None) -> LocalCredentials | None:
-    """The newest local credentials whose cluster serves every one of `addresses` (client addresses, or
-    Kafka ones with `kafka`), searched as the module docstring says; None when none does."""
+    """The newest local credentials whose cluster has one of `addresses` (client addresses, or Kafka
+    ones with `kafka`), searched as the module docstring says; None when none does."""
     seen: set[Path] = set()
     matches: list[tuple[float, LocalCredentials]] = []
-    for root in roots if roots is not None else (Path.cwd(), REPOSITORY):
+    if roots is None:
+        try:
+            roots = (Path.cwd(), REPOSITORY)
+        except OSError:   # the working directory is gone
+            roots = (REPOSITORY,)
+    for root in roots:
         for path in root.glob(SEARCHED):
             path = path.resolve()
             if path in seen:

@@ -160,16 +160,21 @@ def _credentials(root: Path, name: str, addresses: tuple[str, ...], kafka: tuple
 
 def test_a_client_finds_the_credentials_of_the_cluster_it_names_and_no_other(tmp_path, no_credential_env):
     one = _credentials(tmp_path, "one", ("127.0.0.1:1001", "127.0.0.1:1002"), ("127.0.0.1:2001",))
-    two = _credentials(tmp_path, "two", ("127.0.0.1:1101",))
+    two = _credentials(tmp_path, "two", ("127.0.0.1:1001",))   # a single node on the first one's first port
     roots = [tmp_path]
+    os.utime(tmp_path / "data" / "one" / "client" / "credentials.json", (1000, 1000))
+    os.utime(tmp_path / "data" / "two" / "client" / "credentials.json", (2000, 2000))
     assert find(["127.0.0.1:1002"], roots=roots) == one
-    assert find(["127.0.0.1:1101"], roots=roots) == two
-    assert find(["127.0.0.1:1001", "127.0.0.1:1101"], roots=roots) is None   # two clusters: neither serves all
+    assert find(["127.0.0.1:9999", "127.0.0.1:1002"], roots=roots) == one   # one address of it is enough
+    assert find(["127.0.0.1:1001", "127.0.0.1:1002"], roots=roots) == two   # both serve it: the newest
+    os.utime(tmp_path / "data" / "one" / "client" / "credentials.json", (3000, 3000))   # `up` started it again
+    assert find(["127.0.0.1:1001"], roots=roots) == one
     assert find(["127.0.0.1:9999"], roots=roots) is None
     assert find(["127.0.0.1:2001"], kafka=True, roots=roots) == one
     # Files that are gone: not a credential.
-    two.key_file.unlink()
-    assert find(["127.0.0.1:1101"], roots=roots) is None
+    one.key_file.unlink()
+    assert find(["127.0.0.1:1002"], roots=roots) is None
+    assert find(["127.0.0.1:1001"], roots=roots) == two
 
 
 def test_what_a_caller_gives_wins_and_a_token_takes_only_the_ca(tmp_path, monkeypatch, no_credential_env):
