@@ -87,6 +87,7 @@ from epochlog.ports import address_taken
 from epochlog.tour import Tour
 
 if TYPE_CHECKING:
+    from epochlog.certs import IssuedFiles
     from epochlog.server import ClientServiceConfig
 
 START_TIMEOUT_S = 60.0      # launch to a leader in every group (2 shared cores, cold imports)
@@ -158,8 +159,12 @@ def make_plan(config_path: Path, nodes: int | None, data_dir: Path) -> Plan:
 
     configs = load_node_configs(config_path)
     from_mapping(ViewsConfig, configs.views, "views")
-    from_mapping(ClientServiceConfig, configs.clients, "clients")
+    clients = from_mapping(ClientServiceConfig, configs.clients, "clients")
     from_mapping(KafkaServiceConfig, configs.kafka, "kafka")
+    if clients.access.enforce and not clients.access.super_users:
+        raise UpError(f"{config_path}: [clients.access] super_users is empty, so no credential `up` makes "
+                      f"could do anything: add super_users = [\"admin\"] (or set [clients.tls] enabled = false "
+                      f"for plaintext client faces)")
     missing = [g for g in REQUIRED_GROUPS if g not in configs.cluster.groups]
     if missing:
         raise ConfigError("cluster.groups", list(configs.cluster.groups),
@@ -672,13 +677,13 @@ class Outcome:
         self.reasons.append(reason)
 
 
-def _member_files(plan: Plan, node_id: int) -> list[Any]:
+def _member_files(plan: Plan, node_id: int) -> list[IssuedFiles]:
     """Where node `node_id` reads its certificate: [cluster.tls] unless insecure, [clients.tls] when
     enabled (the same files by default)."""
     from epochlog.certs import IssuedFiles
 
     node_dir = plan.node_dir(node_id)
-    out = []
+    out: list[IssuedFiles] = []
     peer = plan.configs.cluster.tls
     if not peer.insecure:
         out.append(IssuedFiles(peer.path("cert_file", node_dir), peer.path("key_file", node_dir),
@@ -727,11 +732,7 @@ def ensure_client_credentials(plan: Plan) -> tuple[LocalCredentials | None, bool
         (plan.data_dir / ENV_FILE_NAME).unlink(missing_ok=True)
         return None, False
     supers = clients.access.super_users
-    if clients.access.enforce and not supers:
-        raise UpError(f"{plan.config_path}: [clients.access] super_users is empty, so no credential `up` makes "
-                      f"could do anything: add super_users = [\"admin\"] (or set [clients.tls] enabled = false "
-                      f"for plaintext client faces)")
-    name = supers[0] if supers else "admin"
+    name = supers[0] if supers else "admin"   # none: enforcement is off (make_plan refuses it on)
     ca = ClusterCA.load(plan.data_dir / "ca")   # ensure_certificates made it
     files = IssuedFiles(directory / f"{name}.crt", directory / f"{name}.key", directory / "ca.crt")
     made = not ca.client_is_current(name, files)

@@ -143,11 +143,13 @@ def test_the_admin_credential_is_made_once_renewed_near_its_end_and_not_for_plai
     assert ensure_client_credentials(plaintext) == (None, False)
     assert not (data / "client" / "credentials.json").exists() and not (data / "client.env").exists()
 
-    # Enforcing with no super user: nothing `up` could make would be allowed anything.
+    # Enforcing with no super user: nothing `up` could make would be allowed anything (refused before
+    # anything is made).
     nobody = cluster_document(3, rng, name="creds-test")
     nobody["clients"] = {}
     with pytest.raises(UpError, match=r"super_users is empty.*add super_users = \[\"admin\"\]"):
-        ensure_client_credentials(make_plan(write_config(tmp_path / "nobody.toml", nobody), None, data))
+        make_plan(write_config(tmp_path / "nobody.toml", nobody), None, tmp_path / "nobody")
+    assert not (tmp_path / "nobody").exists()
 
 
 def _credentials(root: Path, name: str, addresses: tuple[str, ...], kafka: tuple[str, ...] = ()) -> LocalCredentials:
