@@ -128,6 +128,11 @@ def access_control(node: Node, config: ClientServiceConfig, metrics: Metrics | N
     if config.access.enforce and not config.tls.enabled:
         raise ConfigError("clients.access.enforce", True, "needs [clients.tls] enabled = true (the nodes "
                                                           "authenticate each other's calls by their member certificates)")
+    if config.access.enforce and not config.access.super_users:
+        # A config from before the secure default, likely: nothing but earlier ACL events allows a call.
+        logger.warning("client calls are authenticated and authorized ([clients.access] enforce, the default "
+                       "with [clients.tls]) and [clients.access] super_users is empty: only principals granted "
+                       "by ACL events may do anything; name the first admin there (docs/security.md)")
     return AccessControl(config.access, lambda: node.views.get("metadata"),
                          None if metrics is None else AccessMetrics(metrics.registry))
 

@@ -22,7 +22,7 @@ import pytest
 
 from compaction.config import CleanerConfig, CompactionConfig, compaction_configs
 from controller.config import ControllerConfig, controller_config
-from epochlog.client import Client
+from epochlog.client import Client, ClientError
 from epochlog.client.tls import ClientTls
 from epochlog.access_control import AccessConfig
 from epochlog.face_tls import ClientTlsConfig
@@ -287,6 +287,38 @@ def test_a_node_whose_config_says_nothing_of_its_clients_refuses_to_start_withou
     assert lines[0] == (f"error: config clients.tls.cert_file = '{tmp_path / 'n1' / 'tls' / 'node.crt'}': file not "
                         "found: make the certificates (`epochlog certs init`, then `epochlog certs member`; `epochlog "
                         "up` makes them), or set [clients.tls] enabled = false for plaintext client faces"), lines
+
+
+def test_a_node_whose_config_says_nothing_of_its_clients_serves_them_secured_once_it_has_certificates(tmp_path, rng):
+    """The same node given its member certificate: it starts, refuses a plaintext client, and warns that no
+    super user is named (a config from before the secure default would otherwise fail in silence)."""
+    document = cluster_document(1, rng, name="faces-test")
+    del document["clients"]
+    config = write_config(tmp_path / "node.toml", document)
+    provision(tmp_path / "ca", "faces-test", {1: tmp_path / "n1"})
+    err, out = tmp_path / "serve.err", tmp_path / "serve.out"
+    with err.open("wb") as sink, out.open("wb") as stdout:
+        proc = subprocess.Popen(epochlog_argv("serve", "--config", str(config), "--node-id", "1",
+                                              "--data-dir", str(tmp_path / "n1")),
+                                stdout=stdout, stderr=sink, cwd=ROOT)
+    try:
+        def ready() -> bool:
+            assert proc.poll() is None, err.read_text()
+            return "READY 1 " in out.read_text()
+        wait_until(ready, 60, f"READY from serve (stderr in {err})")
+        line = next(x for x in err.read_text().splitlines() if "super_users is empty" in x)
+        assert " WARNING " in line, line
+        with Client(document["cluster"]["members"][0]["client_address"], timeout=2.0,
+                    tls=None, token="") as plain:
+            assert plain.aio.tls is None
+            with pytest.raises(ClientError):
+                plain.status()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_insecure_peers_are_a_warning_at_start(tmp_path, rng):
