@@ -15,6 +15,8 @@ Resources are strings:
                              reach is allowed, judged from the prefix alone (conservative)
     log/<group>              a group's whole log (read_events, a watch of a whole group, Kafka __<group>)
     kafka-topic/<name>       a Kafka topic hosted by the Kafka face
+    kafka-group/<id>         a Kafka consumer group: READ to find its coordinator and fetch its offsets, WRITE
+                             to be one of its members (join, sync, heartbeat, leave) and commit its offsets
     broker/<c>/<g>/<n>       a broker's own calls (operation BROKER)
     cluster                  the cluster's description (DESCRIBE), its operation (ADMIN), the nodes'
                              operational detail (INSPECT)
@@ -51,6 +53,7 @@ class Operation(StrEnum):
     READ_LOG = "read_log"        # a group's whole log
     APPEND_LOG = "append_log"    # records appended to a group's log as they are (Kafka produce to __<group>)
     DESCRIBE = "describe"        # the cluster's shape: status, members, routes, brokers, ping
+    IDEMPOTENT_WRITE = "idempotent_write"   # a Kafka producer id (Kafka's IdempotentWrite on the cluster)
     INSPECT = "inspect"          # the nodes' operational detail: compaction status, /metrics
     ADMIN = "admin"              # membership, leader transfer, snapshot, group skip
     BROKER = "broker"            # a broker's own calls to the controller
@@ -164,6 +167,8 @@ def decide(principal: Principal, action: Action) -> Decision:
         return ALLOWED
     if op is Operation.DESCRIBE:
         return ALLOWED
+    if op is Operation.IDEMPOTENT_WRITE:   # Kafka (KIP-679): a Write grant on any topic implies it
+        return _role(principal, Role.WRITER, "needs admin or a writer grant")
     if op in (Operation.INSPECT, Operation.READ_LOG):
         return _role(principal, Role.AUDITOR, "needs admin or auditor")
     if op is Operation.ADMIN:
@@ -195,8 +200,15 @@ def _kv(principal: Principal, name: str, roles: tuple[Role, ...]) -> bool:
     return any(p is not None and name.startswith(p) for p in (g.kv_prefix() for g in principal.scoped(*roles)))
 
 
+READERS = (Role.READER, Role.WRITER)
+
+
 def _topic(principal: Principal, topic: str | None, roles: tuple[Role, ...]) -> bool:
     return topic is not None and any(g.covers_topic(topic) for g in principal.scoped(*roles))
+
+
+def _group(principal: Principal, group_id: str) -> bool:
+    return any(g.covers_group(group_id) for g in principal.scoped(*READERS))
 
 
 def _offset_topic(action: Action, rest: str) -> str | None:
@@ -205,9 +217,6 @@ def _offset_topic(action: Action, rest: str) -> str | None:
     if len(parts) < 2 or (action.prefix and len(parts) < 3):
         return None
     return parts[1]
-
-
-READERS = (Role.READER, Role.WRITER)
 
 
 def _read(principal: Principal, action: Action) -> Decision:
@@ -219,6 +228,8 @@ def _read(principal: Principal, action: Action) -> Decision:
     if kind == "kafka-topic" and not action.prefix and _topic(principal, rest, READERS):
         return ALLOWED
     if kind == "offset" and _topic(principal, _offset_topic(action, rest), READERS):
+        return ALLOWED
+    if kind == "kafka-group" and not action.prefix and _group(principal, rest):
         return ALLOWED
     if kind in ("lease", "session") and principal.has(Role.WRITER):
         return ALLOWED
@@ -234,6 +245,8 @@ def _write(principal: Principal, action: Action) -> Decision:
         return ALLOWED
     if kind == "offset" and _topic(principal, _offset_topic(action, rest), READERS):
         return ALLOWED    # a consumer commits its own offsets (Kafka: Read on the topic)
+    if kind == "kafka-group" and _group(principal, rest):
+        return ALLOWED    # a consumer group's member (Kafka: Read on the group)
     if kind in ("lease", "session") and principal.has(Role.WRITER):
         return ALLOWED
     if kind == "client-session":
@@ -246,6 +259,7 @@ def _needs(kind: str | None, what: str) -> str:
               else "a reader or writer grant on a kv prefix covering it",
               "kafka-topic": f"a {'writer' if what == 'write' else 'reader or writer'} grant on the topic",
               "offset": "a reader or writer grant on the offset's topic",
+              "kafka-group": "a reader or writer grant on the consumer group",
               "lease": "a writer grant", "session": "a writer grant"}
     extra = scoped.get(kind or "")
     base = "needs admin" if what == "write" else "needs admin or auditor"

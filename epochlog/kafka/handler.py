@@ -320,33 +320,50 @@ class KafkaHandler:
                 tuple(sorted(self.topics().items())))
 
     async def metadata(self, request: Any, version: int) -> list[Buffer]:
-        """Encoded once per (version, topics) until a leader, term or membership changes."""
+        """Encoded once per (version, topics, topics hidden from the caller) until a leader, term or
+        membership changes. A caller sees the topics it may read or write (Kafka's Describe): asking for
+        every topic lists only those; a topic it names and may not see is answered
+        TOPIC_AUTHORIZATION_FAILED (counted and logged), whether it exists or not."""
         names = None if request.topics is None else tuple(t.name for t in request.topics)
         if version == 0 and names == ():
             names = None   # v0: an empty list means every topic
-        key = (version, names)
+        principal = self.auth.principal("metadata")
+        hidden: tuple[str, ...] = ()
+        if principal is not None:
+            hidden = tuple(n for n in (sorted(self.topics()) if names is None else dict.fromkeys(names))
+                           if not self.auth.may_any(principal, "metadata", self.topic_actions(n or ""),
+                                                    report=names is not None))
+        key = (version, names, hidden)
         fingerprint = self._fingerprint()
         cached = self._metadata_cache.get(key)
         if cached is not None and cached[0] == fingerprint:
             return [cached[1]]
-        body = bytes(self._metadata_response(names, version).encode(version=version))
+        body = bytes(self._metadata_response(names, version, frozenset(hidden)).encode(version=version))
         if names is None or len(names) <= METADATA_CACHED_NAMES:   # the cache's memory stays small
             if len(self._metadata_cache) > 1024:
                 self._metadata_cache.clear()
             self._metadata_cache[key] = (fingerprint, body)
         return [body]
 
-    def _metadata_response(self, names: tuple[str, ...] | None, version: int) -> Any:
+    def topic_actions(self, topic: str) -> tuple[Action, Action]:
+        """(read, write) of a topic by its name, whether it exists or not: a group's own topic `__<g>` is
+        its log, any other name a hosted topic's (kafka-topic/<name>)."""
+        if topic.startswith(TOPIC_PREFIX) and self.node.group_log(topic[len(TOPIC_PREFIX):]) is not None:
+            log = f"log/{topic[len(TOPIC_PREFIX):]}"
+            return Action(Operation.READ_LOG, log), Action(Operation.APPEND_LOG, log)
+        return Action(Operation.READ, f"kafka-topic/{topic}"), Action(Operation.WRITE, f"kafka-topic/{topic}")
+
+    def _metadata_response(self, names: tuple[str, ...] | None, version: int, hidden: frozenset[str]) -> Any:
         brokers = [MetadataResponse.MetadataResponseBroker(node_id=b.node_id, host=b.host, port=b.port, rack=None)
                    for b in self.brokers.values()]
         topics = []
         counts = self.topics()
-        for name in (sorted(counts) if names is None else names):
+        for name in (sorted(set(counts) - hidden) if names is None else names):
             group = self.group_of_topic(name or "")
-            if group is None:
+            if name in hidden or group is None:
+                code = ke.TOPIC_AUTHORIZATION_FAILED if name in hidden else ke.UNKNOWN_TOPIC_OR_PARTITION
                 topics.append(MetadataResponse.MetadataResponseTopic(
-                    error_code=ke.UNKNOWN_TOPIC_OR_PARTITION, name=name, topic_id=_ZERO_UUID, is_internal=False,
-                    partitions=[]))
+                    error_code=code, name=name, topic_id=_ZERO_UUID, is_internal=False, partitions=[]))
                 continue
             leader = group.leader if group.leader in self.brokers else -1
             replicas = [*group.voters, *group.learners]
@@ -372,6 +389,7 @@ class KafkaHandler:
                     partition_index=p.partition_index, error_code=0, timestamp=-1, offset=-1, leader_epoch=-1)
                 try:
                     ref = self._leader(t.name, p.partition_index, getattr(p, "current_leader_epoch", -1))
+                    self.auth.check("list_offsets", self.topic_actions(ref.topic)[:1])
                     out.offset, out.timestamp, out.leader_epoch = self._offset_for(ref, p.timestamp)
                 except Exception as exc:  # noqa: BLE001 - answered as a Kafka error code
                     out.error_code = kafka_code(exc)
@@ -419,6 +437,7 @@ class KafkaHandler:
                     error_code=0, partition=p.partition, leader_epoch=-1, end_offset=-1)
                 try:
                     ref = self._leader(t.topic, p.partition, getattr(p, "current_leader_epoch", -1))
+                    self.auth.check("offset_for_leader_epoch", self.topic_actions(ref.topic)[:1])
                     found = ref.group.end_offset_for_epoch(p.leader_epoch)
                     if found is not None:
                         out.leader_epoch, out.end_offset = found
@@ -455,7 +474,7 @@ class KafkaHandler:
                 po = FetchPartitionOut(p.partition)
                 try:
                     ref = self._leader(t.topic, p.partition, getattr(p, "current_leader_epoch", -1))
-                    self.auth.check("fetch", (_read_action(ref),))
+                    self.auth.check("fetch", self.topic_actions(ref.topic)[:1])
                     log = ref.group
                     # A partition is read up to its high watermark: for a group's topic the commit
                     # offset + 1; for a hosted one its last committed record + 1, so positions never
@@ -527,7 +546,7 @@ class KafkaHandler:
         """(error code, base offset, error message, log start offset) for one partition's batch."""
         try:
             ref = self._leader(topic, partition)
-            self.auth.check("produce", (_append_action(ref),))
+            self.auth.check("produce", self.topic_actions(ref.topic)[1:])
             header, records = await self._decode_batch(ref, data)
             committed = await self._append(ref, header, records, acks, timeout)
             self.counters.produced(topic, len(records), len(data or b""))
@@ -729,6 +748,11 @@ class KafkaHandler:
         if request.transactional_id is not None:
             response.error_code = ke.TRANSACTIONAL_ID_AUTHORIZATION_FAILED   # transactions: not supported
             return response
+        try:   # Kafka: IdempotentWrite on the cluster, which a Write grant on any topic implies
+            self.auth.check("init_producer_id", (Action(Operation.IDEMPOTENT_WRITE),), ke.CLUSTER_AUTHORIZATION_FAILED)
+        except KafkaError as exc:
+            response.error_code = exc.kafka_error
+            return response
         producer_id = getattr(request, "producer_id", -1)
         epoch = getattr(request, "producer_epoch", -1)
         if producer_id >= 0 and 0 <= epoch < 32766:
@@ -773,20 +797,6 @@ class KafkaHandler:
             raise KafkaError(ke.COORDINATOR_NOT_AVAILABLE, "no other node to write through")
         async with AsyncClient(addresses, timeout=FORWARD_TIMEOUT_S, tls=self.node.internal_tls) as client:
             return (await client.commands([event]))[0]
-
-
-def _read_action(ref: PartitionRef) -> Action:
-    """What reading a partition asks: a group's whole log, or a hosted topic."""
-    if ref.hosted:
-        return Action(Operation.READ, f"kafka-topic/{ref.topic}")
-    return Action(Operation.READ_LOG, f"log/{ref.group.name}")
-
-
-def _append_action(ref: PartitionRef) -> Action:
-    """What producing to a partition asks (a group's log: then each record's event too)."""
-    if ref.hosted:
-        return Action(Operation.WRITE, f"kafka-topic/{ref.topic}")
-    return Action(Operation.APPEND_LOG, f"log/{ref.group.name}")
 
 
 def _decode(request_class: Any, frame: memoryview, version: int) -> Any:

@@ -5,8 +5,8 @@ and raw frames over TLS.
 
 The allowed call must work (or fail for a reason that is not access, named in its row); the refused one
 must get the face's own denial: native `permission_denied`, gRPC PERMISSION_DENIED, Kafka
-TOPIC_AUTHORIZATION_FAILED (or, for the APIs that only need an authenticated connection, the connection
-closed before any answer). The rows run in their order on one node (LeaseKeepAlive after LeaseGrant,
+TOPIC_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED or CLUSTER_AUTHORIZATION_FAILED by the resource
+refused, counted under its operation (and, before SASL, the connection closed before any answer). The rows run in their order on one node (LeaseKeepAlive after LeaseGrant,
 MemberRemove after MemberAdd)."""
 
 from __future__ import annotations
@@ -25,6 +25,16 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient
 from kafka.errors import TopicAuthorizationFailedError
+from kafka.protocol.consumer.group import (HeartbeatRequest, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse,
+                                           LeaveGroupRequest, LeaveGroupResponse, OffsetCommitRequest,
+                                           OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse,
+                                           SyncGroupRequest, SyncGroupResponse)
+from kafka.protocol.consumer.offsets import (ListOffsetsRequest, ListOffsetsResponse, OffsetForLeaderEpochRequest,
+                                             OffsetForLeaderEpochResponse)
+from kafka.protocol.data_container import DataContainer
+from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
+from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
+from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
 
 from epochlog.api import messages as p
 from epochlog.client import AsyncClient, Client
@@ -32,16 +42,23 @@ from epochlog.client.errors import ClientError, PermissionDeniedError
 from epochlog.client.tls import ClientTls
 from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
+from epochlog.kafka import hosted
+from epochlog.kafka.groups import GROUP_APIS
+from epochlog.kafka.handler import SUPPORTED
+from eventlog import kafka_codes as kc
 from statemachines import credentials as cr
 from statemachines import events as ev
+from tests.epochlog.kafka.raw import RawKafka
 from tests.support.nodes import NodeCluster
 from tests.support.secured import secured_cluster
 from tests.support.ports import free_ports
 
 NAME = "node-test"
 TOKENS = {who: f"eltok_{who}-secret" for who in ("admin", "app", "audit", "b2", "nobody")}
-PASSWORDS = {"admin": "admin-pw", "app": "app-pw", "audit": "audit-pw", "nobody": "nobody-pw"}
-GRANTS = [("app", "writer", "kv:app/"), ("audit", "auditor", ""), ("b2", "broker", "c/broker-a/b2")]
+PASSWORDS = {"admin": "admin-pw", "app": "app-pw", "audit": "audit-pw", "nobody": "nobody-pw", "b2": "b2-pw"}
+APP_TOPIC = "app-orders"   # a hosted Kafka topic app writes and reads
+GRANTS = [("app", "writer", "kv:app/"), ("app", "writer", "topic:app-*"), ("app", "reader", "group:app-*"),
+          ("audit", "auditor", ""), ("b2", "broker", "c/broker-a/b2")]
 CALL_S = 10.0
 
 
@@ -58,6 +75,7 @@ def faces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
             for who, role, resource in GRANTS:
                 c.command(ev.AclGranted(principal=who, role=role, resource=resource))
             c.put("other/x", b"theirs")
+            c.command(hosted.declaration(APP_TOPIC, 1))
         yield cluster
 
 
@@ -313,29 +331,206 @@ def test_kafka_produce_fetch_and_create_topics_are_allowed_and_refused_by_the_ru
         assert admin.get_entity("config/kafka-topic/faces-app") is None
 
 
-def test_a_kafka_consumer_group_and_an_idempotent_producer_work_when_authenticated(faces: NodeCluster) -> None:
-    """The APIs that need an authenticated connection only (Metadata, ListOffsets, InitProducerId, the
-    consumer group APIs): used by an authenticated client, they work."""
+def test_a_kafka_consumer_group_and_an_idempotent_producer_work_with_their_grants(faces: NodeCluster) -> None:
+    """A writer of topic:app-* with reader group:app-*: an idempotent producer (InitProducerId) and a
+    consumer group (FindCoordinator, JoinGroup, SyncGroup, Heartbeat, OffsetCommit, OffsetFetch) work, and
+    its commit is signed with its name."""
     producer = KafkaProducer(acks="all", enable_idempotence=True, max_block_ms=int(CALL_S * 1000),
                              **_sasl(faces, "app"))
     try:
-        sent = producer.send("__kv", value=_put("app/group")).get(timeout=CALL_S)
+        sent = producer.send(APP_TOPIC, key=b"k", value=b"v-group").get(timeout=CALL_S)
     finally:
         producer.close(timeout=CALL_S)
-    consumer = KafkaConsumer("__kv", group_id="faces", auto_offset_reset="earliest", enable_auto_commit=False,
-                             consumer_timeout_ms=int(CALL_S * 1000), **_sasl(faces, "audit"))
+    consumer = KafkaConsumer(APP_TOPIC, group_id="app-faces", auto_offset_reset="earliest", enable_auto_commit=False,
+                             consumer_timeout_ms=int(CALL_S * 1000), **_sasl(faces, "app"))
     try:
         seen = False
         for _ in range(40):   # bounded: the group forms and the record arrives within 40 polls of 0.5 s
             records = [r for batch in consumer.poll(timeout_ms=500).values() for r in batch]
-            if any(r.offset == sent.offset for r in records):
+            if any(r.offset == sent.offset and r.value == b"v-group" for r in records):
                 seen = True
                 break
         assert seen, "the group's consumer did not get the record"
         consumer.commit()
-        assert consumer.committed(TopicPartition("__kv", 0)) is not None
+        assert consumer.committed(TopicPartition(APP_TOPIC, 0)) == sent.offset + 1
     finally:
         consumer.close()
+    with Client(faces.endpoints) as admin:
+        committed = admin.get_entity(f"offset/app-faces/{APP_TOPIC}/0")
+        assert committed is not None
+        (event,) = admin.read_events("offsets", committed.version, max_events=1).events
+        assert ev.decode_event(event.value).actor == "app"
+
+
+# --- Kafka: each API beyond Produce, Fetch and CreateTopics, against its resource --------------------------
+
+CG = "app-cg"   # a consumer group app may be a member of (reader group:app-*)
+
+
+@dataclass(frozen=True)
+class KafkaRow:
+    """One Kafka request, made raw over SASL_SSL (PLAIN) by `allowed`, whose answer holds only NONE codes,
+    and by `denied`, whose answer holds `refusal` and whose denial is counted under `op`. `request` builds
+    it from what earlier rows learnt (`learnt`: the member id and generation of the group's member)."""
+
+    request: Callable[[dict[str, Any]], Any]
+    response: type
+    version: int
+    op: str
+    allowed: str
+    denied: str
+    refusal: int
+    learn: Callable[[Any, dict[str, Any]], None] = lambda response, learnt: None
+
+
+def _metadata(topic: str) -> Any:
+    return MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=topic)], allow_auto_topic_creation=False)
+
+
+def _list_offsets(topic: str) -> Any:
+    return ListOffsetsRequest(replica_id=-1, isolation_level=0, topics=[ListOffsetsRequest.ListOffsetsTopic(
+        name=topic, partitions=[ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(
+            partition_index=0, timestamp=-1)])])
+
+
+def _join(learnt: dict[str, Any]) -> Any:
+    return JoinGroupRequest(group_id=CG, session_timeout_ms=60_000, rebalance_timeout_ms=60_000, member_id="",
+                            protocol_type="consumer", protocols=[JoinGroupRequest.JoinGroupRequestProtocol(
+                                name="range", metadata=b"")])
+
+
+def _joined(response: Any, learnt: dict[str, Any]) -> None:
+    learnt.update(member=response.member_id, generation=response.generation_id)
+
+
+def _commit(topic: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda learnt: OffsetCommitRequest(
+        group_id=CG, generation_id_or_member_epoch=learnt["generation"], member_id=learnt["member"],
+        topics=[OffsetCommitRequest.OffsetCommitRequestTopic(name=topic, partitions=[
+            OffsetCommitRequest.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
+                partition_index=0, committed_offset=5, committed_metadata="")])])
+
+
+def _offset_fetch(topic: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda learnt: OffsetFetchRequest(group_id=CG, topics=[OffsetFetchRequest.OffsetFetchRequestTopic(
+        name=topic, partition_indexes=[0])])
+
+
+def _fetched(response: Any, learnt: dict[str, Any]) -> None:
+    (topic,) = response.topics
+    assert topic.partitions[0].committed_offset == 5, response   # the allowed commit landed
+
+
+TOPIC_DENIED, GROUP_DENIED, CLUSTER_DENIED = (kc.TOPIC_AUTHORIZATION_FAILED, kc.GROUP_AUTHORIZATION_FAILED,
+                                              kc.CLUSTER_AUTHORIZATION_FAILED)
+
+KAFKA: dict[str, KafkaRow] = {
+    # A topic is seen by who may read or write it (Kafka's Describe): the hosted topic by its writer, a
+    # group's whole log by an auditor; anyone else gets TOPIC_AUTHORIZATION_FAILED for it.
+    "Metadata": KafkaRow(lambda _: _metadata(APP_TOPIC), MetadataResponse, 8, "metadata", "app", "b2", TOPIC_DENIED),
+    "Metadata-log": KafkaRow(lambda _: _metadata("__metadata"), MetadataResponse, 8, "metadata", "audit", "app",
+                             TOPIC_DENIED),
+    "ListOffsets": KafkaRow(lambda _: _list_offsets(APP_TOPIC), ListOffsetsResponse, 5, "list_offsets", "app", "b2",
+                            TOPIC_DENIED),
+    "ListOffsets-log": KafkaRow(lambda _: _list_offsets("__kv"), ListOffsetsResponse, 5, "list_offsets", "audit",
+                                "app", TOPIC_DENIED),
+    "OffsetForLeaderEpoch": KafkaRow(
+        lambda _: OffsetForLeaderEpochRequest(replica_id=-1, topics=[OffsetForLeaderEpochRequest.OffsetForLeaderTopic(
+            topic="__kv", partitions=[OffsetForLeaderEpochRequest.OffsetForLeaderTopic.OffsetForLeaderPartition(
+                partition=0, leader_epoch=1)])]),
+        OffsetForLeaderEpochResponse, 3, "offset_for_leader_epoch", "audit", "app", TOPIC_DENIED),
+    # A producer id: Kafka's IdempotentWrite on the cluster, which any write grant implies.
+    "InitProducerId": KafkaRow(lambda _: InitProducerIdRequest(transactional_id=None, transaction_timeout_ms=60_000),
+                               InitProducerIdResponse, 1, "init_producer_id", "app", "audit", CLUSTER_DENIED),
+    # The consumer group: found and its offsets fetched by whoever may read it (an auditor too), joined
+    # and committed to by a reader or writer of the group only.
+    "FindCoordinator": KafkaRow(lambda _: FindCoordinatorRequest(key=CG, key_type=0), FindCoordinatorResponse, 2,
+                                "find_coordinator", "app", "b2", GROUP_DENIED),
+    "JoinGroup": KafkaRow(_join, JoinGroupResponse, 2, "join_group", "app", "audit", GROUP_DENIED, _joined),
+    "SyncGroup": KafkaRow(lambda learnt: SyncGroupRequest(
+        group_id=CG, generation_id=learnt["generation"], member_id=learnt["member"],
+        assignments=[SyncGroupRequest.SyncGroupRequestAssignment(member_id=learnt["member"], assignment=b"")]),
+        SyncGroupResponse, 2, "sync_group", "app", "audit", GROUP_DENIED),
+    "Heartbeat": KafkaRow(lambda learnt: HeartbeatRequest(group_id=CG, generation_id=learnt["generation"],
+                                                          member_id=learnt["member"]),
+                          HeartbeatResponse, 2, "heartbeat", "app", "b2", GROUP_DENIED),
+    "OffsetCommit": KafkaRow(_commit(APP_TOPIC), OffsetCommitResponse, 5, "offset_commit", "app", "audit",
+                             GROUP_DENIED),
+    "OffsetCommit-topic": KafkaRow(_commit("__kv"), OffsetCommitResponse, 5, "offset_commit", "admin", "app",
+                                   TOPIC_DENIED),   # app is the group's member, but may not read __kv
+    "OffsetFetch": KafkaRow(_offset_fetch(APP_TOPIC), OffsetFetchResponse, 5, "offset_fetch", "app", "b2",
+                            GROUP_DENIED, _fetched),
+    "OffsetFetch-topic": KafkaRow(_offset_fetch("__kv"), OffsetFetchResponse, 5, "offset_fetch", "audit", "app",
+                                  TOPIC_DENIED),
+    "LeaveGroup": KafkaRow(lambda learnt: LeaveGroupRequest(group_id=CG, member_id=learnt["member"]),
+                           LeaveGroupResponse, 2, "leave_group", "app", "audit", GROUP_DENIED),
+}
+KAFKA_BY_CLIENTS = {0: "Produce", 1: "Fetch", 19: "CreateTopics"}   # with real clients, above
+SASL_APIS = {17, 18, 36}   # SaslHandshake, ApiVersions, SaslAuthenticate
+
+
+def test_the_kafka_table_covers_every_served_api() -> None:
+    keys = {row.request({"member": "", "generation": 0}).API_KEY for row in KAFKA.values()}
+    assert keys | set(KAFKA_BY_CLIENTS) | SASL_APIS == set(SUPPORTED) | set(GROUP_APIS)
+
+
+def _codes(response: Any) -> list[int]:
+    """Every error code an answer holds, at any depth."""
+    codes, stack = [], [response]
+    while stack:
+        item = stack.pop()
+        for name in item.fields:
+            value = getattr(item, name, None)
+            if name == "error_code":
+                codes.append(value)
+            elif isinstance(value, list):
+                stack.extend(v for v in value if isinstance(v, DataContainer))
+            elif isinstance(value, DataContainer):
+                stack.append(value)
+    return codes
+
+
+def _raw_kafka(cluster: NodeCluster, who: str, row: KafkaRow, learnt: dict[str, Any]) -> Any:
+    context = ssl.create_default_context(cafile=_ca(cluster))
+    context.check_hostname = False
+    with RawKafka(cluster.bootstrap[0], timeout=CALL_S, tls=context) as conn:
+        assert conn.sasl_plain(who, PASSWORDS[who]) == (0, None)
+        return conn.call(row.request(learnt), row.response, row.version)
+
+
+def _denials(cluster: NodeCluster, who: str, op: str) -> float:
+    return sum(v for (name, labels), v in cluster.metrics(1).items()
+               if name == "epochlog_access_denied_total" and dict(labels).get("principal") == who
+               and dict(labels).get("op") == op)
+
+
+def test_each_kafka_api_is_allowed_and_refused_by_its_resource(faces: NodeCluster) -> None:
+    """In the table's order (the member joins before it syncs...): each row refused to its `denied`
+    principal first, then made by its `allowed` one, which still works."""
+    learnt: dict[str, Any] = {}
+    for name, row in KAFKA.items():
+        before = _denials(faces, row.denied, row.op)
+        refused = _raw_kafka(faces, row.denied, row, learnt)
+        assert row.refusal in _codes(refused), f"{name} by {row.denied}: {refused}"
+        assert _denials(faces, row.denied, row.op) == before + 1, f"{name}: the denial was not counted"
+        answer = _raw_kafka(faces, row.allowed, row, learnt)
+        assert set(_codes(answer)) <= {kc.NONE}, f"{name} by {row.allowed}: {answer}"
+        row.learn(answer, learnt)
+
+
+def test_metadata_of_every_topic_lists_only_what_the_caller_may_see(faces: NodeCluster) -> None:
+    def listed(who: str) -> set[str]:
+        row = KafkaRow(lambda _: MetadataRequest(topics=None, allow_auto_topic_creation=False), MetadataResponse, 8,
+                       "metadata", who, who, 0)
+        answer = _raw_kafka(faces, who, row, {})
+        assert set(_codes(answer)) <= {kc.NONE}, answer
+        return {t.name for t in answer.topics}
+
+    every = listed("audit")
+    assert {"__metadata", "__kv", "__offsets", APP_TOPIC} <= every
+    app = listed("app")
+    assert APP_TOPIC in app and "__kv" in app and "__metadata" not in app   # it writes __kv's events
+    assert listed("nobody") == set()
 
 
 def _tls_socket(cluster: NodeCluster) -> ssl.SSLSocket:
