@@ -16,6 +16,9 @@ import os
 import socket
 import ssl
 import struct
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -52,13 +55,18 @@ from tests.epochlog.kafka.raw import RawKafka
 from tests.support.nodes import NodeCluster
 from tests.support.secured import secured_cluster
 from tests.support.ports import free_ports
+from tests.support.wait import wait_until
 
 NAME = "node-test"
-TOKENS = {who: f"eltok_{who}-secret" for who in ("admin", "app", "audit", "b2", "nobody")}
-PASSWORDS = {"admin": "admin-pw", "app": "app-pw", "audit": "audit-pw", "nobody": "nobody-pw", "b2": "b2-pw"}
+TOKENS = {who: f"eltok_{who}-secret" for who in ("admin", "app", "audit", "b2", "nobody", "gone", "revoked")}
+PASSWORDS = {"admin": "admin-pw", "app": "app-pw", "audit": "audit-pw", "nobody": "nobody-pw", "b2": "b2-pw",
+             "gone": "gone-pw", "revoked": "revoked-pw"}
+EXPIRED_TOKEN = "eltok_old-expired"   # user "old", an admin whose only token expired
 APP_TOPIC = "app-orders"   # a hosted Kafka topic app writes and reads
 GRANTS = [("app", "writer", "kv:app/"), ("app", "writer", "topic:app-*"), ("app", "reader", "group:app-*"),
-          ("audit", "auditor", ""), ("b2", "broker", "c/broker-a/b2")]
+          ("audit", "auditor", ""), ("b2", "broker", "c/broker-a/b2"), ("old", "admin", ""),
+          # users whose credentials lapse (the `lapsed` fixture): removed, and with their only grant revoked
+          ("gone", "writer", "kv:lapsed/"), ("revoked", "writer", "kv:lapsed/")]
 CALL_S = 10.0
 
 
@@ -72,6 +80,8 @@ def faces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
                     if who in PASSWORDS else ()
                 tokens = (cr.BearerToken(sha256=cr.token_digest(TOKENS[who])),) if who in TOKENS else ()
                 c.command(ev.UserAdded(name=who, scram=scram, tokens=tokens))
+            c.command(ev.UserAdded(name="old", tokens=(cr.BearerToken(sha256=cr.token_digest(EXPIRED_TOKEN),
+                                                                      expires_ms=int(time.time() * 1000) - 1000),)))
             for who, role, resource in GRANTS:
                 c.command(ev.AclGranted(principal=who, role=role, resource=resource))
             c.put("other/x", b"theirs")
@@ -142,8 +152,9 @@ def test_the_table_covers_every_call() -> None:
     assert {type(row.call()) for row in NATIVE.values()} == set(p.Call.__args__)  # type: ignore[attr-defined]
 
 
-async def _native(cluster: NodeCluster, who: str, call: p.Call) -> p.Result:
-    tls, token = _native_tls(cluster, who)
+async def _native(cluster: NodeCluster, who: str, call: p.Call, *, token: str | None = None) -> p.Result:
+    """`call` made by `who`'s credentials, or with bearer `token` when given ("" : no credential)."""
+    tls, token = _native_tls(cluster, who) if token is None else (ClientTls(_ca(cluster)), token)
     async with AsyncClient(cluster.endpoints, timeout=CALL_S, tls=tls, token=token, sessions=False) as client:
         return await client._call_on(cluster.endpoints[0], call)
 
@@ -242,11 +253,14 @@ def test_the_grpc_table_covers_every_method() -> None:
     assert set(GRPC) == methods
 
 
-def _grpc(cluster: NodeCluster, who: str, call: Callable[[pb_grpc.EpochlogStub, list[tuple[str, str]]], Any]) -> Any:
+def _grpc(cluster: NodeCluster, who: str, call: Callable[[pb_grpc.EpochlogStub, list[tuple[str, str]]], Any], *,
+          token: str | None = None) -> Any:
+    """`call` made with `who`'s token, or with `token` when given ("": no credential)."""
+    token = TOKENS[who] if token is None else token
     ca = (cluster.root / "ca" / "ca.crt").read_bytes()
     with grpc.secure_channel(cluster.nodes[1].grpc_address, grpc.ssl_channel_credentials(ca),
                              options=[("grpc.ssl_target_name_override", "node-1")]) as channel:
-        return call(pb_grpc.EpochlogStub(channel), [("authorization", f"Bearer {TOKENS[who]}")])
+        return call(pb_grpc.EpochlogStub(channel), [("authorization", f"Bearer {token}")] if token else [])
 
 
 @pytest.mark.parametrize("name", list(GRPC))
@@ -273,18 +287,19 @@ def test_each_grpc_method_is_allowed_and_refused_by_its_rule(faces: NodeCluster,
 OPEN_KAFKA_APIS = {17, 18, 36}   # SaslHandshake, ApiVersions, SaslAuthenticate: before authenticating
 
 
-def _sasl(cluster: NodeCluster, user: str) -> dict[str, Any]:
+def _sasl(cluster: NodeCluster, user: str, password: str | None = None) -> dict[str, Any]:
     return {"bootstrap_servers": cluster.bootstrap, "security_protocol": "SASL_SSL", "ssl_cafile": _ca(cluster),
             "ssl_check_hostname": False, "sasl_mechanism": "SCRAM-SHA-256", "sasl_plain_username": user,
-            "sasl_plain_password": PASSWORDS[user], "request_timeout_ms": int(CALL_S * 1000)}
+            "sasl_plain_password": PASSWORDS[user] if password is None else password,
+            "request_timeout_ms": int(CALL_S * 1000)}
 
 
 def _put(name: str) -> bytes:
     return ev.encode_event(ev.KvPut(name=name, value=b"k"))
 
 
-def _produce(cluster: NodeCluster, who: str, name: str) -> Any:
-    producer = KafkaProducer(acks="all", retries=0, max_block_ms=int(CALL_S * 1000), **_sasl(cluster, who))
+def _produce(cluster: NodeCluster, who: str, name: str, password: str | None = None) -> Any:
+    producer = KafkaProducer(acks="all", retries=0, max_block_ms=int(CALL_S * 1000), **_sasl(cluster, who, password))
     try:
         return producer.send("__kv", value=_put(name)).get(timeout=CALL_S)
     finally:
@@ -466,12 +481,11 @@ KAFKA: dict[str, KafkaRow] = {
                            LeaveGroupResponse, 2, "leave_group", "app", "audit", GROUP_DENIED),
 }
 KAFKA_BY_CLIENTS = {0: "Produce", 1: "Fetch", 19: "CreateTopics"}   # with real clients, above
-SASL_APIS = {17, 18, 36}   # SaslHandshake, ApiVersions, SaslAuthenticate
 
 
 def test_the_kafka_table_covers_every_served_api() -> None:
     keys = {row.request({"member": "", "generation": 0}).API_KEY for row in KAFKA.values()}
-    assert keys | set(KAFKA_BY_CLIENTS) | SASL_APIS == set(SUPPORTED) | set(GROUP_APIS)
+    assert keys | set(KAFKA_BY_CLIENTS) | OPEN_KAFKA_APIS == set(SUPPORTED) | set(GROUP_APIS)
 
 
 def _codes(response: Any) -> list[int]:
@@ -576,3 +590,170 @@ def test_every_kafka_api_but_sasl_is_refused_before_authentication(faces: NodeCl
             except ConnectionResetError:
                 answer = b""
         assert answer == b"", f"API key {api_key} answered an unauthenticated connection"
+
+
+# --- Credentials: none, wrong, expired, revoked, and another broker's, on every face -----------------------
+
+@dataclass(frozen=True)
+class Credential:
+    """What a client shows: a bearer token (native, gRPC, admin endpoint) and SASL/PLAIN user and password
+    (Kafka; None: no SASL); `refused`: the native/gRPC code every call gets with it."""
+
+    token: str
+    sasl: tuple[str, str] | None
+    refused: str
+    kafka: bool = True        # False: the credential has no Kafka form (SASL users have passwords, not tokens)
+
+
+BAD_CREDENTIALS: dict[str, Credential] = {
+    "none": Credential("", None, "unauthenticated"),
+    "wrong": Credential("eltok_wrong", ("app", "not-app-pw"), "unauthenticated"),
+    "expired": Credential(EXPIRED_TOKEN, None, "unauthenticated", kafka=False),
+    "removed": Credential(TOKENS["gone"], ("gone", PASSWORDS["gone"]), "unauthenticated"),   # UserRemoved
+    "revoked": Credential(TOKENS["revoked"], ("revoked", PASSWORDS["revoked"]), "permission_denied"),  # AclRevoked
+}
+
+
+def _native_outcome(cluster: NodeCluster, call: p.Call, token: str) -> str:
+    try:
+        asyncio.run(_native(cluster, "", call, token=token))
+        return "ok"
+    except ClientError as exc:
+        return exc.code
+
+
+def _sasl_ok(cluster: NodeCluster, user: str, password: str) -> bool:
+    context = ssl.create_default_context(cafile=_ca(cluster))
+    context.check_hostname = False
+    with RawKafka(cluster.bootstrap[0], timeout=CALL_S, tls=context) as conn:
+        return conn.sasl_plain(user, password)[0] == kc.NONE
+
+
+@pytest.fixture(scope="module")
+def lapsed(faces: NodeCluster) -> NodeCluster:
+    """`gone` and `revoked` shown to work on every face first, then `gone` removed and `revoked`'s only
+    grant revoked; the fixture returns once the native face refuses them."""
+    for who in ("gone", "revoked"):
+        assert _native_outcome(faces, p.Write([ev.KvPut(name=f"lapsed/{who}", value=b"1")]), TOKENS[who]) == "ok"
+        _grpc(faces, who, GRPC["Status"][0])
+        assert _admin_status(faces, TOKENS[who]) == 403           # valid, without the role
+        assert _sasl_ok(faces, who, PASSWORDS[who])
+    with Client(faces.endpoints) as admin:
+        admin.command(ev.UserRemoved(name="gone"))
+        admin.command(ev.AclRevoked(principal="revoked", role="writer", resource="kv:lapsed/"))
+    for who, credential in (("gone", BAD_CREDENTIALS["removed"]), ("revoked", BAD_CREDENTIALS["revoked"])):
+        wait_until(lambda: _native_outcome(faces, p.Ping(), credential.token) == credential.refused, timeout=CALL_S,
+                   what=f"{who}'s credential refused")
+    return faces
+
+
+@pytest.mark.parametrize("credential", list(BAD_CREDENTIALS))
+def test_native_serves_no_call_to_a_bad_credential(lapsed: NodeCluster, credential: str) -> None:
+    bad = BAD_CREDENTIALS[credential]
+    outcomes = {name: _native_outcome(lapsed, row.call(), bad.token) for name, row in NATIVE.items()}
+    assert {o for o in outcomes.values()} == {bad.refused}, outcomes
+
+
+@pytest.mark.parametrize("credential", list(BAD_CREDENTIALS))
+def test_grpc_serves_no_method_to_a_bad_credential(lapsed: NodeCluster, credential: str) -> None:
+    bad = BAD_CREDENTIALS[credential]
+    outcomes = {}
+    for name, (call, *_) in GRPC.items():
+        try:
+            _grpc(lapsed, "", call, token=bad.token)
+            outcomes[name] = "ok"
+        except grpc.RpcError as exc:
+            outcomes[name] = exc.code().name.lower()
+        except SessionError as exc:
+            outcomes[name] = exc.error.code
+    assert set(outcomes.values()) == {bad.refused}, outcomes
+
+
+def _admin_status(cluster: NodeCluster, token: str) -> int:
+    request = urllib.request.Request(cluster.admin_url(1, "/metrics"),
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=CALL_S, context=ClientTls(_ca(cluster)).context()) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+@pytest.mark.parametrize("credential", list(BAD_CREDENTIALS))
+def test_the_admin_endpoint_serves_no_metrics_to_a_bad_credential(lapsed: NodeCluster, credential: str) -> None:
+    bad = BAD_CREDENTIALS[credential]
+    assert _admin_status(lapsed, bad.token) == (403 if bad.refused == "permission_denied" else 401)
+
+
+GROUP_OPS = {"find_coordinator", "join_group", "sync_group", "heartbeat", "leave_group", "offset_commit",
+             "offset_fetch"}
+
+
+@pytest.mark.parametrize("credential", [name for name, c in BAD_CREDENTIALS.items() if c.kafka])
+def test_kafka_serves_no_api_to_a_bad_credential(lapsed: NodeCluster, credential: str) -> None:
+    """No SASL, a wrong password or a removed user: SaslAuthenticate fails and every other API key closes
+    the connection unanswered. A user without grants: every API answers with its resource's refusal.
+    (No expired row: SASL users have passwords; tokens and their expiry are not a Kafka credential.)"""
+    bad = BAD_CREDENTIALS[credential]
+    context = ssl.create_default_context(cafile=_ca(lapsed))
+    context.check_hostname = False
+    served = set(SUPPORTED) | set(GROUP_APIS)
+    if bad.refused == "unauthenticated":
+        for api_key in sorted(served - OPEN_KAFKA_APIS):
+            low = {**SUPPORTED, **GROUP_APIS}[api_key][0]
+            with RawKafka(lapsed.bootstrap[0], timeout=CALL_S, tls=context) as conn:
+                if bad.sasl is not None:
+                    assert conn.sasl_plain(*bad.sasl)[0] == kc.SASL_AUTHENTICATION_FAILED
+                conn.send_bytes(_request(api_key, low, 7))
+                assert conn.closed_by_peer(CALL_S), f"API key {api_key} answered with credential {credential}"
+        return
+    assert bad.sasl is not None
+    learnt = {"member": "m", "generation": 1}
+    for name, row in KAFKA.items():
+        with RawKafka(lapsed.bootstrap[0], timeout=CALL_S, tls=context) as conn:
+            assert conn.sasl_plain(*bad.sasl) == (0, None)
+            answer = conn.call(row.request(learnt), row.response, row.version)
+        expected = GROUP_DENIED if row.op in GROUP_OPS else row.refusal
+        assert expected in _codes(answer), f"{name} by {credential}: {answer}"
+    user, password = bad.sasl
+    with pytest.raises(TopicAuthorizationFailedError):
+        _produce(lapsed, user, "lapsed/kafka", password=password)
+    with Client(lapsed.endpoints) as admin:
+        assert admin.get("lapsed/kafka") is None
+
+
+B1 = p.BrokerIdentity("c", "broker-a", "b1", "127.0.0.1:10911", "inc-evil")
+B1_CALLS: dict[str, p.Call] = {
+    "BrokerRegister": p.BrokerRegister([B1]),                                     # the hijack
+    "BrokerHeartbeats": p.BrokerHeartbeats([p.Heartbeat("c", "broker-a", "b1", 1, 0)]),
+    "SyncStateSetReport": p.SyncStateSetReport("c", "broker-a", "b1", 1, 1, 1, []),
+    "BrokerShutdown": p.BrokerShutdown("c", "broker-a", "b1", 1),
+    "Write-BrokerRegistered": p.Write([ev.BrokerRegistered(cluster="c", group="broker-a", name="b1",
+                                                            address="6.6.6.6:10911", incarnation="evil",
+                                                            broker_id=0, broker_epoch=9)]),
+    "Write-SyncStateSetChanged": p.Write([ev.SyncStateSetChanged(cluster="c", group="broker-a", sync_state_set=(2,),
+                                                                  master_epoch=1, sync_state_set_epoch=9)]),
+}
+
+
+def test_a_broker_acts_as_itself_only(faces: NodeCluster) -> None:
+    """b2's valid credentials on b1's registration, heartbeats, SyncStateSet and shutdown, on every face
+    that carries them: all refused; b2's own heartbeat still works."""
+    outcomes = {name: _native_outcome(faces, call, TOKENS["b2"]) for name, call in B1_CALLS.items()}
+    assert set(outcomes.values()) == {"permission_denied"}, outcomes
+    forged = ev.BrokerFenced(cluster="c", group="broker-a", name="b1", broker_epoch=1)
+    with pytest.raises(grpc.RpcError) as refused:
+        _grpc(faces, "b2", lambda s, m: s.Command(pb.CommandRequest(event_msgpack=ev.encode_event(forged)),
+                                                  metadata=m, timeout=CALL_S))
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    producer = KafkaProducer(acks="all", retries=0, max_block_ms=int(CALL_S * 1000), **_sasl(faces, "b2"))
+    try:
+        with pytest.raises(TopicAuthorizationFailedError):
+            producer.send("__metadata", value=ev.encode_event(forged)).get(timeout=CALL_S)
+    finally:
+        producer.close(timeout=CALL_S)
+    assert _admin_status(faces, TOKENS["b2"]) == 403
+    with Client(faces.endpoints) as admin:
+        assert admin.get_entity("broker/c/broker-a/b1") is None
+    assert _native_outcome(faces, p.BrokerHeartbeats([p.Heartbeat("c", "broker-a", "b2", 1, 0)]),
+                           TOKENS["b2"]) in ("ok", "fenced")   # its own: past authorization, the controller judges
