@@ -54,6 +54,7 @@ class Operation(StrEnum):
     APPEND_LOG = "append_log"    # records appended to a group's log as they are (Kafka produce to __<group>)
     DESCRIBE = "describe"        # the cluster's shape: status, members, routes, brokers, ping
     IDEMPOTENT_WRITE = "idempotent_write"   # a Kafka producer id (Kafka's IdempotentWrite on the cluster)
+    CREATE = "create"            # a Kafka topic made by CreateTopics (Kafka's Create on the topic)
     INSPECT = "inspect"          # the nodes' operational detail: compaction status, /metrics
     ADMIN = "admin"              # membership, leader transfer, snapshot, group skip
     BROKER = "broker"            # a broker's own calls to the controller
@@ -173,6 +174,11 @@ def decide(principal: Principal, action: Action) -> Decision:
         return _role(principal, Role.AUDITOR, "needs admin or auditor")
     if op is Operation.ADMIN:
         return Decision(False, "needs admin")
+    if op is Operation.CREATE:   # as Kafka's prefixed Create ACL: an app makes its own topics (Faust's changelogs)
+        kind, rest = _kind(action)
+        if kind == "kafka-topic" and _topic(principal, rest, (Role.WRITER,)):
+            return ALLOWED
+        return Decision(False, "needs admin, or a writer grant on the topic")
     if op is Operation.BROKER:
         bound = action.resource.removeprefix("broker/")
         if any(g.resource == bound for g in principal.scoped(Role.BROKER)):

@@ -719,15 +719,19 @@ class KafkaHandler:
             raise KafkaError(ke.INVALID_PARTITIONS, f"{partitions} partitions (1-{hosted.MAX_PARTITIONS})")
         if self.node.group_log(hosted.HOST_GROUP) is None:
             raise KafkaError(ke.POLICY_VIOLATION, f"no {hosted.HOST_GROUP} group to host topics")
-        declared = hosted.declaration(name, partitions)
-        # A declaration is an event of the metadata group: the principal must be allowed to write it.
-        self.auth.check("create_topics", event_actions(declared))
+        # Kafka's Create on the topic: admin, or a writer of the topic. The declaration it writes (an
+        # event of the metadata group) is signed with the principal's name; changing it later is admin's.
+        self.auth.check("create_topics", (Action(Operation.CREATE, f"kafka-topic/{name}"),))
+        principal = self.auth.principal("create_topics")
         if name in self.topics():
             raise KafkaError(ke.TOPIC_ALREADY_EXISTS, f"topic {name} exists")
         if validate_only:
             return
         # Created once: the declaration's key must not exist yet (two concurrent creates: one wins).
-        event = ev.Txn(conditions=(ev.Condition(declared.key(), 0),), ops=(declared,), actor="kafka")
+        declared = hosted.declaration(name, partitions)
+        event: ev.Event = ev.Txn(conditions=(ev.Condition(declared.key(), 0),), ops=(declared,), actor="kafka")
+        if principal is not None:
+            (event,) = stamped([event], principal.name)
         event.validate()
         group = self._metadata()
         if group.leads:

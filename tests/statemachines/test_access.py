@@ -196,6 +196,10 @@ def read(resource: str, prefix: bool = False) -> Action:
     (Action(Operation.WRITE, "kafka-group/cg"), {"admin"}),      # "cg-*" does not cover "cg"
     # a Kafka producer id: Kafka's IdempotentWrite on the cluster, implied by any write grant
     (Action(Operation.IDEMPOTENT_WRITE), {"admin", "app_writer", "orders_writer"}),
+    # a Kafka topic made by CreateTopics: Kafka's Create on the topic, which a writer of it holds
+    (Action(Operation.CREATE, "kafka-topic/orders"), {"admin", "orders_writer"}),
+    (Action(Operation.CREATE, "kafka-topic/orders-eu"), {"admin"}),
+    (Action(Operation.WRITE, "config/kafka-topic/orders"), {"admin"}),   # redeclaring it: admin's
     (Action(Operation.DESCRIBE), set(CLIENTS) - {"anonymous", "nobody"}),
     (Action(Operation.INSPECT), {"admin", "auditor"}),
     (Action(Operation.ADMIN), {"admin"}),

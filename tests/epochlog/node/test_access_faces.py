@@ -338,12 +338,21 @@ def test_kafka_produce_fetch_and_create_topics_are_allowed_and_refused_by_the_ru
     with pytest.raises(TopicAuthorizationFailedError):
         _fetch(faces, "app", sent.offset)                        # a writer may not
     _create_topic(faces, "admin", "faces-admin")                 # a declaration in the metadata group
+    _create_topic(faces, "app", "app-created")                   # Create on a topic app writes
     with pytest.raises(TopicAuthorizationFailedError):
-        _create_topic(faces, "app", "faces-app")
+        _create_topic(faces, "app", "faces-app")                 # outside topic:app-*
     with Client(faces.endpoints) as admin:
         assert admin.get("app/kafka-nobody") is None
         assert admin.get_entity("config/kafka-topic/faces-admin") is not None
+        created = admin.get_entity("config/kafka-topic/app-created")
+        assert created is not None and _actor(admin, "metadata", created.version) == "app"
         assert admin.get_entity("config/kafka-topic/faces-app") is None
+
+
+def _actor(c: Client, group: str, offset: int) -> str:
+    (event,) = c.read_events(group, offset, max_events=1).events
+    decoded = ev.decode_event(event.value)
+    return decoded.ops[0].actor if isinstance(decoded, ev.Txn) else decoded.actor
 
 
 def test_a_kafka_consumer_group_and_an_idempotent_producer_work_with_their_grants(faces: NodeCluster) -> None:
@@ -372,9 +381,7 @@ def test_a_kafka_consumer_group_and_an_idempotent_producer_work_with_their_grant
         consumer.close()
     with Client(faces.endpoints) as admin:
         committed = admin.get_entity(f"offset/app-faces/{APP_TOPIC}/0")
-        assert committed is not None
-        (event,) = admin.read_events("offsets", committed.version, max_events=1).events
-        assert ev.decode_event(event.value).actor == "app"
+        assert committed is not None and _actor(admin, "offsets", committed.version) == "app"
 
 
 # --- Kafka: each API beyond Produce, Fetch and CreateTopics, against its resource --------------------------
