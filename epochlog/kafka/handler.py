@@ -589,7 +589,7 @@ class KafkaHandler:
         if h.is_control or h.is_transactional:
             raise KafkaError(ke.INVALID_RECORD, "control and transactional batches are not accepted")
         records: list[tuple[bytes, bytes]] = []
-        principal = None if ref.hosted else self.auth.principal("produce")
+        principal = self.auth.principal("produce")
         # BatchTooLargeError (MESSAGE_TOO_LARGE) once the records inflate past the limit;
         # UnsupportedCompressionError: snappy, lz4, zstd.
         for i, record in enumerate(batch.records(max_bytes=limit)):
@@ -597,9 +597,12 @@ class KafkaHandler:
                 await asyncio.sleep(0)
             if record.headers:
                 raise KafkaError(ke.INVALID_RECORD, f"record {i}: record headers are not stored; send none")
-            if ref.hosted:
+            if ref.hosted:   # signed by its sender, as a group's own events below
                 try:
-                    records.append(ev.event_record(hosted.wrap(ref.topic, ref.partition, record.key, record.value)))
+                    wrapped = hosted.wrap(ref.topic, ref.partition, record.key, record.value)
+                    if principal is not None:
+                        wrapped = stamped([wrapped], principal.name)[0]
+                    records.append(ev.event_record(wrapped))
                 except EpochlogError as exc:
                     raise KafkaError(ke.INVALID_RECORD, f"record {i}: {exc}") from None
                 continue
@@ -610,7 +613,7 @@ class KafkaHandler:
             except (EpochlogError, RecursionError) as exc:   # RecursionError: nested too deeply to decode
                 raise KafkaError(ke.INVALID_RECORD, f"record {i}: {exc}") from None
             if principal is not None:   # each record's event on its own, signed by its sender
-                self.auth.check("produce", event_actions(event))
+                self.auth.check("produce", event_actions(event), principal=principal)
                 event = stamped([event], principal.name)[0]
             try:
                 key, value = ev.event_record(event)

@@ -63,7 +63,20 @@ class KafkaAccess:
         return self.access is not None and self.access.enforce
 
     def may_serve(self, api_key: int) -> bool:
-        return not self.enforce or api_key in OPEN_APIS or current().authenticated
+        """Whether the connection may ask `api_key`: the SASL APIs always; the others once it authenticated
+        and while its user exists (a removal ends the connection at its next request, counted and logged)."""
+        if not self.enforce or api_key in OPEN_APIS:
+            return True
+        session = current()
+        if not session.authenticated:
+            return False
+        assert self.access is not None
+        try:
+            self.access.authenticate(session.caller, f"api_{api_key}")
+        except AuthenticationError:
+            session.authenticated = False
+            return False
+        return True
 
     def principal(self, op: str) -> Principal | None:
         if not self.enforce:
@@ -71,13 +84,16 @@ class KafkaAccess:
         assert self.access is not None
         return self.access.authenticate(current().caller, op)
 
-    def check(self, op: str, actions: Sequence[Action], denied: int = ke.TOPIC_AUTHORIZATION_FAILED) -> None:
-        """Unless the connection's principal may do `actions`: a denial counted and logged, raised as
-        PermissionDeniedError (TOPIC_AUTHORIZATION_FAILED), or as a KafkaError with code `denied`."""
+    def check(self, op: str, actions: Sequence[Action], denied: int = ke.TOPIC_AUTHORIZATION_FAILED, *,
+              principal: Principal | None = None) -> None:
+        """Unless the connection's principal (`principal`, when the caller already has it: a batch's
+        records) may do `actions`: a denial counted and logged, raised as PermissionDeniedError
+        (TOPIC_AUTHORIZATION_FAILED), or as a KafkaError with code `denied`."""
         if not self.enforce:
             return
         assert self.access is not None
-        principal = self.access.authenticate(current().caller, op)
+        if principal is None:
+            principal = self.access.authenticate(current().caller, op)
         try:
             self.access.check(principal, op, actions)
         except PermissionDeniedError as exc:

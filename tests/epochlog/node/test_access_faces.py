@@ -382,6 +382,8 @@ def test_a_kafka_consumer_group_and_an_idempotent_producer_work_with_their_grant
     with Client(faces.endpoints) as admin:
         committed = admin.get_entity(f"offset/app-faces/{APP_TOPIC}/0")
         assert committed is not None and _actor(admin, "offsets", committed.version) == "app"
+        stored = admin.get(hosted.wrap(APP_TOPIC, 0, b"k", b"v-group").name)   # the record, as kv stores it
+        assert stored is not None and _actor(admin, "kv", stored.version) == "app"
 
 
 # --- Kafka: each API beyond Produce, Fetch and CreateTopics, against its resource --------------------------
@@ -637,7 +639,25 @@ def _sasl_ok(cluster: NodeCluster, user: str, password: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def lapsed(faces: NodeCluster) -> NodeCluster:
+def live_kafka(faces: NodeCluster) -> Iterator[dict[str, RawKafka]]:
+    """Kafka connections of `gone` and `revoked`, authenticated (SASL/PLAIN) and seeing `__kv` while their
+    credentials are good, kept open across `lapsed`."""
+    context = ssl.create_default_context(cafile=_ca(faces))
+    context.check_hostname = False
+    connections = {}
+    try:
+        for who in ("gone", "revoked"):
+            conn = connections[who] = RawKafka(faces.bootstrap[0], timeout=CALL_S, tls=context)
+            assert conn.sasl_plain(who, PASSWORDS[who]) == (0, None)
+            assert set(_codes(conn.call(_metadata("__kv"), MetadataResponse, 8))) == {kc.NONE}
+        yield connections
+    finally:
+        for conn in connections.values():
+            conn.close()
+
+
+@pytest.fixture(scope="module")
+def lapsed(faces: NodeCluster, live_kafka: dict[str, RawKafka]) -> NodeCluster:
     """`gone` and `revoked` shown to work on every face first, then `gone` removed and `revoked`'s only
     grant revoked; the fixture returns once the native face refuses them."""
     for who in ("gone", "revoked"):
@@ -727,6 +747,17 @@ def test_kafka_serves_no_api_to_a_bad_credential(lapsed: NodeCluster, credential
         _produce(lapsed, user, "lapsed/kafka", password=password)
     with Client(lapsed.endpoints) as admin:
         assert admin.get("lapsed/kafka") is None
+
+
+def test_a_kafka_connection_authenticated_before_the_change_is_refused_after_it(
+        lapsed: NodeCluster, live_kafka: dict[str, RawKafka]) -> None:
+    """SASL authenticates a connection once: a removed user's connection is closed at its next request,
+    a revoked grant refused on the connection that held it."""
+    gone = live_kafka["gone"]
+    gone.send(_metadata("__kv"), 8)
+    assert gone.closed_by_peer(CALL_S), "a removed user's Kafka connection was served"
+    answer = live_kafka["revoked"].call(_metadata("__kv"), MetadataResponse, 8)
+    assert TOPIC_DENIED in _codes(answer), answer
 
 
 B1 = p.BrokerIdentity("c", "broker-a", "b1", "127.0.0.1:10911", "inc-evil")
