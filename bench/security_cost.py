@@ -206,7 +206,7 @@ def main() -> None:
     print(body.split("\n\nRuns")[0])
     print(f"worst server CPU cost {worst:.1%} (target <= {TARGET:.0%})")
     if not args.no_write:
-        write_section("security-cost", body)
+        write_section("security-cost", body, command=" ".join([".venv/bin/python -m bench.security_cost", *sys.argv[1:]]))
 
 
 def report(runs: list[dict[str, object]], args: argparse.Namespace, puts: int, events: int,
