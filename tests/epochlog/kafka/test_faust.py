@@ -4,9 +4,9 @@ The worker (a real `python -m examples.live_brokers worker` process, aiokafka un
 `__metadata` in a consumer group, creates its changelog topic with CreateTopics (hosted in the kv
 group) and keeps its table in RocksDB. The test registers brokers through the controller, shuts one
 down, and checks the table in RocksDB once the worker stopped; then a second worker with an empty
-data directory rebuilds the same table from the changelog topic alone. The same runs on a cluster with
-client TLS and access enforcement, the worker a SCRAM user over SASL_SSL holding only the grants the
-example names (issue 21).
+data directory rebuilds the same table from the changelog topic alone; then the same over SSL against a
+cluster with client TLS and enforcement, the worker presenting the admin certificate it finds, and over
+SASL_SSL, the worker a SCRAM user holding only the grants the example names (issue 21).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from statemachines.brokers import new_incarnation
 from epochlog.api import messages as p
 from epochlog.client import AsyncClient, Client
 from epochlog.client.broker import DEFAULT_CLUSTER, ControllerClient
-from examples.live_brokers import APP_ID, CA_ENV, CHANGELOG, PASSWORD_ENV, USER_ENV, live_brokers
+from epochlog.client.credentials import kafka_python_options, kafka_tls
+from examples.live_brokers import APP_ID, CHANGELOG, PASSWORD_ENV, USER_ENV, live_brokers
 from statemachines import credentials as cr
 from statemachines import events as ev
 from tests.epochlog.kafka.test_docs import faust_command
@@ -78,27 +79,34 @@ def test_a_faust_app_keeps_live_brokers_in_rocksdb_and_recovers_them_from_its_ch
     cluster.start()
     for group in ("metadata", "offsets", "kv"):
         cluster.leader(group)
-    _live_brokers_scenario(cluster, tmp_path, {}, {})
+    _keeps_and_recovers(cluster, tmp_path)
+
+
+def test_the_faust_app_runs_over_ssl_with_the_admin_certificate_of_the_environment(tmp_path: Path) -> None:
+    """A cluster secured as `epochlog up` makes it (client TLS, enforcement, an admin super user): the
+    same worker, unchanged, finds the admin certificate (EPOCHLOG_TLS_*) and speaks SSL with it."""
+    with secured_cluster(tmp_path / "cluster", "faust-secured", kafka=True,
+                         controller={"heartbeat_timeout_ms": 600_000}) as cluster:
+        assert kafka_tls(cluster.bootstrap) is not None
+        _keeps_and_recovers(cluster, tmp_path)
 
 
 FAUST_GRANTS = [("auditor", ""), ("writer", f"topic:{APP_ID}-*"), ("reader", f"group:{APP_ID}")]   # the module doc's
 
 
-def test_the_faust_app_over_sasl_ssl_with_scram_and_only_its_grants(tmp_path_factory: Any, tmp_path: Path) -> None:
-    with secured_cluster(tmp_path_factory.mktemp("faust-secured"), "faust-secured", size=1, seed=4, kafka=True,
+def test_the_faust_app_over_sasl_ssl_with_scram_and_only_its_grants(tmp_path: Path) -> None:
+    with secured_cluster(tmp_path / "cluster", "faust-sasl", size=1, seed=4, kafka=True,
                          controller={"heartbeat_timeout_ms": 600_000}) as cluster:
         with Client(cluster.endpoints) as admin:
             scram = tuple(cr.scram_credential(m, "faust-pw", os.urandom(32)) for m in sorted(cr.MECHANISMS))
             admin.command(ev.UserAdded(name="faust", scram=scram))
             for role, resource in FAUST_GRANTS:
                 admin.command(ev.AclGranted(principal="faust", role=role, resource=resource))
-        ca = str(cluster.root / "ca" / "ca.crt")
-        env = {USER_ENV: "faust", PASSWORD_ENV: "faust-pw", CA_ENV: ca}
-        context = ssl.create_default_context(cafile=ca)
+        context = ssl.create_default_context(cafile=str(cluster.root / "ca" / "ca.crt"))
         context.check_hostname = False
         sasl = {"security_protocol": "SASL_SSL", "ssl_context": context, "sasl_mechanism": "SCRAM-SHA-256",
                 "sasl_plain_username": "faust", "sasl_plain_password": "faust-pw"}
-        _live_brokers_scenario(cluster, tmp_path, env, sasl)
+        _keeps_and_recovers(cluster, tmp_path, {USER_ENV: "faust", PASSWORD_ENV: "faust-pw"}, sasl)
         with Client(cluster.endpoints) as admin:   # it made its own topics, under its name
             declared = admin.get_entity(f"config/kafka-topic/{CHANGELOG}")
             assert declared is not None
@@ -106,14 +114,17 @@ def test_the_faust_app_over_sasl_ssl_with_scram_and_only_its_grants(tmp_path_fac
             assert ev.decode_event(event.value).ops[0].actor == "faust"
 
 
-def _live_brokers_scenario(cluster: NodeCluster, tmp_path: Path, env: dict[str, str], sasl: dict[str, Any]) -> None:
+def _keeps_and_recovers(cluster: NodeCluster, tmp_path: Path, env: dict[str, str] | None = None,
+                        kafka_options: dict[str, Any] | None = None) -> None:
+    """`env`: more of the worker's environment; `kafka_options`: the test's own consumer's security
+    (default: what the SDK's credentials give, as the worker finds them)."""
     first = Worker(cluster, tmp_path / "faust-1", tmp_path / "faust-1.log", env)
     try:
         first.wait_ready()
         asyncio.run(_brokers(cluster))
         # The worker has processed the shutdown once its changelog holds it: poll the table's
         # changelog topic through the Kafka face.
-        wait_until(lambda: _changelog_has(cluster, EXPECTED, sasl), 60, "the changelog to show the live brokers")
+        wait_until(lambda: _changelog_has(cluster, EXPECTED, kafka_options), 60, "the changelog to show the live brokers")
     finally:
         first.stop()
     assert live_brokers(tmp_path / "faust-1") == EXPECTED
@@ -129,13 +140,14 @@ def _live_brokers_scenario(cluster: NodeCluster, tmp_path: Path, env: dict[str, 
     assert live_brokers(tmp_path / "faust-2") == EXPECTED
 
 
-def _changelog_has(cluster: NodeCluster, expected: dict[str, list[str]], sasl: dict[str, Any]) -> bool:
+def _changelog_has(cluster: NodeCluster, expected: dict[str, list[str]], kafka_options: dict[str, Any] | None) -> bool:
     import json
 
     from kafka import KafkaConsumer, TopicPartition
 
     tp = TopicPartition(CHANGELOG, 0)
-    consumer = KafkaConsumer(bootstrap_servers=cluster.bootstrap, enable_auto_commit=False, **sasl)
+    options = kafka_python_options(cluster.bootstrap) if kafka_options is None else kafka_options
+    consumer = KafkaConsumer(bootstrap_servers=cluster.bootstrap, enable_auto_commit=False, **options)
     try:
         consumer.assign([tp])
         consumer.seek_to_beginning(tp)
