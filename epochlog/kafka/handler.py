@@ -65,7 +65,7 @@ from kafka.protocol.sasl import (SaslAuthenticateRequest, SaslAuthenticateRespon
                                  SaslHandshakeResponse)
 from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
 
-from eventlog.errors import EpochlogError, InvalidBatchError, rejection
+from eventlog.errors import AuthenticationError, EpochlogError, InvalidBatchError, rejection
 from eventlog.raft.errors import NotLeaderError
 from epochlog.access_control import AccessControl, stamped
 from epochlog.kafka.sasl import MECHANISMS, KafkaAccess
@@ -78,7 +78,7 @@ from epochlog.kafka.errors import KafkaError, UnsupportedRequestError, kafka_cod
 from epochlog.kafka import producers
 from epochlog.kafka.wire import Buffer, FetchPartitionOut, encode_fetch_response, metadata_topic_count, response_frame
 from epochlog.api.routing import group_of_event
-from statemachines.access import Action, Operation, event_actions
+from statemachines.access import Action, Operation, Principal, event_actions
 from statemachines import events as ev
 from statemachines.state import Outcome
 
@@ -516,10 +516,15 @@ class KafkaHandler:
         if acks not in (-1, 0, 1):
             return self._produce_error(request, version, ke.INVALID_REQUEST, f"acks={acks} is not -1, 0 or 1")
         timeout = max(request.timeout_ms, 1) / 1000
+        try:
+            principal = self.auth.principal("produce")   # once per request: its partitions and records check against it
+        except AuthenticationError as exc:
+            return self._produce_error(request, version, ke.SASL_AUTHENTICATION_FAILED, str(exc))
         jobs = []
         for t in request.topic_data:
             for p in t.partition_data:
-                jobs.append((t.name, p.index, self._produce_partition(t.name, p.index, p.records, acks, timeout)))
+                jobs.append((t.name, p.index, self._produce_partition(t.name, p.index, p.records, acks, timeout,
+                                                                      principal)))
         results = await asyncio.gather(*(j[2] for j in jobs))
         if acks == 0:
             return None
@@ -542,12 +547,13 @@ class KafkaHandler:
             throttle_time_ms=0, version=version)
 
     async def _produce_partition(self, topic: str, partition: int, data: bytes | None, acks: int,
-                                 timeout: float) -> tuple[int, int, str | None, int]:
-        """(error code, base offset, error message, log start offset) for one partition's batch."""
+                                 timeout: float, principal: Principal | None) -> tuple[int, int, str | None, int]:
+        """(error code, base offset, error message, log start offset) for one partition's batch, sent by
+        `principal` (None: access is not enforced)."""
         try:
             ref = self._leader(topic, partition)
-            self.auth.check("produce", self.topic_actions(ref.topic)[1:])
-            header, records = await self._decode_batch(ref, data)
+            self.auth.check("produce", self.topic_actions(ref.topic)[1:], principal=principal)
+            header, records = await self._decode_batch(ref, data, principal)
             committed = await self._append(ref, header, records, acks, timeout)
             self.counters.produced(topic, len(records), len(data or b""))
             return ke.NONE, committed, None, ref.group.start_offset
@@ -560,7 +566,8 @@ class KafkaHandler:
                 logger.warning("produce to %s-%s refused: %s", topic, partition, exc)
             return code, -1, f"{type(exc).__name__}: {exc}", -1
 
-    async def _decode_batch(self, ref: PartitionRef, data: bytes | None) -> tuple[Any, list[tuple[bytes, bytes]]]:
+    async def _decode_batch(self, ref: PartitionRef, data: bytes | None,
+                            principal: Principal | None) -> tuple[Any, list[tuple[bytes, bytes]]]:
         """The batch's header and its records as validated (entity key, event) pairs; nothing is
         appended unless every record is a valid event of the partition's group (for a hosted topic:
         every record wraps as a valid kv event, hosted.wrap).
@@ -589,7 +596,6 @@ class KafkaHandler:
         if h.is_control or h.is_transactional:
             raise KafkaError(ke.INVALID_RECORD, "control and transactional batches are not accepted")
         records: list[tuple[bytes, bytes]] = []
-        principal = self.auth.principal("produce")
         # BatchTooLargeError (MESSAGE_TOO_LARGE) once the records inflate past the limit;
         # UnsupportedCompressionError: snappy, lz4, zstd.
         for i, record in enumerate(batch.records(max_bytes=limit)):
