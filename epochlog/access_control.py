@@ -12,8 +12,9 @@ The rule itself is statemachines/access.py (sans-IO, pure); this module feeds it
 - a denial: counted by principal, operation and resource kind (`epochlog_access_denied_total`) and
   logged, then raised as the face's `permission_denied` / `unauthenticated` row.
 
-With `enforce = false` (the default until every tool finds the local credentials) every call is
-allowed and the actor of a client's event is the one it claims, as before issue 21.
+Enforcement is on wherever the faces speak TLS unless the config says `enforce = false`
+(ClientServiceConfig resolves the default). Without it every call is allowed and the actor of a
+client's event is the one it claims, as before issue 21.
 """
 
 from __future__ import annotations
@@ -48,10 +49,10 @@ leader, status for the digest check): an admin's, and the node's own records."""
 class AccessConfig:
     """Enforcement of the access rule on every client face (`[clients.access]`)."""
 
-    enforce: bool = field(default=False, metadata=doc(
+    enforce: bool | None = field(default=None, metadata=doc(
         "Authenticate every client call and authorize it by the ACLs of the metadata group (issue 21). "
         "Needs [clients.tls] enabled: the nodes authenticate each other's forwarded calls by their member "
-        "certificates."))
+        "certificates. Default: on when [clients.tls] is enabled, off when it is not."))
     super_users: tuple[str, ...] = field(default=(), metadata=doc(
         "Principals that hold the admin role without an ACL event (the first admin, who grants the rest)."))
 
@@ -85,7 +86,7 @@ class AccessControl:
     def __init__(self, config: AccessConfig, views: Callable[[], ViewsStateMachine | None],
                  metrics: AccessMetrics | None = None, clock: Callable[[], float] = time.time) -> None:
         self.config = config
-        self.enforce = config.enforce
+        self.enforce = bool(config.enforce)   # None (not resolved by ClientServiceConfig): off
         self._views = views
         self.metrics = metrics
         self._clock = clock
@@ -93,6 +94,7 @@ class AccessControl:
         self._seen: tuple[object, int] | None = None          # (applier, its access_changes) the caches hold
         self._principals: dict[str, Principal] = {}
         self._tokens: dict[str, tuple[str, int]] = {}         # token -> (user, expires_ms; 0: never)
+        self._users: dict[str, bool] = {}                     # SASL name -> whether it is a user
 
     # --- who ------------------------------------------------------------------------------------
 
@@ -102,6 +104,9 @@ class AccessControl:
         if caller.node is not None:
             return Principal(f"{NODE_PREFIX}{caller.node}", NODE_GRANTS)
         name = caller.authenticated or caller.certificate
+        if caller.authenticated is not None and not self._is_user(caller.authenticated):
+            # SASL authenticates a connection once: a user removed since ends it at its next request.
+            raise AuthenticationError(f"authentication failed: user {caller.authenticated} was removed")
         if name is None and caller.token:
             name = self._token_user(caller.token)
         if name is None:
@@ -115,6 +120,7 @@ class AccessControl:
         if seen != self._seen:
             self._principals.clear()
             self._tokens.clear()
+            self._users.clear()
             self._seen = seen
         return views
 
@@ -129,6 +135,13 @@ class AccessControl:
                 grants |= {Grant(Role.ADMIN)}
             principal = self._principals[name] = Principal(name, grants)
         return principal
+
+    def _is_user(self, name: str) -> bool:
+        self._fresh()
+        known = self._users.get(name)
+        if known is None:
+            known = self._users[name] = self.user(name) is not None
+        return known
 
     def _token_user(self, token: str) -> str:
         views = self._fresh()
