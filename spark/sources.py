@@ -26,11 +26,13 @@ segments), `quorum-state`, `views/` (RocksDB).
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from eventlog.errors import EpochlogError
 from eventlog.offline import AppliedLookup, committed_offset, decode_batches, log_start, read_committed
@@ -39,6 +41,8 @@ from spark.records import SourceRecord
 
 if TYPE_CHECKING:
     from epochlog.api.messages import LogBatches
+
+T = TypeVar("T")
 
 READ_MAX_BYTES = 4 << 20   # per read_log call: whole batches, decoded on the reading worker
 APPLY_WAIT_S = 30.0      # how long a range waits for the leader to apply through its end
@@ -82,7 +86,15 @@ class ClusterSource:
 
     def read(self, group: str, lo: int, hi: int, slot: int = 0) -> Iterator[list[SourceRecord]]:
         """Offsets [lo, hi) of `group`, from the member `slot` picks (the leader if that one fails, lags
-        more than FOLLOWER_WAIT_S or no longer holds the range)."""
+        more than FOLLOWER_WAIT_S or no longer holds the range). The replies are fetched one ahead by a
+        thread (`_ahead`): the next one is on its way while this one is decoded."""
+        for offset, got in _ahead(self._replies(group, lo, hi, slot)):
+            records = _decoded(group, got, offset, hi)
+            if records:
+                yield records
+
+    def _replies(self, group: str, lo: int, hi: int, slot: int) -> Iterator[tuple[int, LogBatches]]:
+        """(offset asked, read_log reply) covering [lo, hi), with the fall-backs `read` describes."""
         from epochlog.client import Client, ClientError, CompactedError
 
         endpoint = self.readers[slot % len(self.readers)] if self.readers else None
@@ -103,9 +115,8 @@ class ClusterSource:
                         raise
                     endpoint = None
                     continue
-                records = _decoded(group, got, offset, hi)
-                if records:
-                    yield records
+                if got.data:
+                    yield offset, got
                 if got.next_offset > offset:
                     offset = got.next_offset
                     stalled_since = None
@@ -120,6 +131,54 @@ class ClusterSource:
                     raise ExportError(f"group {group}: offset {offset} was not served within {APPLY_WAIT_S:.0f} s "
                                       f"(commit offset {got.commit_offset})")
                 time.sleep(0.05)
+
+
+_DONE = object()
+
+
+def _ahead(items: Iterator[T]) -> Iterator[T]:
+    """`items`, produced by a thread one item ahead of the consumer (a queue of one): the next read_log
+    call waits on the node while the consumer decodes. The producer's exception is raised here, in
+    order; a consumer that stops early (closes this generator) stops the producer at its next item."""
+    slot: queue.Queue[Any] = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def put(entry: tuple[Any, BaseException | None]) -> bool:
+        """Hand `entry` over unless the consumer stopped meanwhile (then False)."""
+        while not stop.is_set():
+            try:
+                slot.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put((item, None)):
+                    return
+            put((_DONE, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            put((_DONE, exc))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=produce, name="epochlog-export-read", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = slot.get()
+            if item is _DONE:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _decoded(group: str, got: LogBatches, lo: int, hi: int) -> list[SourceRecord]:
