@@ -162,8 +162,10 @@ class Page:
         if streams:
             child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      cwd=self.cwd, env=self.env, start_new_session=True)
-            time.sleep(STREAM_S)
-            os.killpg(child.pid, signal.SIGINT)
+            try:
+                child.wait(STREAM_S)        # a stream with an end (--count) may end by itself
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGINT)
             out, err = child.communicate(timeout=TIMEOUT_S)
             code_ = child.returncode
         else:
