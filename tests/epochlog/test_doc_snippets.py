@@ -37,7 +37,10 @@ from pathlib import Path
 
 import pytest
 
+from eventlog.config import LogConfig
+from eventlog.log import Log
 from eventlog.raft.runtime.config import load_node_configs
+from eventlog.records import encode_batch
 from tests.support.fixtures import shared_cluster_of
 from tests.support.nodes import ROOT, NodeCluster
 
@@ -50,6 +53,7 @@ GRPC_LOCAL = [f"127.0.0.1:750{i}" for i in (1, 2, 3)]     # docs/grpc.md's schem
 BINDS = re.compile(r"^\s*(?:prints [^:]*: )?(offset \d+|lease 0x[0-9a-f]+)\b")   # a comment showing what it prints
 TIMEOUT_S = 120.0
 STREAM_S = 4.0
+STOPPED_LOG = Path("data/local/node-1/groups/kv")    # made in each page's working directory
 
 
 @dataclass(frozen=True)
@@ -123,13 +127,14 @@ class Page:
 
     def __init__(self, cluster: NodeCluster, cwd: Path) -> None:
         self.cluster, self.cwd = cluster, cwd
+        write_stopped_log(cwd / STOPPED_LOG)
         self.bound: dict[str, str] = {}        # a sample in the page ("12", "0x3da0...") -> the real one
         self.env = dict(os.environ, EPOCHLOG_ENDPOINTS=",".join(cluster.endpoints),
                         PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
                         PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
 
     def substitute(self, code: str) -> str:
-        code = for_cluster(code, self.cluster)
+        code = for_cluster(code, self.cluster).replace(".venv/bin/epochlog", "epochlog")
         if not self.bound:
             return code
         samples = re.compile(r"\b(" + "|".join(map(re.escape, self.bound)) + r")\b")
@@ -187,6 +192,15 @@ class Page:
             for key, value in member.items():
                 assert getattr(loaded, key) == value, f"{block}: {key} read as {getattr(loaded, key)!r}"
         return ""
+
+
+def write_stopped_log(path: Path) -> None:
+    """A closed log where the offline tools' examples (docs/log.md) expect a stopped node's kv log:
+    60 batches of two records (a key rewritten every 20 batches, so `clean` has something to drop)."""
+    with Log.open(path, LogConfig(segment_bytes=8192, index_interval_bytes=512)) as log:
+        for i in range(60):
+            log.append(encode_batch([(f"app/k{i % 20}".encode(), b"x" * 100), (None, b"y")],
+                                    timestamp_ms=1000 + i), epoch=1 + i // 20)
 
 
 # Runs argv[1] as a module's top level; a top-level await runs it in an event loop.
