@@ -53,6 +53,7 @@ GRPC_LOCAL = [f"127.0.0.1:750{i}" for i in (1, 2, 3)]     # docs/grpc.md's schem
 BINDS = re.compile(r"^\s*(?:prints [^:]*: )?(offset \d+|lease 0x[0-9a-f]+)\b")   # a comment showing what it prints
 TIMEOUT_S = 120.0
 STREAM_S = 4.0
+ASSIGNMENT = re.compile(r"^(?:export )?([A-Z_]+)=")
 STOPPED_LOG = Path("data/local/node-1/groups/kv")    # made in each page's working directory
 
 
@@ -128,6 +129,7 @@ class Page:
     def __init__(self, cluster: NodeCluster, cwd: Path) -> None:
         self.cluster, self.cwd = cluster, cwd
         write_stopped_log(cwd / STOPPED_LOG)
+        (cwd / "proto").symlink_to(ROOT / "proto")       # "from the repository root" (docs/grpc.md)
         self.bound: dict[str, str] = {}        # a sample in the page ("12", "0x3da0...") -> the real one
         self.env = dict(os.environ, EPOCHLOG_ENDPOINTS=",".join(cluster.endpoints),
                         PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
@@ -143,7 +145,7 @@ class Page:
     def bind(self, comment: str, printed: str, where: str) -> None:
         for sample in BINDS.findall(comment):
             kind, value = sample.split(" ")
-            real = re.search(rf"\b{kind} (\w+)", printed)
+            real = re.search(rf"\b{kind}\"?:? +\"?(\w+)", printed)     # `offset 12` or JSON's `"offset": "12"`
             assert real, f"{where}: the comment says it prints {sample!r}; it printed:\n{printed}"
             self.bound[value] = real.group(1)
 
@@ -153,9 +155,14 @@ class Page:
         if block.language == "python":
             return self.run_line(block, PYTHON_RUNNER, self.substitute(block.code), streams=False, argv=True)
         printed = ""
-        for raw in block.code.replace("\\\n", " ").splitlines():
+        for raw in block.code.replace("\\\n", " ").replace("|\n", "| ").splitlines():
             line, _, comment = raw.partition(" #")
             if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            if ASSIGNMENT.match(line.strip()):      # `P="..."`, `export X=...`: for the page's later lines
+                name = ASSIGNMENT.match(line.strip()).group(1)
+                self.env[name] = self.run_line(block, None, f'{self.substitute(line.strip())}; printf %s "${name}"',
+                                               streams=False)
                 continue
             out = self.run_line(block, None, self.substitute(line.strip()), streams="Ctrl-C" in comment)
             self.bind(comment, out, f"{block}: {line.strip()!r}")
@@ -177,6 +184,8 @@ class Page:
             done = subprocess.run(command, capture_output=True, text=True, cwd=self.cwd, env=self.env,
                                   timeout=TIMEOUT_S)
             out, err, code_ = done.stdout, done.stderr, done.returncode
+        if streams and not code.startswith("epochlog"):     # another tool may die of the SIGINT
+            code_ = 0 if code_ in (-signal.SIGINT, 128 + signal.SIGINT) else code_
         assert code_ == 0, f"{block}: {code[-400:]!r} exited {code_}:\n{out[-2000:]}\n{err[-3000:]}"
         return out
 
