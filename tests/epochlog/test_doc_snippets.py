@@ -10,8 +10,9 @@ A page marks each fenced block with an HTML comment on the line before it (invis
                                         its lines (numbers aside) is a line that block printed
     <!-- not run: REASON -->            a block that cannot run here (a picture, a multi-host set-up)
 
-An unmarked block fails test_every_block_is_marked. The blocks of a page run in order against one real
-3-node cluster (Kafka and gRPC faces on), with configs/local-3.toml's addresses (and grpc.md's 750N)
+An unmarked block fails test_every_block_is_marked. The blocks of a page run in order, in a working
+directory of their own, against one real 3-node cluster (Kafka and gRPC faces on) that every page
+shares (so each page names its own topics and broker groups), with configs/local-3.toml's addresses (and grpc.md's 750N)
 swapped for the cluster's. A python block runs as a script (a top-level `await` runs in an event
 loop); an sh block line by line (comments dropped) with `epochlog` and the venv's tools on the PATH and
 EPOCHLOG_ENDPOINTS naming the cluster. A line whose comment mentions Ctrl-C streams: it gets a few
@@ -50,8 +51,8 @@ BLOCK = re.compile(r"^```(\w*)\n(.*?)^```\n", re.M | re.S)
 MARK = re.compile(r"^<!-- (runnable(?:; [^>]*?)?|output|not run: .+?) -->$")
 LOCAL = tomllib.loads((ROOT / "configs" / "local-3.toml").read_text())["cluster"]["members"]
 GRPC_LOCAL = [f"127.0.0.1:750{i}" for i in (1, 2, 3)]     # docs/grpc.md's scheme beside local-3's
-BINDS = re.compile(r"^\s*(?:prints [^:]*: )?(offset \d+|lease 0x[0-9a-f]+)\b")   # a comment showing what it prints
-TIMEOUT_S = 120.0
+BINDS = re.compile(r"^\s*(?:.*\bprints [^:]*: )?(offset \d+|lease 0x[0-9a-f]+|table version \d+)\b")  # a comment showing what it prints
+TIMEOUT_S = 300.0      # an export run starts Spark
 STREAM_S = 4.0
 ASSIGNMENT = re.compile(r"^(?:export )?([A-Z_]+)=")
 STOPPED_LOG = Path("data/local/node-1/groups/kv")    # made in each page's working directory
@@ -130,6 +131,8 @@ class Page:
         self.cluster, self.cwd = cluster, cwd
         write_stopped_log(cwd / STOPPED_LOG)
         (cwd / "proto").symlink_to(ROOT / "proto")       # "from the repository root" (docs/grpc.md)
+        (cwd / "configs").mkdir()                          # `--config configs/local-3.toml`: this cluster
+        shutil.copy(cluster.config_path, cwd / "configs" / "local-3.toml")
         self.bound: dict[str, str] = {}        # a sample in the page ("12", "0x3da0...") -> the real one
         self.env = dict(os.environ, EPOCHLOG_ENDPOINTS=",".join(cluster.endpoints),
                         PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
@@ -144,7 +147,7 @@ class Page:
 
     def bind(self, comment: str, printed: str, where: str) -> None:
         for sample in BINDS.findall(comment):
-            kind, value = sample.split(" ")
+            kind, value = sample.rsplit(" ", 1)
             real = re.search(rf"\b{kind}\"?:? +\"?(\w+)", printed)     # `offset 12` or JSON's `"offset": "12"`
             assert real, f"{where}: the comment says it prints {sample!r}; it printed:\n{printed}"
             self.bound[value] = real.group(1)
