@@ -17,30 +17,48 @@ and what the node is doing about it.
 A group halted on this node (a record its code cannot apply, epochlog/halts.py) makes it unready,
 not unhealthy: a restart does not help (it halts again at the same record) and a liveness probe
 that restarted it would only crash-loop it; /readyz says the offset, the reason and the fix.
+
+With `[clients.tls]` on, the endpoint speaks HTTPS with the faces' certificate (a plaintext request
+gets no further than the handshake). With `[clients.access] enforce = true`, /metrics (member lag,
+offsets, terms, who was denied what) needs a principal with the admin or auditor role: a client
+certificate of the cluster CA or `Authorization: Bearer <token>` (401 without a credential, 403
+without the role). /healthz and /readyz stay open: they reveal only whether this node serves, which
+any client learns by calling it, and a kubelet or load balancer probes them without credentials.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from epochlog.access_control import AccessControl, Caller
+from epochlog.face_tls import certificate_node, certificate_principal
 from epochlog.metrics import Metrics
 from epochlog.node import Node
+from eventlog.errors import AuthenticationError, PermissionDeniedError
+from statemachines.access import Action, Operation
 
 logger = logging.getLogger(__name__)
 
 
 class AdminServer:
-    def __init__(self, node: Node, metrics: Metrics, *, ready_lag: int = 1000) -> None:
+    def __init__(self, node: Node, metrics: Metrics, *, ready_lag: int = 1000,
+                 tls: ssl.SSLContext | None = None, access: AccessControl | None = None) -> None:
+        """`tls`: the faces' server context (face_tls.server_context), None for plaintext; `access`: the
+        node's access state, which guards /metrics when it enforces."""
         self.node = node
         self.metrics = metrics
         self.ready_lag = ready_lag
+        self.tls = tls
+        self.access = access
         self._server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._serve, host, port, reuse_address=True)
+        self._server = await asyncio.start_server(self._serve, host, port, reuse_address=True, ssl=self.tls,
+                                                  ssl_handshake_timeout=5.0 if self.tls else None)
 
     @property
     def port(self) -> int:
@@ -73,6 +91,30 @@ class AdminServer:
                 return f"group {g.group} applied {g.applied_offset} of {g.commit_offset}"
         return None
 
+    def refusal(self, writer: asyncio.StreamWriter, head: bytes) -> str | None:
+        """The HTTP status refusing /metrics to this request, or None when it may read it (always, unless
+        enforcing). Counted and logged like any face's denial (AccessControl)."""
+        access = self.access
+        if access is None or not access.enforce:
+            return None
+        peercert = writer.get_extra_info("peercert")
+        token = ""
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.decode("latin-1").partition(":")
+            scheme, _, credential = value.strip().partition(" ")
+            if name.strip().lower() == "authorization" and scheme.lower() == "bearer":
+                token = credential.strip()
+        caller = Caller(certificate=certificate_principal(peercert), node=certificate_node(peercert, self.node.cluster),
+                        token=token)
+        try:
+            principal = access.authenticate(caller, "admin.metrics")
+            access.check(principal, "admin.metrics", [Action(Operation.INSPECT)])
+        except AuthenticationError:
+            return "401 Unauthorized"
+        except PermissionDeniedError:
+            return "403 Forbidden"
+        return None
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
@@ -81,7 +123,11 @@ class AdminServer:
             if method not in ("GET", "HEAD"):
                 status, ctype, body = "405 Method Not Allowed", "text/plain", b"GET only\n"
             elif path == "/metrics":
-                status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry)
+                refused = self.refusal(writer, head)
+                if refused is not None:
+                    status, ctype, body = refused, "text/plain", (refused.split(" ", 1)[1] + "\n").encode()
+                else:
+                    status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry)
             elif path == "/healthz":
                 failure = self.node.failure()
                 status = "503 Service Unavailable" if failure else "200 OK"
@@ -95,7 +141,8 @@ class AdminServer:
             writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
                          f"Connection: close\r\n\r\n".encode() + (b"" if method == "HEAD" else body))
             await writer.drain()
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError, ConnectionError):
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError, ConnectionError,
+                ssl.SSLError):
             pass
         finally:
             writer.close()

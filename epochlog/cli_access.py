@@ -73,7 +73,7 @@ async def _all(client: AsyncClient, prefix: str, as_of: int | None = None) -> li
               help="SCRAM mechanism(s) to store (default: both).")
 @click.option("--iterations", type=click.IntRange(cr.MIN_ITERATIONS, cr.MAX_ITERATIONS), default=cr.MIN_ITERATIONS,
               show_default=True, help="PBKDF2 iterations of the SCRAM keys.")
-@click.option("--token", "new_token", is_flag=True, help="Also make a bearer token; it is printed once.")
+@click.option("--new-token", is_flag=True, help="Also make a bearer token; it is printed once.")
 @click.option("--token-ttl", type=click.FloatRange(min=1), default=None,
               help="Seconds the new token is valid (default: until revoked).")
 @click.option("--keep-tokens", is_flag=True, help="Keep the user's existing tokens (default: they are revoked).")

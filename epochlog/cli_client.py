@@ -5,6 +5,9 @@ address of every member of a cluster config such as configs/local-3.toml) or the
 variable EPOCHLOG_ENDPOINTS, in that order of precedence; with none of them, the client addresses of
 the config `epochlog up` runs by default (configs/local-3.toml: 127.0.0.1:7201-7203), and an error
 that says so when nothing answers there.
+Credentials for a cluster whose faces speak TLS (docs/security.md): `--tls-ca`, `--cert`, `--key` and
+`--token` on every client command, with the SDK's meaning and environment variables (EPOCHLOG_TLS_CA,
+EPOCHLOG_TLS_CERT, EPOCHLOG_TLS_KEY, EPOCHLOG_TOKEN; an option wins over its variable).
 Output is a plain table for people, or with `--json` one JSON document (one per line for the
 streaming commands) whose field names are stable: docs/cli.md lists them.
 
@@ -35,7 +38,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,6 +48,7 @@ import msgspec
 from epochlog.api import messages as p
 from epochlog.client import (AsyncClient, ClientError, DeadlineExceededError, InvalidArgumentError, KeyValue,
                              NotFoundError, UnavailableError, WatchedEvent)
+from epochlog.client.tls import CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV, ClientTls
 from statemachines import events as ev
 from statemachines.state import KvState
 
@@ -66,6 +70,8 @@ class Target:
     timeout: float
     as_json: bool
     default_from: Path | None = None   # no cluster was named: these are this config's addresses
+    tls: ClientTls | None = None       # None: the SDK reads the environment
+    token: str | None = None           # None: the SDK reads the environment
 
     @classmethod
     def resolve(cls, endpoints: str | None, config_path: Path | None, timeout: float, as_json: bool) -> Target:
@@ -100,11 +106,24 @@ class Target:
                 raise click.UsageError(f"{source}: {address!r} is not host:port ({exc})") from None
         return cls(tuple(listed), timeout, as_json)
 
+    def with_credentials(self, tls_ca: Path | None, cert: Path | None, key: Path | None, token: str | None) -> Target:
+        """This target with the credential options (click has already put their variables in their place)."""
+        if (cert is None) != (key is None):
+            raise click.UsageError("give --cert and --key together")
+        if cert is not None and tls_ca is None:
+            raise click.UsageError(f"--cert needs --tls-ca (or {CA_ENV}): the CA that verifies the nodes")
+        tls = None if tls_ca is None else ClientTls(str(tls_ca), None if cert is None else str(cert),
+                                                    None if key is None else str(key))
+        return replace(self, tls=tls, token=token)
+
+    def client(self) -> AsyncClient:
+        return AsyncClient(list(self.endpoints), timeout=self.timeout, name="epochlog-cli", sessions=False,
+                           tls=self.tls, token=self.token)
+
     def run(self, body: Callable[[AsyncClient], Awaitable[T]]) -> T:
         """Run `body` with a client of the cluster on a fresh event loop; the client is closed after."""
         async def main() -> T:
-            async with AsyncClient(list(self.endpoints), timeout=self.timeout, name="epochlog-cli",
-                                   sessions=False) as client:
+            async with self.client() as client:
                 try:
                     return await body(client)
                 except TimeoutError:   # a call straight to one node (status, snapshot --node) got no reply
@@ -137,8 +156,7 @@ class Target:
             stop = asyncio.Event()
             loop.add_signal_handler(signal.SIGINT, stop.set)
             try:
-                async with AsyncClient(list(self.endpoints), timeout=self.timeout, name="epochlog-cli",
-                                   sessions=False) as client:
+                async with self.client() as client:
                     work = asyncio.ensure_future(body(client, stop))
                     stopped = asyncio.ensure_future(stop.wait())
                     await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -170,8 +188,10 @@ def _cluster_command(group: click.Group, name: str,
     def decorate(f: Callable[..., None]) -> click.Command:
         @functools.wraps(f)
         def command(endpoints: str | None, config_path: Path | None, timeout: float, as_json: bool,
-                    **kwargs: Any) -> None:
-            f(Target.resolve(endpoints, config_path, timeout, as_json), **kwargs)
+                    tls_ca: Path | None, client_cert: Path | None, client_key: Path | None,
+                    bearer_token: str | None, **kwargs: Any) -> None:
+            target = Target.resolve(endpoints, config_path, timeout, as_json)
+            f(target.with_credentials(tls_ca, client_cert, client_key, bearer_token), **kwargs)
 
         for option in reversed(_CLUSTER_OPTIONS):
             command = option(command)
@@ -188,6 +208,15 @@ _CLUSTER_OPTIONS = [
                  help="Seconds each call may take, retries and leader changes included."),
     click.option("--json", "as_json", is_flag=True,
                  help="Print JSON (field names are stable) instead of a table."),
+    click.option("--tls-ca", "tls_ca", envvar=CA_ENV, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                 help=f"Speak TLS, verifying the nodes against this CA (the cluster's ca.crt) [env {CA_ENV}]."),
+    click.option("--cert", "client_cert", envvar=CERT_ENV, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                 help=f"A client certificate of the CA: the principal is its name [env {CERT_ENV}]."),
+    click.option("--key", "client_key", envvar=KEY_ENV, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                 help=f"The client certificate's private key [env {KEY_ENV}]."),
+    click.option("--token", "bearer_token", envvar=TOKEN_ENV, metavar="TOKEN",
+                 help=f"A bearer token (`epochlog user add --new-token`); prefer the variable, which `ps` does "
+                      f"not show [env {TOKEN_ENV}]."),
 ]
 
 

@@ -28,6 +28,7 @@ from eventlog import kafka_codes as kc
 from eventlog.errors import EpochlogError
 from eventlog.raft.runtime.config import MemberConfig, NodeConfigs, parse_address
 from epochlog.admin import AdminServer
+from epochlog.face_tls import server_context
 from epochlog.kafka.config import KafkaServiceConfig
 from epochlog.logs import NODE
 from epochlog.loop_monitor import LoopMonitor
@@ -113,7 +114,8 @@ class RunningNode:
                 running.addresses["client"] = f"{host}:{clients.port}"
             if member.admin_address:
                 host, port = parse_address(member.admin_address, f"cluster.members[{node_id}].admin_address")
-                running.admin = AdminServer(node, metrics)
+                running.admin = AdminServer(node, metrics, tls=server_context(client_config.tls, node.data_dir),
+                                            access=clients.access)
                 await running.admin.start(host, port)
                 running.addresses["admin"] = f"{host}:{running.admin.port}"
             if member.grpc_address:

@@ -41,7 +41,7 @@ NodeId = Annotated[int, msgspec.Meta(ge=1)]
 class ClientHello(msgspec.Struct, tag="client_hello"):
     version: int
     client: str = ""
-    token: str = ""          # a bearer token (`epochlog user add --token`): the connection's principal
+    token: str = ""          # a bearer token (`epochlog user add --new-token`): the connection's principal
 
 
 class ServerHello(msgspec.Struct, tag="server_hello"):

@@ -700,11 +700,13 @@ class KafkaHandler:
             raise KafkaError(ke.INVALID_PARTITIONS, f"{partitions} partitions (1-{hosted.MAX_PARTITIONS})")
         if self.node.group_log(hosted.HOST_GROUP) is None:
             raise KafkaError(ke.POLICY_VIOLATION, f"no {hosted.HOST_GROUP} group to host topics")
+        declared = hosted.declaration(name, partitions)
+        # A declaration is an event of the metadata group: the principal must be allowed to write it.
+        self.auth.check("create_topics", event_actions(declared))
         if name in self.topics():
             raise KafkaError(ke.TOPIC_ALREADY_EXISTS, f"topic {name} exists")
         if validate_only:
             return
-        declared = hosted.declaration(name, partitions)
         # Created once: the declaration's key must not exist yet (two concurrent creates: one wins).
         event = ev.Txn(conditions=(ev.Condition(declared.key(), 0),), ops=(declared,), actor="kafka")
         event.validate()

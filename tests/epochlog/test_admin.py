@@ -191,7 +191,7 @@ def test_readiness_needs_a_leader_and_follower_lag_is_per_peer(tmp_path: Path, s
         logging.getLogger().removeHandler(handler)
         logging.getLogger().setLevel(old_level)
     # Two nodes shared this process: each group record names its own node, group and term.
-    leads = [r for r in records if r.name == "eventlog.raft.runtime.group" and "leads in term" in r.getMessage()]
+    leads = [r for r in records if r.name == "eventlog.raft.runtime.ready_loop" and "leads in term" in r.getMessage()]
     assert {r.node for r in leads} == {1, 2}, [(r.node, r.getMessage()) for r in leads]  # type: ignore[attr-defined]
     for r in leads:
         assert r.group in GROUPS and r.term >= 1 and f"in term {r.term}" in r.getMessage()  # type: ignore[attr-defined]
@@ -221,6 +221,6 @@ def test_serve_writes_json_log_lines(tmp_path: Path, seed: int) -> None:
         assert r["ts"].endswith("Z") and r["level"] in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
     leads = [r for r in records if "leads in term" in r["msg"]]
     assert {r["group"] for r in leads} == set(GROUPS)
-    assert all(r["term"] >= 1 and r["logger"] == "eventlog.raft.runtime.group" for r in leads)
+    assert all(r["term"] >= 1 and r["logger"] == "eventlog.raft.runtime.ready_loop" for r in leads)
     serving = [r for r in records if r["logger"] == "epochlog.serve" and "serving" in r["msg"]]
     assert serving and serving[0]["group"] is None and serving[0]["term"] is None

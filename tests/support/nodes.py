@@ -507,11 +507,22 @@ class NodeCluster:
             return g if g is not None and g.applied_offset >= offset else None
         return wait_until(check, timeout, f"node {node_id} to apply {group} through offset {offset}")
 
+    def admin_url(self, node_id: int, path: str) -> str:
+        """The URL of `path` on node `node_id`'s admin endpoint (https when `[clients.tls]` is on)."""
+        tls = self.clients.get("tls")
+        scheme = "https" if isinstance(tls, dict) and tls.get("enabled") else "http"
+        return f"{scheme}://{self.nodes[node_id].admin_address}{path}"
+
     def metrics(self, node_id: int, timeout: float = 2.0) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        """Node `node_id`'s /metrics as {(family, ((label, value), ...)): value} ({} when it does not answer)."""
+        """Node `node_id`'s /metrics as {(family, ((label, value), ...)): value} ({} when it does not answer).
+        Over TLS it presents the SDK's credentials of the environment (EPOCHLOG_TLS_*), as the harness's clients."""
         from prometheus_client.parser import text_string_to_metric_families
+
+        from epochlog.client.tls import ClientTls
+        url = self.admin_url(node_id, "/metrics")
+        tls = ClientTls.from_env() if url.startswith("https") else None
         try:
-            with urllib.request.urlopen(f"http://{self.nodes[node_id].admin_address}/metrics", timeout=timeout) as r:
+            with urllib.request.urlopen(url, timeout=timeout, context=None if tls is None else tls.context()) as r:
                 text = r.read().decode()
         except OSError:
             return {}

@@ -421,6 +421,8 @@ class ImageStaging:
         A chunk refused (LogCorruptionError) leaves the staged image as it was."""
         check = self.check.copy()
         found = check.feed(offset, chunk)
+        if check.received == self.meta.size:   # the last chunk: the image must be whole (as install checks)
+            check.check_whole()
         view = memoryview(chunk)
         touched: dict[Path, int] = {}
         try:

@@ -26,7 +26,7 @@ def cli(shared_cluster: NodeCluster) -> Any:
 
 
 def test_user_add_stores_scram_keys_and_a_token_hash(cli: Any, shared_cluster: NodeCluster) -> None:
-    added = cli("user", "add", "alice", "--password-stdin", "--token", stdin="s3cret-pw\n")
+    added = cli("user", "add", "alice", "--password-stdin", "--new-token", stdin="s3cret-pw\n")
     assert added["mechanisms"] == ["SCRAM-SHA-256", "SCRAM-SHA-512"] and added["token"].startswith("eltok_")
     with Client(shared_cluster.endpoints) as c:
         stored = c.get_entity("user/alice")

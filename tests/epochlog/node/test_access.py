@@ -7,7 +7,14 @@ each allowed call works, and a grant or a user removed takes effect at the next 
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import subprocess
+import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 
 import grpc
@@ -21,12 +28,13 @@ from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
 from statemachines import credentials as cr
 from statemachines import events as ev
-from tests.support.nodes import NodeCluster
+from tests.support.nodes import ROOT, NodeCluster
 from tests.support.wait import wait_until
 
 NAME = "node-test"
 ALICE_TOKEN = "eltok_alice-secret"
 OLD_TOKEN = "eltok_expired"
+CAROL_TOKEN = "eltok_carol-auditor"
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +62,8 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
                                                                       expires_ms=now_ms - 1000),)))
             c.command(ev.AclGranted(principal="alice", role="writer", resource="kv:app/"))
             c.command(ev.AclGranted(principal="old", role="admin"))
+            c.command(ev.UserAdded(name="carol", tokens=(cr.BearerToken(sha256=cr.token_digest(CAROL_TOKEN)),)))
+            c.command(ev.AclGranted(principal="carol", role="auditor"))
             c.put("other/x", b"theirs")
         yield cluster
     finally:
@@ -214,3 +224,70 @@ def test_denials_are_counted_by_principal_operation_and_resource(secured: NodeCl
     denied = {dict(labels)["principal"]: value for (name, labels), value in samples.items()
               if name == "epochlog_access_denied_total"}
     assert denied.get("alice", 0) >= 1 and denied.get("anonymous", 0) >= 1, denied
+
+
+def _admin_get(cluster: NodeCluster, path: str, *, who: str | None = None, token: str = "") -> tuple[int, bytes]:
+    request = urllib.request.Request(cluster.admin_url(1, path),
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=5, context=_tls(cluster, who).context()) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_the_admin_endpoint_is_tls_and_metrics_need_admin_or_auditor(secured: NodeCluster) -> None:
+    assert secured.admin_url(1, "/metrics").startswith("https://")
+    host, port = secured.nodes[1].admin_address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as plain:   # plaintext HTTP: no answer in HTTP
+        plain.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        try:
+            reply = plain.recv(65536)
+        except ConnectionResetError:
+            reply = b""
+        assert not reply.startswith(b"HTTP/") and b"epochlog_" not in reply, reply[:200]
+    assert _admin_get(secured, "/metrics")[0] == 401                                    # no credential
+    assert _admin_get(secured, "/metrics", token="eltok_wrong")[0] == 401              # an unknown token
+    assert _admin_get(secured, "/metrics", token=OLD_TOKEN)[0] == 401                  # an expired one
+    assert _admin_get(secured, "/metrics", who="mallory")[0] == 403                     # no role
+    assert _admin_get(secured, "/metrics", token=ALICE_TOKEN)[0] == 403                # a writer
+    for credentials in ({"who": "admin"}, {"token": CAROL_TOKEN}):                      # admin, auditor
+        status, body = _admin_get(secured, "/metrics", **credentials)
+        assert status == 200 and b"epochlog_access_denied_total" in body, (credentials, status)
+    # Health probes stay open (over TLS): a kubelet or load balancer probes without credentials.
+    assert _admin_get(secured, "/healthz") == (200, b"ok\n")
+    assert _admin_get(secured, "/readyz")[0] == 200
+
+
+def _cli(cluster: NodeCluster, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`epochlog ARGS --endpoints ... --json` as a real process whose environment holds no credential but `env`."""
+    clean = {k: v for k, v in os.environ.items() if k not in (CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV)}
+    return subprocess.run([sys.executable, "-m", "epochlog", *args, "--endpoints", ",".join(cluster.endpoints),
+                           "--json", "--timeout", "3"], capture_output=True, text=True, cwd=ROOT,
+                          env={**clean, **env}, timeout=60)
+
+
+def test_the_cli_takes_tls_and_token_options_with_the_sdk_variables_meaning(secured: NodeCluster) -> None:
+    ca = str(secured.root / "ca" / "ca.crt")
+    admin = [f"--{kind}={secured.root / 'admin' / f'admin.{ext}'}" for kind, ext in (("cert", "crt"), ("key", "key"))]
+    plaintext = _cli(secured, "get", "app/cli")
+    assert plaintext.returncode == 3, plaintext
+    anonymous = _cli(secured, "get", "app/cli", "--tls-ca", ca)
+    assert anonymous.returncode == 3 and "no credential" in anonymous.stderr, anonymous
+    put = _cli(secured, "put", "app/cli", "by-alice", "--tls-ca", ca, "--token", ALICE_TOKEN)
+    assert put.returncode == 0, put
+    denied = _cli(secured, "put", "other/cli", "no", "--tls-ca", ca, "--token", ALICE_TOKEN)
+    assert denied.returncode == 3 and "alice may not write kv/other/cli" in denied.stderr, denied
+    # the variables mean the same; an option wins over its variable
+    by_env = _cli(secured, "get", "app/cli", **{CA_ENV: ca, TOKEN_ENV: ALICE_TOKEN})
+    assert by_env.returncode == 0 and json.loads(by_env.stdout)["value"] == "by-alice", by_env
+    option_wins = _cli(secured, "get", "app/cli", "--token", ALICE_TOKEN, **{CA_ENV: ca, TOKEN_ENV: "eltok_wrong"})
+    assert option_wins.returncode == 0, option_wins
+    as_admin = _cli(secured, "get", "other/x", "--tls-ca", ca, *admin)   # a client certificate: the admin
+    assert as_admin.returncode == 0 and json.loads(as_admin.stdout)["value"] == "theirs", as_admin
+    half = _cli(secured, "get", "app/cli", "--tls-ca", ca, admin[0])
+    assert half.returncode == 64 and "--cert and --key together" in half.stderr, half
+    with _client(secured, who="admin") as c:
+        assert c.get("other/cli") is None
+        written = c.read_events("kv", json.loads(put.stdout)["offset"], max_events=1)
+        assert ev.decode_event(written.events[0].value).actor == "alice"

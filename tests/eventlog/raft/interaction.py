@@ -657,7 +657,7 @@ def _try(env: Env, fn: Callable[[], object]) -> object:
     try:
         return fn()
     except EpochlogError as exc:
-        hint = getattr(exc, "leader_hint", None)
+        hint = vars(exc).get("leader_hint")   # errors that name a leader set it; others inherit the table's 0
         extra = f" (leader_hint={hint})" if hint is not None else ""
         env.say(f"error: {type(exc).__name__}: {exc}{extra}")
         return None
