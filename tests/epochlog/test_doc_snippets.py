@@ -15,8 +15,9 @@ directory of their own, against one real 3-node cluster (Kafka and gRPC faces on
 shares (so each page names its own topics and broker groups), with configs/local-3.toml's addresses (and grpc.md's 750N)
 swapped for the cluster's. A python block runs as a script (a top-level `await` runs in an event
 loop); an sh block line by line (comments dropped) with `epochlog` and the venv's tools on the PATH and
-EPOCHLOG_ENDPOINTS naming the cluster. A line whose comment mentions Ctrl-C streams: it gets a few
-seconds, then SIGINT, and must end with exit 0. A line whose comment shows what it prints
+EPOCHLOG_ENDPOINTS naming the cluster. A line whose comment mentions Ctrl-C streams: once it has
+printed and then been quiet for a second (a few seconds at most, for a stream that prints nothing), it
+gets SIGINT, and must end with exit 0. A line whose comment shows what it prints
 (`# offset 12 ...`, `# prints ...: lease 0x3da0...`) binds that sample to what the cluster printed: later lines of the
 page use the real offset or lease id. docs/kafka.md runs in tests/epochlog/kafka/test_docs.py,
 docs/protocol.md's examples in tests/epochlog/test_protocol_doc.py.
@@ -30,6 +31,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -52,7 +55,8 @@ LOCAL = tomllib.loads((ROOT / "configs" / "local-3.toml").read_text())["cluster"
 GRPC_LOCAL = [f"127.0.0.1:750{i}" for i in (1, 2, 3)]     # docs/grpc.md's scheme beside local-3's
 BINDS = re.compile(r"^\s*(?:.*\bprints [^:]*: )?(offset \d+|lease 0x[0-9a-f]+|table version \d+)\b")  # a comment showing what it prints
 TIMEOUT_S = 300.0      # an export run starts Spark
-STREAM_S = 4.0
+STREAM_S = 4.0         # the longest a stream runs before its SIGINT
+QUIET_S = 1.0          # ... or this long after it printed, when it printed and went quiet
 ASSIGNMENT = re.compile(r"^(?:export )?([A-Z_]+)=")
 STOPPED_LOG = Path("data/local/node-1/groups/kv")    # made in each page's working directory
 
@@ -191,14 +195,7 @@ class Page:
     def run_line(self, block: Block, runner: str | None, code: str, *, streams: bool, argv: bool = False) -> str:
         command = [sys.executable, "-c", runner, code] if argv else ["bash", "-c", code]
         if streams:
-            child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     cwd=self.cwd, env=self.env, start_new_session=True)
-            try:
-                child.wait(STREAM_S)        # a stream with an end (--count) may end by itself
-            except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGINT)
-            out, err = child.communicate(timeout=TIMEOUT_S)
-            code_ = child.returncode
+            out, err, code_ = stream(command, self.cwd, self.env)
         else:
             done = subprocess.run(command, capture_output=True, text=True, cwd=self.cwd, env=self.env,
                                   timeout=TIMEOUT_S)
@@ -220,6 +217,38 @@ class Page:
             for key, value in member.items():
                 assert getattr(loaded, key) == value, f"{block}: {key} read as {getattr(loaded, key)!r}"
         return ""
+
+
+def stream(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[str, str, int]:
+    """Run a streaming command as a user watching it would: SIGINT once it has printed something and
+    been quiet for QUIET_S (it showed what it streams), or after STREAM_S; a stream with an end
+    (`--count`) may end by itself. (stdout, stderr, exit code)."""
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=cwd, env=env, start_new_session=True)
+    lines: list[tuple[float, str]] = []         # (when read, line)
+    errors: list[str] = []
+
+    def read_out() -> None:
+        for line in child.stdout:                 # type: ignore[union-attr]
+            lines.append((time.monotonic(), line))
+
+    def read_err() -> None:
+        errors.extend(child.stderr)               # type: ignore[arg-type]
+
+    readers = [threading.Thread(target=read_out, daemon=True), threading.Thread(target=read_err, daemon=True)]
+    for reader in readers:
+        reader.start()
+    started = time.monotonic()
+    while child.poll() is None:
+        now = time.monotonic()
+        if now - started >= STREAM_S or (lines and now - lines[-1][0] >= QUIET_S):
+            os.killpg(child.pid, signal.SIGINT)
+            break
+        time.sleep(0.05)
+    child.wait(TIMEOUT_S)
+    for reader in readers:
+        reader.join(TIMEOUT_S)
+    return "".join(x for _, x in lines), "".join(errors), child.returncode
 
 
 def write_stopped_log(path: Path) -> None:
