@@ -100,7 +100,9 @@ class Server:
         config.write_text(
             "[cluster]\nname = \"bench\"\ngroups = [\"metadata\", \"offsets\", \"kv\"]\n" + self.cluster_extra + "\n"
             f"[[cluster.members]]\nid = 1\npeer_address = \"127.0.0.1:{peer}\"\nclient_address = \"{self.address}\"\n\n"
-            f"[log]\nsegment_bytes = {self.segment_bytes}\n\n" + self.extra_config)
+            f"[log]\nsegment_bytes = {self.segment_bytes}\n\n" + self.extra_config
+            # plaintext client faces, said explicitly where the build has client TLS (on by default)
+            + ("\n[clients.tls]\nenabled = false\n" if (self.server_root / "epochlog" / "face_tls.py").exists() else ""))
         if not (self.data_dir / "tls" / "node.crt").exists():   # peer TLS files (an older build ignores them)
             from epochlog.certs import ClusterCA
 

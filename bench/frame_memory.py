@@ -75,7 +75,9 @@ def run(tree: Path, connections: int, frame_mib: int) -> dict[str, object]:
     config = work / "node.toml"
     config.write_text(f'[cluster]\nname = "frame-memory"\ngroups = ["metadata", "offsets", "kv"]\n\n'
                       f'[[cluster.members]]\nid = 1\npeer_address = "{peer}"\nclient_address = "{client}"\n\n'
-                      f"[log]\nsegment_bytes = {MIB}\n")
+                      f"[log]\nsegment_bytes = {MIB}\n"
+                      # plaintext client faces, said explicitly where the tree has client TLS (on by default)
+                      + ("\n[clients.tls]\nenabled = false\n" if (tree / "epochlog" / "face_tls.py").exists() else ""))
     ClusterCA.create(work / "ca", "frame-memory").issue_member(1, work / "data" / "tls")   # peer TLS files
     out = work / "node.out"
     env = {**os.environ, "PYTHONPATH": str(tree)}

@@ -126,7 +126,8 @@ def epochlog_config(path: Path, ports: list[int], *, peer_tls: bool = True) -> l
         f'\n[[cluster.members]]\nid = {i}\npeer_address = "127.0.0.1:{ports[i - 1]}"\n'
         f'client_address = "127.0.0.1:{ports[i + 2]}"\n' for i in (1, 2, 3))
     tls = "" if peer_tls else "\n[cluster.tls]\ninsecure = true\n"
-    path.write_text('[cluster]\nname = "bench"\ngroups = ["metadata", "offsets", "kv"]\n' + members + tls)
+    faces = "\n[clients.tls]\nenabled = false\n"   # plaintext client faces, as etcd's here (said explicitly)
+    path.write_text('[cluster]\nname = "bench"\ngroups = ["metadata", "offsets", "kv"]\n' + members + tls + faces)
     if peer_tls:
         ca = ClusterCA.create(path.parent / "ca", "bench")
         for i in (1, 2, 3):

@@ -12,8 +12,9 @@ The rule itself is statemachines/access.py (sans-IO, pure); this module feeds it
 - a denial: counted by principal, operation and resource kind (`epochlog_access_denied_total`) and
   logged, then raised as the face's `permission_denied` / `unauthenticated` row.
 
-With `enforce = false` (the default until every tool finds the local credentials) every call is
-allowed and the actor of a client's event is the one it claims, as before issue 21.
+Enforcement is on wherever the faces speak TLS unless the config says `enforce = false`
+(ClientServiceConfig resolves the default). Without it every call is allowed and the actor of a
+client's event is the one it claims, as before issue 21.
 """
 
 from __future__ import annotations
@@ -48,10 +49,10 @@ leader, status for the digest check): an admin's, and the node's own records."""
 class AccessConfig:
     """Enforcement of the access rule on every client face (`[clients.access]`)."""
 
-    enforce: bool = field(default=False, metadata=doc(
+    enforce: bool | None = field(default=None, metadata=doc(
         "Authenticate every client call and authorize it by the ACLs of the metadata group (issue 21). "
         "Needs [clients.tls] enabled: the nodes authenticate each other's forwarded calls by their member "
-        "certificates."))
+        "certificates. Default: on when [clients.tls] is enabled, off when it is not."))
     super_users: tuple[str, ...] = field(default=(), metadata=doc(
         "Principals that hold the admin role without an ACL event (the first admin, who grants the rest)."))
 
@@ -85,7 +86,7 @@ class AccessControl:
     def __init__(self, config: AccessConfig, views: Callable[[], ViewsStateMachine | None],
                  metrics: AccessMetrics | None = None, clock: Callable[[], float] = time.time) -> None:
         self.config = config
-        self.enforce = config.enforce
+        self.enforce = bool(config.enforce)   # None (not resolved by ClientServiceConfig): off
         self._views = views
         self.metrics = metrics
         self._clock = clock

@@ -241,6 +241,13 @@ class ClusterCA:
     def member_is_current(self, node_id: int, files: IssuedFiles) -> bool:
         """Whether the files hold a certificate this CA issued to `node_id`, with its key, valid for at
         least RENEW_BEFORE more (what `up` checks before re-issuing)."""
+        return self._is_current(node_identity(self.cluster, node_id), files)
+
+    def client_is_current(self, name: str, files: IssuedFiles) -> bool:
+        """member_is_current for the client certificate of `name` (`up`'s admin credential)."""
+        return self._is_current(client_identity(self.cluster, name), files)
+
+    def _is_current(self, identity: Identity, files: IssuedFiles) -> bool:
         try:
             cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
             key = serialization.load_pem_private_key(files.key.read_bytes(), password=None)
@@ -248,7 +255,7 @@ class ClusterCA:
         except (OSError, ValueError, TypeError):
             return False
         return (ca_copy == self.cert and self.issued(cert) and key.public_key() == cert.public_key()
-                and identities_in(uris_of(cert)) == [node_identity(self.cluster, node_id)]
+                and identities_in(uris_of(cert)) == [identity]
                 and cert.not_valid_after_utc - _now() > RENEW_BEFORE)
 
 

@@ -28,13 +28,17 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+MISSING_FILE = ("file not found: make the certificates (`epochlog certs init`, then `epochlog certs member`; "
+                "`epochlog up` makes them), or set [clients.tls] enabled = false for plaintext client faces")
+
 
 @dataclass(frozen=True, slots=True)
 class ClientTlsConfig:
     """TLS of every client face (`[clients.tls]`); paths relative to the node's data directory."""
 
-    enabled: bool = field(default=False, metadata=doc(
-        "Serve the native, gRPC, Kafka and admin faces over TLS (the Kafka face as SSL / SASL_SSL)."))
+    enabled: bool = field(default=True, metadata=doc(
+        "Serve the native, gRPC, Kafka and admin faces over TLS (the Kafka face as SSL / SASL_SSL). On by "
+        "default: plaintext faces only by `enabled = false`, said in the config."))
     cert_file: str = field(default="tls/node.crt", metadata=doc(
         "The certificate the faces present (default: the member certificate of [cluster.tls])."))
     key_file: str = field(default="tls/node.key", metadata=doc("Its private key."))
@@ -53,7 +57,7 @@ def server_context(config: ClientTlsConfig, data_dir: Path) -> ssl.SSLContext | 
              else data_dir / getattr(config, key) for key in ("cert_file", "key_file", "ca_file")}
     for key, path in paths.items():
         if not path.is_file():
-            raise ConfigError(f"clients.tls.{key}", str(path), "no such file (epochlog certs member writes it)")
+            raise ConfigError(f"clients.tls.{key}", str(path), MISSING_FILE)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:

@@ -96,7 +96,10 @@ class RunningNode:
                      seed: int | None, member: MemberConfig | None = None) -> RunningNode:
         client_config = from_mapping(ClientServiceConfig, configs.clients, "clients")
         kafka_config = from_mapping(KafkaServiceConfig, configs.kafka, "kafka")
-        node = Node(configs, node_id, data_dir, seed=seed, member=member)
+        node = Node(configs, node_id, data_dir, seed=seed, member=member)   # checks every section and peer TLS
+        # The faces' certificate before anything opens: a node whose config says nothing serves TLS, and
+        # without certificates it refuses in one line naming both ways out (epochlog/face_tls.py).
+        server_context(client_config.tls, node.data_dir)
         member = node.member
         await node.start()
         metrics = Metrics(node)

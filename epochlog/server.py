@@ -32,7 +32,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from eventlog.configuration import doc
@@ -79,6 +79,13 @@ class ClientServiceConfig:
     access: AccessConfig = field(default_factory=AccessConfig, metadata=doc(
         "Authentication and authorization on every client face ([clients.access], epochlog/access_control.py)."))
 
+    def __post_init__(self) -> None:
+        # The one place the secure default is decided: enforcement follows the faces' TLS unless the
+        # config says otherwise, so a config that says nothing gets both, and `[clients.tls] enabled =
+        # false` alone is a plaintext, unauthenticated cluster (enforcing needs TLS: access_control).
+        if self.access.enforce is None:
+            object.__setattr__(self, "access", replace(self.access, enforce=self.tls.enabled))
+
 
 class ClientService:
     """Listens for clients on one address and serves them from `node`. Use on the node's loop."""
@@ -121,6 +128,11 @@ def access_control(node: Node, config: ClientServiceConfig, metrics: Metrics | N
     if config.access.enforce and not config.tls.enabled:
         raise ConfigError("clients.access.enforce", True, "needs [clients.tls] enabled = true (the nodes "
                                                           "authenticate each other's calls by their member certificates)")
+    if config.access.enforce and not config.access.super_users:
+        # A config from before the secure default, likely: nothing but earlier ACL events allows a call.
+        logger.warning("client calls are authenticated and authorized ([clients.access] enforce, the default "
+                       "with [clients.tls]) and [clients.access] super_users is empty: only principals granted "
+                       "by ACL events may do anything; name the first admin there (docs/security.md)")
     return AccessControl(config.access, lambda: node.views.get("metadata"),
                          None if metrics is None else AccessMetrics(metrics.registry))
 

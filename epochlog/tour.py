@@ -304,8 +304,11 @@ class MetadataTail(threading.Thread):
         try:
             from kafka import KafkaConsumer, TopicPartition
 
+            from epochlog.client.credentials import kafka_python_options
+
             consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, client_id="epochlog-tour",
-                                     auto_offset_reset="earliest", enable_auto_commit=False)
+                                     auto_offset_reset="earliest", enable_auto_commit=False,
+                                     **kafka_python_options(self.bootstrap))   # SSL with `up`'s admin certificate
             try:
                 partition = TopicPartition("__metadata", 0)
                 consumer.assign([partition])

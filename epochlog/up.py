@@ -32,6 +32,14 @@ copy where `[cluster.tls]` says (by default `<data-dir>/node-N/tls/`), made when
 when this CA issued them and they expire within 30 days; files the CA did not issue are left to the
 node's own check. So a local cluster is mutual TLS without any configuration.
 
+Client TLS (`ensure_client_credentials`): the client faces present the same member certificates
+(`[clients.tls]`, on unless the config turns it off), and `up` keeps an admin credential in
+`<data-dir>/client/`: a client certificate of the CA for the first of `[clients.access] super_users`,
+made once and re-issued like the members', with `credentials.json` and `<data-dir>/client.env` naming
+it (epochlog/client/credentials.py says how the CLI and SDK find it). `up`'s own clients (the status
+poll, the demo load, the tour, Spark's workers) get it through the SDK's environment variables,
+which the nodes do not inherit. Faces configured plaintext get no credential (a stale one is removed).
+
 Stopping (SIGINT, SIGTERM, or the end of `--seconds`): the demo load finishes, then SIGTERM to every
 node, a wait of up to `STOP_TIMEOUT_S`, SIGKILL for what is left (a second signal does that at once).
 The data stays: the same command resumes the cluster from disk.
@@ -62,7 +70,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eventlog.configuration import from_mapping, load_toml
 from eventlog import kafka_codes as kc
@@ -71,10 +79,16 @@ from eventlog.raft.runtime.config import (ClusterConfig, MemberConfig, NodeConfi
                                           parse_address)
 from epochlog.api import messages as p
 from epochlog.client import AsyncClient, ClientError
+from epochlog.client.credentials import ENV_FILE_NAME, FILE_NAME, LocalCredentials
+from epochlog.client.tls import CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV
 from epochlog.demo_load import DemoLoad, DemoReport
 from epochlog.identity import storage_id
 from epochlog.ports import address_taken
 from epochlog.tour import Tour
+
+if TYPE_CHECKING:
+    from epochlog.certs import IssuedFiles
+    from epochlog.server import ClientServiceConfig
 
 START_TIMEOUT_S = 60.0      # launch to a leader in every group (2 shared cores, cold imports)
 STOP_TIMEOUT_S = 15.0       # SIGTERM to exit, for all nodes together
@@ -119,6 +133,13 @@ class Plan:
         return self.configs.cluster.members
 
     @property
+    def clients(self) -> ClientServiceConfig:
+        """`[clients]` with its defaults: TLS and enforcement unless the config turns them off."""
+        from epochlog.server import ClientServiceConfig
+
+        return from_mapping(ClientServiceConfig, self.configs.clients, "clients")
+
+    @property
     def record_path(self) -> Path:
         return self.data_dir / "up.json"
 
@@ -138,8 +159,12 @@ def make_plan(config_path: Path, nodes: int | None, data_dir: Path) -> Plan:
 
     configs = load_node_configs(config_path)
     from_mapping(ViewsConfig, configs.views, "views")
-    from_mapping(ClientServiceConfig, configs.clients, "clients")
+    clients = from_mapping(ClientServiceConfig, configs.clients, "clients")
     from_mapping(KafkaServiceConfig, configs.kafka, "kafka")
+    if clients.access.enforce and not clients.access.super_users:
+        raise UpError(f"{config_path}: [clients.access] super_users is empty, so no credential `up` makes "
+                      f"could do anything: add super_users = [\"admin\"] (or set [clients.tls] enabled = false "
+                      f"for plaintext client faces)")
     missing = [g for g in REQUIRED_GROUPS if g not in configs.cluster.groups]
     if missing:
         raise ConfigError("cluster.groups", list(configs.cluster.groups),
@@ -361,7 +386,9 @@ class NodeProcess:
 
     def start(self, hook: Callable[[], None] | None) -> None:
         self.plan.data_dir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # Not `up`'s own client credential (use_credentials): a node's clients present its member certificate.
+        env = {k: v for k, v in os.environ.items() if k not in (CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV)}
+        env["PYTHONUNBUFFERED"] = "1"
         root = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
         cmd = [sys.executable, "-m", "epochlog", "serve", "--config", str(self.plan.config_path),
@@ -650,27 +677,92 @@ class Outcome:
         self.reasons.append(reason)
 
 
+def _member_files(plan: Plan, node_id: int) -> list[IssuedFiles]:
+    """Where node `node_id` reads its certificate: [cluster.tls] unless insecure, [clients.tls] when
+    enabled (the same files by default)."""
+    from epochlog.certs import IssuedFiles
+
+    node_dir = plan.node_dir(node_id)
+    out: list[IssuedFiles] = []
+    peer = plan.configs.cluster.tls
+    if not peer.insecure:
+        out.append(IssuedFiles(peer.path("cert_file", node_dir), peer.path("key_file", node_dir),
+                               peer.path("ca_file", node_dir)))
+    faces = plan.clients.tls
+    if faces.enabled:
+        def path(name: str) -> Path:
+            return Path(name) if Path(name).is_absolute() else node_dir / name
+        files = IssuedFiles(path(faces.cert_file), path(faces.key_file), path(faces.ca_file))
+        if files not in out:
+            out.append(files)
+    return out
+
+
 def ensure_certificates(plan: Plan) -> list[str]:
     """The local cluster's CA and member certificates (see the module docstring); what was made."""
-    from epochlog.certs import ClusterCA, IssuedFiles, load_certificate
+    from epochlog.certs import ClusterCA, load_certificate
 
-    tls = plan.configs.cluster.tls
-    if tls.insecure:
+    layouts = {m.id: _member_files(plan, m.id) for m in plan.members}
+    if not any(layouts.values()):
         return []
     ca_dir = plan.data_dir / "ca"
     made = [] if (ca_dir / "ca.crt").exists() else [f"the cluster CA in {ca_dir}"]
     ca = ClusterCA.load_or_create(ca_dir, plan.configs.cluster.name)
-    for m in plan.members:
-        node_dir = plan.node_dir(m.id)
-        files = IssuedFiles(tls.path("cert_file", node_dir), tls.path("key_file", node_dir),
-                            tls.path("ca_file", node_dir))
-        if ca.member_is_current(m.id, files):
-            continue
-        if files.cert.exists() and not ca.issued(load_certificate(files.cert)):
-            continue   # not ours: the node checks it at start
-        ca.issue_member_files(m.id, files)
-        made.append(f"node {m.id}'s certificate {files.cert}")
+    for node_id, layout in layouts.items():
+        for files in layout:
+            if ca.member_is_current(node_id, files):
+                continue
+            if files.cert.exists() and not ca.issued(load_certificate(files.cert)):
+                continue   # not ours: the node checks it at start
+            ca.issue_member_files(node_id, files)
+            made.append(f"node {node_id}'s certificate {files.cert}")
     return made
+
+
+def ensure_client_credentials(plan: Plan) -> tuple[LocalCredentials | None, bool]:
+    """The admin credential of a cluster whose faces speak TLS (see the module docstring), and whether it
+    was made now; (None, False) for plaintext faces, whose stale credentials file is removed (a client
+    would otherwise speak TLS to them)."""
+    from epochlog.certs import ClusterCA, IssuedFiles
+
+    directory = plan.data_dir / "client"
+    clients = plan.clients
+    if not clients.tls.enabled:
+        (directory / FILE_NAME).unlink(missing_ok=True)
+        (plan.data_dir / ENV_FILE_NAME).unlink(missing_ok=True)
+        return None, False
+    supers = clients.access.super_users
+    name = supers[0] if supers else "admin"   # none: enforcement is off (make_plan refuses it on)
+    ca = ClusterCA.load(plan.data_dir / "ca")   # ensure_certificates made it
+    files = IssuedFiles(directory / f"{name}.crt", directory / f"{name}.key", directory / "ca.crt")
+    made = not ca.client_is_current(name, files)
+    if made:
+        ca.issue_client(name, directory)
+    members = plan.members
+    found = LocalCredentials(plan.configs.cluster.name, name,
+                             tuple(m.client_address for m in members if m.client_address),
+                             tuple(m.kafka_address for m in members if m.kafka_address),
+                             files.ca.resolve(), files.cert.resolve(), files.key.resolve())
+    found.write(directory)   # every run: the addresses may have changed, and the newest file wins
+    return found, made
+
+
+def use_credentials(found: LocalCredentials | None) -> None:
+    """Make `found` the credential of this process's own clients (the status poll, the demo load, the
+    tour, and what they start: Spark's workers inherit it), through the SDK's variables."""
+    for var in (CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV):
+        os.environ.pop(var, None)
+    if found is not None:
+        os.environ.update(found.environment())
+
+
+def found_by_clients(found: LocalCredentials) -> bool:
+    """Whether a client given this cluster's addresses finds `found` with nothing set
+    (epochlog/client/credentials.py: it is where the search looks, and the newest there)."""
+    from epochlog.client.credentials import find
+
+    match = find(found.client_addresses)
+    return match is not None and match.cert_file == found.cert_file
 
 
 def up(config_path: Path, *, nodes: int | None, data_dir: Path, seconds: float | None, demo_load: bool,
@@ -688,6 +780,16 @@ def up(config_path: Path, *, nodes: int | None, data_dir: Path, seconds: float |
         print(f"peer TLS: made {', '.join(made)}", flush=True)
     elif plan.configs.cluster.tls.insecure:
         print("peer TLS is OFF ([cluster.tls] insecure = true): the nodes log a warning", flush=True)
+    credential, made_now = ensure_client_credentials(plan)
+    use_credentials(credential)
+    if credential is None:
+        print("client faces are PLAINTEXT ([clients.tls] enabled = false): no authentication", flush=True)
+    elif made_now:
+        print(f"client TLS: made {credential.principal}'s certificate in {_relative(plan.data_dir / 'client')}",
+              flush=True)
+    if credential is not None and not found_by_clients(credential):
+        print(f"client TLS: in another shell, `source {_relative(plan.data_dir / ENV_FILE_NAME)}` first "
+              f"(the CLI and SDK look in data/*/client/ only)", flush=True)
     return asyncio.run(_run(plan, seconds=seconds, demo_load=demo_load, tour=tour,
                             live=sys.stdout.isatty() if live is None else live))
 

@@ -9,6 +9,10 @@ in the kv group), so a restarted worker recovers it.
     EPOCHLOG_KAFKA=127.0.0.1:7401,127.0.0.1:7402,127.0.0.1:7403 EPOCHLOG_FAUST_DIR=data/faust \\
         .venv/bin/python3 -m examples.live_brokers worker -l info     (configs/local-3.toml's Kafka addresses)
 
+Against a cluster whose client faces speak TLS (the default), the worker connects over SSL with the
+admin certificate `epochlog up` made (found by its Kafka addresses), or with EPOCHLOG_TLS_CA,
+EPOCHLOG_TLS_CERT and EPOCHLOG_TLS_KEY when they are set.
+
 Read the table with `live_brokers(...)` below (the worker must be stopped: RocksDB is locked while it
 runs), or tail its changelog topic `epochlog-live-brokers-live_brokers-changelog`.
 """
@@ -22,6 +26,7 @@ from typing import Any
 
 import faust
 
+from epochlog.client.credentials import kafka_tls
 from statemachines import events as ev
 
 APP_ID = "epochlog-live-brokers"
@@ -32,9 +37,13 @@ GONE = (ev.BrokerFenced, ev.BrokerUnregistered)
 
 
 def make_app(bootstrap: list[str], datadir: str | Path) -> faust.App:
+    # A secured cluster's listener speaks SSL: the credential of the environment (EPOCHLOG_TLS_*), else the
+    # admin certificate `epochlog up` made for the cluster of these Kafka addresses (docs/security.md).
+    tls = kafka_tls(bootstrap)
     app = faust.App(
         APP_ID,
         broker=[f"kafka://{address}" for address in bootstrap],
+        broker_credentials=None if tls is None else faust.SSLCredentials(tls.context()),
         store="rocksdb://",
         datadir=str(datadir),
         topic_partitions=1,              # __metadata has one partition; the table is co-partitioned with it

@@ -15,7 +15,6 @@ moves to the other members (epochlog/client/retry.py).
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
@@ -37,7 +36,8 @@ from epochlog.client.errors import (
     from_wire,
 )
 from epochlog.client.retry import Attempts, Timing
-from epochlog.client.tls import TOKEN_ENV, ClientTls
+from epochlog.client import credentials
+from epochlog.client.tls import ClientTls
 from epochlog.client.sessions import ClientSessions, GroupSession
 from epochlog.api.routing import KV_PREFIX, entity_key, entity_prefix, group_of_event, group_of_key, user_key
 from eventlog.errors import REQUEST_EXPIRED, SESSION_EXPIRED, from_code
@@ -129,10 +129,10 @@ class AsyncClient:
         self._rr = random.randrange(len(self.endpoints))
         self._sessions = ClientSessions(name, self._open_session)
         self.use_sessions = sessions
-        # TLS and a bearer token (epochlog/client/tls.py): given, or from the environment
-        self.tls = tls if tls is not None else ClientTls.from_env()
+        # TLS and a bearer token: given, else the environment, else the credentials `epochlog up` made
+        # for the cluster of these endpoints (epochlog/client/credentials.py)
+        self.tls, self.token = credentials.resolve(self.endpoints, tls, token)
         self._tls_context = None if self.tls is None else self.tls.context()
-        self.token = token if token is not None else os.environ.get(TOKEN_ENV, "")
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -42,7 +42,9 @@ def scheme_bases(nodes: int, rng: random.Random) -> dict[str, int]:
 
 
 def cluster_document(nodes: int, rng: random.Random, *, name: str = "test") -> dict[str, Any]:
-    """A small cluster config: 3 groups, 1 MiB segments (no GBs of preallocation), small caches."""
+    """A small cluster config: 3 groups, 1 MiB segments (no GBs of preallocation), small caches; secured
+    as configs/local-3.toml is (TLS and enforcement by default, `admin` the super user whose certificate
+    `up` makes)."""
     bases = scheme_bases(nodes, rng)
     members = [{"id": i, **{k: f"127.0.0.1:{bases[k] + i}" for k in KINDS}} for i in range(1, nodes + 1)]
     return {
@@ -50,6 +52,7 @@ def cluster_document(nodes: int, rng: random.Random, *, name: str = "test") -> d
                     "members": members},
         "log": {"segment_bytes": 1 << 20},
         "views": {"block_cache_bytes": 8 << 20, "write_buffer_bytes": 4 << 20},
+        "clients": {"access": {"super_users": ["admin"]}},
     }
 
 

@@ -22,7 +22,8 @@ import pytest
 
 from compaction.config import CleanerConfig, CompactionConfig, compaction_configs
 from controller.config import ControllerConfig, controller_config
-from epochlog.client import Client
+from epochlog.client import Client, ClientError
+from epochlog.client.tls import ClientTls
 from epochlog.access_control import AccessConfig
 from epochlog.face_tls import ClientTlsConfig
 from epochlog.server import ClientServiceConfig
@@ -90,6 +91,8 @@ def documented_keys(text: str) -> dict[tuple[str, str], str]:
 
 
 def toml_literal(value: Any) -> str:
+    if value is None:   # a key whose default another key decides (the example shows it commented out)
+        return "unset"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
@@ -154,7 +157,8 @@ def test_single_toml_serves_one_node(tmp_path, rng):
         document["cluster"]["members"][0][kind] = f"127.0.0.1:{base + 1}"
     document["log"]["segment_bytes"] = 1 << 20   # the shipped 64 MiB would preallocate 0.4 GB here
     config = write_config(tmp_path / "single.toml", document)
-    provision(tmp_path / "ca", "single", {1: tmp_path / "node-1"})   # peer TLS: the default layout
+    ca = provision(tmp_path / "ca", "single", {1: tmp_path / "node-1"})   # peer TLS: the default layout
+    admin = ca.issue_client("admin", tmp_path / "client")   # its one super user (client TLS and access are on)
     out = tmp_path / "serve.out"
     with out.open("wb") as sink:
         proc = subprocess.Popen(epochlog_argv("serve", "--config", str(config), "--node-id", "1",
@@ -166,7 +170,7 @@ def test_single_toml_serves_one_node(tmp_path, rng):
             return b"READY 1 " in out.read_bytes()
         wait_until(ready, 60, f"READY from serve (output in {out})")
         address = f"127.0.0.1:{bases['client_address'] + 1}"
-        with Client(address, timeout=20.0) as client:
+        with Client(address, timeout=20.0, tls=ClientTls(str(admin.ca), str(admin.cert), str(admin.key))) as client:
             written = client.put("single/x", b"1")
             got = client.get("single/x")
             assert got is not None and got.value == b"1" and got.version == written.offset
@@ -212,7 +216,7 @@ def test_a_wrong_key_or_value_stops_serve_with_exit_3_naming_it(tmp_path, rng):
     base["cluster"]["peer_limits"] = {}
     base["raft"] = {}
     base["controller"] = {}
-    base["clients"] = {}
+    base["clients"] = {"tls": {"enabled": False}}   # no certificates: what is checked is the config
     base["kafka"] = {}
     base["compaction"] = {"cleaner": {}}
     procs = []
@@ -247,7 +251,9 @@ def test_a_wrong_key_or_value_stops_serve_with_exit_3_naming_it(tmp_path, rng):
 
 
 def test_a_node_without_its_tls_files_refuses_to_start_with_one_line_and_exit_3(tmp_path, rng):
-    config = write_config(tmp_path / "node.toml", cluster_document(1, rng, name="tls-test"))
+    document = cluster_document(1, rng, name="tls-test")
+    document["clients"]["tls"] = {"enabled": False}   # the peer port's files alone (the faces': test below)
+    config = write_config(tmp_path / "node.toml", document)
     done = subprocess.run(epochlog_argv("serve", "--config", str(config), "--node-id", "1",
                                         "--data-dir", str(tmp_path / "n1")),
                           capture_output=True, text=True, timeout=90, cwd=ROOT, check=False)
@@ -264,9 +270,61 @@ def test_a_node_without_its_tls_files_refuses_to_start_with_one_line_and_exit_3(
     assert done.returncode == 3 and "not this node (epochlog://tls-test/node/1)" in done.stderr, done
 
 
+@pytest.mark.parametrize("peers", ["default", "insecure"])
+def test_a_node_whose_config_says_nothing_of_its_clients_refuses_to_start_without_certificates(tmp_path, rng, peers):
+    """Client TLS and enforcement are the default: without certificates, one line naming both ways out."""
+    document = cluster_document(1, rng, name="faces-test")
+    del document["clients"]   # not a word about the client faces
+    if peers == "insecure":
+        document["cluster"]["tls"] = {"insecure": True}
+    config = write_config(tmp_path / "node.toml", document)
+    done = subprocess.run(epochlog_argv("serve", "--config", str(config), "--node-id", "1",
+                                        "--data-dir", str(tmp_path / "n1")),
+                          capture_output=True, text=True, timeout=90, cwd=ROOT, check=False)
+    assert done.returncode == 3 and "READY" not in done.stdout, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0] == (f"error: config clients.tls.cert_file = '{tmp_path / 'n1' / 'tls' / 'node.crt'}': file not "
+                        "found: make the certificates (`epochlog certs init`, then `epochlog certs member`; `epochlog "
+                        "up` makes them), or set [clients.tls] enabled = false for plaintext client faces"), lines
+
+
+def test_a_node_whose_config_says_nothing_of_its_clients_serves_them_secured_once_it_has_certificates(tmp_path, rng):
+    """The same node given its member certificate: it starts, refuses a plaintext client, and warns that no
+    super user is named (a config from before the secure default would otherwise fail in silence)."""
+    document = cluster_document(1, rng, name="faces-test")
+    del document["clients"]
+    config = write_config(tmp_path / "node.toml", document)
+    provision(tmp_path / "ca", "faces-test", {1: tmp_path / "n1"})
+    err, out = tmp_path / "serve.err", tmp_path / "serve.out"
+    with err.open("wb") as sink, out.open("wb") as stdout:
+        proc = subprocess.Popen(epochlog_argv("serve", "--config", str(config), "--node-id", "1",
+                                              "--data-dir", str(tmp_path / "n1")),
+                                stdout=stdout, stderr=sink, cwd=ROOT)
+    try:
+        def ready() -> bool:
+            assert proc.poll() is None, err.read_text()
+            return "READY 1 " in out.read_text()
+        wait_until(ready, 60, f"READY from serve (stderr in {err})")
+        line = next(x for x in err.read_text().splitlines() if "super_users is empty" in x)
+        assert " WARNING " in line, line
+        with Client(document["cluster"]["members"][0]["client_address"], timeout=2.0,
+                    tls=None, token="") as plain:
+            assert plain.aio.tls is None
+            with pytest.raises(ClientError):
+                plain.status()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_insecure_peers_are_a_warning_at_start(tmp_path, rng):
     document = cluster_document(1, rng, name="insecure-test")
     document["cluster"]["tls"] = {"insecure": True}
+    document["clients"]["tls"] = {"enabled": False}   # no certificates at all: plaintext faces, said explicitly
     config = write_config(tmp_path / "node.toml", document)
     err, out = tmp_path / "serve.err", tmp_path / "serve.out"
     with err.open("wb") as sink, out.open("wb") as stdout:

@@ -27,6 +27,7 @@ import pytest
 from eventlog.raft.runtime.config import parse_address
 from tests.epochlog.local_cluster import (ROOT, cluster_document, epochlog_argv, kill_leftovers, live_node_pids,
                                           recorded_nodes, write_config)
+from tests.support.tls import provision
 
 START_S = 120.0   # a 3-node start on a loaded 2-core machine, and the waits below
 
@@ -139,7 +140,7 @@ def test_another_clusters_node_on_a_members_address_is_never_shown_as_that_membe
     document = cluster_document(3, rng)
     config = write_config(tmp_path / "cluster.toml", document)
     # The impostor: the same cluster name and node id on node 2's addresses, but its own data directory
-    # (a single-member cluster of its own, without TLS to keep the test short).
+    # (a single-member cluster of its own, without peer TLS to keep the test short).
     other = {**document, "cluster": {**document["cluster"], "members": [document["cluster"]["members"][1]],
                                      "tls": {"insecure": True}}}
     other_config = write_config(tmp_path / "other.toml", other)
@@ -149,6 +150,8 @@ def test_another_clusters_node_on_a_members_address_is_never_shown_as_that_membe
         started = recorded_nodes(data_dir)[2]["pid"]
         os.kill(started, signal.SIGKILL)
         seen = up.wait_for(rf"node 2 \(pid {started}\) is down").end()
+        # Its faces speak TLS with a member certificate of the same CA, so `up`'s client gets its answer.
+        provision(data_dir / "ca", "test", {2: tmp_path / "other-node-2"})
         impostor = up.start("serve", "--config", str(other_config), "--node-id", "2",
                             "--data-dir", str(tmp_path / "other-node-2"), log=tmp_path / "other.out")
         _ready(tmp_path / "other.out", impostor)

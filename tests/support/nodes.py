@@ -68,6 +68,9 @@ from tests.support.wait import wait_until
 T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[2]
+PLAINTEXT_CLIENTS: dict[str, object] = {"tls": {"enabled": False}}
+"""What the harness writes unless a test's `clients` gives its own `tls`: plaintext client faces, said
+explicitly (a node whose config says nothing serves TLS with enforcement: epochlog/server.py)."""
 START_TIMEOUT_S = 30.0      # process start to READY (python start-up, imports, RocksDB and logs opened)
 STOP_TIMEOUT_S = 10.0       # SIGTERM to exit
 
@@ -111,7 +114,8 @@ class NodeCluster:
     sub-table: `cluster={"peer_limits": {...}}`), `raft`, `log`, `views`, `clients`, `compaction`,
     `controller` and `kafka_config` (the `[kafka]` section) are extra keys of those sections (a dict value
     is a sub-table: `compaction={"cleaner": {...}}` is `[compaction.cleaner]`); `node_raft` overrides
-    `[raft]` keys for single nodes. `grpc` and `kafka` give every member a gRPC or a Kafka address too.
+    `[raft]` keys for single nodes. The client faces are plaintext, written as `[clients.tls] enabled =
+    false`, unless `clients` has its own `tls` table (tests/support/secured.py: TLS and enforcement). `grpc` and `kafka` give every member a gRPC or a Kafka address too.
     Logs get 1 MiB segments and the views small caches unless told otherwise (the defaults would cost
     each node hundreds of MiB). `env` adds environment variables to every process started. `module` is
     what runs as `python -m <module> serve ...` (bench/raft_node.py for the Raft benchmark), with
@@ -141,7 +145,7 @@ class NodeCluster:
         self.raft = dict(raft or {})
         self.log = {"segment_bytes": 1 << 20, **(log or {})}
         self.views = {"block_cache_bytes": 8 << 20, "write_buffer_bytes": 4 << 20, **(views or {})}
-        self.clients = dict(clients or {})
+        self.clients = {**PLAINTEXT_CLIENTS, **(clients or {})}
         self.compaction = dict(compaction or {})
         self.controller = dict(controller or {})
         self.kafka_config = dict(kafka_config or {})

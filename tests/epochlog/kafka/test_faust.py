@@ -4,7 +4,8 @@ The worker (a real `python -m examples.live_brokers worker` process, aiokafka un
 `__metadata` in a consumer group, creates its changelog topic with CreateTopics (hosted in the kv
 group) and keeps its table in RocksDB. The test registers brokers through the controller, shuts one
 down, and checks the table in RocksDB once the worker stopped; then a second worker with an empty
-data directory rebuilds the same table from the changelog topic alone.
+data directory rebuilds the same table from the changelog topic alone; then the same over SSL against a
+cluster with client TLS and enforcement, the worker presenting the admin certificate it finds.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from statemachines.brokers import new_incarnation
 from epochlog.api import messages as p
 from epochlog.client import AsyncClient
 from epochlog.client.broker import DEFAULT_CLUSTER, ControllerClient
+from epochlog.client.credentials import kafka_python_options, kafka_tls
 from examples.live_brokers import CHANGELOG, live_brokers
 from tests.epochlog.kafka.test_docs import faust_command
 from tests.support.nodes import NodeCluster, ROOT
+from tests.support.secured import secured_cluster
 from tests.support.wait import wait_until
 
 EXPECTED = {f"{DEFAULT_CLUSTER}/broker-a": ["a-0", "a-2"], f"{DEFAULT_CLUSTER}/broker-b": ["b-0"]}
@@ -72,6 +75,19 @@ def test_a_faust_app_keeps_live_brokers_in_rocksdb_and_recovers_them_from_its_ch
     cluster.start()
     for group in ("metadata", "offsets", "kv"):
         cluster.leader(group)
+    _keeps_and_recovers(cluster, tmp_path)
+
+
+def test_the_faust_app_runs_over_ssl_with_the_admin_certificate_of_the_environment(tmp_path: Path) -> None:
+    """A cluster secured as `epochlog up` makes it (client TLS, enforcement, an admin super user): the
+    same worker, unchanged, finds the admin certificate (EPOCHLOG_TLS_*) and speaks SSL with it."""
+    with secured_cluster(tmp_path / "cluster", "faust-secured", kafka=True,
+                         controller={"heartbeat_timeout_ms": 600_000}) as cluster:
+        assert kafka_tls(cluster.bootstrap) is not None
+        _keeps_and_recovers(cluster, tmp_path)
+
+
+def _keeps_and_recovers(cluster: NodeCluster, tmp_path: Path) -> None:
     first = Worker(cluster, tmp_path / "faust-1", tmp_path / "faust-1.log")
     try:
         first.wait_ready()
@@ -100,7 +116,8 @@ def _changelog_has(cluster: NodeCluster, expected: dict[str, list[str]]) -> bool
     from kafka import KafkaConsumer, TopicPartition
 
     tp = TopicPartition(CHANGELOG, 0)
-    consumer = KafkaConsumer(bootstrap_servers=cluster.bootstrap, enable_auto_commit=False)
+    consumer = KafkaConsumer(bootstrap_servers=cluster.bootstrap, enable_auto_commit=False,
+                             **kafka_python_options(cluster.bootstrap))
     try:
         consumer.assign([tp])
         consumer.seek_to_beginning(tp)

@@ -21,7 +21,7 @@ from tests.support.nodes import NodeCluster
 @pytest.fixture(scope="module")
 def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> NodeCluster:
     root = tmp_path_factory.mktemp("tls-cluster")
-    cluster = NodeCluster(root, size=1, seed=7, clients={"tls": {"enabled": True}})
+    cluster = NodeCluster(root, size=1, seed=7, clients={"tls": {"enabled": True}, "access": {"enforce": False}})
     mp = pytest.MonkeyPatch()
     mp.setenv(CA_ENV, str(root / "ca" / "ca.crt"))   # the harness's own SDK clients speak TLS too
     try:
