@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -136,7 +137,9 @@ def epochlog_config(path: Path, ports: list[int], *, peer_tls: bool = True) -> l
 
 
 def run_epochlog(case: tuple[str, str, int, int, list[str], list[str]], n: int, scratch: Path, *,
-                 peer_tls: bool = True) -> dict[str, object]:
+                 peer_tls: bool = True, tree: Path = ROOT) -> dict[str, object]:
+    """One fresh 3-node cluster loaded with `case`; nodes and load generator run the source in `tree`
+    (bench/build_ab.py passes another build's)."""
     label, workload, conc, _, _, our_args = case
     data = scratch / f"epochlog-{label}-{'tls' if peer_tls else 'plain'}"
     data.mkdir(parents=True)
@@ -147,7 +150,7 @@ def run_epochlog(case: tuple[str, str, int, int, list[str], list[str]], n: int, 
     try:
         for i in (1, 2, 3):
             procs.append(subprocess.Popen([py, "-m", "epochlog", "serve", "--config", str(config), "--node-id", str(i),
-                                           "--data-dir", str(data / f"node-{i}")], cwd=ROOT,
+                                           "--data-dir", str(data / f"node-{i}")], cwd=tree,
                                           stdout=subprocess.PIPE, stderr=open(data / f"node-{i}.log", "wb")))
         for proc in procs:
             assert proc.stdout is not None
@@ -157,12 +160,12 @@ def run_epochlog(case: tuple[str, str, int, int, list[str], list[str]], n: int, 
         out = subprocess.run([py, "-m", "bench.node_load", "--endpoints", ",".join(endpoints), "--workload", workload,
                               "-c", str(conc), "--n", str(n), "--max-seconds", "60", "--label", label,
                               "--server-pids", ",".join(str(p.pid) for p in procs), *our_args],
-                             cwd=ROOT, capture_output=True, text=True, timeout=300)
+                             cwd=tree, capture_output=True, text=True, timeout=300)
         if out.returncode != 0:
             tails = "".join(f"\n--- node-{i}.log:\n" + (data / f"node-{i}.log").read_text(errors="replace")[-1500:]
                             for i in (1, 2, 3))
             raise RuntimeError(f"bench.node_load failed ({out.returncode}):\n{out.stderr[-3000:]}{tails}")
-        return last_json_line(out.stdout)
+        return {**last_json_line(out.stdout), "leader_changes": leader_changes(data)}
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -173,6 +176,16 @@ def run_epochlog(case: tuple[str, str, int, int, list[str], list[str]], n: int, 
                 proc.kill()
                 proc.wait()
         shutil.rmtree(data, ignore_errors=True)
+
+
+def leader_changes(data: Path) -> dict[str, int]:
+    """Per group, how many times its leadership changed after the first leader (the nodes' INFO lines
+    'group G: node N leads in term T', read from every node's log): 0 when no election interrupted it."""
+    terms: dict[str, set[int]] = {}
+    for log_file in data.glob("node-*.log"):
+        for m in re.finditer(r"group (\S+): node \d+ leads in term (\d+)", log_file.read_text(errors="replace")):
+            terms.setdefault(m.group(1), set()).add(int(m.group(2)))
+    return {group: len(seen) - 1 for group, seen in sorted(terms.items())}
 
 
 def table(rows: list[tuple[str, dict[str, object], dict[str, object]]]) -> str:
@@ -248,11 +261,14 @@ def report(rows: list[tuple[str, dict[str, object], dict[str, object]]], args: a
     print(body)
     if args.no_write:
         return
-    cpu = ["| case | etcd client / server CPU us per call | Epochlog client / server CPU us per call |",
-           "|---|---:|---:|"]
+    cpu = ["| case | etcd client / server CPU us per call | Epochlog client / server CPU us per call | "
+           "Epochlog leader changes (etcd: leader changed?) |", "|---|---:|---:|---|"]
     for label, etcd, ours in rows:
+        changes = ours.get("leader_changes")
         cpu.append(f"| {label} | {etcd.get('client_cpu_us_per_rpc')} / {etcd.get('server_cpu_us_per_rpc')} | "
-                   f"{ours.get('client_cpu_us_per_rpc')} / {ours.get('server_cpu_us_per_rpc')} |")
+                   f"{ours.get('client_cpu_us_per_rpc')} / {ours.get('server_cpu_us_per_rpc')} | "
+                   f"{'?' if changes is None else ', '.join(f'{g} {n}' for g, n in changes.items())} "  # type: ignore[union-attr]
+                   f"({etcd.get('leader_changed', '?')}) |")
     loadavg = Path("/proc/loadavg").read_text().split()[:3]
     write_section("vs-etcd", body + "\n\n" + "\n".join(cpu) +
                   f"\n\nFresh 3-node clusters per case and system; one client process each "

@@ -94,6 +94,7 @@ class AccessControl:
         self._seen: tuple[object, int] | None = None          # (applier, its access_changes) the caches hold
         self._principals: dict[str, Principal] = {}
         self._tokens: dict[str, tuple[str, int]] = {}         # token -> (user, expires_ms; 0: never)
+        self._users: dict[str, bool] = {}                     # SASL name -> whether it is a user
 
     # --- who ------------------------------------------------------------------------------------
 
@@ -103,6 +104,9 @@ class AccessControl:
         if caller.node is not None:
             return Principal(f"{NODE_PREFIX}{caller.node}", NODE_GRANTS)
         name = caller.authenticated or caller.certificate
+        if caller.authenticated is not None and not self._is_user(caller.authenticated):
+            # SASL authenticates a connection once: a user removed since ends it at its next request.
+            raise AuthenticationError(f"authentication failed: user {caller.authenticated} was removed")
         if name is None and caller.token:
             name = self._token_user(caller.token)
         if name is None:
@@ -116,6 +120,7 @@ class AccessControl:
         if seen != self._seen:
             self._principals.clear()
             self._tokens.clear()
+            self._users.clear()
             self._seen = seen
         return views
 
@@ -130,6 +135,13 @@ class AccessControl:
                 grants |= {Grant(Role.ADMIN)}
             principal = self._principals[name] = Principal(name, grants)
         return principal
+
+    def _is_user(self, name: str) -> bool:
+        self._fresh()
+        known = self._users.get(name)
+        if known is None:
+            known = self._users[name] = self.user(name) is not None
+        return known
 
     def _token_user(self, token: str) -> str:
         views = self._fresh()

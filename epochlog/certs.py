@@ -4,7 +4,8 @@ Files (PEM; keys are written 0600, in directories created 0700):
 
     <ca dir>/ca.crt, ca.key           the cluster CA (`init`); in production keep ca.key off the nodes
     <out>/ca.crt                      a copy of the CA certificate, next to every certificate issued
-    <out>/node.crt, node.key          a member (`member`): SAN URI epochlog://<cluster>/node/<id>
+    <out>/node.crt, node.key          a member (`member`): SAN URI epochlog://<cluster>/node/<id>, and
+                                      SAN DNS node-<id>: the name a stock TLS client (gRPC) checks
     <out>/<name>.crt, <name>.key      a client (`client`): SAN URI epochlog://<cluster>/client/<name>
 
 A member's `<out>` defaults to `<node data dir>/tls`, which is where `[cluster.tls]` looks by
@@ -175,7 +176,7 @@ class ClusterCA:
     # --- issuing -------------------------------------------------------------------------------
 
     def _issue(self, identity: Identity, common_name: str, usages: list[x509.ObjectIdentifier], days: int,
-               ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+               dns_names: tuple[str, ...] = ()) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
         key = ec.generate_private_key(ec.SECP256R1())
         now = _now()
         not_after = min(now + datetime.timedelta(days=days), self.cert.not_valid_after_utc)
@@ -191,8 +192,8 @@ class ClusterCA:
                                              key_cert_sign=False, crl_sign=False, encipher_only=False,
                                              decipher_only=False), critical=True)
                 .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-                .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(identity.uri)]),
-                               critical=False)
+                .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(identity.uri),
+                                                            *map(x509.DNSName, dns_names)]), critical=False)
                 .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
                 .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
                                critical=False)
@@ -216,8 +217,11 @@ class ClusterCA:
         """`issue_member` to the paths of `files` (a [cluster.tls] with other file names)."""
         if node_id < 1:
             raise CertsError(f"node id {node_id}: must be a positive integer")
+        # The DNS name node-<id>: clients that check a server's name (RFC 6125: in the SAN, never the
+        # common name) check it when told which node they dial (gRPC: ssl_target_name_override).
         cert, key = self._issue(node_identity(self.cluster, node_id), f"node-{node_id}",
-                                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH], days)
+                                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH], days,
+                                dns_names=(f"node-{node_id}",))
         return self._save(files, cert, key)
 
     def issue_client(self, name: str, out: str | Path, *, days: int = LEAF_DAYS) -> IssuedFiles:

@@ -139,6 +139,7 @@ def acl_group() -> None:
     admin | auditor                      (no resource)
     writer | reader  kv:<key prefix>     kv keys whose name starts with the prefix
     writer | reader  topic:<name>|<prefix>*|*
+    writer | reader  group:<name>|<prefix>*|*  a Kafka consumer group: join it, commit and fetch its offsets
     broker           <cluster>/<group>/<name>
     """
 

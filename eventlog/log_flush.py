@@ -30,6 +30,7 @@ from eventlog.config import LogConfig
 from eventlog.errors import LogError
 from eventlog.fileutil import io_error
 from eventlog.log_segments import LogSegments
+from eventlog.segment import Segment
 
 DurabilityListener = Callable[[int], None]
 
@@ -143,6 +144,14 @@ class LogFlusher:
 
     def _run(self) -> None:
         """The group-commit / interval flusher thread."""
+        held: list[tuple[Segment, int]] = []   # the segment it syncs, with its own copy of the segment's fd
+        try:
+            self._flush_until_closed(held)
+        finally:
+            for _, fd in held:
+                os.close(fd)
+
+    def _flush_until_closed(self, held: list[tuple[Segment, int]]) -> None:
         log = self._log
         interval = self._interval_s
         while True:
@@ -160,7 +169,13 @@ class LogFlusher:
                 generation = log._generation
                 seg = log._segments.active
                 assert seg.fd is not None
-                fd = os.dup(seg.fd)  # the segment may be sealed or deleted while we sync
+                if not held or held[0][0] is not seg:
+                    # Its own copy, duplicated once per segment (not per sync): the segment may be sealed
+                    # or deleted while it syncs. Closed when the next segment is synced, or on exit.
+                    if held:
+                        os.close(held.pop()[1])
+                    held.append((seg, os.dup(seg.fd)))
+                fd = held[0][1]
             started = time.perf_counter()
             try:
                 os.fdatasync(fd)
@@ -169,8 +184,6 @@ class LogFlusher:
                     log._fail(io_error(f"fdatasync of {seg.path}", exc))
                 self.notify_listeners()  # listeners check `failure`: nobody may wait on this log forever
                 return
-            finally:
-                os.close(fd)
             log._synced(started)
             with self._lock:
                 # Older segments were synced when they were sealed, so everything below `target`

@@ -11,7 +11,10 @@ in the kv group), so a restarted worker recovers it.
 
 Against a cluster whose client faces speak TLS (the default), the worker connects over SSL with the
 admin certificate `epochlog up` made (found by its Kafka addresses), or with EPOCHLOG_TLS_CA,
-EPOCHLOG_TLS_CERT and EPOCHLOG_TLS_KEY when they are set.
+EPOCHLOG_TLS_CERT and EPOCHLOG_TLS_KEY when they are set. With EPOCHLOG_KAFKA_USER set it is that user
+instead, over SASL_SSL: EPOCHLOG_KAFKA_PASSWORD, EPOCHLOG_KAFKA_MECHANISM (default SCRAM-SHA-256), the
+same CA. The user needs: auditor (it reads `__metadata`), writer topic:epochlog-live-brokers-* (its
+changelog and leader topics, which it creates), reader group:epochlog-live-brokers (its consumer group).
 
 Read the table with `live_brokers(...)` below (the worker must be stopped: RocksDB is locked while it
 runs), or tail its changelog topic `epochlog-live-brokers-live_brokers-changelog`.
@@ -21,12 +24,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import faust
 
 from epochlog.client.credentials import kafka_tls
+from epochlog.client.tls import ClientTls
 from statemachines import events as ev
 
 APP_ID = "epochlog-live-brokers"
@@ -36,14 +41,31 @@ LIVE = (ev.BrokerRegistered, ev.BrokerUnfenced)
 GONE = (ev.BrokerFenced, ev.BrokerUnregistered)
 
 
-def make_app(bootstrap: list[str], datadir: str | Path) -> faust.App:
-    # A secured cluster's listener speaks SSL: the credential of the environment (EPOCHLOG_TLS_*), else the
-    # admin certificate `epochlog up` made for the cluster of these Kafka addresses (docs/security.md).
+USER_ENV, PASSWORD_ENV, MECHANISM_ENV = "EPOCHLOG_KAFKA_USER", "EPOCHLOG_KAFKA_PASSWORD", "EPOCHLOG_KAFKA_MECHANISM"
+
+
+def broker_credentials(bootstrap: list[str], env: Mapping[str, str] = os.environ) -> Any:
+    """A secured cluster's listener speaks SSL: SASL_SSL as EPOCHLOG_KAFKA_USER when it is set, else SSL with
+    the credential of the environment (EPOCHLOG_TLS_*) or the admin certificate `epochlog up` made for the
+    cluster of these Kafka addresses (docs/security.md); None for a plaintext listener."""
     tls = kafka_tls(bootstrap)
+    user = env.get(USER_ENV)
+    if not user:
+        return None if tls is None else faust.SSLCredentials(tls.context())
+    if tls is None:
+        raise SystemExit(f"{USER_ENV} is set but no cluster CA is known: set EPOCHLOG_TLS_CA")
+    # The CA alone: the connection is the user's, not a certificate's. Brokers are dialed by the addresses
+    # Metadata lists; the certificates name nodes (node-<id>): the chain is checked, the name is not.
+    return faust.SASLCredentials(username=user, password=env[PASSWORD_ENV],
+                                 ssl_context=ClientTls(tls.ca_file).context(),
+                                 mechanism=env.get(MECHANISM_ENV, "SCRAM-SHA-256"))
+
+
+def make_app(bootstrap: list[str], datadir: str | Path) -> faust.App:
     app = faust.App(
         APP_ID,
         broker=[f"kafka://{address}" for address in bootstrap],
-        broker_credentials=None if tls is None else faust.SSLCredentials(tls.context()),
+        broker_credentials=broker_credentials(bootstrap),
         store="rocksdb://",
         datadir=str(datadir),
         topic_partitions=1,              # __metadata has one partition; the table is co-partitioned with it

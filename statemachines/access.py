@@ -15,6 +15,8 @@ Resources are strings:
                              reach is allowed, judged from the prefix alone (conservative)
     log/<group>              a group's whole log (read_events, a watch of a whole group, Kafka __<group>)
     kafka-topic/<name>       a Kafka topic hosted by the Kafka face
+    kafka-group/<id>         a Kafka consumer group: READ to find its coordinator and fetch its offsets, WRITE
+                             to be one of its members (join, sync, heartbeat, leave) and commit its offsets
     broker/<c>/<g>/<n>       a broker's own calls (operation BROKER)
     cluster                  the cluster's description (DESCRIBE), its operation (ADMIN), the nodes'
                              operational detail (INSPECT)
@@ -35,7 +37,7 @@ credential runs the whole demo); the auditor reads everything and changes nothin
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from eventlog.errors import AuthenticationError, PermissionDeniedError  # noqa: F401 - rows of the one error table
@@ -51,6 +53,8 @@ class Operation(StrEnum):
     READ_LOG = "read_log"        # a group's whole log
     APPEND_LOG = "append_log"    # records appended to a group's log as they are (Kafka produce to __<group>)
     DESCRIBE = "describe"        # the cluster's shape: status, members, routes, brokers, ping
+    IDEMPOTENT_WRITE = "idempotent_write"   # a Kafka producer id (Kafka's IdempotentWrite on the cluster)
+    CREATE = "create"            # a Kafka topic made by CreateTopics (Kafka's Create on the topic)
     INSPECT = "inspect"          # the nodes' operational detail: compaction status, /metrics
     ADMIN = "admin"              # membership, leader transfer, snapshot, group skip
     BROKER = "broker"            # a broker's own calls to the controller
@@ -61,13 +65,27 @@ class Operation(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Principal:
     """Who a connection authenticated as, and what the ACLs grant it (frozen: one per connection and
-    ACL version). The empty name is the anonymous principal, which holds no grant."""
+    ACL version). The empty name is the anonymous principal, which holds no grant.
+
+    `roles` and the kv prefixes are derived once at construction: `decide` runs for every record a
+    Kafka producer sends, so it reads them instead of scanning the grants each time."""
 
     name: str
     grants: frozenset[Grant] = frozenset()
+    roles: frozenset[Role] = field(init=False, compare=False, repr=False)
+    kv_writes: tuple[str, ...] = field(init=False, compare=False, repr=False)   # writer kv: prefixes
+    kv_reads: tuple[str, ...] = field(init=False, compare=False, repr=False)    # reader or writer kv: prefixes
+
+    def __post_init__(self) -> None:
+        def prefixes(*roles: Role) -> tuple[str, ...]:
+            return tuple(p for g in self.grants if g.role in roles and (p := g.kv_prefix()) is not None)
+
+        object.__setattr__(self, "roles", frozenset(g.role for g in self.grants))
+        object.__setattr__(self, "kv_writes", prefixes(Role.WRITER))
+        object.__setattr__(self, "kv_reads", prefixes(Role.READER, Role.WRITER))
 
     def has(self, role: Role) -> bool:
-        return any(g.role is role for g in self.grants)
+        return role in self.roles
 
     def scoped(self, *roles: Role) -> Iterable[Grant]:
         return (g for g in self.grants if g.role in roles)
@@ -164,10 +182,17 @@ def decide(principal: Principal, action: Action) -> Decision:
         return ALLOWED
     if op is Operation.DESCRIBE:
         return ALLOWED
+    if op is Operation.IDEMPOTENT_WRITE:   # Kafka (KIP-679): a Write grant on any topic implies it
+        return _role(principal, Role.WRITER, "needs admin or a writer grant")
     if op in (Operation.INSPECT, Operation.READ_LOG):
         return _role(principal, Role.AUDITOR, "needs admin or auditor")
     if op is Operation.ADMIN:
         return Decision(False, "needs admin")
+    if op is Operation.CREATE:   # as Kafka's prefixed Create ACL: an app makes its own topics (Faust's changelogs)
+        kind, rest = _kind(action)
+        if kind == "kafka-topic" and _topic(principal, rest, (Role.WRITER,)):
+            return ALLOWED
+        return Decision(False, "needs admin, or a writer grant on the topic")
     if op is Operation.BROKER:
         bound = action.resource.removeprefix("broker/")
         if any(g.resource == bound for g in principal.scoped(Role.BROKER)):
@@ -191,12 +216,19 @@ def _kind(action: Action) -> tuple[str | None, str]:
     return (kind, rest) if sep else (None, "")
 
 
-def _kv(principal: Principal, name: str, roles: tuple[Role, ...]) -> bool:
-    return any(p is not None and name.startswith(p) for p in (g.kv_prefix() for g in principal.scoped(*roles)))
+def _kv(name: str, prefixes: tuple[str, ...]) -> bool:
+    return name.startswith(prefixes) if prefixes else False
+
+
+READERS = (Role.READER, Role.WRITER)
 
 
 def _topic(principal: Principal, topic: str | None, roles: tuple[Role, ...]) -> bool:
     return topic is not None and any(g.covers_topic(topic) for g in principal.scoped(*roles))
+
+
+def _group(principal: Principal, group_id: str) -> bool:
+    return any(g.covers_group(group_id) for g in principal.scoped(*READERS))
 
 
 def _offset_topic(action: Action, rest: str) -> str | None:
@@ -207,18 +239,17 @@ def _offset_topic(action: Action, rest: str) -> str | None:
     return parts[1]
 
 
-READERS = (Role.READER, Role.WRITER)
-
-
 def _read(principal: Principal, action: Action) -> Decision:
     kind, rest = _kind(action)
     if kind in ROUTE_KINDS:
         return ALLOWED
-    if kind == "kv" and _kv(principal, rest, READERS):
+    if kind == "kv" and _kv(rest, principal.kv_reads):
         return ALLOWED
     if kind == "kafka-topic" and not action.prefix and _topic(principal, rest, READERS):
         return ALLOWED
     if kind == "offset" and _topic(principal, _offset_topic(action, rest), READERS):
+        return ALLOWED
+    if kind == "kafka-group" and not action.prefix and _group(principal, rest):
         return ALLOWED
     if kind in ("lease", "session") and principal.has(Role.WRITER):
         return ALLOWED
@@ -228,12 +259,14 @@ def _read(principal: Principal, action: Action) -> Decision:
 def _write(principal: Principal, action: Action) -> Decision:
     assert not action.prefix, action
     kind, rest = _kind(action)
-    if kind == "kv" and _kv(principal, rest, (Role.WRITER,)):
+    if kind == "kv" and _kv(rest, principal.kv_writes):
         return ALLOWED
     if kind == "kafka-topic" and _topic(principal, rest, (Role.WRITER,)):
         return ALLOWED
     if kind == "offset" and _topic(principal, _offset_topic(action, rest), READERS):
         return ALLOWED    # a consumer commits its own offsets (Kafka: Read on the topic)
+    if kind == "kafka-group" and _group(principal, rest):
+        return ALLOWED    # a consumer group's member (Kafka: Read on the group)
     if kind in ("lease", "session") and principal.has(Role.WRITER):
         return ALLOWED
     if kind == "client-session":
@@ -246,6 +279,7 @@ def _needs(kind: str | None, what: str) -> str:
               else "a reader or writer grant on a kv prefix covering it",
               "kafka-topic": f"a {'writer' if what == 'write' else 'reader or writer'} grant on the topic",
               "offset": "a reader or writer grant on the offset's topic",
+              "kafka-group": "a reader or writer grant on the consumer group",
               "lease": "a writer grant", "session": "a writer grant"}
     extra = scoped.get(kind or "")
     base = "needs admin" if what == "write" else "needs admin or auditor"

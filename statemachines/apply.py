@@ -124,26 +124,39 @@ class _CannotApply(Exception):
 
 
 class Overlay:
-    """Pending writes over the store (or a parent overlay): reads see them before they are written."""
+    """Pending writes over the store (or a parent overlay): reads see them before they are written.
+
+    Writes are kept per column family, so a scan merges only its own family's pending writes: with
+    every write of an apply call in one dict, each scan walked all of them (a client session's
+    `_forget` per request, and the expiries per entry: quadratic in the entries of a call)."""
 
     def __init__(self, store: ViewStore, parent: Overlay | None = None) -> None:
         self.store = store
         self.parent = parent
-        self.writes: dict[tuple[str, bytes], bytes | None] = {}
+        self.writes: dict[str, dict[bytes, bytes | None]] = {}   # column family -> key -> value (None: deleted)
 
     def get(self, cf: str, key: bytes) -> bytes | None:
-        hit = self.writes.get((cf, key), _MISSING)
-        if hit is not _MISSING:
-            return hit  # type: ignore[return-value]
-        if self.parent is not None:
-            return self.parent.get(cf, key)
+        layer: Overlay | None = self
+        while layer is not None:
+            pending = layer.writes.get(cf)
+            if pending is not None:
+                hit = pending.get(key, _MISSING)
+                if hit is not _MISSING:
+                    return hit  # type: ignore[return-value]
+            layer = layer.parent
         return self.store.get(cf, key)
 
     def put(self, cf: str, key: bytes, value: bytes) -> None:
-        self.writes[(cf, key)] = value
+        pending = self.writes.get(cf)
+        if pending is None:
+            pending = self.writes[cf] = {}
+        pending[key] = value
 
     def delete(self, cf: str, key: bytes) -> None:
-        self.writes[(cf, key)] = None
+        pending = self.writes.get(cf)
+        if pending is None:
+            pending = self.writes[cf] = {}
+        pending[key] = None
 
     def scan(self, cf: str, start: bytes, end: bytes | None, limit: int | None = None) -> list[tuple[bytes, bytes]]:
         """Live keys in [start, end), pending writes merged over the store, in key order: the first
@@ -161,18 +174,25 @@ class Overlay:
             chain.append(layer)
             layer = layer.parent
         for layer in reversed(chain):  # inner layers' writes win
-            for (c, k), v in layer.writes.items():
-                if c == cf and k >= start and (end is None or k < end):
+            for k, v in layer.writes.get(cf, _NONE).items():
+                if k >= start and (end is None or k < end):
                     merged[k] = v
         live = [(k, v) for k, v in sorted(merged.items()) if v is not None]
         return live if limit is None else live[:limit]
 
     def commit_to_parent(self) -> None:
-        assert self.parent is not None
-        self.parent.writes.update(self.writes)
+        parent = self.parent
+        assert parent is not None
+        for cf, pending in self.writes.items():
+            into = parent.writes.get(cf)
+            if into is None:
+                parent.writes[cf] = pending
+            else:
+                into.update(pending)
         self.writes = {}
 
 
+_NONE: dict[bytes, bytes | None] = {}
 _MISSING = object()
 
 
@@ -264,13 +284,14 @@ class Applier:
         if not entries or applied == store.applied:
             return outcomes
         wb = store.new_batch()
-        for (cf, key), value in batch_ov.writes.items():
-            if cf == META:
-                store.put_meta(wb, key, value or b"")
-            elif value is None:
-                store.delete(wb, cf, key)
-            else:
-                store.put(wb, cf, key, value)
+        for cf, pending in batch_ov.writes.items():
+            for key, value in pending.items():
+                if cf == META:
+                    store.put_meta(wb, key, value or b"")
+                elif value is None:
+                    store.delete(wb, cf, key)
+                else:
+                    store.put(wb, cf, key, value)
         store.put_meta(wb, APPLIED, encode_offset(applied))
         store.put_meta(wb, DIGEST, digest)
         store.write(wb)
@@ -438,13 +459,17 @@ def _tag(event: ev.Event) -> str:
     return type(event).__struct_config__.tag  # type: ignore[return-value]
 
 
-def _chain(digest: bytes, offset: int, writes: dict[tuple[str, bytes], bytes | None]) -> bytes:
+def _chain(digest: bytes, offset: int, writes: dict[str, dict[bytes, bytes | None]]) -> bytes:
+    """The digest after an entry whose writes are `writes`: its mutations in (family, key) order."""
     h = hashlib.sha256(digest)
     h.update(encode_offset(offset))
-    for (cf, key) in sorted(writes):
-        value = writes[(cf, key)]
-        h.update(cf.encode() + b"\x00" + len(key).to_bytes(4, "big") + key)
-        h.update(b"\x01" + len(value).to_bytes(4, "big") + value if value is not None else b"\x00")
+    for cf in sorted(writes):
+        pending = writes[cf]
+        prefix = cf.encode() + b"\x00"
+        for key in sorted(pending):
+            value = pending[key]
+            h.update(prefix + len(key).to_bytes(4, "big") + key)
+            h.update(b"\x01" + len(value).to_bytes(4, "big") + value if value is not None else b"\x00")
     return h.digest()
 
 

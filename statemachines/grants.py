@@ -7,8 +7,12 @@ A grant is a role and, for the scoped roles, the one resource it is scoped to:
     writer    kv:<prefix>         write and read kv keys whose name starts with <prefix> ("" = every key)
               topic:<name>        produce to and read the Kafka topic <name>, commit and read its consumer
               topic:<prefix>*     offsets, read its route; "topic:*" = every topic
+              group:<id>          be a member of the Kafka consumer group <id> (join, sync, heartbeat, leave,
+              group:<prefix>*     commit and fetch its offsets: Kafka's Read on a group); "group:*" = every
+                                  group. Committing a topic's offsets also needs reading the topic.
     reader    kv:<prefix>         read those kv keys
               topic:<name>        read those topics, commit and read their consumer offsets
+              group:<id>          as for writer: a consumer needs its group as much as its topics
     broker    <cluster>/<group>/<name>
                                   act as that one broker: its registration, heartbeats, SyncStateSet reports
                                   and controlled shutdown, nothing of another broker's
@@ -65,10 +69,17 @@ class Grant:
 
     def covers_topic(self, topic: str) -> bool:
         """Whether this (writer or reader) grant is scoped to the topic `topic`."""
-        if not self.resource.startswith("topic:"):
+        return self._covers("topic:", topic)
+
+    def covers_group(self, group_id: str) -> bool:
+        """Whether this (writer or reader) grant is scoped to the Kafka consumer group `group_id`."""
+        return self._covers("group:", group_id)
+
+    def _covers(self, kind: str, name: str) -> bool:
+        if not self.resource.startswith(kind):
             return False
-        pattern = self.resource[6:]
-        return topic.startswith(pattern[:-1]) if pattern.endswith("*") else topic == pattern
+        pattern = self.resource[len(kind):]
+        return name.startswith(pattern[:-1]) if pattern.endswith("*") else name == pattern
 
     def __str__(self) -> str:
         return f"{self.role.value}:{self.resource}" if self.resource else self.role.value
@@ -95,13 +106,14 @@ def parse_grant(role: str, resource: str = "") -> Grant:
         if resource:
             raise GrantSyntaxError(f"role {r.value} covers everything it may do: it takes no resource")
     elif r in (Role.WRITER, Role.READER):
-        if resource.startswith("topic:"):
-            pattern = resource[6:]
+        kind, sep, pattern = resource.partition(":")
+        if kind in ("topic", "group"):
             name = pattern[:-1] if pattern.endswith("*") else pattern
-            if pattern != "*" and not _TOPIC.match(name):
-                raise GrantSyntaxError(f"topic {pattern!r}: a topic name, a name prefix ending in '*', or '*'")
-        elif not resource.startswith("kv:"):
-            raise GrantSyntaxError(f"role {r.value} is scoped: kv:<key prefix> or topic:<name>|<prefix>*|*")
+            if pattern != "*" and not (_TOPIC if kind == "topic" else _NAME).match(name):
+                raise GrantSyntaxError(f"{kind} {pattern!r}: a {kind} name, a name prefix ending in '*', or '*'")
+        elif kind != "kv" or not sep:
+            raise GrantSyntaxError(f"role {r.value} is scoped: kv:<key prefix>, topic:<name>|<prefix>*|* or "
+                                   f"group:<consumer group>|<prefix>*|*")
     else:   # broker
         parts = resource.split("/")
         if len(parts) != 3 or not all(_NAME.match(x) for x in parts):

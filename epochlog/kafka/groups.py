@@ -16,6 +16,13 @@ A node that does not lead `offsets` answers NOT_COORDINATOR; when it loses leade
 changes, its in-memory groups are dropped and pending joins fail with NOT_COORDINATOR (clients look
 the coordinator up again and the new one loads the groups from the views).
 
+Access (epochlog/kafka/sasl.py, with enforcement): a group is the resource `kafka-group/<id>`, as Kafka's
+Group resource. FindCoordinator and OffsetFetch read it, JoinGroup, SyncGroup, Heartbeat, LeaveGroup
+and OffsetCommit write it (a member's acts): refused, GROUP_AUTHORIZATION_FAILED. Committing or fetching
+a topic's offsets also needs reading the topic: TOPIC_AUTHORIZATION_FAILED for its partitions (and an
+OffsetFetch of every topic leaves out those the caller may not read). Commits are signed with the
+caller's name.
+
 Not kept: offset commit metadata strings and committed leader epochs (OffsetFetch answers "" and
 -1), static membership (group.instance.id is recorded, not used to skip rebalances).
 
@@ -62,6 +69,7 @@ from epochlog.kafka import errors as ke
 from epochlog.kafka.config import KafkaServiceConfig
 from epochlog.kafka.errors import KafkaError, kafka_code
 from statemachines import events as ev
+from statemachines.access import Action, Operation
 from statemachines.query import MAX_LIMIT, Query
 from statemachines.state import KafkaGroupState, OffsetState
 
@@ -153,6 +161,10 @@ class GroupCoordinator:
         group = self.node.group_log(OFFSETS_GROUP)
         assert group is not None, "every node runs the offsets group (epochlog.api.routing.REQUIRED_GROUPS)"
         return group
+
+    def _authorize(self, op: str, group_id: str, operation: Operation) -> None:
+        """KafkaError GROUP_AUTHORIZATION_FAILED (counted, logged) unless the caller may `operation` the group."""
+        self.handler.auth.check(op, (Action(operation, f"kafka-group/{group_id}"),), ke.GROUP_AUTHORIZATION_FAILED)
 
     def _check_coordinator(self) -> None:
         g = self._offsets()
@@ -307,7 +319,13 @@ class GroupCoordinator:
         for key in keys:
             if key_type != 0:
                 results.append((key, None, ke.COORDINATOR_NOT_AVAILABLE, "only consumer groups are coordinated"))
-            elif broker is None:
+                continue
+            try:
+                self._authorize("find_coordinator", key, Operation.READ)
+            except KafkaError as exc:
+                results.append((key, None, exc.kafka_error, str(exc)))
+                continue
+            if broker is None:
                 results.append((key, None, ke.COORDINATOR_NOT_AVAILABLE, "the offsets group has no leader"))
             else:
                 results.append((key, broker, ke.NONE, None))
@@ -337,6 +355,7 @@ class GroupCoordinator:
                                      for i, gi, md in result.get("members", [])], version=version)
 
     async def _join(self, request: Any, version: int) -> dict[str, Any]:
+        self._authorize("join_group", request.group_id, Operation.WRITE)
         if not _GROUP_ID.match(request.group_id or ""):
             raise KafkaError(ke.INVALID_GROUP_ID, f"group id {request.group_id!r}: 1-128 letters, digits, '.', '_', "
                                                   f"':', '-' starting with a letter or digit")
@@ -391,6 +410,7 @@ class GroupCoordinator:
         response = SyncGroupResponse(throttle_time_ms=0, error_code=0, protocol_type=None, protocol_name=None,
                                      assignment=b"", version=version)
         try:
+            self._authorize("sync_group", request.group_id, Operation.WRITE)
             group = await self._group(request.group_id)
             assert group is not None
             member = self._member(group, request.member_id, request.generation_id)
@@ -438,6 +458,7 @@ class GroupCoordinator:
     async def heartbeat(self, request: Any, version: int) -> Any:
         code = ke.NONE
         try:
+            self._authorize("heartbeat", request.group_id, Operation.WRITE)
             group = await self._group(request.group_id)
             assert group is not None
             self._member(group, request.member_id, request.generation_id)
@@ -452,6 +473,7 @@ class GroupCoordinator:
                    else [(request.member_id, None)])
         response = LeaveGroupResponse(throttle_time_ms=0, error_code=0, members=[], version=version)
         try:
+            self._authorize("leave_group", request.group_id, Operation.WRITE)
             group = await self._group(request.group_id)
             assert group is not None
             for member_id, instance in leaving:
@@ -476,6 +498,8 @@ class GroupCoordinator:
         topics = [(t.name, [(p.partition_index, p.committed_offset) for p in t.partitions]) for t in request.topics]
         codes: dict[tuple[str, int], int] = {}
         try:
+            self._authorize("offset_commit", request.group_id, Operation.WRITE)
+            principal = self.handler.auth.principal("offset_commit")
             group = await self._group(request.group_id)
             assert group is not None
             generation = request.generation_id_or_member_epoch
@@ -487,9 +511,14 @@ class GroupCoordinator:
                 raise KafkaError(ke.UNKNOWN_MEMBER_ID, "the group has members: commit as one of them")
             events = []
             for topic, parts in topics:
+                try:
+                    self.handler.auth.check("offset_commit", self.handler.topic_actions(topic)[:1])
+                except EpochlogError as exc:
+                    codes.update({(topic, partition): kafka_code(exc) for partition, _ in parts})
+                    continue
                 for partition, offset in parts:
                     event = ev.OffsetCommitted(consumer_group=request.group_id, topic=topic, queue_id=partition,
-                                               offset=offset, actor="kafka")
+                                               offset=offset, actor="kafka" if principal is None else principal.name)
                     try:
                         event.validate()
                     except EpochlogError:
@@ -515,29 +544,52 @@ class GroupCoordinator:
         else:
             wanted = [(request.group_id, None if request.topics is None
                        else [(t.name, list(t.partition_indexes)) for t in request.topics])]
-        answers = []
+        answers: list[tuple[str, int, dict[str, dict[int, int]], set[str]]] = []
         for group_id, topics in wanted:
             try:
+                self._authorize("offset_fetch", group_id, Operation.READ)
                 self._check_coordinator()
                 await self._offsets().read_barrier("linearizable")
-                answers.append((group_id, ke.NONE, self._committed(group_id, topics)))
+                found = self._committed(group_id, topics)
+                answers.append((group_id, ke.NONE, found, self._unreadable(found, every_topic=topics is None)))
             except Exception as exc:  # noqa: BLE001
                 answers.append((group_id, _code(exc),
-                                {t: {p: -1 for p in ps} for t, ps in (topics or [])}))
+                                {t: {p: -1 for p in ps} for t, ps in (topics or [])}, set()))
+
+        def code_of(topic: str, group_code: int, denied: set[str]) -> int:
+            return ke.TOPIC_AUTHORIZATION_FAILED if topic in denied else group_code if version < 2 else ke.NONE
+
         R = OffsetFetchResponse
         if version >= 8:
             return R(throttle_time_ms=0, groups=[R.OffsetFetchResponseGroup(group_id=g, error_code=code, topics=[
                 R.OffsetFetchResponseGroup.OffsetFetchResponseTopics(name=t, partitions=[
                     R.OffsetFetchResponseGroup.OffsetFetchResponseTopics.OffsetFetchResponsePartitions(
                         partition_index=p, committed_offset=o, committed_leader_epoch=-1, metadata="",
-                        error_code=ke.NONE) for p, o in sorted(parts.items())]) for t, parts in sorted(found.items())])
-                for g, code, found in answers], version=version)
-        _, code, found = answers[0]
+                        error_code=code_of(t, ke.NONE, denied)) for p, o in sorted(parts.items())])
+                for t, parts in sorted(found.items())])
+                for g, code, found, denied in answers], version=version)
+        _, code, found, denied = answers[0]
         return R(throttle_time_ms=0, error_code=code, topics=[R.OffsetFetchResponseTopic(name=t, partitions=[
             R.OffsetFetchResponseTopic.OffsetFetchResponsePartition(
                 partition_index=p, committed_offset=o, committed_leader_epoch=-1, metadata="",
-                error_code=code if version < 2 else ke.NONE) for p, o in sorted(parts.items())])
+                error_code=code_of(t, code, denied)) for p, o in sorted(parts.items())])
             for t, parts in sorted(found.items())], version=version)
+
+    def _unreadable(self, found: dict[str, dict[int, int]], *, every_topic: bool) -> set[str]:
+        """The topics of `found` the caller may not read, their offsets hidden: asked by name, they are
+        refused (returned, counted and logged); asked as every topic, they are left out (removed)."""
+        auth = self.handler.auth
+        principal = auth.principal("offset_fetch")
+        denied = set()
+        for topic in list(found):
+            if auth.may_any(principal, "offset_fetch", self.handler.topic_actions(topic)[:1], report=not every_topic):
+                continue
+            if every_topic:
+                del found[topic]
+            else:
+                denied.add(topic)
+                found[topic] = {p: -1 for p in found[topic]}
+        return denied
 
     def _committed(self, group_id: str, topics: list[tuple[str, list[int]]] | None) -> dict[str, dict[int, int]]:
         query = Query(self.node.views[OFFSETS_GROUP].store)

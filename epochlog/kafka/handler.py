@@ -65,7 +65,7 @@ from kafka.protocol.sasl import (SaslAuthenticateRequest, SaslAuthenticateRespon
                                  SaslHandshakeResponse)
 from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
 
-from eventlog.errors import EpochlogError, InvalidBatchError, rejection
+from eventlog.errors import AuthenticationError, EpochlogError, InvalidBatchError, rejection
 from eventlog.raft.errors import NotLeaderError
 from epochlog.access_control import AccessControl, stamped
 from epochlog.kafka.sasl import MECHANISMS, KafkaAccess
@@ -78,7 +78,7 @@ from epochlog.kafka.errors import KafkaError, UnsupportedRequestError, kafka_cod
 from epochlog.kafka import producers
 from epochlog.kafka.wire import Buffer, FetchPartitionOut, encode_fetch_response, metadata_topic_count, response_frame
 from epochlog.api.routing import group_of_event
-from statemachines.access import Action, Operation, event_actions
+from statemachines.access import Action, Operation, Principal, event_actions
 from statemachines import events as ev
 from statemachines.state import Outcome
 
@@ -320,33 +320,50 @@ class KafkaHandler:
                 tuple(sorted(self.topics().items())))
 
     async def metadata(self, request: Any, version: int) -> list[Buffer]:
-        """Encoded once per (version, topics) until a leader, term or membership changes."""
+        """Encoded once per (version, topics, topics hidden from the caller) until a leader, term or
+        membership changes. A caller sees the topics it may read or write (Kafka's Describe): asking for
+        every topic lists only those; a topic it names and may not see is answered
+        TOPIC_AUTHORIZATION_FAILED (counted and logged), whether it exists or not."""
         names = None if request.topics is None else tuple(t.name for t in request.topics)
         if version == 0 and names == ():
             names = None   # v0: an empty list means every topic
-        key = (version, names)
+        principal = self.auth.principal("metadata")
+        hidden: tuple[str, ...] = ()
+        if principal is not None:
+            hidden = tuple(n for n in (sorted(self.topics()) if names is None else dict.fromkeys(names))
+                           if not self.auth.may_any(principal, "metadata", self.topic_actions(n or ""),
+                                                    report=names is not None))
+        key = (version, names, hidden)
         fingerprint = self._fingerprint()
         cached = self._metadata_cache.get(key)
         if cached is not None and cached[0] == fingerprint:
             return [cached[1]]
-        body = bytes(self._metadata_response(names, version).encode(version=version))
+        body = bytes(self._metadata_response(names, version, frozenset(hidden)).encode(version=version))
         if names is None or len(names) <= METADATA_CACHED_NAMES:   # the cache's memory stays small
             if len(self._metadata_cache) > 1024:
                 self._metadata_cache.clear()
             self._metadata_cache[key] = (fingerprint, body)
         return [body]
 
-    def _metadata_response(self, names: tuple[str, ...] | None, version: int) -> Any:
+    def topic_actions(self, topic: str) -> tuple[Action, Action]:
+        """(read, write) of a topic by its name, whether it exists or not: a group's own topic `__<g>` is
+        its log, any other name a hosted topic's (kafka-topic/<name>)."""
+        if topic.startswith(TOPIC_PREFIX) and self.node.group_log(topic[len(TOPIC_PREFIX):]) is not None:
+            log = f"log/{topic[len(TOPIC_PREFIX):]}"
+            return Action(Operation.READ_LOG, log), Action(Operation.APPEND_LOG, log)
+        return Action(Operation.READ, f"kafka-topic/{topic}"), Action(Operation.WRITE, f"kafka-topic/{topic}")
+
+    def _metadata_response(self, names: tuple[str, ...] | None, version: int, hidden: frozenset[str]) -> Any:
         brokers = [MetadataResponse.MetadataResponseBroker(node_id=b.node_id, host=b.host, port=b.port, rack=None)
                    for b in self.brokers.values()]
         topics = []
         counts = self.topics()
-        for name in (sorted(counts) if names is None else names):
+        for name in (sorted(set(counts) - hidden) if names is None else names):
             group = self.group_of_topic(name or "")
-            if group is None:
+            if name in hidden or group is None:
+                code = ke.TOPIC_AUTHORIZATION_FAILED if name in hidden else ke.UNKNOWN_TOPIC_OR_PARTITION
                 topics.append(MetadataResponse.MetadataResponseTopic(
-                    error_code=ke.UNKNOWN_TOPIC_OR_PARTITION, name=name, topic_id=_ZERO_UUID, is_internal=False,
-                    partitions=[]))
+                    error_code=code, name=name, topic_id=_ZERO_UUID, is_internal=False, partitions=[]))
                 continue
             leader = group.leader if group.leader in self.brokers else -1
             replicas = [*group.voters, *group.learners]
@@ -372,6 +389,7 @@ class KafkaHandler:
                     partition_index=p.partition_index, error_code=0, timestamp=-1, offset=-1, leader_epoch=-1)
                 try:
                     ref = self._leader(t.name, p.partition_index, getattr(p, "current_leader_epoch", -1))
+                    self.auth.check("list_offsets", self.topic_actions(ref.topic)[:1])
                     out.offset, out.timestamp, out.leader_epoch = self._offset_for(ref, p.timestamp)
                 except Exception as exc:  # noqa: BLE001 - answered as a Kafka error code
                     out.error_code = kafka_code(exc)
@@ -419,6 +437,7 @@ class KafkaHandler:
                     error_code=0, partition=p.partition, leader_epoch=-1, end_offset=-1)
                 try:
                     ref = self._leader(t.topic, p.partition, getattr(p, "current_leader_epoch", -1))
+                    self.auth.check("offset_for_leader_epoch", self.topic_actions(ref.topic)[:1])
                     found = ref.group.end_offset_for_epoch(p.leader_epoch)
                     if found is not None:
                         out.leader_epoch, out.end_offset = found
@@ -455,7 +474,7 @@ class KafkaHandler:
                 po = FetchPartitionOut(p.partition)
                 try:
                     ref = self._leader(t.topic, p.partition, getattr(p, "current_leader_epoch", -1))
-                    self.auth.check("fetch", (_read_action(ref),))
+                    self.auth.check("fetch", self.topic_actions(ref.topic)[:1])
                     log = ref.group
                     # A partition is read up to its high watermark: for a group's topic the commit
                     # offset + 1; for a hosted one its last committed record + 1, so positions never
@@ -497,10 +516,15 @@ class KafkaHandler:
         if acks not in (-1, 0, 1):
             return self._produce_error(request, version, ke.INVALID_REQUEST, f"acks={acks} is not -1, 0 or 1")
         timeout = max(request.timeout_ms, 1) / 1000
+        try:
+            principal = self.auth.principal("produce")   # once per request: its partitions and records check against it
+        except AuthenticationError as exc:
+            return self._produce_error(request, version, ke.SASL_AUTHENTICATION_FAILED, str(exc))
         jobs = []
         for t in request.topic_data:
             for p in t.partition_data:
-                jobs.append((t.name, p.index, self._produce_partition(t.name, p.index, p.records, acks, timeout)))
+                jobs.append((t.name, p.index, self._produce_partition(t.name, p.index, p.records, acks, timeout,
+                                                                      principal)))
         results = await asyncio.gather(*(j[2] for j in jobs))
         if acks == 0:
             return None
@@ -523,12 +547,13 @@ class KafkaHandler:
             throttle_time_ms=0, version=version)
 
     async def _produce_partition(self, topic: str, partition: int, data: bytes | None, acks: int,
-                                 timeout: float) -> tuple[int, int, str | None, int]:
-        """(error code, base offset, error message, log start offset) for one partition's batch."""
+                                 timeout: float, principal: Principal | None) -> tuple[int, int, str | None, int]:
+        """(error code, base offset, error message, log start offset) for one partition's batch, sent by
+        `principal` (None: access is not enforced)."""
         try:
             ref = self._leader(topic, partition)
-            self.auth.check("produce", (_append_action(ref),))
-            header, records = await self._decode_batch(ref, data)
+            self.auth.check("produce", self.topic_actions(ref.topic)[1:], principal=principal)
+            header, records = await self._decode_batch(ref, data, principal)
             committed = await self._append(ref, header, records, acks, timeout)
             self.counters.produced(topic, len(records), len(data or b""))
             return ke.NONE, committed, None, ref.group.start_offset
@@ -541,7 +566,8 @@ class KafkaHandler:
                 logger.warning("produce to %s-%s refused: %s", topic, partition, exc)
             return code, -1, f"{type(exc).__name__}: {exc}", -1
 
-    async def _decode_batch(self, ref: PartitionRef, data: bytes | None) -> tuple[Any, list[tuple[bytes, bytes]]]:
+    async def _decode_batch(self, ref: PartitionRef, data: bytes | None,
+                            principal: Principal | None) -> tuple[Any, list[tuple[bytes, bytes]]]:
         """The batch's header and its records as validated (entity key, event) pairs; nothing is
         appended unless every record is a valid event of the partition's group (for a hosted topic:
         every record wraps as a valid kv event, hosted.wrap).
@@ -570,7 +596,6 @@ class KafkaHandler:
         if h.is_control or h.is_transactional:
             raise KafkaError(ke.INVALID_RECORD, "control and transactional batches are not accepted")
         records: list[tuple[bytes, bytes]] = []
-        principal = None if ref.hosted else self.auth.principal("produce")
         # BatchTooLargeError (MESSAGE_TOO_LARGE) once the records inflate past the limit;
         # UnsupportedCompressionError: snappy, lz4, zstd.
         for i, record in enumerate(batch.records(max_bytes=limit)):
@@ -578,9 +603,12 @@ class KafkaHandler:
                 await asyncio.sleep(0)
             if record.headers:
                 raise KafkaError(ke.INVALID_RECORD, f"record {i}: record headers are not stored; send none")
-            if ref.hosted:
+            if ref.hosted:   # signed by its sender, as a group's own events below
                 try:
-                    records.append(ev.event_record(hosted.wrap(ref.topic, ref.partition, record.key, record.value)))
+                    wrapped = hosted.wrap(ref.topic, ref.partition, record.key, record.value)
+                    if principal is not None:
+                        wrapped = stamped([wrapped], principal.name)[0]
+                    records.append(ev.event_record(wrapped))
                 except EpochlogError as exc:
                     raise KafkaError(ke.INVALID_RECORD, f"record {i}: {exc}") from None
                 continue
@@ -591,7 +619,7 @@ class KafkaHandler:
             except (EpochlogError, RecursionError) as exc:   # RecursionError: nested too deeply to decode
                 raise KafkaError(ke.INVALID_RECORD, f"record {i}: {exc}") from None
             if principal is not None:   # each record's event on its own, signed by its sender
-                self.auth.check("produce", event_actions(event))
+                self.auth.check("produce", event_actions(event), principal=principal)
                 event = stamped([event], principal.name)[0]
             try:
                 key, value = ev.event_record(event)
@@ -700,15 +728,19 @@ class KafkaHandler:
             raise KafkaError(ke.INVALID_PARTITIONS, f"{partitions} partitions (1-{hosted.MAX_PARTITIONS})")
         if self.node.group_log(hosted.HOST_GROUP) is None:
             raise KafkaError(ke.POLICY_VIOLATION, f"no {hosted.HOST_GROUP} group to host topics")
-        declared = hosted.declaration(name, partitions)
-        # A declaration is an event of the metadata group: the principal must be allowed to write it.
-        self.auth.check("create_topics", event_actions(declared))
+        # Kafka's Create on the topic: admin, or a writer of the topic. The declaration it writes (an
+        # event of the metadata group) is signed with the principal's name; changing it later is admin's.
+        self.auth.check("create_topics", (Action(Operation.CREATE, f"kafka-topic/{name}"),))
+        principal = self.auth.principal("create_topics")
         if name in self.topics():
             raise KafkaError(ke.TOPIC_ALREADY_EXISTS, f"topic {name} exists")
         if validate_only:
             return
         # Created once: the declaration's key must not exist yet (two concurrent creates: one wins).
-        event = ev.Txn(conditions=(ev.Condition(declared.key(), 0),), ops=(declared,), actor="kafka")
+        declared = hosted.declaration(name, partitions)
+        event: ev.Event = ev.Txn(conditions=(ev.Condition(declared.key(), 0),), ops=(declared,), actor="kafka")
+        if principal is not None:
+            (event,) = stamped([event], principal.name)
         event.validate()
         group = self._metadata()
         if group.leads:
@@ -728,6 +760,11 @@ class KafkaHandler:
                                           version=version)
         if request.transactional_id is not None:
             response.error_code = ke.TRANSACTIONAL_ID_AUTHORIZATION_FAILED   # transactions: not supported
+            return response
+        try:   # Kafka: IdempotentWrite on the cluster, which a Write grant on any topic implies
+            self.auth.check("init_producer_id", (Action(Operation.IDEMPOTENT_WRITE),), ke.CLUSTER_AUTHORIZATION_FAILED)
+        except KafkaError as exc:
+            response.error_code = exc.kafka_error
             return response
         producer_id = getattr(request, "producer_id", -1)
         epoch = getattr(request, "producer_epoch", -1)
@@ -773,20 +810,6 @@ class KafkaHandler:
             raise KafkaError(ke.COORDINATOR_NOT_AVAILABLE, "no other node to write through")
         async with AsyncClient(addresses, timeout=FORWARD_TIMEOUT_S, tls=self.node.internal_tls) as client:
             return (await client.commands([event]))[0]
-
-
-def _read_action(ref: PartitionRef) -> Action:
-    """What reading a partition asks: a group's whole log, or a hosted topic."""
-    if ref.hosted:
-        return Action(Operation.READ, f"kafka-topic/{ref.topic}")
-    return Action(Operation.READ_LOG, f"log/{ref.group.name}")
-
-
-def _append_action(ref: PartitionRef) -> Action:
-    """What producing to a partition asks (a group's log: then each record's event too)."""
-    if ref.hosted:
-        return Action(Operation.WRITE, f"kafka-topic/{ref.topic}")
-    return Action(Operation.APPEND_LOG, f"log/{ref.group.name}")
 
 
 def _decode(request_class: Any, frame: memoryview, version: int) -> Any:

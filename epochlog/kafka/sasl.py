@@ -11,7 +11,10 @@ authenticated may only ask ApiVersions and the SASL APIs; anything else closes i
 
 What each request asks permission for is the rule's (statemachines/access.py): a group's own topic
 `__<group>` is its log (READ_LOG / APPEND_LOG, and each produced record's event on its own, so a
-controller decision or `__metadata` is refused whoever sends it), a hosted topic is `kafka-topic/<name>`.
+controller decision or `__metadata` is refused whoever sends it), a hosted topic is `kafka-topic/<name>`,
+a consumer group `kafka-group/<id>`, a producer id IDEMPOTENT_WRITE. A refusal is answered with the
+code of what was refused (TOPIC_, GROUP_ or CLUSTER_AUTHORIZATION_FAILED), counted and logged as on
+every face (AccessControl.check).
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from eventlog import kafka_codes as ke
-from eventlog.errors import AuthenticationError, EpochlogError
+from eventlog.errors import AuthenticationError, EpochlogError, KafkaError, PermissionDeniedError
 from epochlog.access_control import AccessControl, Caller
 from epochlog.authentication import ScramServer, sasl_plain
-from statemachines.access import Action, Principal
+from statemachines.access import Action, Principal, decide
 from statemachines import credentials as cr
 
 MECHANISMS = ("PLAIN", *sorted(cr.MECHANISMS))
@@ -60,7 +63,20 @@ class KafkaAccess:
         return self.access is not None and self.access.enforce
 
     def may_serve(self, api_key: int) -> bool:
-        return not self.enforce or api_key in OPEN_APIS or current().authenticated
+        """Whether the connection may ask `api_key`: the SASL APIs always; the others once it authenticated
+        and while its user exists (a removal ends the connection at its next request, counted and logged)."""
+        if not self.enforce or api_key in OPEN_APIS:
+            return True
+        session = current()
+        if not session.authenticated:
+            return False
+        assert self.access is not None
+        try:
+            self.access.authenticate(session.caller, f"api_{api_key}")
+        except AuthenticationError:
+            session.authenticated = False
+            return False
+        return True
 
     def principal(self, op: str) -> Principal | None:
         if not self.enforce:
@@ -68,13 +84,38 @@ class KafkaAccess:
         assert self.access is not None
         return self.access.authenticate(current().caller, op)
 
-    def check(self, op: str, actions: Sequence[Action]) -> None:
-        """PermissionDeniedError (counted, logged) unless the connection's principal may do `actions`."""
+    def check(self, op: str, actions: Sequence[Action], denied: int = ke.TOPIC_AUTHORIZATION_FAILED, *,
+              principal: Principal | None = None) -> None:
+        """Unless the connection's principal (`principal`, when the caller already has it: a batch's
+        records) may do `actions`: a denial counted and logged, raised as PermissionDeniedError
+        (TOPIC_AUTHORIZATION_FAILED), or as a KafkaError with code `denied`."""
         if not self.enforce:
             return
         assert self.access is not None
-        principal = self.access.authenticate(current().caller, op)
-        self.access.check(principal, op, actions)
+        if principal is None:
+            principal = self.access.authenticate(current().caller, op)
+        try:
+            self.access.check(principal, op, actions)
+        except PermissionDeniedError as exc:
+            if denied == ke.TOPIC_AUTHORIZATION_FAILED:
+                raise
+            raise KafkaError(denied, str(exc)) from None
+
+    def may_any(self, principal: Principal | None, op: str, actions: Sequence[Action], *, report: bool) -> bool:
+        """Whether `principal` (`principal(op)`: None when not enforcing) may do one of `actions` (Kafka's
+        Describe: a Read or a Write). `report`: a refusal is counted and logged (a topic named in a
+        Metadata request); else it is silent (a topic left out of the list of every topic)."""
+        if principal is None:
+            return True
+        decisions = [decide(principal, a) for a in actions]
+        if any(d.allowed for d in decisions):
+            return True
+        if report:
+            assert self.access is not None
+            action, decision = actions[0], decisions[0]
+            self.access.denied(str(principal), op, action.resource.partition("/")[0],
+                               f"may not {action}: {decision.reason}")
+        return False
 
     # --- SASL ---------------------------------------------------------------------------------
 

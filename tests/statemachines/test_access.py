@@ -26,12 +26,13 @@ APP_WRITER = principal("app", ("writer", "kv:app/"))
 APP_READER = principal("app-ro", ("reader", "kv:app/"))
 ORDERS_WRITER = principal("orders-in", ("writer", "topic:orders"))
 ORDERS_READER = principal("orders-out", ("reader", "topic:orders*"))
+CG_MEMBER = principal("cg", ("reader", "group:cg-*"))
 B1 = principal("b1", ("broker", "c/broker-a/b1"))
 B2 = principal("b2", ("broker", "c/broker-a/b2"))
 NOBODY = principal("nobody")
 CLIENTS = {"anonymous": ANONYMOUS, "nobody": NOBODY, "admin": ADMIN, "auditor": AUDITOR, "app_writer": APP_WRITER,
-           "app_reader": APP_READER, "orders_writer": ORDERS_WRITER, "orders_reader": ORDERS_READER, "b1": B1,
-           "b2": B2}
+           "app_reader": APP_READER, "orders_writer": ORDERS_WRITER, "orders_reader": ORDERS_READER,
+           "cg_member": CG_MEMBER, "b1": B1, "b2": B2}
 
 BROKER = dict(cluster="c", group="broker-a", name="b1")
 EVENTS: dict[str, ev.Event] = {
@@ -172,10 +173,8 @@ def read(resource: str, prefix: bool = False) -> Action:
     (read("kv", True), {"admin", "auditor"}),               # spans kinds
     (read("", True), {"admin", "auditor"}),
     (read("kv/billing/x"), {"admin", "auditor"}),
-    (read("topic/orders"), {"admin", "auditor", "app_writer", "app_reader", "orders_writer", "orders_reader",
-                            "b1", "b2"}),                   # routes: any principal with a grant
-    (read("broker/c/broker-a/b1"), {"admin", "auditor", "app_writer", "app_reader", "orders_writer",
-                                    "orders_reader", "b1", "b2"}),
+    (read("topic/orders"), set(CLIENTS) - {"anonymous", "nobody"}),   # routes: any principal with a grant
+    (read("broker/c/broker-a/b1"), set(CLIENTS) - {"anonymous", "nobody"}),
     (read("offset/cg/orders/0"), {"admin", "auditor", "orders_writer", "orders_reader"}),
     (read("offset/cg/orders-eu/0"), {"admin", "auditor", "orders_reader"}),   # topic:orders* covers it
     (read("offset/cg/orders/", True), {"admin", "auditor", "orders_writer", "orders_reader"}),
@@ -189,6 +188,18 @@ def read(resource: str, prefix: bool = False) -> Action:
     (Action(Operation.READ_LOG, "log/metadata"), {"admin", "auditor"}),
     (Action(Operation.WRITE, "kafka-topic/orders"), {"admin", "orders_writer"}),
     (Action(Operation.WRITE, "kafka-topic/orders-eu"), {"admin"}),
+    # a Kafka consumer group: its members write it (join, commit...), and an auditor reads its offsets
+    (read("kafka-group/cg-1"), {"admin", "auditor", "cg_member"}),
+    (read("kafka-group/cg-", True), {"admin", "auditor"}),    # a prefix is judged conservatively
+    (read("kafka-group/other"), {"admin", "auditor"}),
+    (Action(Operation.WRITE, "kafka-group/cg-1"), {"admin", "cg_member"}),
+    (Action(Operation.WRITE, "kafka-group/cg"), {"admin"}),      # "cg-*" does not cover "cg"
+    # a Kafka producer id: Kafka's IdempotentWrite on the cluster, implied by any write grant
+    (Action(Operation.IDEMPOTENT_WRITE), {"admin", "app_writer", "orders_writer"}),
+    # a Kafka topic made by CreateTopics: Kafka's Create on the topic, which a writer of it holds
+    (Action(Operation.CREATE, "kafka-topic/orders"), {"admin", "orders_writer"}),
+    (Action(Operation.CREATE, "kafka-topic/orders-eu"), {"admin"}),
+    (Action(Operation.WRITE, "config/kafka-topic/orders"), {"admin"}),   # redeclaring it: admin's
     (Action(Operation.DESCRIBE), set(CLIENTS) - {"anonymous", "nobody"}),
     (Action(Operation.INSPECT), {"admin", "auditor"}),
     (Action(Operation.ADMIN), {"admin"}),
@@ -214,7 +225,8 @@ def test_no_grantable_set_reaches_the_controller_or_node_records() -> None:
     seed = int(os.environ.get("ACCESS_SEED", random.randrange(1 << 30)))
     print(f"seed={seed} (replay: ACCESS_SEED={seed})")
     rng = random.Random(seed)
-    resources = {Role.WRITER: ["kv:", "kv:app/", "topic:*", "topic:orders"], Role.READER: ["kv:", "topic:*"],
+    resources = {Role.WRITER: ["kv:", "kv:app/", "topic:*", "topic:orders", "group:*"],
+                 Role.READER: ["kv:", "topic:*", "group:cg"],
                  Role.BROKER: ["c/broker-a/b1", "c/g/n"], Role.ADMIN: [""], Role.AUDITOR: [""]}
     for _ in range(500):
         grants = {parse_grant(r.value, rng.choice(resources[r])) for r in rng.sample(GRANTABLE, rng.randint(1, 5))}
@@ -229,6 +241,8 @@ def test_no_grantable_set_reaches_the_controller_or_node_records() -> None:
     ("admin", "kv:", "takes no resource"), ("writer", "", "scoped"), ("writer", "app/", "scoped"),
     ("reader", "topic:bad name", "topic"), ("broker", "c/g", "bound to one broker"),
     ("broker", "c/g/n/x", "bound to one broker"), ("writer", "kv:\x00", "NUL"),
+    ("reader", "group:bad/name", "group"), ("reader", "group:", "group"), ("writer", "groups:x", "scoped"),
+    ("reader", "kv", "scoped"),
 ])
 def test_grant_syntax(role: str, resource: str, problem: str) -> None:
     with pytest.raises(GrantSyntaxError, match=problem):
@@ -239,6 +253,11 @@ def test_grant_scopes() -> None:
     assert parse_grant("writer", "topic:orders*").covers_topic("orders-eu")
     assert not parse_grant("writer", "topic:orders").covers_topic("orders-eu")
     assert parse_grant("reader", "topic:*").covers_topic("anything")
+    assert parse_grant("reader", "group:cg-*").covers_group("cg-eu")
+    assert not parse_grant("reader", "group:cg").covers_group("cg-eu")
+    assert parse_grant("writer", "group:*").covers_group("any")
+    assert not parse_grant("reader", "topic:*").covers_group("any")   # a topic grant is no group grant
+    assert not parse_grant("reader", "group:*").covers_topic("any")
     assert parse_grant("writer", "kv:").kv_prefix() == ""
     assert parse_grant("writer", "topic:x").kv_prefix() is None
     assert str(Grant(Role.WRITER, "kv:a/")) == "writer:kv:a/" and str(Grant(Role.ADMIN)) == "admin"

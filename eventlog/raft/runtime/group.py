@@ -76,7 +76,7 @@ from eventlog.raft.runtime.proposals import Committed as Committed  # re-exporte
 from eventlog.raft.runtime.proposals import ProducerStamp as ProducerStamp  # re-exported
 from eventlog.raft.runtime.proposals import Proposal, Proposals
 from eventlog.raft.runtime.reads import Reads
-from eventlog.raft.runtime.ready_loop import ReadyLoop, Send
+from eventlog.raft.runtime.ready_loop import APPLY_BYTES_PER_TURN, ReadyLoop, Send
 from eventlog.raft.runtime.repair import LogRepair, RepairStatus
 from eventlog.raft.types import (
     MAX_TERM,
@@ -210,7 +210,8 @@ class RaftGroup:
         self.snapshot_every_entries = snapshot_every_entries
         self.snapshot_every_bytes = snapshot_every_bytes
         self.max_batch_bytes = max_batch_bytes
-        self.node = RaftNode(node_id, storage, raft_config, rng, applied=state_machine.applied_index)
+        self.node = RaftNode(node_id, storage, raft_config, rng, applied=state_machine.applied_index,
+                             max_apply_bytes=APPLY_BYTES_PER_TURN)
         self.loop = asyncio.get_running_loop()
         self.peer_check = peer_check if peer_check is not None else PeerCheck(
             known_peer=lambda _: False, check_snapshot_chunk=storage.snapshot_chunk_refusal)
@@ -619,7 +620,9 @@ class RaftGroup:
         if self._check_space():
             self.counters.proposals_refused += self._proposals.refuse_queued(self._disk_full_error())
             return
-        self._proposals.propose_queued(self.node, self.max_batch_bytes)
+        # Entries of up to APPLY_BYTES_PER_TURN (one proposal alone up to max_batch_bytes): an entry is
+        # applied whole, so its size bounds how long applying it holds the loop.
+        self._proposals.propose_queued(self.node, min(self.max_batch_bytes, APPLY_BYTES_PER_TURN))
 
     # --- what the Ready loop hands over (eventlog/raft/runtime/ready_loop.py) -------------------
 

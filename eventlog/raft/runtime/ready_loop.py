@@ -7,10 +7,11 @@ queued proposals to the core, and while the core has a Ready carry it out with p
 persistence (see `RaftNode.accept`): send `send_now`; stage snapshot chunks, install a snapshot;
 write the entries (group commit: the segmented log's flusher thread syncs them while this task goes
 on); persist term and vote when they changed; apply committed entries and answer waiters;
-`accept()`, and take the next Ready at once. Accepted Readys wait in order (`PersistQueue`) until
-the log's durable offset passes their entries, or what is left of them once a later Ready replaced
-a suffix; then their `send_after` goes out through `persisted()` (the leader counts its own copy
-only then).
+`accept()`, and take the next Ready at once (while a backlog of committed entries is applied in
+slices, after letting the loop run: APPLY_BYTES_PER_TURN). Accepted Readys wait in order
+(`PersistQueue`) until the log's durable offset passes their entries, or what is left of them once a
+later Ready replaced a suffix; then their `send_after` goes out through `persisted()` (the leader
+counts its own copy only then).
 
 The commit index is persisted lazily (it is a hint for restarts: the state machine knows what it
 applied); term and vote are persisted before any message that depends on them leaves.
@@ -39,6 +40,16 @@ from eventlog.raft.types import Append, Entry, InstallSnapshot, Message, Snapsho
 logger = logging.getLogger(__name__)
 
 Send = Callable[[int, str, Message], None]
+
+APPLY_BYTES_PER_TURN = 64 << 10
+"""Committed entries a Ready hands out for applying (at least one entry; RaftNode's max_apply_bytes),
+and the size up to which a leader coalesces proposals into one entry (an entry is applied whole).
+While more committed entries wait after a slice, the loop runs before the next one, and proposals
+queued meanwhile wait until the backlog is applied (so they still coalesce). Every group of a node
+shares one loop: applying a backlog at once (a follower catching up, a leader whose commit index
+jumped), or entries of 1 MiB, held it for up to seconds on a loaded machine, and every group's
+heartbeats with it, so followers elected (issue 20). About 250 small events, 5-10 ms of applying on
+an idle machine."""
 
 
 class Counters(Protocol):
@@ -121,16 +132,22 @@ class ReadyLoop:
                 await self._wake.wait()
                 self._wake.clear()
                 self._release_persisted()
+                backlog = False   # applying committed entries in slices, the loop running between them
                 while True:
                     self._step_inbox()
-                    self.owner._submit_proposals()
+                    if not backlog:   # proposals queued meanwhile wait for the backlog: bigger entries
+                        self.owner._submit_proposals()
                     if not self.node.has_ready():
                         if self._inbox:
                             continue
                         break
-                    self._handle(self.node.ready())
+                    rd = self.node.ready()
+                    self._handle(rd)
                     self.node.accept()
                     self._release_persisted()
+                    backlog = bool(rd.committed) and self.node.log.applicable()
+                    if backlog:
+                        await asyncio.sleep(0)   # see APPLY_BYTES_PER_TURN
                 self.persist_commit(force=False)
         except asyncio.CancelledError:
             raise

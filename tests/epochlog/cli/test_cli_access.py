@@ -52,11 +52,12 @@ def test_user_add_stores_scram_keys_and_a_token_hash(cli: Any, shared_cluster: N
 def test_acl_grant_revoke_list_and_as_of(cli: Any, shared_cluster: NodeCluster) -> None:
     first = cli("acl", "grant", "app", "writer", "kv:app/")
     cli("acl", "grant", "app", "reader", "topic:orders*")
+    cli("acl", "grant", "app", "reader", "group:orders-*")
     cli("acl", "grant", "ops", "admin")
     revoked = cli("acl", "revoke", "app", "writer", "kv:app/")
     assert revoked["offset"] > first["offset"]
     now = cli("acl", "list", "app")
-    assert [(g["role"], g["resource"]) for g in now] == [("reader", "topic:orders*")]
+    assert sorted((g["role"], g["resource"]) for g in now) == [("reader", "group:orders-*"), ("reader", "topic:orders*")]
     then = cli("acl", "list", "app", "--as-of", str(first["offset"]))
     assert [(g["role"], g["resource"]) for g in then] == [("writer", "kv:app/")]
     assert {g["principal"] for g in cli("acl", "list")} >= {"app", "ops"}
@@ -66,6 +67,7 @@ def test_acl_grant_revoke_list_and_as_of(cli: Any, shared_cluster: NodeCluster) 
     (("acl", "grant", "x", "controller"), "is not one of"),     # not a grantable role
     (("acl", "grant", "x", "writer", "app/"), "scoped"),
     (("acl", "grant", "x", "broker", "c/g"), "one broker"),
+    (("acl", "grant", "x", "reader", "group:a/b"), "group"),
     (("acl", "grant", "a/b", "admin"), "principal"),
     (("user", "add", "a/b", "--no-password"), "principal"),
 ])

@@ -1,18 +1,32 @@
-"""A blocking Kafka protocol client for tests: kafka-python's protocol classes over a plain socket,
-so a test controls every field (sequences, CRCs, versions, acks) that the real clients choose."""
+"""A blocking Kafka protocol client for tests: kafka-python's protocol classes over a plain socket (or
+TLS, then SASL/PLAIN), so a test controls every field (sequences, CRCs, versions, acks) that the real
+clients choose."""
 
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 from typing import Any
 
+from kafka.protocol.sasl import (SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest,
+                                 SaslHandshakeResponse)
+
 
 class RawKafka:
-    def __init__(self, address: str, timeout: float = 10.0) -> None:
+    def __init__(self, address: str, timeout: float = 10.0, tls: ssl.SSLContext | None = None) -> None:
         host, port = address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self.sock = sock if tls is None else tls.wrap_socket(sock)
         self.correlation_id = 0
+
+    def sasl_plain(self, user: str, password: str) -> tuple[int, str | None]:
+        """SaslHandshake v1 (PLAIN), then one SaslAuthenticate: its (error code, error message)."""
+        handshake = self.call(SaslHandshakeRequest(mechanism="PLAIN"), SaslHandshakeResponse, 1)
+        assert handshake.error_code == 0, handshake
+        answer = self.call(SaslAuthenticateRequest(auth_bytes=f"\0{user}\0{password}".encode()),
+                           SaslAuthenticateResponse, 1)
+        return answer.error_code, answer.error_message
 
     def close(self) -> None:
         self.sock.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 from collections.abc import Iterator
 
 import pytest
@@ -16,10 +17,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.helpers import create_ssl_context
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError, TopicAuthorizationFailedError
+from kafka.protocol.admin.topics import CreateTopicsRequest, CreateTopicsResponse
 
 from epochlog.client import Client
 from statemachines import credentials as cr
 from statemachines import events as ev
+from tests.epochlog.kafka.raw import RawKafka
 from tests.support.nodes import NodeCluster
 from tests.support.secured import secured_cluster
 
@@ -29,7 +32,8 @@ PASSWORDS = {"alice": "alice-pw", "carol": "carol-pw", "admin": "admin-pw"}
 
 @pytest.fixture(scope="module")
 def kafka_secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
-    with secured_cluster(tmp_path_factory.mktemp("kafka-sasl"), NAME, size=1, seed=13, kafka=True) as cluster:
+    with secured_cluster(tmp_path_factory.mktemp("kafka-sasl"), NAME, clients=("mallory",), size=1, seed=13,
+                         kafka=True) as cluster:
         with Client(cluster.endpoints) as c:
             for name, password in PASSWORDS.items():
                 scram = tuple(cr.scram_credential(m, password, os.urandom(32)) for m in sorted(cr.MECHANISMS))
@@ -134,3 +138,44 @@ def test_aiokafka_reads_a_whole_log_as_auditor_and_a_writer_may_not(kafka_secure
             consumer.poll(timeout_ms=5000)
     finally:
         consumer.close()
+
+
+def test_a_client_certificate_authenticates_an_ssl_connection(kafka_secured: NodeCluster) -> None:
+    """The SSL listener's other door: a client certificate of the cluster CA is the principal, no SASL."""
+    def topics(who: str) -> set[str]:
+        d = kafka_secured.root / who
+        consumer = KafkaConsumer(bootstrap_servers=kafka_secured.bootstrap, security_protocol="SSL",
+                                 ssl_cafile=str(kafka_secured.root / "ca" / "ca.crt"), ssl_check_hostname=False,
+                                 ssl_certfile=str(d / f"{who}.crt"), ssl_keyfile=str(d / f"{who}.key"))
+        try:
+            return set(consumer.topics())
+        finally:
+            consumer.close()
+
+    assert {"__metadata", "__kv"} <= topics("admin")   # the super user, by its certificate
+    assert topics("mallory") == set()                  # a certificate without grants sees no topic
+
+
+def test_a_topic_created_through_a_follower_is_signed_by_the_caller(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """CreateTopics on a node that does not lead the metadata group is written through the leader by that
+    node (its member certificate): the declaration keeps the caller's name, not the forwarding node's."""
+    with secured_cluster(tmp_path_factory.mktemp("kafka-forward"), NAME, size=3, seed=17, kafka=True) as cluster:
+        with Client(cluster.endpoints) as admin:
+            scram = tuple(cr.scram_credential(m, "dana-pw", os.urandom(32)) for m in sorted(cr.MECHANISMS))
+            admin.command(ev.UserAdded(name="dana", scram=scram))
+            admin.command(ev.AclGranted(principal="dana", role="writer", resource="topic:dana-*"))
+        leader = cluster.leader("metadata")
+        follower = next(i for i in cluster.nodes if i != leader)
+        context = ssl.create_default_context(cafile=str(cluster.root / "ca" / "ca.crt"))
+        context.check_hostname = False
+        with RawKafka(cluster.nodes[follower].kafka_address, timeout=20, tls=context) as conn:
+            assert conn.sasl_plain("dana", "dana-pw") == (0, None)
+            answer = conn.call(CreateTopicsRequest(topics=[CreateTopicsRequest.CreatableTopic(
+                name="dana-orders", num_partitions=1, replication_factor=1, assignments=[], configs=[])],
+                timeout_ms=10_000, validate_only=False), CreateTopicsResponse, 3)
+        assert [t.error_code for t in answer.topics] == [0], answer
+        with Client(cluster.endpoints) as admin:
+            declared = admin.get_entity("config/kafka-topic/dana-orders")
+            assert declared is not None
+            (event,) = admin.read_events("metadata", declared.version, max_events=1).events
+            assert ev.decode_event(event.value).ops[0].actor == "dana"

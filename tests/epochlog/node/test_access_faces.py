@@ -5,8 +5,8 @@ and raw frames over TLS.
 
 The allowed call must work (or fail for a reason that is not access, named in its row); the refused one
 must get the face's own denial: native `permission_denied`, gRPC PERMISSION_DENIED, Kafka
-TOPIC_AUTHORIZATION_FAILED (or, for the APIs that only need an authenticated connection, the connection
-closed before any answer). The rows run in their order on one node (LeaseKeepAlive after LeaseGrant,
+TOPIC_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED or CLUSTER_AUTHORIZATION_FAILED by the resource
+refused, counted under its operation (and, before SASL, the connection closed before any answer). The rows run in their order on one node (LeaseKeepAlive after LeaseGrant,
 MemberRemove after MemberAdd)."""
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ import os
 import socket
 import ssl
 import struct
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +28,16 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient
 from kafka.errors import TopicAuthorizationFailedError
+from kafka.protocol.consumer.group import (HeartbeatRequest, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse,
+                                           LeaveGroupRequest, LeaveGroupResponse, OffsetCommitRequest,
+                                           OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse,
+                                           SyncGroupRequest, SyncGroupResponse)
+from kafka.protocol.consumer.offsets import (ListOffsetsRequest, ListOffsetsResponse, OffsetForLeaderEpochRequest,
+                                             OffsetForLeaderEpochResponse)
+from kafka.protocol.data_container import DataContainer
+from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
+from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
+from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
 
 from epochlog.api import messages as p
 from epochlog.client import AsyncClient, Client
@@ -32,16 +45,28 @@ from epochlog.client.errors import ClientError, PermissionDeniedError
 from epochlog.client.tls import ClientTls
 from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
+from epochlog.kafka import hosted
+from epochlog.kafka.groups import GROUP_APIS
+from epochlog.kafka.handler import SUPPORTED
+from eventlog import kafka_codes as kc
 from statemachines import credentials as cr
 from statemachines import events as ev
+from tests.epochlog.kafka.raw import RawKafka
 from tests.support.nodes import NodeCluster
 from tests.support.secured import secured_cluster
 from tests.support.ports import free_ports
+from tests.support.wait import wait_until
 
 NAME = "node-test"
-TOKENS = {who: f"eltok_{who}-secret" for who in ("admin", "app", "audit", "b2", "nobody")}
-PASSWORDS = {"admin": "admin-pw", "app": "app-pw", "audit": "audit-pw", "nobody": "nobody-pw"}
-GRANTS = [("app", "writer", "kv:app/"), ("audit", "auditor", ""), ("b2", "broker", "c/broker-a/b2")]
+TOKENS = {who: f"eltok_{who}-secret" for who in ("admin", "app", "audit", "b2", "nobody", "gone", "revoked")}
+PASSWORDS = {"admin": "admin-pw", "app": "app-pw", "audit": "audit-pw", "nobody": "nobody-pw", "b2": "b2-pw",
+             "gone": "gone-pw", "revoked": "revoked-pw"}
+EXPIRED_TOKEN = "eltok_old-expired"   # user "old", an admin whose only token expired
+APP_TOPIC = "app-orders"   # a hosted Kafka topic app writes and reads
+GRANTS = [("app", "writer", "kv:app/"), ("app", "writer", "topic:app-*"), ("app", "reader", "group:app-*"),
+          ("audit", "auditor", ""), ("b2", "broker", "c/broker-a/b2"), ("old", "admin", ""),
+          # users whose credentials lapse (the `lapsed` fixture): removed, and with their only grant revoked
+          ("gone", "writer", "kv:lapsed/"), ("revoked", "writer", "kv:lapsed/")]
 CALL_S = 10.0
 
 
@@ -55,9 +80,12 @@ def faces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
                     if who in PASSWORDS else ()
                 tokens = (cr.BearerToken(sha256=cr.token_digest(TOKENS[who])),) if who in TOKENS else ()
                 c.command(ev.UserAdded(name=who, scram=scram, tokens=tokens))
+            c.command(ev.UserAdded(name="old", tokens=(cr.BearerToken(sha256=cr.token_digest(EXPIRED_TOKEN),
+                                                                      expires_ms=int(time.time() * 1000) - 1000),)))
             for who, role, resource in GRANTS:
                 c.command(ev.AclGranted(principal=who, role=role, resource=resource))
             c.put("other/x", b"theirs")
+            c.command(hosted.declaration(APP_TOPIC, 1))
         yield cluster
 
 
@@ -124,8 +152,9 @@ def test_the_table_covers_every_call() -> None:
     assert {type(row.call()) for row in NATIVE.values()} == set(p.Call.__args__)  # type: ignore[attr-defined]
 
 
-async def _native(cluster: NodeCluster, who: str, call: p.Call) -> p.Result:
-    tls, token = _native_tls(cluster, who)
+async def _native(cluster: NodeCluster, who: str, call: p.Call, *, token: str | None = None) -> p.Result:
+    """`call` made by `who`'s credentials, or with bearer `token` when given ("" : no credential)."""
+    tls, token = _native_tls(cluster, who) if token is None else (ClientTls(_ca(cluster)), token)
     async with AsyncClient(cluster.endpoints, timeout=CALL_S, tls=tls, token=token, sessions=False) as client:
         return await client._call_on(cluster.endpoints[0], call)
 
@@ -224,11 +253,14 @@ def test_the_grpc_table_covers_every_method() -> None:
     assert set(GRPC) == methods
 
 
-def _grpc(cluster: NodeCluster, who: str, call: Callable[[pb_grpc.EpochlogStub, list[tuple[str, str]]], Any]) -> Any:
+def _grpc(cluster: NodeCluster, who: str, call: Callable[[pb_grpc.EpochlogStub, list[tuple[str, str]]], Any], *,
+          token: str | None = None) -> Any:
+    """`call` made with `who`'s token, or with `token` when given ("": no credential)."""
+    token = TOKENS[who] if token is None else token
     ca = (cluster.root / "ca" / "ca.crt").read_bytes()
     with grpc.secure_channel(cluster.nodes[1].grpc_address, grpc.ssl_channel_credentials(ca),
                              options=[("grpc.ssl_target_name_override", "node-1")]) as channel:
-        return call(pb_grpc.EpochlogStub(channel), [("authorization", f"Bearer {TOKENS[who]}")])
+        return call(pb_grpc.EpochlogStub(channel), [("authorization", f"Bearer {token}")] if token else [])
 
 
 @pytest.mark.parametrize("name", list(GRPC))
@@ -255,18 +287,19 @@ def test_each_grpc_method_is_allowed_and_refused_by_its_rule(faces: NodeCluster,
 OPEN_KAFKA_APIS = {17, 18, 36}   # SaslHandshake, ApiVersions, SaslAuthenticate: before authenticating
 
 
-def _sasl(cluster: NodeCluster, user: str) -> dict[str, Any]:
+def _sasl(cluster: NodeCluster, user: str, password: str | None = None) -> dict[str, Any]:
     return {"bootstrap_servers": cluster.bootstrap, "security_protocol": "SASL_SSL", "ssl_cafile": _ca(cluster),
             "ssl_check_hostname": False, "sasl_mechanism": "SCRAM-SHA-256", "sasl_plain_username": user,
-            "sasl_plain_password": PASSWORDS[user], "request_timeout_ms": int(CALL_S * 1000)}
+            "sasl_plain_password": PASSWORDS[user] if password is None else password,
+            "request_timeout_ms": int(CALL_S * 1000)}
 
 
 def _put(name: str) -> bytes:
     return ev.encode_event(ev.KvPut(name=name, value=b"k"))
 
 
-def _produce(cluster: NodeCluster, who: str, name: str) -> Any:
-    producer = KafkaProducer(acks="all", retries=0, max_block_ms=int(CALL_S * 1000), **_sasl(cluster, who))
+def _produce(cluster: NodeCluster, who: str, name: str, password: str | None = None) -> Any:
+    producer = KafkaProducer(acks="all", retries=0, max_block_ms=int(CALL_S * 1000), **_sasl(cluster, who, password))
     try:
         return producer.send("__kv", value=_put(name)).get(timeout=CALL_S)
     finally:
@@ -305,37 +338,222 @@ def test_kafka_produce_fetch_and_create_topics_are_allowed_and_refused_by_the_ru
     with pytest.raises(TopicAuthorizationFailedError):
         _fetch(faces, "app", sent.offset)                        # a writer may not
     _create_topic(faces, "admin", "faces-admin")                 # a declaration in the metadata group
+    _create_topic(faces, "app", "app-created")                   # Create on a topic app writes
     with pytest.raises(TopicAuthorizationFailedError):
-        _create_topic(faces, "app", "faces-app")
+        _create_topic(faces, "app", "faces-app")                 # outside topic:app-*
     with Client(faces.endpoints) as admin:
         assert admin.get("app/kafka-nobody") is None
         assert admin.get_entity("config/kafka-topic/faces-admin") is not None
+        created = admin.get_entity("config/kafka-topic/app-created")
+        assert created is not None and _actor(admin, "metadata", created.version) == "app"
         assert admin.get_entity("config/kafka-topic/faces-app") is None
 
 
-def test_a_kafka_consumer_group_and_an_idempotent_producer_work_when_authenticated(faces: NodeCluster) -> None:
-    """The APIs that need an authenticated connection only (Metadata, ListOffsets, InitProducerId, the
-    consumer group APIs): used by an authenticated client, they work."""
+def _actor(c: Client, group: str, offset: int) -> str:
+    (event,) = c.read_events(group, offset, max_events=1).events
+    decoded = ev.decode_event(event.value)
+    return decoded.ops[0].actor if isinstance(decoded, ev.Txn) else decoded.actor
+
+
+def test_a_kafka_consumer_group_and_an_idempotent_producer_work_with_their_grants(faces: NodeCluster) -> None:
+    """A writer of topic:app-* with reader group:app-*: an idempotent producer (InitProducerId) and a
+    consumer group (FindCoordinator, JoinGroup, SyncGroup, Heartbeat, OffsetCommit, OffsetFetch) work, and
+    its commit is signed with its name."""
     producer = KafkaProducer(acks="all", enable_idempotence=True, max_block_ms=int(CALL_S * 1000),
                              **_sasl(faces, "app"))
     try:
-        sent = producer.send("__kv", value=_put("app/group")).get(timeout=CALL_S)
+        sent = producer.send(APP_TOPIC, key=b"k", value=b"v-group").get(timeout=CALL_S)
     finally:
         producer.close(timeout=CALL_S)
-    consumer = KafkaConsumer("__kv", group_id="faces", auto_offset_reset="earliest", enable_auto_commit=False,
-                             consumer_timeout_ms=int(CALL_S * 1000), **_sasl(faces, "audit"))
+    consumer = KafkaConsumer(APP_TOPIC, group_id="app-faces", auto_offset_reset="earliest", enable_auto_commit=False,
+                             consumer_timeout_ms=int(CALL_S * 1000), **_sasl(faces, "app"))
     try:
         seen = False
         for _ in range(40):   # bounded: the group forms and the record arrives within 40 polls of 0.5 s
             records = [r for batch in consumer.poll(timeout_ms=500).values() for r in batch]
-            if any(r.offset == sent.offset for r in records):
+            if any(r.offset == sent.offset and r.value == b"v-group" for r in records):
                 seen = True
                 break
         assert seen, "the group's consumer did not get the record"
         consumer.commit()
-        assert consumer.committed(TopicPartition("__kv", 0)) is not None
+        assert consumer.committed(TopicPartition(APP_TOPIC, 0)) == sent.offset + 1
     finally:
         consumer.close()
+    with Client(faces.endpoints) as admin:
+        committed = admin.get_entity(f"offset/app-faces/{APP_TOPIC}/0")
+        assert committed is not None and _actor(admin, "offsets", committed.version) == "app"
+        stored = admin.get(hosted.wrap(APP_TOPIC, 0, b"k", b"v-group").name)   # the record, as kv stores it
+        assert stored is not None and _actor(admin, "kv", stored.version) == "app"
+
+
+# --- Kafka: each API beyond Produce, Fetch and CreateTopics, against its resource --------------------------
+
+CG = "app-cg"   # a consumer group app may be a member of (reader group:app-*)
+
+
+@dataclass(frozen=True)
+class KafkaRow:
+    """One Kafka request, made raw over SASL_SSL (PLAIN) by `allowed`, whose answer holds only NONE codes,
+    and by `denied`, whose answer holds `refusal` and whose denial is counted under `op`. `request` builds
+    it from what earlier rows learnt (`learnt`: the member id and generation of the group's member)."""
+
+    request: Callable[[dict[str, Any]], Any]
+    response: type
+    version: int
+    op: str
+    allowed: str
+    denied: str
+    refusal: int
+    learn: Callable[[Any, dict[str, Any]], None] = lambda response, learnt: None
+
+
+def _metadata(topic: str) -> Any:
+    return MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=topic)], allow_auto_topic_creation=False)
+
+
+def _list_offsets(topic: str) -> Any:
+    return ListOffsetsRequest(replica_id=-1, isolation_level=0, topics=[ListOffsetsRequest.ListOffsetsTopic(
+        name=topic, partitions=[ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(
+            partition_index=0, timestamp=-1)])])
+
+
+def _join(learnt: dict[str, Any]) -> Any:
+    return JoinGroupRequest(group_id=CG, session_timeout_ms=60_000, rebalance_timeout_ms=60_000, member_id="",
+                            protocol_type="consumer", protocols=[JoinGroupRequest.JoinGroupRequestProtocol(
+                                name="range", metadata=b"")])
+
+
+def _joined(response: Any, learnt: dict[str, Any]) -> None:
+    learnt.update(member=response.member_id, generation=response.generation_id)
+
+
+def _commit(topic: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda learnt: OffsetCommitRequest(
+        group_id=CG, generation_id_or_member_epoch=learnt["generation"], member_id=learnt["member"],
+        topics=[OffsetCommitRequest.OffsetCommitRequestTopic(name=topic, partitions=[
+            OffsetCommitRequest.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
+                partition_index=0, committed_offset=5, committed_metadata="")])])
+
+
+def _offset_fetch(topic: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda learnt: OffsetFetchRequest(group_id=CG, topics=[OffsetFetchRequest.OffsetFetchRequestTopic(
+        name=topic, partition_indexes=[0])])
+
+
+def _fetched(response: Any, learnt: dict[str, Any]) -> None:
+    (topic,) = response.topics
+    assert topic.partitions[0].committed_offset == 5, response   # the allowed commit landed
+
+
+TOPIC_DENIED, GROUP_DENIED, CLUSTER_DENIED = (kc.TOPIC_AUTHORIZATION_FAILED, kc.GROUP_AUTHORIZATION_FAILED,
+                                              kc.CLUSTER_AUTHORIZATION_FAILED)
+
+KAFKA: dict[str, KafkaRow] = {
+    # A topic is seen by who may read or write it (Kafka's Describe): the hosted topic by its writer, a
+    # group's whole log by an auditor; anyone else gets TOPIC_AUTHORIZATION_FAILED for it.
+    "Metadata": KafkaRow(lambda _: _metadata(APP_TOPIC), MetadataResponse, 8, "metadata", "app", "b2", TOPIC_DENIED),
+    "Metadata-log": KafkaRow(lambda _: _metadata("__metadata"), MetadataResponse, 8, "metadata", "audit", "app",
+                             TOPIC_DENIED),
+    "ListOffsets": KafkaRow(lambda _: _list_offsets(APP_TOPIC), ListOffsetsResponse, 5, "list_offsets", "app", "b2",
+                            TOPIC_DENIED),
+    "ListOffsets-log": KafkaRow(lambda _: _list_offsets("__kv"), ListOffsetsResponse, 5, "list_offsets", "audit",
+                                "app", TOPIC_DENIED),
+    "OffsetForLeaderEpoch": KafkaRow(
+        lambda _: OffsetForLeaderEpochRequest(replica_id=-1, topics=[OffsetForLeaderEpochRequest.OffsetForLeaderTopic(
+            topic="__kv", partitions=[OffsetForLeaderEpochRequest.OffsetForLeaderTopic.OffsetForLeaderPartition(
+                partition=0, leader_epoch=1)])]),
+        OffsetForLeaderEpochResponse, 3, "offset_for_leader_epoch", "audit", "app", TOPIC_DENIED),
+    # A producer id: Kafka's IdempotentWrite on the cluster, which any write grant implies.
+    "InitProducerId": KafkaRow(lambda _: InitProducerIdRequest(transactional_id=None, transaction_timeout_ms=60_000),
+                               InitProducerIdResponse, 1, "init_producer_id", "app", "audit", CLUSTER_DENIED),
+    # The consumer group: found and its offsets fetched by whoever may read it (an auditor too), joined
+    # and committed to by a reader or writer of the group only.
+    "FindCoordinator": KafkaRow(lambda _: FindCoordinatorRequest(key=CG, key_type=0), FindCoordinatorResponse, 2,
+                                "find_coordinator", "app", "b2", GROUP_DENIED),
+    "JoinGroup": KafkaRow(_join, JoinGroupResponse, 2, "join_group", "app", "audit", GROUP_DENIED, _joined),
+    "SyncGroup": KafkaRow(lambda learnt: SyncGroupRequest(
+        group_id=CG, generation_id=learnt["generation"], member_id=learnt["member"],
+        assignments=[SyncGroupRequest.SyncGroupRequestAssignment(member_id=learnt["member"], assignment=b"")]),
+        SyncGroupResponse, 2, "sync_group", "app", "audit", GROUP_DENIED),
+    "Heartbeat": KafkaRow(lambda learnt: HeartbeatRequest(group_id=CG, generation_id=learnt["generation"],
+                                                          member_id=learnt["member"]),
+                          HeartbeatResponse, 2, "heartbeat", "app", "b2", GROUP_DENIED),
+    "OffsetCommit": KafkaRow(_commit(APP_TOPIC), OffsetCommitResponse, 5, "offset_commit", "app", "audit",
+                             GROUP_DENIED),
+    "OffsetCommit-topic": KafkaRow(_commit("__kv"), OffsetCommitResponse, 5, "offset_commit", "admin", "app",
+                                   TOPIC_DENIED),   # app is the group's member, but may not read __kv
+    "OffsetFetch": KafkaRow(_offset_fetch(APP_TOPIC), OffsetFetchResponse, 5, "offset_fetch", "app", "b2",
+                            GROUP_DENIED, _fetched),
+    "OffsetFetch-topic": KafkaRow(_offset_fetch("__kv"), OffsetFetchResponse, 5, "offset_fetch", "audit", "app",
+                                  TOPIC_DENIED),
+    "LeaveGroup": KafkaRow(lambda learnt: LeaveGroupRequest(group_id=CG, member_id=learnt["member"]),
+                           LeaveGroupResponse, 2, "leave_group", "app", "audit", GROUP_DENIED),
+}
+KAFKA_BY_CLIENTS = {0: "Produce", 1: "Fetch", 19: "CreateTopics"}   # with real clients, above
+
+
+def test_the_kafka_table_covers_every_served_api() -> None:
+    keys = {row.request({"member": "", "generation": 0}).API_KEY for row in KAFKA.values()}
+    assert keys | set(KAFKA_BY_CLIENTS) | OPEN_KAFKA_APIS == set(SUPPORTED) | set(GROUP_APIS)
+
+
+def _codes(response: Any) -> list[int]:
+    """Every error code an answer holds, at any depth."""
+    codes, stack = [], [response]
+    while stack:
+        item = stack.pop()
+        for name in item.fields:
+            value = getattr(item, name, None)
+            if name == "error_code":
+                codes.append(value)
+            elif isinstance(value, list):
+                stack.extend(v for v in value if isinstance(v, DataContainer))
+            elif isinstance(value, DataContainer):
+                stack.append(value)
+    return codes
+
+
+def _raw_kafka(cluster: NodeCluster, who: str, row: KafkaRow, learnt: dict[str, Any]) -> Any:
+    context = ssl.create_default_context(cafile=_ca(cluster))
+    context.check_hostname = False
+    with RawKafka(cluster.bootstrap[0], timeout=CALL_S, tls=context) as conn:
+        assert conn.sasl_plain(who, PASSWORDS[who]) == (0, None)
+        return conn.call(row.request(learnt), row.response, row.version)
+
+
+def _denials(cluster: NodeCluster, who: str, op: str) -> float:
+    return sum(v for (name, labels), v in cluster.metrics(1).items()
+               if name == "epochlog_access_denied_total" and dict(labels).get("principal") == who
+               and dict(labels).get("op") == op)
+
+
+def test_each_kafka_api_is_allowed_and_refused_by_its_resource(faces: NodeCluster) -> None:
+    """In the table's order (the member joins before it syncs...): each row refused to its `denied`
+    principal first, then made by its `allowed` one, which still works."""
+    learnt: dict[str, Any] = {}
+    for name, row in KAFKA.items():
+        before = _denials(faces, row.denied, row.op)
+        refused = _raw_kafka(faces, row.denied, row, learnt)
+        assert row.refusal in _codes(refused), f"{name} by {row.denied}: {refused}"
+        assert _denials(faces, row.denied, row.op) == before + 1, f"{name}: the denial was not counted"
+        answer = _raw_kafka(faces, row.allowed, row, learnt)
+        assert set(_codes(answer)) <= {kc.NONE}, f"{name} by {row.allowed}: {answer}"
+        row.learn(answer, learnt)
+
+
+def test_metadata_of_every_topic_lists_only_what_the_caller_may_see(faces: NodeCluster) -> None:
+    def listed(who: str) -> set[str]:
+        row = KafkaRow(lambda _: MetadataRequest(topics=None, allow_auto_topic_creation=False), MetadataResponse, 8,
+                       "metadata", who, who, 0)
+        answer = _raw_kafka(faces, who, row, {})
+        assert set(_codes(answer)) <= {kc.NONE}, answer
+        return {t.name for t in answer.topics}
+
+    every = listed("audit")
+    assert {"__metadata", "__kv", "__offsets", APP_TOPIC} <= every
+    app = listed("app")
+    assert APP_TOPIC in app and "__kv" in app and "__metadata" not in app   # it writes __kv's events
+    assert listed("nobody") == set()
 
 
 def _tls_socket(cluster: NodeCluster) -> ssl.SSLSocket:
@@ -381,3 +599,199 @@ def test_every_kafka_api_but_sasl_is_refused_before_authentication(faces: NodeCl
             except ConnectionResetError:
                 answer = b""
         assert answer == b"", f"API key {api_key} answered an unauthenticated connection"
+
+
+# --- Credentials: none, wrong, expired, revoked, and another broker's, on every face -----------------------
+
+@dataclass(frozen=True)
+class Credential:
+    """What a client shows: a bearer token (native, gRPC, admin endpoint) and SASL/PLAIN user and password
+    (Kafka; None: no SASL); `refused`: the native/gRPC code every call gets with it."""
+
+    token: str
+    sasl: tuple[str, str] | None
+    refused: str
+    kafka: bool = True        # False: the credential has no Kafka form (SASL users have passwords, not tokens)
+
+
+BAD_CREDENTIALS: dict[str, Credential] = {
+    "none": Credential("", None, "unauthenticated"),
+    "wrong": Credential("eltok_wrong", ("app", "not-app-pw"), "unauthenticated"),
+    "expired": Credential(EXPIRED_TOKEN, None, "unauthenticated", kafka=False),
+    "removed": Credential(TOKENS["gone"], ("gone", PASSWORDS["gone"]), "unauthenticated"),   # UserRemoved
+    "revoked": Credential(TOKENS["revoked"], ("revoked", PASSWORDS["revoked"]), "permission_denied"),  # AclRevoked
+}
+
+
+def _native_outcome(cluster: NodeCluster, call: p.Call, token: str) -> str:
+    try:
+        asyncio.run(_native(cluster, "", call, token=token))
+        return "ok"
+    except ClientError as exc:
+        return exc.code
+
+
+def _sasl_ok(cluster: NodeCluster, user: str, password: str) -> bool:
+    context = ssl.create_default_context(cafile=_ca(cluster))
+    context.check_hostname = False
+    with RawKafka(cluster.bootstrap[0], timeout=CALL_S, tls=context) as conn:
+        return conn.sasl_plain(user, password)[0] == kc.NONE
+
+
+@pytest.fixture(scope="module")
+def live_kafka(faces: NodeCluster) -> Iterator[dict[str, RawKafka]]:
+    """Kafka connections of `gone` and `revoked`, authenticated (SASL/PLAIN) and seeing `__kv` while their
+    credentials are good, kept open across `lapsed`."""
+    context = ssl.create_default_context(cafile=_ca(faces))
+    context.check_hostname = False
+    connections = {}
+    try:
+        for who in ("gone", "revoked"):
+            conn = connections[who] = RawKafka(faces.bootstrap[0], timeout=CALL_S, tls=context)
+            assert conn.sasl_plain(who, PASSWORDS[who]) == (0, None)
+            assert set(_codes(conn.call(_metadata("__kv"), MetadataResponse, 8))) == {kc.NONE}
+        yield connections
+    finally:
+        for conn in connections.values():
+            conn.close()
+
+
+@pytest.fixture(scope="module")
+def lapsed(faces: NodeCluster, live_kafka: dict[str, RawKafka]) -> NodeCluster:
+    """`gone` and `revoked` shown to work on every face first, then `gone` removed and `revoked`'s only
+    grant revoked; the fixture returns once the native face refuses them."""
+    for who in ("gone", "revoked"):
+        assert _native_outcome(faces, p.Write([ev.KvPut(name=f"lapsed/{who}", value=b"1")]), TOKENS[who]) == "ok"
+        _grpc(faces, who, GRPC["Status"][0])
+        assert _admin_status(faces, TOKENS[who]) == 403           # valid, without the role
+        assert _sasl_ok(faces, who, PASSWORDS[who])
+    with Client(faces.endpoints) as admin:
+        admin.command(ev.UserRemoved(name="gone"))
+        admin.command(ev.AclRevoked(principal="revoked", role="writer", resource="kv:lapsed/"))
+    for who, credential in (("gone", BAD_CREDENTIALS["removed"]), ("revoked", BAD_CREDENTIALS["revoked"])):
+        wait_until(lambda: _native_outcome(faces, p.Ping(), credential.token) == credential.refused, timeout=CALL_S,
+                   what=f"{who}'s credential refused")
+    return faces
+
+
+@pytest.mark.parametrize("credential", list(BAD_CREDENTIALS))
+def test_native_serves_no_call_to_a_bad_credential(lapsed: NodeCluster, credential: str) -> None:
+    bad = BAD_CREDENTIALS[credential]
+    outcomes = {name: _native_outcome(lapsed, row.call(), bad.token) for name, row in NATIVE.items()}
+    assert {o for o in outcomes.values()} == {bad.refused}, outcomes
+
+
+@pytest.mark.parametrize("credential", list(BAD_CREDENTIALS))
+def test_grpc_serves_no_method_to_a_bad_credential(lapsed: NodeCluster, credential: str) -> None:
+    bad = BAD_CREDENTIALS[credential]
+    outcomes = {}
+    for name, (call, *_) in GRPC.items():
+        try:
+            _grpc(lapsed, "", call, token=bad.token)
+            outcomes[name] = "ok"
+        except grpc.RpcError as exc:
+            outcomes[name] = exc.code().name.lower()
+        except SessionError as exc:
+            outcomes[name] = exc.error.code
+    assert set(outcomes.values()) == {bad.refused}, outcomes
+
+
+def _admin_status(cluster: NodeCluster, token: str) -> int:
+    request = urllib.request.Request(cluster.admin_url(1, "/metrics"),
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=CALL_S, context=ClientTls(_ca(cluster)).context()) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+@pytest.mark.parametrize("credential", list(BAD_CREDENTIALS))
+def test_the_admin_endpoint_serves_no_metrics_to_a_bad_credential(lapsed: NodeCluster, credential: str) -> None:
+    bad = BAD_CREDENTIALS[credential]
+    assert _admin_status(lapsed, bad.token) == (403 if bad.refused == "permission_denied" else 401)
+
+
+GROUP_OPS = {"find_coordinator", "join_group", "sync_group", "heartbeat", "leave_group", "offset_commit",
+             "offset_fetch"}
+
+
+@pytest.mark.parametrize("credential", [name for name, c in BAD_CREDENTIALS.items() if c.kafka])
+def test_kafka_serves_no_api_to_a_bad_credential(lapsed: NodeCluster, credential: str) -> None:
+    """No SASL, a wrong password or a removed user: SaslAuthenticate fails and every other API key closes
+    the connection unanswered. A user without grants: every API answers with its resource's refusal.
+    (No expired row: SASL users have passwords; tokens and their expiry are not a Kafka credential.)"""
+    bad = BAD_CREDENTIALS[credential]
+    context = ssl.create_default_context(cafile=_ca(lapsed))
+    context.check_hostname = False
+    served = set(SUPPORTED) | set(GROUP_APIS)
+    if bad.refused == "unauthenticated":
+        for api_key in sorted(served - OPEN_KAFKA_APIS):
+            low = {**SUPPORTED, **GROUP_APIS}[api_key][0]
+            with RawKafka(lapsed.bootstrap[0], timeout=CALL_S, tls=context) as conn:
+                if bad.sasl is not None:
+                    assert conn.sasl_plain(*bad.sasl)[0] == kc.SASL_AUTHENTICATION_FAILED
+                conn.send_bytes(_request(api_key, low, 7))
+                assert conn.closed_by_peer(CALL_S), f"API key {api_key} answered with credential {credential}"
+        return
+    assert bad.sasl is not None
+    learnt = {"member": "m", "generation": 1}
+    for name, row in KAFKA.items():
+        with RawKafka(lapsed.bootstrap[0], timeout=CALL_S, tls=context) as conn:
+            assert conn.sasl_plain(*bad.sasl) == (0, None)
+            answer = conn.call(row.request(learnt), row.response, row.version)
+        expected = GROUP_DENIED if row.op in GROUP_OPS else row.refusal
+        assert expected in _codes(answer), f"{name} by {credential}: {answer}"
+    user, password = bad.sasl
+    with pytest.raises(TopicAuthorizationFailedError):
+        _produce(lapsed, user, "lapsed/kafka", password=password)
+    with Client(lapsed.endpoints) as admin:
+        assert admin.get("lapsed/kafka") is None
+
+
+def test_a_kafka_connection_authenticated_before_the_change_is_refused_after_it(
+        lapsed: NodeCluster, live_kafka: dict[str, RawKafka]) -> None:
+    """SASL authenticates a connection once: a removed user's connection is closed at its next request,
+    a revoked grant refused on the connection that held it."""
+    gone = live_kafka["gone"]
+    gone.send(_metadata("__kv"), 8)
+    assert gone.closed_by_peer(CALL_S), "a removed user's Kafka connection was served"
+    answer = live_kafka["revoked"].call(_metadata("__kv"), MetadataResponse, 8)
+    assert TOPIC_DENIED in _codes(answer), answer
+
+
+B1 = p.BrokerIdentity("c", "broker-a", "b1", "127.0.0.1:10911", "inc-evil")
+B1_CALLS: dict[str, p.Call] = {
+    "BrokerRegister": p.BrokerRegister([B1]),                                     # the hijack
+    "BrokerHeartbeats": p.BrokerHeartbeats([p.Heartbeat("c", "broker-a", "b1", 1, 0)]),
+    "SyncStateSetReport": p.SyncStateSetReport("c", "broker-a", "b1", 1, 1, 1, []),
+    "BrokerShutdown": p.BrokerShutdown("c", "broker-a", "b1", 1),
+    "Write-BrokerRegistered": p.Write([ev.BrokerRegistered(cluster="c", group="broker-a", name="b1",
+                                                            address="6.6.6.6:10911", incarnation="evil",
+                                                            broker_id=0, broker_epoch=9)]),
+    "Write-SyncStateSetChanged": p.Write([ev.SyncStateSetChanged(cluster="c", group="broker-a", sync_state_set=(2,),
+                                                                  master_epoch=1, sync_state_set_epoch=9)]),
+}
+
+
+def test_a_broker_acts_as_itself_only(faces: NodeCluster) -> None:
+    """b2's valid credentials on b1's registration, heartbeats, SyncStateSet and shutdown, on every face
+    that carries them: all refused; b2's own heartbeat still works."""
+    outcomes = {name: _native_outcome(faces, call, TOKENS["b2"]) for name, call in B1_CALLS.items()}
+    assert set(outcomes.values()) == {"permission_denied"}, outcomes
+    forged = ev.BrokerFenced(cluster="c", group="broker-a", name="b1", broker_epoch=1)
+    with pytest.raises(grpc.RpcError) as refused:
+        _grpc(faces, "b2", lambda s, m: s.Command(pb.CommandRequest(event_msgpack=ev.encode_event(forged)),
+                                                  metadata=m, timeout=CALL_S))
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    producer = KafkaProducer(acks="all", retries=0, max_block_ms=int(CALL_S * 1000), **_sasl(faces, "b2"))
+    try:
+        with pytest.raises(TopicAuthorizationFailedError):
+            producer.send("__metadata", value=ev.encode_event(forged)).get(timeout=CALL_S)
+    finally:
+        producer.close(timeout=CALL_S)
+    assert _admin_status(faces, TOKENS["b2"]) == 403
+    with Client(faces.endpoints) as admin:
+        assert admin.get_entity("broker/c/broker-a/b1") is None
+    assert _native_outcome(faces, p.BrokerHeartbeats([p.Heartbeat("c", "broker-a", "b2", 1, 0)]),
+                           TOKENS["b2"]) in ("ok", "fenced")   # its own: past authorization, the controller judges

@@ -1,0 +1,136 @@
+"""CPU per event of applying committed writes (statemachines/apply.py), one process, two builds interleaved.
+
+bench/build_ab.py measures whole clusters, whose figures move 10-15 % between runs on a loaded shared
+machine; a change to the applier alone is measured better here: the process CPU time of
+`ViewsStateMachine.apply` over the entries bench/vs_etcd's write cases make, built in memory. One
+client session as bench/node_load.py's SDK client opens it: `--concurrency` writes in flight, each of
+`--batch` KvPuts with consecutive sequences, `answered_below` the lowest sequence still in flight;
+writes coalesced into entries of up to `--entry-bytes` (the leader's coalescing), one apply call per
+entry (the Ready loop's slices).
+
+    .venv/bin/python -m bench.apply_cost --base-rev main            # this checkout against main
+    .venv/bin/python -m bench.apply_cost --base-rev main --batch 1 --concurrency 16
+
+Each build runs in a fresh child process per round (`--rounds`, order alternating), with its own
+source tree first on the path. Prints the median CPU us per event of each build and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_CHILD = r"""
+import json, sys, tempfile, time
+from eventlog.raft.types import Entry, EntryKind
+from eventlog.records import encode_batch, stamp
+from statemachines import events as ev
+from statemachines.store import ViewsConfig
+from statemachines.views import ViewsStateMachine
+from bench.node_load import key_for, make_values
+
+events_total, batch, conc, entry_bytes = (int(x) for x in sys.argv[1:5])
+values = make_values()
+sm = ViewsStateMachine(tempfile.mkdtemp(prefix="apply-cost-", dir=sys.argv[5]), ViewsConfig())
+now = [1_700_000_000_000]
+
+def entry(offset, records):
+    now[0] += 1
+    data = bytearray(encode_batch(records, timestamp_ms=now[0]))
+    stamp(data, offset, 1)
+    return Entry(offset, 1, len(records), EntryKind.NORMAL, bytes(data))
+
+opened = ev.ClientSessionOpened(group="kv", client="bench-client")
+sm.apply([entry(0, [(opened.key().encode(), ev.encode_event(opened))])])
+sid, offset, seq = 1, 1, 1
+calls, in_flight = [], []
+for i in range(events_total // batch):
+    seqs = list(range(seq, seq + batch))
+    seq += batch
+    in_flight.append(seqs[0])
+    below = in_flight.pop(0) if len(in_flight) > conc else in_flight[0]
+    calls.append([ev.KvPut(name=key_for(i * batch + j), value=values[(i * batch + j) % len(values)], session_id=sid,
+                           seq=s, answered_below=below, v=ev.KvPut.VERSION) for j, s in enumerate(seqs)])
+entries, pending, size = [], [], 0
+for call in calls:
+    records = [(e.key().encode(), ev.encode_event(e)) for e in call]
+    call_bytes = sum(len(k) + len(v) + 16 for k, v in records)
+    if pending and size + call_bytes > entry_bytes:
+        entries.append(entry(offset, pending))
+        offset += len(pending)
+        pending, size = [], 0
+    pending += records
+    size += call_bytes
+if pending:
+    entries.append(entry(offset, pending))
+t0 = time.process_time()
+bad = 0
+for e in entries:
+    bad += sum(1 for o in sm.apply([e]).values() if not o.ok)
+cpu = time.process_time() - t0
+events = sum(e.count for e in entries)
+print(json.dumps({"events": events, "entries": len(entries), "rejected": bad, "cpu_s": cpu,
+                  "us_per_event": 1e6 * cpu / events}))
+"""
+
+
+def export_rev(rev: str, into: Path) -> Path:
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def run(tree: Path, args: argparse.Namespace, scratch: Path) -> dict[str, float]:
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(args.events), str(args.batch), str(args.concurrency),
+                          str(args.entry_bytes), str(scratch)], cwd=tree, capture_output=True, text=True,
+                         timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"apply_cost child in {tree} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", type=Path, help="source tree of the build to compare with")
+    ap.add_argument("--base-rev", help="git revision of the build to compare with (instead of --base)")
+    ap.add_argument("--head", type=Path, default=ROOT, help="source tree of the other build (default: this one)")
+    ap.add_argument("--events", type=int, default=100_000)
+    ap.add_argument("--batch", type=int, default=100, help="KvPuts per write")
+    ap.add_argument("--concurrency", type=int, default=16, help="writes in flight")
+    ap.add_argument("--entry-bytes", type=int, default=64 << 10, help="entries coalesce writes up to this")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    if (args.base is None) == (args.base_rev is None):
+        ap.error("give one of --base and --base-rev")
+    scratch = Path(tempfile.mkdtemp(prefix="apply-cost-"))
+    try:
+        builds = {"base": export_rev(args.base_rev, scratch / "base") if args.base_rev else args.base,
+                  "head": args.head}
+        got: dict[str, list[dict[str, float]]] = {"base": [], "head": []}
+        loads = []
+        for r in range(args.rounds):
+            for build in (("base", "head") if r % 2 == 0 else ("head", "base")):
+                loads.append(Path("/proc/loadavg").read_text().split()[0])
+                got[build].append(run(builds[build], args, scratch))
+                print(f"round {r + 1} {build}: {json.dumps(got[build][-1])}", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    med = {b: statistics.median(x["us_per_event"] for x in got[b]) for b in got}
+    paired = sorted(h["us_per_event"] / b["us_per_event"] for b, h in zip(got["base"], got["head"]))
+    print(f"batch {args.batch}, concurrency {args.concurrency}, entries up to {args.entry_bytes} bytes, "
+          f"{args.events} events: base {med['base']:.1f} / head {med['head']:.1f} us CPU per event applied "
+          f"({med['head'] / med['base']:.2f}x; per round {', '.join(f'{p:.2f}' for p in paired)}); "
+          f"load average before each run {', '.join(loads)}")
+
+
+if __name__ == "__main__":
+    main()
