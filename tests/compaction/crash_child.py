@@ -66,5 +66,17 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def forked(argv: list[str], output: str) -> None:
+    """`main(argv)` in a process forked from a server that imported this module once (the test's 124
+    kill points each cost a fork, not an interpreter start): stdout and stderr go to `output`."""
+    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1)
+    sys.stderr = os.fdopen(2, "w", buffering=1)
+    os._exit(main(argv))
+
+
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -2,7 +2,8 @@
 
 The parent builds a log whose next forced pass rewrites two groups: three small segments cleaned
 earlier that merge into one (so a swap replaces several segments), and a dirty segment. A child
-(`crash_child.py`) runs that pass and SIGKILLs itself just before or just after its j-th file-system
+(`crash_child.py`; run once as a program to list the steps, then forked for each kill point from a
+forkserver that imported it once) runs that pass and SIGKILLs itself just before or just after its j-th file-system
 call (every rename, replace, unlink, fsync, fdatasync and pwritev: writing the `.cleaned` file, each
 checkpoint write, each rename to `.swap`, to `.deleted` and into place, each directory fsync, each
 deletion). For every kill point, on a fresh copy of the log:
@@ -22,6 +23,7 @@ Replay: EPOCHLOG_CLEANER_CRASH_SEED=<seed printed>.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
 import shutil
@@ -55,6 +57,23 @@ def _seed() -> int:
 def child(directory: Path, below: int, point: int) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tests.compaction.crash_child", str(directory), str(SEGMENT_BYTES),
                            str(below), str(point)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def forked_child(directory: Path, below: int, point: int) -> tuple[int | None, str]:
+    """`child` forked from a server that imported crash_child once (a fork instead of an interpreter
+    start for each of the ~120 kill points; the same code, in a process of its own): (exit code, output)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["tests.compaction.crash_child"])
+    output = directory.parent / f"{directory.name}.out"
+    from tests.compaction import crash_child
+    proc = context.Process(target=crash_child.forked,
+                           args=([str(directory), str(SEGMENT_BYTES), str(below), str(point)], str(output)))
+    proc.start()
+    proc.join(60)
+    if proc.exitcode is None:
+        proc.kill()
+        proc.join()
+    return proc.exitcode, output.read_text() if output.exists() else ""
 
 
 def build(path: Path, rng: random.Random) -> tuple[list, list, int, int]:
@@ -98,9 +117,9 @@ def test_kill_at_every_step_of_a_cleaning_pass(tmp_path):
     for point in range(2 * len(events)):
         work = tmp_path / f"p{point}"
         shutil.copytree(base_dir, work)
-        crashed = child(work, below, point)
+        returncode, output = forked_child(work, below, point)
         ctx = f"seed {seed}, kill {'before' if point % 2 == 0 else 'after'} {events[point // 2]}"
-        assert crashed.returncode == -signal.SIGKILL, f"{ctx}: child exited {crashed.returncode}: {crashed.stderr}"
+        assert returncode == -signal.SIGKILL, f"{ctx}: child exited {returncode}: {output}"
         report = verify_log_dir(work)
         assert report.verdict is not Verdict.CORRUPT, f"{ctx}: {report.problems}"
         pending = report.interrupted_swap is not None
