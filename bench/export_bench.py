@@ -6,9 +6,11 @@
 1. live      for each N of --live: a real 3-node cluster (`epochlog serve` processes on 127.0.0.1,
              tests.support.nodes), loaded with N kv puts (64-byte values over K keys) through the SDK
              in 1,000-event commands from 4 threads; then `export_once` (what `epochlog export`
-             runs: ranges spread over the three members, read through the SDK) into a fresh local
-             table and into a fresh table on an S3-compatible server on 127.0.0.1 (moto's server
-             mode, tests/spark/s3_server.py), each on a warm SparkSession. Reported: events/s.
+             runs: ranges spread over the three members, read through the SDK's read_log) into a
+             fresh local table and into a fresh table on an S3-compatible server on 127.0.0.1 (moto's
+             server mode, tests/spark/s3_server.py), each on a warm SparkSession. Reported: events/s,
+             and the nodes' CPU seconds; before the exports, what serving every event to one reader
+             costs a follower through read_events and through read_log (`serving_cost`).
 2. audit     N events generated offline into segment files (tests/spark/synthetic.py) and exported; then
              `history KEY` and `state --offset M --prefix P` (1% of the keys) at the table as
              exported, after `table optimize` clusters it by key, and after state checkpoints
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import bench.results as bench_results
-from bench.log_bench import wait_quiet
+from bench.log_bench import machine_busy_seconds, wait_quiet
 
 RANGE_OFFSETS = 250_000
 BATCH = 1000
@@ -47,6 +49,7 @@ def load(endpoints: list[str], events: int, keys: int) -> float:
     """Write `events` kv puts through the SDK; seconds taken."""
     from epochlog.client import Client
     from statemachines import events as ev
+    from statemachines.request_ids import uuid7
 
     pad = b"x" * 56
     per = -(-events // WRITERS)
@@ -62,7 +65,7 @@ def load(endpoints: list[str], events: int, keys: int) -> float:
                     n = min(BATCH, per - done, events - w * per - done)
                     base = w * per + done
                     batch = [ev.KvPut(name=f"k/{(base + i) * 7919 % keys:08d}", value=b"%08d" % (base + i) + pad,
-                                      request_id=f"b{base + i}") for i in range(n)]
+                                      request_id=uuid7()) for i in range(n)]
                     for attempt in range(10):
                         try:
                             client.commands(batch)
@@ -89,9 +92,88 @@ def load(endpoints: list[str], events: int, keys: int) -> float:
     return time.perf_counter() - started
 
 
+def process_cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes `pids` used so far (/proc/<pid>/stat)."""
+    total = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def tree_cpu_seconds() -> float:
+    """CPU seconds used so far by this process and every process below it (the nodes, moto, the Spark
+    driver's JVM and its Python workers): the export's own cost, whatever other processes on the shared
+    machine use. Each process counts its own time and that of its children it reaped (a live child
+    counts for itself), so nothing is counted twice."""
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue   # exited meanwhile
+            parent[int(entry)] = int(fields[1])
+            cpu[int(entry)] = sum(int(x) for x in fields[11:15]) / tick   # utime stime cutime cstime
+    me = os.getpid()
+
+    def below_me(pid: int) -> bool:
+        while pid > 1 and pid != me:
+            pid = parent.get(pid, 0)
+        return pid == me
+    return sum(seconds for pid, seconds in cpu.items() if below_me(pid))
+
+
+def serving_cost(cluster: Any) -> dict[str, tuple[float, float]]:
+    """What serving the export's reads costs a follower: every committed kv record read from one follower
+    in this process (no Spark) through `read_events` (records decoded and re-encoded by the node, 5,000
+    a call, as the export read before read_log) and through `read_log` (batches as stored, decoded here
+    as the export's executors decode them). Per call: (events/s, the node's CPU seconds per 1M events)."""
+    from epochlog.client import Client
+    from eventlog.offline import decode_batches
+
+    leader = cluster.leader("kv")
+    follower = next(i for i in sorted(cluster.nodes) if i != leader)
+    endpoint, pid = cluster.endpoint(follower), cluster.nodes[follower].pid
+    out = {}
+    with Client([endpoint], timeout=30, sessions=False) as client:
+        end = client.read_events("kv", 1 << 62, max_events=1, endpoint=endpoint).commit_offset + 1
+        cluster.wait_applied(follower, "kv", end - 1, timeout=120)
+
+        def by_events() -> int:
+            offset, rows = 0, 0
+            while offset < end:
+                got = client.read_events("kv", offset, max_events=5000, max_bytes=4 << 20, endpoint=endpoint)
+                rows += len(got.events)
+                offset = got.next_offset
+            return rows
+
+        def by_batches() -> int:
+            offset, rows = 0, 0
+            while offset < end:
+                got = client.read_log("kv", offset, max_bytes=4 << 20, endpoint=endpoint)
+                rows += len(decode_batches(got.data, offset, end, applied=frozenset(got.noops))[0])
+                offset = got.next_offset
+            return rows
+
+        for name, read in (("read_events", by_events), ("read_log", by_batches)):
+            wait_quiet(10, log)
+            cpu, t = process_cpu_seconds([pid]), time.perf_counter()
+            rows = read()
+            seconds, cpu = time.perf_counter() - t, process_cpu_seconds([pid]) - cpu
+            out[name] = (rows / seconds, cpu / rows * 1e6)
+            log(f"  {name} from follower {follower}: {rows:,} events in {seconds:.1f} s ({rows / seconds:,.0f}/s), "
+                f"the node used {cpu:.1f} CPU s ({cpu / rows * 1e6:.2f} s per 1M events)")
+    return out
+
+
 def live(spark: Any, base: Path, n: int, keys: int, s3: Any) -> dict[str, Any]:
     from spark.export import export_once
-    from spark.sources import ClusterSource
+    from spark.sources import ClusterSource, OfflineSource
     from spark.storage import TableLocation
     from tests.support.nodes import NodeCluster
 
@@ -108,18 +190,30 @@ def live(spark: Any, base: Path, n: int, keys: int, s3: Any) -> dict[str, Any]:
         load_s = load(cluster.endpoints, n, keys)
         log(f"{n:,} events: loaded into the cluster in {load_s:.1f} s ({n / load_s:,.0f}/s)")
         source = ClusterSource(tuple(cluster.endpoints), 30.0, ("kv",))
-        out: dict[str, Any] = {"n": n, "load": load_s}
-        for name, loc in (("local", TableLocation.parse(base / f"live-{n}")),
-                          ("s3", TableLocation.parse(f"s3://bench/live-{n}", environ=s3.env))):
+        out: dict[str, Any] = {"n": n, "load": load_s, "serving": serving_cost(cluster)}
+        # The same events from node 1's segment files (the offline reader, no serving node) into a local
+        # table: what the live export costs beyond decoding and writing.
+        offline = OfflineSource.discover(cluster.nodes[1].data_dir, ("kv",))
+        for name, loc, src in (("local", TableLocation.parse(base / f"live-{n}"), source),
+                               ("s3", TableLocation.parse(f"s3://bench/live-{n}", environ=s3.env), source),
+                               ("offline", TableLocation.parse(base / f"offline-{n}"), offline)):
             other = wait_quiet(30, log)
-            t = time.perf_counter()
-            result = export_once(spark, loc, source, range_offsets=RANGE_OFFSETS)
+            pids = [node.pid for node in cluster.nodes.values() if node.pid is not None]
+            nodes_cpu, busy, tree, t = process_cpu_seconds(pids), machine_busy_seconds(), tree_cpu_seconds(), \
+                time.perf_counter()
+            result = export_once(spark, loc, src, range_offsets=RANGE_OFFSETS)
             seconds = time.perf_counter() - t
+            nodes_cpu, busy = process_cpu_seconds(pids) - nodes_cpu, machine_busy_seconds() - busy
+            out[f"{name}_cpu"] = tree_cpu_seconds() - tree
             assert result.rows >= n, (result.rows, n)
             out[name], out[f"{name}_other"], out["rows"] = seconds, other, result.rows
+            out[f"{name}_nodes_cpu"], out[f"{name}_busy"] = nodes_cpu, busy / seconds
             log(f"  export to {name}: {result.rows:,} rows in {seconds:.1f} s, {result.rows / seconds:,.0f} events/s "
-                f"({len(result.plan.ranges())} ranges over 3 members; other processes {other:.2f} cores)")
+                f"({len(result.plan.ranges())} ranges over 3 members; other processes {other:.2f} cores before it; "
+                f"the machine busy {busy / seconds:.2f} cores during it; the nodes used {nodes_cpu:.1f} CPU s, "
+                f"the export's processes {out[f'{name}_cpu']:.1f})")
         shutil.rmtree(base / f"live-{n}", ignore_errors=True)
+        shutil.rmtree(base / f"offline-{n}", ignore_errors=True)
         return out
     finally:
         cluster.close()
@@ -238,13 +332,23 @@ def main(argv: list[str] | None = None) -> int:
           f"Spark `{args.master}` session (start-up {session_s:.1f} s), ranges of {RANGE_OFFSETS:,} offsets spread "
           f"over the three members, one Delta commit; to a local directory, and to moto's S3 server on 127.0.0.1. "
           f"Load average at the start {load_avg[0]:.1f}/{load_avg[1]:.1f}/{load_avg[2]:.1f}."), "",
-          "| events | load through the SDK | export to a local table | export to S3 (moto) |", "|---|---|---|---|"]
+          "| events | load through the SDK | export to a local table | export to S3 (moto) | offline (node 1's files) "
+          "to a local table |", "|---|---|---|---|---|"]
     for r in lives:
         n = r["n"]
         rows = r["rows"]
-        md.append(f"| {n:,} ({rows:,} rows) | {n / r['load']:,.0f}/s ({r['load']:.0f} s) | {rows / r['local']:,.0f}/s "
-                  f"({r['local']:.1f} s; other {r['local_other']:.2f} cores) | {rows / r['s3']:,.0f}/s ({r['s3']:.1f} s; "
-                  f"other {r['s3_other']:.2f} cores) |")
+        md.append(f"| {n:,} ({rows:,} rows) | {n / r['load']:,.0f}/s ({r['load']:.0f} s) | "
+                  + " | ".join(f"{rows / r[k]:,.0f}/s ({r[k]:.1f} s; other {r[f'{k}_other']:.2f} cores before, machine "
+                               f"{r[f'{k}_busy']:.2f} busy; CPU s: export {r[f'{k}_cpu']:.1f}, nodes "
+                               f"{r[f'{k}_nodes_cpu']:.1f})" for k in ("local", "s3", "offline"))
+                  + " |")
+    md += ["", ("Serving cost: every committed event read from one follower by one reader in the benchmark's "
+                "process (no Spark), through `read_events` (the node decodes and re-encodes each record) and through "
+                "`read_log` (whole batches as stored; the reader checks and decodes them): events/s and the node's "
+                "CPU seconds per 1M events."), "", "| events | read_events | read_log |", "|---|---|---|"]
+    for r in lives:
+        md.append(f"| {r['n']:,} | " + " | ".join(f"{r['serving'][k][0]:,.0f}/s, node {r['serving'][k][1]:.2f} CPU s/1M"
+                                                  for k in ("read_events", "read_log")) + " |")
     md += ["", ("Audit on a table of N offline-generated events (one day partition), warm session: seconds of the "
                 "first question / median of the next 3, and files read of the table's files. `state` is at 95 % of "
                 "the log with a 1 % key prefix."), "",

@@ -177,6 +177,9 @@ class EpochlogServicer(pb_grpc.EpochlogServicer):
     async def ReadEvents(self, request: pb.ReadEventsRequest, context: Ctx) -> Any:
         return await self._unary("read_events", request, context)
 
+    async def ReadLog(self, request: pb.ReadLogRequest, context: Ctx) -> Any:
+        return await self._unary("read_log", request, context)
+
     async def Status(self, request: pb.StatusRequest, context: Ctx) -> Any:
         return await self._unary("status", request, context)
 
@@ -325,6 +328,10 @@ def _read_events(s: EpochlogServicer, call: p.ReadEvents, r: pb.ReadEventsReques
     return cv.events(s.node.read_events(call), r.json)
 
 
+def _read_log(s: EpochlogServicer, call: p.ReadLog, r: pb.ReadLogRequest, timeout: float) -> pb.ReadLogResponse:
+    return cv.log_batches(s.node.read_log(call))
+
+
 def _status(s: EpochlogServicer, call: p.Status, r: pb.StatusRequest, timeout: float) -> pb.StatusResponse:
     return cv.status(s.node.status(), s.grpc_addresses)
 
@@ -364,7 +371,7 @@ async def _member_remove(s: EpochlogServicer, call: p.MemberRemove, r: pb.Member
 
 
 _SYNC: dict[str, Callable[[EpochlogServicer, Any, Any, float], Any]] = {
-    "lease_keep_alive": _lease_keep_alive, "read_events": _read_events, "status": _status,
+    "lease_keep_alive": _lease_keep_alive, "read_events": _read_events, "read_log": _read_log, "status": _status,
     "transfer_leader": _transfer_leader, "snapshot": _snapshot, "member_list": _member_list,
     "compaction_status": _compaction_status,
 }
@@ -384,7 +391,7 @@ _NATIVE: dict[str, Callable[[Any], Any]] = {
     "get": cv.get_call, "list": cv.list_call, "history": cv.history_call, "batch": _batch_call,
     "lease_grant": lambda r: p.LeaseGrant(r.ttl_ms, r.lease_id, r.request_id),
     "lease_keep_alive": lambda r: p.LeaseKeepAlive(r.lease_id),
-    "read_events": cv.read_events_call, "status": lambda r: p.Status(),
+    "read_events": cv.read_events_call, "read_log": cv.read_log_call, "status": lambda r: p.Status(),
     "transfer_leader": lambda r: p.TransferLeader(r.group, r.to), "snapshot": lambda r: p.Snapshot(r.group),
     "compaction_status": lambda r: p.CompactionStatus(), "member_list": lambda r: p.MemberList(),
     "member_add": lambda r: p.MemberAdd(r.node_id, r.peer_address, r.client_address, not r.manual_promote),

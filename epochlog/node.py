@@ -22,7 +22,7 @@ import logging
 import os
 import secrets
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,7 +52,7 @@ from statemachines.apply import HALTED
 from statemachines.query import MAX_LIMIT, Query
 from statemachines.request_ids import check_client_request_id
 from statemachines.state import Outcome, encode
-from statemachines.noops import ChangedViews, changed_views_in
+from statemachines.noops import ChangedViews, changed_views_in, unchanged_in
 from statemachines.store import ViewsConfig
 from statemachines.views import ViewsStateMachine
 
@@ -356,6 +356,42 @@ class Node:
                                                  changed(record.key, record.offset)))
                 next_offset = out[-1].offset + 1 if len(out) >= call.max_events else max(offset, chunk.next_offset)
         return p.Events(out, next_offset, full_history_start(log), group.node.log.committed)
+
+    def read_log(self, call: p.ReadLog) -> p.LogBatches:
+        """Committed batches of a group's log as stored (CRC included), bounded like `read_events`:
+        from the batch holding `from_offset`, never past what this node applied, refused below the
+        full history (`compacted`) or at a damaged batch. The node copies bytes and scans the no-op
+        rows of the range: no work per record, so an exporter's reads do not load the serving node
+        (its executors decode the batches, eventlog/offline.py `decode_batches`)."""
+        group = self.group(call.group)
+        log = group.storage.log
+        applied = group.sm.applied_index
+        offset = call.from_offset
+        if offset < full_history_start(log):
+            raise _compacted(group, offset)
+        group.check_readable(offset)
+        data, start, next_offset = b"", offset, offset
+        noops: list[int] = []
+        unknown: list[int] = []
+        if offset <= applied:
+            try:
+                chunk = log.read(offset, call.max_bytes, max_offset=applied + 1)
+            except OffsetOutOfRangeError:
+                raise _compacted(group, offset) from None
+            if offset < log.clean_end_offset:   # cleaned while it was read: records may be missing
+                raise _compacted(group, offset)
+            if chunk.data:
+                data, start, next_offset = bytes(chunk.data), chunk.start_offset, max(offset, chunk.next_offset)
+                views = self.views[call.group]
+
+                def records() -> Iterator[tuple[bytes | None, int]]:
+                    for batch in chunk.batches():
+                        if not batch.header.is_control:
+                            yield from ((r.key, r.offset) for r in batch.records())
+
+                noops, unknown = unchanged_in(views.store, offset, next_offset, views.applier.noops_from, records)
+        return p.LogBatches(data, start, next_offset, full_history_start(log), group.node.log.committed, noops,
+                            unknown)
 
     async def watch(self, call: p.Watch) -> tuple[str, int, AsyncIterator[p.EventRecord]]:
         """(group, first offset, the records) for a watch; the iterator raises CompactedError on a gap."""

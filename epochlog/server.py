@@ -543,6 +543,7 @@ def _cancel_watch(c: ClientConnection, call: p.CancelWatch) -> p.Result:
 _SYNC: dict[type, Callable[[ClientConnection, Any], p.Result]] = {
     p.LeaseKeepAlive: lambda c, call: c.node.lease_keepalive(call),
     p.ReadEvents: lambda c, call: c.node.read_events(call),
+    p.ReadLog: lambda c, call: c.node.read_log(call),
     p.Status: lambda c, call: c.node.status(),
     p.Ping: lambda c, call: p.Done(),                                      # liveness: answered from the loop
     p.TransferLeader: lambda c, call: c.node.transfer_leader(call),

@@ -17,6 +17,8 @@ refuses it (`NotALogError`, naming the log directories below it, such as a node'
 commit bound the caller gives (`committed_offset` reads the one Raft persisted), every batch CRC-checked,
 control batches skipped, and raises LogError rather than return fewer offsets than asked. Whether a
 record changed the views is the views' to say (statemachines/offline.py): the caller passes that lookup.
+`decode_batches` is the same decoder for batches a running node sent as its log stores them (its
+`read_log` call): the live export decodes on its own workers, not on the serving node.
 """
 
 from __future__ import annotations
@@ -394,13 +396,7 @@ def read_committed(log_dir: str | Path, lo: int, hi: int, *, applied: AppliedLoo
             if header.base_offset >= hi:
                 break
             offset = header.base_offset + header.last_offset_delta + 1
-            if header.is_control:
-                continue
-            records = decode_records(header, records_payload(header, raw), _maker(header.leader_epoch, applied))
-            if lo <= header.base_offset and header.last_offset < hi:
-                out.extend(records)
-            else:
-                out.extend(r for r in records if lo <= r.offset < hi)
+            _decode_into(out, header, raw, lo, hi, applied)
             if len(out) >= chunk:
                 yield out
                 out = []
@@ -414,11 +410,53 @@ def read_committed(log_dir: str | Path, lo: int, hi: int, *, applied: AppliedLoo
         raise LogError(f"{log_dir}: the log ends at offset {offset}, before {hi} (the commit bound)")
 
 
-def _maker(term: int, applied: AppliedLookup | None) -> Callable[..., CommittedRecord]:
+def decode_batches(data: bytes | memoryview, lo: int, hi: int, *,
+                   applied: AppliedLookup | frozenset[int] | None = None) -> tuple[list[CommittedRecord], int]:
+    """The records of offsets [lo, hi) in `data`, whole batches as a log stores them (a node's
+    `read_log` reply: epochlog/api/messages.py `LogBatches`), and the offset after the last batch. The
+    same decoding as `read_committed`, every batch CRC-checked, control batches skipped; a batch that
+    fails its check, or offsets missing between `lo` and the last batch, is a LogError (a node only
+    sends contiguous batches its own read checked, so the bytes changed on the way), never a shorter
+    answer. `applied`: a lookup, or the offsets of the records that changed nothing (every other did)."""
+    view = memoryview(data)
+    out: list[CommittedRecord] = []
+    pos, end, offset = 0, len(view), lo
+    while pos < end:
+        checked = check_batch(view, pos, end)
+        if isinstance(checked, str):
+            raise LogError(f"a batch at byte {pos} of the {end} read, after offset {offset - 1}, is damaged: {checked}")
+        if checked.base_offset >= hi:
+            break
+        if checked.base_offset > offset or (pos and checked.base_offset != offset):
+            raise LogError(f"offsets {offset}..{checked.base_offset - 1} are missing from the batches read "
+                           f"(a batch at byte {pos} starts at {checked.base_offset})")
+        offset = checked.base_offset + checked.last_offset_delta + 1
+        _decode_into(out, checked, view[pos:pos + checked.size], lo, hi, applied)
+        pos += checked.size
+    return out, offset
+
+
+def _decode_into(out: list[CommittedRecord], header: BatchHeader, raw: bytes | memoryview, lo: int, hi: int,
+                 applied: AppliedLookup | frozenset[int] | None) -> None:
+    """Append the records of offsets [lo, hi) of one checked batch (`raw`: all of it) to `out`."""
+    if header.is_control:
+        return
+    records = decode_records(header, records_payload(header, raw), _maker(header.leader_epoch, applied))
+    if lo <= header.base_offset and header.last_offset < hi:
+        out.extend(records)
+    else:
+        out.extend(r for r in records if lo <= r.offset < hi)
+
+
+def _maker(term: int, applied: AppliedLookup | frozenset[int] | None) -> Callable[..., CommittedRecord]:
     """What `decode_records` builds each record with: the export's hot loop, so the tuple is made
     directly (`tuple.__new__`, as `CommittedRecord._make` does) rather than through the class's
     Python-level constructor."""
     new = tuple.__new__
+    if isinstance(applied, frozenset):   # every record changed the views but those: no call per record
+        return lambda offset, timestamp, key, value, _headers: new(CommittedRecord, (
+            offset, "" if key is None else key.decode("utf-8", "backslashreplace"), value, timestamp, term,
+            offset not in applied))
     if applied is None:
         return lambda offset, timestamp, key, value, _headers: new(CommittedRecord, (
             offset, "" if key is None else key.decode("utf-8", "backslashreplace"), value, timestamp, term, None))

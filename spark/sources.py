@@ -4,9 +4,11 @@ Both sources yield lists of `SourceRecord` for offsets [lo, hi) of one group, sk
 batches (Raft no-ops and membership changes: not events), and both fail rather than return fewer
 offsets than asked: an export must never commit a range it did not read completely.
 
-- `ClusterSource`: the SDK's `read_events`. Every node serves the committed records it applied, so
-  the ranges are spread over all members (range i from member i mod n); a member that fails, lags
-  or no longer holds the range hands it to the leader. A node that has not applied through `hi` yet
+- `ClusterSource`: the SDK's `read_log`: batches as the log stores them (CRC included), decoded here
+  by the offline reader's decoder (`decode_batches`), so the serving node does no per-record work.
+  Every node serves the committed records it applied, so the ranges are spread over all members
+  (range i from member i mod n); a member that fails, lags or no longer holds the range hands it to
+  the leader. A node that has not applied through `hi` yet
   is waited for (bounded); a range below the leader's log start is an ExportError (the export
   watermark exists so that compaction does not do that).
 - `OfflineSource`: the segment files of a stopped node (or a copy of its data directory), read with
@@ -24,18 +26,25 @@ segments), `quorum-state`, `views/` (RocksDB).
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from eventlog.errors import EpochlogError
-from eventlog.offline import committed_offset, log_start, read_committed
+from eventlog.offline import AppliedLookup, committed_offset, decode_batches, log_start, read_committed
 from spark.errors import ExportError
 from spark.records import SourceRecord
 
-READ_MAX_EVENTS = 5000
-READ_MAX_BYTES = 4 << 20
+if TYPE_CHECKING:
+    from epochlog.api.messages import LogBatches
+
+T = TypeVar("T")
+
+READ_MAX_BYTES = 4 << 20   # per read_log call: whole batches, decoded on the reading worker
 APPLY_WAIT_S = 30.0      # how long a range waits for the leader to apply through its end
 FOLLOWER_WAIT_S = 5.0    # how long it waits for a lagging follower before asking the leader
 
@@ -77,7 +86,15 @@ class ClusterSource:
 
     def read(self, group: str, lo: int, hi: int, slot: int = 0) -> Iterator[list[SourceRecord]]:
         """Offsets [lo, hi) of `group`, from the member `slot` picks (the leader if that one fails, lags
-        more than FOLLOWER_WAIT_S or no longer holds the range)."""
+        more than FOLLOWER_WAIT_S or no longer holds the range). The replies are fetched one ahead by a
+        thread (`_ahead`): the next one is on its way while this one is decoded."""
+        for offset, got in _ahead(self._replies(group, lo, hi, slot)):
+            records = _decoded(group, got, offset, hi)
+            if records:
+                yield records
+
+    def _replies(self, group: str, lo: int, hi: int, slot: int) -> Iterator[tuple[int, LogBatches]]:
+        """(offset asked, read_log reply) covering [lo, hi), with the fall-backs `read` describes."""
         from epochlog.client import Client, ClientError, CompactedError
 
         endpoint = self.readers[slot % len(self.readers)] if self.readers else None
@@ -86,8 +103,7 @@ class ClusterSource:
             stalled_since: float | None = None
             while offset < hi:
                 try:
-                    got = client.read_events(group, offset, max_events=min(READ_MAX_EVENTS, hi - offset),
-                                             max_bytes=READ_MAX_BYTES, endpoint=endpoint)
+                    got = client.read_log(group, offset, max_bytes=READ_MAX_BYTES, endpoint=endpoint)
                 except CompactedError as exc:
                     if endpoint is not None:
                         endpoint = None   # that member compacted (or installed a snapshot): the leader
@@ -99,10 +115,8 @@ class ClusterSource:
                         raise
                     endpoint = None
                     continue
-                records = [SourceRecord(e.offset, e.key, e.value, e.timestamp, e.term, e.applied)
-                           for e in got.events if e.offset < hi]
-                if records:
-                    yield records
+                if got.data:
+                    yield offset, got
                 if got.next_offset > offset:
                     offset = got.next_offset
                     stalled_since = None
@@ -117,6 +131,72 @@ class ClusterSource:
                     raise ExportError(f"group {group}: offset {offset} was not served within {APPLY_WAIT_S:.0f} s "
                                       f"(commit offset {got.commit_offset})")
                 time.sleep(0.05)
+
+
+_DONE = object()
+
+
+def _ahead(items: Iterator[T]) -> Iterator[T]:
+    """`items`, produced by a thread one item ahead of the consumer (a queue of one): the next read_log
+    call waits on the node while the consumer decodes. The producer's exception is raised here, in
+    order; a consumer that stops early (closes this generator) stops the producer at its next item."""
+    slot: queue.Queue[Any] = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def put(entry: tuple[Any, BaseException | None]) -> bool:
+        """Hand `entry` over unless the consumer stopped meanwhile (then False)."""
+        while not stop.is_set():
+            try:
+                slot.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put((item, None)):
+                    return
+            put((_DONE, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            put((_DONE, exc))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=produce, name="epochlog-export-read", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = slot.get()
+            if item is _DONE:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _decoded(group: str, got: LogBatches, lo: int, hi: int) -> list[SourceRecord]:
+    """The records of [lo, hi) in a `read_log` reply, decoded here (eventlog.offline.decode_batches, the
+    offline reader's decoder), `applied` set from the reply's no-op and unknown offsets."""
+    noops, unknown = frozenset(got.noops), frozenset(got.unknown)
+    applied: AppliedLookup | frozenset[int] = noops
+    if unknown:   # views older than their no-op rows
+        def lookup(_key: bytes | None, offset: int) -> bool | None:
+            return None if offset in unknown else offset not in noops
+        applied = lookup
+    try:
+        records, end = decode_batches(got.data, lo, hi, applied=applied)
+    except EpochlogError as exc:
+        raise ExportError(f"group {group}: {exc}") from None
+    if got.data and end < min(hi, got.next_offset):
+        raise ExportError(f"group {group}: the batches read end at offset {end}, before {got.next_offset}")
+    return records
 
 
 # --- segment files of a stopped node -------------------------------------------------------------------

@@ -26,7 +26,7 @@ Call from the group's loop (the store's one user).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from statemachines.store import (
     HISTORY_FLOOR,
@@ -125,3 +125,26 @@ def changed_views_in(store: ViewStore, lo: int, hi: int, start: int) -> ChangedV
             return offset not in noops
         return changed_views(store.get, record_key, offset, start)
     return changed_or_from_history
+
+
+def unchanged_in(store: ViewStore, lo: int, hi: int, start: int,
+                 records: Callable[[], Iterable[tuple[bytes | memoryview | None, int]]]) -> tuple[list[int], list[int]]:
+    """(offsets whose records changed nothing, offsets not known) among the applied records of [lo, hi):
+    what a reader of raw batches (read_log) needs to set `applied` itself. From one scan of the `noops`
+    rows at and above `start`; below it (views older than the rows) from the history, record by record,
+    which is why `records()` ((record key, offset) of each data record of the range) is only called
+    then. Same contract as `changed_views_in`."""
+    noops = noop_offsets(store, max(lo, start), hi)
+    unknown: list[int] = []
+    if lo < start:
+        below = []
+        for key, offset in records():
+            if lo <= offset < min(hi, start):
+                changed = changed_views(store.get, key, offset, start)
+                if changed is None:
+                    unknown.append(offset)
+                elif not changed:
+                    below.append(offset)
+        noops = below + noops
+    return noops, unknown
+

@@ -143,6 +143,19 @@ class ReadEvents(msgspec.Struct, tag="read_events", gc=False):
     max_bytes: Positive = 1 << 20
 
 
+class ReadLog(msgspec.Struct, tag="read_log", gc=False):
+    """Committed record batches of one group as its log stores them (for exporters that decode them).
+
+    The reply (`LogBatches`) carries whole batches, each with its CRC, from the one holding
+    `from_offset` up to about `max_bytes`, never past what the node has applied: the same bounds and
+    refusals as `ReadEvents`, without the node decoding and re-encoding every record (the reader
+    decodes them with eventlog/offline.py, as an offline export does)."""
+
+    group: str
+    from_offset: Offset
+    max_bytes: Annotated[int, msgspec.Meta(ge=1, le=8 << 20)] = 4 << 20
+
+
 class Status(msgspec.Struct, tag="status", gc=False):
     pass
 
@@ -276,7 +289,7 @@ class BrokerList(msgspec.Struct, tag="broker_list", gc=False):
 
 
 Call = (Write | Get | Gets | List | History | LeaseGrant | LeaseKeepAlive | Watch | WatchAck | CancelWatch
-        | ReadEvents | Status | Ping | TransferLeader | Snapshot | CompactionStatus | MemberList | MemberAdd
+        | ReadEvents | ReadLog | Status | Ping | TransferLeader | Snapshot | CompactionStatus | MemberList | MemberAdd
         | MemberPromote | MemberRemove | BrokerRegister | BrokerHeartbeats | SyncStateSetReport | BrokerShutdown
         | RouteQuery | BrokerList | GroupSkip)
 
@@ -371,6 +384,23 @@ class Events(msgspec.Struct, tag="events"):
     log_start: int                        # the first offset served record by record (the log start, or the
                                           # end of its key-compacted range): below it, `compacted`
     commit_offset: int
+
+
+class LogBatches(msgspec.Struct, tag="log_batches"):
+    """A `ReadLog` reply. `data` holds whole batches in the log's format (eventlog/records.py, CRC
+    included; control batches too), from `start_offset` (the first batch's base offset, at or below
+    the offset asked) to `next_offset` (where to read next; the offset asked when the node has not
+    applied it yet). Every record in the batches changed the views but those at the offsets of `noops`
+    (rejected, a retry, skipped) and of `unknown` (not known: below the views' history floor), both
+    within [the offset asked, `next_offset`)."""
+
+    data: bytes
+    start_offset: int
+    next_offset: int
+    log_start: int                        # as in Events: below it, `compacted`
+    commit_offset: int
+    noops: list[int] = []
+    unknown: list[int] = []
 
 
 class PeerInfo(msgspec.Struct, array_like=True):
@@ -615,7 +645,7 @@ class CompactionInfo(msgspec.Struct, tag="compaction_info"):
     free_disk_bytes: int                  # on the data directory's file system (-1: not measured yet)
 
 
-Result = (Written | Got | GotMany | Listed | HistoryRows | Lease | WatchStarted | WatchEvents | Events
+Result = (Written | Got | GotMany | Listed | HistoryRows | Lease | WatchStarted | WatchEvents | Events | LogBatches
           | StatusInfo | Members | Done | Registered | HeartbeatsAck | BrokerGroup | TopicRoute | Brokers
           | CompactionInfo)
 

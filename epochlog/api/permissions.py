@@ -64,6 +64,7 @@ _ACTIONS: dict[type, Callable[[Any], tuple[Action, ...]]] = {
     p.WatchAck: lambda c: DESCRIBE,          # the connection's own watches
     p.CancelWatch: lambda c: DESCRIBE,
     p.ReadEvents: lambda c: (Action(Operation.READ_LOG, f"log/{c.group}"),),
+    p.ReadLog: lambda c: (Action(Operation.READ_LOG, f"log/{c.group}"),),
     p.Status: lambda c: DESCRIBE,
     p.Ping: lambda c: DESCRIBE,
     p.MemberList: lambda c: DESCRIBE,

@@ -423,6 +423,19 @@ class AsyncClient:
         assert isinstance(result, p.Events)
         return result
 
+    async def read_log(self, group: str, from_offset: int, *, max_bytes: int = 4 << 20,
+                       endpoint: str | None = None) -> p.LogBatches:
+        """Committed batches of `group` from `from_offset` as the log stores them (decode them with
+        `eventlog.offline.decode_batches`), from the leader or from the node at `endpoint` (see
+        `read_events`): the form an exporter reads, as the node does no per-record work for it."""
+        call = p.ReadLog(group, from_offset, max_bytes)
+        if endpoint is not None:
+            result = await self._call_on(endpoint, call)
+        else:
+            result = await self._call(call, group=group, leader=True)
+        assert isinstance(result, p.LogBatches)
+        return result
+
     # --- cluster ----------------------------------------------------------------------------------
 
     async def status(self, endpoint: str | None = None) -> p.StatusInfo:

@@ -114,6 +114,9 @@ class Client:
     def read_events(self, group: str, from_offset: int, **kw: Any) -> p.Events:
         return self._run(self.aio.read_events(group, from_offset, **kw))
 
+    def read_log(self, group: str, from_offset: int, **kw: Any) -> p.LogBatches:
+        return self._run(self.aio.read_log(group, from_offset, **kw))
+
     def status(self, endpoint: str | None = None) -> p.StatusInfo:
         return self._run(self.aio.status(endpoint))
 

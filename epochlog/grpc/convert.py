@@ -293,6 +293,15 @@ def event(r: p.EventRecord, json: bool, *, watched: bool = False) -> pb.Event:
                     term=r.term, applied=r.applied)   # applied None: the field stays absent
 
 
+def read_log_call(r: pb.ReadLogRequest) -> p.ReadLog:
+    return checked(p.ReadLog(r.group, r.from_offset, r.max_bytes or (4 << 20)))
+
+
+def log_batches(b: p.LogBatches) -> pb.ReadLogResponse:
+    return pb.ReadLogResponse(batches=b.data, start_offset=b.start_offset, next_offset=b.next_offset,
+                              log_start=b.log_start, commit_offset=b.commit_offset, noops=b.noops, unknown=b.unknown)
+
+
 def events(e: p.Events, json: bool) -> pb.ReadEventsResponse:
     return pb.ReadEventsResponse(events=[event(r, json) for r in e.events], next_offset=e.next_offset,
                                  log_start=e.log_start, commit_offset=e.commit_offset)

@@ -57,6 +57,7 @@ def b1_identity() -> p.BrokerIdentity:
     (p.GroupSkip("kv", 5), {"admin"}),
     (p.Snapshot("kv"), {"admin"}),
     (p.ReadEvents("metadata", 0), {"admin", "auditor"}),
+    (p.ReadLog("kv", 0), {"admin", "auditor"}),
     (p.Watch(prefix="", group="kv"), {"admin", "auditor"}),
     (p.Watch(prefix="kv/app/"), {"admin", "auditor", "app"}),
     (p.Watch(prefix="kv/"), {"admin", "auditor"}),

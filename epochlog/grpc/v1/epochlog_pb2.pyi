@@ -546,6 +546,34 @@ class ReadEventsResponse(_message.Message):
     commit_offset: int
     def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., next_offset: _Optional[int] = ..., log_start: _Optional[int] = ..., commit_offset: _Optional[int] = ...) -> None: ...
 
+class ReadLogRequest(_message.Message):
+    __slots__ = ("group", "from_offset", "max_bytes")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    FROM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    from_offset: int
+    max_bytes: int
+    def __init__(self, group: _Optional[str] = ..., from_offset: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class ReadLogResponse(_message.Message):
+    __slots__ = ("batches", "start_offset", "next_offset", "log_start", "commit_offset", "noops", "unknown")
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NOOPS_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    batches: bytes
+    start_offset: int
+    next_offset: int
+    log_start: int
+    commit_offset: int
+    noops: _containers.RepeatedScalarFieldContainer[int]
+    unknown: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, batches: _Optional[bytes] = ..., start_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., log_start: _Optional[int] = ..., commit_offset: _Optional[int] = ..., noops: _Optional[_Iterable[int]] = ..., unknown: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -99,6 +99,11 @@ class EpochlogStub:
                 request_serializer=epochlog_dot_v1_dot_epochlog__pb2.ReadEventsRequest.SerializeToString,
                 response_deserializer=epochlog_dot_v1_dot_epochlog__pb2.ReadEventsResponse.FromString,
                 _registered_method=True)
+        self.ReadLog = channel.unary_unary(
+                '/epochlog.v1.Epochlog/ReadLog',
+                request_serializer=epochlog_dot_v1_dot_epochlog__pb2.ReadLogRequest.SerializeToString,
+                response_deserializer=epochlog_dot_v1_dot_epochlog__pb2.ReadLogResponse.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/epochlog.v1.Epochlog/Status',
                 request_serializer=epochlog_dot_v1_dot_epochlog__pb2.StatusRequest.SerializeToString,
@@ -238,6 +243,14 @@ class EpochlogServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadLog(self, request, context):
+        """The same records as the log stores them: whole batches (CRC included), decoded by the reader
+        (the export's read: the node does no work per record). See ReadLogResponse.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """--- the cluster ---
         """
@@ -366,6 +379,11 @@ def add_EpochlogServicer_to_server(servicer, server):
                     servicer.ReadEvents,
                     request_deserializer=epochlog_dot_v1_dot_epochlog__pb2.ReadEventsRequest.FromString,
                     response_serializer=epochlog_dot_v1_dot_epochlog__pb2.ReadEventsResponse.SerializeToString,
+            ),
+            'ReadLog': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadLog,
+                    request_deserializer=epochlog_dot_v1_dot_epochlog__pb2.ReadLogRequest.FromString,
+                    response_serializer=epochlog_dot_v1_dot_epochlog__pb2.ReadLogResponse.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -764,6 +782,33 @@ class Epochlog:
             '/epochlog.v1.Epochlog/ReadEvents',
             epochlog_dot_v1_dot_epochlog__pb2.ReadEventsRequest.SerializeToString,
             epochlog_dot_v1_dot_epochlog__pb2.ReadEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/epochlog.v1.Epochlog/ReadLog',
+            epochlog_dot_v1_dot_epochlog__pb2.ReadLogRequest.SerializeToString,
+            epochlog_dot_v1_dot_epochlog__pb2.ReadLogResponse.FromString,
             options,
             channel_credentials,
             insecure,
