@@ -47,9 +47,22 @@ def git_revision() -> str:
         return "unknown"
 
 
+def invocation() -> str:
+    """The command line that ran this process, as a user would type it: `python -m bench.x args`.
+
+    Under `python -m`, argv[0] is the module's file path; it is named as the module again.
+    """
+    script, *args = sys.argv
+    path = Path(script).resolve()
+    root = Path(__file__).resolve().parent.parent
+    if path.suffix == ".py" and path.is_relative_to(root):
+        script = ".".join(path.relative_to(root).with_suffix("").parts)
+    return " ".join([Path(sys.executable).name, "-m", script, *args])
+
+
 def write_section(name: str, body: str, command: str | None = None) -> None:
     """Replace (or add) section `name` of bench/RESULTS.md with `body` (markdown)."""
-    command = command or " ".join([Path(sys.executable).name, "-m", *sys.argv])
+    command = command or invocation()
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     section = (f"<!-- BEGIN {name} -->\n## {name}\n\n"
                f"- machine: {machine()}\n- command: `{command}`\n- when: {stamp}, revision {git_revision()}\n\n"
