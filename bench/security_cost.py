@@ -64,13 +64,18 @@ ACCESS_FRAMES = ("authorize (epochlog/calls.py", "epochlog/access_control.py", "
                  "epochlog/api/permissions.py", "epochlog/kafka/sasl.py")
 
 
+def py_spy() -> str | None:
+    """py-spy on the PATH or beside this interpreter (pip puts it in the venv's bin)."""
+    beside = Path(sys.executable).with_name("py-spy")
+    return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
+
+
 class Sampler:
     """py-spy sampling one process while a case runs; `shares()`: TLS and access shares of its busy samples."""
 
     def __init__(self, pid: int, out: Path) -> None:
         self.out = out
-        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-        self.proc = subprocess.Popen([spy, "record", "-p", str(pid), "-r", "100", "-f", "raw", "-o", str(out),
+        self.proc = subprocess.Popen([py_spy() or "py-spy", "record", "-p", str(pid), "-r", "100", "-f", "raw", "-o", str(out),
                                       "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def shares(self) -> dict[str, float]:
@@ -176,6 +181,8 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true", help="do not write bench/RESULTS.md")
     ap.add_argument("--py-spy", action="store_true", help="sample the kv leader of the first secured run")
     args = ap.parse_args()
+    if args.py_spy and py_spy() is None:   # say so now, not after every round has run
+        ap.error("--py-spy needs py-spy (pip install py-spy)")
     puts, events = max(500, int(args.puts * args.scale)), max(1000, int(args.events * args.scale))
     runs: list[dict[str, object]] = []
     profile: dict[str, dict[str, float]] = {}
