@@ -219,12 +219,19 @@ class Page:
         return ""
 
 
+def default_sigint() -> None:
+    """In the child, before exec: SIGINT as a terminal's shell leaves it. A suite started in the
+    background (`make test &`, CI runners) inherits SIGINT ignored, and a Go program such as grpcurl
+    keeps it ignored: the Ctrl-C this test sends would never stop it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def stream(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[str, str, int]:
     """Run a streaming command as a user watching it would: SIGINT once it has printed something and
     been quiet for QUIET_S (it showed what it streams), or after STREAM_S; a stream with an end
     (`--count`) may end by itself. (stdout, stderr, exit code)."""
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             cwd=cwd, env=env, start_new_session=True)
+                             cwd=cwd, env=env, start_new_session=True, preexec_fn=default_sigint)
     lines: list[tuple[float, str]] = []         # (when read, line)
     errors: list[str] = []
 
