@@ -58,6 +58,7 @@ from statemachines.views import ViewsStateMachine
 
 if TYPE_CHECKING:
     from epochlog.client.tls import ClientTls
+    from eventlog.log import LogRead
 
 logger = logging.getLogger(__name__)
 
@@ -328,33 +329,23 @@ class Node:
         if call.max_events < 1 or call.max_bytes < 1:
             raise InvalidArgumentError("max_events and max_bytes are positive")
         log = group.storage.log
-        applied = group.sm.applied_index
         offset = max(call.from_offset, 0)
-        if offset < full_history_start(log):
-            raise _compacted(group, offset)
-        group.check_readable(offset)
+        chunk = self._applied_chunk(group, offset, call.max_bytes)
         out: list[p.EventRecord] = []
         next_offset = offset
-        if offset <= applied:
-            try:
-                chunk = log.read(offset, call.max_bytes, max_offset=applied + 1)
-            except OffsetOutOfRangeError:
-                raise _compacted(group, offset) from None
-            if offset < log.clean_end_offset:   # cleaned while it was read: records may be missing
-                raise _compacted(group, offset)
-            if chunk is not None:
-                changed = self._changed_views(call.group)(offset, chunk.next_offset)
-                for batch in chunk.batches():
-                    if batch.header.is_control:
+        if chunk is not None:
+            changed = self._changed_views(call.group)(offset, chunk.next_offset)
+            for batch in chunk.batches():
+                if batch.header.is_control:
+                    continue
+                for record in batch.records():
+                    if record.offset < offset or len(out) >= call.max_events:
                         continue
-                    for record in batch.records():
-                        if record.offset < offset or len(out) >= call.max_events:
-                            continue
-                        out.append(p.EventRecord(record.offset, _key_text(record.key),
-                                                 None if record.value is None else bytes(record.value),
-                                                 record.timestamp, batch.header.leader_epoch,
-                                                 changed(record.key, record.offset)))
-                next_offset = out[-1].offset + 1 if len(out) >= call.max_events else max(offset, chunk.next_offset)
+                    out.append(p.EventRecord(record.offset, _key_text(record.key),
+                                             None if record.value is None else bytes(record.value),
+                                             record.timestamp, batch.header.leader_epoch,
+                                             changed(record.key, record.offset)))
+            next_offset = out[-1].offset + 1 if len(out) >= call.max_events else max(offset, chunk.next_offset)
         return p.Events(out, next_offset, full_history_start(log), group.node.log.committed)
 
     def read_log(self, call: p.ReadLog) -> p.LogBatches:
@@ -365,33 +356,42 @@ class Node:
         (its executors decode the batches, eventlog/offline.py `decode_batches`)."""
         group = self.group(call.group)
         log = group.storage.log
-        applied = group.sm.applied_index
         offset = call.from_offset
-        if offset < full_history_start(log):
-            raise _compacted(group, offset)
-        group.check_readable(offset)
+        chunk = self._applied_chunk(group, offset, call.max_bytes)
         data, start, next_offset = b"", offset, offset
         noops: list[int] = []
         unknown: list[int] = []
-        if offset <= applied:
-            try:
-                chunk = log.read(offset, call.max_bytes, max_offset=applied + 1)
-            except OffsetOutOfRangeError:
-                raise _compacted(group, offset) from None
-            if offset < log.clean_end_offset:   # cleaned while it was read: records may be missing
-                raise _compacted(group, offset)
-            if chunk.data:
-                data, start, next_offset = bytes(chunk.data), chunk.start_offset, max(offset, chunk.next_offset)
-                views = self.views[call.group]
+        if chunk is not None and chunk.data:
+            data, start, next_offset = bytes(chunk.data), chunk.start_offset, max(offset, chunk.next_offset)
+            views = self.views[call.group]
 
-                def records() -> Iterator[tuple[bytes | None, int]]:
-                    for batch in chunk.batches():
-                        if not batch.header.is_control:
-                            yield from ((r.key, r.offset) for r in batch.records())
+            def records() -> Iterator[tuple[bytes | None, int]]:
+                for batch in chunk.batches():
+                    if not batch.header.is_control:
+                        yield from ((r.key, r.offset) for r in batch.records())
 
-                noops, unknown = unchanged_in(views.store, offset, next_offset, views.applier.noops_from, records)
+            noops, unknown = unchanged_in(views.store, offset, next_offset, views.applier.noops_from, records)
         return p.LogBatches(data, start, next_offset, full_history_start(log), group.node.log.committed, noops,
                             unknown)
+
+    def _applied_chunk(self, group: RaftGroup, offset: int, max_bytes: int) -> LogRead | None:
+        """Whole batches of `group`'s log from the one holding `offset`, never past what this node
+        applied (None when `offset` is past it); `compacted` below the full history or when the
+        cleaner rewrote the range while it was read (records may be missing). read_events and read_log."""
+        log = group.storage.log
+        applied = group.sm.applied_index
+        if offset < full_history_start(log):
+            raise _compacted(group, offset)
+        group.check_readable(offset)
+        if offset > applied:
+            return None
+        try:
+            chunk = log.read(offset, max_bytes, max_offset=applied + 1)
+        except OffsetOutOfRangeError:
+            raise _compacted(group, offset) from None
+        if offset < log.clean_end_offset:
+            raise _compacted(group, offset)
+        return chunk
 
     async def watch(self, call: p.Watch) -> tuple[str, int, AsyncIterator[p.EventRecord]]:
         """(group, first offset, the records) for a watch; the iterator raises CompactedError on a gap."""
