@@ -527,11 +527,11 @@ class Log:
         with self._lock:
             self._flusher.defer_to_turns()
 
-    def sync_turn(self) -> bool:
+    def sync_turn(self, *, inline: bool = True) -> bool:
         """Make what was appended durable: wake the flusher thread (False; durability listeners hear of
-        it), or sync on this thread now (True: `durable_offset` includes it, or `failure` is set).
-        Only after `sync_once_per_turn`, from the thread that appends."""
-        return self._flusher.sync_turn()
+        it), or, if `inline` allows, sync on this thread now (True: `durable_offset` includes it, or
+        `failure` is set). Only after `sync_once_per_turn`, from the thread that appends."""
+        return self._flusher.sync_turn(inline=inline)
 
     def add_durability_listener(self, listener: DurabilityListener) -> None:
         """Call `listener(durable_offset)` whenever durability advances (from the thread that synced;

@@ -20,8 +20,11 @@ to the thread costs futex wake-ups, a GIL hand-over both ways and a wake-up of t
 it is done; it buys group commit only when appends arrive while a sync runs. So the flusher watches
 the thread's syncs: after INLINE_AFTER in a row during which nothing was appended (one client writing
 at a time), `sync_turn` syncs inline, and hands every PROBE_EVERY-th sync to the thread again, to see
-whether appends now overlap a sync; the first that does goes back to the thread. Either way an offset
-counts as durable only once an fdatasync that started after it was written returned.
+whether appends now overlap a sync; the first that does goes back to the thread. The caller may rule
+the inline sync out (`inline=False`): a Raft leader does, since its own copy is not needed to commit
+(two followers make a quorum of three) and a slow fdatasync on its loop would hold up the commit that
+its followers' acknowledgements make. Either way an offset counts as durable only once an fdatasync
+that started after it was written returned.
 
 Concurrency contract: the flusher is part of its `Log`: it shares the log's lock and reads the log's
 state under it (`FlushedLog`). The thread holds the lock only to take a snapshot of what to sync,
@@ -118,16 +121,17 @@ class LogFlusher:
         docstring); appends alone no longer wake the thread."""
         self._deferred = True
 
-    def sync_turn(self) -> bool:
+    def sync_turn(self, *, inline: bool = True) -> bool:
         """Make what was appended durable (lock NOT held): wake the thread, or sync here (see the module
-        docstring). True when it synced here, or failed trying (then the log has its `failure`):
-        durability listeners are not called for it, the caller reads `durable_offset` itself."""
+        docstring; never here unless `inline`). True when it synced here, or failed trying (then the log
+        has its `failure`): durability listeners are not called for it, the caller reads
+        `durable_offset` itself."""
         log = self._log
         with self._lock:
             if (self._policy != "group" or log._failure is not None or log._closed
                     or log._end_offset <= self.durable_offset or self._syncing):
                 return False   # nothing to do, or the thread syncs and goes on to what was appended
-            if self._lone_syncs < INLINE_AFTER or self._inline_syncs >= PROBE_EVERY:
+            if not inline or self._lone_syncs < INLINE_AFTER or self._inline_syncs >= PROBE_EVERY:
                 self._inline_syncs = 0
                 self._pending.notify()
                 return False

@@ -80,6 +80,16 @@ def test_an_append_during_a_thread_sync_brings_the_thread_back(tmp_path, monkeyp
         assert modes == [False] * (INLINE_AFTER - 1) + [True]
 
 
+def test_the_caller_may_rule_the_inline_sync_out(tmp_path) -> None:
+    with Log.open(tmp_path / "n", CFG) as lg:
+        lg.sync_once_per_turn()
+        for i in range(INLINE_AFTER + 5):
+            info = lg.append(batch(i), epoch=1)
+            assert not lg.sync_turn(inline=False)
+            assert lg.wait_durable(info.last_offset, timeout=10)
+        assert turn(lg, INLINE_AFTER + 5), "allowed again: inline (the thread's syncs bought nothing)"
+
+
 def test_a_failed_inline_sync_is_fatal_and_makes_nothing_durable(tmp_path) -> None:
     lg = Log.open(tmp_path / "f", CFG)
     try:

@@ -602,7 +602,8 @@ class RaftGroup:
             me=self.node_id, term=n.term, voters=n.conf.voters, commit=n.log.committed,
             matches={m: p.match for m, p in n.progress.items() if m != self.node_id},
             live=frozenset(m for m, t in self.heard_at.items() if t >= alive_after),
-            busy=bool(n.lead_transferee or n.conf_at(n.log.committed) != n.conf or self._disk_full))
+            busy=bool(n.lead_transferee or n.conf_at(n.log.committed) != n.conf or self._disk_full),
+            by_transfer=n.won_by_transfer)
         target = self.balance.observe(now, view)
         if target:
             logger.info("group %s: handing leadership to node %s, which the group prefers as its leader "

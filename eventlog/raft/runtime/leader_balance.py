@@ -17,6 +17,10 @@ group back and forth. While the first choice is away the group stays where the e
 move among the others would only add a leader change: the first choice takes it back when it
 returns). What keeps it from acting at the wrong time:
 
+- it only moves what an election placed: a leader that got the leadership handed over (TimeoutNow:
+  an operator's `leader transfer`, a halted or full node stepping aside, a membership change, or
+  the balancer itself) keeps it until the next election; so balancing never undoes a deliberate move;
+
 - the group is settled: this node has led it, in the same term, for `settle_s` (never during or right
   after an election), no transfer and no membership change is under way (`LeaderView.busy`);
 - the target is fit: a voter heard from within an election timeout (`live`) whose log holds the whole
@@ -63,6 +67,7 @@ class LeaderView:
     matches: Mapping[int, int]       # follower -> its acknowledged (durable) offset on the leader
     live: frozenset[int]             # followers heard from within an election timeout
     busy: bool = False               # a transfer or membership change under way, or writes refused
+    by_transfer: bool = False        # this node leads because the previous leader handed it over
 
 
 class LeaderBalance:
@@ -104,7 +109,7 @@ class LeaderBalance:
                 self._fit_since.setdefault(member, now)
             else:
                 self._fit_since.pop(member, None)
-        if view.busy or now - self._leading_since < self.settle or now < self._not_before:
+        if view.by_transfer or view.busy or now - self._leading_since < self.settle or now < self._not_before:
             return 0
         if view.me not in view.voters:
             return 0   # being removed: membership hands leadership over, not the balancer

@@ -6,8 +6,8 @@ held back, as far as the log is now durable; step the messages that pass the pee
 queued proposals to the core, and while the core has a Ready carry it out with pipelined
 persistence (see `RaftNode.accept`): send `send_now`; stage snapshot chunks, install a snapshot;
 write the entries (group commit: the segmented log's flusher thread syncs them while this task goes
-on, woken once per turn, after the turn's messages went out; or, while no append ever overlaps a sync,
-the loop syncs them itself, which saves the hand-off: `Log.sync_turn`); persist term and vote when
+on, woken once per turn, after the turn's messages went out; or, on a follower while no append ever
+overlaps a sync, the loop syncs them itself, which saves the hand-off: `Log.sync_turn`); persist term and vote when
 they changed; apply committed entries and answer waiters;
 `accept()`, and take the next Ready at once (while a backlog of committed entries is applied in
 slices, after letting the loop run: APPLY_BYTES_PER_TURN). Accepted Readys wait in order
@@ -32,7 +32,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from eventlog.raft.node import RaftNode, Ready, ReadState, SoftState
+from eventlog.raft.node import RaftNode, Ready, ReadState, Role, SoftState
 from eventlog.raft.peer_check import PeerCheck
 from eventlog.raft.persist_queue import PersistQueue
 from eventlog.raft.runtime.log_storage import LogStorage
@@ -245,7 +245,9 @@ class ReadyLoop:
 
     def _sync_turn(self) -> None:
         self._sync_scheduled = False
-        if not self._stopped and self.storage.log.sync_turn():
+        # Never inline on the leader: two followers commit without its copy; its loop must not wait
+        # for its own disk meanwhile (eventlog/log_flush.py).
+        if not self._stopped and self.storage.log.sync_turn(inline=self.node.role is not Role.LEADER):
             self._wake.set()   # synced here: release what waited for it in the next step
 
     def on_durable_threadsafe(self, durable_offset: int) -> None:

@@ -6,7 +6,10 @@ import random
 
 import pytest
 
+from eventlog.raft.node import Role
 from eventlog.raft.runtime.leader_balance import LeaderBalance, LeaderView, preference_order
+from eventlog.raft.types import TimeoutNow, VoteResp
+from tests.eventlog.raft.paper import ack, drain, elect, node, storage
 
 VOTERS = (1, 2, 3)
 
@@ -100,6 +103,29 @@ def test_no_move_while_busy_or_right_after_an_election() -> None:
     assert run(b, 1.75, lambda t: view(1, term=5)) == []
     assert run(b, 0.25, lambda t: None, start=1.75) == []
     assert run(b, 2.5, lambda t: view(1, term=7), start=2.0) == [(4.0, 3)]
+
+
+def test_a_leadership_handed_over_on_purpose_is_left_where_it_is() -> None:
+    """An operator's `leader transfer`, a halted or full node stepping aside, the balancer's own move:
+    the leader that got it by TimeoutNow keeps it until the next election."""
+    assert run(LeaderBalance(2, settle_s=1.0), 10.0,
+               lambda t: LeaderView(1, 5, VOTERS, 100, {2: 100, 3: 100}, frozenset({2, 3}), by_transfer=True)) == []
+
+
+def test_the_core_tells_a_leadership_handed_over_from_one_won_in_an_election() -> None:
+    elected = node(1)
+    ack(elected, elect(elected), [2, 3])
+    assert elected.role is Role.LEADER and not elected.won_by_transfer
+    target = node(3, storage(term=1))
+    target.step(TimeoutNow(term=1, src=1, dst=3))
+    drain(target)
+    target.step(VoteResp(term=2, src=2, dst=3, granted=True))
+    assert target.role is Role.LEADER and target.won_by_transfer
+    # The next leadership of the same node, won in an election, is not a handed-over one.
+    target.step(VoteResp(term=3, src=2, dst=3, granted=False))   # a higher term: it follows
+    assert target.role is Role.FOLLOWER
+    ack(target, elect(target), [1, 2])
+    assert target.role is Role.LEADER and not target.won_by_transfer
 
 
 def test_a_node_being_removed_is_left_to_membership() -> None:
