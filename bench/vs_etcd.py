@@ -5,8 +5,8 @@ the anchor's own grpc.aio generator (etcd_load.py), then a FRESH 3-node Epochlog
 `epochlog serve` processes on 127.0.0.1) is loaded by bench/node_load.py through the SDK: same
 values (~145 bytes), same keys, same number of concurrent callers, one client process each.
 The ratio column is Epochlog / etcd (> 1: Epochlog is faster). Epochlog's load starts once the
-cluster is settled (every group has a leader and none changed for 5 s: the start's elections and the
-leader balancer's moves are over); its leader changes are counted during the case, those before it
+cluster is settled (every group has a leader, on three different nodes with a build that balances
+leaders, and none changed for 5 s: the start's elections and the leader balancer's moves are over); its leader changes are counted during the case, those before it
 are reported apart.
 
     .venv/bin/python -m bench.vs_etcd                 # every case (~10 minutes)
@@ -160,7 +160,8 @@ def run_epochlog(case: tuple[str, str, int, int, list[str], list[str]], n: int, 
             line = proc.stdout.readline().decode()
             if not line.startswith("READY"):
                 raise RuntimeError(f"a node did not start: {line!r}")
-        marks = wait_settled(data)
+        # A build with the leader balancer (issue 20) starts the case once the groups' leaders are spread.
+        marks = wait_settled(data, spread=(tree / "eventlog" / "raft" / "runtime" / "leader_balance.py").exists())
         out = subprocess.run([py, "-m", "bench.node_load", "--endpoints", ",".join(endpoints), "--workload", workload,
                               "-c", str(conc), "--n", str(n), "--max-seconds", "60", "--label", label,
                               "--server-pids", ",".join(str(p.pid) for p in procs), *our_args],
@@ -188,6 +189,7 @@ SETTLED_QUIET_S = 5.0
 leader balancer's moves (2 s settle time by default) are over, the case may start."""
 SETTLED_TIMEOUT_S = 60.0
 _LEADS = re.compile(r"group (\S+): node \d+ leads in term (\d+)")
+_LEADS_NODE = re.compile(r"group (\S+): node (\d+) leads in term (\d+)")
 
 
 def _leaderships(text: str) -> dict[str, set[int]]:
@@ -197,11 +199,12 @@ def _leaderships(text: str) -> dict[str, set[int]]:
     return terms
 
 
-def wait_settled(data: Path, groups: tuple[str, ...] = ("metadata", "offsets", "kv")) -> dict[str, int]:
-    """Wait (at most SETTLED_TIMEOUT_S) until every group has a leader and no leadership changed for
-    SETTLED_QUIET_S, read from the nodes' INFO lines 'group G: node N leads in term T'; each node log's
-    size then (`leader_changes(since=...)` counts what the case itself moved). A build that does not
-    balance leaders waits as long as one that does: the same quiet time after its last election."""
+def wait_settled(data: Path, groups: tuple[str, ...] = ("metadata", "offsets", "kv"), *,
+                 spread: bool = False) -> dict[str, int]:
+    """Wait (at most SETTLED_TIMEOUT_S) until every group has a leader, each on another node if
+    `spread` (a build that balances leaders), and no leadership changed for SETTLED_QUIET_S, read from
+    the nodes' INFO lines 'group G: node N leads in term T'; each node log's size then
+    (`leader_changes(since=...)` counts what the case itself moved)."""
     deadline = time.monotonic() + SETTLED_TIMEOUT_S
     seen: dict[str, set[int]] = {}
     changed = time.monotonic()
@@ -210,12 +213,24 @@ def wait_settled(data: Path, groups: tuple[str, ...] = ("metadata", "offsets", "
         now = _leaderships("".join(texts.values()))
         if now != seen:
             seen, changed = now, time.monotonic()
-        if all(g in seen for g in groups) and time.monotonic() - changed >= SETTLED_QUIET_S:
+        leaders = _leaders("".join(texts.values()))
+        if (all(g in leaders for g in groups) and (not spread or len({leaders[g] for g in groups}) == len(groups))
+                and time.monotonic() - changed >= SETTLED_QUIET_S):
             return {name: len(text) for name, text in texts.items()}
         if time.monotonic() > deadline:
             log(f"leaderships not settled within {SETTLED_TIMEOUT_S:.0f} s: {seen}; starting the case anyway")
             return {name: len(text) for name, text in texts.items()}
         time.sleep(0.2)
+
+
+def _leaders(text: str) -> dict[str, int]:
+    """Each group's leader in the highest term the lines name."""
+    best: dict[str, tuple[int, int]] = {}
+    for m in _LEADS_NODE.finditer(text):
+        group, node, term = m.group(1), int(m.group(2)), int(m.group(3))
+        if term > best.get(group, (-1, 0))[0]:
+            best[group] = (term, node)
+    return {g: node for g, (_, node) in best.items()}
 
 
 def leader_changes(data: Path, *, since: dict[str, int] | None = None,

@@ -597,7 +597,8 @@ class RaftGroup:
         if n.role is not Role.LEADER:
             self.balance.observe(now, None)
             return
-        alive_after = now - n.cfg.election_timeout_ticks * self.tick_interval
+        # Heard within two election timeouts: on a loaded machine one is often missed for a moment.
+        alive_after = now - 2 * n.cfg.election_timeout_ticks * self.tick_interval
         view = LeaderView(
             me=self.node_id, term=n.term, voters=n.conf.voters, commit=n.log.committed,
             matches={m: p.match for m, p in n.progress.items() if m != self.node_id},

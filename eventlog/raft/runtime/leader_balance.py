@@ -23,7 +23,7 @@ returns). What keeps it from acting at the wrong time:
 
 - the group is settled: this node has led it, in the same term, for `settle_s` (never during or right
   after an election), no transfer and no membership change is under way (`LeaderView.busy`);
-- the target is fit: a voter heard from within an election timeout (`live`) whose log holds the whole
+- the target is fit: a voter heard from lately (`live`: the runtime says within two election timeouts) whose log holds the whole
   commit offset, continuously for `settle_s` (a member that just came back, or lags under load, waits
   until it has kept up that long: Redpanda mutes a restarted node the same way);
 - it does not repeat itself: each attempt of this node for this group within `retry_window_s` of its
@@ -65,7 +65,7 @@ class LeaderView:
     voters: tuple[int, ...]
     commit: int                      # the leader's commit offset
     matches: Mapping[int, int]       # follower -> its acknowledged (durable) offset on the leader
-    live: frozenset[int]             # followers heard from within an election timeout
+    live: frozenset[int]             # followers heard from lately
     busy: bool = False               # a transfer or membership change under way, or writes refused
     by_transfer: bool = False        # this node leads because the previous leader handed it over
 
