@@ -160,8 +160,7 @@ def run_epochlog(case: tuple[str, str, int, int, list[str], list[str]], n: int, 
             line = proc.stdout.readline().decode()
             if not line.startswith("READY"):
                 raise RuntimeError(f"a node did not start: {line!r}")
-        # A build with the leader balancer (issue 20) starts the case once the groups' leaders are spread.
-        marks = wait_settled(data, spread=(tree / "eventlog" / "raft" / "runtime" / "leader_balance.py").exists())
+        marks = wait_settled(data)
         out = subprocess.run([py, "-m", "bench.node_load", "--endpoints", ",".join(endpoints), "--workload", workload,
                               "-c", str(conc), "--n", str(n), "--max-seconds", "60", "--label", label,
                               "--server-pids", ",".join(str(p.pid) for p in procs), *our_args],
@@ -199,18 +198,18 @@ def _leaderships(text: str) -> dict[str, set[int]]:
     return terms
 
 
-def wait_settled(data: Path, groups: tuple[str, ...] = ("metadata", "offsets", "kv"), *,
-                 spread: bool = False) -> dict[str, int]:
-    """Wait (at most SETTLED_TIMEOUT_S) until every group has a leader, each on another node if
-    `spread` (a build that balances leaders), and no leadership changed for SETTLED_QUIET_S, read from
-    the nodes' INFO lines 'group G: node N leads in term T'; each node log's size then
-    (`leader_changes(since=...)` counts what the case itself moved)."""
+def wait_settled(data: Path, groups: tuple[str, ...] = ("metadata", "offsets", "kv")) -> dict[str, int]:
+    """Wait (at most SETTLED_TIMEOUT_S) until every group has a leader, each on another node when the
+    nodes balance leaders (they log 'leader balance: ...' at start), and no leadership changed for
+    SETTLED_QUIET_S, read from the nodes' INFO lines 'group G: node N leads in term T'; each node log's
+    size then (`leader_changes(since=...)` counts what the case itself moved)."""
     deadline = time.monotonic() + SETTLED_TIMEOUT_S
     seen: dict[str, set[int]] = {}
     changed = time.monotonic()
     while True:
         texts = {f.name: f.read_text(errors="replace") for f in sorted(data.glob("node-*.log"))}
         now = _leaderships("".join(texts.values()))
+        spread = any("leader balance: " in text for text in texts.values())
         if now != seen:
             seen, changed = now, time.monotonic()
         leaders = _leaders("".join(texts.values()))

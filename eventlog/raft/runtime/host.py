@@ -106,6 +106,11 @@ class NodeHost:
                 group.retention_floor = functools.partial(self._retention_floor, name)
             group.space_guard = self._space_guard
             self.groups[name] = group
+        firsts = {name: g.balance.order(g.node.conf.voters)[0] for name, g in self.groups.items()
+                  if g.balance is not None and g.node.conf.voters}
+        if firsts:
+            logger.info("leader balance: each group's leader hands leadership to its first choice once settled: %s",
+                        ", ".join(f"{name} -> node {node}" for name, node in firsts.items()))
         for group in self.groups.values():
             group.start()
         if self.configs.log.scrub_bytes_per_second:
