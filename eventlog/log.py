@@ -520,22 +520,8 @@ class Log:
         """The write or sync failure that made this log refuse writes, if one happened."""
         return self._failure
 
-    def sync_once_per_turn(self) -> None:
-        """Under the `group` policy, appends stop waking the flusher thread: the caller, the only one that
-        appends from now on, calls `sync_turn` once per turn of its loop after appending
-        (eventlog/log_flush.py says why and when the sync then runs on the caller's thread)."""
-        with self._lock:
-            self._flusher.defer_to_turns()
-
-    def sync_turn(self, *, inline: bool = True) -> bool:
-        """Make what was appended durable: wake the flusher thread (False; durability listeners hear of
-        it), or, if `inline` allows, sync on this thread now (True: `durable_offset` includes it, or
-        `failure` is set). Only after `sync_once_per_turn`, from the thread that appends."""
-        return self._flusher.sync_turn(inline=inline)
-
     def add_durability_listener(self, listener: DurabilityListener) -> None:
-        """Call `listener(durable_offset)` whenever durability advances (from the thread that synced;
-        not for `sync_turn`'s own syncs, which its caller learns of from its result),
+        """Call `listener(durable_offset)` whenever durability advances (from the thread that synced),
         and once more when a background sync fails (then `failure` is set).
 
         It runs without the log's lock and must not block (hand the value over to your own loop).

@@ -12,24 +12,9 @@ The durable offset only advances here, or when the log seals a segment, resets o
 may lower it). Waiters block on `durable` (a condition on the log's lock); durability listeners are
 called without the lock, from the thread that synced.
 
-Syncs once per turn (`defer_to_turns`, the Raft groups' logs): under `group` an append then wakes
-nobody; the log's owner calls `sync_turn` once per turn of its loop, after its appends (and after the
-messages of the turn went out), which either wakes the thread (once, not per append; not at all while
-it is syncing: it goes on to what was appended meanwhile), or syncs on the caller's thread. The hand-off
-to the thread costs futex wake-ups, a GIL hand-over both ways and a wake-up of the caller's loop when
-it is done; it buys group commit only when appends arrive while a sync runs. So the flusher watches
-the thread's syncs: after INLINE_AFTER in a row during which nothing was appended (one client writing
-at a time), `sync_turn` syncs inline, and hands every PROBE_EVERY-th sync to the thread again, to see
-whether appends now overlap a sync; the first that does goes back to the thread. The caller may rule
-the inline sync out (`inline=False`): a Raft leader does, since its own copy is not needed to commit
-(two followers make a quorum of three) and a slow fdatasync on its loop would hold up the commit that
-its followers' acknowledgements make. Either way an offset counts as durable only once an fdatasync
-that started after it was written returned.
-
 Concurrency contract: the flusher is part of its `Log`: it shares the log's lock and reads the log's
 state under it (`FlushedLog`). The thread holds the lock only to take a snapshot of what to sync,
-never while syncing, and so does `sync_turn`. Call everything else with the log's lock held, except
-`notify_listeners` and `sync_turn`.
+never while syncing. Call everything else with the log's lock held, except `notify_listeners`.
 """
 
 from __future__ import annotations
@@ -48,11 +33,6 @@ from eventlog.log_segments import LogSegments
 from eventlog.segment import Segment
 
 DurabilityListener = Callable[[int], None]
-
-INLINE_AFTER = 8
-"""Thread syncs in a row with no append during them, before `sync_turn` syncs on the caller's thread."""
-PROBE_EVERY = 32
-"""While syncing inline, every this many syncs go to the thread, to notice appends overlapping a sync."""
 
 
 class FlushedLog(Protocol):
@@ -87,10 +67,6 @@ class LogFlusher:
         self.durable_offset = 0                     # every offset below it is on disk
         self._listeners: list[DurabilityListener] = []
         self._thread: threading.Thread | None = None
-        self._deferred = False       # appends wake nobody: the owner calls sync_turn once per turn
-        self._syncing = False        # the thread is syncing (from its snapshot to its update)
-        self._lone_syncs = 0         # the thread's syncs in a row with no append during them
-        self._inline_syncs = 0       # inline syncs since the last one handed to the thread
 
     def start(self) -> None:
         """Start the flusher thread, if the policy has one."""
@@ -112,50 +88,9 @@ class LogFlusher:
         if policy == "fsync":
             self.sync_active()
             return True
-        if policy == "group" and not self._deferred:
+        if policy == "group":
             self._pending.notify()
         return False
-
-    def defer_to_turns(self) -> None:
-        """From now on the owner calls `sync_turn` once per turn after appending (see the module
-        docstring); appends alone no longer wake the thread."""
-        self._deferred = True
-
-    def sync_turn(self, *, inline: bool = True) -> bool:
-        """Make what was appended durable (lock NOT held): wake the thread, or sync here (see the module
-        docstring; never here unless `inline`). True when it synced here, or failed trying (then the log
-        has its `failure`): durability listeners are not called for it, the caller reads
-        `durable_offset` itself."""
-        log = self._log
-        with self._lock:
-            if (self._policy != "group" or log._failure is not None or log._closed
-                    or log._end_offset <= self.durable_offset or self._syncing):
-                return False   # nothing to do, or the thread syncs and goes on to what was appended
-            if not inline or self._lone_syncs < INLINE_AFTER or self._inline_syncs >= PROBE_EVERY:
-                self._inline_syncs = 0
-                self._pending.notify()
-                return False
-            self._inline_syncs += 1
-            target = log._end_offset
-            generation = log._generation
-            seg = log._segments.active
-            fd = seg.fd
-            assert fd is not None
-        # The active segment is only rolled, sealed or closed by the thread that appends, i.e. this one.
-        started = time.perf_counter()
-        try:
-            os.fdatasync(fd)
-        except OSError as exc:
-            with self._lock:
-                log._fail(io_error(f"fdatasync of {seg.path}", exc))
-                self._durable.notify_all()
-            return True
-        log._synced(started)
-        with self._lock:
-            if generation == log._generation:
-                self.durable_offset = max(self.durable_offset, target)
-            self._durable.notify_all()
-        return True
 
     def sync_active(self) -> None:
         """Sync the active segment now: everything up to the log end is then durable."""
@@ -234,7 +169,6 @@ class LogFlusher:
                 generation = log._generation
                 seg = log._segments.active
                 assert seg.fd is not None
-                self._syncing = True
                 if not held or held[0][0] is not seg:
                     # Its own copy, duplicated once per segment (not per sync): the segment may be sealed
                     # or deleted while it syncs. Closed when the next segment is synced, or on exit.
@@ -247,18 +181,14 @@ class LogFlusher:
                 os.fdatasync(fd)
             except OSError as exc:
                 with self._lock:
-                    self._syncing = False
                     log._fail(io_error(f"fdatasync of {seg.path}", exc))
                 self.notify_listeners()  # listeners check `failure`: nobody may wait on this log forever
                 return
             log._synced(started)
             with self._lock:
-                self._syncing = False
                 # Older segments were synced when they were sealed, so everything below `target`
                 # is on disk, unless a truncation rewrote part of it meanwhile.
                 if generation == log._generation:
                     self.durable_offset = max(self.durable_offset, target)
-                # Group commit paid off only if something was appended while this sync ran.
-                self._lone_syncs = 0 if log._end_offset > target else self._lone_syncs + 1
                 self._durable.notify_all()
             self.notify_listeners()

@@ -6,9 +6,7 @@ held back, as far as the log is now durable; step the messages that pass the pee
 queued proposals to the core, and while the core has a Ready carry it out with pipelined
 persistence (see `RaftNode.accept`): send `send_now`; stage snapshot chunks, install a snapshot;
 write the entries (group commit: the segmented log's flusher thread syncs them while this task goes
-on, woken once per turn, after the turn's messages went out; or, on a follower while no append ever
-overlaps a sync, the loop syncs them itself, which saves the hand-off: `Log.sync_turn`); persist term and vote when
-they changed; apply committed entries and answer waiters;
+on); persist term and vote when they changed; apply committed entries and answer waiters;
 `accept()`, and take the next Ready at once (while a backlog of committed entries is applied in
 slices, after letting the loop run: APPLY_BYTES_PER_TURN). Accepted Readys wait in order
 (`PersistQueue`) until the log's durable offset passes their entries, or what is left of them once a
@@ -32,7 +30,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from eventlog.raft.node import RaftNode, Ready, ReadState, Role, SoftState
+from eventlog.raft.node import RaftNode, Ready, ReadState, SoftState
 from eventlog.raft.peer_check import PeerCheck
 from eventlog.raft.persist_queue import PersistQueue
 from eventlog.raft.runtime.log_storage import LogStorage
@@ -111,8 +109,6 @@ class ReadyLoop:
         self._persisted_commit = node.log.committed
         self._seen_term = node.term
         self._seen_leadership = (node.term, node.leader)
-        self._sync_scheduled = False
-        storage.log.sync_once_per_turn()
 
     def deliver(self, peer: int, msg: Message) -> None:
         self._inbox.append((peer, msg))
@@ -153,11 +149,6 @@ class ReadyLoop:
                     if backlog:
                         await asyncio.sleep(0)   # see APPLY_BYTES_PER_TURN
                 self.persist_commit(force=False)
-                if not self._sync_scheduled and self.storage.log.end_offset > self.storage.log.durable_offset:
-                    # After the callbacks already queued, the transport's flush of this turn's messages
-                    # among them: the followers get the entries while the leader syncs its own copy.
-                    self._sync_scheduled = True
-                    self.loop.call_soon(self._sync_turn)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # a failed fsync or a broken invariant: this node must stop
@@ -242,13 +233,6 @@ class ReadyLoop:
         for rd in self._held.pop_durable(log.durable_offset):
             for m in self.node.persisted(rd):
                 self._send(m.dst, self.name, m)
-
-    def _sync_turn(self) -> None:
-        self._sync_scheduled = False
-        # Never inline on the leader: two followers commit without its copy; its loop must not wait
-        # for its own disk meanwhile (eventlog/log_flush.py).
-        if not self._stopped and self.storage.log.sync_turn(inline=self.node.role is not Role.LEADER):
-            self._wake.set()   # synced here: release what waited for it in the next step
 
     def on_durable_threadsafe(self, durable_offset: int) -> None:
         """Durability listener (the log's flusher thread): wake the loop's task."""
