@@ -1,23 +1,30 @@
 """Benchmark of the Delta export and the audit (spark/): a live 3-node cluster, local and S3 tables.
 
-    python -m bench.export_bench [--live 1000000,10000000] [--audit 10000000] [--master local[2]]
-                                 [--keys K] [--dir DIR] [--no-results]
+    python -m bench.export_bench [--live 1000000,10000000] [--targets local,s3,offline] [--audit 10000000]
+                                 [--audit-live] [--no-serving] [--master local[2]] [--keys K] [--dir DIR]
+                                 [--no-results]
 
 1. live      for each N of --live: a real 3-node cluster (`epochlog serve` processes on 127.0.0.1,
              tests.support.nodes), loaded with N kv puts (64-byte values over K keys) through the SDK
-             in 1,000-event commands from 4 threads; then `export_once` (what `epochlog export`
-             runs: ranges spread over the three members, read through the SDK's read_log) into a
-             fresh local table and into a fresh table on an S3-compatible server on 127.0.0.1 (moto's
-             server mode, tests/spark/s3_server.py), each on a warm SparkSession. Reported: events/s,
-             and the nodes' CPU seconds; before the exports, what serving every event to one reader
-             costs a follower through read_events and through read_log (`serving_cost`).
+             (AsyncClient.commands, 2,000-event writes, 8 in flight: every event a committed, applied
+             KvPut); then, once the nodes are back to their idle CPU, `export_once` (what `epochlog
+             export` runs: ranges spread over the three members, read through the SDK's read_log) into
+             a fresh table for each of --targets in order, each just after a warm-up export of 20,000
+             offsets to the same kind of target (unless --cold: Spark ends Python workers idle for a
+             minute, so the first export after the load would start them): local (a directory), s3 (moto's server mode
+             on 127.0.0.1, tests/spark/s3_server.py), offline (node 1's segment files into a directory),
+             on one warm SparkSession. Reported: events/s, the load, and the CPU seconds of each process
+             role (nodes, JVM, Python workers, driver, moto) and its busiest threads per phase
+             (bench/proc_cpu.py, JSON lines); unless --no-serving, what serving every event to one reader
+             costs a follower through read_events and through read_log (`serving_cost`). --audit-live:
+             the audit questions (below) on the largest run's first local table.
 2. audit     N events generated offline into segment files (tests/spark/synthetic.py) and exported; then
              `history KEY` and `state --offset M --prefix P` (1% of the keys) at the table as
              exported, after `table optimize` clusters it by key, and after state checkpoints
              (every N/4 offsets): seconds (first and median of the next 3, warm session) and the
              files each question read.
 
-The machine is shared (2 cores): the run reports the load of other processes at the start.
+The machine is shared (2 cores): the run reports the load of other processes at the start and per phase.
 Results: stdout and the `export` section of bench/RESULTS.md.
 """
 
@@ -40,16 +47,18 @@ from bench.log_bench import machine_busy_seconds, wait_quiet
 
 T = TypeVar("T")
 RANGE_OFFSETS = 250_000
+WARM_OFFSETS = 20_000   # a warm-up export: 4 ranges, so each of local[2]'s task slots starts its workers
 BATCH = 2000        # events per write (a write's events must fit the group's batch limit, 1 MiB)
-IN_FLIGHT = 32      # writes outstanding
+IN_FLIGHT = 8       # writes outstanding (16,000 events: at 2,000 events/s on a saturated machine an answer
+                    # still comes within the client's attempt time, so writes are not sent twice)
 
 
 def log(msg: str) -> None:
     print(msg, flush=True)
 
 
-def load(endpoints: list[str], events: int, keys: int) -> float:
-    """Write `events` kv puts through the SDK; seconds taken.
+def load(endpoints: list[str], events: int, keys: int) -> tuple[float, int]:
+    """Write `events` kv puts through the SDK; (seconds taken, writes the bench sent again).
 
     The fastest write path the product has for events that stay events (one KvPut record each; a `Txn` would
     make one record of up to 128 puts): `AsyncClient.commands` of BATCH events with IN_FLIGHT calls
@@ -64,9 +73,10 @@ def load(endpoints: list[str], events: int, keys: int) -> float:
 
     pad = b"x" * 56
     next_event = 0
+    retried = 0
 
     async def writer(client: AsyncClient) -> None:
-        nonlocal next_event
+        nonlocal next_event, retried
         while next_event < events:
             base = next_event
             n = min(BATCH, events - base)
@@ -83,6 +93,7 @@ def load(endpoints: list[str], events: int, keys: int) -> float:
                     # retry is a record too: the export counts rows, not N).
                     if not exc.retriable or attempt == 9:
                         raise
+                    retried += 1
                     await asyncio.sleep(0.5)
             failed = [r for r in results if not r.ok]
             assert not failed, f"{len(failed)} puts not applied: {failed[0]}"
@@ -93,7 +104,7 @@ def load(endpoints: list[str], events: int, keys: int) -> float:
 
     started = time.perf_counter()
     asyncio.run(run())
-    return time.perf_counter() - started
+    return time.perf_counter() - started, retried
 
 
 def process_cpu_seconds(pids: list[int]) -> float:
@@ -226,9 +237,11 @@ def settle(roles: Callable[[int, str, str | None], str | None], idle: float, max
     return time.perf_counter() - t
 
 
-def live(spark: Any, base: Path, n: int, keys: int, s3: Any, targets: list[str], audit_live: bool) -> dict[str, Any]:
+def live(spark: Any, base: Path, n: int, keys: int, s3: Any, targets: list[str], audit_live: bool,
+         serving: bool, warm: bool) -> dict[str, Any]:
     """Load a fresh cluster with `n` events, then export them to each of `targets` in turn (a fresh table
-    each, the nodes quiet before each); with `audit_live`, the audit questions on the first local table."""
+    each, the nodes quiet before each, with `warm` a small warm-up export just before); with `audit_live`,
+    the audit questions on the first local table."""
     from spark.export import export_once
     from spark.sources import ClusterSource, OfflineSource
     from spark.storage import TableLocation
@@ -247,13 +260,14 @@ def live(spark: Any, base: Path, n: int, keys: int, s3: Any, targets: list[str],
         roles = role_of(cluster, s3)
         idle = nodes_cores(roles, 5.0)
         log(f"the nodes idle: {idle:.3f} cores")
-        load_s, rec = phase("load", n, roles, lambda: load(cluster.endpoints, n, keys))
+        (load_s, retried), rec = phase("load", n, roles, lambda: load(cluster.endpoints, n, keys))
         phases = [rec]
-        log(f"{n:,} events: loaded into the cluster in {load_s:.1f} s ({n / load_s:,.0f}/s)")
+        log(f"{n:,} events: loaded into the cluster in {load_s:.1f} s ({n / load_s:,.0f}/s; {retried} writes sent "
+            f"again by the bench)")
         settled, rec = phase("settle after load", n, roles, lambda: settle(roles, idle, 600))
         phases.append(rec)
         source = ClusterSource(tuple(cluster.endpoints), 30.0, ("kv",))
-        out: dict[str, Any] = {"n": n, "load": load_s, "settle": settled, "idle": idle, "serving": serving_cost(cluster),
+        out: dict[str, Any] = {"n": n, "load": load_s, "settle": settled, "idle": idle, "serving": serving_cost(cluster) if serving else None,
                                "phases": phases, "targets": []}
         # The same events from node 1's segment files (the offline reader, no serving node) into a local
         # table: what the live export costs beyond decoding and writing.
@@ -265,6 +279,17 @@ def live(spark: Any, base: Path, n: int, keys: int, s3: Any, targets: list[str],
                         "offline": (TableLocation.parse(table), offline)}[name]
             settle(roles, idle, 120)
             other = wait_quiet(30, log)
+            if warm:
+                # Spark ends a Python worker idle for a minute (PythonWorkerFactory), so after the load every
+                # worker is gone and the first export would pay for starting and importing them, and for the
+                # JIT of its code paths: a small export of the same source to the same kind of target first,
+                # its cost a phase of its own.
+                scratch = TableLocation.parse(base / f"warm-{n}-{i}") if name != "s3" else \
+                    TableLocation.parse(f"s3://bench/warm-{n}-{i}", environ=s3.env)
+                _, rec = phase(f"warm-up for {name}", n, roles, lambda: export_once(
+                    spark, scratch, src, range_offsets=WARM_OFFSETS // 4, max_offsets=WARM_OFFSETS))
+                phases.append(rec)
+                shutil.rmtree(base / f"warm-{n}-{i}", ignore_errors=True)
             tree = tree_cpu_seconds()
             result, rec = phase(f"export to {name}", n, roles,
                                 lambda: export_once(spark, loc, src, range_offsets=RANGE_OFFSETS))
@@ -362,6 +387,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="Exports after each live load, in order (local, s3, offline; repeats allowed).")
     parser.add_argument("--audit-live", action="store_true",
                         help="The audit questions on the largest live run's first local table too.")
+    parser.add_argument("--cold", action="store_true",
+                        help="No warm-up export before each measured one (the first after the load then starts "
+                             "Spark's Python workers).")
+    parser.add_argument("--no-serving", action="store_true", help="Skip the serving cost (reads without Spark).")
     parser.add_argument("--keys", type=int, default=100_000, help="Distinct kv keys.")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--dir", type=Path, default=Path("bench/out/export"))
@@ -397,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     lives, audits = [], []
     try:
         for n in live_sizes:
-            lives.append(live(spark, base, n, args.keys, s3, targets, args.audit_live and n == max(live_sizes)))
+            lives.append(live(spark, base, n, args.keys, s3, targets, args.audit_live and n == max(live_sizes),
+                              not args.no_serving, not args.cold))
         for n in audit_sizes:
             log(f"audit at {n:,} events")
             audits.append(audit(spark, base, n, args.keys))
@@ -411,7 +441,10 @@ def main(argv: list[str] | None = None) -> int:
            f"then `export_once` (what `epochlog export` runs) on a warm Spark `{args.master}` session (start-up "
            f"{session_s:.1f} s), ranges of {RANGE_OFFSETS:,} offsets spread over the three members, one Delta "
            f"commit; to a local directory, to moto's S3 server on 127.0.0.1, and offline from node 1's segment "
-           f"files to a local directory, in the order listed, each once the nodes were quiet. Load average at the "
+           f"files to a local directory, in the order listed, each once the nodes were quiet"
+           + ("" if args.cold else f" and just after a warm-up export of {WARM_OFFSETS:,} offsets of the same source "
+                                   f"to the same kind of target (Spark's Python workers and JIT warm)")
+           + f". Load average at the "
            f"start {load_avg[0]:.1f}/{load_avg[1]:.1f}/{load_avg[2]:.1f}."), "",
           "| events | load through the SDK | export | events/s | load average; other processes before; machine busy "
           "during | CPU s of the export's processes (nodes, JVM, Python workers, driver, moto) |",
@@ -428,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
                 "process (no Spark), through `read_events` (the node decodes and re-encodes each record) and through "
                 "`read_log` (whole batches as stored; the reader checks and decodes them): events/s and the node's "
                 "CPU seconds per 1M events."), "", "| events | read_events | read_log |", "|---|---|---|"]
-    for r in lives:
+    for r in (r for r in lives if r["serving"]):
         md.append(f"| {r['n']:,} | " + " | ".join(f"{r['serving'][k][0]:,.0f}/s, node {r['serving'][k][1]:.2f} CPU s/1M"
                                                   for k in ("read_events", "read_log")) + " |")
     md += ["", ("Audit on a table of N offline-generated events (one day partition), warm session: seconds of the "
