@@ -25,7 +25,7 @@ CPU per operation (the three nodes' user+system CPU over the measured phase) of 
 1 - secured/open ops/s (and secured/open CPU - 1), and the secured/open CPU ratio of each round. The
 issue's target, at most 15 %, is judged on the median of the per-round ratios; for Kafka produce on the
 side-by-side runs. Why: run one after the other, the two modes see different load on the shared machine
-(same-mode runs a minute apart differ by up to 30 % in CPU per record, more than the cost measured), and a
+(same-mode runs minutes apart differed by 20-50 % in CPU per record, more than the cost measured), and a
 slower run carries more of the nodes' time-driven CPU (ticks, heartbeats, timers: about 0.1 core for the
 three nodes when idle) per record; side by side, both see the same machine over the same seconds. Each Kafka
 run also records the events per Produce request (kafka-python's batching; one Raft entry each) and the
@@ -356,6 +356,8 @@ def report(runs: list[dict[str, object]], args: argparse.Namespace, puts: int, e
                      f"{pair(case, 'client_cpu_us_per_op', ',.0f')} | {pair(case, 'events_per_request', '.1f')} | "
                      f"{verdict} |")
     off = sum(float(x.get("requests_off_leader", 0)) for x in runs)  # type: ignore[arg-type]
+    alone = values("kafka-produce", "open", "server_cpu_us_per_op")
+    spread = f"{min(alone):,.0f}-{max(alone):,.0f} us/record"
     if profile:
         lines += ["", "Where the secured kv leader's CPU went (one more secured run, not in the medians: py-spy, 100 Hz, "
                   "busy samples; the peer port's TLS is in both modes and counted here too):", "",
@@ -374,8 +376,8 @@ def report(runs: list[dict[str, object]], args: argparse.Namespace, puts: int, e
         f"secured/open CPU per op - 1 (server: the three nodes; client: node_load's process, or this one for "
         f"kafka-python). The target is judged on the median of the per-round secured/open server CPU ratios, for "
         f"Kafka produce on the side-by-side runs: one after the other, the two modes see different load on the "
-        f"shared machine (a minute apart, runs of the same mode differ by up to 30 % in CPU per record), and the "
-        f"slower run carries more of the nodes' time-driven CPU (ticks, heartbeats, timers) per record. Produce "
+        f"shared machine (here the open kafka-produce runs alone spread over {spread}), and the slower run carries "
+        f"more of the nodes' time-driven CPU (ticks, heartbeats, timers) per record. Produce "
         f"requests answered by a node other than the kv leader, all runs: {off:.0f}. "
         f"Load average (1 min) before each run: {loads}.\n\nRuns (JSON lines):\n\n```\n"
         + "\n".join(json.dumps(x) for x in runs) + "\n```")
