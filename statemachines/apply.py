@@ -5,7 +5,7 @@ mutation and the new applied offset, so a crash at any point neither loses nor r
 restart the views say which offset they reached and the log replays what follows.
 
 Per record: decode the event with `events.applicable` (the test the leader also runs before
-proposing); if its request id was seen within the dedupe window (and at or above the history floor,
+proposing; on the leader, the event it decoded then, `Applier.expect`); if its request id was seen within the dedupe window (and at or above the history floor,
 below which request ids are forgotten too), return the first outcome and change nothing; check its
 conditions (epochs, expected versions) against the current state, including the writes of earlier
 records in the same batch; then write the new entity state, its history row in `versions`, and
@@ -39,7 +39,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -94,6 +94,9 @@ jumps far ahead drains over the next entries instead of stalling one apply call 
 call, so replicas stay identical)."""
 SKIPPED = b"skipped_offsets"    # meta: msgpack list of the offsets the operator skipped (`Applier.skip`)
 DIGEST_CHECKPOINTS_KEPT = 16   # (offset, digest) notes an applier keeps for the leader's comparison
+EXPECTED_BYTES = 16 << 20
+"""Record values a leader's applier holds decoded at most (`Applier.expect`): past it they are dropped,
+and those records are decoded when applied, as any other."""
 UPGRADE = "upgrade this node: a restart of a newer Epochlog applies it"
 _SKIP_HINT = ("if no Epochlog version can apply it (e.g. a node before the leader check accepted it), "
               "skip it on every node: epochlog group skip --group {group} --offset {offset}")
@@ -219,6 +222,25 @@ class Applier:
         # offsets on every member (entries have the same bounds everywhere), compared by the leader
         # (epochlog/integrity.py). In memory: after a restart the next ones are noted.
         self.digest_checkpoints: deque[tuple[int, bytes]] = deque(maxlen=DIGEST_CHECKPOINTS_KEPT)
+        # record value -> (record key, the event `applicable` decodes from the value): see `expect`
+        self._expected: dict[bytes, tuple[bytes, ev.Event]] = {}
+        self._expected_bytes = 0
+
+    def expect(self, records: Iterable[tuple[bytes, bytes, ev.Event]]) -> None:
+        """Records this node is about to propose as the leader, each with the event `events.applicable`
+        decoded from its value (`events.checked_record`): applying a record with that very key and value
+        takes the event from here instead of decoding and checking the value again. A memo of a pure
+        function of the bytes, so the outcome is the same; any other record (on a follower, from another
+        proposer, one this memo dropped) is decoded and checked as always. Held until applied, at most
+        EXPECTED_BYTES of values (what never gets applied here, e.g. refused on a follower, is dropped
+        with the rest when that overflows)."""
+        expected = self._expected
+        for key, value, event in records:
+            if self._expected_bytes > EXPECTED_BYTES:
+                expected.clear()
+                self._expected_bytes = 0
+            expected[value] = (key, event)
+            self._expected_bytes += len(value)
 
     def skip(self, offset: int) -> None:
         """Record, durably, that the record at `offset` (where this applier halted) is skipped: applied
@@ -303,18 +325,24 @@ class Applier:
         if offset in self.skipped:
             return Outcome(False, offset, SKIPPED_CODE, "skipped by the operator: no node could apply it")
         invalid: ev.InvalidEventError | None = None
-        try:
-            event = ev.applicable(value or b"")
-        except ev.InvalidEventError as exc:   # decoded: its key and request id still count, as they always did
-            event, invalid = exc.event, exc
-        except ev.EventError as exc:
-            return Outcome(False, offset, exc.code, str(exc))
-        except ev.SchemaVersionError as exc:
-            raise _CannotApply(offset, str(exc), UPGRADE) from None
-        except RecursionError as exc:
-            raise _CannotApply(offset, f"{exc} in this process", "a node with a deeper stack may apply it") from None
-        if key != event.key().encode():
-            return Outcome(False, offset, INVALID_ARGUMENT, f"record key {key!r} is not the event's key")
+        expected = self._expected.pop(value, None) if self._expected and value is not None else None
+        if expected is not None:
+            self._expected_bytes -= len(value)  # type: ignore[arg-type]
+        if expected is not None and expected[0] == key:
+            event = expected[1]   # what `applicable(value)` gives, decoded by this node's leader (`expect`)
+        else:
+            try:
+                event = ev.applicable(value or b"")
+            except ev.InvalidEventError as exc:   # decoded: its key and request id still count, as they always did
+                event, invalid = exc.event, exc
+            except ev.EventError as exc:
+                return Outcome(False, offset, exc.code, str(exc))
+            except ev.SchemaVersionError as exc:
+                raise _CannotApply(offset, str(exc), UPGRADE) from None
+            except RecursionError as exc:
+                raise _CannotApply(offset, f"{exc} in this process", "a node with a deeper stack may apply it") from None
+            if key != event.key().encode():
+                return Outcome(False, offset, INVALID_ARGUMENT, f"record key {key!r} is not the event's key")
         admitted: sessions.Admission | None = None
         dedupe_key = None
         request_time = None

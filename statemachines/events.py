@@ -709,11 +709,19 @@ def event_record(event: Event) -> tuple[bytes, bytes]:
     """(record key, record value) of an event this code can apply; else EventError (invalid_argument):
     nothing is appended. The encoded value goes through `applicable`, the applier's own test, so no
     record a leader proposes can stop its replicas of the same version."""
+    key, value, _ = checked_record(event)
+    return key, value
+
+
+def checked_record(event: Event) -> tuple[bytes, bytes, Event]:
+    """`event_record`'s (key, value) and the event `applicable` decoded from that value: what the
+    applier of the same code gets from the record, so the leader can hand it over instead of the
+    applier decoding the value a second time (statemachines/apply.py `Applier.expect`)."""
     value = encode_event(event)
     try:
-        applicable(value)
+        checked = applicable(value)
     except SchemaVersionError as exc:
         raise EventError(f"{exc}: refused, nothing was written (a node writes only what it can apply)") from None
     except RecursionError as exc:
         raise EventError(str(exc)) from None
-    return event.key().encode(), value
+    return checked.key().encode(), value, checked
