@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import struct
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ from eventlog.errors import (ALREADY_EXISTS, CONDITION_FAILED, HALTED, INVALID_A
                              VERSION_MISMATCH, InvalidBatchError)
 from eventlog.errors import SKIPPED as SKIPPED_CODE   # the reason (SKIPPED below is a meta key)
 from eventlog.raft.types import Entry, EntryKind
-from eventlog.records import NO_PRODUCER_ID, BatchHeader, Record, RecordBatch
+from eventlog.records import NO_PRODUCER_ID, BatchHeader, RecordBatch, decode_records, records_payload
 from statemachines import events as ev
 from statemachines import brokers, producers, request_ids, sessions
 from statemachines.noops import CF as NOOPS
@@ -131,12 +132,17 @@ class Overlay:
 
     Writes are kept per column family, so a scan merges only its own family's pending writes: with
     every write of an apply call in one dict, each scan walked all of them (a client session's
-    `_forget` per request, and the expiries per entry: quadratic in the entries of a call)."""
+    `_forget` per request, and the expiries per entry: quadratic in the entries of a call).
+
+    Reads of the store are remembered in the root overlay (`reads`, shared by its children): the store
+    does not change while overlays over it live (the applier writes it once, after its last use of
+    them), and a client session's rows are read for every request of it."""
 
     def __init__(self, store: ViewStore, parent: Overlay | None = None) -> None:
         self.store = store
         self.parent = parent
         self.writes: dict[str, dict[bytes, bytes | None]] = {}   # column family -> key -> value (None: deleted)
+        self.reads: dict[str, dict[bytes, bytes | None]] = {} if parent is None else parent.reads
 
     def get(self, cf: str, key: bytes) -> bytes | None:
         layer: Overlay | None = self
@@ -147,7 +153,15 @@ class Overlay:
                 if hit is not _MISSING:
                     return hit  # type: ignore[return-value]
             layer = layer.parent
-        return self.store.get(cf, key)
+        reads = self.reads.get(cf)
+        if reads is None:
+            reads = self.reads[cf] = {}
+        else:
+            hit = reads.get(key, _MISSING)
+            if hit is not _MISSING:
+                return hit  # type: ignore[return-value]
+        value = reads[key] = self.store.get(cf, key)
+        return value
 
     def put(self, cf: str, key: bytes, value: bytes) -> None:
         pending = self.writes.get(cf)
@@ -283,9 +297,9 @@ class Applier:
                     header, records = _records(entry, self.skipped)
                     self.now_ms = sessions.Clock.advance(entry_ov, header.max_timestamp if header else 0)
                     instead = _producer_batch(entry_ov, entry, header, records, self.now_ms)
-                    for i, record in enumerate(records):
-                        outcomes[record.offset] = (
-                            self._apply_record(entry_ov, record.key, record.value, record.offset) if instead is None
+                    for i, (offset, key, value) in enumerate(records):
+                        outcomes[offset] = (
+                            self._apply_record(entry_ov, key, value, offset) if instead is None
                             else msgspec.structs.replace(instead, offset=instead.offset + i))
                     _record_noops(entry_ov, entry, outcomes)
                     sessions.expire(entry_ov, self.now_ms)
@@ -307,13 +321,7 @@ class Applier:
             return outcomes
         wb = store.new_batch()
         for cf, pending in batch_ov.writes.items():
-            for key, value in pending.items():
-                if cf == META:
-                    store.put_meta(wb, key, value or b"")
-                elif value is None:
-                    store.delete(wb, cf, key)
-                else:
-                    store.put(wb, cf, key, value)
+            store.put_all(wb, cf, pending)
         store.put_meta(wb, APPLIED, encode_offset(applied))
         store.put_meta(wb, DIGEST, digest)
         store.write(wb)
@@ -364,7 +372,8 @@ class Applier:
                 if request_time is not None or (offset - o.offset <= self.config.dedupe_window_offsets and (
                         floor is None or o.offset >= decode_offset(floor))):   # not yet evicted: still forgotten
                     return Outcome(o.ok, o.offset, o.code, o.message, duplicate=True)
-        savepoint = Overlay(self.store, ov)
+        # A handler that rejects only before its first write needs no savepoint (_WRITES_LAST).
+        savepoint = ov if type(event) in _WRITES_LAST else Overlay(self.store, ov)
         try:
             if invalid is not None:
                 raise invalid
@@ -377,7 +386,8 @@ class Applier:
             raise _CannotApply(offset, f"applying {type(event).__name__} failed: {exc!r}",
                                "a bug: report it with this log line") from exc
         if outcome.ok:
-            savepoint.commit_to_parent()
+            if savepoint is not ov:
+                savepoint.commit_to_parent()
             if isinstance(event, ev.LeaseGranted):
                 self.lease_changes.append((event.lease_id, event.ttl_ms, offset))
             elif isinstance(event, ev.LeaseRevoked | ev.LeaseExpired):
@@ -426,9 +436,14 @@ class Applier:
     @staticmethod
     def save(ov: Overlay, key: str, state: msgspec.Struct, event: ev.Event, offset: int) -> None:
         raw_key = key.encode()
+        Applier.save_raw(ov, cf_for(raw_key), raw_key, state, event, offset)
+
+    @staticmethod
+    def save_raw(ov: Overlay, cf: str, raw_key: bytes, state: msgspec.Struct, event: ev.Event, offset: int) -> None:
+        """`save` of an entity key already encoded, in its column family `cf`."""
         data = encode(state)
-        ov.put(cf_for(raw_key), raw_key, data)
-        ov.put("versions", version_key(raw_key, offset), encode(Version(_tag(event), data)))
+        ov.put(cf, raw_key, data)
+        ov.put("versions", version_key(raw_key, offset), encode(Version(_TAGS[type(event)], data)))
 
     @staticmethod
     def remove(ov: Overlay, key: str, event: ev.Event, offset: int) -> None:
@@ -437,13 +452,20 @@ class Applier:
         ov.put("versions", version_key(raw_key, offset), encode(Version(_tag(event), None)))
 
 
-def _records(entry: Entry, skipped: frozenset[int]) -> tuple[BatchHeader | None, list[Record]]:
+_Row = tuple[int, bytes | None, bytes | None]   # a record's offset, key, value
+
+
+def _row(offset: int, timestamp: int, key: bytes | None, value: bytes | None, headers: object) -> _Row:
+    return offset, key, value
+
+
+def _records(entry: Entry, skipped: frozenset[int]) -> tuple[BatchHeader | None, list[_Row]]:
     """The batch header and records of a NORMAL entry. Its CRC was checked when it was stored; a batch
     that still does not parse (a writer's bug) halts the group like any entry this code cannot apply (at
     its first offset: skipping that offset skips the whole entry)."""
     try:
         batch = RecordBatch.parse(entry.data, verify_crc=False)
-        return batch.header, list(batch.records())
+        return batch.header, list(decode_records(batch.header, records_payload(batch.header, batch.raw), _row))
     except InvalidBatchError as exc:
         if entry.index in skipped:
             return None, []
@@ -451,14 +473,14 @@ def _records(entry: Entry, skipped: frozenset[int]) -> tuple[BatchHeader | None,
                            "a bug or a damaged log: report it with this log line") from None
 
 
-def _producer_batch(ov: Overlay, entry: Entry, header: BatchHeader | None, records: list[Record],
+def _producer_batch(ov: Overlay, entry: Entry, header: BatchHeader | None, records: list[_Row],
                     now_ms: int) -> Outcome | None:
     """For the batch of a Kafka idempotent producer (statemachines/producers.py): None to apply its
     records, or what its first record gets instead (a retry's outcome at the original offset, or a
     refusal; the others follow, offset by offset)."""
     if header is None or header.producer_id == NO_PRODUCER_ID or header.base_sequence < 0 or not records:
         return None
-    return producers.apply_batch(ov, producers.partition_of(records[0].key), header.producer_id,
+    return producers.apply_batch(ov, producers.partition_of(records[0][1]), header.producer_id,
                                  header.producer_epoch, header.base_sequence, entry.index, entry.last_index, now_ms)
 
 
@@ -484,21 +506,35 @@ def _not_applied(outcomes: dict[int, Outcome], entry: Entry, halt: Halt) -> None
 
 
 def _tag(event: ev.Event) -> str:
-    return type(event).__struct_config__.tag  # type: ignore[return-value]
+    return _TAGS[type(event)]
+
+
+_TAGS: dict[type, str] = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
 
 
 def _chain(digest: bytes, offset: int, writes: dict[str, dict[bytes, bytes | None]]) -> bytes:
     """The digest after an entry whose writes are `writes`: its mutations in (family, key) order."""
-    h = hashlib.sha256(digest)
-    h.update(encode_offset(offset))
+    parts = [digest, encode_offset(offset)]   # hashed in one call: the bytes of one update per piece
+    add = parts.append
+    length = _LENGTH.pack
     for cf in sorted(writes):
         pending = writes[cf]
         prefix = cf.encode() + b"\x00"
         for key in sorted(pending):
             value = pending[key]
-            h.update(prefix + len(key).to_bytes(4, "big") + key)
-            h.update(b"\x01" + len(value).to_bytes(4, "big") + value if value is not None else b"\x00")
-    return h.digest()
+            add(prefix)
+            add(length(len(key)))
+            add(key)
+            if value is None:
+                add(b"\x00")
+            else:
+                add(b"\x01")
+                add(length(len(value)))
+                add(value)
+    return hashlib.sha256(b"".join(parts)).digest()
+
+
+_LENGTH = struct.Struct(">I")
 
 
 def _ok(offset: int) -> Outcome:
@@ -624,19 +660,28 @@ def _attach(a: Applier, ov: Overlay, old_lease: int, new_lease: int, key: str, o
 
 
 def _kv_put(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    """The hot path of batched writes: the key is built and encoded once (`Applier.load`/`save` inlined)."""
     assert isinstance(e, ev.KvPut)
-    current = a.load(ov, e.key())
-    mismatch = _version_mismatch(offset, e.key(), e.expected_version, current)
+    key = e.key()
+    raw_key = key.encode()
+    raw = ov.get("kv", raw_key)
+    current = None if raw is None else _KV_STATE.decode(raw)
+    mismatch = _version_mismatch(offset, key, e.expected_version, current)
     if mismatch:
         return mismatch
-    old_lease = current.lease if isinstance(current, KvState) else 0
-    rejected = _attach(a, ov, old_lease, e.lease, e.key(), offset)
+    old_lease = current.lease if current is not None else 0
+    rejected = _attach(a, ov, old_lease, e.lease, key, offset) if old_lease or e.lease else None
     if rejected:
         return rejected
-    created = current.created if isinstance(current, KvState) else offset
-    a.save(ov, e.key(), KvState(name=e.name, value=e.value, lease=e.lease, version=offset, created=created),
-           e, offset)
+    created = current.created if current is not None else offset
+    a.save_raw(ov, "kv", raw_key, KvState(name=e.name, value=e.value, lease=e.lease, version=offset,
+                                          created=created), e, offset)
     return _ok(offset)
+
+
+_KV_STATE = msgspec.msgpack.Decoder(KvState)
+_WRITES_LAST = frozenset({ev.KvPut})
+"""Events whose handler writes only once it can no longer reject (nor raise): applied without a savepoint."""
 
 
 def _kv_deleted(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:

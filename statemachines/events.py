@@ -675,6 +675,8 @@ def written_keys(record_key: bytes | memoryview | None, value: bytes | memoryvie
 
 def check_versions(event: Event) -> None:
     """SchemaVersionError when `event`, or an operation of a `Txn`, has a newer schema version than this code."""
+    if event.v <= type(event).VERSION and not isinstance(event, Txn):
+        return   # the common case, without building the tuple below
     for e in (event, *event.ops) if isinstance(event, Txn) else (event,):
         known = type(e).VERSION
         if e.v > known:

@@ -70,3 +70,23 @@ def test_the_memo_is_bounded_and_what_it_dropped_is_decoded(views_dir: Any, monk
     log.add(*[(k, v) for k, v, _ in checked])
     assert expecting.apply(log.entries) == decoding.apply(log.entries)
     assert expecting.digest == decoding.digest
+
+
+def test_overlay_reads_of_the_store_are_remembered_and_pending_writes_still_win(views_dir: Any) -> None:
+    """The applier's overlays remember what they read from the store (a session's row is read for every
+    request of it); a write or delete pending over a remembered read is what a later read sees."""
+    sm = views_dir("overlay")
+    store = sm.store
+    wb = store.new_batch()
+    store.put(wb, "kv", b"kv/a", b"stored")
+    store.write(wb)
+    root = apply.Overlay(store)
+    child = apply.Overlay(store, root)
+    assert child.get("kv", b"kv/a") == b"stored" and child.get("kv", b"kv/b") is None
+    assert root.reads["kv"] == {b"kv/a": b"stored", b"kv/b": None}   # remembered, misses too, in the root
+    child.put("kv", b"kv/b", b"new")
+    child.delete("kv", b"kv/a")
+    assert child.get("kv", b"kv/b") == b"new" and child.get("kv", b"kv/a") is None
+    child.commit_to_parent()
+    assert root.get("kv", b"kv/b") == b"new" and root.get("kv", b"kv/a") is None
+    assert apply.Overlay(store, root).get("kv", b"kv/a") is None
