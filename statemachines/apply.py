@@ -5,11 +5,12 @@ mutation and the new applied offset, so a crash at any point neither loses nor r
 restart the views say which offset they reached and the log replays what follows.
 
 Per record: decode the event with `events.applicable` (the test the leader also runs before
-proposing; on the leader, the event it decoded then, `Applier.expect`); if its request id was seen within the dedupe window (and at or above the history floor,
-below which request ids are forgotten too), return the first outcome and change nothing; check its
-conditions (epochs, expected versions) against the current state, including the writes of earlier
-records in the same batch; then write the new entity state, its history row in `versions`, and
-lease attachments. A rejected event changes nothing (savepoints); every record that changed nothing
+proposing; on the leader, the event it decoded then, `Applier.expect`); if its request id was seen
+within the dedupe window (and at or above the history floor, below which request ids are forgotten
+too), return the first outcome and change nothing; check its conditions (epochs, expected
+versions) against the current state, including the writes of earlier records in the same batch; then
+write the new entity state, its history row in `versions`, and lease attachments. A rejected event
+changes nothing (savepoints, or handlers that write only once they cannot reject); every record that changed nothing
 gets a `noops` row at its offset in the same WriteBatch (statemachines/noops.py: key compaction drops
 those records).
 
