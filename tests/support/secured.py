@@ -21,14 +21,17 @@ from tests.support.nodes import NodeCluster
 
 
 @contextmanager
-def secured_cluster(root: Path, name: str, *, clients: tuple[str, ...] = (), **kwargs: Any) -> Iterator[NodeCluster]:
+def secured_cluster(root: Path, name: str, *, clients: tuple[str, ...] = (), require_client_cert: bool = False,
+                    **kwargs: Any) -> Iterator[NodeCluster]:
     """The started cluster (NodeCluster `kwargs`: size, seed, grpc, kafka, ...); `clients` are more
-    client certificates to issue, each in `root/<name>`. Closed (and described) on exit."""
+    client certificates to issue, each in `root/<name>`; `require_client_cert`: every face refuses a
+    client without one at the handshake. Closed (and described) on exit."""
     ca = ClusterCA.create(root / "ca", name)
     admin = ca.issue_client("admin", root / "admin")
     for other in clients:
         ca.issue_client(other, root / other)
-    cluster = NodeCluster(root, name=name, clients={"tls": {"enabled": True},
+    cluster = NodeCluster(root, name=name, clients={"tls": {"enabled": True,
+                                                            "require_client_cert": require_client_cert},
                                                     "access": {"enforce": True, "super_users": ["admin"]}},
                           **kwargs)
     mp = pytest.MonkeyPatch()
