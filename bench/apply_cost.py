@@ -6,7 +6,9 @@ machine; a change to the applier alone is measured better here: the process CPU 
 client session as bench/node_load.py's SDK client opens it: `--concurrency` writes in flight, each of
 `--batch` KvPuts with consecutive sequences, `answered_below` the lowest sequence still in flight;
 writes coalesced into entries of up to `--entry-bytes` (the leader's coalescing), one apply call per
-entry (the Ready loop's slices).
+entry (the Ready loop's slices). `--leader` adds what the kv leader spends on the same events before
+proposing them (`events.event_record`'s check, or `checked_record` + `Applier.expect` in builds that
+have it) and its batch encoding to the CPU measured.
 
     .venv/bin/python -m bench.apply_cost --base-rev main            # this checkout against main
     .venv/bin/python -m bench.apply_cost --base-rev main --batch 1 --concurrency 16
@@ -37,9 +39,9 @@ from statemachines.store import ViewsConfig
 from statemachines.views import ViewsStateMachine
 from bench.node_load import key_for, make_values
 
-events_total, batch, conc, entry_bytes = (int(x) for x in sys.argv[1:5])
+events_total, batch, conc, entry_bytes, leader = (int(x) for x in sys.argv[1:6])
 values = make_values()
-sm = ViewsStateMachine(tempfile.mkdtemp(prefix="apply-cost-", dir=sys.argv[5]), ViewsConfig())
+sm = ViewsStateMachine(tempfile.mkdtemp(prefix="apply-cost-", dir=sys.argv[6]), ViewsConfig())
 now = [1_700_000_000_000]
 
 def entry(offset, records):
@@ -59,9 +61,23 @@ for i in range(events_total // batch):
     below = in_flight.pop(0) if len(in_flight) > conc else in_flight[0]
     calls.append([ev.KvPut(name=key_for(i * batch + j), value=values[(i * batch + j) % len(values)], session_id=sid,
                            seq=s, answered_below=below, v=ev.KvPut.VERSION) for j, s in enumerate(seqs)])
+propose_once = hasattr(ev, "checked_record")
+
+
+def proposed(call):
+    if not leader:
+        return [(e.key().encode(), ev.encode_event(e)) for e in call]
+    if propose_once:
+        checked = [ev.checked_record(e) for e in call]
+        sm.expect(checked)
+        return [(k, v) for k, v, _ in checked]
+    return [ev.event_record(e) for e in call]
+
+
+t0 = time.process_time()
 entries, pending, size = [], [], 0
 for call in calls:
-    records = [(e.key().encode(), ev.encode_event(e)) for e in call]
+    records = proposed(call)
     call_bytes = sum(len(k) + len(v) + 16 for k, v in records)
     if pending and size + call_bytes > entry_bytes:
         entries.append(entry(offset, pending))
@@ -71,7 +87,8 @@ for call in calls:
     size += call_bytes
 if pending:
     entries.append(entry(offset, pending))
-t0 = time.process_time()
+if not leader:
+    t0 = time.process_time()
 bad = 0
 for e in entries:
     bad += sum(1 for o in sm.apply([e]).values() if not o.ok)
@@ -91,7 +108,7 @@ def export_rev(rev: str, into: Path) -> Path:
 
 def run(tree: Path, args: argparse.Namespace, scratch: Path) -> dict[str, float]:
     out = subprocess.run([sys.executable, "-c", _CHILD, str(args.events), str(args.batch), str(args.concurrency),
-                          str(args.entry_bytes), str(scratch)], cwd=tree, capture_output=True, text=True,
+                          str(args.entry_bytes), str(int(args.leader)), str(scratch)], cwd=tree, capture_output=True, text=True,
                          timeout=900)
     if out.returncode != 0:
         raise RuntimeError(f"apply_cost child in {tree} failed:\n{out.stderr[-3000:]}")
@@ -108,6 +125,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16, help="writes in flight")
     ap.add_argument("--entry-bytes", type=int, default=64 << 10, help="entries coalesce writes up to this")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--leader", action="store_true", help="count the leader's check before proposing too")
     args = ap.parse_args()
     if (args.base is None) == (args.base_rev is None):
         ap.error("give one of --base and --base-rev")
@@ -126,7 +144,8 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     med = {b: statistics.median(x["us_per_event"] for x in got[b]) for b in got}
     paired = sorted(h["us_per_event"] / b["us_per_event"] for b, h in zip(got["base"], got["head"]))
-    print(f"batch {args.batch}, concurrency {args.concurrency}, entries up to {args.entry_bytes} bytes, "
+    print(f"{'leader: check + ' if args.leader else ''}"
+          f"batch {args.batch}, concurrency {args.concurrency}, entries up to {args.entry_bytes} bytes, "
           f"{args.events} events: base {med['base']:.1f} / head {med['head']:.1f} us CPU per event applied "
           f"({med['head'] / med['base']:.2f}x; per round {', '.join(f'{p:.2f}' for p in paired)}); "
           f"load average before each run {', '.join(loads)}")

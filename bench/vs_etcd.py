@@ -4,7 +4,10 @@ For every case, a FRESH 3-member etcd cluster (../shared/anchors/etcd/etcd_clust
 the anchor's own grpc.aio generator (etcd_load.py), then a FRESH 3-node Epochlog cluster (three
 `epochlog serve` processes on 127.0.0.1) is loaded by bench/node_load.py through the SDK: same
 values (~145 bytes), same keys, same number of concurrent callers, one client process each.
-The ratio column is Epochlog / etcd (> 1: Epochlog is faster).
+The ratio column is Epochlog / etcd (> 1: Epochlog is faster). Epochlog's load starts once the
+cluster is settled (every group has a leader, on three different nodes with a build that balances
+leaders, and none changed for 5 s: the start's elections and the leader balancer's moves are over); its leader changes are counted during the case, those before it
+are reported apart.
 
     .venv/bin/python -m bench.vs_etcd                 # every case (~10 minutes)
     .venv/bin/python -m bench.vs_etcd --scale 0.2     # fewer requests per case (smoke run)
@@ -157,6 +160,7 @@ def run_epochlog(case: tuple[str, str, int, int, list[str], list[str]], n: int, 
             line = proc.stdout.readline().decode()
             if not line.startswith("READY"):
                 raise RuntimeError(f"a node did not start: {line!r}")
+        marks = wait_settled(data)
         out = subprocess.run([py, "-m", "bench.node_load", "--endpoints", ",".join(endpoints), "--workload", workload,
                               "-c", str(conc), "--n", str(n), "--max-seconds", "60", "--label", label,
                               "--server-pids", ",".join(str(p.pid) for p in procs), *our_args],
@@ -165,7 +169,8 @@ def run_epochlog(case: tuple[str, str, int, int, list[str], list[str]], n: int, 
             tails = "".join(f"\n--- node-{i}.log:\n" + (data / f"node-{i}.log").read_text(errors="replace")[-1500:]
                             for i in (1, 2, 3))
             raise RuntimeError(f"bench.node_load failed ({out.returncode}):\n{out.stderr[-3000:]}{tails}")
-        return {**last_json_line(out.stdout), "leader_changes": leader_changes(data)}
+        return {**last_json_line(out.stdout), "leader_changes": leader_changes(data, since=marks),
+                "leader_changes_at_start": leader_changes(data, until=marks)}
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -178,14 +183,73 @@ def run_epochlog(case: tuple[str, str, int, int, list[str], list[str]], n: int, 
         shutil.rmtree(data, ignore_errors=True)
 
 
-def leader_changes(data: Path) -> dict[str, int]:
-    """Per group, how many times its leadership changed after the first leader (the nodes' INFO lines
-    'group G: node N leads in term T', read from every node's log): 0 when no election interrupted it."""
+SETTLED_QUIET_S = 5.0
+"""No leadership change for this long after every group has a leader: the start's elections and the
+leader balancer's moves (2 s settle time by default) are over, the case may start."""
+SETTLED_TIMEOUT_S = 60.0
+_LEADS = re.compile(r"group (\S+): node \d+ leads in term (\d+)")
+_LEADS_NODE = re.compile(r"group (\S+): node (\d+) leads in term (\d+)")
+
+
+def _leaderships(text: str) -> dict[str, set[int]]:
     terms: dict[str, set[int]] = {}
-    for log_file in data.glob("node-*.log"):
-        for m in re.finditer(r"group (\S+): node \d+ leads in term (\d+)", log_file.read_text(errors="replace")):
-            terms.setdefault(m.group(1), set()).add(int(m.group(2)))
-    return {group: len(seen) - 1 for group, seen in sorted(terms.items())}
+    for m in _LEADS.finditer(text):
+        terms.setdefault(m.group(1), set()).add(int(m.group(2)))
+    return terms
+
+
+def wait_settled(data: Path, groups: tuple[str, ...] = ("metadata", "offsets", "kv")) -> dict[str, int]:
+    """Wait (at most SETTLED_TIMEOUT_S) until every group has a leader, each on another node when the
+    nodes balance leaders (they log 'leader balance: ...' at start), and no leadership changed for
+    SETTLED_QUIET_S, read from the nodes' INFO lines 'group G: node N leads in term T'; each node log's
+    size then (`leader_changes(since=...)` counts what the case itself moved)."""
+    deadline = time.monotonic() + SETTLED_TIMEOUT_S
+    seen: dict[str, set[int]] = {}
+    changed = time.monotonic()
+    while True:
+        texts = {f.name: f.read_text(errors="replace") for f in sorted(data.glob("node-*.log"))}
+        now = _leaderships("".join(texts.values()))
+        spread = any("leader balance: " in text for text in texts.values())
+        if now != seen:
+            seen, changed = now, time.monotonic()
+        leaders = _leaders("".join(texts.values()))
+        if (all(g in leaders for g in groups) and (not spread or len({leaders[g] for g in groups}) == len(groups))
+                and time.monotonic() - changed >= SETTLED_QUIET_S):
+            return {name: len(text) for name, text in texts.items()}
+        if time.monotonic() > deadline:
+            log(f"leaderships not settled within {SETTLED_TIMEOUT_S:.0f} s: {seen}; starting the case anyway")
+            return {name: len(text) for name, text in texts.items()}
+        time.sleep(0.2)
+
+
+def _leaders(text: str) -> dict[str, int]:
+    """Each group's leader in the highest term the lines name."""
+    best: dict[str, tuple[int, int]] = {}
+    for m in _LEADS_NODE.finditer(text):
+        group, node, term = m.group(1), int(m.group(2)), int(m.group(3))
+        if term > best.get(group, (-1, 0))[0]:
+            best[group] = (term, node)
+    return {g: node for g, (_, node) in best.items()}
+
+
+def leader_changes(data: Path, *, since: dict[str, int] | None = None,
+                   until: dict[str, int] | None = None) -> dict[str, int]:
+    """Per group, how many times its leadership changed (the nodes' INFO lines 'group G: node N leads in
+    term T', read from every node's log): with `since` (log sizes from wait_settled) the new terms after
+    that point, i.e. during the case; with `until` the changes after the first leader up to it (the
+    start's elections and the leader balancer's moves); else over the whole run. 0: none."""
+    before: dict[str, set[int]] = {}
+    after: dict[str, set[int]] = {}
+    for log_file in sorted(data.glob("node-*.log")):
+        text = log_file.read_text(errors="replace")
+        cut = len(text) if since is None and until is None else (since or until or {}).get(log_file.name, 0)
+        for g, t in _leaderships(text[:cut]).items():
+            before.setdefault(g, set()).update(t)
+        for g, t in _leaderships(text[cut:]).items():
+            after.setdefault(g, set()).update(t)
+    if since is not None:
+        return {g: len(after.get(g, set()) - before.get(g, set())) for g in sorted(set(before) | set(after))}
+    return {g: max(0, len(t) - 1) for g, t in sorted(before.items())}
 
 
 def table(rows: list[tuple[str, dict[str, object], dict[str, object]]]) -> str:
@@ -262,13 +326,15 @@ def report(rows: list[tuple[str, dict[str, object], dict[str, object]]], args: a
     if args.no_write:
         return
     cpu = ["| case | etcd client / server CPU us per call | Epochlog client / server CPU us per call | "
-           "Epochlog leader changes (etcd: leader changed?) |", "|---|---:|---:|---|"]
+           "Epochlog leader changes during the case (etcd: leader changed?); before it (start, balancing) |",
+           "|---|---:|---:|---|"]
     for label, etcd, ours in rows:
-        changes = ours.get("leader_changes")
+        changes, start = ours.get("leader_changes"), ours.get("leader_changes_at_start")
         cpu.append(f"| {label} | {etcd.get('client_cpu_us_per_rpc')} / {etcd.get('server_cpu_us_per_rpc')} | "
                    f"{ours.get('client_cpu_us_per_rpc')} / {ours.get('server_cpu_us_per_rpc')} | "
                    f"{'?' if changes is None else ', '.join(f'{g} {n}' for g, n in changes.items())} "  # type: ignore[union-attr]
-                   f"({etcd.get('leader_changed', '?')}) |")
+                   f"({etcd.get('leader_changed', '?')})"
+                   f"{'' if not start else '; before the case: ' + ', '.join(f'{g} {n}' for g, n in start.items())} |")  # type: ignore[union-attr]
     loadavg = Path("/proc/loadavg").read_text().split()[:3]
     write_section("vs-etcd", body + "\n\n" + "\n".join(cpu) +
                   f"\n\nFresh 3-node clusters per case and system; one client process each "

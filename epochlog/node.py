@@ -210,15 +210,18 @@ class Node:
             raise InvalidArgumentError("a write carries at least one event")
         by_group: dict[str, list[int]] = defaultdict(list)
         records: dict[str, list[tuple[bytes | None, bytes | None]]] = defaultdict(list)
+        checked: dict[str, list[tuple[bytes, bytes, ev.Event]]] = defaultdict(list)
         sizes: dict[str, int] = defaultdict(int)
         for i, event in enumerate(events):
             if i and i % EVENTS_PER_TURN == 0:
                 await asyncio.sleep(0)   # thousands of events are checked in slices, the loop running between
             event = self.client_event(event)
-            record = ev.event_record(event)
+            key, value, decoded = ev.checked_record(event)
+            record = (key, value)
             group = group_of_event(event)
             by_group[group].append(i)
             records[group].append(record)
+            checked[group].append((key, value, decoded))
             sizes[group] += len(record[0] or b"") + len(record[1] or b"") + 16   # RaftGroup.submit's estimate
             limit = self.group(group).max_batch_bytes
             if sizes[group] > limit:   # refused before the rest is checked: the work is bounded by the batch
@@ -226,6 +229,8 @@ class Node:
                                          f"bytes) from event {i} on: split the write")
         for group in by_group:
             self.serving(group)
+        for group in by_group:   # the leader's applier takes the events decoded here (propose once)
+            self.views[group].expect(checked[group])
         names = list(by_group)
         committed = await asyncio.gather(*(self.group(g).submit(records[g]) for g in names))
         results: list[p.WriteResult | None] = [None] * len(events)

@@ -5,11 +5,12 @@ mutation and the new applied offset, so a crash at any point neither loses nor r
 restart the views say which offset they reached and the log replays what follows.
 
 Per record: decode the event with `events.applicable` (the test the leader also runs before
-proposing); if its request id was seen within the dedupe window (and at or above the history floor,
-below which request ids are forgotten too), return the first outcome and change nothing; check its
-conditions (epochs, expected versions) against the current state, including the writes of earlier
-records in the same batch; then write the new entity state, its history row in `versions`, and
-lease attachments. A rejected event changes nothing (savepoints); every record that changed nothing
+proposing; on the leader, the event it decoded then, `Applier.expect`); if its request id was seen
+within the dedupe window (and at or above the history floor, below which request ids are forgotten
+too), return the first outcome and change nothing; check its conditions (epochs, expected
+versions) against the current state, including the writes of earlier records in the same batch; then
+write the new entity state, its history row in `versions`, and lease attachments. A rejected event
+changes nothing (savepoints, or handlers that write only once they cannot reject); every record that changed nothing
 gets a `noops` row at its offset in the same WriteBatch (statemachines/noops.py: key compaction drops
 those records).
 
@@ -38,8 +39,9 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import struct
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -48,7 +50,7 @@ from eventlog.errors import (ALREADY_EXISTS, CONDITION_FAILED, HALTED, INVALID_A
                              VERSION_MISMATCH, InvalidBatchError)
 from eventlog.errors import SKIPPED as SKIPPED_CODE   # the reason (SKIPPED below is a meta key)
 from eventlog.raft.types import Entry, EntryKind
-from eventlog.records import NO_PRODUCER_ID, BatchHeader, Record, RecordBatch
+from eventlog.records import NO_PRODUCER_ID, BatchHeader, RecordBatch, decode_records, records_payload
 from statemachines import events as ev
 from statemachines import brokers, producers, request_ids, sessions
 from statemachines.noops import CF as NOOPS
@@ -94,6 +96,9 @@ jumps far ahead drains over the next entries instead of stalling one apply call 
 call, so replicas stay identical)."""
 SKIPPED = b"skipped_offsets"    # meta: msgpack list of the offsets the operator skipped (`Applier.skip`)
 DIGEST_CHECKPOINTS_KEPT = 16   # (offset, digest) notes an applier keeps for the leader's comparison
+EXPECTED_BYTES = 16 << 20
+"""Record values a leader's applier holds decoded at most (`Applier.expect`): past it they are dropped,
+and those records are decoded when applied, as any other."""
 UPGRADE = "upgrade this node: a restart of a newer Epochlog applies it"
 _SKIP_HINT = ("if no Epochlog version can apply it (e.g. a node before the leader check accepted it), "
               "skip it on every node: epochlog group skip --group {group} --offset {offset}")
@@ -128,12 +133,17 @@ class Overlay:
 
     Writes are kept per column family, so a scan merges only its own family's pending writes: with
     every write of an apply call in one dict, each scan walked all of them (a client session's
-    `_forget` per request, and the expiries per entry: quadratic in the entries of a call)."""
+    `_forget` per request, and the expiries per entry: quadratic in the entries of a call).
+
+    Reads of the store are remembered in the root overlay (`reads`, shared by its children): the store
+    does not change while overlays over it live (the applier writes it once, after its last use of
+    them), and a client session's rows are read for every request of it."""
 
     def __init__(self, store: ViewStore, parent: Overlay | None = None) -> None:
         self.store = store
         self.parent = parent
         self.writes: dict[str, dict[bytes, bytes | None]] = {}   # column family -> key -> value (None: deleted)
+        self.reads: dict[str, dict[bytes, bytes | None]] = {} if parent is None else parent.reads
 
     def get(self, cf: str, key: bytes) -> bytes | None:
         layer: Overlay | None = self
@@ -144,7 +154,15 @@ class Overlay:
                 if hit is not _MISSING:
                     return hit  # type: ignore[return-value]
             layer = layer.parent
-        return self.store.get(cf, key)
+        reads = self.reads.get(cf)
+        if reads is None:
+            reads = self.reads[cf] = {}
+        else:
+            hit = reads.get(key, _MISSING)
+            if hit is not _MISSING:
+                return hit  # type: ignore[return-value]
+        value = reads[key] = self.store.get(cf, key)
+        return value
 
     def put(self, cf: str, key: bytes, value: bytes) -> None:
         pending = self.writes.get(cf)
@@ -219,6 +237,25 @@ class Applier:
         # offsets on every member (entries have the same bounds everywhere), compared by the leader
         # (epochlog/integrity.py). In memory: after a restart the next ones are noted.
         self.digest_checkpoints: deque[tuple[int, bytes]] = deque(maxlen=DIGEST_CHECKPOINTS_KEPT)
+        # record value -> (record key, the event `applicable` decodes from the value): see `expect`
+        self._expected: dict[bytes, tuple[bytes, ev.Event]] = {}
+        self._expected_bytes = 0
+
+    def expect(self, records: Iterable[tuple[bytes, bytes, ev.Event]]) -> None:
+        """Records this node is about to propose as the leader, each with the event `events.applicable`
+        decoded from its value (`events.checked_record`): applying a record with that very key and value
+        takes the event from here instead of decoding and checking the value again. A memo of a pure
+        function of the bytes, so the outcome is the same; any other record (on a follower, from another
+        proposer, one this memo dropped) is decoded and checked as always. Held until applied, at most
+        EXPECTED_BYTES of values (what never gets applied here, e.g. refused on a follower, is dropped
+        with the rest when that overflows)."""
+        expected = self._expected
+        for key, value, event in records:
+            if self._expected_bytes > EXPECTED_BYTES:
+                expected.clear()
+                self._expected_bytes = 0
+            expected[value] = (key, event)
+            self._expected_bytes += len(value)
 
     def skip(self, offset: int) -> None:
         """Record, durably, that the record at `offset` (where this applier halted) is skipped: applied
@@ -261,9 +298,9 @@ class Applier:
                     header, records = _records(entry, self.skipped)
                     self.now_ms = sessions.Clock.advance(entry_ov, header.max_timestamp if header else 0)
                     instead = _producer_batch(entry_ov, entry, header, records, self.now_ms)
-                    for i, record in enumerate(records):
-                        outcomes[record.offset] = (
-                            self._apply_record(entry_ov, record.key, record.value, record.offset) if instead is None
+                    for i, (offset, key, value) in enumerate(records):
+                        outcomes[offset] = (
+                            self._apply_record(entry_ov, key, value, offset) if instead is None
                             else msgspec.structs.replace(instead, offset=instead.offset + i))
                     _record_noops(entry_ov, entry, outcomes)
                     sessions.expire(entry_ov, self.now_ms)
@@ -285,13 +322,7 @@ class Applier:
             return outcomes
         wb = store.new_batch()
         for cf, pending in batch_ov.writes.items():
-            for key, value in pending.items():
-                if cf == META:
-                    store.put_meta(wb, key, value or b"")
-                elif value is None:
-                    store.delete(wb, cf, key)
-                else:
-                    store.put(wb, cf, key, value)
+            store.put_all(wb, cf, pending)
         store.put_meta(wb, APPLIED, encode_offset(applied))
         store.put_meta(wb, DIGEST, digest)
         store.write(wb)
@@ -303,18 +334,24 @@ class Applier:
         if offset in self.skipped:
             return Outcome(False, offset, SKIPPED_CODE, "skipped by the operator: no node could apply it")
         invalid: ev.InvalidEventError | None = None
-        try:
-            event = ev.applicable(value or b"")
-        except ev.InvalidEventError as exc:   # decoded: its key and request id still count, as they always did
-            event, invalid = exc.event, exc
-        except ev.EventError as exc:
-            return Outcome(False, offset, exc.code, str(exc))
-        except ev.SchemaVersionError as exc:
-            raise _CannotApply(offset, str(exc), UPGRADE) from None
-        except RecursionError as exc:
-            raise _CannotApply(offset, f"{exc} in this process", "a node with a deeper stack may apply it") from None
-        if key != event.key().encode():
-            return Outcome(False, offset, INVALID_ARGUMENT, f"record key {key!r} is not the event's key")
+        expected = self._expected.pop(value, None) if self._expected and value is not None else None
+        if expected is not None:
+            self._expected_bytes -= len(value)  # type: ignore[arg-type]
+        if expected is not None and expected[0] == key:
+            event = expected[1]   # what `applicable(value)` gives, decoded by this node's leader (`expect`)
+        else:
+            try:
+                event = ev.applicable(value or b"")
+            except ev.InvalidEventError as exc:   # decoded: its key and request id still count, as they always did
+                event, invalid = exc.event, exc
+            except ev.EventError as exc:
+                return Outcome(False, offset, exc.code, str(exc))
+            except ev.SchemaVersionError as exc:
+                raise _CannotApply(offset, str(exc), UPGRADE) from None
+            except RecursionError as exc:
+                raise _CannotApply(offset, f"{exc} in this process", "a node with a deeper stack may apply it") from None
+            if key != event.key().encode():
+                return Outcome(False, offset, INVALID_ARGUMENT, f"record key {key!r} is not the event's key")
         admitted: sessions.Admission | None = None
         dedupe_key = None
         request_time = None
@@ -336,7 +373,8 @@ class Applier:
                 if request_time is not None or (offset - o.offset <= self.config.dedupe_window_offsets and (
                         floor is None or o.offset >= decode_offset(floor))):   # not yet evicted: still forgotten
                     return Outcome(o.ok, o.offset, o.code, o.message, duplicate=True)
-        savepoint = Overlay(self.store, ov)
+        # A handler that rejects only before its first write needs no savepoint (_WRITES_LAST).
+        savepoint = ov if type(event) in _WRITES_LAST else Overlay(self.store, ov)
         try:
             if invalid is not None:
                 raise invalid
@@ -349,7 +387,8 @@ class Applier:
             raise _CannotApply(offset, f"applying {type(event).__name__} failed: {exc!r}",
                                "a bug: report it with this log line") from exc
         if outcome.ok:
-            savepoint.commit_to_parent()
+            if savepoint is not ov:
+                savepoint.commit_to_parent()
             if isinstance(event, ev.LeaseGranted):
                 self.lease_changes.append((event.lease_id, event.ttl_ms, offset))
             elif isinstance(event, ev.LeaseRevoked | ev.LeaseExpired):
@@ -398,9 +437,14 @@ class Applier:
     @staticmethod
     def save(ov: Overlay, key: str, state: msgspec.Struct, event: ev.Event, offset: int) -> None:
         raw_key = key.encode()
+        Applier.save_raw(ov, cf_for(raw_key), raw_key, state, event, offset)
+
+    @staticmethod
+    def save_raw(ov: Overlay, cf: str, raw_key: bytes, state: msgspec.Struct, event: ev.Event, offset: int) -> None:
+        """`save` of an entity key already encoded, in its column family `cf`."""
         data = encode(state)
-        ov.put(cf_for(raw_key), raw_key, data)
-        ov.put("versions", version_key(raw_key, offset), encode(Version(_tag(event), data)))
+        ov.put(cf, raw_key, data)
+        ov.put("versions", version_key(raw_key, offset), encode(Version(_TAGS[type(event)], data)))
 
     @staticmethod
     def remove(ov: Overlay, key: str, event: ev.Event, offset: int) -> None:
@@ -409,13 +453,20 @@ class Applier:
         ov.put("versions", version_key(raw_key, offset), encode(Version(_tag(event), None)))
 
 
-def _records(entry: Entry, skipped: frozenset[int]) -> tuple[BatchHeader | None, list[Record]]:
+_Row = tuple[int, bytes | None, bytes | None]   # a record's offset, key, value
+
+
+def _row(offset: int, timestamp: int, key: bytes | None, value: bytes | None, headers: object) -> _Row:
+    return offset, key, value
+
+
+def _records(entry: Entry, skipped: frozenset[int]) -> tuple[BatchHeader | None, list[_Row]]:
     """The batch header and records of a NORMAL entry. Its CRC was checked when it was stored; a batch
     that still does not parse (a writer's bug) halts the group like any entry this code cannot apply (at
     its first offset: skipping that offset skips the whole entry)."""
     try:
         batch = RecordBatch.parse(entry.data, verify_crc=False)
-        return batch.header, list(batch.records())
+        return batch.header, list(decode_records(batch.header, records_payload(batch.header, batch.raw), _row))
     except InvalidBatchError as exc:
         if entry.index in skipped:
             return None, []
@@ -423,14 +474,14 @@ def _records(entry: Entry, skipped: frozenset[int]) -> tuple[BatchHeader | None,
                            "a bug or a damaged log: report it with this log line") from None
 
 
-def _producer_batch(ov: Overlay, entry: Entry, header: BatchHeader | None, records: list[Record],
+def _producer_batch(ov: Overlay, entry: Entry, header: BatchHeader | None, records: list[_Row],
                     now_ms: int) -> Outcome | None:
     """For the batch of a Kafka idempotent producer (statemachines/producers.py): None to apply its
     records, or what its first record gets instead (a retry's outcome at the original offset, or a
     refusal; the others follow, offset by offset)."""
     if header is None or header.producer_id == NO_PRODUCER_ID or header.base_sequence < 0 or not records:
         return None
-    return producers.apply_batch(ov, producers.partition_of(records[0].key), header.producer_id,
+    return producers.apply_batch(ov, producers.partition_of(records[0][1]), header.producer_id,
                                  header.producer_epoch, header.base_sequence, entry.index, entry.last_index, now_ms)
 
 
@@ -456,21 +507,35 @@ def _not_applied(outcomes: dict[int, Outcome], entry: Entry, halt: Halt) -> None
 
 
 def _tag(event: ev.Event) -> str:
-    return type(event).__struct_config__.tag  # type: ignore[return-value]
+    return _TAGS[type(event)]
+
+
+_TAGS: dict[type, str] = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
 
 
 def _chain(digest: bytes, offset: int, writes: dict[str, dict[bytes, bytes | None]]) -> bytes:
     """The digest after an entry whose writes are `writes`: its mutations in (family, key) order."""
-    h = hashlib.sha256(digest)
-    h.update(encode_offset(offset))
+    parts = [digest, encode_offset(offset)]   # hashed in one call: the bytes of one update per piece
+    add = parts.append
+    length = _LENGTH.pack
     for cf in sorted(writes):
         pending = writes[cf]
         prefix = cf.encode() + b"\x00"
         for key in sorted(pending):
             value = pending[key]
-            h.update(prefix + len(key).to_bytes(4, "big") + key)
-            h.update(b"\x01" + len(value).to_bytes(4, "big") + value if value is not None else b"\x00")
-    return h.digest()
+            add(prefix)
+            add(length(len(key)))
+            add(key)
+            if value is None:
+                add(b"\x00")
+            else:
+                add(b"\x01")
+                add(length(len(value)))
+                add(value)
+    return hashlib.sha256(b"".join(parts)).digest()
+
+
+_LENGTH = struct.Struct(">I")
 
 
 def _ok(offset: int) -> Outcome:
@@ -596,19 +661,28 @@ def _attach(a: Applier, ov: Overlay, old_lease: int, new_lease: int, key: str, o
 
 
 def _kv_put(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    """The hot path of batched writes: the key is built and encoded once (`Applier.load`/`save` inlined)."""
     assert isinstance(e, ev.KvPut)
-    current = a.load(ov, e.key())
-    mismatch = _version_mismatch(offset, e.key(), e.expected_version, current)
+    key = e.key()
+    raw_key = key.encode()
+    raw = ov.get("kv", raw_key)
+    current = None if raw is None else _KV_STATE.decode(raw)
+    mismatch = _version_mismatch(offset, key, e.expected_version, current)
     if mismatch:
         return mismatch
-    old_lease = current.lease if isinstance(current, KvState) else 0
-    rejected = _attach(a, ov, old_lease, e.lease, e.key(), offset)
+    old_lease = current.lease if current is not None else 0
+    rejected = _attach(a, ov, old_lease, e.lease, key, offset) if old_lease or e.lease else None
     if rejected:
         return rejected
-    created = current.created if isinstance(current, KvState) else offset
-    a.save(ov, e.key(), KvState(name=e.name, value=e.value, lease=e.lease, version=offset, created=created),
-           e, offset)
+    created = current.created if current is not None else offset
+    a.save_raw(ov, "kv", raw_key, KvState(name=e.name, value=e.value, lease=e.lease, version=offset,
+                                          created=created), e, offset)
     return _ok(offset)
+
+
+_KV_STATE = msgspec.msgpack.Decoder(KvState)
+_WRITES_LAST = frozenset({ev.KvPut})
+"""Events whose handler writes only once it can no longer reject (nor raise): applied without a savepoint."""
 
 
 def _kv_deleted(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:

@@ -168,7 +168,7 @@ class Outcome(msgspec.Struct, frozen=True, array_like=True):
 
 _encoders: dict[type, msgspec.msgpack.Encoder] = {}
 _encoder = msgspec.msgpack.Encoder()
-_decoders = {kind: msgspec.msgpack.Decoder(cls) for kind, cls in STATE_TYPES.items()}
+_decoders = {kind.encode(): msgspec.msgpack.Decoder(cls) for kind, cls in STATE_TYPES.items()}
 _version_decoder = msgspec.msgpack.Decoder(Version)
 _outcome_decoder = msgspec.msgpack.Decoder(Outcome)
 
@@ -178,8 +178,7 @@ def encode(obj: msgspec.Struct) -> bytes:
 
 
 def decode_state(entity_key: bytes, data: bytes) -> msgspec.Struct:
-    kind = entity_key.split(b"/", 1)[0].decode()
-    return _decoders[kind].decode(data)
+    return _decoders[entity_key.partition(b"/")[0]].decode(data)
 
 
 def decode_version(data: bytes) -> Version:

@@ -81,9 +81,11 @@ def decode_offset(data: bytes) -> int:
     return int(_OFFSET.unpack(data)[0])
 
 
+_CF_OF_KIND = {kind.encode(): cf for kind, cf in ENTITY_CFS.items()}
+
+
 def cf_for(entity_key: bytes) -> str:
-    kind = entity_key.split(b"/", 1)[0].decode()
-    return ENTITY_CFS[kind]
+    return _CF_OF_KIND[entity_key.partition(b"/")[0]]   # KeyError: no entity kind
 
 
 def version_key(entity_key: bytes, offset: int) -> bytes:
@@ -227,6 +229,20 @@ class ViewStore:
 
     def put_meta(self, batch: WriteBatch, key: bytes, value: bytes) -> None:
         batch.put(key, value)
+
+    def put_all(self, batch: WriteBatch, cf: str, pending: dict[bytes, bytes | None]) -> None:
+        """Every write of `pending` (None: delete) to column family `cf` (META: meta keys, None writes b"")."""
+        if cf == META:
+            for key, value in pending.items():
+                batch.put(key, value or b"")
+            return
+        handle = self.handles[cf]
+        put, delete = batch.put, batch.delete
+        for key, value in pending.items():
+            if value is None:
+                delete(key, handle)
+            else:
+                put(key, value, handle)
 
     def write(self, batch: WriteBatch) -> None:
         """Atomic across column families (checked with kill -9, see LIBRARY-FACTS)."""

@@ -27,14 +27,14 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from eventlog.errors import EpochlogError
 from eventlog.fileutil import fsync_dir
 from eventlog.raft.types import Entry, SnapshotMeta
 from statemachines.apply import Applier, Halt
-from statemachines.events import LeaseExpired, event_record
+from statemachines.events import Event, LeaseExpired, event_record
 from statemachines.leases import LeaseClock
 from statemachines.prune import HistoryPruner, PruneStep, reclaim
 from statemachines.state import LeaseState, Outcome, decode_state
@@ -98,6 +98,10 @@ class ViewsStateMachine:
                 else:
                     clock.ended(lease_id)
         return outcomes
+
+    def expect(self, records: Iterable[tuple[bytes, bytes, Event]]) -> None:
+        """Records this node proposes as the leader, with their checked events (`Applier.expect`)."""
+        self.applier.expect(records)
 
     def on_tick(self, leader: bool) -> list[tuple[bytes, bytes]]:
         """Called by the group every tick: on the leader, the LeaseExpired events to propose."""

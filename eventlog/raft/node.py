@@ -184,6 +184,10 @@ class RaftNode:
         self._incoming: tuple[SnapshotMeta, int] | None = None   # snapshot being received, next offset
         self._needs_broadcast = False
         self.lead_transferee = 0
+        # This node leads because the previous leader handed leadership over (TimeoutNow), not by an
+        # election after a timeout: a deliberate placement (the runtime's leader balance leaves it).
+        self.won_by_transfer = False
+        self._transfer_campaign = False
         self._uncommitted: deque[tuple[int, int]] = deque()        # (last index, bytes) not yet committed
         self._uncommitted_bytes = 0
         # heartbeat rounds confirm leadership for ReadIndex and leases
@@ -583,6 +587,7 @@ class RaftNode:
         self._reset(self.term)
         self.leader = self.id
         self.role = Role.LEADER
+        self.won_by_transfer = self._transfer_campaign
         self._step = self._step_leader
         self._tick = self._tick_heartbeat
         last = self.log.last_index()
@@ -633,6 +638,7 @@ class RaftNode:
             term = self.term + 1
         else:
             self._become_candidate()
+            self._transfer_campaign = transfer
             term = self.term
         self._votes[self.id] = True
         if self._tally():

@@ -183,7 +183,9 @@ def run_child(args: list[str], rng: random.Random | None, log: Path, ctx: str) -
                     time.sleep(rng.uniform(0.0, 0.4))
                 if proc.poll() is None:
                     os.kill(proc.pid, signal.SIGKILL)
-                    killed = True
+                    # A child that exited between poll() and the kill (a zombie not yet reaped) was not
+                    # killed: its own exit status says so.
+                    killed = proc.wait(timeout=30) == -signal.SIGKILL
             proc.wait(timeout=30)
             reader.join(timeout=10)
             err.seek(0)

@@ -23,10 +23,22 @@ def _unchecked_record(event: ev.Event) -> tuple[bytes, bytes]:
     return event.key().encode(), ev.encode_event(event)
 
 
+def _unchecked_checked_record(event: ev.Event) -> tuple[bytes, bytes, ev.Event]:
+    return (*_unchecked_record(event), event)
+
+
+def _expect_nothing(self: object, records: object) -> None:
+    """Such a node's applier decodes every record (it predates `Applier.expect`)."""
+
+
 def main(argv: list[str]) -> None:
     build, args = argv[0], argv[1:]
     if build == "unchecked":
-        ev.event_record = _unchecked_record   # Node.write calls ev.event_record
+        from statemachines.views import ViewsStateMachine
+
+        ev.event_record = _unchecked_record   # the node's own writes (membership, compaction)
+        ev.checked_record = _unchecked_checked_record   # Node.write's
+        ViewsStateMachine.expect = _expect_nothing  # type: ignore[method-assign]
     elif build == "kvput-newer":
         ev.KvPut.VERSION += 1
     else:

@@ -39,10 +39,11 @@ TICK_MS = 20
 
 def cluster_configs(ports: list[int], *, name: str = "views", members: int = 3, group: str = GROUP,
                     snapshot_every_entries: int = 0) -> NodeConfigs:
-    """Members 1..`members` on 127.0.0.1:`ports[i - 1]`, one group, 20 ms ticks, 64 KiB segments."""
+    """Members 1..`members` on 127.0.0.1:`ports[i - 1]`, one group, 20 ms ticks, 64 KiB segments, no leader
+    balancing (tests pick a leader and act on it)."""
     configured = tuple(MemberConfig(id=i, peer_address=f"127.0.0.1:{ports[i - 1]}") for i in range(1, members + 1))
     return NodeConfigs(ClusterConfig(name=name, members=configured, groups=(group,), tick_interval_ms=TICK_MS,
-                                     snapshot_every_entries=snapshot_every_entries),
+                                     snapshot_every_entries=snapshot_every_entries, leader_balance=False),
                        RaftConfig(), LogConfig(segment_bytes=64 * 1024))
 
 

@@ -110,8 +110,8 @@ class ServeNode:
 class NodeCluster:
     """`size` `epochlog serve` processes of one cluster (see the module docstring).
 
-    `groups`, `tick_interval_ms`, `snapshot_every_entries` go to `[cluster]`; `cluster` (a dict value is a
-    sub-table: `cluster={"peer_limits": {...}}`), `raft`, `log`, `views`, `clients`, `compaction`,
+    `groups`, `tick_interval_ms`, `snapshot_every_entries` go to `[cluster]`, and `leader_balance = false`
+    unless `cluster` says otherwise; `cluster` (a dict value is a sub-table: `cluster={"peer_limits": {...}}`), `raft`, `log`, `views`, `clients`, `compaction`,
     `controller` and `kafka_config` (the `[kafka]` section) are extra keys of those sections (a dict value
     is a sub-table: `compaction={"cleaner": {...}}` is `[compaction.cleaner]`); `node_raft` overrides
     `[raft]` keys for single nodes. The client faces are plaintext, written as `[clients.tls] enabled =
@@ -141,7 +141,9 @@ class NodeCluster:
         self.groups = groups
         self.tick_interval_ms = tick_interval_ms
         self.snapshot_every_entries = snapshot_every_entries
-        self.cluster_extra = dict(cluster or {})
+        # Leader balancing off unless a test asks for it (cluster={"leader_balance": True}): a test that
+        # finds a group's leader and then acts on it must not see the leadership move under it.
+        self.cluster_extra = {"leader_balance": False, **(cluster or {})}
         self.raft = dict(raft or {})
         self.log = {"segment_bytes": 1 << 20, **(log or {})}
         self.views = {"block_cache_bytes": 8 << 20, "write_buffer_bytes": 4 << 20, **(views or {})}

@@ -120,6 +120,19 @@ class ClusterConfig:
         "The node logs a warning (at most one line per 10 s) when its event loop, which every group's "
         "heartbeats leave from, ran a timer this much later than due (epochlog_loop_stall_seconds); keep it "
         "below half the election timeout.", min=1, max=3_600_000))
+    leader_balance: bool = field(default=True, metadata=doc(
+        "Spread the groups' leaders over the members: once a group is settled, its leader hands leadership "
+        "(a Raft leadership transfer) to the group's first choice when that voter is caught up and answering "
+        "(eventlog/raft/runtime/leader_balance.py). Group number i of `groups` prefers the voters sorted by "
+        "id and rotated by i, so after a start, and again after a member returns, each member leads its "
+        "share. false: leaders stay where elections put them."))
+    leader_balance_settle_ms: int = field(default=2000, metadata=doc(
+        "Balancing waits until the leader has led the group this long and the target voter has held the "
+        "whole commit offset this long; repeated moves of one group wait twice as long each time (up to "
+        "5 minutes).", min=100, max=3_600_000))
+    preferred_leaders: tuple[int, ...] = field(default=(), metadata=doc(
+        "The node id each group prefers as its leader, in the order of `groups` (0 or left out: by the "
+        "rotation above); a preferred node that is not a voter of the group is ignored."))
     tls: PeerTlsConfig = field(default_factory=PeerTlsConfig, metadata=doc(
         "Mutual TLS between members ([cluster.tls]): on unless insecure = true."))
     peer_limits: PeerLimitsConfig = field(default_factory=PeerLimitsConfig, metadata=doc(
@@ -144,6 +157,14 @@ class ClusterConfig:
         for g in self.groups:
             if not g or "/" in g or g.startswith("."):
                 raise ConfigError(f"{section}.groups", g, "group names are plain directory names")
+        if len(self.preferred_leaders) > len(self.groups) or any(i < 0 for i in self.preferred_leaders):
+            raise ConfigError(f"{section}.preferred_leaders", list(self.preferred_leaders),
+                              f"must be at most one node id (or 0) per group of `groups` ({len(self.groups)})")
+
+    def preferred_leader(self, group: str) -> int:
+        """The node `group` prefers as its leader by `preferred_leaders` (0: by rotation)."""
+        i = self.groups.index(group)
+        return self.preferred_leaders[i] if i < len(self.preferred_leaders) else 0
 
     def member(self, node_id: int) -> MemberConfig:
         for m in self.members:

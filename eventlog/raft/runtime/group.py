@@ -70,6 +70,7 @@ from eventlog.raft.errors import (
 from eventlog.raft.node import RaftNode, ReadState, Role
 from eventlog.raft.peer_check import PeerCheck
 from eventlog.raft.runtime.lag import Behind, LagMonitor
+from eventlog.raft.runtime.leader_balance import LeaderBalance, LeaderView
 from eventlog.raft.runtime.log_storage import LogStorage, seal_snapshot_data
 from eventlog.raft.runtime.peer_drops import PeerDrops
 from eventlog.raft.runtime.proposals import Committed as Committed  # re-exported
@@ -201,7 +202,8 @@ class RaftGroup:
                  raft_config: RaftConfig, send: Send, *, tick_interval_ms: int, rng: random.Random,
                  snapshot_every_entries: int = 0, snapshot_every_bytes: int = 0,
                  max_batch_bytes: int = 1 << 20, lag: LagMonitor | None = None,
-                 peer_check: PeerCheck | None = None, peer_drops: PeerDrops | None = None) -> None:
+                 peer_check: PeerCheck | None = None, peer_drops: PeerDrops | None = None,
+                 balance: LeaderBalance | None = None) -> None:
         self.name = name
         self.node_id = node_id
         self.storage = storage
@@ -245,6 +247,8 @@ class RaftGroup:
         # The leader's view of how far behind each member is (logged, and read by metrics).
         self.lag = lag if lag is not None else LagMonitor(warn_after_s=10.0)
         self._lag_term = 0      # the term the monitor watches as leader (0: not leading)
+        # Where this group's leadership should be (leader_balance.py); None: balancing is off.
+        self.balance = balance
         self.repair = LogRepair(self)
         storage.log.add_durability_listener(self._ready.on_durable_threadsafe)
 
@@ -554,6 +558,7 @@ class RaftGroup:
             self._reads.ticked()
             self._check_term_limit()
             self._observe_lag()
+            self._balance_leadership()
             self._ready.wake()
             self._state_machine_tick()
             if self._check_space():
@@ -581,6 +586,30 @@ class RaftGroup:
             else:
                 logger.info("group %s: member %s caught up (%d offsets behind) after %.1f s behind", self.name,
                             event.member, event.offsets, event.late_for + self.lag.warn_after)
+
+    def _balance_leadership(self) -> None:
+        """On the leader: hand leadership to a more preferred voter once the group is settled and that
+        voter is fit (eventlog/raft/runtime/leader_balance.py decides)."""
+        if self.balance is None:
+            return
+        n = self.node
+        now = self.loop.time()
+        if n.role is not Role.LEADER:
+            self.balance.observe(now, None)
+            return
+        # Heard within two election timeouts: on a loaded machine one is often missed for a moment.
+        alive_after = now - 2 * n.cfg.election_timeout_ticks * self.tick_interval
+        view = LeaderView(
+            me=self.node_id, term=n.term, voters=n.conf.voters, commit=n.log.committed,
+            matches={m: p.match for m, p in n.progress.items() if m != self.node_id},
+            live=frozenset(m for m, t in self.heard_at.items() if t >= alive_after),
+            busy=bool(n.lead_transferee or n.conf_at(n.log.committed) != n.conf or self._disk_full),
+            by_transfer=n.won_by_transfer)
+        target = self.balance.observe(now, view)
+        if target:
+            logger.info("group %s: handing leadership to node %s, which the group prefers as its leader "
+                        "(leader balance; order %s)", self.name, target, list(self.balance.order(n.conf.voters)))
+            n.transfer_leadership(target)
 
     def _check_term_limit(self) -> None:
         """Say loudly, and again every TERM_LIMIT_REPEAT_S, that the term reached its limit: this node can

@@ -26,6 +26,7 @@ from eventlog.raft.runtime.config import MemberConfig, NodeConfigs, parse_addres
 from eventlog.raft.runtime.entries import check_entry
 from eventlog.raft.runtime.group import RaftGroup, StateMachine, initial_conf
 from eventlog.raft.runtime.lag import LagMonitor
+from eventlog.raft.runtime.leader_balance import LeaderBalance
 from eventlog.raft.runtime.log_storage import LogStorage
 from eventlog.raft.runtime.peer_drops import PeerDrops
 from eventlog.raft.runtime.tls import PeerTls, load_peer_tls
@@ -76,7 +77,7 @@ class NodeHost:
                                        dial_lower_ms=0 if self.configured else 1000)
         conf = initial_conf([m.id for m in cluster.members])
         entry_check = functools.partial(check_entry, max_batch_bytes=self.configs.log.batch_limit_bytes)
-        for name in cluster.groups:
+        for rank, name in enumerate(cluster.groups):
             directory = self.data_dir / "groups" / name
             ships = self._ships_log_prefix is not None and self._ships_log_prefix(name)
             storage = LogStorage.open(directory, self.configs.log, conf, ships_log_prefix=ships)
@@ -97,11 +98,19 @@ class NodeHost:
                               lag=LagMonitor(warn_after_s=cluster.lag_warning_ms / 1000,
                                              min_offsets=cluster.lag_warning_offsets,
                                              repeat_s=cluster.lag_warning_repeat_ms / 1000),
-                              peer_check=check, peer_drops=self.peer_drops)
+                              peer_check=check, peer_drops=self.peer_drops,
+                              balance=LeaderBalance(rank, settle_s=cluster.leader_balance_settle_ms / 1000,
+                                                    preferred=cluster.preferred_leader(name))
+                              if cluster.leader_balance else None)
             if self._retention_floor is not None:   # set before the group can snapshot
                 group.retention_floor = functools.partial(self._retention_floor, name)
             group.space_guard = self._space_guard
             self.groups[name] = group
+        firsts = {name: g.balance.order(g.node.conf.voters)[0] for name, g in self.groups.items()
+                  if g.balance is not None and g.node.conf.voters}
+        if firsts:
+            logger.info("leader balance: each group's leader hands leadership to its first choice once settled: %s",
+                        ", ".join(f"{name} -> node {node}" for name, node in firsts.items()))
         for group in self.groups.values():
             group.start()
         if self.configs.log.scrub_bytes_per_second:

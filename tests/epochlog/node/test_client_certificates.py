@@ -20,6 +20,7 @@ from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
 from statemachines import events as ev
 from tests.support.nodes import NodeCluster
 from tests.support.secured import secured_cluster
+from tests.support.wait import wait_until
 
 NAME = "certs-test"
 CALL_S = 10.0
@@ -70,27 +71,33 @@ def test_without_a_client_certificate_nothing_is_served(certified: NodeCluster) 
         assert admin.get("app/anonymous") is None
 
 
-def _grpc_status(cluster: NodeCluster, node_id: int, who: str | None, name: str) -> str:
-    """Put `app/<name>` through node `node_id`'s gRPC face with `who`'s certificate: "OK" or the status."""
+def _grpc_put(cluster: NodeCluster, who: str | None, name: str) -> str:
+    """Put `app/<name>` through the kv leader's gRPC face with `who`'s certificate: "OK" or the status.
+    gRPC does not forward a write (a follower names the leader), so a leader that changed meanwhile (an
+    election on a loaded machine) is asked again."""
     root = cluster.root
     ca = (root / "ca" / "ca.crt").read_bytes()
     credentials = grpc.ssl_channel_credentials(ca) if who is None else grpc.ssl_channel_credentials(
         ca, private_key=(root / who / f"{who}.key").read_bytes(),
         certificate_chain=(root / who / f"{who}.crt").read_bytes())
-    with grpc.secure_channel(cluster.nodes[node_id].grpc_address, credentials,
-                             options=[("grpc.ssl_target_name_override", f"node-{node_id}")]) as channel:
-        try:
-            pb_grpc.EpochlogStub(channel).Put(pb.PutRequest(name=f"app/{name}", value=b"1"), timeout=CALL_S)
-            return "OK"
-        except grpc.RpcError as exc:
-            return exc.code().name
+
+    def put() -> str | None:
+        leader = cluster.leader("kv")
+        with grpc.secure_channel(cluster.nodes[leader].grpc_address, credentials,
+                                 options=[("grpc.ssl_target_name_override", f"node-{leader}")]) as channel:
+            try:
+                pb_grpc.EpochlogStub(channel).Put(pb.PutRequest(name=f"app/{name}", value=b"1"), timeout=CALL_S)
+                return "OK"
+            except grpc.RpcError as exc:
+                return None if "is not the leader" in (exc.details() or "") else exc.code().name
+
+    return wait_until(put, 60.0, f"a gRPC put of app/{name} answered by the kv leader")
 
 
 def test_the_grpc_principal_is_the_certificate(certified: NodeCluster) -> None:
-    leader = certified.leader("kv")   # gRPC does not forward a write: a follower names the leader
-    assert _grpc_status(certified, leader, "alice", "g") == "OK"
-    assert _grpc_status(certified, leader, "mallory", "m") == "PERMISSION_DENIED"
-    assert _grpc_status(certified, leader, None, "none") == "UNAVAILABLE"   # refused at the handshake
+    assert _grpc_put(certified, "alice", "g") == "OK"
+    assert _grpc_put(certified, "mallory", "m") == "PERMISSION_DENIED"
+    assert _grpc_put(certified, None, "none") == "UNAVAILABLE"   # refused at the handshake
     with Client(certified.endpoints) as admin:
         written = admin.get("app/g")
         assert written is not None and admin.get("app/m") is None and admin.get("app/none") is None
