@@ -25,7 +25,7 @@ KINDS = ("peer_address", "client_address", "admin_address")
 
 
 def scheme_bases(nodes: int, rng: random.Random) -> dict[str, int]:
-    """One base per kind of address such that base + 1 .. base + nodes are all free."""
+    """One base per kind of address such that base + 1 .. base + nodes are all free (and distinct)."""
     bases: dict[str, int] = {}
     taken: set[int] = set()
     for kind in KINDS:
@@ -41,11 +41,12 @@ def scheme_bases(nodes: int, rng: random.Random) -> dict[str, int]:
     return bases
 
 
-def cluster_document(nodes: int, rng: random.Random, *, name: str = "test") -> dict[str, Any]:
+def cluster_document(nodes: int, rng: random.Random, *, name: str = "test", room: int = 0) -> dict[str, Any]:
     """A small cluster config: 3 groups, 1 MiB segments (no GBs of preallocation), small caches; secured
     as configs/local-3.toml is (TLS and enforcement by default, `admin` the super user whose certificate
-    `up` makes)."""
-    bases = scheme_bases(nodes, rng)
+    `up` makes). `room`: the port scheme leaves free, distinct ports for that many nodes (when a test
+    has `up` extend the scheme past `nodes`)."""
+    bases = scheme_bases(max(nodes, room), rng)
     members = [{"id": i, **{k: f"127.0.0.1:{bases[k] + i}" for k in KINDS}} for i in range(1, nodes + 1)]
     return {
         "cluster": {"name": name, "groups": ["metadata", "offsets", "kv"], "tick_interval_ms": 50,

@@ -199,7 +199,7 @@ def test_view_lags_rates_and_leaderless_groups():
 
 
 def test_nodes_generates_a_config_following_the_port_scheme(tmp_path, rng):
-    document = cluster_document(3, rng)
+    document = cluster_document(3, rng, room=5)   # the 5 nodes' ports of each kind must not overlap
     document["raft"] = {"election_timeout_ticks": 12}
     config = write_config(tmp_path / "three.toml", document)
     plan = make_plan(config, 5, tmp_path / "data")
