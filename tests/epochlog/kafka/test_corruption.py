@@ -174,23 +174,36 @@ def _watch(cluster: NodeCluster, node: int, written: dict[int, tuple[str, bytes]
                 return
 
 
+def _kafka_consumer(cluster: NodeCluster) -> KafkaConsumer:
+    consumer = KafkaConsumer(bootstrap_servers=cluster.bootstrap, enable_auto_commit=False,
+                             auto_offset_reset="earliest", check_crcs=True)
+    consumer.assign([KV])
+    consumer.seek_to_beginning(KV)
+    return consumer
+
+
 def _kafka_read(cluster: NodeCluster, written: dict[int, tuple[str, bytes]], stop: threading.Event | None = None,
                 timeout: float = WAIT_S) -> set[int]:
     """kafka-python reads __kv from its beginning to its end (CRCs checked by the client): every record
-    of ours is what was written; the offsets of ours it got."""
-    consumer = KafkaConsumer(bootstrap_servers=cluster.bootstrap, enable_auto_commit=False,
-                             auto_offset_reset="earliest", check_crcs=True)
+    of ours is what was written; the offsets of ours it got.
+
+    The kv leader may be handing over (it found damage). kafka-python 3.0's `end_offsets` retries a
+    partition answered NOT_LEADER_OR_FOLLOWER at the leader its metadata names, without refreshing that
+    metadata (`Fetcher._fetch_offsets_by_times_async`), so a consumer that learnt the old leader asks it
+    until the call times out: each timed-out ask starts again with a new consumer, which learns the
+    leader afresh."""
+    deadline = time.monotonic() + timeout
+    consumer = _kafka_consumer(cluster)
     seen: set[int] = set()
     try:
-        consumer.assign([KV])
-        consumer.seek_to_beginning(KV)
-        deadline = time.monotonic() + timeout
-        while True:   # the kv leader may be handing over (it found damage): kafka-python gives up after 30 s
+        while True:
             try:
-                end = consumer.end_offsets([KV])[KV]
+                end = consumer.end_offsets([KV], timeout_ms=5_000)[KV]
                 break
             except KafkaTimeoutError:
                 assert time.monotonic() < deadline, "no end offset of __kv within the wait"
+                consumer.close()
+                consumer = _kafka_consumer(cluster)
         while consumer.position(KV) < end and (stop is None or not stop.is_set()):
             assert time.monotonic() < deadline, f"position {consumer.position(KV)}, end {end}"
             for records in consumer.poll(timeout_ms=500).values():
