@@ -1,0 +1,135 @@
+"""Which sequences of a client session have a kept outcome: an in-memory mirror of `session_outcomes`.
+
+Admitting a request of a session asks whether its outcome is kept (a retry) and, when the client
+says requests were answered, which kept outcomes to forget. Asked of RocksDB, that was a lookup of
+an absent key per request and a scan per forget (a third of applying a batched write). The applier
+keeps the answer in memory instead: per session, the sequences whose outcome row exists, as sorted
+disjoint intervals (a session's requests are numbered consecutively, so a few intervals each).
+
+The mirror decides no write on its own: every row it stands for is written or deleted by
+statemachines/sessions.py in the same step as the mirror changes, so the views (and the digest) are
+the bytes the lookups and scans gave. Its invariant: for a session it holds, its sequences are exactly
+those with an outcome row as the apply in progress sees the views (store and pending writes). What
+could break that is handled by forgetting, never by repairing: a session it does not hold is read
+from the views again (`seqs` scans its rows), a session dropped or evicted is let go, and an apply
+that abandons pending writes (a halt mid-entry, a failed write) clears it all (`clear`).
+
+Memory: at most MAX_SESSIONS sessions (least recently used let go first), each at most its
+`max_outcomes` sequences (as intervals: usually one). Not thread-safe: the applier's, from the
+group's loop.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Final
+
+MAX_SESSIONS: Final = 4096
+
+
+class SeqSet:
+    """A set of sequences as sorted disjoint half-open intervals [starts[i], ends[i]), none adjacent."""
+
+    __slots__ = ("starts", "ends")
+
+    def __init__(self, seqs: Iterable[int] = ()) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        for s in sorted(seqs):
+            self.add(s)
+
+    def __contains__(self, seq: int) -> bool:
+        ends = self.ends
+        if ends and ends[-1] <= seq:   # the common case: a new request above every kept one
+            return False
+        i = bisect_right(self.starts, seq) - 1
+        return i >= 0 and seq < ends[i]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        for lo, hi in zip(self.starts, self.ends, strict=True):
+            yield from range(lo, hi)
+
+    def __len__(self) -> int:
+        return sum(hi - lo for lo, hi in zip(self.starts, self.ends, strict=True))
+
+    def add(self, seq: int) -> None:
+        starts, ends = self.starts, self.ends
+        if ends and ends[-1] == seq:   # the common case: the next sequence
+            ends[-1] = seq + 1
+            return
+        i = bisect_right(starts, seq) - 1
+        assert i < 0 or seq >= ends[i], f"sequence {seq} is in the set already"
+        joins_left = i >= 0 and ends[i] == seq
+        joins_right = i + 1 < len(starts) and starts[i + 1] == seq + 1
+        if joins_left and joins_right:
+            ends[i] = ends[i + 1]
+            del starts[i + 1], ends[i + 1]
+        elif joins_left:
+            ends[i] = seq + 1
+        elif joins_right:
+            starts[i + 1] = seq
+        else:
+            starts.insert(i + 1, seq)
+            ends.insert(i + 1, seq + 1)
+
+    def remove_range(self, lo: int, hi: int) -> list[int]:
+        """Remove the sequences in [lo, hi); return those that were in the set, in order."""
+        starts, ends = self.starts, self.ends
+        removed: list[int] = []
+        if lo >= hi or not starts:
+            return removed
+        first = max(bisect_right(starts, lo) - 1, 0)
+        i = first
+        keep_starts: list[int] = []
+        keep_ends: list[int] = []
+        while i < len(starts) and starts[i] < hi:
+            s, e = starts[i], ends[i]
+            if e > lo:
+                removed.extend(range(max(s, lo), min(e, hi)))
+                if s < lo:
+                    keep_starts.append(s)
+                    keep_ends.append(lo)
+                if e > hi:
+                    keep_starts.append(hi)
+                    keep_ends.append(e)
+            else:
+                keep_starts.append(s)
+                keep_ends.append(e)
+            i += 1
+        starts[first:i] = keep_starts
+        ends[first:i] = keep_ends
+        return removed
+
+
+class KeptOutcomes:
+    """The mirror of every session's kept outcome sequences (see the module docstring)."""
+
+    def __init__(self, max_sessions: int = MAX_SESSIONS) -> None:
+        self._sessions: OrderedDict[int, SeqSet] = OrderedDict()
+        self._max_sessions = max_sessions
+
+    def seqs(self, sid: int, read: Callable[[], Iterable[int]]) -> SeqSet:
+        """The session's kept sequences; `read` gives them from the views when this mirror lacks them."""
+        sessions = self._sessions
+        got = sessions.get(sid)
+        if got is None:
+            got = sessions[sid] = SeqSet(read())
+            if len(sessions) > self._max_sessions:
+                sessions.popitem(last=False)
+        elif len(sessions) > 1:
+            sessions.move_to_end(sid)
+        return got
+
+    def held(self, sid: int) -> SeqSet | None:
+        """The session's kept sequences if this mirror holds them (a test's view)."""
+        return self._sessions.get(sid)
+
+    def let_go(self, sid: int) -> None:
+        """Forget a session (dropped, evicted, or its rows changed some other way)."""
+        self._sessions.pop(sid, None)
+
+    def clear(self) -> None:
+        """Forget everything: pending writes the mirror followed were abandoned."""
+        self._sessions.clear()
