@@ -39,6 +39,7 @@ Which sequences have an outcome row is read from the applier's in-memory mirror 
 
 from __future__ import annotations
 
+import struct
 from typing import TYPE_CHECKING, Final
 
 import msgspec
@@ -107,7 +108,10 @@ def _id(session_id: int) -> bytes:
 
 
 def _outcome_key(session_id: int, seq: int) -> bytes:
-    return encode_offset(session_id) + encode_offset(seq)
+    return _TWO_OFFSETS(session_id, seq)
+
+
+_TWO_OFFSETS: Final = struct.Struct(">qq").pack
 
 
 def _refused(offset: int, message: str) -> Outcome:
@@ -139,10 +143,12 @@ def close_session(ov: Overlay, kept: KeptOutcomes, e: ev.ClientSessionClosed, of
 
 class Admission(msgspec.Struct, frozen=True):
     """What `admit` decided: `outcome` is the answer when the request must not be applied (a retry's
-    first outcome, or a refusal); else None and `session` is the state to `record` the outcome in."""
+    first outcome, or a refusal); else None and `session` is the state to `record` the outcome in, `seqs`
+    its kept sequences."""
 
     outcome: Outcome | None
     session: ClientSession | None
+    seqs: SeqSet | None = None
 
 
 def admit(ov: Overlay, kept: KeptOutcomes, e: ev.Event, offset: int, now_ms: int) -> Admission:
@@ -167,19 +173,20 @@ def admit(ov: Overlay, kept: KeptOutcomes, e: ev.Event, offset: int, now_ms: int
         return Admission(_refused(offset, f"request {e.seq} of session {sid} was answered and forgotten (the "
                                           f"session keeps requests from {kept_from} on): not applied again"), None)
     if e.seq not in seqs:   # no outcome row (the mirror says so without a lookup of the absent key)
-        return Admission(None, session)
+        return Admission(None, session, seqs)
     first = ov.get(OUTCOMES, _outcome_key(sid, e.seq))
     assert first is not None, f"the kept outcomes of session {sid} lost sequence {e.seq}"
     o = decode_outcome(first)
     return Admission(Outcome(o.ok, o.offset, o.code, o.message, duplicate=True), None)
 
 
-def record(ov: Overlay, kept: KeptOutcomes, e: ev.Event, session: ClientSession, outcome: Outcome) -> None:
+def record(ov: Overlay, admitted: Admission, e: ev.Event, outcome: Outcome) -> None:
     """Keep the outcome of an admitted request (if its session is still live: a close ends it)."""
     sid = e.session_id
     if ov.get(SESSIONS, _id(sid)) is None:
         return
-    seqs = _kept_seqs(ov, kept, sid)
+    session, seqs = admitted.session, admitted.seqs
+    assert session is not None and seqs is not None, "record only what admit let through"
     ov.put(OUTCOMES, _outcome_key(sid, e.seq), encode(outcome))
     seqs.add(e.seq)
     if e.seq >= session.kept_from + session.max_outcomes:   # keep at most max_outcomes: forget the oldest
