@@ -14,9 +14,10 @@ could break that is handled by forgetting, never by repairing: a session it does
 from the views again (`seqs` scans its rows), a session dropped or evicted is let go, and an apply
 that abandons pending writes (a halt mid-entry, a failed write) clears it all (`clear`).
 
-Memory: at most MAX_SESSIONS sessions (least recently used let go first), each at most its
-`max_outcomes` sequences (as intervals: usually one). Not thread-safe: the applier's, from the
-group's loop.
+Memory: at most MAX_SESSIONS sessions (least recently used let go first; as many as a group keeps
+live by default, so no session is read again and again), each at most its `max_outcomes` sequences
+as intervals (usually one: a few hundred bytes per session). Not thread-safe: the applier's, from
+the group's loop.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Final
 
-MAX_SESSIONS: Final = 4096
+MAX_SESSIONS: Final = 100_000   # ViewsConfig.client_sessions_max's default
 
 
 class SeqSet:
