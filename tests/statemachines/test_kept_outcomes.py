@@ -187,3 +187,37 @@ def test_views_with_the_mirror_are_the_views_without_it(tmp_path: Path, seed: in
     finally:
         mirrored.close()
         reference.close()
+
+
+@pytest.mark.parametrize("seed", _seeds(2))
+def test_views_written_without_the_mirror_go_on_with_it(tmp_path: Path, seed: int) -> None:
+    """An existing data directory (views whose outcome rows were written by code without the mirror, as
+    every Epochlog before it) opened by this code: the mirror reads those rows and the views go on
+    exactly as views that never had a mirror."""
+    print(f"seed={seed}")
+    rng = random.Random(seed)
+    history = History(rng)
+    for _ in range(400):
+        history.entry()
+    half = len(history.entries) // 2
+    old = ViewsStateMachine(tmp_path / "upgraded" / "kv")
+    old.applier.kept_outcomes = ReadEveryTime()
+    reference = ViewsStateMachine(tmp_path / "reference" / "kv")
+    reference.applier.kept_outcomes = ReadEveryTime()
+    opened = [old, reference]
+    try:
+        for sm in (old, reference):
+            _apply(sm, history.entries[:half], history.entries)
+        opened.remove(old)
+        old.close()
+        upgraded = ViewsStateMachine(tmp_path / "upgraded" / "kv")   # this code: a mirror, empty at start
+        opened.append(upgraded)
+        assert type(upgraded.applier.kept_outcomes) is KeptOutcomes
+        for i in range(half, len(history.entries)):
+            call = history.entries[i:i + 1]
+            assert (_apply(upgraded, call, history.entries[:i + 1])
+                    == _apply(reference, call, history.entries[:i + 1])), f"entry {call[0].index}"
+            assert upgraded.digest == reference.digest, f"digests differ after offset {call[-1].last_index}"
+    finally:
+        for sm in opened:
+            sm.close()
