@@ -70,10 +70,10 @@ from statemachines.state import (
     SessionState,
     TopicState,
     UserState,
+    Version,
     decode_outcome,
     decode_state,
     encode,
-    encode_version,
 )
 from statemachines.store import (
     APPLIED,
@@ -453,13 +453,13 @@ class Applier:
         """`save` of an entity key already encoded, in its column family `cf`."""
         data = encode(state)
         ov.put(cf, raw_key, data)
-        ov.put("versions", version_key(raw_key, offset), encode_version(_TAGS[type(event)], data))
+        ov.put("versions", version_key(raw_key, offset), encode(Version(_TAGS[type(event)], data)))
 
     @staticmethod
     def remove(ov: Overlay, key: str, event: ev.Event, offset: int) -> None:
         raw_key = key.encode()
         ov.delete(cf_for(raw_key), raw_key)
-        ov.put("versions", version_key(raw_key, offset), encode_version(_tag(event), None))
+        ov.put("versions", version_key(raw_key, offset), encode(Version(_tag(event), None)))
 
 
 _Row = tuple[int, bytes | None, bytes | None]   # a record's offset, key, value

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Final
 
 MAX_SESSIONS: Final = 100_000   # ViewsConfig.client_sessions_max's default
@@ -78,9 +78,13 @@ class SeqSet:
     def remove_range(self, lo: int, hi: int) -> list[int]:
         """Remove the sequences in [lo, hi); return those that were in the set, in order."""
         starts, ends = self.starts, self.ends
+        if lo >= hi or not starts or hi <= starts[0] or lo >= ends[-1]:
+            return []
+        s0 = starts[0]
+        if lo <= s0 and hi < ends[0]:   # the common case: the oldest kept requests were answered
+            starts[0] = hi
+            return list(range(s0, hi))
         removed: list[int] = []
-        if lo >= hi or not starts:
-            return removed
         first = max(bisect_right(starts, lo) - 1, 0)
         i = first
         keep_starts: list[int] = []
@@ -111,21 +115,19 @@ class KeptOutcomes:
         self._sessions: OrderedDict[int, SeqSet] = OrderedDict()
         self._max_sessions = max_sessions
 
-    def seqs(self, sid: int, read: Callable[[], Iterable[int]]) -> SeqSet:
-        """The session's kept sequences; `read` gives them from the views when this mirror lacks them."""
-        sessions = self._sessions
-        got = sessions.get(sid)
-        if got is None:
-            got = sessions[sid] = SeqSet(read())
-            if len(sessions) > self._max_sessions:
-                sessions.popitem(last=False)
-        elif len(sessions) > 1:
-            sessions.move_to_end(sid)
+    def held(self, sid: int) -> SeqSet | None:
+        """The session's kept sequences if this mirror holds them (else `hold` what the views say)."""
+        got = self._sessions.get(sid)
+        if got is not None and len(self._sessions) > 1:
+            self._sessions.move_to_end(sid)
         return got
 
-    def held(self, sid: int) -> SeqSet | None:
-        """The session's kept sequences if this mirror holds them (a test's view)."""
-        return self._sessions.get(sid)
+    def hold(self, sid: int, seqs: Iterable[int]) -> SeqSet:
+        """Hold the session's kept sequences, as read from the views."""
+        got = self._sessions[sid] = SeqSet(seqs)
+        if len(self._sessions) > self._max_sessions:
+            self._sessions.popitem(last=False)
+        return got
 
     def let_go(self, sid: int) -> None:
         """Forget a session (dropped, evicted, or its rows changed some other way)."""

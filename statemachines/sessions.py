@@ -216,10 +216,12 @@ def _touch(ov: Overlay, sid: int, s: ClientSession, kept_from: int, now_ms: int)
 
 def _kept_seqs(ov: Overlay, kept: KeptOutcomes, sid: int) -> SeqSet:
     """The sequences of `sid` with an outcome row: from the mirror, or read from the views into it."""
-    def read() -> list[int]:
+    seqs = kept.held(sid)
+    if seqs is None:
         prefix = _id(sid)
-        return [decode_offset(key[8:]) for key, _ in ov.scan(OUTCOMES, prefix, prefix_upper_bound(prefix))]
-    return kept.seqs(sid, read)
+        seqs = kept.hold(sid, [decode_offset(key[8:]) for key, _ in ov.scan(OUTCOMES, prefix,
+                                                                              prefix_upper_bound(prefix))])
+    return seqs
 
 
 def _forget(ov: Overlay, seqs: SeqSet, sid: int, lo: int, hi: int) -> None:

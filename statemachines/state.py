@@ -6,8 +6,6 @@ the token for compare-and-set) and `created` (the offset that created it).
 
 from __future__ import annotations
 
-import struct
-
 import msgspec
 
 from statemachines.credentials import BearerToken, ScramCredential
@@ -181,24 +179,6 @@ def encode(obj: msgspec.Struct) -> bytes:
 
 def decode_state(entity_key: bytes, data: bytes) -> msgspec.Struct:
     return _decoders[entity_key.partition(b"/")[0]].decode(data)
-
-
-_VERSION_HEAD: dict[str, bytes] = {}
-_BIN8, _BIN16, _BIN32 = struct.Struct(">BB"), struct.Struct(">BH"), struct.Struct(">BI")
-
-
-def encode_version(event: str, state: bytes | None) -> bytes:
-    """`encode(Version(event, state))`, built from its msgpack pieces (an array of two: the tag, then the
-    state as bin or nil): every write of an entity makes one, and the struct and its second encoding of
-    the state cost more than the bytes."""
-    head = _VERSION_HEAD.get(event)
-    if head is None:
-        head = _VERSION_HEAD[event] = b"\x92" + _encoder.encode(event)   # fixarray of 2, the tag
-    if state is None:
-        return head + b"\xc0"
-    n = len(state)
-    size = _BIN8.pack(0xC4, n) if n < 0x100 else _BIN16.pack(0xC5, n) if n < 0x10000 else _BIN32.pack(0xC6, n)
-    return head + size + state
 
 
 def decode_version(data: bytes) -> Version:

@@ -61,15 +61,3 @@ def test_the_digest_of_a_fixed_history_is_the_one_every_version_computes(tmp_pat
     sm.close()
     assert digest is not None and digest.hex() == DIGEST_AT_C9EF101
 
-
-def test_a_versions_row_built_from_its_pieces_is_the_encoded_version() -> None:
-    """`encode_version` (the applier's fast path) writes the bytes `encode(Version(...))` does, for every
-    msgpack size class of the state (bin 8, 16, 32) and a delete."""
-    from statemachines.state import Version, decode_version, encode, encode_version
-
-    for tag in ("KvPut", "KvDeleted", "TopicCreated"):
-        for n in (0, 1, 255, 256, 65535, 65536, 70000):
-            state = bytes(range(256)) * (n // 256) + bytes(n % 256)
-            assert encode_version(tag, state) == encode(Version(tag, state)), (tag, n)
-            assert decode_version(encode_version(tag, state)) == Version(tag, state)
-        assert encode_version(tag, None) == encode(Version(tag, None))
