@@ -2,7 +2,8 @@
 
 Admitting a request of a session asks whether its outcome is kept (a retry) and, when the client
 says requests were answered, which kept outcomes to forget. Asked of RocksDB, that was a lookup of
-an absent key per request and a scan per forget (a third of applying a batched write). The applier
+an absent key per request and a scan per forget (about half of a session's bookkeeping, which was over
+a quarter of applying a batched write: bench/RESULTS.md issue-20-apply2). The applier
 keeps the answer in memory instead: per session, the sequences whose outcome row exists, as sorted
 disjoint intervals (a session's requests are numbered consecutively, so a few intervals each).
 
@@ -11,8 +12,10 @@ statemachines/sessions.py in the same step as the mirror changes, so the views (
 the bytes the lookups and scans gave. Its invariant: for a session it holds, its sequences are exactly
 those with an outcome row as the apply in progress sees the views (store and pending writes). What
 could break that is handled by forgetting, never by repairing: a session it does not hold is read
-from the views again (`seqs` scans its rows), a session dropped or evicted is let go, and an apply
-that abandons pending writes (a halt mid-entry, a failed write) clears it all (`clear`).
+from the views again (sessions.py scans its rows into `hold`), a session dropped or evicted is let go,
+and an apply that abandons pending writes (a halt mid-entry, a failed write) clears it all (`clear`);
+a snapshot installed comes with a new applier, hence an empty mirror. Outcome rows are written by
+sessions.py only.
 
 Memory: at most MAX_SESSIONS sessions (least recently used let go first; as many as a group keeps
 live by default, so no session is read again and again), each at most its `max_outcomes` sequences
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Final
 
 MAX_SESSIONS: Final = 100_000   # ViewsConfig.client_sessions_max's default
@@ -48,7 +51,7 @@ class SeqSet:
         i = bisect_right(self.starts, seq) - 1
         return i >= 0 and seq < ends[i]
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[int]:
         for lo, hi in zip(self.starts, self.ends, strict=True):
             yield from range(lo, hi)
 
