@@ -33,6 +33,7 @@ Families (counters get the `_total` suffix on the wire):
     epochlog_clock_stalls_total{group}       counter     times the tick clock lagged real time (lease voided)
     epochlog_elections_started_total{group}  counter     terms in which this node campaigned
     epochlog_leader_changes_total{group}     counter     leaderships (term, leader) this node saw
+    epochlog_leader_balance_transfers_total{group} counter leaderships this node handed over for leader balance
     epochlog_proposals_committed_total{group} counter    proposals this node led to commit
     epochlog_events_applied_total{group}     counter     events applied to this node's views
     epochlog_apply_halted{group}             gauge       1 while the group is halted on this node (a record
@@ -260,6 +261,8 @@ class _GroupCollector(Collector):
                             "campaigned in).")
         changes = counter("epochlog_leader_changes", "Leader changes this node saw (new (term, leader) "
                           "pairs).")
+        balance_moves = counter("epochlog_leader_balance_transfers", "Leaderships this node, as the group's leader, "
+                                "handed to the member the group prefers ([cluster] leader_balance).")
         proposals = counter("epochlog_proposals_committed", "Proposals this node, as leader, saw committed.")
         events = counter("epochlog_events_applied", "Events (records) applied to this node's views.")
         halted = gauge("epochlog_apply_halted", "1 while the group is halted on this node at a record its code "
@@ -318,6 +321,7 @@ class _GroupCollector(Collector):
             stalls.add_metric([g], c.clock_stalls)
             elections.add_metric([g], c.elections_started)
             changes.add_metric([g], c.leader_changes)
+            balance_moves.add_metric([g], c.balance_transfers)
             proposals.add_metric([g], c.proposals_committed)
             events.add_metric([g], c.events_applied)
             group = groups[g]
@@ -347,7 +351,7 @@ class _GroupCollector(Collector):
         yield from self._scrub()
         yield from (damaged, damage_found, repairs, digest_checks, mismatch)
         yield from (commit, applied, last, start, term, leader, is_leader, lag, member_lag, member_lag_s,
-                    stalls, elections, changes, proposals, events, halted, floor, snapshot, snapshots,
+                    stalls, elections, changes, balance_moves, proposals, events, halted, floor, snapshot, snapshots,
                     snapshot_failures, installed, segments, pruned, disk_full, clean_end, clean_passes, clean_failures,
                     clean_reclaimed, clean_dropped, exhausted, peer_drops)
 

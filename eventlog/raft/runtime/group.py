@@ -171,6 +171,7 @@ class GroupCounters:
 
     elections_started: int = 0      # terms in which this node campaigned (voted for itself)
     leader_changes: int = 0         # leaderships (term, leader) this node learned of
+    balance_transfers: int = 0      # leaderships this node, as leader, handed over for leader balance
     proposals_committed: int = 0    # `submit` calls answered with their commit offset
     events_applied: int = 0         # records of NORMAL entries applied to the state machine
     clock_stalls: int = 0           # times the tick clock lagged real time and the lease was voided
@@ -610,6 +611,7 @@ class RaftGroup:
             logger.info("group %s: handing leadership to node %s, which the group prefers as its leader "
                         "(leader balance; order %s)", self.name, target, list(self.balance.order(n.conf.voters)))
             n.transfer_leadership(target)
+            self.counters.balance_transfers += 1
 
     def _check_term_limit(self) -> None:
         """Say loudly, and again every TERM_LIMIT_REPEAT_S, that the term reached its limit: this node can

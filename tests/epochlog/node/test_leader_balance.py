@@ -2,9 +2,10 @@
 
 After a start the three groups' leaders end on three different members, each on the member the group
 prefers (group i of `groups` prefers the voters sorted by id rotated by i: metadata 1, offsets 2, kv 3),
-and stay there; an operator's leader transfer stands; a member killed loses its groups to others by
-election, and once restarted and caught up (writes went on meanwhile; its group does not move on while
-it is away) it gets its group back, and the group the operator moved returns to its first choice.
+and stay there (no balance move counted); an operator's leader transfer stands; a member killed loses
+its groups to others by election, and once restarted and caught up (writes went on meanwhile; its group
+does not move on while it is away) it gets its group back (the moves counted), and the group the
+operator moved returns to its first choice.
 """
 
 from __future__ import annotations
@@ -36,6 +37,16 @@ def leaders(cluster: NodeCluster) -> dict[str, tuple[int, int]]:
     return found
 
 
+def balance_transfers(cluster: NodeCluster) -> int:
+    """Leaderships handed over for balance, summed over the running members and groups (their metrics,
+    asked again until each answers)."""
+    total = 0
+    for i in cluster.running():
+        metrics = wait_until(lambda i=i: cluster.metrics(i), 30, f"node {i} to answer /metrics")
+        total += int(sum(v for (name, _), v in metrics.items() if name == "epochlog_leader_balance_transfers_total"))
+    return total
+
+
 def settled_on(cluster: NodeCluster, expected: dict[str, int]) -> dict[str, tuple[int, int]] | None:
     now = leaders(cluster)
     return now if {g: lt[0] for g, lt in now.items()} == expected else None
@@ -49,8 +60,10 @@ def test_leaders_spread_after_start_and_after_a_member_returns(node_cluster_fact
     print(f"after start: {first}")
 
     # Settled: nothing moves any more (three settle times, plus the moves' own back-off, pass quietly).
+    moves = balance_transfers(cluster)
     time.sleep(3 * SETTLE_MS / 1000)
     assert leaders(cluster) == first, "a settled, balanced cluster moved a leader"
+    assert balance_transfers(cluster) == moves, "a settled cluster counted a balance move"
 
     # An operator's move stands (the balancer only moves what an election placed) ...
     with Client(cluster.endpoints, timeout=10) as client:
@@ -75,10 +88,12 @@ def test_leaders_spread_after_start_and_after_a_member_returns(node_cluster_fact
     assert now["offsets"] == away["offsets"], "offsets moved on while its first choice was away (churn)"
 
     # ... and once it is back and caught up, every group is led by its first choice again.
+    moves = balance_transfers(cluster)
     cluster.restart(victim)
     back = wait_until(lambda: settled_on(cluster, PREFERRED), 60, f"the groups led as preferred again: {PREFERRED}")
     print(f"node {victim} restarted: {back}")
     assert back["offsets"][1] > away["offsets"][1], "offsets moved back by a new term"
+    assert balance_transfers(cluster) >= moves + 1, "the balancer's moves back are not counted"
     assert back["metadata"] == first["metadata"], "metadata moved although its first choice never left"
     kv = cluster.group_status(3, "kv")
     assert kv is not None and kv.applied_offset >= max(offsets), "kv's leader holds the writes"
