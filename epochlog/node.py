@@ -232,7 +232,10 @@ class Node:
         for group in by_group:   # the leader's applier takes the events decoded here (propose once)
             self.views[group].expect(checked[group])
         names = list(by_group)
-        committed = await asyncio.gather(*(self.group(g).submit(records[g]) for g in names))
+        if len(names) == 1:   # the usual write: no task to gather (two turns of the loop fewer per call)
+            committed = [await self.group(names[0]).submit(records[names[0]])]
+        else:
+            committed = await asyncio.gather(*(self.group(g).submit(records[g]) for g in names))
         results: list[p.WriteResult | None] = [None] * len(events)
         for group, done in zip(names, committed):
             for j, i in enumerate(by_group[group]):

@@ -53,6 +53,7 @@ from eventlog.raft.types import Entry, EntryKind
 from eventlog.records import NO_PRODUCER_ID, BatchHeader, RecordBatch, decode_records, records_payload
 from statemachines import events as ev
 from statemachines import brokers, producers, request_ids, sessions
+from statemachines.kept_outcomes import KeptOutcomes
 from statemachines.noops import CF as NOOPS
 from statemachines.noops import ensure_noops_from
 from statemachines.state import (
@@ -240,6 +241,9 @@ class Applier:
         # record value -> (record key, the event `applicable` decodes from the value): see `expect`
         self._expected: dict[bytes, tuple[bytes, ev.Event]] = {}
         self._expected_bytes = 0
+        # which client-session requests have an outcome row, in step with the pending writes: cleared
+        # whenever pending writes are abandoned (statemachines/kept_outcomes.py)
+        self.kept_outcomes = KeptOutcomes()
 
     def expect(self, records: Iterable[tuple[bytes, bytes, ev.Event]]) -> None:
         """Records this node is about to propose as the leader, each with the event `events.applicable`
@@ -303,10 +307,11 @@ class Applier:
                             self._apply_record(entry_ov, key, value, offset) if instead is None
                             else msgspec.structs.replace(instead, offset=instead.offset + i))
                     _record_noops(entry_ov, entry, outcomes)
-                    sessions.expire(entry_ov, self.now_ms)
+                    sessions.expire(entry_ov, self.kept_outcomes, self.now_ms)
                     request_ids.forget(entry_ov, self.now_ms)
                     producers.expire(entry_ov, self.now_ms)
             except _CannotApply as stop:   # nothing of this entry is applied: the views end before it
+                self.kept_outcomes.clear()   # it followed the entry's abandoned writes
                 halted = self.halt = stop.halt
                 del self.lease_changes[leases_before:]
                 _not_applied(outcomes, entry, halted)
@@ -325,7 +330,11 @@ class Applier:
             store.put_all(wb, cf, pending)
         store.put_meta(wb, APPLIED, encode_offset(applied))
         store.put_meta(wb, DIGEST, digest)
-        store.write(wb)
+        try:
+            store.write(wb)
+        except BaseException:
+            self.kept_outcomes.clear()   # it followed writes that did not happen
+            raise
         return outcomes
 
     # --- one record ----------------------------------------------------------------------------
@@ -356,7 +365,7 @@ class Applier:
         dedupe_key = None
         request_time = None
         if event.session_id and invalid is None:   # a request of a client session (statemachines/sessions.py)
-            admitted = sessions.admit(ov, event, offset, self.now_ms)
+            admitted = sessions.admit(ov, self.kept_outcomes, event, offset, self.now_ms)
             if admitted.outcome is not None:
                 return admitted.outcome
         elif event.request_id:
@@ -394,7 +403,7 @@ class Applier:
             elif isinstance(event, ev.LeaseRevoked | ev.LeaseExpired):
                 self.lease_changes.append((event.lease_id, 0, offset))
         if admitted is not None and admitted.session is not None:
-            sessions.record(ov, event, admitted.session, outcome)
+            sessions.record(ov, admitted, event, outcome)
         elif dedupe_key is not None:
             ov.put("dedupe", dedupe_key, encode(outcome))
             if request_time is not None:
@@ -802,12 +811,12 @@ def _history_pruned(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcom
 
 def _client_session_opened(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     assert isinstance(e, ev.ClientSessionOpened)
-    return sessions.open_session(ov, e, offset, a.now_ms)
+    return sessions.open_session(ov, a.kept_outcomes, e, offset, a.now_ms)
 
 
 def _client_session_closed(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     assert isinstance(e, ev.ClientSessionClosed)
-    return sessions.close_session(ov, e, offset)
+    return sessions.close_session(ov, a.kept_outcomes, e, offset)
 
 
 def _user_added(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:

@@ -33,10 +33,13 @@ Rows (column families of statemachines/store.py):
                        b"committed_ms": the committed clock
 
 Pure functions of the committed records over the applier's pending writes: call from the applier.
+Which sequences have an outcome row is read from the applier's in-memory mirror of them
+(statemachines/kept_outcomes.py), kept in step with every outcome row written or deleted here.
 """
 
 from __future__ import annotations
 
+import struct
 from typing import TYPE_CHECKING, Final
 
 import msgspec
@@ -44,6 +47,7 @@ import msgspec
 from eventlog.errors import SESSION_EXPIRED
 from statemachines import events as ev
 from statemachines.deadlines import Deadlines
+from statemachines.kept_outcomes import KeptOutcomes, SeqSet
 from statemachines.state import Outcome, decode_outcome, encode
 from statemachines.store import META, decode_offset, encode_offset, prefix_upper_bound
 
@@ -104,20 +108,24 @@ def _id(session_id: int) -> bytes:
 
 
 def _outcome_key(session_id: int, seq: int) -> bytes:
-    return encode_offset(session_id) + encode_offset(seq)
+    return _TWO_OFFSETS(session_id, seq)
+
+
+_TWO_OFFSETS: Final = struct.Struct(">qq").pack
 
 
 def _refused(offset: int, message: str) -> Outcome:
     return Outcome(False, offset, SESSION_EXPIRED, message)
 
 
-def open_session(ov: Overlay, e: ev.ClientSessionOpened, offset: int, now_ms: int) -> Outcome:
+def open_session(ov: Overlay, kept: KeptOutcomes, e: ev.ClientSessionOpened, offset: int,
+                 now_ms: int) -> Outcome:
     """Apply `ClientSessionOpened` at `offset`: that session is live until now + timeout."""
     while DEADLINES.count(ov) >= e.max_sessions:   # evict the one closest to its deadline (LRU for equal timeouts)
         first = DEADLINES.first(ov)
         if first is None:
             break
-        _evict(ov, *first)
+        _evict(ov, kept, *first)
     deadline = now_ms + e.timeout_ms
     sid = session_id_at(offset)
     ov.put(SESSIONS, _id(sid), encode(ClientSession(e.client, e.timeout_ms, e.max_outcomes, deadline)))
@@ -125,23 +133,25 @@ def open_session(ov: Overlay, e: ev.ClientSessionOpened, offset: int, now_ms: in
     return Outcome(True, offset)
 
 
-def close_session(ov: Overlay, e: ev.ClientSessionClosed, offset: int) -> Outcome:
+def close_session(ov: Overlay, kept: KeptOutcomes, e: ev.ClientSessionClosed, offset: int) -> Outcome:
     """Apply `ClientSessionClosed` (admitted as a request of its session): the session goes."""
     if ov.get(SESSIONS, _id(e.session_id)) is None:
         return _refused(offset, f"session {e.session_id} is not open")
-    _drop(ov, e.session_id)
+    _drop(ov, kept, e.session_id)
     return Outcome(True, offset)
 
 
 class Admission(msgspec.Struct, frozen=True):
     """What `admit` decided: `outcome` is the answer when the request must not be applied (a retry's
-    first outcome, or a refusal); else None and `session` is the state to `record` the outcome in."""
+    first outcome, or a refusal); else None and `session` is the state to `record` the outcome in, `seqs`
+    its kept sequences."""
 
     outcome: Outcome | None
     session: ClientSession | None
+    seqs: SeqSet | None = None
 
 
-def admit(ov: Overlay, e: ev.Event, offset: int, now_ms: int) -> Admission:
+def admit(ov: Overlay, kept: KeptOutcomes, e: ev.Event, offset: int, now_ms: int) -> Admission:
     """Decide whether the request `e` of a session (at `offset`) is applied (see the module docstring)."""
     sid = e.session_id
     raw = ov.get(SESSIONS, _id(sid))
@@ -150,40 +160,45 @@ def admit(ov: Overlay, e: ev.Event, offset: int, now_ms: int) -> Admission:
                                           f"been applied before, and is not applied again"), None)
     session = _session_decoder.decode(raw)
     if now_ms >= session.deadline_ms:
-        _drop(ov, sid)
+        _drop(ov, kept, sid)
         return Admission(_refused(offset, f"session {sid} expired (no request for {session.timeout_ms} ms): the "
                                           f"request may have been applied before, and is not applied again"), None)
     kept_from = session.kept_from
+    seqs = _kept_seqs(ov, kept, sid)
     if e.answered_below > kept_from:
-        _forget(ov, sid, kept_from, e.answered_below, session.max_outcomes)
+        _forget(ov, seqs, sid, kept_from, e.answered_below)
         kept_from = e.answered_below
     session = _touch(ov, sid, session, kept_from, now_ms)
     if e.seq < kept_from:
         return Admission(_refused(offset, f"request {e.seq} of session {sid} was answered and forgotten (the "
                                           f"session keeps requests from {kept_from} on): not applied again"), None)
+    if e.seq not in seqs:   # no outcome row (the mirror says so without a lookup of the absent key)
+        return Admission(None, session, seqs)
     first = ov.get(OUTCOMES, _outcome_key(sid, e.seq))
-    if first is not None:
-        o = decode_outcome(first)
-        return Admission(Outcome(o.ok, o.offset, o.code, o.message, duplicate=True), None)
-    return Admission(None, session)
+    assert first is not None, f"the kept outcomes of session {sid} lost sequence {e.seq}"
+    o = decode_outcome(first)
+    return Admission(Outcome(o.ok, o.offset, o.code, o.message, duplicate=True), None)
 
 
-def record(ov: Overlay, e: ev.Event, session: ClientSession, outcome: Outcome) -> None:
+def record(ov: Overlay, admitted: Admission, e: ev.Event, outcome: Outcome) -> None:
     """Keep the outcome of an admitted request (if its session is still live: a close ends it)."""
     sid = e.session_id
     if ov.get(SESSIONS, _id(sid)) is None:
         return
+    session, seqs = admitted.session, admitted.seqs
+    assert session is not None and seqs is not None, "record only what admit let through"
     ov.put(OUTCOMES, _outcome_key(sid, e.seq), encode(outcome))
+    seqs.add(e.seq)
     if e.seq >= session.kept_from + session.max_outcomes:   # keep at most max_outcomes: forget the oldest
         kept_from = e.seq - session.max_outcomes + 1
-        _forget(ov, sid, session.kept_from, kept_from, session.max_outcomes)
+        _forget(ov, seqs, sid, session.kept_from, kept_from)
         ov.put(SESSIONS, _id(sid), encode(msgspec.structs.replace(session, kept_from=kept_from)))
 
 
-def expire(ov: Overlay, now_ms: int) -> None:
+def expire(ov: Overlay, kept: KeptOutcomes, now_ms: int) -> None:
     """Drop sessions whose deadline passed (a few per entry: statemachines/deadlines.py); call once per entry."""
     for deadline, key in DEADLINES.due(ov, now_ms):
-        _evict(ov, deadline, key)
+        _evict(ov, kept, deadline, key)
 
 
 def _touch(ov: Overlay, sid: int, s: ClientSession, kept_from: int, now_ms: int) -> ClientSession:
@@ -199,26 +214,34 @@ def _touch(ov: Overlay, sid: int, s: ClientSession, kept_from: int, now_ms: int)
     return s
 
 
-def _forget(ov: Overlay, sid: int, lo: int, hi: int, max_outcomes: int) -> None:
-    """Delete the kept outcomes of sequences [lo, hi): one by one when few, else those that exist
-    (a session keeps at most `max_outcomes` of them)."""
-    if hi - lo <= _FORGET_ONE_BY_ONE:
-        for seq in range(lo, hi):
-            ov.delete(OUTCOMES, _outcome_key(sid, seq))
-        return
-    for key, _ in ov.scan(OUTCOMES, _outcome_key(sid, lo), _outcome_key(sid, hi), max_outcomes):
-        ov.delete(OUTCOMES, key)
+def _kept_seqs(ov: Overlay, kept: KeptOutcomes, sid: int) -> SeqSet:
+    """The sequences of `sid` with an outcome row: from the mirror, or read from the views into it."""
+    seqs = kept.held(sid)
+    if seqs is None:
+        prefix = _id(sid)
+        seqs = kept.hold(sid, [decode_offset(key[8:]) for key, _ in ov.scan(OUTCOMES, prefix,
+                                                                              prefix_upper_bound(prefix))])
+    return seqs
 
 
-def _drop(ov: Overlay, sid: int) -> None:
+def _forget(ov: Overlay, seqs: SeqSet, sid: int, lo: int, hi: int) -> None:
+    """Delete the kept outcomes of sequences [lo, hi): one by one when few (a tombstone for each,
+    kept or not: the writes, hence the digest, views written before the mirror have), else those kept."""
+    forgotten = seqs.remove_range(lo, hi)
+    for seq in range(lo, hi) if hi - lo <= _FORGET_ONE_BY_ONE else forgotten:
+        ov.delete(OUTCOMES, _outcome_key(sid, seq))
+
+
+def _drop(ov: Overlay, kept: KeptOutcomes, sid: int) -> None:
     """Remove a live session (its outcomes and deadline row too)."""
     raw = ov.get(SESSIONS, _id(sid))
     if raw is not None:
-        _evict(ov, _session_decoder.decode(raw).deadline_ms, _id(sid))
+        _evict(ov, kept, _session_decoder.decode(raw).deadline_ms, _id(sid))
 
 
-def _evict(ov: Overlay, deadline_ms: int, key: bytes) -> None:
+def _evict(ov: Overlay, kept: KeptOutcomes, deadline_ms: int, key: bytes) -> None:
     """Remove the session whose deadline row is (deadline_ms, key), with its outcomes."""
+    kept.let_go(decode_offset(key))
     raw = ov.get(SESSIONS, key)
     if raw is not None:
         max_outcomes = _session_decoder.decode(raw).max_outcomes

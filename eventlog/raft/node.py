@@ -522,7 +522,7 @@ class RaftNode:
         self._maybe_clear_floor()
         if self.role is Role.LEADER and self.id in self.progress:
             self.progress[self.id].maybe_update(self.log.stable_last_index(), self.ticks)
-            if self._maybe_commit() and self.role is Role.LEADER:
+            if self._maybe_commit() and self.role is Role.LEADER and self.cfg.commit_broadcast:
                 self._needs_broadcast = True
 
     def _unsent_entries(self) -> tuple[Entry, ...]:
@@ -844,7 +844,8 @@ class RaftNode:
             if pr.state is ProgressState.PROBE:
                 pr.become_replicate()
             if self._maybe_commit():
-                self._needs_broadcast = True
+                # Without commit_broadcast the next append or heartbeat carries the new commit index.
+                self._needs_broadcast = self._needs_broadcast or self.cfg.commit_broadcast
                 if self.role is not Role.LEADER:
                     return  # the commit included our own removal: we stepped down (thesis §4.2.2)
             if m.src == self.lead_transferee and pr.match == self.log.last_index():

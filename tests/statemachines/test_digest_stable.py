@@ -60,3 +60,4 @@ def test_the_digest_of_a_fixed_history_is_the_one_every_version_computes(tmp_pat
     digest = sm.store.meta(DIGEST)
     sm.close()
     assert digest is not None and digest.hex() == DIGEST_AT_C9EF101
+

@@ -77,7 +77,7 @@ from eventlog.raft.runtime.proposals import Committed as Committed  # re-exporte
 from eventlog.raft.runtime.proposals import ProducerStamp as ProducerStamp  # re-exported
 from eventlog.raft.runtime.proposals import Proposal, Proposals
 from eventlog.raft.runtime.reads import Reads
-from eventlog.raft.runtime.ready_loop import APPLY_BYTES_PER_TURN, ReadyLoop, Send
+from eventlog.raft.runtime.ready_loop import APPLY_BYTES_PER_TURN, Flush, ReadyLoop, Send
 from eventlog.raft.runtime.repair import LogRepair, RepairStatus
 from eventlog.raft.types import (
     MAX_TERM,
@@ -204,7 +204,7 @@ class RaftGroup:
                  snapshot_every_entries: int = 0, snapshot_every_bytes: int = 0,
                  max_batch_bytes: int = 1 << 20, lag: LagMonitor | None = None,
                  peer_check: PeerCheck | None = None, peer_drops: PeerDrops | None = None,
-                 balance: LeaderBalance | None = None) -> None:
+                 balance: LeaderBalance | None = None, flush: Flush | None = None) -> None:
         self.name = name
         self.node_id = node_id
         self.storage = storage
@@ -230,7 +230,7 @@ class RaftGroup:
         self.space_guard: Callable[[], str | None] | None = None
         self.counters = GroupCounters()
         self._ready = ReadyLoop(self, name, self.node, storage, send, loop=self.loop, peer_check=self.peer_check,
-                                peer_drops=self.peer_drops, counters=self.counters)
+                                peer_drops=self.peer_drops, counters=self.counters, flush=flush)
         self._proposals = Proposals(self.loop, self.counters)
         self._reads = Reads(name, self.node, state_machine, loop=self.loop, wake=self._ready.wake,
                             tick_interval=self.tick_interval, counters=self.counters)

@@ -89,7 +89,7 @@ class NodeHost:
                 # Killed after the log storage installed a snapshot (its log now starts after it) and
                 # before the state machine restored it: restore now, or the next entry leaves a gap.
                 sm.restore(storage.snapshot_dir(snap) / "data", snap)
-            group = RaftGroup(name, self.node_id, storage, sm, self.configs.raft, self._send,
+            group = RaftGroup(name, self.node_id, storage, sm, self.configs.raft, self._send, flush=self._flush,
                               tick_interval_ms=cluster.tick_interval_ms,
                               rng=random.Random(self._rng.getrandbits(64)),
                               snapshot_every_entries=cluster.snapshot_every_entries,
@@ -165,6 +165,10 @@ class NodeHost:
     def _send(self, dst: int, group: str, msg: Message) -> None:
         assert self.transport is not None
         self.transport.send(dst, group, msg)
+
+    def _flush(self) -> None:
+        assert self.transport is not None
+        self.transport.flush()
 
     def leader_of(self, group: str) -> int:
         return self.groups[group].node.leader

@@ -98,6 +98,10 @@ class LogStorage:
         self._staging: ImageStaging | None = None            # the image being received
         self._ahead: dict[tuple[int, int, int], concurrent.futures.Future[bytes]] = {}
         self._reader: concurrent.futures.ThreadPoolExecutor | None = None
+        # (first, last) index of the last entry appended, while the log still ends with it: the entry
+        # nearly every message names (a follower's prev_index, an acknowledged index), known without
+        # reading it back from the log (see entry_bounds).
+        self._last_entry: tuple[int, int] | None = None
 
     @classmethod
     def open(cls, directory: str | Path, log_config: LogConfig, initial_conf: ConfState, *,
@@ -235,6 +239,9 @@ class LogStorage:
     def entry_bounds(self, index: int) -> tuple[int, int]:
         if index == self._snapshot.index and not self._written_from() <= index < self.log.end_offset:
             return index, index
+        last = self._last_entry
+        if last is not None and last[0] <= index <= last[1] and last[1] == self.log.end_offset - 1:
+            return last
         try:
             e = self._entry_at(index)
         except CorruptBatchError as exc:
@@ -384,7 +391,9 @@ class LogStorage:
                 self._state.conf_scanned_to = first
                 self._write_state()  # before any entry can land below the old scanned-to mark
         data = b"".join(bytes(entry_to_batch(e)) for e in entries)
+        self._last_entry = None
         self.log.append_replica(data)
+        self._last_entry = (entries[-1].index, entries[-1].last_index)
         for e in entries:
             if e.kind is EntryKind.CONF_CHANGE:
                 self._conf_offsets.append(e.index)
@@ -397,6 +406,7 @@ class LogStorage:
         offset below it. (For a group that ships its log prefix that gives up, on this node only, its
         key-compacted history below the snapshot: readers there are told `compacted`.)"""
         snap = self._snapshot.index
+        self._last_entry = None
         if index <= snap:
             self.log.reset(snap + 1)
         else:
@@ -476,6 +486,7 @@ class LogStorage:
         os.rename(staged, target)
         fsync_dir(target.parent)
         self._snapshot = stored
+        self._last_entry = None
         # The whole log goes: the core asks for an install only when its log does not hold the
         # snapshot's last entry (it keeps a matching suffix itself, §5.6), so anything stored past it
         # would be a suffix the core no longer knows about.

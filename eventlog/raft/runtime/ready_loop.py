@@ -1,17 +1,17 @@
 """The task that drives a group's `RaftNode`: step what arrives, carry out each Ready, in the order it requires.
 
 Each turn (woken by a message, a proposal, a tick or the log's flusher): send what earlier Readys
-held back, as far as the log is now durable; step the messages that pass the peer checks
-(eventlog/raft/peer_check.py; a snapshot chunk only once the previous one is staged), hand the
-queued proposals to the core, and while the core has a Ready carry it out with pipelined
-persistence (see `RaftNode.accept`): send `send_now`; stage snapshot chunks, install a snapshot;
-write the entries (group commit: the segmented log's flusher thread syncs them while this task goes
-on); persist term and vote when they changed; apply committed entries and answer waiters;
-`accept()`, and take the next Ready at once (while a backlog of committed entries is applied in
-slices, after letting the loop run: APPLY_BYTES_PER_TURN). Accepted Readys wait in order
-(`PersistQueue`) until the log's durable offset passes their entries, or what is left of them once a
-later Ready replaced a suffix; then their `send_after` goes out through `persisted()` (the leader
-counts its own copy only then).
+held back, as far as the log is now durable (written at once: a leader waits for them); step the
+messages that pass the peer checks (eventlog/raft/peer_check.py; a snapshot chunk only once the
+previous one is staged), hand the queued proposals to the core, and while the core has a Ready carry
+it out with pipelined persistence (see `RaftNode.accept`): send `send_now` (a leader's appends are
+written at once, before its own write); stage snapshot chunks, install a snapshot; write the entries
+(group commit: the segmented log's flusher thread syncs them while this task goes on); persist term
+and vote when they changed; apply committed entries and answer waiters; `accept()`, and take the next
+Ready at once (while a backlog of committed entries is applied in slices, after letting the loop run:
+APPLY_BYTES_PER_TURN). Accepted Readys wait in order (`PersistQueue`) until the log's durable offset
+passes their entries, or what is left of them once a later Ready replaced a suffix; then their
+`send_after` goes out through `persisted()` (the leader counts its own copy only then).
 
 The commit index is persisted lazily (it is a hint for restarts: the state machine knows what it
 applied); term and vote are persisted before any message that depends on them leaves.
@@ -40,6 +40,7 @@ from eventlog.raft.types import Append, Entry, InstallSnapshot, Message, Snapsho
 logger = logging.getLogger(__name__)
 
 Send = Callable[[int, str, Message], None]
+Flush = Callable[[], None]
 
 APPLY_BYTES_PER_TURN = 64 << 10
 """Committed entries a Ready hands out for applying (at least one entry; RaftNode's max_apply_bytes),
@@ -92,12 +93,13 @@ class ReadyLoop:
 
     def __init__(self, owner: ReadyOwner, name: str, node: RaftNode, storage: LogStorage, send: Send, *,
                  loop: asyncio.AbstractEventLoop, peer_check: PeerCheck, peer_drops: PeerDrops,
-                 counters: Counters) -> None:
+                 counters: Counters, flush: Flush | None = None) -> None:
         self.owner = owner
         self.name = name
         self.node = node
         self.storage = storage
         self._send = send
+        self._flush = flush   # writes what `send` queued now (else it leaves at the end of the loop's turn)
         self.loop = loop
         self.peer_check = peer_check
         self.peer_drops = peer_drops
@@ -180,6 +182,10 @@ class ReadyLoop:
             self._count_soft_state(rd.soft_state)
         for m in rd.send_now:
             self._send(m.dst, self.name, m)
+        if rd.send_now and rd.entries and self._flush is not None:
+            # The leader's appends leave before it writes (and applies) anything itself: a follower's
+            # write and fsync, not the leader's, are what a commit waits for (thesis §10.2.1).
+            self._flush()
         storage = self.storage
         for chunk in rd.snapshot_chunks:
             storage.stage_snapshot_chunk(chunk.meta, chunk.offset, chunk.data)
@@ -226,13 +232,18 @@ class ReadyLoop:
             self._persisted_commit = committed
 
     def _release_persisted(self) -> None:
-        """Send what accepted Readys held back, in order, as far as the log is durable."""
+        """Send what accepted Readys held back, in order, as far as the log is durable: at once, as a
+        leader waits for these acknowledgements to commit (not after the rest of this turn's work)."""
         log = self.storage.log
         if log.failure is not None:
             raise log.failure  # a failed fsync is fatal: never wait for, or pretend, durability
+        sent = False
         for rd in self._held.pop_durable(log.durable_offset):
             for m in self.node.persisted(rd):
                 self._send(m.dst, self.name, m)
+                sent = True
+        if sent and self._flush is not None:
+            self._flush()
 
     def on_durable_threadsafe(self, durable_offset: int) -> None:
         """Durability listener (the log's flusher thread): wake the loop's task."""

@@ -5,8 +5,9 @@ TLS (see below) unless `[cluster.tls] insecure`:
 
 - `Hello(cluster, node)`: the first frame in each direction.
 - `Batch(msgs=[(group, message), ...])`: every message queued for that peer during one turn of the
-  event loop (`send` only queues; the flush is scheduled once per turn), in frames of at most
-  FRAME_SPLIT_BYTES (a single message larger than that goes alone: `largest_frame_bytes`).
+  event loop (`send` only queues; the flush is scheduled once per turn), or up to a `flush` the Ready
+  loop asks for where latency matters more (a leader's appends, a follower's acknowledgements), in
+  frames of at most FRAME_SPLIT_BYTES (a single message larger than that goes alone: `largest_frame_bytes`).
 
 Who the peer is (docs/security.md; eventlog.raft.runtime.tls). With TLS, the default, every
 connection is mutual TLS 1.3 verified against the cluster CA, and the peer is the node its
@@ -545,8 +546,18 @@ class PeerTransport:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
+    def flush(self) -> None:
+        """Write what is queued now rather than at the end of the turn: for messages whose latency
+        matters more than sharing a write (a leader's appends before it writes its own log, a
+        follower's acknowledgements). The flush already scheduled writes whatever is queued after this."""
+        if self._queues:
+            self._write_queued()
+
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._write_queued()
+
+    def _write_queued(self) -> None:
         queues, self._queues = self._queues, defaultdict(list)
         for peer, msgs in queues.items():
             conn = self._conns.get(peer)

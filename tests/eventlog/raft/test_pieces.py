@@ -12,8 +12,8 @@ from eventlog.raft.node import RaftNode, Ready
 from eventlog.raft.persist_queue import PersistQueue
 from eventlog.raft.progress import Progress, ProgressState, committed_index, majority, vote_result
 from eventlog.raft.raft_log import RaftLog
-from eventlog.raft.types import Append, AppendResp, HardState, SnapshotMeta, Vote, VoteResp
-from tests.eventlog.raft.paper import config, handle, log_of, storage
+from eventlog.raft.types import Append, AppendResp, HardState, Heartbeat, SnapshotMeta, Vote, VoteResp
+from tests.eventlog.raft.paper import ack, config, drain, elect, handle, log_of, node, of, storage
 
 # --- RaftLog -------------------------------------------------------------------------------------
 
@@ -320,3 +320,27 @@ def test_a_node_restarted_with_a_hole_and_a_vote_floor() -> None:
     rd = handle(n)
     assert rd is not None and not rd.committed, "the entries that fill the hole are not applied again"
     assert n.vote_floor is None and n.log.last_index() == 9
+
+
+@pytest.mark.parametrize("broadcast", [True, False])
+def test_without_commit_broadcast_the_next_append_or_heartbeat_carries_the_commit(broadcast: bool) -> None:
+    """commit_broadcast = false: the acknowledgement that commits an entry sends no empty append of its own;
+    followers learn the commit index with the next append, or at the latest with the next heartbeat."""
+    n = node(1, commit_broadcast=broadcast)
+    ack(n, elect(n), [2, 3])                             # the leader's no-op commits
+    n.propose(b"x")
+    sent = drain(n)
+    index = n.log.last_index()
+    after_commit = ack(n, sent, [2])
+    assert n.log.committed == index
+    commits = [(m.dst, m.commit) for m in of(after_commit, Append)]
+    if broadcast:
+        assert commits == [(2, index), (3, index)]
+    else:
+        assert commits == [], "no append only to say the commit index"
+        n.propose(b"y")
+        assert [(m.dst, m.commit) for m in of(drain(n), Append)] == [(2, index), (3, index)]
+        for _ in range(n.cfg.heartbeat_interval_ticks):
+            n.tick()
+        beats = [(m.dst, m.commit) for m in of(drain(n), Heartbeat)]
+        assert beats == [(2, index), (3, index - 1)], "a heartbeat carries what each follower holds of the commit"

@@ -69,6 +69,39 @@ def test_append_truncate_and_reopen(tmp_path: Path):
     again.close()
 
 
+def test_entry_bounds_of_the_last_entry_match_the_log_through_appends_replacements_and_drops(tmp_path: Path):
+    """The last entry's bounds are answered without reading it back (every Append and acknowledgement
+    names it): never a stale answer once a newer leader replaced the suffix or a drop cut it."""
+    st = LogStorage.open(tmp_path, CFG, CONF)
+
+    def from_log(index: int) -> tuple[int, int]:
+        e = batch_to_entry(next(st.log.read(index, 1).batches()))
+        return e.index, e.last_index
+
+    def check(*indexes: int) -> None:
+        for i in indexes:
+            assert st.entry_bounds(i) == from_log(i), f"index {i}"
+
+    st.append(chain(0, 1, 5))                      # entries of 2: 0-1 ... 8-9
+    check(8, 9, 7)
+    st.append([normal(10, 1, 5)])                  # 10-14
+    check(10, 12, 14, 9)
+    st.append([normal(10, 2, 1)])                  # a newer leader replaces the suffix from 10: 10 alone
+    assert st.last_index() == 10
+    check(10, 9)
+    st.append([normal(11, 2, 4)])                  # 11-14
+    check(14, 12, 10)
+    st.drop_from(11)                               # found damaged: the log ends at 10 again
+    assert st.last_index() == 10
+    check(10, 9)
+    st.append([normal(11, 2, 2)])                  # fetched again, in another shape: 11-12
+    check(11, 12, 10)
+    st.close()
+    st = LogStorage.open(tmp_path, CFG, CONF)
+    check(12, 11, 10)
+    st.close()
+
+
 def test_snapshots_keep_the_previous_one_readable_and_install_resets_the_log(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch):
     st = LogStorage.open(tmp_path / "a", CFG, CONF)

@@ -192,6 +192,40 @@ def test_a_big_flush_is_cut_into_frames_and_arrives_in_order(pki: Pki, loop: str
 
 
 @pytest.mark.parametrize("loop", LOOPS)
+def test_flush_writes_what_is_queued_at_once_and_the_turn_writes_the_rest_in_order(pki: Pki, loop: str) -> None:
+    async def main() -> None:
+        one, two = await start_peer(pki, 1), await start_peer(pki, 2)
+        try:
+            one.transport.add_peer(2, ("127.0.0.1", two.port))
+            await eventually(lambda: one.transport.connected(2) and two.transport.connected(1), WAIT_S, "the connection")
+            conn = one.transport._conns[2]
+            frames: list[bytes] = []
+            real_write = conn.write
+
+            def write(data: bytes) -> None:
+                frames.append(data)
+                real_write(data)
+
+            conn.write = write  # type: ignore[method-assign]
+            sent = [Heartbeat(term=i, src=1, dst=2, commit=i) for i in (1, 2, 3)]
+            one.transport.send(2, "kv", sent[0])
+            one.transport.flush()
+            assert len(frames) == 1, "written by flush(), before the loop's turn ends"
+            one.transport.flush()
+            assert len(frames) == 1, "nothing queued: nothing written"
+            one.transport.send(2, "kv", sent[1])
+            one.transport.send(2, "kv", sent[2])
+            assert len(frames) == 1
+            await eventually(lambda: len(two.delivered) == 3, WAIT_S, "every message")
+            assert [m for _, _, m in two.delivered] == sent
+            assert len(frames) == 2, "what was queued after the flush left in one write at the end of the turn"
+        finally:
+            await one.transport.close()
+            await two.transport.close()
+    run(loop, main)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
 def test_the_dialer_refuses_a_listener_whose_certificate_names_another_node(pki: Pki, loop: str) -> None:
     """Node 1 believes node 2 listens at an address where node 3 does: node 3's certificate is refused."""
     async def main() -> None:

@@ -1,0 +1,141 @@
+"""Which sequences of a client session have a kept outcome: an in-memory mirror of `session_outcomes`.
+
+Admitting a request of a session asks whether its outcome is kept (a retry) and, when the client
+says requests were answered, which kept outcomes to forget. Asked of RocksDB, that was a lookup of
+an absent key per request and a scan per forget (about half of a session's bookkeeping, which was over
+a quarter of applying a batched write: bench/RESULTS.md issue-20-apply2). The applier
+keeps the answer in memory instead: per session, the sequences whose outcome row exists, as sorted
+disjoint intervals (a session's requests are numbered consecutively, so a few intervals each).
+
+The mirror decides no write on its own: every row it stands for is written or deleted by
+statemachines/sessions.py in the same step as the mirror changes, so the views (and the digest) are
+the bytes the lookups and scans gave. Its invariant: for a session it holds, its sequences are exactly
+those with an outcome row as the apply in progress sees the views (store and pending writes). What
+could break that is handled by forgetting, never by repairing: a session it does not hold is read
+from the views again (sessions.py scans its rows into `hold`), a session dropped or evicted is let go,
+and an apply that abandons pending writes (a halt mid-entry, a failed write) clears it all (`clear`);
+a snapshot installed comes with a new applier, hence an empty mirror. Outcome rows are written by
+sessions.py only.
+
+Memory: at most MAX_SESSIONS sessions (least recently used let go first; as many as a group keeps
+live by default, so no session is read again and again), each at most its `max_outcomes` sequences
+as intervals (usually one: a few hundred bytes per session). Not thread-safe: the applier's, from
+the group's loop.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from typing import Final
+
+MAX_SESSIONS: Final = 100_000   # ViewsConfig.client_sessions_max's default
+
+
+class SeqSet:
+    """A set of sequences as sorted disjoint half-open intervals [starts[i], ends[i]), none adjacent."""
+
+    __slots__ = ("starts", "ends")
+
+    def __init__(self, seqs: Iterable[int] = ()) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        for s in sorted(seqs):
+            self.add(s)
+
+    def __contains__(self, seq: int) -> bool:
+        ends = self.ends
+        if ends and ends[-1] <= seq:   # the common case: a new request above every kept one
+            return False
+        i = bisect_right(self.starts, seq) - 1
+        return i >= 0 and seq < ends[i]
+
+    def __iter__(self) -> Iterator[int]:
+        for lo, hi in zip(self.starts, self.ends, strict=True):
+            yield from range(lo, hi)
+
+    def __len__(self) -> int:
+        return sum(hi - lo for lo, hi in zip(self.starts, self.ends, strict=True))
+
+    def add(self, seq: int) -> None:
+        starts, ends = self.starts, self.ends
+        if ends and ends[-1] == seq:   # the common case: the next sequence
+            ends[-1] = seq + 1
+            return
+        i = bisect_right(starts, seq) - 1
+        assert i < 0 or seq >= ends[i], f"sequence {seq} is in the set already"
+        joins_left = i >= 0 and ends[i] == seq
+        joins_right = i + 1 < len(starts) and starts[i + 1] == seq + 1
+        if joins_left and joins_right:
+            ends[i] = ends[i + 1]
+            del starts[i + 1], ends[i + 1]
+        elif joins_left:
+            ends[i] = seq + 1
+        elif joins_right:
+            starts[i + 1] = seq
+        else:
+            starts.insert(i + 1, seq)
+            ends.insert(i + 1, seq + 1)
+
+    def remove_range(self, lo: int, hi: int) -> list[int]:
+        """Remove the sequences in [lo, hi); return those that were in the set, in order."""
+        starts, ends = self.starts, self.ends
+        if lo >= hi or not starts or hi <= starts[0] or lo >= ends[-1]:
+            return []
+        s0 = starts[0]
+        if lo <= s0 and hi < ends[0]:   # the common case: the oldest kept requests were answered
+            starts[0] = hi
+            return list(range(s0, hi))
+        removed: list[int] = []
+        first = max(bisect_right(starts, lo) - 1, 0)
+        i = first
+        keep_starts: list[int] = []
+        keep_ends: list[int] = []
+        while i < len(starts) and starts[i] < hi:
+            s, e = starts[i], ends[i]
+            if e > lo:
+                removed.extend(range(max(s, lo), min(e, hi)))
+                if s < lo:
+                    keep_starts.append(s)
+                    keep_ends.append(lo)
+                if e > hi:
+                    keep_starts.append(hi)
+                    keep_ends.append(e)
+            else:
+                keep_starts.append(s)
+                keep_ends.append(e)
+            i += 1
+        starts[first:i] = keep_starts
+        ends[first:i] = keep_ends
+        return removed
+
+
+class KeptOutcomes:
+    """The mirror of every session's kept outcome sequences (see the module docstring)."""
+
+    def __init__(self, max_sessions: int = MAX_SESSIONS) -> None:
+        self._sessions: OrderedDict[int, SeqSet] = OrderedDict()
+        self._max_sessions = max_sessions
+
+    def held(self, sid: int) -> SeqSet | None:
+        """The session's kept sequences if this mirror holds them (else `hold` what the views say)."""
+        got = self._sessions.get(sid)
+        if got is not None and len(self._sessions) > 1:
+            self._sessions.move_to_end(sid)
+        return got
+
+    def hold(self, sid: int, seqs: Iterable[int]) -> SeqSet:
+        """Hold the session's kept sequences, as read from the views."""
+        got = self._sessions[sid] = SeqSet(seqs)
+        if len(self._sessions) > self._max_sessions:
+            self._sessions.popitem(last=False)
+        return got
+
+    def let_go(self, sid: int) -> None:
+        """Forget a session (dropped, evicted, or its rows changed some other way)."""
+        self._sessions.pop(sid, None)
+
+    def clear(self) -> None:
+        """Forget everything: pending writes the mirror followed were abandoned."""
+        self._sessions.clear()
