@@ -232,17 +232,19 @@ class ReadyLoop:
             self._persisted_commit = committed
 
     def _release_persisted(self) -> None:
-        """Send what accepted Readys held back, in order, as far as the log is durable: at once, as a
-        leader waits for these acknowledgements to commit (not after the rest of this turn's work)."""
+        """Send what accepted Readys held back, in order, as far as the log is durable. The
+        acknowledgements of entries leave at once, as a leader waits for them to commit (not after the
+        rest of this turn's work); what Readys without entries held back (heartbeat answers: a
+        linearizable read's round) leaves with the turn's other messages, in one write per peer."""
         log = self.storage.log
         if log.failure is not None:
             raise log.failure  # a failed fsync is fatal: never wait for, or pretend, durability
-        sent = False
+        acks = False
         for rd in self._held.pop_durable(log.durable_offset):
             for m in self.node.persisted(rd):
                 self._send(m.dst, self.name, m)
-                sent = True
-        if sent and self._flush is not None:
+                acks = acks or bool(rd.entries)
+        if acks and self._flush is not None:
             self._flush()
 
     def on_durable_threadsafe(self, durable_offset: int) -> None:
