@@ -18,40 +18,93 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 
-from epochlog import cli_access, cli_brokers, cli_certs, cli_client
 from eventlog.errors import EXIT_ERROR, EpochlogError
 
 EXIT_USAGE = 64
 
-LAZY_COMMANDS = {"export": "export_command", "audit": "audit_group", "table": "table_group"}
-"""Commands of spark/cli.py: imported when one of them runs (or `--help` lists them), so every other
-command starts without loading the export's modules."""
+Register = Callable[[click.Group], None]
+"""A module's `register(cli)`: adds its commands to the `epochlog` group."""
+
+
+def _client_commands() -> Register:
+    from epochlog.cli_client import register
+
+    return register
+
+
+def _controller_commands() -> Register:
+    from epochlog.cli_brokers import register
+
+    return register
+
+
+def _certs_commands() -> Register:
+    from epochlog.cli_certs import register
+
+    return register
+
+
+def _access_commands() -> Register:
+    from epochlog.cli_access import register
+
+    return register
+
+
+def _spark_commands() -> Register:
+    from spark.cli import register
+
+    return register
+
+
+LAZY_COMMANDS: dict[str, Callable[[], Register]] = {
+    # The client commands of a running cluster (status, put, get, lease, txn, member...).
+    **dict.fromkeys(("compaction", "del", "events", "get", "group", "history", "leader", "lease", "ls", "member",
+                     "put", "snapshot", "status", "txn", "watch"), _client_commands),
+    # The controller: brokers, routes, topic create, broker run, sim brokers.
+    **dict.fromkeys(("broker", "brokers", "routes", "sim", "topic"), _controller_commands),
+    "certs": _certs_commands,                                         # the cluster CA: init|member|client|show
+    **dict.fromkeys(("acl", "user"), _access_commands),               # users and grants (issue 21)
+    **dict.fromkeys(("audit", "export", "table"), _spark_commands),   # the export to Delta and its audit
+}
+"""The commands defined in other modules, by name -> how to import the `register(cli)` that adds them.
+A module is imported when one of its commands runs (or `--help` lists them), so a command loads only
+what it uses: `get` no certificate tooling, `serve` no client commands, no command but these Spark."""
 
 
 class _Commands(click.Group):
-    """The `epochlog` group, with the Spark commands (LAZY_COMMANDS) loaded on first use."""
+    """The `epochlog` group, with the commands of LAZY_COMMANDS added on first use."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name in LAZY_COMMANDS:
+        loader = LAZY_COMMANDS.get(cmd_name)
+        if loader is not None and cmd_name not in self.commands:
+            loader()(self)
+        if loader is _spark_commands:
             from spark import cli as spark_cli
 
-            ctx.meta[spark_cli.COMMAND_LINE] = spark_cli.CommandLine(endpoints=_endpoints,
-                                                                     print_table=cli_client._table)
-            if cmd_name not in self.commands:
-                self.add_command(getattr(spark_cli, LAZY_COMMANDS[cmd_name]), cmd_name)
+            ctx.meta[spark_cli.COMMAND_LINE] = spark_cli.CommandLine(endpoints=_endpoints, print_table=_print_table)
         return super().get_command(ctx, cmd_name)
 
 
 def _endpoints(endpoints: str | None, config_path: Path | None) -> tuple[str, ...]:
     """The client addresses --endpoints or --config name, as every client command resolves them."""
-    return cli_client.Target.resolve(endpoints, config_path, 0.0, False).endpoints
+    from epochlog.cli_client import Target
+
+    return Target.resolve(endpoints, config_path, 0.0, False).endpoints
+
+
+def _print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    from epochlog.cli_client import _table
+
+    _table(headers, rows)
 
 
 _dir_argument = click.argument(
@@ -273,12 +326,6 @@ def serve_command(config_path: Path, node_id: int, data_dir: Path | None, seed: 
                             admin_address=admin_address)
     _use_uvloop()
     sys.exit(asyncio.run(serve(configs, node_id, data_dir, seed=seed, member=member)))
-
-
-cli_client.register(cli)
-cli_brokers.register(cli)   # brokers, routes, topic create, broker run, sim brokers (the controller)
-cli_certs.register(cli)     # certs init|member|client|show (the cluster CA)
-cli_access.register(cli)    # user add|remove|list, acl grant|revoke|list (issue 21)
 
 
 def _use_uvloop() -> None:

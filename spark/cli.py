@@ -654,3 +654,10 @@ def table_vacuum(table: str, storage_options: tuple[str, ...], retain_hours: int
     verb = "would delete" if dry_run else "deleted"
     _emit(as_json, asdict(result), f"{verb} {len(result.files)} files ({result.bytes:,} bytes) older than "
                                    f"{retain_hours} h from {table}: table version {result.table_version}")
+
+
+def register(cli: click.Group) -> None:
+    """Add export, audit and table to the `epochlog` group (epochlog/cli.py, when one of them is first used)."""
+    cli.add_command(export_command, "export")
+    cli.add_command(audit_group, "audit")
+    cli.add_command(table_group, "table")
