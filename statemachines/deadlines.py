@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from statemachines.store import META, decode_offset, encode_offset
+from statemachines.store_keys import META, decode_offset, encode_offset
 
 if TYPE_CHECKING:
     from statemachines.apply import Overlay

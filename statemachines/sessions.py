@@ -49,7 +49,7 @@ from statemachines import events as ev
 from statemachines.deadlines import Deadlines
 from statemachines.kept_outcomes import KeptOutcomes, SeqSet
 from statemachines.state import Outcome, decode_outcome, encode
-from statemachines.store import META, decode_offset, encode_offset, prefix_upper_bound
+from statemachines.store_keys import META, decode_offset, encode_offset, prefix_upper_bound
 
 if TYPE_CHECKING:
     from statemachines.apply import Overlay

@@ -39,7 +39,6 @@ half-applied batch.
 from __future__ import annotations
 
 import shutil
-import struct
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -58,6 +57,7 @@ from rocksdict import (
 )
 
 from eventlog.configuration import doc
+from statemachines.store_keys import META, decode_offset, encode_offset, prefix_upper_bound
 
 ENTITY_CFS = {"broker": "brokers", "group": "broker_groups", "topic": "topics", "offset": "offsets", "kv": "kv",
               "lease": "leases", "session": "sessions", "config": "config", "member": "members",
@@ -65,20 +65,10 @@ ENTITY_CFS = {"broker": "brokers", "group": "broker_groups", "topic": "topics", 
 INTERNAL_CFS = ("versions", "lease_keys", "dedupe", "dedupe_expiry", "noops", "client_sessions", "session_outcomes",
                 "session_deadlines", "request_times", "producers", "producer_deadlines")
 ALL_CFS = (*ENTITY_CFS.values(), *INTERNAL_CFS)
-META = ""  # the default column family: meta keys
 APPLIED = b"applied"
 DIGEST = b"digest"
 HISTORY_FLOOR = b"history_floor"
 NOOPS_FROM = b"noops_from"
-_OFFSET = struct.Struct(">q")
-
-
-def encode_offset(offset: int) -> bytes:
-    return _OFFSET.pack(offset)
-
-
-def decode_offset(data: bytes) -> int:
-    return int(_OFFSET.unpack(data)[0])
 
 
 _CF_OF_KIND = {kind.encode(): cf for kind, cf in ENTITY_CFS.items()}
@@ -89,18 +79,7 @@ def cf_for(entity_key: bytes) -> str:
 
 
 def version_key(entity_key: bytes, offset: int) -> bytes:
-    return entity_key + b"\x00" + _OFFSET.pack(offset)
-
-
-def prefix_upper_bound(prefix: bytes) -> bytes | None:
-    """The smallest key greater than every key starting with `prefix` (None: no bound)."""
-    p = bytearray(prefix)
-    while p and p[-1] == 0xFF:
-        p.pop()
-    if not p:
-        return None
-    p[-1] += 1
-    return bytes(p)
+    return entity_key + b"\x00" + encode_offset(offset)
 
 
 @dataclass(frozen=True, slots=True)

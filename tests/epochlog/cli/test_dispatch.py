@@ -43,9 +43,10 @@ def test_a_command_loads_only_its_own_module() -> None:
     assert served & {*COMMAND_MODULES, "cryptography"} == set(), sorted(served & {*COMMAND_MODULES, "cryptography"})
 
 
-def test_get_loads_no_certificate_tooling() -> None:
+def test_get_loads_no_certificate_tooling_nor_rocksdb() -> None:
     loaded = _loaded_by("get", "--help")
-    assert not {m for m in loaded if m.split(".")[0] in ("cryptography", "pyspark", "grpc", "kafka")}
+    heavy = {m for m in loaded if m.split(".")[0] in ("cryptography", "rocksdict", "pyspark", "grpc", "kafka")}
+    assert heavy == set() and "statemachines.store" not in loaded, sorted(heavy)
 
 
 def _dependencies(module: str) -> set[str]:
