@@ -76,12 +76,14 @@ class Target:
     @classmethod
     def resolve(cls, endpoints: str | None, config_path: Path | None, timeout: float, as_json: bool) -> Target:
         """--endpoints, else --config, else $EPOCHLOG_ENDPOINTS, else `epochlog up`'s default config."""
-        from eventlog.raft.runtime.config import load_node_configs, parse_address
+        from eventlog.configuration import parse_address
 
         if endpoints and config_path is not None:
             raise click.UsageError("give the cluster with --endpoints or --config, not both")
         source = "--endpoints"
         if not endpoints and config_path is not None:
+            from eventlog.raft.runtime.config import load_node_configs
+
             members = load_node_configs(config_path).cluster.members
             listed = [m.client_address for m in members if m.client_address]
             if not listed:
@@ -92,6 +94,7 @@ class Target:
         listed = [e.strip() for e in (endpoints or "").split(",") if e.strip()]
         if not listed and source == ENDPOINTS_ENV and ENDPOINTS_ENV not in os.environ:
             from epochlog.up import default_config
+            from eventlog.raft.runtime.config import load_node_configs
 
             default = default_config()
             members = load_node_configs(default).cluster.members

@@ -141,3 +141,11 @@ def _check_limits(name: str, value: Any, metadata: Mapping[str, Any]) -> None:
         raise ConfigError(name, value, f"must be >= {low}")
     if high is not None and value > high:
         raise ConfigError(name, value, f"must be <= {high}")
+
+
+def parse_address(text: str, key: str) -> tuple[str, int]:
+    """(host, port) of `text`, host:port; a ConfigError naming `key` otherwise."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(key, text, "must be host:port")
+    return host, int(port)

@@ -6,18 +6,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eventlog.config import LogConfig
-from eventlog.configuration import doc, from_mapping, load_toml
+from eventlog.configuration import doc, from_mapping, load_toml, parse_address
 from eventlog.errors import ConfigError
 from eventlog.raft.config import RaftConfig
 
 MAX_CLUSTER_NAME_BYTES = 256   # the name goes in every peer hello (eventlog.raft.runtime.transport)
-
-
-def parse_address(text: str, key: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(key, text, "must be host:port")
-    return host, int(port)
 
 
 @dataclass(frozen=True, slots=True)
