@@ -2,8 +2,10 @@
 
 One `ClientConnection` per client connection. Requests of a frame are started at once (pipelining);
 replies are queued and written once per turn of the event loop, so the replies that completed
-together share one frame and one write. When the socket's send buffer fills, the connection stops
-reading requests until it drains (backpressure instead of unbounded queues).
+together share one frame and one write; when the last request running on the connection completes,
+its reply (with what is queued) is written at once, since nothing else could join the frame. When
+the socket's send buffer fills, the connection stops reading requests until it drains (backpressure
+instead of unbounded queues).
 
 Hostile or broken input (docs/protocol.md §1, §11):
 
@@ -393,6 +395,10 @@ class ClientConnection(asyncio.Protocol):
                 self.in_flight -= 1
                 if self.backlog:
                     self._schedule_pump()
+                elif self.in_flight == 0 and self.pending:
+                    # No other request of this connection can join the frame: write it in this turn,
+                    # not the next (one loop turn less on a single client's path).
+                    self._flush()
 
     # --- replies ------------------------------------------------------------------------------
 

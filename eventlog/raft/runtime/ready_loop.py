@@ -4,10 +4,12 @@ Each turn (woken by a message, a proposal, a tick or the log's flusher): send wh
 held back, as far as the log is now durable (written at once: a leader waits for them); step the
 messages that pass the peer checks (eventlog/raft/peer_check.py; a snapshot chunk only once the
 previous one is staged), hand the queued proposals to the core, and while the core has a Ready carry
-it out with pipelined persistence (see `RaftNode.accept`): send `send_now` (a leader's appends are
-written at once, before its own write); stage snapshot chunks, install a snapshot; write the entries
-(group commit: the segmented log's flusher thread syncs them while this task goes on); persist term
-and vote when they changed; apply committed entries and answer waiters; `accept()`, and take the next
+it out with pipelined persistence (see `RaftNode.accept`): send `send_now` of a Ready with entries (a
+leader's appends are written at once, before its own write); stage snapshot chunks, install a
+snapshot; write the entries (group commit: the segmented log's flusher thread syncs them while this
+task goes on); persist term and vote when they changed; apply committed entries and answer waiters;
+queue `send_now` of a Ready without entries (the commit broadcast, heartbeats: the waiters' replies
+leave first, in the next turn, then the peer flush); `accept()`, and take the next
 Ready at once (while a backlog of committed entries is applied in slices, after letting the loop run:
 APPLY_BYTES_PER_TURN). Accepted Readys wait in order (`PersistQueue`) until the log's durable offset
 passes their entries, or what is left of them once a later Ready replaced a suffix; then their
@@ -180,12 +182,13 @@ class ReadyLoop:
     def _handle(self, rd: Ready) -> None:
         if rd.soft_state is not None:
             self._count_soft_state(rd.soft_state)
-        for m in rd.send_now:
-            self._send(m.dst, self.name, m)
-        if rd.send_now and rd.entries and self._flush is not None:
-            # The leader's appends leave before it writes (and applies) anything itself: a follower's
-            # write and fsync, not the leader's, are what a commit waits for (thesis §10.2.1).
-            self._flush()
+        if rd.entries:
+            for m in rd.send_now:
+                self._send(m.dst, self.name, m)
+            if rd.send_now and self._flush is not None:
+                # The leader's appends leave before it writes (and applies) anything itself: a follower's
+                # write and fsync, not the leader's, are what a commit waits for (thesis §10.2.1).
+                self._flush()
         storage = self.storage
         for chunk in rd.snapshot_chunks:
             storage.stage_snapshot_chunk(chunk.meta, chunk.offset, chunk.data)
@@ -207,6 +210,12 @@ class ReadyLoop:
         if rd.committed:
             self.owner._apply_committed(rd.committed)
         self.owner._answer_reads(rd.read_states, rd.dropped_reads)
+        if not rd.entries:
+            # Queued after the waiters this Ready answered were woken (their tasks run first in the
+            # next turn, so their replies leave before this turn's peer flush): what such a Ready
+            # sends (the commit broadcast, heartbeats) is off a client's path, the reply is on it.
+            for m in rd.send_now:
+                self._send(m.dst, self.name, m)
 
     def _count_soft_state(self, soft: SoftState) -> None:
         """Count elections and leader changes. A Ready reports the state at its making, so changes
