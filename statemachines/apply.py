@@ -243,7 +243,7 @@ class Applier:
         self._expected_bytes = 0
         # which client-session requests have an outcome row, in step with the pending writes: cleared
         # whenever pending writes are abandoned (statemachines/kept_outcomes.py)
-        self.kept_outcomes = KeptOutcomes()
+        self.kept_outcomes = KeptOutcomes(self.config.client_sessions_max)
 
     def expect(self, records: Iterable[tuple[bytes, bytes, ev.Event]]) -> None:
         """Records this node is about to propose as the leader, each with the event `events.applicable`

@@ -17,9 +17,9 @@ and an apply that abandons pending writes (a halt mid-entry, a failed write) cle
 a snapshot installed comes with a new applier, hence an empty mirror. Outcome rows are written by
 sessions.py only.
 
-Memory: at most MAX_SESSIONS sessions (least recently used let go first; as many as a group keeps
-live by default, so no session is read again and again), each at most its `max_outcomes` sequences
-as intervals (usually one: a few hundred bytes per session). Not thread-safe: the applier's, from
+Memory: at most `max_sessions` sessions (least recently used let go first; the applier gives it
+[views] client_sessions_max, as many as a group keeps live, so no session is read again and again),
+each at most its `max_outcomes` sequences as intervals (usually one: a few hundred bytes per session). Not thread-safe: the applier's, from
 the group's loop.
 """
 
@@ -28,9 +28,6 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from typing import Final
-
-MAX_SESSIONS: Final = 100_000   # ViewsConfig.client_sessions_max's default
 
 
 class SeqSet:
@@ -114,7 +111,7 @@ class SeqSet:
 class KeptOutcomes:
     """The mirror of every session's kept outcome sequences (see the module docstring)."""
 
-    def __init__(self, max_sessions: int = MAX_SESSIONS) -> None:
+    def __init__(self, max_sessions: int) -> None:
         self._sessions: OrderedDict[int, SeqSet] = OrderedDict()
         self._max_sessions = max_sessions
 

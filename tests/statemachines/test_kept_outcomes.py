@@ -162,7 +162,7 @@ def test_views_with_the_mirror_are_the_views_without_it(tmp_path: Path, seed: in
     mirrored = ViewsStateMachine(tmp_path / "mirrored" / "kv")
     mirrored.applier.kept_outcomes = KeptOutcomes(max_sessions=2)   # fewer than are live: it lets go and reads again
     reference = ViewsStateMachine(tmp_path / "reference" / "kv")
-    reference.applier.kept_outcomes = ReadEveryTime()
+    reference.applier.kept_outcomes = ReadEveryTime(max_sessions=1)
     done = 0
     duplicates = forgotten = 0
     try:
@@ -200,9 +200,9 @@ def test_views_written_without_the_mirror_go_on_with_it(tmp_path: Path, seed: in
         history.entry()
     half = len(history.entries) // 2
     old = ViewsStateMachine(tmp_path / "upgraded" / "kv")
-    old.applier.kept_outcomes = ReadEveryTime()
+    old.applier.kept_outcomes = ReadEveryTime(max_sessions=1)
     reference = ViewsStateMachine(tmp_path / "reference" / "kv")
-    reference.applier.kept_outcomes = ReadEveryTime()
+    reference.applier.kept_outcomes = ReadEveryTime(max_sessions=1)
     opened = [old, reference]
     try:
         for sm in (old, reference):
