@@ -262,6 +262,11 @@ class Log:
         return self._end_offset
 
     @property
+    def last_sync_seconds(self) -> float:
+        """How long the latest sync of the active segment took (0.0 before the first)."""
+        return self._flusher.last_sync_seconds
+
+    @property
     def durable_offset(self) -> int:
         """Every offset below this is on disk."""
         return self._flusher.durable_offset
@@ -358,11 +363,13 @@ class Log:
             self._flusher.notify_listeners()
         return info
 
-    def append_replica(self, data: bytes | bytearray | memoryview) -> AppendInfo | None:
+    def append_replica(self, data: bytes | bytearray | memoryview, *, sync: bool = False) -> AppendInfo | None:
         """Append batches copied from a leader, keeping their offsets and epochs.
 
         The first batch must start at `end_offset` and each next one where the previous ended; all
         batches are checked before any is written, so a bad one leaves the log unchanged.
+        With `sync`, everything appended is on disk when this returns, whatever the policy (the
+        flusher thread is not woken; a failed sync fails the log as the thread's would, and raises).
         Returns where the batches went (None for empty `data`).
         """
         view = memoryview(data)
@@ -401,7 +408,7 @@ class Log:
                 written = self._write(seg, view[pos:pos + h.size], h)
                 first_pos = written if first_pos is None else first_pos
                 self._end_offset = seg.next_offset
-            notify = self._flusher.after_write()
+            notify = self._flusher.after_write(sync=sync)
             assert first_pos is not None
             info = AppendInfo(headers[0][1].base_offset, self._end_offset - 1, first_pos, len(view))
         self._appended(started, len(view))

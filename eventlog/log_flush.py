@@ -3,7 +3,10 @@
 Policies (`LogConfig.flush_policy`, whose docstring says what each guarantees): `fsync` syncs the
 active segment in every append before it returns; `group` wakes a flusher thread after each append,
 which syncs everything appended so far in one fdatasync while appends go on (group commit);
-`interval` has the thread sync every `flush_interval_ms`. A roll syncs the segment it seals,
+`interval` has the thread sync every `flush_interval_ms`. An append may also ask to be synced before
+it returns, whatever the policy (`after_write(sync=True)`): a caller that would only wait for the
+thread, with nothing else to do meanwhile, saves the thread's two wake-ups (see
+eventlog/raft/runtime/ready_loop.py). A roll syncs the segment it seals,
 so the active segment is the only one that can hold unsynced data: syncing it makes everything below
 the end offset read at the start durable, unless a truncation rewrote part of it meanwhile (then the
 sync proves nothing: the log's generation tells).
@@ -67,6 +70,7 @@ class LogFlusher:
         self.durable_offset = 0                     # every offset below it is on disk
         self._listeners: list[DurabilityListener] = []
         self._thread: threading.Thread | None = None
+        self.last_sync_seconds = 0.0                # how long the latest sync took (by any thread)
 
     def start(self) -> None:
         """Start the flusher thread, if the policy has one."""
@@ -82,10 +86,10 @@ class LogFlusher:
 
     # --- the durable offset (lock held) --------------------------------------------------------
 
-    def after_write(self) -> bool:
-        """Apply the flush policy after a write; True if durability advanced."""
+    def after_write(self, *, sync: bool = False) -> bool:
+        """Apply the flush policy after a write (or sync now, with `sync`); True if durability advanced."""
         policy = self._policy
-        if policy == "fsync":
+        if policy == "fsync" or sync:
             self.sync_active()
             return True
         if policy == "group":
@@ -102,9 +106,13 @@ class LogFlusher:
         except LogError as exc:
             log._fail(exc)
             raise
-        log._synced(started)
+        self._synced(started)
         self.durable_offset = max(self.durable_offset, target)
         self._durable.notify_all()
+
+    def _synced(self, started: float) -> None:
+        self.last_sync_seconds = time.perf_counter() - started
+        self._log._synced(started)
 
     def sealed(self, offset: int) -> None:
         """The segments below `offset` were synced (a roll sealed the last of them)."""
@@ -184,7 +192,7 @@ class LogFlusher:
                     log._fail(io_error(f"fdatasync of {seg.path}", exc))
                 self.notify_listeners()  # listeners check `failure`: nobody may wait on this log forever
                 return
-            log._synced(started)
+            self._synced(started)
             with self._lock:
                 # Older segments were synced when they were sealed, so everything below `target`
                 # is on disk, unless a truncation rewrote part of it meanwhile.

@@ -378,10 +378,11 @@ class LogStorage:
 
     # --- writes (the runtime applying a Ready) -------------------------------------------------
 
-    def append(self, entries: tuple[Entry, ...] | list[Entry]) -> int:
+    def append(self, entries: tuple[Entry, ...] | list[Entry], *, sync: bool = False) -> int:
         """Write entries, first truncating any stored suffix they replace. Returns the last index.
 
-        The entries are durable once `log.durable_offset` passes the returned index.
+        The entries are durable once `log.durable_offset` passes the returned index; with `sync`, when
+        this returns (`Log.append_replica`).
         """
         first = entries[0].index
         if first <= self.log.end_offset - 1:
@@ -392,7 +393,7 @@ class LogStorage:
                 self._write_state()  # before any entry can land below the old scanned-to mark
         data = b"".join(bytes(entry_to_batch(e)) for e in entries)
         self._last_entry = None
-        self.log.append_replica(data)
+        self.log.append_replica(data, sync=sync)
         self._last_entry = (entries[-1].index, entries[-1].last_index)
         for e in entries:
             if e.kind is EntryKind.CONF_CHANGE:

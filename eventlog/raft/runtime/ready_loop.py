@@ -7,7 +7,8 @@ previous one is staged), hand the queued proposals to the core, and while the co
 it out with pipelined persistence (see `RaftNode.accept`): send `send_now` of a Ready with entries (a
 leader's appends are written at once, before its own write); stage snapshot chunks, install a
 snapshot; write the entries (group commit: the segmented log's flusher thread syncs them while this
-task goes on); persist term and vote when they changed; apply committed entries and answer waiters;
+task goes on; a follower with nothing else in flight syncs them itself and acknowledges at once, see
+`ReadyLoop._syncs_inline`); persist term and vote when they changed; apply committed entries and answer waiters;
 queue `send_now` of a Ready without entries (the commit broadcast, heartbeats: the waiters' replies
 leave first, in the next turn, then the peer flush); `accept()`, and take the next
 Ready at once (while a backlog of committed entries is applied in slices, after letting the loop run:
@@ -29,10 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from eventlog.raft.node import RaftNode, Ready, ReadState, SoftState
+from eventlog.raft.node import RaftNode, Ready, ReadState, Role, SoftState
 from eventlog.raft.peer_check import PeerCheck
 from eventlog.raft.persist_queue import PersistQueue
 from eventlog.raft.runtime.log_storage import LogStorage
@@ -53,6 +55,15 @@ shares one loop: applying a backlog at once (a follower catching up, a leader wh
 jumped), or entries of 1 MiB, held it for up to seconds on a loaded machine, and every group's
 heartbeats with it, so followers elected (issue 20). About 250 small events, 5-10 ms of applying on
 an idle machine."""
+
+INLINE_SYNC_MAX_BYTES = 64 << 10
+"""A follower syncs a Ready's entries on the loop only up to this many entry bytes (Entry.size)."""
+
+INLINE_SYNC_MAX_SECONDS = 0.002
+"""... and only while the latest sync of its log took at most this long: a slow disk (a sync of tens of
+ms on a loaded machine) goes back to the flusher thread, whose next quick sync lets the loop sync again.
+An inline sync holds every group of the node, as any work on the loop; epochlog_loop_stall_seconds
+sees it."""
 
 
 class Counters(Protocol):
@@ -113,6 +124,7 @@ class ReadyLoop:
         self._persisted_commit = node.log.committed
         self._seen_term = node.term
         self._seen_leadership = (node.term, node.leader)
+        self._loop_thread: int | None = None   # the thread `run` runs on (durability reported there)
 
     def deliver(self, peer: int, msg: Message) -> None:
         self._inbox.append((peer, msg))
@@ -131,6 +143,7 @@ class ReadyLoop:
         self._held.discard_from(index)
 
     async def run(self) -> None:
+        self._loop_thread = threading.get_ident()
         try:
             while not self._stopped:
                 await self._wake.wait()
@@ -146,8 +159,10 @@ class ReadyLoop:
                             continue
                         break
                     rd = self.node.ready()
-                    self._handle(rd)
-                    self.node.accept()
+                    if self._handle(rd):
+                        self.node.advance()   # persisted, sent and applied: the synchronous contract
+                    else:
+                        self.node.accept()
                     self._release_persisted()
                     backlog = bool(rd.committed) and self.node.log.applicable()
                     if backlog:
@@ -179,7 +194,9 @@ class ReadyLoop:
                 self._inbox = msgs[i + 1:] + self._inbox
                 return
 
-    def _handle(self, rd: Ready) -> None:
+    def _handle(self, rd: Ready) -> bool:
+        """Carry out `rd`; True if its entries were synced here and its `send_after` went out (then
+        `advance`, else `accept` and hold it until the log is durable)."""
         if rd.soft_state is not None:
             self._count_soft_state(rd.soft_state)
         if rd.entries:
@@ -195,18 +212,28 @@ class ReadyLoop:
         if rd.snapshot is not None:
             self._held.discard_from(rd.snapshot.index + 1)   # the log is reset behind the snapshot
             self.owner._install_snapshot(rd.snapshot)
+        synced = False
         if rd.entries:
             # Entries from here on replace any stored suffix: earlier Readys no longer wait for the
             # replaced ones (they will never be durable; see eventlog/raft/persist_queue.py).
             self._held.discard_from(rd.entries[0].index)
-            storage.append(rd.entries)
+            synced = self._syncs_inline(rd)
+            storage.append(rd.entries, sync=synced)   # a failed sync raises: this node stops
         if rd.hard_state is not None:
             prev = storage.initial_state()[0]
             hs = rd.hard_state
             if (hs.term, hs.vote, hs.floor_index) != (prev.term, prev.vote, prev.floor_index):
                 storage.set_hard_state(hs)  # before any vote or ack leaves (§5.1)
                 self._persisted_commit = rd.hard_state.commit
-        self._held.push(rd)
+        if synced:
+            # Everything is durable: the acknowledgements leave now, before applying (the leader
+            # commits on them), and nothing is held (no earlier Ready was: _syncs_inline).
+            for m in rd.send_after:
+                self._send(m.dst, self.name, m)
+            if rd.send_after and self._flush is not None:
+                self._flush()
+        else:
+            self._held.push(rd)
         if rd.committed:
             self.owner._apply_committed(rd.committed)
         self.owner._answer_reads(rd.read_states, rd.dropped_reads)
@@ -216,6 +243,32 @@ class ReadyLoop:
             # sends (the commit broadcast, heartbeats) is off a client's path, the reply is on it.
             for m in rd.send_now:
                 self._send(m.dst, self.name, m)
+        return synced
+
+    def _syncs_inline(self, rd: Ready) -> bool:
+        """Whether this follower syncs `rd`'s entries on the loop rather than through the flusher thread.
+
+        A follower acknowledges an append only once it is durable, and the leader commits on that
+        acknowledgement, so the follower's sync is on every write's path; its own (a leader's) runs
+        beside replication. Through the thread, that path has two wake-ups: the thread's to start
+        the sync, the loop's when it is done (0.1-0.2 ms each on a busy 2-core machine, issue-20-latency
+        in bench/RESULTS.md). When nothing else is in flight for the log (no earlier Ready waits for
+        a sync, nothing appended is unsynced: the thread is idle), the thread buys no group commit,
+        so the loop syncs itself and the acknowledgement leaves in this turn. Appends that arrive
+        meanwhile wait in the socket and are stepped, written and synced together in the next turn;
+        while the thread does have a sync in flight, new appends go to it as before (group commit).
+        Only small writes, and only while syncs are quick (INLINE_SYNC_MAX_*): an inline sync holds
+        the loop. Only the `group` policy: `fsync` syncs every append anyway, and `interval`
+        promises the thread's period, not a sync per append.
+        """
+        log = self.storage.log
+        return (self.node.role is not Role.LEADER
+                and rd.snapshot is None
+                and not self._held
+                and log.config.flush_policy == "group"
+                and log.durable_offset >= log.end_offset
+                and log.last_sync_seconds <= INLINE_SYNC_MAX_SECONDS
+                and sum(e.size for e in rd.entries) <= INLINE_SYNC_MAX_BYTES)
 
     def _count_soft_state(self, soft: SoftState) -> None:
         """Count elections and leader changes. A Ready reports the state at its making, so changes
@@ -257,7 +310,10 @@ class ReadyLoop:
             self._flush()
 
     def on_durable_threadsafe(self, durable_offset: int) -> None:
-        """Durability listener (the log's flusher thread): wake the loop's task."""
+        """Durability listener (the log's flusher thread, or the loop's own sync): wake the loop's task."""
+        if threading.get_ident() == self._loop_thread:
+            self._wake.set()   # a sync on the loop (an inline sync, the fsync policy): no self-pipe write
+            return
         try:
             self.loop.call_soon_threadsafe(self._wake.set)
         except RuntimeError:
