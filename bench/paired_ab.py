@@ -1,0 +1,197 @@
+"""Two builds of Epochlog up at the same time, one client writing to each in turn: puts' latency and
+server CPU under the same load.
+
+bench/build_ab.py runs one build after the other, a fresh cluster each; on this shared machine the
+load moves between two runs more than a small change moves the figures (per-round ratios of one
+pair of builds from 0.7x to 2.6x). Here both builds' 3-node clusters (as bench/vs_etcd makes them)
+run side by side for the whole run, and one SDK client alternates between them in short blocks of
+puts (the order flipping every block), so each pair of blocks sees nearly the same load; the idle
+cluster meanwhile only sends heartbeats. Reported per build: latency p50/p90 over all blocks,
+puts/s (block wall time), server CPU per put (the three nodes' user + system CPU from /proc); and
+per pair of blocks, head's median latency over base's: in how many pairs head was faster, and the
+median ratio.
+
+    .venv/bin/python -m bench.paired_ab --base-rev main --head-rev HEAD --blocks 40
+    .venv/bin/python -m bench.paired_ab --base-rev main --head /tmp/tree -c 16 --runs 2
+
+A run's clusters are new (their leaders land where elections put them), so repeat it (`--runs`)
+before reading a difference of a few percent. Writes section `--section` of bench/RESULTS.md unless
+--no-write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.build_ab import export_rev
+from bench.node_load import cpu_of, key_for, make_values
+from bench.results import write_section
+from bench.vs_etcd import epochlog_config, free_ports, log, wait_settled
+from epochlog.client import AsyncClient
+
+WARMUP_PUTS = 300
+
+
+@dataclass
+class Cluster:
+    """One build's three `epochlog serve` processes."""
+
+    endpoints: list[str]
+    procs: list[subprocess.Popen[bytes]]
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+@dataclass
+class Tally:
+    """What one build did over a run."""
+
+    latencies_ns: list[int] = field(default_factory=list)
+    wall_s: float = 0.0
+    server_cpu_s: float = 0.0
+
+
+def start(tree: Path, data: Path) -> Cluster:
+    data.mkdir(parents=True)
+    config = data / "cluster.toml"
+    endpoints = epochlog_config(config, free_ports(6))
+    cluster = Cluster(endpoints, [])
+    try:
+        for i in (1, 2, 3):
+            cluster.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "epochlog", "serve", "--config", str(config), "--node-id", str(i),
+                 "--data-dir", str(data / f"node-{i}")], cwd=tree, stdout=subprocess.PIPE,
+                stderr=open(data / f"node-{i}.log", "wb")))
+        for p in cluster.procs:
+            assert p.stdout is not None
+            line = p.stdout.readline().decode()
+            if not line.startswith("READY"):
+                raise RuntimeError(f"a node of {tree} did not start: {line!r}")
+        wait_settled(data)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+async def block(client: AsyncClient, cluster: Cluster, tally: Tally, first: int, puts: int, conc: int,
+                values: list[bytes]) -> float:
+    """`puts` puts by `conc` workers; returns their median latency (ns)."""
+    todo = iter(range(first, first + puts))
+    lat: list[int] = []
+
+    async def worker() -> None:
+        for i in todo:
+            t0 = time.perf_counter_ns()
+            await client.put(key_for(i), values[i % len(values)])
+            lat.append(time.perf_counter_ns() - t0)
+
+    cpu0 = sum(cpu_of(cluster.pids).values())
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(conc)))
+    tally.wall_s += time.perf_counter() - t0
+    tally.server_cpu_s += sum(cpu_of(cluster.pids).values()) - cpu0
+    tally.latencies_ns += lat
+    return statistics.median(lat)
+
+
+async def one_run(trees: dict[str, Path], scratch: Path, blocks: int, puts: int, conc: int) -> str:
+    clusters: dict[str, Cluster] = {}
+    try:
+        for name, tree in trees.items():
+            clusters[name] = start(tree, scratch / name)
+        clients = {n: AsyncClient(c.endpoints, timeout=10) for n, c in clusters.items()}
+        values = make_values()
+        for n, client in clients.items():
+            for i in range(WARMUP_PUTS):
+                await client.put(key_for(10**7 + i), values[i % len(values)])
+        tallies = {n: Tally() for n in clients}
+        ratios: list[float] = []
+        load0 = float(Path("/proc/loadavg").read_text().split()[0])
+        for b in range(blocks):
+            medians = {}
+            for n in (("base", "head") if b % 2 == 0 else ("head", "base")):
+                medians[n] = await block(clients[n], clusters[n], tallies[n], b * puts, puts, conc, values)
+            ratios.append(medians["head"] / medians["base"])
+        load1 = float(Path("/proc/loadavg").read_text().split()[0])
+        for client in clients.values():
+            await client.close()
+    finally:
+        for c in clusters.values():
+            c.stop()
+    cells = []
+    for n in ("base", "head"):
+        t = tallies[n]
+        s = sorted(t.latencies_ns)
+        cells.append(f"{s[len(s) // 2] / 1e6:.2f} / {s[int(len(s) * 0.9)] / 1e6:.2f} | {len(s) / t.wall_s:,.0f} | "
+                     f"{t.server_cpu_s / len(s) * 1e6:,.0f}")
+    b, h = tallies["base"], tallies["head"]
+    cpu = (h.server_cpu_s / len(h.latencies_ns)) / (b.server_cpu_s / len(b.latencies_ns))
+    return (f"| {cells[0]} | {cells[1]} | {sum(r < 1 for r in ratios)} of {len(ratios)}, "
+            f"{statistics.median(ratios):.2f} | {cpu:.2f} | {load0:.1f}, {load1:.1f} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", type=Path, help="source tree of the build to compare with")
+    ap.add_argument("--base-rev", help="git revision of the build to compare with (instead of --base)")
+    ap.add_argument("--head", type=Path, default=Path(__file__).resolve().parents[1],
+                    help="source tree of the other build (default: this one)")
+    ap.add_argument("--head-rev", help="git revision of the other build (instead of --head)")
+    ap.add_argument("-c", "--concurrency", type=int, default=1, help="puts in flight per block")
+    ap.add_argument("--blocks", type=int, default=40, help="blocks per build and run")
+    ap.add_argument("--block-puts", type=int, default=0, help="puts per block (default: 100, 50 per worker with -c)")
+    ap.add_argument("--runs", type=int, default=1, help="runs, each with new clusters")
+    ap.add_argument("--section", default="paired-ab", help="the bench/RESULTS.md section written")
+    ap.add_argument("--no-write", action="store_true", help="do not write bench/RESULTS.md")
+    args = ap.parse_args()
+    if (args.base is None) == (args.base_rev is None):
+        ap.error("give one of --base and --base-rev")
+    puts = args.block_puts or (100 if args.concurrency == 1 else 50 * args.concurrency)
+    scratch = Path(tempfile.mkdtemp(prefix="paired-ab-"))
+    rows = []
+    try:
+        base = export_rev(args.base_rev, scratch / "base-tree") if args.base_rev else args.base
+        head = export_rev(args.head_rev, scratch / "head-tree") if args.head_rev else args.head
+        trees = {"base": base.resolve(), "head": head.resolve()}
+        for r in range(args.runs):
+            rows.append(asyncio.run(one_run(trees, scratch / f"run-{r}", args.blocks, puts, args.concurrency)))
+            log(f"run {r + 1}: {rows[-1]}")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    body = "\n".join([
+        "| base p50 / p90 ms | base puts/s | base server CPU us/put | head p50 / p90 ms | head puts/s | "
+        "head server CPU us/put | block pairs head faster, median head/base | CPU head/base | load avg 1 min (start, end) |",
+        "|---:|---:|---:|---:|---:|---:|---|---:|---|", *rows, "",
+        f"base: {args.base_rev or trees['base']}, head: {args.head_rev or trees['head']}. One row per run: both "
+        f"builds' clusters up at once, {args.blocks} blocks of {puts} puts with {args.concurrency} in flight per "
+        "build, alternating (bench/paired_ab.py)."])
+    print(body)
+    if not args.no_write:
+        write_section(args.section, body, command="python -m bench.paired_ab " + " ".join(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()
