@@ -53,8 +53,9 @@ from tests.epochlog.node.raw import RawConnection, frame_bytes
 
 pytestmark = pytest.mark.slow
 
-ATTACK_S = 10.0     # one request of each kind stalled the loop 2.5-20 s before the limits (above), so the
-                    # first repetition fails; 10 s still repeats each (every check below counts repeats)
+ATTACK_S = 5.0      # one request of each kind stalled the loop 2.5-20 s before the limits (above), so the
+                    # first repetition fails; 5 s still repeats each (every check below counts repeats;
+                    # at load 4: 278 Metadata, 706 bombs, 20,600 refused JoinGroups, 1,500 refused connections)
 TICK_MS = 50
 ELECTION_TICKS = 40                      # a 2 s election timeout
 STALL_LIMIT_S = 0.5                      # a bucket bound of epochlog_loop_stall_seconds
@@ -243,9 +244,7 @@ def pipelined_gets(cluster: NodeCluster, stop: threading.Event, out: Outcome) ->
             out.add("frames answered")
             out.add("ok replies", sum(1 for r in replies.values() if r[2] is None and r[1]["type"] == "got"))
             out.add("error replies", sum(1 for r in replies.values() if r[2] is not None))
-            if stop.is_set():
-                break
-            conn.send_bytes(many)
+            conn.send_bytes(many)                   # each round sends both forms, however short the attack
             replies = conn.replies(set(range(1, 11)), timeout=300)
             out.add("frames answered")
             out.add("ok replies", sum(len(r[1]["replies"]) for r in replies.values()
@@ -339,7 +338,7 @@ def _check_gzip(out: Outcome) -> None:
 
 def _check_gets(out: Outcome) -> None:
     frames = out.counts.get("frames answered", 0)
-    assert frames >= 1 and out.counts.get("ok replies") == frames * 100_000, out.counts
+    assert frames >= 2 and out.counts.get("ok replies") == frames * 100_000, out.counts
 
 
 def _check_joins(out: Outcome) -> None:
@@ -371,7 +370,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_a_request_repeated_for_10_s_moves_no_leader_and_stalls_no_heartbeat(
+def test_a_request_repeated_for_5_s_moves_no_leader_and_stalls_no_heartbeat(
         cluster: NodeCluster, name: str) -> None:
     case = CASES[name]
     for group in cluster.groups:
