@@ -96,6 +96,7 @@ STATUS_TIMEOUT_S = 1.0      # one node's status call
 RATE_WINDOW_S = 5.0         # events/s is the commit offset's rate over this window
 LOG_TAIL_LINES = 8
 TOUR_STATUS_EVERY_S = 10.0  # piped, with --tour: a short status line this often (the steps say the rest)
+SUMMARY_SETTLE_S = 2.0      # the closing summary waits this long at most for a group between two leaders
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 # Every address of a member (peer, client, admin, ...): `--nodes` extends each one's port scheme.
 ADDRESS_KINDS = tuple(f.name for f in dataclasses.fields(MemberConfig) if f.name.endswith("_address"))
@@ -969,7 +970,21 @@ async def _watch_cluster(nodes: list[NodeProcess], view: ClusterView, client: As
             elif load_task.exception() is None and load_report is not None:
                 for problem in load_report.problems():
                     outcome.fail(problem)
-            view.observe(time.monotonic(), await _poll(client, nodes, cluster))   # the summary shows what it wrote
+        if tour is None and not force.is_set():
+            await _settle(view, client, nodes, cluster, SUMMARY_SETTLE_S)   # the summary shows what the load wrote
+
+
+async def _settle(view: ClusterView, client: AsyncClient, nodes: Sequence[NodeProcess], cluster: str,
+                  within_s: float) -> None:
+    """Poll again until every group has a leader, for at most `within_s`: a leadership move (leader
+    balance's transfers come a couple of seconds after a start) leaves a group without one for an
+    election, and the summary would show that moment as `leader -`."""
+    deadline = time.monotonic() + within_s
+    while True:
+        view.observe(time.monotonic(), await _poll(client, nodes, cluster))
+        if view.all_led() or time.monotonic() >= deadline:
+            return
+        await asyncio.sleep(0.1)
 
 
 async def _poll(client: AsyncClient, nodes: Sequence[NodeProcess], cluster: str
