@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.proc_cpu import process_cpu
 from bench.results import write_section
 from epochlog.api import messages as p
 from epochlog.client import AsyncClient
@@ -58,11 +59,6 @@ class BenchCluster(NodeCluster):
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -222,10 +218,12 @@ async def storm_and_throughput(endpoints: list[str], brokers: int, seconds: floa
     # the leader's applied offset (a linearizable read of nothing)
     commit0 = (await fleet.ctl.brokers(cluster="no-such-cluster")).applied
     pid = await asyncio.to_thread(leader_pid)    # the controller's node (leadership may have moved)
-    cpu0, t0 = cpu_seconds(pid), time.perf_counter()
+    cpu0, t0 = process_cpu(pid), time.perf_counter()
     await asyncio.gather(*(pipeline(k) for k in range(pipelines)))
     wall = time.perf_counter() - t0
-    cpu = cpu_seconds(pid) - cpu0
+    cpu1 = process_cpu(pid)
+    assert cpu0 is not None and cpu1 is not None, "the controller's node exited during the measurement"
+    cpu = cpu1 - cpu0
     assert await asyncio.to_thread(leader_pid) == pid, "the metadata leadership moved during the measurement"
     grew = (await fleet.ctl.brokers(cluster="no-such-cluster")).applied - commit0
     rate = {"heartbeats": sent, "seconds": wall, "per_s": sent / wall, "leader_cpu_s": cpu,

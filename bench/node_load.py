@@ -21,12 +21,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import platform
 import resource
 import time
 from collections import Counter
 
+from bench.proc_cpu import process_cpu
 from epochlog.client import AsyncClient, ClientError
 
 
@@ -63,16 +63,8 @@ def percentiles(lat_ns: list[int]) -> dict[str, float]:
 
 
 def cpu_of(pids: list[int]) -> dict[int, float]:
-    """User+system CPU seconds of each process (from /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for pid in pids:
-        try:
-            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-            out[pid] = (int(fields[11]) + int(fields[12])) / tick
-        except OSError:
-            pass
-    return out
+    """User+system CPU seconds of each process still running."""
+    return {pid: cpu for pid in pids if (cpu := process_cpu(pid)) is not None}
 
 
 def self_cpu() -> float:

@@ -32,6 +32,12 @@ def _stat(path: str) -> tuple[str, list[str]] | None:
     return head.partition("(")[2], rest.split()
 
 
+def process_cpu(pid: int) -> float | None:
+    """User + system CPU seconds of one process so far (its reaped children not counted); None if it is gone."""
+    got = _stat(f"/proc/{pid}/stat")
+    return None if got is None else (int(got[1][11]) + int(got[1][12])) / _TICK
+
+
 def thread_kind(comm: str) -> str:
     """A thread's name without its number: `C2 CompilerThre`, `GC Thread`, `rocksdb:low`, `python`..."""
     return _DIGITS.sub("", comm.strip()) or comm

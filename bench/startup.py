@@ -19,10 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.proc_cpu import process_cpu
 from tests.support.nodes import NodeCluster
 
 ROOT = Path(__file__).resolve().parents[1]
-_TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _children_cpu() -> float:
@@ -46,8 +46,9 @@ def node_start(root: Path) -> tuple[float, float]:
         wall = time.monotonic() - start
         proc = cluster.nodes[1].proc
         assert proc is not None
-        fields = Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()
-        return wall, (int(fields[11]) + int(fields[12])) / _TICK   # utime, stime
+        cpu = process_cpu(proc.pid)
+        assert cpu is not None, "the node exited at start"
+        return wall, cpu
     finally:
         cluster.close()
 
