@@ -43,6 +43,23 @@ def export_rev(rev: str, into: Path) -> Path:
     return into
 
 
+def add_build_args(ap: argparse.ArgumentParser) -> None:
+    """The two builds a comparison runs: a source tree or a git revision each."""
+    ap.add_argument("--base", type=Path, help="source tree of the build to compare with")
+    ap.add_argument("--base-rev", help="git revision of the build to compare with (instead of --base)")
+    ap.add_argument("--head", type=Path, default=ROOT, help="source tree of the other build (default: this one)")
+    ap.add_argument("--head-rev", help="git revision of the other build (instead of --head)")
+
+
+def builds_of(ap: argparse.ArgumentParser, args: argparse.Namespace, scratch: Path) -> dict[str, Path]:
+    """{"base": tree, "head": tree} from `add_build_args`' arguments, revisions exported under `scratch`."""
+    if (args.base is None) == (args.base_rev is None):
+        ap.error("give one of --base and --base-rev")
+    base = export_rev(args.base_rev, scratch / "base-tree") if args.base_rev else args.base
+    head = export_rev(args.head_rev, scratch / "head-tree") if args.head_rev else args.head
+    return {"base": base.resolve(), "head": head.resolve()}
+
+
 def events(run: dict[str, object]) -> float:
     return float(run.get("batch", 1) or 1)  # type: ignore[arg-type]
 
@@ -68,27 +85,20 @@ def changes(runs: list[dict[str, object]]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base", type=Path, help="source tree of the build to compare with")
-    ap.add_argument("--base-rev", help="git revision of the build to compare with (instead of --base)")
-    ap.add_argument("--head", type=Path, default=ROOT, help="source tree of the other build (default: this one)")
-    ap.add_argument("--head-rev", help="git revision of the other build (instead of --head)")
+    add_build_args(ap)
     ap.add_argument("--only", default=",".join(DEFAULT_CASES), help="comma-separated vs_etcd case labels")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--scale", type=float, default=0.5, help="multiplies vs_etcd's request count per case")
     ap.add_argument("--section", default="build-ab", help="the bench/RESULTS.md section written")
     ap.add_argument("--no-write", action="store_true", help="do not write bench/RESULTS.md")
     args = ap.parse_args()
-    if (args.base is None) == (args.base_rev is None):
-        ap.error("give one of --base and --base-rev")
     labels = [s for s in args.only.split(",") if s]
     cases = {c[0]: c for c in CASES}
     results: dict[tuple[str, str], list[dict[str, object]]] = {}
     loads: dict[tuple[str, str], list[float]] = {}
     scratch = Path(tempfile.mkdtemp(prefix="build-ab-"))
     try:
-        base = export_rev(args.base_rev, scratch / "base-tree") if args.base_rev else args.base
-        head = export_rev(args.head_rev, scratch / "head-tree") if args.head_rev else args.head
-        builds = {"base": base.resolve(), "head": head.resolve()}
+        builds = builds_of(ap, args, scratch)
         names = {"base": args.base_rev or str(builds["base"]), "head": args.head_rev or str(builds["head"])}
         for r in range(args.rounds):
             for label in labels:

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.build_ab import export_rev
+from bench.build_ab import add_build_args, builds_of
 from bench.node_load import cpu_of, key_for, make_values
 from bench.results import write_section
 from bench.vs_etcd import epochlog_config, free_ports, log, wait_settled
@@ -155,11 +155,7 @@ async def one_run(trees: dict[str, Path], scratch: Path, blocks: int, puts: int,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base", type=Path, help="source tree of the build to compare with")
-    ap.add_argument("--base-rev", help="git revision of the build to compare with (instead of --base)")
-    ap.add_argument("--head", type=Path, default=Path(__file__).resolve().parents[1],
-                    help="source tree of the other build (default: this one)")
-    ap.add_argument("--head-rev", help="git revision of the other build (instead of --head)")
+    add_build_args(ap)
     ap.add_argument("-c", "--concurrency", type=int, default=1, help="puts in flight per block")
     ap.add_argument("--blocks", type=int, default=40, help="blocks per build and run")
     ap.add_argument("--block-puts", type=int, default=0, help="puts per block (default: 100, 50 per worker with -c)")
@@ -167,15 +163,11 @@ def main() -> None:
     ap.add_argument("--section", default="paired-ab", help="the bench/RESULTS.md section written")
     ap.add_argument("--no-write", action="store_true", help="do not write bench/RESULTS.md")
     args = ap.parse_args()
-    if (args.base is None) == (args.base_rev is None):
-        ap.error("give one of --base and --base-rev")
     puts = args.block_puts or (100 if args.concurrency == 1 else 50 * args.concurrency)
     scratch = Path(tempfile.mkdtemp(prefix="paired-ab-"))
     rows = []
     try:
-        base = export_rev(args.base_rev, scratch / "base-tree") if args.base_rev else args.base
-        head = export_rev(args.head_rev, scratch / "head-tree") if args.head_rev else args.head
-        trees = {"base": base.resolve(), "head": head.resolve()}
+        trees = builds_of(ap, args, scratch)
         for r in range(args.runs):
             rows.append(asyncio.run(one_run(trees, scratch / f"run-{r}", args.blocks, puts, args.concurrency)))
             log(f"run {r + 1}: {rows[-1]}")
