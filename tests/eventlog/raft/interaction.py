@@ -144,9 +144,8 @@ def fmt_msg(m: Message) -> str:
 # --- the environment -----------------------------------------------------------------------------
 
 DEFAULTS = {
-    # Short timeouts keep scripts readable; the scripts' message flows were written with the commit
-    # broadcast (an empty append per new commit index); everything else is RaftConfig's default.
-    "election": 6, "heartbeat": 2, "pre-vote": True, "check-quorum": True, "commit-broadcast": True,
+    # Short timeouts keep scripts readable; everything else is RaftConfig's default.
+    "election": 6, "heartbeat": 2, "pre-vote": True, "check-quorum": True,
 }
 _CONFIG_KEYS: dict[str, str] = {
     "election": "election_timeout_ticks",
@@ -160,7 +159,6 @@ _CONFIG_KEYS: dict[str, str] = {
     "snapshot-chunk-bytes": "snapshot_chunk_bytes",
     "lease-drift": "lease_drift_ticks",
     "learner-catch-up": "learner_catch_up_entries",
-    "commit-broadcast": "commit_broadcast",
 }
 
 
