@@ -22,5 +22,5 @@ Invariant checkers (`checkers.py`, `linearizability.py`) are separate objects ho
 events; the first violation stops the run. `swarm.py` draws each seed's own parameters and fault
 rates and runs a safety phase with faults, then a liveness phase that must converge. `campaign.py`
 runs many seeds in worker processes; `python -m tests.sim --seeds N [--start S] [--jobs J] [-v]` is
-the command, and `test_sim.py` runs 1,000 seeds under pytest.
+the command, and `test_sim.py` runs 600 seeds from a random start under pytest.
 """
