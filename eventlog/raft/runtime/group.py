@@ -346,6 +346,12 @@ class RaftGroup:
         self._check_open()
         return await self._reads.barrier(consistency, min_offset, timeout)
 
+    async def commit_barrier(self, timeout: float = 5.0) -> int:
+        """Wait until this node, leader or follower, applied every entry committed before the call
+        (reads.py); returns its applied offset. NotCaughtUpError past `timeout`."""
+        self._check_open()
+        return await self._reads.commit_barrier(timeout)
+
     async def watch(self, prefix: bytes, from_offset: int, *, changed: ChangedIn | None = None,
                     written_keys: WrittenKeys | None = None,
                     chunk_bytes: int = 1 << 20) -> AsyncIterator[WatchEvent]:
