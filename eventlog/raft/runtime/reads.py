@@ -25,7 +25,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from eventlog.raft.errors import NotCaughtUpError, NotLeaderError, RaftError
+from eventlog.raft.errors import NotCaughtUpError, NotLeaderError, ProposalDroppedError, RaftError
 from eventlog.raft.node import RaftNode, ReadState, Role
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ class Reads:
                 else:
                     index = await self._follower_read_index(remaining)
                 break
-            except NotLeaderError:   # no leader known yet (an election), or it changed meanwhile: ask again
+            except (NotLeaderError, ProposalDroppedError):   # an election, a leader change or a transfer: ask again
                 if self.loop.time() + delay >= deadline:
                     raise NotCaughtUpError(f"node {self.node.id} could not learn group {self.name}'s commit index "
                                            f"from a leader within {timeout:.1f} s") from None
