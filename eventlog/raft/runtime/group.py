@@ -122,7 +122,8 @@ class StateMachine(Protocol):
     # Optional: `snapshot_job() -> Callable[[Path], int]`: a function the group runs in a thread,
     # while it goes on applying, to write a snapshot of a consistent state to a file; it returns the
     # applied offset that state is at. It may schedule work on the group's loop (the loop keeps
-    # running while the group awaits it), and must cope with `restore` and `close` meanwhile.
+    # running while the group awaits it), and must cope with `restore` and `close` meanwhile (a job
+    # whose state a snapshot from the leader replaced may raise: superseded, not counted as failed).
     # Without it the group calls `write_snapshot` on its loop.
 
 
@@ -714,6 +715,7 @@ class RaftGroup:
     async def _snapshot_in_thread(self, write: Callable[[Path], int]) -> None:
         """Write a snapshot in a thread while the group goes on; then install it and truncate the log."""
         started = time.monotonic()
+        installed = self.snapshots.installed
         tmp: Path | None = None
         try:
             tmp = self.storage.new_snapshot_dir()
@@ -740,7 +742,12 @@ class RaftGroup:
         except AssertionError:
             raise
         except Exception as exc:  # noqa: BLE001 - a full disk, RocksDB's own errors: the snapshot waits
-            self._snapshot_failed(exc)
+            if self.snapshots.installed != installed:
+                # The leader's snapshot replaced the state machine's files under the job (the views
+                # abandon it): superseded, not failed, so the next one is not held back.
+                logger.info("group %s: snapshot superseded by the leader's (%s)", self.name, exc)
+            else:
+                self._snapshot_failed(exc)
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
