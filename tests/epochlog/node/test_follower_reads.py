@@ -19,6 +19,7 @@ from kafka.protocol.admin.topics import CreateTopicsRequest, CreateTopicsRespons
 from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
 
 from epochlog.client import Client
+from epochlog.client.errors import ClientError
 from statemachines import events as ev
 from tests.epochlog.kafka.raw import RawKafka
 from tests.support.fixtures import shared_cluster_of
@@ -77,3 +78,28 @@ def test_kafka_metadata_at_any_member_lists_a_topic_created_just_before(cluster:
                         listed = raw.call(MetadataRequest(topics=None, allow_auto_topic_creation=False),
                                           MetadataResponse, 9)
                         assert topic in {t.name for t in listed.topics}, node
+
+
+def test_a_follower_whose_leader_is_gone_does_not_answer_a_log_read_from_a_stale_commit(cluster: NodeCluster) -> None:
+    """The leader is paused right after acknowledging a write: a follower that has not heard of the
+    commit cannot learn it, so a read there either holds the write (a heartbeat came first) or fails,
+    retriable, at its deadline; it never answers without it. Once the leader runs again, it holds it."""
+    leader = cluster.leader("kv")
+    follower = next(i for i in cluster.running() if i != leader)
+    at = cluster.endpoint(follower)
+    with Client([cluster.endpoint(leader)]) as client:   # open until the leader runs again: its close writes
+        written = client.put(f"follower-reads/{uuid.uuid4().hex[:8]}/paused", b"v")
+        cluster.pause(leader)
+        try:
+            with Client([at], timeout=2.0) as reader:
+                try:
+                    events = reader.read_events("kv", written.offset, max_events=1, endpoint=at).events
+                except ClientError as exc:
+                    assert exc.retriable, exc
+                else:
+                    assert [e.offset for e in events] == [written.offset]
+        finally:
+            cluster.resume(leader)
+    with Client([at], timeout=30.0) as reader:
+        events = reader.read_events("kv", written.offset, max_events=1, endpoint=at).events
+    assert [e.offset for e in events] == [written.offset]
