@@ -162,6 +162,8 @@ class Ready:
 
 
 _LEADER_MESSAGES = (Append, Heartbeat, InstallSnapshot, TimeoutNow, ReadIndexResp)
+MAX_FORWARDED_READS = 4096
+"""A follower's reads asked of its leader and not answered yet, at most (a lost ReadIndex is never answered)."""
 
 
 class RaftNode:
@@ -349,6 +351,8 @@ class RaftNode:
         this node leads: use `read_index`)."""
         if self.role is not Role.FOLLOWER or self.leader == 0:
             raise NotLeaderError(self.id, self.leader, self.term)
+        if len(self._reads_forwarded) >= MAX_FORWARDED_READS:   # the oldest was lost: its caller's deadline passed
+            self._dropped_reads.append(self._reads_forwarded.pop(0))
         self._reads_forwarded.append(request)
         self._send(ReadIndex(term=self.term, src=self.id, dst=self.leader, ctx=request))
 

@@ -42,8 +42,10 @@ class Reads:
     """Read barriers and applied-offset waiters of one group on this node (see the module docstring)."""
 
     def __init__(self, name: str, node: RaftNode, state_machine: Applied, *, loop: asyncio.AbstractEventLoop,
-                 wake: Callable[[], None], tick_interval: float, counters: GroupCounters) -> None:
+                 wake: Callable[[], None], tick_interval: float, counters: GroupCounters,
+                 peer_reads_index: Callable[[int], bool] = lambda _: True) -> None:
         self.name = name
+        self.peer_reads_index = peer_reads_index   # whether a ReadIndex may be sent to that node (transport.py)
         self.node = node
         self.sm = state_machine
         self.loop = loop
@@ -112,6 +114,11 @@ class Reads:
         return await self._read_index(self.node.read_index, timeout)
 
     async def _follower_read_index(self, timeout: float) -> int:
+        leader = self.node.leader
+        if leader and not self.peer_reads_index(leader):
+            # A leader of an older version (a rolling upgrade) would close the connection on a ReadIndex:
+            # serve what this node knows to be committed, as such a version did.
+            return self.node.log.committed
         return await self._read_index(self.node.forward_read_index, timeout)
 
     async def _read_index(self, start: Callable[[int], None], timeout: float) -> int:
