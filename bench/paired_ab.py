@@ -13,6 +13,10 @@ median ratio.
 
     .venv/bin/python -m bench.paired_ab --base-rev main --head-rev HEAD --blocks 40
     .venv/bin/python -m bench.paired_ab --base-rev main --head /tmp/tree -c 16 --runs 2
+    .venv/bin/python -m bench.paired_ab --base-rev main -c 16 --batch 100   # vs_etcd's txn-b100-c16
+
+With `--batch N` every call is one write of N KvPuts (bench/vs_etcd's txn case): latency is per call,
+puts/s and server CPU per put count each KvPut.
 
 A run's clusters are new (their leaders land where elections put them), so repeat it (`--runs`)
 before reading a difference of a few percent. Writes section `--section` of bench/RESULTS.md unless
@@ -38,6 +42,7 @@ from bench.node_load import cpu_of, key_for, make_values
 from bench.results import write_section
 from bench.vs_etcd import epochlog_config, free_ports, log, wait_settled
 from epochlog.client import AsyncClient
+from statemachines.events import KvPut
 
 WARMUP_PUTS = 300
 
@@ -97,15 +102,19 @@ def start(tree: Path, data: Path) -> Cluster:
 
 
 async def block(client: AsyncClient, cluster: Cluster, tally: Tally, first: int, puts: int, conc: int,
-                values: list[bytes]) -> float:
-    """`puts` puts by `conc` workers; returns their median latency (ns)."""
+                values: list[bytes], batch: int) -> float:
+    """`puts` calls by `conc` workers (a put each, or a write of `batch` KvPuts); their median latency (ns)."""
     todo = iter(range(first, first + puts))
     lat: list[int] = []
 
     async def worker() -> None:
         for i in todo:
             t0 = time.perf_counter_ns()
-            await client.put(key_for(i), values[i % len(values)])
+            if batch == 1:
+                await client.put(key_for(i), values[i % len(values)])
+            else:
+                await client.commands([KvPut(name=key_for(i * batch + j), value=values[(i * batch + j) % len(values)])
+                                       for j in range(batch)])
             lat.append(time.perf_counter_ns() - t0)
 
     cpu0 = sum(cpu_of(cluster.pids).values())
@@ -117,7 +126,7 @@ async def block(client: AsyncClient, cluster: Cluster, tally: Tally, first: int,
     return statistics.median(lat)
 
 
-async def one_run(trees: dict[str, Path], scratch: Path, blocks: int, puts: int, conc: int) -> str:
+async def one_run(trees: dict[str, Path], scratch: Path, blocks: int, puts: int, conc: int, batch: int) -> str:
     clusters: dict[str, Cluster] = {}
     try:
         for name, tree in trees.items():
@@ -133,7 +142,7 @@ async def one_run(trees: dict[str, Path], scratch: Path, blocks: int, puts: int,
         for b in range(blocks):
             medians = {}
             for n in (("base", "head") if b % 2 == 0 else ("head", "base")):
-                medians[n] = await block(clients[n], clusters[n], tallies[n], b * puts, puts, conc, values)
+                medians[n] = await block(clients[n], clusters[n], tallies[n], b * puts, puts, conc, values, batch)
             ratios.append(medians["head"] / medians["base"])
         load1 = float(Path("/proc/loadavg").read_text().split()[0])
         for client in clients.values():
@@ -145,8 +154,8 @@ async def one_run(trees: dict[str, Path], scratch: Path, blocks: int, puts: int,
     for n in ("base", "head"):
         t = tallies[n]
         s = sorted(t.latencies_ns)
-        cells.append(f"{s[len(s) // 2] / 1e6:.2f} / {s[int(len(s) * 0.9)] / 1e6:.2f} | {len(s) / t.wall_s:,.0f} | "
-                     f"{t.server_cpu_s / len(s) * 1e6:,.0f}")
+        cells.append(f"{s[len(s) // 2] / 1e6:.2f} / {s[int(len(s) * 0.9)] / 1e6:.2f} | "
+                     f"{len(s) * batch / t.wall_s:,.0f} | {t.server_cpu_s / (len(s) * batch) * 1e6:,.0f}")
     b, h = tallies["base"], tallies["head"]
     cpu = (h.server_cpu_s / len(h.latencies_ns)) / (b.server_cpu_s / len(b.latencies_ns))
     return (f"| {cells[0]} | {cells[1]} | {sum(r < 1 for r in ratios)} of {len(ratios)}, "
@@ -158,18 +167,25 @@ def main() -> None:
     add_build_args(ap)
     ap.add_argument("-c", "--concurrency", type=int, default=1, help="puts in flight per block")
     ap.add_argument("--blocks", type=int, default=40, help="blocks per build and run")
-    ap.add_argument("--block-puts", type=int, default=0, help="puts per block (default: 100, 50 per worker with -c)")
+    ap.add_argument("--block-puts", type=int, default=0,
+                    help="calls per block (default: 100, 50 per worker with -c, 4 per worker with --batch)")
+    ap.add_argument("--batch", type=int, default=1,
+                    help="KvPuts per call: 1 a put each, N one write of N (vs_etcd's txn case: 100)")
     ap.add_argument("--runs", type=int, default=1, help="runs, each with new clusters")
     ap.add_argument("--section", default="paired-ab", help="the bench/RESULTS.md section written")
     ap.add_argument("--no-write", action="store_true", help="do not write bench/RESULTS.md")
     args = ap.parse_args()
-    puts = args.block_puts or (100 if args.concurrency == 1 else 50 * args.concurrency)
+    if args.batch < 1:
+        ap.error("--batch is at least 1")
+    puts = args.block_puts or (4 * args.concurrency if args.batch > 1 else
+                               100 if args.concurrency == 1 else 50 * args.concurrency)
     scratch = Path(tempfile.mkdtemp(prefix="paired-ab-"))
     rows = []
     try:
         trees = builds_of(ap, args, scratch)
         for r in range(args.runs):
-            rows.append(asyncio.run(one_run(trees, scratch / f"run-{r}", args.blocks, puts, args.concurrency)))
+            rows.append(asyncio.run(one_run(trees, scratch / f"run-{r}", args.blocks, puts, args.concurrency,
+                                        args.batch)))
             log(f"run {r + 1}: {rows[-1]}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -178,8 +194,9 @@ def main() -> None:
         "head server CPU us/put | block pairs head faster, median head/base | CPU head/base | load avg 1 min (start, end) |",
         "|---:|---:|---:|---:|---:|---:|---|---:|---|", *rows, "",
         f"base: {args.base_rev or trees['base']}, head: {args.head_rev or trees['head']}. One row per run: both "
-        f"builds' clusters up at once, {args.blocks} blocks of {puts} puts with {args.concurrency} in flight per "
-        "build, alternating (bench/paired_ab.py)."])
+        f"builds' clusters up at once, {args.blocks} blocks of {puts} "
+        f"{'puts' if args.batch == 1 else f'writes of {args.batch} KvPuts'} with {args.concurrency} in flight per "
+        "build, alternating (bench/paired_ab.py)" + ("." if args.batch == 1 else "; puts/s and CPU per put count each KvPut.")])
     print(body)
     if not args.no_write:
         write_section(args.section, body, command="python -m bench.paired_ab " + " ".join(sys.argv[1:]))

@@ -590,6 +590,9 @@ def decode_records(h: BatchHeader, payload: bytes | memoryview,
             b = data[pos]
             if b < 0x80:
                 length, pos = (b >> 1) ^ -(b & 1), pos + 1
+            elif data[pos + 1] < 0x80:   # two bytes: a value's length, an offset delta of 64 or more
+                z = (b & 0x7F) | data[pos + 1] << 7
+                length, pos = (z >> 1) ^ -(z & 1), pos + 2
             else:
                 length, pos = dv(data, pos)
             record_end = pos + length
@@ -604,6 +607,9 @@ def decode_records(h: BatchHeader, payload: bytes | memoryview,
             b = data[pos]
             if b < 0x80:
                 offset_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+            elif data[pos + 1] < 0x80:   # two bytes: a value's length, an offset delta of 64 or more
+                z = (b & 0x7F) | data[pos + 1] << 7
+                offset_delta, pos = (z >> 1) ^ -(z & 1), pos + 2
             else:
                 offset_delta, pos = dv(data, pos)
             b = data[pos]
@@ -619,6 +625,9 @@ def decode_records(h: BatchHeader, payload: bytes | memoryview,
             b = data[pos]
             if b < 0x80:
                 vlen, pos = (b >> 1) ^ -(b & 1), pos + 1
+            elif data[pos + 1] < 0x80:   # two bytes: a value's length, an offset delta of 64 or more
+                z = (b & 0x7F) | data[pos + 1] << 7
+                vlen, pos = (z >> 1) ^ -(z & 1), pos + 2
             else:
                 vlen, pos = dv(data, pos)
             if vlen >= 0:
@@ -635,6 +644,13 @@ def decode_records(h: BatchHeader, payload: bytes | memoryview,
             raise InvalidBatchError("varint runs past the end of the batch") from None
         if nheaders < 0:
             raise InvalidBatchError(f"record header count {nheaders} is negative")
+        if not nheaders:   # the usual record: no headers, no list
+            if pos != record_end:
+                raise InvalidBatchError(f"record declares {length} bytes but its fields take "
+                                        f"{pos - record_end + length}")
+            yield make(base_offset + offset_delta, base_ts + ts_delta if log_append_time is None else log_append_time,
+                       key, value, ())
+            continue
         headers: list[Header] = []
         for _h in range(nheaders):
             hklen, pos = dv(data, pos)

@@ -3,8 +3,9 @@
 Spark's Python workers must run this interpreter (it has the epochlog packages), hence
 PYSPARK_PYTHON; on a real cluster the epochlog package must be installed on every executor. The
 session uses UTC (the table's partition days are UTC days), no UI, few shuffle partitions (the
-audit queries are small aggregations), logs errors only (spark/log4j2.properties), and has both
-data sources registered. The JVM's own start-up lines (an incubator-module warning, "Setting default
+audit queries are small aggregations), logs errors only (spark/log4j2.properties), starts its
+Python workers through spark/worker_daemon.py (PySpark compiled from its installed package, not from
+Spark's zip) and has both data sources registered. The JVM's own start-up lines (an incubator-module warning, "Setting default
 log level") would land on the user's terminal: the JVM is started with its stderr in a file instead
 (`jvm_log_path()`; its tail is printed if the start fails), so a command prints only its own output.
 """
@@ -41,6 +42,7 @@ def get_session(master: str = DEFAULT_MASTER, app_name: str = "epochlog", *,
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.sql.shuffle.partitions", "8")
                .config("spark.python.worker.reuse", "true")
+               .config("spark.python.daemon.module", "spark.worker_daemon")
                .config("spark.driver.extraJavaOptions", log4j)
                .config("spark.executor.extraJavaOptions", log4j))
     for key, value in (conf or {}).items():

@@ -10,8 +10,9 @@ at or above F changed the views can still be told from its row), and rows writte
 started are above F (a floor is never beyond its own offset).
 
 A pass visits the entities of the `versions` column family in key order from a cursor: per entity it
-seeks to the entity's first row, reads its rows up to F and seeks past the entity, so the rows kept
-above F (most of them, with a short retention) are never read. An entity's hidden rows are contiguous
+seeks to the entity's first row, reads its rows up to F and seeks past the entity (no seek when it read
+the entity to its end: the iterator stands on the next entity then), so the rows kept above F (most of
+them, with a short retention) are never read. An entity's hidden rows are contiguous
 (from its first row to its newest at or below F); they are deleted one by one (range deletions would
 save the next passes stepping over tombstones, but RocksDB re-fragments every range tombstone of the
 memtable for each new iterator: with one per entity per pass, seeks slowed to ~0.1 ms each and reads
@@ -99,13 +100,16 @@ class HistoryPruner:
         done = False
         it = store.cfs["versions"].iter()
         cursor = self._cursor
+        at_cursor = False   # the iterator already stands where `it.seek(cursor)` would put it
         entities = 0
         while examined < budget:
             entities += 1
             if entities % 32 == 0 and time.perf_counter() > deadline:
                 break
-            it.seek(cursor)
-            examined += 1
+            if not at_cursor:
+                it.seek(cursor)
+            examined += 1   # a seek, or the step past the last entity that made one needless
+            at_cursor = False
             if not it.valid():
                 done = True
                 break
@@ -113,13 +117,19 @@ class HistoryPruner:
             entity = first[:-9]
             self._entities += 1
             newest: bytes | None = None   # key of the newest row at or below F seen
+            newest_value: bytes | None = None   # its value, when read on the way (the entity's first row)
             complete = False
             while True:
                 if not it.valid():
-                    complete = True
+                    complete = at_cursor = True   # the end: seeking past the entity finds nothing either
                     break
                 key = it.key()
-                if key[:-9] != entity or decode_offset(key[-8:]) > floor:
+                if key[:-9] != entity:
+                    # The next entity's first row: the first key >= entity + b"\x01" (entity keys hold
+                    # no NUL), where the next visit would seek to.
+                    complete = at_cursor = True
+                    break
+                if decode_offset(key[-8:]) > floor:
                     complete = True
                     break
                 if examined >= budget or (examined % 64 == 0 and time.perf_counter() > deadline):
@@ -127,12 +137,18 @@ class HistoryPruner:
                     break
                 if newest is not None:
                     doomed.append(newest)      # an older row than this one, both at or below F
+                    newest_value = None
+                else:
+                    newest_value = it.value()   # most entities below F have one row: no seek back for it
                 newest = key
                 examined += 1
                 it.next()
             if complete and newest is not None and decode_offset(newest[-8:]) < floor:
-                it.seek(newest)
-                if decode_version(it.value()).state is None:
+                if newest_value is None:
+                    it.seek(newest)
+                    newest_value = it.value()
+                    at_cursor = False
+                if decode_version(newest_value).state is None:
                     doomed.append(newest)      # the entity's state at F is "deleted": nothing to keep
             if not complete:
                 # Out of budget inside the entity: the newest row seen may not be its newest at or

@@ -175,7 +175,10 @@ class PeerCheck:
 
     def _check_membership(self, node: RaftNode, m: Message) -> Drop | None:
         src = m.src
-        in_force = node.confs_since(node.log.committed)
+        committed = node.log.committed
+        if node.conf_at(committed).contains(src):   # the usual case, without building the tuple below
+            return None
+        in_force = node.confs_since(committed)
         if any(c.contains(src) for c in in_force):
             return None
         if isinstance(m, _RESPONSES):
