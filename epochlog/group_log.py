@@ -92,6 +92,11 @@ class GroupLog:
         the call is missed; NotLeaderError on a follower); the applied offset a read may be served at."""
         return await self._group.read_barrier(consistency, timeout=timeout)
 
+    async def commit_barrier(self, timeout: float = 5.0) -> int:
+        """Until this node, leader or follower, applied every entry committed before the call (a follower
+        asks its leader how far that is); its applied offset. NotCaughtUpError past `timeout`."""
+        return await self._group.commit_barrier(timeout)
+
     async def wait_applied(self, offset: int, timeout: float | None = None) -> None:
         """Until this node applied `offset` (TimeoutError past `timeout`)."""
         await self._group.wait_applied(offset, timeout)

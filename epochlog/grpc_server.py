@@ -323,13 +323,14 @@ def _lease_keep_alive(s: EpochlogServicer, call: p.LeaseKeepAlive, r: pb.LeaseKe
     return cv.lease(s.node.lease_keepalive(call))
 
 
-def _read_events(s: EpochlogServicer, call: p.ReadEvents, r: pb.ReadEventsRequest,
-                 timeout: float) -> pb.ReadEventsResponse:
-    return cv.events(s.node.read_events(call), r.json)
+async def _read_events(s: EpochlogServicer, call: p.ReadEvents, r: pb.ReadEventsRequest,
+                       timeout: float) -> pb.ReadEventsResponse:
+    return cv.events(await s.node.read_events(call, timeout), r.json)
 
 
-def _read_log(s: EpochlogServicer, call: p.ReadLog, r: pb.ReadLogRequest, timeout: float) -> pb.ReadLogResponse:
-    return cv.log_batches(s.node.read_log(call))
+async def _read_log(s: EpochlogServicer, call: p.ReadLog, r: pb.ReadLogRequest,
+                    timeout: float) -> pb.ReadLogResponse:
+    return cv.log_batches(await s.node.read_log(call, timeout))
 
 
 def _status(s: EpochlogServicer, call: p.Status, r: pb.StatusRequest, timeout: float) -> pb.StatusResponse:
@@ -371,7 +372,7 @@ async def _member_remove(s: EpochlogServicer, call: p.MemberRemove, r: pb.Member
 
 
 _SYNC: dict[str, Callable[[EpochlogServicer, Any, Any, float], Any]] = {
-    "lease_keep_alive": _lease_keep_alive, "read_events": _read_events, "read_log": _read_log, "status": _status,
+    "lease_keep_alive": _lease_keep_alive, "status": _status,
     "transfer_leader": _transfer_leader, "snapshot": _snapshot, "member_list": _member_list,
     "compaction_status": _compaction_status,
 }
@@ -379,6 +380,7 @@ _ASYNC: dict[str, Handler] = {
     "put": _write_one, "get": _get, "delete": _write_one, "list": _list, "history": _history, "txn": _write_one,
     "command": _write_one, "batch": _batch, "lease_grant": _lease_grant, "lease_revoke": _write_one,
     "member_add": _member_add, "member_promote": _member_promote, "member_remove": _member_remove,
+    "read_events": _read_events, "read_log": _read_log,
 }
 # Each method's request as the native call(s) it makes: what the runner authorizes (the same
 # permissions as the native face: epochlog/api/permissions.py), and what the handler then runs.

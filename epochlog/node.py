@@ -331,14 +331,23 @@ class Node:
         return p.HistoryRows([p.HistoryRow(r.offset, r.event, None if r.state is None else encode(r.state))
                               for r in rows], applied, query.history_floor)
 
-    def read_events(self, call: p.ReadEvents) -> p.Events:
-        """Committed records of a group's log from `from_offset` (what this node has applied)."""
+    async def read_events(self, call: p.ReadEvents, timeout: float = DEFAULT_TIMEOUT_S) -> p.Events:
+        """Committed records of a group's log from `from_offset`, at any member: every record committed
+        before the call, up to the page's limits (`_log_read`)."""
         group = self.group(call.group)
         if call.max_events < 1 or call.max_bytes < 1:
             raise InvalidArgumentError("max_events and max_bytes are positive")
+        events, short = self._read_events_applied(group, call)
+        if short and await self._caught_up(call.group, group, timeout):
+            events, _ = self._read_events_applied(group, call)
+        return events
+
+    def _read_events_applied(self, group: RaftGroup, call: p.ReadEvents) -> tuple[p.Events, bool]:
+        """The page from what this node applied, and whether it stopped at the applied offset (not at a limit)."""
         log = group.storage.log
         offset = max(call.from_offset, 0)
-        chunk = self._applied_chunk(group, offset, call.max_bytes)
+        applied = group.sm.applied_index
+        chunk = self._applied_chunk(group, offset, call.max_bytes, applied)
         out: list[p.EventRecord] = []
         next_offset = offset
         if chunk is not None:
@@ -354,18 +363,27 @@ class Node:
                                              record.timestamp, batch.header.leader_epoch,
                                              changed(record.key, record.offset)))
             next_offset = out[-1].offset + 1 if len(out) >= call.max_events else max(offset, chunk.next_offset)
-        return p.Events(out, next_offset, full_history_start(log), group.node.log.committed)
+        short = len(out) < call.max_events and (chunk is None or chunk.next_offset > applied)
+        return p.Events(out, next_offset, full_history_start(log), group.node.log.committed), short
 
-    def read_log(self, call: p.ReadLog) -> p.LogBatches:
-        """Committed batches of a group's log as stored (CRC included), bounded like `read_events`:
-        from the batch holding `from_offset`, never past what this node applied, refused below the
-        full history (`compacted`) or at a damaged batch. The node copies bytes and scans the no-op
-        rows of the range: no work per record, so an exporter's reads do not load the serving node
-        (its executors decode the batches, eventlog/offline.py `decode_batches`)."""
+    async def read_log(self, call: p.ReadLog, timeout: float = DEFAULT_TIMEOUT_S) -> p.LogBatches:
+        """Committed batches of a group's log as stored (CRC included), bounded like `read_events` (and,
+        like it, holding every batch committed before the call, at any member): from the batch holding
+        `from_offset`, refused below the full history (`compacted`) or at a damaged batch. The node
+        copies bytes and scans the no-op rows of the range: no work per record, so an exporter's reads
+        do not load the serving node (its executors decode the batches, eventlog/offline.py
+        `decode_batches`)."""
         group = self.group(call.group)
+        batches, short = self._read_log_applied(group, call)
+        if short and await self._caught_up(call.group, group, timeout):
+            batches, _ = self._read_log_applied(group, call)
+        return batches
+
+    def _read_log_applied(self, group: RaftGroup, call: p.ReadLog) -> tuple[p.LogBatches, bool]:
         log = group.storage.log
         offset = call.from_offset
-        chunk = self._applied_chunk(group, offset, call.max_bytes)
+        applied = group.sm.applied_index
+        chunk = self._applied_chunk(group, offset, call.max_bytes, applied)
         data, start, next_offset = b"", offset, offset
         noops: list[int] = []
         unknown: list[int] = []
@@ -379,15 +397,25 @@ class Node:
                         yield from ((r.key, r.offset) for r in batch.records())
 
             noops, unknown = unchanged_in(views.store, offset, next_offset, views.applier.noops_from, records)
+        short = chunk is None or chunk.next_offset > applied
         return p.LogBatches(data, start, next_offset, full_history_start(log), group.node.log.committed, noops,
-                            unknown)
+                            unknown), short
 
-    def _applied_chunk(self, group: RaftGroup, offset: int, max_bytes: int) -> LogRead | None:
-        """Whole batches of `group`'s log from the one holding `offset`, never past what this node
-        applied (None when `offset` is past it); `compacted` below the full history or when the
+    async def _caught_up(self, name: str, group: RaftGroup, timeout: float) -> bool:
+        """A log read stopped at what this node applied: wait until it applied every entry committed
+        before the call (a follower asks its leader how far that is: group.commit_barrier); whether it
+        applied more meanwhile. A group halted here applies nothing more: its reads are what it applied."""
+        if self.halts.info(name) is not None:
+            return False
+        applied = group.sm.applied_index
+        await group.commit_barrier(timeout)
+        return group.sm.applied_index > applied
+
+    def _applied_chunk(self, group: RaftGroup, offset: int, max_bytes: int, applied: int) -> LogRead | None:
+        """Whole batches of `group`'s log from the one holding `offset`, never past `applied` (what this
+        node applied; None when `offset` is past it); `compacted` below the full history or when the
         cleaner rewrote the range while it was read (records may be missing). read_events and read_log."""
         log = group.storage.log
-        applied = group.sm.applied_index
         if offset < full_history_start(log):
             raise _compacted(group, offset)
         group.check_readable(offset)

@@ -548,8 +548,6 @@ def _cancel_watch(c: ClientConnection, call: p.CancelWatch) -> p.Result:
 
 _SYNC: dict[type, Callable[[ClientConnection, Any], p.Result]] = {
     p.LeaseKeepAlive: lambda c, call: c.node.lease_keepalive(call),
-    p.ReadEvents: lambda c, call: c.node.read_events(call),
-    p.ReadLog: lambda c, call: c.node.read_log(call),
     p.Status: lambda c, call: c.node.status(),
     p.Ping: lambda c, call: p.Done(),                                      # liveness: answered from the loop
     p.TransferLeader: lambda c, call: c.node.transfer_leader(call),
@@ -563,6 +561,8 @@ _SYNC: dict[type, Callable[[ClientConnection, Any], p.Result]] = {
 _ASYNC: dict[type, Callable[[ClientConnection, Any], Coroutine[Any, Any, Any]]] = {
     p.Write: _write, p.Get: _get, p.Gets: _gets, p.List: _list, p.History: _history,
     p.LeaseGrant: _lease_grant,
+    p.ReadEvents: lambda c, call: c.node.read_events(call),
+    p.ReadLog: lambda c, call: c.node.read_log(call),
     p.MemberAdd: lambda c, call: c.node.member_add(call),
     p.MemberPromote: lambda c, call: c.node.member_promote(call),
     p.MemberRemove: lambda c, call: c.node.member_remove(call),

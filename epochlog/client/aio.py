@@ -410,11 +410,9 @@ class AsyncClient:
 
     async def read_events(self, group: str, from_offset: int, *, max_events: int = 1000,
                           max_bytes: int = 1 << 20, endpoint: str | None = None) -> p.Events:
-        """Committed events of `group` from `from_offset` (from the leader, so nothing committed is missed).
-
-        With `endpoint`, from that node, leader or not: a node serves what it has applied, so a
-        follower may return fewer events (an exporter reading a range planned up to the leader's
-        commit offset waits for it, and spares the leader)."""
+        """Committed events of `group` from `from_offset`: every event committed before the call (up to
+        the limits), from the leader or, with `endpoint`, from that node, leader or not (a follower asks
+        its leader for the commit index and waits until it applied that far: docs/protocol.md)."""
         call = p.ReadEvents(group, from_offset, max_events, max_bytes)
         if endpoint is not None:
             result = await self._call_on(endpoint, call)

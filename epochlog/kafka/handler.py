@@ -99,6 +99,7 @@ DECODE_INLINE_BYTES = 64 << 10   # larger frames are decoded on a worker thread 
 MAX_REQUEST_ENTRIES = 1_000      # array entries (topics, partitions, members, ...) in one request, at any depth
 RECORDS_PER_SLICE = 256          # a Produce batch's records are checked this many per turn of the loop
 METADATA_CACHED_NAMES = 64       # Metadata answers naming more topics than this are not cached
+METADATA_CATCH_UP_S = 2.0        # Metadata waits at most this long for the metadata group's commit (_catch_up_topics)
 
 # What this node serves: api key -> (min version, max version). Versions are capped where
 # kafka-python's classes or this adapter stop (Fetch v13+ names topics by id, not served).
@@ -328,6 +329,7 @@ class KafkaHandler:
         if version == 0 and names == ():
             names = None   # v0: an empty list means every topic
         principal = self.auth.principal("metadata")
+        await self._catch_up_topics(names)
         hidden: tuple[str, ...] = ()
         if principal is not None:
             hidden = tuple(n for n in (sorted(self.topics()) if names is None else dict.fromkeys(names))
@@ -344,6 +346,26 @@ class KafkaHandler:
                 self._metadata_cache.clear()
             self._metadata_cache[key] = (fingerprint, body)
         return [body]
+
+    async def _catch_up_topics(self, names: tuple[str, ...] | None) -> None:
+        """Before Metadata lists every topic, or names one this node does not know: wait until this node
+        applied the metadata group's commit index (asked of its leader: GroupLog.commit_barrier), so a
+        topic CreateTopics acknowledged on any node before the request is listed. Without it a member
+        whose metadata views lag the commit (the leader's next append or heartbeat tells a follower, when
+        `[raft] commit_broadcast` is off) answered UNKNOWN_TOPIC_OR_PARTITION, and a client caches that
+        until its next refresh (aiokafka's consumer: metadata_max_age_ms, 5 minutes). Past
+        METADATA_CATCH_UP_S (no metadata leader) it answers from what this node applied."""
+        group = self.node.group_log("metadata")
+        if group is None or self.node.group_log(hosted.HOST_GROUP) is None:
+            return
+        if names is not None:
+            known = self.topics()
+            if all(name in known for name in names):
+                return
+        try:
+            await group.commit_barrier(METADATA_CATCH_UP_S)
+        except EpochlogError as exc:
+            logger.info("Metadata answered from what node %s applied of the metadata group: %s", self.node_id, exc)
 
     def topic_actions(self, topic: str) -> tuple[Action, Action]:
         """(read, write) of a topic by its name, whether it exists or not: a group's own topic `__<g>` is

@@ -39,10 +39,11 @@ class RaftConfig:
     lease_drift_ticks: int = field(default=1, metadata=doc(
         "Clock-drift allowance for lease reads: a lease lasts election_timeout_ticks minus this many "
         "ticks from the moment the heartbeat that confirmed it was sent.", min=0, max=100_000))
-    commit_broadcast: bool = field(default=True, metadata=doc(
-        "A leader tells followers a new commit index at once, in appends of their own. false: with the "
-        "next append or heartbeat instead (at most heartbeat_interval_ticks later): half the messages per "
-        "write when writes come one at a time; followers apply, and serve local reads, that much later."))
+    commit_broadcast: bool = field(default=False, metadata=doc(
+        "true: a leader tells followers a new commit index at once, in appends of their own. false: with "
+        "the next append or heartbeat (at most heartbeat_interval_ticks later): half the messages per write "
+        "when writes come one at a time, and less CPU per write; followers apply, and serve `local` reads, "
+        "that much later (log reads at a follower ask the leader for the commit index: docs/raft.md)."))
     learner_catch_up_entries: int = field(default=0, metadata=doc(
         "An auto-promoted learner is promoted once it is within this many indexes of the leader's commit.",
         min=0))

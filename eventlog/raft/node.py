@@ -7,7 +7,8 @@ driven by four inputs:
 - `tick()`: one unit of logical time passed (the runtime calls it every tick_interval_ms);
 - `step(message)`: a message from a peer arrived;
 - `propose(...)`, `propose_conf_change(...)`, `transfer_leadership(...)`, `read_index(...)`: local
-  requests (raising NotLeaderError with a leader hint on a non-leader);
+  requests (raising NotLeaderError with a leader hint on a non-leader); `forward_read_index(...)`,
+  a follower's read, which its leader confirms (ReadIndex / ReadIndexResp);
 - `advance()`: the application finished handling the last `Ready` (or, pipelined, `accept()` now
   and `persisted(ready)` once its entries are durable: see `accept`).
 
@@ -37,7 +38,8 @@ before any vote or acknowledgement leaves (§5.1, via send_after); a vote goes o
 whose log is at least as up to date (§5.4.1); a leader commits by counting replicas only entries
 of its current term (§5.4.2), by majority of durable acknowledgements; pre-vote (thesis §9.6) and
 check-quorum with leader stickiness (§4.2.3, §6.2) keep a partitioned node from disrupting a
-healthy leader; reads are linearizable through ReadIndex (§6.4) or a leader lease (§6.4.1).
+healthy leader; reads are linearizable through ReadIndex (§6.4), at the leader or asked of it by a
+follower, or a leader lease (§6.4.1).
 
 Damaged entries (`drop_entries`). Raft assumes stable storage keeps what it was given; a disk that
 rots breaks that. A follower whose runtime finds an entry damaged drops it and every later one, and
@@ -83,6 +85,8 @@ from eventlog.raft.types import (
     Message,
     PreVote,
     PreVoteResp,
+    ReadIndex,
+    ReadIndexResp,
     SnapshotMeta,
     TimeoutNow,
     Vote,
@@ -118,6 +122,14 @@ class ReadState:
 
 
 @dataclass(frozen=True, slots=True)
+class _FollowerRead:
+    """A follower's ReadIndex request `ctx` from `node`, as its leader queues it with its own reads."""
+
+    node: int
+    ctx: int
+
+
+@dataclass(frozen=True, slots=True)
 class SnapshotChunk:
     """Bytes [offset, offset + len(data)) of an incoming snapshot: stage them."""
 
@@ -149,7 +161,9 @@ class Ready:
                     or self.soft_state)
 
 
-_LEADER_MESSAGES = (Append, Heartbeat, InstallSnapshot, TimeoutNow)
+_LEADER_MESSAGES = (Append, Heartbeat, InstallSnapshot, TimeoutNow, ReadIndexResp)
+MAX_FORWARDED_READS = 4096
+"""A follower's reads asked of its leader and not answered yet, at most (a lost ReadIndex is never answered)."""
 
 
 class RaftNode:
@@ -196,9 +210,11 @@ class RaftNode:
         self._confirmed_round = 0
         self._lease_start_tick: int | None = None
         self._lease_revoked = False         # a TimeoutNow went out in this term: no more lease reads
-        self._reads_for_round: deque[tuple[int, int, int]] = deque()  # (round, request, index)
-        self._reads_unassigned: list[int] = []
-        self._reads_awaiting_commit: list[int] = []
+        # (round, request, index); a request is this node's own (an int) or a follower's
+        self._reads_for_round: deque[tuple[int, int | _FollowerRead, int]] = deque()
+        self._reads_unassigned: list[int | _FollowerRead] = []
+        self._reads_awaiting_commit: list[int | _FollowerRead] = []
+        self._reads_forwarded: list[int] = []   # as a follower: requests sent to the leader, unanswered
         # membership: (index it took effect at, configuration), oldest first
         self._confs: list[tuple[int, ConfState]] = [(snap.index, snap.conf)]
         for e in storage.conf_entries():
@@ -326,6 +342,19 @@ class RaftNode:
             self._read_states.append(ReadState(request, self.log.committed))
         else:
             self._reads_unassigned.append(request)
+
+    def forward_read_index(self, request: int) -> None:
+        """Start a read at a follower: the leader it follows does a ReadIndex round for it (§6.4) and
+        answers with its read index: `ReadState(request, index)` in a later Ready; `dropped_reads`
+        when this node changes term or stops following that leader first (a lost message is never
+        answered: the caller's deadline covers that). NotLeaderError when no leader is known (or
+        this node leads: use `read_index`)."""
+        if self.role is not Role.FOLLOWER or self.leader == 0:
+            raise NotLeaderError(self.id, self.leader, self.term)
+        if len(self._reads_forwarded) >= MAX_FORWARDED_READS:   # the oldest was lost: its caller's deadline passed
+            self._dropped_reads.append(self._reads_forwarded.pop(0))
+        self._reads_forwarded.append(request)
+        self._send(ReadIndex(term=self.term, src=self.id, dst=self.leader, ctx=request))
 
     def lease_read_index(self) -> int | None:
         """The commit index if this leader's lease holds (a read at it is linearizable), else None.
@@ -553,8 +582,10 @@ class RaftNode:
         self._lease_revoked = False
         self._confirmed_round = 0
         self._round_sent_tick.clear()
-        self._dropped_reads += [r for _, r, _ in self._reads_for_round]
-        self._dropped_reads += self._reads_unassigned + self._reads_awaiting_commit
+        # A follower's read is not answered: its own term change drops it there (or its deadline passes).
+        pending = [r for _, r, _ in self._reads_for_round] + self._reads_unassigned + self._reads_awaiting_commit
+        self._dropped_reads += [r for r in pending if isinstance(r, int)]
+        self._drop_forwarded_reads()
         self._reads_for_round.clear()
         self._reads_unassigned = []
         self._reads_awaiting_commit = []
@@ -573,6 +604,7 @@ class RaftNode:
         self._votes = {}
         self.leader = 0
         self.role = Role.PRE_CANDIDATE
+        self._drop_forwarded_reads()
 
     def _become_candidate(self) -> None:
         assert self.role is not Role.LEADER
@@ -721,6 +753,10 @@ class RaftNode:
             self._handle_snapshot_chunk(m)
         elif isinstance(m, TimeoutNow):
             self._campaign(transfer=True)
+        elif isinstance(m, ReadIndexResp):
+            if m.ctx in self._reads_forwarded:
+                self._reads_forwarded.remove(m.ctx)
+                self._read_states.append(ReadState(m.ctx, m.index))
 
     def _handle_append(self, m: Append) -> None:
         log = self.log
@@ -819,6 +855,18 @@ class RaftNode:
         elif isinstance(m, InstallSnapshotResp):
             pr.recent_active = True
             self._handle_snapshot_resp(m, pr)
+        elif isinstance(m, ReadIndex):
+            self._handle_follower_read(_FollowerRead(m.src, m.ctx))
+
+    def _handle_follower_read(self, request: _FollowerRead) -> None:
+        """Queue a follower's read with this leader's own (read_index): the same heartbeat round
+        confirms both. During a leadership transfer it is not answered (the follower's deadline is)."""
+        if self.lead_transferee:
+            return
+        if not self._committed_in_term():
+            self._reads_awaiting_commit.append(request)
+        else:
+            self._reads_unassigned.append(request)
 
     def _handle_append_resp(self, m: AppendResp, pr: Progress) -> None:
         if m.reject and m.lost:
@@ -982,7 +1030,16 @@ class RaftNode:
             del self._round_sent_tick[r]
         while self._reads_for_round and self._reads_for_round[0][0] <= confirmed:
             _, request, index = self._reads_for_round.popleft()
-            self._read_states.append(ReadState(request, index))
+            if isinstance(request, _FollowerRead):
+                if request.node in self.progress:
+                    self._send(ReadIndexResp(term=self.term, src=self.id, dst=request.node, ctx=request.ctx,
+                                             index=index))
+            else:
+                self._read_states.append(ReadState(request, index))
+
+    def _drop_forwarded_reads(self) -> None:
+        self._dropped_reads += self._reads_forwarded
+        self._reads_forwarded = []
 
     def _maybe_promote_learner(self) -> None:
         if not self.conf.auto_promote or not self._committed_in_term():

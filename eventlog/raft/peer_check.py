@@ -71,6 +71,8 @@ from eventlog.raft.types import (
     Message,
     PreVote,
     PreVoteResp,
+    ReadIndex,
+    ReadIndexResp,
     SnapshotMeta,
     TimeoutNow,
     Vote,
@@ -96,7 +98,7 @@ UNKNOWN_GROUP = "unknown_group"      # (the host's) a message for a group this n
 REASONS = (SRC_MISMATCH, WRONG_DST, TERM_LIMIT, MALFORMED, SNAPSHOT_CHUNK, SNAPSHOT_IMAGE, BAD_ENTRY, NOT_MEMBER,
            NOT_LEADER, UNKNOWN_GROUP)
 
-_LEADER_MESSAGES = (Append, Heartbeat, InstallSnapshot, TimeoutNow)
+_LEADER_MESSAGES = (Append, Heartbeat, InstallSnapshot, TimeoutNow, ReadIndexResp)
 _RESPONSES = (PreVoteResp, VoteResp, AppendResp, HeartbeatResp, InstallSnapshotResp)
 
 
@@ -226,9 +228,12 @@ def _check_fields(m: Message) -> Drop | None:
     if isinstance(m, Heartbeat):
         if not _index_ok(m.commit) or m.ctx < 0:
             return Drop(MALFORMED, f"commit {m.commit}, round {m.ctx}")
-    elif isinstance(m, HeartbeatResp):
+    elif isinstance(m, HeartbeatResp | ReadIndex):
         if m.ctx < 0:
             return Drop(MALFORMED, f"round {m.ctx}")
+    elif isinstance(m, ReadIndexResp):
+        if m.ctx < 0 or not _index_ok(m.index):
+            return Drop(MALFORMED, f"read {m.ctx}, index {m.index}")
     elif isinstance(m, InstallSnapshot):
         return _check_snapshot_chunk(m)
     elif isinstance(m, InstallSnapshotResp) and not (_index_ok(m.index) and _index_ok(m.offset, 0)):

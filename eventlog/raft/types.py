@@ -222,5 +222,25 @@ class TimeoutNow(msgspec.Struct, frozen=True, tag="tn"):
     dst: int
 
 
+class ReadIndex(msgspec.Struct, frozen=True, tag="ri"):
+    """A follower's read (thesis §6.4): it asks the leader for a read index; `ctx` names the request."""
+
+    term: int
+    src: int
+    dst: int
+    ctx: int
+
+
+class ReadIndexResp(msgspec.Struct, frozen=True, tag="rir"):
+    """The leader's answer to ReadIndex `ctx`, once a heartbeat round confirmed it still led: the read
+    sees every write committed before it once the follower applied through `index`."""
+
+    term: int
+    src: int
+    dst: int
+    ctx: int
+    index: int
+
+
 Message = (PreVote | PreVoteResp | Vote | VoteResp | Append | AppendResp | Heartbeat | HeartbeatResp
-           | InstallSnapshot | InstallSnapshotResp | TimeoutNow)
+           | InstallSnapshot | InstallSnapshotResp | TimeoutNow | ReadIndex | ReadIndexResp)

@@ -233,8 +233,11 @@ class RaftGroup:
         self._ready = ReadyLoop(self, name, self.node, storage, send, loop=self.loop, peer_check=self.peer_check,
                                 peer_drops=self.peer_drops, counters=self.counters, flush=flush)
         self._proposals = Proposals(self.loop, self.counters)
+        # Set by the host: whether a ReadIndex may be sent to a node (its hello said so: transport.py).
+        self.peer_reads_index: Callable[[int], bool] = lambda _: True
         self._reads = Reads(name, self.node, state_machine, loop=self.loop, wake=self._ready.wake,
-                            tick_interval=self.tick_interval, counters=self.counters)
+                            tick_interval=self.tick_interval, counters=self.counters,
+                            peer_reads_index=lambda peer: self.peer_reads_index(peer))
         self.snapshots = SnapshotCounters()
         self._snapshot_task: asyncio.Task[None] | None = None
         self._snapshot_work: concurrent.futures.Future[int] | None = None
@@ -346,6 +349,12 @@ class RaftGroup:
         """
         self._check_open()
         return await self._reads.barrier(consistency, min_offset, timeout)
+
+    async def commit_barrier(self, timeout: float = 5.0) -> int:
+        """Wait until this node, leader or follower, applied every entry committed before the call
+        (reads.py); returns its applied offset. NotCaughtUpError past `timeout`."""
+        self._check_open()
+        return await self._reads.commit_barrier(timeout)
 
     async def watch(self, prefix: bytes, from_offset: int, *, changed: ChangedIn | None = None,
                     written_keys: WrittenKeys | None = None,

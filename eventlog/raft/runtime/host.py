@@ -105,6 +105,7 @@ class NodeHost:
             if self._retention_floor is not None:   # set before the group can snapshot
                 group.retention_floor = functools.partial(self._retention_floor, name)
             group.space_guard = self._space_guard
+            group.peer_reads_index = self.transport.reads_index
             self.groups[name] = group
         firsts = {name: g.balance.order(g.node.conf.voters)[0] for name, g in self.groups.items()
                   if g.balance is not None and g.node.conf.voters}

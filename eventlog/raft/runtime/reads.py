@@ -9,6 +9,13 @@
   (`check_clock`); the read then goes through ReadIndex.
 - `local`: whatever this node applied, once it reached a given offset.
 
+`commit_barrier` is a read of the log at any member (native read_events and read_log, the Kafka
+face's Metadata): it waits until this node applied every entry committed before the call. The leader
+uses its lease or ReadIndex; a follower asks its leader for a read index (`RaftNode.forward_read_index`)
+and waits until it applied that far. Followers learn a new commit index from the leader's next append
+or heartbeat (at once only with `[raft] commit_broadcast`), so without it a follower's log reads would
+miss a write just acknowledged to another client.
+
 Concurrency contract: call only from the group's loop task (its `RaftGroup` owns one `Reads`).
 """
 
@@ -18,7 +25,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from eventlog.raft.errors import NotCaughtUpError, NotLeaderError, RaftError
+from eventlog.raft.errors import NotCaughtUpError, NotLeaderError, ProposalDroppedError, RaftError
 from eventlog.raft.node import RaftNode, ReadState, Role
 
 if TYPE_CHECKING:
@@ -35,8 +42,10 @@ class Reads:
     """Read barriers and applied-offset waiters of one group on this node (see the module docstring)."""
 
     def __init__(self, name: str, node: RaftNode, state_machine: Applied, *, loop: asyncio.AbstractEventLoop,
-                 wake: Callable[[], None], tick_interval: float, counters: GroupCounters) -> None:
+                 wake: Callable[[], None], tick_interval: float, counters: GroupCounters,
+                 peer_reads_index: Callable[[int], bool] = lambda _: True) -> None:
         self.name = name
+        self.peer_reads_index = peer_reads_index   # whether a ReadIndex may be sent to that node (transport.py)
         self.node = node
         self.sm = state_machine
         self.loop = loop
@@ -71,6 +80,60 @@ class Reads:
             raise RaftError(f"unknown consistency {consistency!r} (linearizable, lease or local)")
         await self.wait_applied(target, timeout)
         return self.sm.applied_index
+
+    async def commit_barrier(self, timeout: float) -> int:
+        """Wait until this node applied every entry of the group committed before the call (leader or
+        follower, see the module docstring); the applied offset. NotCaughtUpError past `timeout`
+        (no leader answered, or this node did not apply that far in time)."""
+        deadline = self.loop.time() + timeout
+        delay = self.tick_interval
+        while True:
+            remaining = deadline - self.loop.time()
+            try:
+                if self.node.role is Role.LEADER:
+                    index = await self._leader_read_index(remaining)
+                else:
+                    index = await self._follower_read_index(remaining)
+                break
+            except (NotLeaderError, ProposalDroppedError):   # an election, a leader change or a transfer: ask again
+                if self.loop.time() + delay >= deadline:
+                    raise NotCaughtUpError(f"node {self.node.id} could not learn group {self.name}'s commit index "
+                                           f"from a leader within {timeout:.1f} s") from None
+                await asyncio.sleep(delay)
+            except TimeoutError:
+                raise NotCaughtUpError(f"node {self.node.id} could not learn group {self.name}'s commit index "
+                                       f"from a leader within {timeout:.1f} s") from None
+        await self.wait_applied(index, max(0.0, deadline - self.loop.time()))
+        return self.sm.applied_index
+
+    async def _leader_read_index(self, timeout: float) -> int:
+        self.check_clock()
+        index = self.node.lease_read_index()
+        if index is not None:
+            return index
+        return await self._read_index(self.node.read_index, timeout)
+
+    async def _follower_read_index(self, timeout: float) -> int:
+        leader = self.node.leader
+        if leader and not self.peer_reads_index(leader):
+            # A leader of an older version (a rolling upgrade) would close the connection on a ReadIndex:
+            # serve what this node knows to be committed, as such a version did.
+            return self.node.log.committed
+        return await self._read_index(self.node.forward_read_index, timeout)
+
+    async def _read_index(self, start: Callable[[int], None], timeout: float) -> int:
+        """Start a read with `start(request)` (the core's read_index or forward_read_index) and wait
+        for its read index."""
+        self._read_seq += 1
+        request = self._read_seq
+        future: asyncio.Future[int] = self.loop.create_future()
+        start(request)   # NotLeaderError before anything is registered
+        self._reads[request] = future
+        self._wake()
+        try:
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._reads.pop(request, None)
 
     async def wait_applied(self, offset: int, timeout: float | None = None) -> None:
         """Until the state machine applied `offset` (NotCaughtUpError past `timeout`)."""

@@ -3,7 +3,10 @@
 Wire format: frames of a 4-byte big-endian length followed by a msgpack payload (msgspec), inside
 TLS (see below) unless `[cluster.tls] insecure`:
 
-- `Hello(cluster, node)`: the first frame in each direction.
+- `Hello(cluster, node, read_index)`: the first frame in each direction. `read_index` says the sender
+  takes a follower's ReadIndex (eventlog/raft/types.py): a node of an older version does not (its hello
+  lacks the field), and would close a connection carrying one (a message it cannot decode is `bad_frame`),
+  so during a rolling upgrade a follower asks only a leader that said so (`reads_index`).
 - `Batch(msgs=[(group, message), ...])`: every message queued for that peer during one turn of the
   event loop (`send` only queues; the flush is scheduled once per turn), or up to a `flush` the Ready
   loop asks for where latency matters more (a leader's appends, a follower's acknowledgements), in
@@ -81,6 +84,7 @@ READ_BUFFER_BYTES = 64 << 10     # each connection's receive buffer (see _Connec
 class Hello(msgspec.Struct, tag="hello"):
     cluster: str
     node: int
+    read_index: bool = False   # takes ReadIndex messages (absent from an older node's hello)
 
 
 class Batch(msgspec.Struct, tag="batch"):
@@ -203,6 +207,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.reader = FrameReader(HELLO_MAX_BYTES)
         self.closed: asyncio.Future[None] = owner.loop.create_future()
         self.ready = False                 # the hello was accepted
+        self.peer_reads_index = False      # its hello said it takes ReadIndex messages
         self.certified: int | None = None  # the node id of the peer's certificate (TLS)
         self.counted = 0                   # this connection's part of owner.partial_bytes
         self.frame_since: float | None = None   # when the incomplete frame's first byte came (after the hello)
@@ -233,7 +238,7 @@ class _Connection(asyncio.BufferedProtocol):
             if problem:
                 self.refuse("identity", problem)
                 return
-        transport.write(encode_frame(Hello(owner.cluster, owner.node_id)))
+        transport.write(encode_frame(Hello(owner.cluster, owner.node_id, read_index=True)))
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._received
@@ -320,6 +325,7 @@ class _Connection(asyncio.BufferedProtocol):
             self.refuse("identity", problem)
             return False
         self.peer = claimed
+        self.peer_reads_index = hello.read_index
         self.ready = True
         self.release_slot()
         self.reader.max_frame_bytes = MAX_FRAME_BYTES
@@ -538,6 +544,12 @@ class PeerTransport:
 
     def connected(self, peer: int) -> bool:
         return peer in self._conns
+
+    def reads_index(self, peer: int) -> bool:
+        """Whether a ReadIndex may be sent to `peer`: its hello said it takes one, or it is not connected
+        (the message would be dropped: the read waits for its deadline, as for any lost message)."""
+        conn = self._conns.get(peer)
+        return conn is None or conn.peer_reads_index
 
     def send(self, peer: int, group: str, msg: Message) -> None:
         """Queue `msg` for `peer`; everything queued in this loop turn goes out in one flush."""

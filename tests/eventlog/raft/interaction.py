@@ -62,6 +62,8 @@ from eventlog.raft.types import (
     Message,
     PreVote,
     PreVoteResp,
+    ReadIndex,
+    ReadIndexResp,
     TimeoutNow,
     Vote,
     VoteResp,
@@ -138,14 +140,19 @@ def fmt_msg(m: Message) -> str:
         return f"{head} snap={m.index} offset={m.offset}" + (" reject" if m.reject else "")
     if isinstance(m, TimeoutNow):
         return head
+    if isinstance(m, ReadIndex):
+        return f"{head} read={m.ctx}"
+    if isinstance(m, ReadIndexResp):
+        return f"{head} read={m.ctx} index={m.index}"
     raise AssertionError(f"unknown message {m!r}")
 
 
 # --- the environment -----------------------------------------------------------------------------
 
 DEFAULTS = {
-    # Short timeouts keep scripts readable; everything else is RaftConfig's default.
-    "election": 6, "heartbeat": 2, "pre-vote": True, "check-quorum": True,
+    # Short timeouts keep scripts readable; the scripts' message flows were written with the commit
+    # broadcast (an empty append per new commit index); everything else is RaftConfig's default.
+    "election": 6, "heartbeat": 2, "pre-vote": True, "check-quorum": True, "commit-broadcast": True,
 }
 _CONFIG_KEYS: dict[str, str] = {
     "election": "election_timeout_ticks",
@@ -159,6 +166,7 @@ _CONFIG_KEYS: dict[str, str] = {
     "snapshot-chunk-bytes": "snapshot_chunk_bytes",
     "lease-drift": "lease_drift_ticks",
     "learner-catch-up": "learner_catch_up_entries",
+    "commit-broadcast": "commit_broadcast",
 }
 
 
@@ -708,6 +716,18 @@ def cmd_read_index(env: Env, a: Args) -> None:
         env.say(f"read {req} pending")
 
 
+def cmd_forward_read_index(env: Env, a: Args) -> None:
+    """forward-read-index N req=R: a follower's read; its leader answers with a read index (ReadIndexResp)."""
+    node = env.node(a.one_id())
+    req = a.num("req")
+
+    def read() -> bool:
+        node.forward_read_index(req)
+        return True
+    if _try(env, read) is not None:
+        env.say(f"read {req} asked of {node.leader}")
+
+
 def cmd_lease_read(env: Env, a: Args) -> None:
     """lease-read N: the index a lease read may be served at, or `no lease`."""
     node = env.node(a.one_id())
@@ -866,6 +886,7 @@ _COMMANDS: dict[str, Callable[[Env, Args], None]] = {
     "propose-conf-change": cmd_propose_conf_change,
     "transfer-leadership": cmd_transfer_leadership,
     "read-index": cmd_read_index,
+    "forward-read-index": cmd_forward_read_index,
     "lease-read": cmd_lease_read,
     "clock-jumped": cmd_clock_jumped,
     "crash": cmd_crash,

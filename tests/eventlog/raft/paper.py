@@ -30,9 +30,10 @@ M = TypeVar("M")
 
 def config(**kw: object) -> RaftConfig:
     """The basic algorithm of the paper unless a test turns an extension on: no pre-vote, no
-    check-quorum, election timeout 10 ticks, heartbeat every tick."""
+    check-quorum, election timeout 10 ticks, heartbeat every tick; the commit broadcast on, as the
+    tests' message counts were written with it."""
     base: dict[str, object] = {"election_timeout_ticks": 10, "heartbeat_interval_ticks": 1,
-                               "pre_vote": False, "check_quorum": False}
+                               "pre_vote": False, "check_quorum": False, "commit_broadcast": True}
     base.update(kw)
     return RaftConfig(**base)  # type: ignore[arg-type]
 

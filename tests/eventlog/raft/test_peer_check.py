@@ -48,6 +48,8 @@ from eventlog.raft.types import (
     Message,
     PreVote,
     PreVoteResp,
+    ReadIndex,
+    ReadIndexResp,
     SnapshotMeta,
     TimeoutNow,
     Vote,
@@ -115,6 +117,9 @@ CASES: list[Case] = [
     ("acknowledgement of the leader's last entry", leader, lambda n: AppendResp(term=3, src=3, dst=1, index=5), None),
     ("answer to the latest heartbeat round", leader,
      lambda n: HeartbeatResp(term=3, src=2, dst=1, ctx=n.heartbeat_round), None),
+    ("a follower's read asked of the leader", leader, lambda n: ReadIndex(term=3, src=2, dst=1, ctx=7), None),
+    ("the leader's answer to a follower's read", follower,
+     lambda n: ReadIndexResp(term=2, src=2, dst=1, ctx=7, index=4), None),
     # --- identity --------------------------------------------------------------------------------
     ("src is not the peer", follower, lambda n: append(n, src=3), SRC_MISMATCH),   # sent by peer 2
     ("src is this node", follower, lambda n: Heartbeat(term=2, src=1, dst=1, commit=3), SRC_MISMATCH),
@@ -147,6 +152,9 @@ CASES: list[Case] = [
      lambda n: append(n, entries=(Entry(index=5, term=2, count=2, kind=EntryKind.NOOP),)), MALFORMED),
     ("configuration entry that does not decode", follower,
      lambda n: append(n, entries=(Entry(index=5, term=2, kind=EntryKind.CONF_CHANGE, data=b"\xc1"),)), MALFORMED),
+    ("read answered with an index below -1", follower,
+     lambda n: ReadIndexResp(term=2, src=2, dst=1, ctx=7, index=-5), MALFORMED),
+    ("read request with a negative id", leader, lambda n: ReadIndex(term=3, src=2, dst=1, ctx=-1), MALFORMED),
     ("acknowledgement at a negative offset of a snapshot", leader,
      lambda n: InstallSnapshotResp(term=3, src=2, dst=1, index=9, offset=-1), MALFORMED),
     # --- snapshot chunks (issue 18: RaftError when the last chunk ends before the size) ------------
@@ -174,6 +182,9 @@ CASES: list[Case] = [
     ("append from another node in the leader's term", follower, lambda n: append(n, src=3), NOT_LEADER),
     ("timeout-now from another node than the leader", follower, lambda n: TimeoutNow(term=2, src=3, dst=1),
      NOT_LEADER),
+    ("read answer from another node than the leader", follower,
+     lambda n: ReadIndexResp(term=2, src=3, dst=1, ctx=7, index=4), NOT_LEADER),
+    ("read request from a stranger", leader, lambda n: ReadIndex(term=3, src=STRANGER, dst=1, ctx=7), NOT_MEMBER),
     ("append to the leader in its own term", leader, lambda n: append(n, term=3, prev_index=5, prev_term=3,
                                                                   entries=()), NOT_LEADER),
     ("acknowledgement beyond the leader's log", leader, lambda n: AppendResp(term=3, src=2, dst=1, index=50),

@@ -299,7 +299,7 @@ def test_a_member_certificate_claiming_another_node_id_in_its_hello_is_refused(p
             reader, writer = await raw(two.port, cert=pki.member(9))
             writer.write(forged(1, 2))
             got = await closed_by_peer(reader)
-            assert FrameReader().frames(got) == [Hello(CLUSTER, 2)]   # its hello, then the close
+            assert FrameReader().frames(got) == [Hello(CLUSTER, 2, read_index=True)]   # its hello, then the close
             writer.close()
             assert two.transport.closes.counts["identity"] == 1 and two.delivered == []
             reader, writer = await raw(two.port, cert=pki.member(9))
@@ -332,6 +332,28 @@ def test_insecure_believes_the_hello_but_refuses_another_cluster_or_its_own_id(p
             await eventually(lambda: bool(two.delivered), WAIT_S, "the plaintext peer's message")
             assert two.delivered == [(1, "kv", vote(1, 2))]
             writer.close()
+        finally:
+            await two.transport.close()
+    run(loop, main)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_peer_takes_read_index_messages_only_when_its_hello_says_so(pki: Pki, loop: str) -> None:
+    """A member's hello says it takes a follower's ReadIndex; an older version's hello has no such field
+    (it would close the connection on one), so `reads_index` is false for it, and true for a peer that is
+    not connected (a message to it is dropped like any other)."""
+    async def main() -> None:
+        two = await start_peer(pki, 2, insecure=True)
+        try:
+            assert two.transport.reads_index(1)
+            for hello, takes in ((Hello(CLUSTER, 1), False), (Hello(CLUSTER, 1, read_index=True), True)):
+                reader, writer = await raw(two.port, tls=False)
+                writer.write(encode_frame(hello) + encode_frame(Batch([("kv", vote(1, 2))])))
+                await eventually(lambda: two.transport.connected(1), WAIT_S, "the peer's hello")
+                assert two.transport.reads_index(1) is takes
+                writer.close()
+                await eventually(lambda: not two.transport.connected(1), WAIT_S, "the peer's close")
+            assert two.transport.reads_index(1)
         finally:
             await two.transport.close()
     run(loop, main)
