@@ -30,11 +30,12 @@ from eventlog.config import LogConfig
 from eventlog.epoch_cache import CHECKPOINT_NAME as EPOCH_CHECKPOINT
 from eventlog.log import Log
 from eventlog.offline import Verdict, verify_log_dir
+from tests.support.seeds import collection_seeds
 from tests.compaction.logs import Written, expected, records, triples, write_random
 
 SEEDS = int(os.environ.get("EPOCHLOG_CLEANER_SEEDS", "10"))
 _FIXED = os.environ.get("EPOCHLOG_CLEANER_SEED")
-SEED_LIST = [int(_FIXED)] if _FIXED else [random.SystemRandom().getrandbits(32) for _ in range(SEEDS)]
+SEED_LIST = [int(_FIXED)] if _FIXED else collection_seeds("test_cleaned_log_matches_model", SEEDS)
 
 
 def check(log: Log, written: list[Written], mapped_end: int, tombstones_may_expire: bool, ctx: str,

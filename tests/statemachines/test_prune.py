@@ -26,11 +26,12 @@ from statemachines.state import decode_version
 from statemachines.store import decode_offset
 from statemachines.views import ViewsStateMachine
 from tests.statemachines.crash_child import CONFIG, build_stream
+from tests.support.seeds import collection_seeds
 
 
 def _seeds() -> list[int]:
     env = os.environ.get("EPOCHLOG_PRUNE_SEED")
-    return [int(env)] if env else [random.SystemRandom().getrandbits(32) for _ in range(2)]
+    return [int(env)] if env else collection_seeds("test_pruned_and_unpruned_replicas_answer_alike", 2)
 
 
 def _answer(call):  # type: ignore[no-untyped-def]

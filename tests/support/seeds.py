@@ -1,0 +1,22 @@
+"""Seeds drawn while the suite is collected: a randomized test's id names its seed, so a failure says
+how to replay it.
+
+Under pytest-xdist (`make test` runs two workers) every worker collects the whole suite and they must
+agree on every test id: the seeds then come from a generator seeded by the run's id
+(PYTEST_XDIST_TESTRUNUID, the same in every worker of one run, new for each run), so every run still
+draws fresh seeds. Without xdist they come from the system's source.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+RUN_ID_ENV = "PYTEST_XDIST_TESTRUNUID"
+
+
+def collection_seeds(name: str, n: int, bits: int = 32) -> list[int]:
+    """`n` seeds of `bits` bits for the parametrized test `name` (distinct names draw independently)."""
+    run = os.environ.get(RUN_ID_ENV)
+    rng = random.Random(f"{run}:{name}") if run else random.SystemRandom()
+    return [rng.getrandbits(bits) for _ in range(n)]
