@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from epochlog.up import is_node_process, to_toml
-from tests.support.ports import PORT_RANGE, is_free
+from tests.support.ports import is_free, port_range
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("peer_address", "client_address", "admin_address")
@@ -28,9 +28,10 @@ def scheme_bases(nodes: int, rng: random.Random) -> dict[str, int]:
     """One base per kind of address such that base + 1 .. base + nodes are all free (and distinct)."""
     bases: dict[str, int] = {}
     taken: set[int] = set()
+    lo, hi = port_range()
     for kind in KINDS:
         for _ in range(500):
-            base = rng.randrange(*PORT_RANGE)
+            base = rng.randrange(lo, hi - nodes - 1)   # base + 1 .. base + nodes stay in this process's range
             ports = set(range(base + 1, base + nodes + 1))
             if not ports & taken and all(is_free(p) for p in ports):
                 bases[kind] = base

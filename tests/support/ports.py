@@ -2,15 +2,30 @@
 so they never clash with the ports the kernel gives outgoing connections) and bind-checked.
 
 The machine is shared: a port free a moment ago may be taken by the time a server binds it, which
-the harnesses report as a start-up failure; nothing here assumes a port is ours.
+the harnesses report as a start-up failure; nothing here assumes a port is ours. The suite's own
+pytest-xdist workers draw from disjoint shares of the range (`port_range`), so two tests running at
+once never pick the same port (they did: a node of one worker bound the port another's had just checked).
 """
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 
 PORT_RANGE = (20000, 32000)
+
+
+def port_range() -> tuple[int, int]:
+    """The ports this process draws from: PORT_RANGE, or under pytest-xdist this worker's share of it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")   # gw0, gw1, ...
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if count <= 1 or not worker.startswith("gw"):
+        return PORT_RANGE
+    lo, hi = PORT_RANGE
+    share = (hi - lo) // count
+    index = int(worker[2:])
+    return lo + index * share, lo + (index + 1) * share
 
 
 def is_free(port: int) -> bool:
@@ -30,7 +45,7 @@ def free_ports(n: int, rng: random.Random | None = None) -> list[int]:
     for _ in range(200 * n):
         if len(ports) == n:
             return ports
-        port = rng.randrange(*PORT_RANGE)
+        port = rng.randrange(*port_range())
         if port not in ports and is_free(port):
             ports.append(port)
     raise RuntimeError(f"could not find {n} free ports")

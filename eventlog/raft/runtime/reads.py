@@ -96,13 +96,13 @@ class Reads:
                     index = await self._follower_read_index(remaining)
                 break
             except (NotLeaderError, ProposalDroppedError):   # an election, a leader change or a transfer: ask again
-                if self.loop.time() + delay >= deadline:
-                    raise NotCaughtUpError(f"node {self.node.id} could not learn group {self.name}'s commit index "
-                                           f"from a leader within {timeout:.1f} s") from None
-                await asyncio.sleep(delay)
+                if self.loop.time() + delay < deadline:
+                    await asyncio.sleep(delay)
+                    continue
             except TimeoutError:
-                raise NotCaughtUpError(f"node {self.node.id} could not learn group {self.name}'s commit index "
-                                       f"from a leader within {timeout:.1f} s") from None
+                pass
+            raise NotCaughtUpError(f"node {self.node.id} could not learn group {self.name}'s commit index "
+                                   f"from a leader within {timeout:.1f} s")
         await self.wait_applied(index, max(0.0, deadline - self.loop.time()))
         return self.sm.applied_index
 
