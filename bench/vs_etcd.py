@@ -17,7 +17,7 @@ are reported apart.
 Epochlog's members speak mutual TLS by default (a CA and member certificates are made per cluster);
 bench/peer_tls.py compares put-c16 with and without it.
 
-Needs /usr/bin/etcd (Debian: apt-get install etcd-server) and the etcd stubs/venv the anchor builds
+Needs /usr/bin/etcd and /usr/bin/etcdctl (Debian: apt-get install etcd-server etcd-client) and the etcd stubs/venv the anchor builds
 (first run: `--setup-etcd` creates /tmp/etcd-bench-venv and /tmp/etcd-bench-stubs as the anchor's
 run_all.sh does). Every process started here is stopped by pid; data lives under a temp dir.
 """
@@ -292,8 +292,9 @@ def main() -> None:
         pairs = [(results[i]["label"], results[i], results[i + 1]) for i in range(0, len(results) - 1, 2)]
         report(pairs, args, command=f"python -m bench.vs_etcd --scale {args.scale} (rendered from --out)")
         return
-    if not Path("/usr/bin/etcd").exists():
-        raise SystemExit("etcd is not installed (apt-get install etcd-server)")
+    missing = [tool for tool in ("/usr/bin/etcd", "/usr/bin/etcdctl") if not Path(tool).exists()]
+    if missing:  # etcd_cluster.sh asks etcdctl whether the cluster is healthy
+        raise SystemExit(f"{', '.join(missing)} not installed (apt-get install etcd-server etcd-client)")
     if args.setup_etcd:
         setup_etcd()
     if not (ETCD_STUBS / "rpc_pb2_grpc.py").exists():
