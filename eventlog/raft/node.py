@@ -183,6 +183,14 @@ class RaftNode:
         self._floor = (hard.floor_term, hard.floor_index) if hard.floor_index >= 0 else None   # vote floor
         self.term = hard.term
         self.vote = hard.vote
+        if self.log.last_term() > hard.term:
+            # A crash kept entries of a Ready and lost its hard state, written after them (a torn write;
+            # or the log's pages reached the disk before the term did): the log holds entries of a term
+            # this node never recorded. Every node's term is at least its last entry's (its PreVote and
+            # Vote say so, and the peer checks drop one that does not), so take that term. No vote in it
+            # was cast: a vote is durable before it is sent, and it would have recorded the term.
+            # The next Ready persists it (`_prev_hard` is still the stored one).
+            self.term, self.vote = self.log.last_term(), 0
         self.leader = 0
         self.role = Role.FOLLOWER
         self.ticks = 0                      # logical clock: ticks since this object was created

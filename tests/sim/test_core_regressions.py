@@ -6,6 +6,7 @@ simulator changes, these scripts are).
 from __future__ import annotations
 
 import random
+from msgspec.structs import replace
 from collections.abc import Callable
 
 from eventlog.raft import (
@@ -20,7 +21,8 @@ from eventlog.raft import (
     Role,
     SnapshotMeta,
 )
-from eventlog.raft.types import Append, AppendResp, Heartbeat, TimeoutNow, Vote
+from eventlog.raft.peer_check import PeerCheck
+from eventlog.raft.types import Append, AppendResp, HardState, Heartbeat, PreVote, TimeoutNow, Vote
 
 
 class Group:
@@ -213,3 +215,31 @@ def test_entries_replaced_while_their_ready_is_out_are_handed_out_again() -> Non
     s.append(rd.entries)
     n.advance()
     assert (s.last_index(), s.term(1)) == (1, 2)
+
+
+
+def test_a_node_whose_crash_kept_entries_but_not_their_term_campaigns_in_that_term() -> None:
+    """Seed 731068: a torn write (the Ready that moved node 1 to term 2 and appended entries of term 2
+    reached the disk without its hard state, written after them) restarted node 1 at term 1 with a log
+    ending in term 2; its PreVote (term 2, last term 2) was dropped by every peer as malformed (a
+    node's term is never below its last entry's), so it could not win an election."""
+    def storage(hard_term: int) -> MemoryStorage:
+        s = MemoryStorage(ConfState(voters=(1, 2, 3)))
+        s.append([Entry(index=i, term=1 + i // 3) for i in range(6)])   # entries of terms 1 and 2
+        s.set_hard_state(HardState(term=hard_term, vote=1, commit=-1))
+        return s
+    cfg = RaftConfig(election_timeout_ticks=10, pre_vote=True)
+    torn = RaftNode(1, storage(1), cfg, random.Random(1))                # the term before its last entry
+    assert (torn.term, torn.vote) == (2, 0)
+    rd = torn.ready()
+    assert rd.hard_state is not None and rd.hard_state.term == 2         # the raised term is persisted
+    torn.advance()
+    torn.campaign()
+    rd = torn.ready()
+    requests = [m for m in rd.send_now + rd.send_after if isinstance(m, PreVote)]
+    assert len(requests) == 2
+    peer = RaftNode(2, storage(2), cfg, random.Random(2))
+    for m in requests:
+        assert PeerCheck(known_peer=lambda _: True).check(peer, 1, replace(m, dst=2)) is None, m
+    whole = RaftNode(1, storage(3), cfg, random.Random(1))               # a term above the log's stays
+    assert (whole.term, whole.vote) == (3, 1)
