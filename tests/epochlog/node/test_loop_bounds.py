@@ -215,12 +215,18 @@ def metadata_of_200000_topics(cluster: NodeCluster, stop: threading.Event, out: 
             out.add(_closed_or_answered(sock, 60))
 
 
-def gzip_bomb(cluster: NodeCluster, stop: threading.Event, out: Outcome) -> None:
+@functools.cache
+def _gzip_bomb_batch() -> bytes:
     deflate = zlib.compressobj(9, zlib.DEFLATED, 31)        # gzip framing
     body = b"".join(deflate.compress(bytes(MIB)) for _ in range(200)) + deflate.flush()   # 200 MiB of zeros
     batch = bytearray(HEADER.pack(0, HEADER_SIZE - LOG_OVERHEAD + len(body), 0, MAGIC, 0, 1, 0, 0, 0, -1, -1, -1, 1))
     batch += body
     struct.pack_into(">I", batch, 17, crc32c(memoryview(batch)[21:]))
+    return bytes(batch)
+
+
+def gzip_bomb(cluster: NodeCluster, stop: threading.Event, out: Outcome) -> None:
+    batch = _gzip_bomb_batch()
     out.note(f"batch of {len(batch)} bytes")
     with RawKafka(cluster.nodes[ATTACKED].kafka_address, timeout=60) as raw:
         while not stop.is_set():
@@ -333,7 +339,7 @@ class Case:
     rss_limit_mib: float
     check: Callable[[Outcome], None]
     # Builds what the attack sends before its window opens: at load 17 encoding the 200,000-topic
-    # request took the whole window, and no request was sent at all.
+    # request took the whole window, and no request was sent at all (the gzip bomb's 200 MiB likewise).
     prepare: Callable[[], object] = lambda: None
 
 
@@ -371,7 +377,7 @@ def _check_partial(out: Outcome) -> None:
 CASES = {
     "metadata-200000-topics": Case(metadata_of_200000_topics, 2, 100, _check_metadata,
                                    prepare=_metadata_of_200000_topics_frame),
-    "gzip-bomb": Case(gzip_bomb, 2, 100, _check_gzip),
+    "gzip-bomb": Case(gzip_bomb, 2, 100, _check_gzip, prepare=_gzip_bomb_batch),
     "100000-pipelined-gets": Case(pipelined_gets, 1, 200, _check_gets),
     "5000-join-groups": Case(join_groups, 1, 100, _check_joins),
     "idle-connections": Case(idle_connections, 1, 100, _check_idle),
