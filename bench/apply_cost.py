@@ -8,7 +8,8 @@ client session as bench/node_load.py's SDK client opens it: `--concurrency` writ
 writes coalesced into entries of up to `--entry-bytes` (the leader's coalescing), one apply call per
 entry (the Ready loop's slices). `--leader` adds what the kv leader spends on the same events before
 proposing them (`events.event_record`'s check, or `checked_record` + `Applier.expect` in builds that
-have it) and its batch encoding to the CPU measured.
+have it) and its batch encoding to the CPU measured. A build with views format levels (statemachines/
+views_format.py) applies at its newest level, as a new cluster does.
 
     .venv/bin/python -m bench.apply_cost --base-rev main            # this checkout against main
     .venv/bin/python -m bench.apply_cost --base-rev main --batch 1 --concurrency 16
@@ -53,6 +54,11 @@ def entry(offset, records):
 opened = ev.ClientSessionOpened(group="kv", client="bench-client")
 sm.apply([entry(0, [(opened.key().encode(), ev.encode_event(opened))])])
 sid, offset, seq = 1, 1, 1
+if hasattr(ev, "ViewsFormatRaised"):   # the newest views format, as a new cluster's first leader raises it
+    from statemachines import views_format
+    level = views_format.LATEST
+    sm.apply([entry(1, [ev.event_record(ev.ViewsFormatRaised(level=level, v=level))])])
+    offset = 2
 calls, in_flight = [], []
 for i in range(events_total // batch):
     seqs = list(range(seq, seq + batch))
