@@ -41,6 +41,7 @@ from statemachines.views import ViewsStateMachine
 from bench.node_load import key_for, make_values
 
 events_total, batch, conc, entry_bytes, leader = (int(x) for x in sys.argv[1:6])
+keys = int(sys.argv[7])   # 0: every put to a new key; else puts cycle over this many keys (overwrites)
 values = make_values()
 sm = ViewsStateMachine(tempfile.mkdtemp(prefix="apply-cost-", dir=sys.argv[6]), ViewsConfig())
 now = [1_700_000_000_000]
@@ -65,7 +66,7 @@ for i in range(events_total // batch):
     seq += batch
     in_flight.append(seqs[0])
     below = in_flight.pop(0) if len(in_flight) > conc else in_flight[0]
-    calls.append([ev.KvPut(name=key_for(i * batch + j), value=values[(i * batch + j) % len(values)], session_id=sid,
+    calls.append([ev.KvPut(name=key_for((i * batch + j) % keys if keys else i * batch + j), value=values[(i * batch + j) % len(values)], session_id=sid,
                            seq=s, answered_below=below, v=ev.KvPut.VERSION) for j, s in enumerate(seqs)])
 propose_once = hasattr(ev, "checked_record")
 
@@ -114,7 +115,7 @@ def export_rev(rev: str, into: Path) -> Path:
 
 def run(tree: Path, args: argparse.Namespace, scratch: Path) -> dict[str, float]:
     out = subprocess.run([sys.executable, "-c", _CHILD, str(args.events), str(args.batch), str(args.concurrency),
-                          str(args.entry_bytes), str(int(args.leader)), str(scratch)], cwd=tree, capture_output=True, text=True,
+                          str(args.entry_bytes), str(int(args.leader)), str(scratch), str(args.keys)], cwd=tree, capture_output=True, text=True,
                          timeout=900)
     if out.returncode != 0:
         raise RuntimeError(f"apply_cost child in {tree} failed:\n{out.stderr[-3000:]}")
@@ -131,6 +132,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16, help="writes in flight")
     ap.add_argument("--entry-bytes", type=int, default=64 << 10, help="entries coalesce writes up to this")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--keys", type=int, default=0,
+                    help="puts cycle over this many keys, each put after the first of a key an overwrite "
+                         "(0: every put to a new key, as bench/node_load.py writes)")
     ap.add_argument("--leader", action="store_true", help="count the leader's check before proposing too")
     args = ap.parse_args()
     if (args.base is None) == (args.base_rev is None):
@@ -151,7 +155,7 @@ def main() -> None:
     med = {b: statistics.median(x["us_per_event"] for x in got[b]) for b in got}
     paired = sorted(h["us_per_event"] / b["us_per_event"] for b, h in zip(got["base"], got["head"]))
     print(f"{'leader: check + ' if args.leader else ''}"
-          f"batch {args.batch}, concurrency {args.concurrency}, entries up to {args.entry_bytes} bytes, "
+          f"{f'{args.keys} keys, ' if args.keys else ''}batch {args.batch}, concurrency {args.concurrency}, entries up to {args.entry_bytes} bytes, "
           f"{args.events} events: base {med['base']:.1f} / head {med['head']:.1f} us CPU per event applied "
           f"({med['head'] / med['base']:.2f}x; per round {', '.join(f'{p:.2f}' for p in paired)}); "
           f"load average before each run {', '.join(loads)}")
