@@ -710,8 +710,8 @@ def _kv_put(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     created = current.created if current is not None else offset
     state = KvState(name=e.name, value=e.value, lease=e.lease, version=offset, created=created)
     if a.level >= 2:   # the latest state in the kv row only; the one it replaces moves to `versions`
-        if current is not None:
-            a._supersede(ov, "kv", raw_key, raw, current.version)
+        if raw is not None:   # `_supersede`, inlined: a kv state's history rows are KvPut's
+            ov.put("versions", version_key(raw_key, current.version), encode(Version("KvPut", raw)))  # type: ignore[union-attr]
         ov.put("kv", raw_key, encode(state))
     else:
         a.save_raw(ov, "kv", raw_key, state, e, offset)
