@@ -293,12 +293,14 @@ class NodeCluster:
                 raise   # it exited: the message has its stderr already
             raise AssertionError(f"{exc}:\n{node.stderr()[-3000:]}") from None
 
-    def start_joiner(self, node_id: int) -> ServeNode:
+    def start_joiner(self, node_id: int, build: str | None = None) -> ServeNode:
         """Start `node_id`, which is not in the cluster's config, with its addresses on the command line
         (it serves once an operator adds it: `member add`); `close()` kills it too, and a restart starts
-        it without the flags (it remembers its addresses in its data directory)."""
+        it without the flags (it remembers its addresses in its data directory). `build`: another build of
+        Epochlog to run (tests/support/builds.py)."""
         peer, client, admin = (f"127.0.0.1:{port}" for port in free_ports(3))
         self.nodes[node_id] = ServeNode(node_id, peer, client, admin, self.root / f"node-{node_id}")
+        self.nodes[node_id].build = build   # another build of Epochlog (tests/support/builds.py), or this tree
         self._spawn(node_id, {}, ("--peer-address", peer, "--client-address", client, "--admin-address", admin))
         self.wait_ready(node_id)
         return self.nodes[node_id]

@@ -7,6 +7,8 @@
    the level. A member that said it applies level 2 but cannot (`views-format-1-stale`) halts the group at
    the raise (the poison path: no exit, status says where); upgraded, it applies it and catches up with
    equal views.
+3. `member add` refuses a node whose hello says it applies a lower level than the groups are at (it would
+   read a snapshot of level-2 views as level 1), and adds the same node once it runs this tree.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from epochlog.client import Client
+import pytest
+
+from epochlog.client import Client, ClientError
 from statemachines import views_format
 from tests.support.nodes import NodeCluster
 from tests.support.wait import wait_until
@@ -80,3 +84,22 @@ def test_an_older_member_keeps_level_1_until_it_runs_code_that_applies_level_2(
     _wait_level(cluster, 2)
     views = cluster.stop_converged(["kv"])["kv"]
     assert len(set(views.values())) == 1, f"applied offsets and digests differ: {views}"
+
+
+def test_member_add_refuses_a_node_that_cannot_apply_the_groups_level(
+        node_cluster_factory: Callable[..., NodeCluster]) -> None:
+    cluster = node_cluster_factory()
+    cluster.start()
+    _wait_level(cluster, views_format.LATEST)
+    joiner = cluster.start_joiner(4, build="views-format-1")
+    with Client(cluster.endpoints, timeout=20) as client:
+        with pytest.raises(ClientError, match="applies views format level 1 at most") as info:
+            client.member_add(4, joiner.peer_address, joiner.client_address)
+        assert info.value.code == "conf_change"
+        assert 4 not in {m.id for m in client.members().members}
+        cluster.nodes[4].build = None
+        cluster.stop(4)
+        cluster.start([4])
+        members = client.member_add(4, joiner.peer_address, joiner.client_address)
+        assert 4 in members.learners or 4 in members.voters
+    _wait_level(cluster, views_format.LATEST, (1, 2, 3, 4))
