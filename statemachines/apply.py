@@ -9,7 +9,8 @@ proposing; on the leader, the event it decoded then, `Applier.expect`); if its r
 within the dedupe window (and at or above the history floor, below which request ids are forgotten
 too), return the first outcome and change nothing; check its conditions (epochs, expected
 versions) against the current state, including the writes of earlier records in the same batch; then
-write the new entity state, its history row in `versions`, and lease attachments. A rejected event
+write the new entity state, its history row in `versions` (at views format level 2, for most kinds, the
+row of the state it replaces: statemachines/views_format.py), and lease attachments. A rejected event
 changes nothing (savepoints, or handlers that write only once they cannot reject); every record that changed nothing
 gets a `noops` row at its offset in the same WriteBatch (statemachines/noops.py: key compaction drops
 those records).
