@@ -45,8 +45,8 @@ from statemachines.store import DIGEST, ViewsConfig, ViewStore
 logger = logging.getLogger(__name__)
 
 FORMAT_CHECK_S = 1.0
-"""How often a leader checks whether it can raise the views format level: a raise proposed and not yet
-applied is proposed again at most this often (a second one applied is rejected, changing nothing)."""
+"""A raise of the views format level proposed and not yet applied is proposed again at most this often (a
+second one applied is rejected, changing nothing)."""
 
 
 class ViewsStateMachine:
@@ -68,7 +68,7 @@ class ViewsStateMachine:
         # Set by the node: the views format level each member of the group's configuration advertises
         # (None: not heard), for the leader's raise (statemachines/views_format.py). None: never raise.
         self.format_support: Callable[[], Iterable[int | None]] | None = None
-        self._format_checked_at = -math.inf
+        self._format_proposed_at = -math.inf
 
     def _finish_swap(self) -> None:
         restore, old = self.base / "views.restore", self.base / "views.old"
@@ -120,7 +120,8 @@ class ViewsStateMachine:
 
     def on_tick(self, leader: bool) -> list[tuple[bytes, bytes]]:
         """Called by the group every tick: on the leader, the LeaseExpired events to propose, and a raise
-        of the views format level once every member can apply it (checked every FORMAT_CHECK_S)."""
+        of the views format level as soon as every member can apply it (checked every tick below the newest
+        level; proposed again at most every FORMAT_CHECK_S while it is not applied)."""
         if not leader or self.applier.halt is not None:
             self.lease_clock = None
             return []
@@ -128,10 +129,11 @@ class ViewsStateMachine:
         records = [event_record(LeaseExpired(lease_id=lease_id, actor="epochlog/leader",
                                              request_id=f"expire/{lease_id}/{version}"))
                    for lease_id, version in self._leader_clock(now).expired(now)]
-        if self.format_support is not None and now - self._format_checked_at >= FORMAT_CHECK_S:
-            self._format_checked_at = now
+        if (self.format_support is not None and self.applier.level < views_format.LATEST
+                and now - self._format_proposed_at >= FORMAT_CHECK_S):
             level = views_format.level_to_propose(self.applier.level, self.format_support())
             if level is not None:
+                self._format_proposed_at = now
                 logger.info("group %s: every member applies views format level %s: raising it from %s",
                             self.name, level, self.applier.level)
                 records.append(event_record(ViewsFormatRaised(level=level, v=level, actor="epochlog/leader")))
