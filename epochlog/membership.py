@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-JOINER_HELLO_S = 10.0   # how long `add` waits for the new node's hello to learn its views format level
+JOINER_HELLO_S = 3.0    # how long `add` waits for the new node's hello to learn its views format level
 MEMBERSHIP_TIMEOUT_S = 60.0   # a whole membership call (the client's deadline usually ends it first)
 MEMBERS_REFRESH_S = 0.05      # the address book is re-read at most this often under metadata writes
 
