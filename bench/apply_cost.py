@@ -8,7 +8,8 @@ client session as bench/node_load.py's SDK client opens it: `--concurrency` writ
 writes coalesced into entries of up to `--entry-bytes` (the leader's coalescing), one apply call per
 entry (the Ready loop's slices). `--leader` adds what the kv leader spends on the same events before
 proposing them (`events.event_record`'s check, or `checked_record` + `Applier.expect` in builds that
-have it) and its batch encoding to the CPU measured.
+have it) and its batch encoding to the CPU measured. A build with views format levels (statemachines/
+views_format.py) applies at its newest level, as a new cluster does.
 
     .venv/bin/python -m bench.apply_cost --base-rev main            # this checkout against main
     .venv/bin/python -m bench.apply_cost --base-rev main --batch 1 --concurrency 16
@@ -40,6 +41,7 @@ from statemachines.views import ViewsStateMachine
 from bench.node_load import key_for, make_values
 
 events_total, batch, conc, entry_bytes, leader = (int(x) for x in sys.argv[1:6])
+keys = int(sys.argv[7])   # 0: every put to a new key; else puts cycle over this many keys (overwrites)
 values = make_values()
 sm = ViewsStateMachine(tempfile.mkdtemp(prefix="apply-cost-", dir=sys.argv[6]), ViewsConfig())
 now = [1_700_000_000_000]
@@ -53,13 +55,18 @@ def entry(offset, records):
 opened = ev.ClientSessionOpened(group="kv", client="bench-client")
 sm.apply([entry(0, [(opened.key().encode(), ev.encode_event(opened))])])
 sid, offset, seq = 1, 1, 1
+if hasattr(ev, "ViewsFormatRaised"):   # the newest views format, as a new cluster's first leader raises it
+    from statemachines import views_format
+    level = views_format.LATEST
+    sm.apply([entry(1, [ev.event_record(ev.ViewsFormatRaised(level=level, v=level))])])
+    offset = 2
 calls, in_flight = [], []
 for i in range(events_total // batch):
     seqs = list(range(seq, seq + batch))
     seq += batch
     in_flight.append(seqs[0])
     below = in_flight.pop(0) if len(in_flight) > conc else in_flight[0]
-    calls.append([ev.KvPut(name=key_for(i * batch + j), value=values[(i * batch + j) % len(values)], session_id=sid,
+    calls.append([ev.KvPut(name=key_for((i * batch + j) % keys if keys else i * batch + j), value=values[(i * batch + j) % len(values)], session_id=sid,
                            seq=s, answered_below=below, v=ev.KvPut.VERSION) for j, s in enumerate(seqs)])
 propose_once = hasattr(ev, "checked_record")
 
@@ -108,7 +115,7 @@ def export_rev(rev: str, into: Path) -> Path:
 
 def run(tree: Path, args: argparse.Namespace, scratch: Path) -> dict[str, float]:
     out = subprocess.run([sys.executable, "-c", _CHILD, str(args.events), str(args.batch), str(args.concurrency),
-                          str(args.entry_bytes), str(int(args.leader)), str(scratch)], cwd=tree, capture_output=True, text=True,
+                          str(args.entry_bytes), str(int(args.leader)), str(scratch), str(args.keys)], cwd=tree, capture_output=True, text=True,
                          timeout=900)
     if out.returncode != 0:
         raise RuntimeError(f"apply_cost child in {tree} failed:\n{out.stderr[-3000:]}")
@@ -125,6 +132,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16, help="writes in flight")
     ap.add_argument("--entry-bytes", type=int, default=64 << 10, help="entries coalesce writes up to this")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--keys", type=int, default=0,
+                    help="puts cycle over this many keys, each put after the first of a key an overwrite "
+                         "(0: every put to a new key, as bench/node_load.py writes)")
     ap.add_argument("--leader", action="store_true", help="count the leader's check before proposing too")
     args = ap.parse_args()
     if (args.base is None) == (args.base_rev is None):
@@ -145,7 +155,7 @@ def main() -> None:
     med = {b: statistics.median(x["us_per_event"] for x in got[b]) for b in got}
     paired = sorted(h["us_per_event"] / b["us_per_event"] for b, h in zip(got["base"], got["head"]))
     print(f"{'leader: check + ' if args.leader else ''}"
-          f"batch {args.batch}, concurrency {args.concurrency}, entries up to {args.entry_bytes} bytes, "
+          f"{f'{args.keys} keys, ' if args.keys else ''}batch {args.batch}, concurrency {args.concurrency}, entries up to {args.entry_bytes} bytes, "
           f"{args.events} events: base {med['base']:.1f} / head {med['head']:.1f} us CPU per event applied "
           f"({med['head'] / med['base']:.2f}x; per round {', '.join(f'{p:.2f}' for p in paired)}); "
           f"load average before each run {', '.join(loads)}")

@@ -12,7 +12,8 @@ BrokerRegistered, TopicCreated, OffsetCommitted, KvPut (hosted Kafka topics' rec
 LeaseGranted, SessionOpened, ConfigChanged, MemberAdded, MemberRemoved (kept: it keeps a configured
 member out), KafkaGroupStored, HistoryPruned (one entity, `retention/history`: only the latest floor
 matters), ClientSessionOpened (the sessions themselves live in the views: statemachines/sessions.py),
-UserAdded, AclGranted, and the deletes BrokerUnregistered, TopicDeleted, KvDeleted, SessionClosed,
+UserAdded, AclGranted, ViewsFormatRaised (one entity, `views/format`: levels only rise, the latest
+is the level), and the deletes BrokerUnregistered, TopicDeleted, KvDeleted, SessionClosed,
 ClientSessionClosed, UserRemoved, AclRevoked, ConfigChanged with no value.
 
 Part of the state, set wholly (an *aspect*: superseded by a later record of the aspect or of the
@@ -48,7 +49,7 @@ WHOLE: Final = frozenset({
     "BrokerRegistered", "BrokerUnregistered", "TopicCreated", "TopicDeleted", "OffsetCommitted", "KvPut",
     "KvDeleted", "LeaseGranted", "SessionOpened", "SessionClosed", "ConfigChanged", "MemberAdded",
     "MemberRemoved", "KafkaGroupStored", "HistoryPruned", "ClientSessionOpened", "ClientSessionClosed",
-    "UserAdded", "UserRemoved", "AclGranted", "AclRevoked"})
+    "UserAdded", "UserRemoved", "AclGranted", "AclRevoked", "ViewsFormatRaised"})
 ASPECTS: Final = {"BrokerFenced": b"fenced", "BrokerUnfenced": b"fenced"}
 PARTIAL: Final = frozenset({"TopicUpdated"})
 NEVER: Final = frozenset({"Txn", "LeaseRevoked", "LeaseExpired", "SyncStateSetChanged", "MasterElected"})

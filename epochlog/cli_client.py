@@ -336,6 +336,10 @@ def status_command(target: Target) -> None:
         _table(("NODE", "CLIENT ADDRESS", "PID", "INSTANCE", "STATE"),
                [(n["id"], n["client_address"], n["pid"], n["instance"],
                  "up" if n["reachable"] else f"unreachable: {n['error']}") for n in document["nodes"]])
+        formats = {f"{g['group']} {m['views_format']}" for g in document["groups"] for m in g["members"]
+                   if m["views_format"] is not None}
+        if formats:
+            click.echo("views format (group level): " + ", ".join(sorted(formats)))
         for g in document["groups"]:
             for m in g["members"]:
                 if m["halted"] is not None:
@@ -416,6 +420,7 @@ def _status_document(statuses: Sequence[p.StatusInfo | ClientError],
                 "halted": (None if g is None or g.halted is None
                            else {"offset": g.halted.offset, "reason": g.halted.reason, "fix": g.halted.fix}),
                 "skipped": None if g is None else list(g.skipped),
+                "views_format": None if g is None or not g.views_format else g.views_format,
                 # Its own applied offset; for a member that did not answer, what the leader knows it holds.
                 "lag": (max(0, commit - g.applied_offset) if g is not None
                         else None if leader is None or peer is None or peer.match_offset < 0

@@ -10,7 +10,10 @@ voters, so it never campaigns: it waits to be added.
 
 Membership calls are served by the metadata leader, one node and one group at a time:
 
-- add: record the node's addresses, then add it as a learner (auto-promoted to voter once caught up
+- add: refuse a node whose peer hello says it cannot apply the views format level of this node's groups
+  (statemachines/views_format.py: it would read a snapshot of them as another level; one that has not
+  connected within JOINER_HELLO_S is let in, with a WARNING, as before levels: it halts on the raise
+  when it replays the log); record the node's addresses, then add it as a learner (auto-promoted to voter once caught up
   unless told otherwise) to the metadata group, then to every other group;
 - promote: make the learner a voter in every group;
 - remove: take it out of every group, the metadata group last, then record its removal (nodes stop
@@ -44,6 +47,7 @@ from epochlog.api import messages as p
 from epochlog.errors import InvalidArgumentError, RejectedError
 from epochlog.local_groups import LocalGroups
 from statemachines import events as ev
+from statemachines import views_format
 from statemachines.state import MemberState, Outcome, decode_state
 
 if TYPE_CHECKING:
@@ -51,6 +55,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+JOINER_HELLO_S = 3.0    # how long `add` waits for the new node's hello to learn its views format level
 MEMBERSHIP_TIMEOUT_S = 60.0   # a whole membership call (the client's deadline usually ends it first)
 MEMBERS_REFRESH_S = 0.05      # the address book is re-read at most this often under metadata writes
 
@@ -213,6 +218,8 @@ class Membership:
             parse_address(call.client_address, "client_address")
         self._require_leader("metadata")
         deadline = asyncio.get_running_loop().time() + MEMBERSHIP_TIMEOUT_S
+        if not any(g.node.conf.contains(call.node_id) for g in self.local.groups().values()):
+            await self._check_views_format(call.node_id)
         async with self._lock():
             known = self.members.get(call.node_id)
             wanted = p.MemberInfo(call.node_id, call.peer_address, call.client_address)
@@ -229,6 +236,31 @@ class Membership:
                                                   client_address=call.client_address, actor="epochlog/membership"))
             await self._change_everywhere(cc, call, self._group_order(), deadline)
         return self.list()
+
+    async def _check_views_format(self, node_id: int) -> None:
+        """ConfChangeError when `node_id`'s hello says it applies a lower views format level than this
+        node's groups are at; waits JOINER_HELLO_S for its hello (a node added at runtime dials this one)."""
+        level = max((v.views_format for v in self.local.views.values()), default=views_format.BASE)
+        if level <= views_format.BASE:
+            return
+        loop = asyncio.get_running_loop()
+        until = loop.time() + JOINER_HELLO_S
+        while True:
+            transport = self._transport()
+            features = None if transport is None else transport.peer_features(node_id)
+            if features is not None or loop.time() >= until:
+                break
+            await asyncio.sleep(0.1)
+        if features is None:
+            logger.warning("member add: node %s has not connected to this node, so whether it applies views format "
+                           "level %s is not known; a node that cannot halts its groups at the level's raise",
+                           node_id, level)
+            return
+        supported = features.get(views_format.FEATURE, 0)
+        if supported < level:
+            raise ConfChangeError(f"node {node_id} applies views format level {supported or 1} at most, and this "
+                                  f"cluster's groups are at level {level}: upgrade it before adding it "
+                                  f"(docs/views.md, views format levels)")
 
     async def promote(self, call: p.MemberPromote) -> p.Members:
         _check_node_id(call.node_id)

@@ -48,6 +48,7 @@ from epochlog.integrity import DigestCheck, damage_info
 from epochlog.local_groups import LocalGroups
 from epochlog.membership import Membership
 from statemachines import events as ev
+from statemachines import views_format
 from statemachines.apply import HALTED
 from statemachines.query import MAX_LIMIT, Query
 from statemachines.request_ids import check_client_request_id
@@ -94,7 +95,8 @@ class Node:
         self.host = NodeHost(node_id, self.data_dir, configs, self._open_views, seed=seed, member=self.member,
                              retention_floor=self.compaction.retention_floor,
                              space_guard=self.compaction.space_guard,
-                             ships_log_prefix=self.compaction.ships_log_prefix)
+                             ships_log_prefix=self.compaction.ships_log_prefix,
+                             features={views_format.FEATURE: views_format.LATEST})
         self.local_groups = LocalGroups(node_id, lambda: self.host.groups, self.views)
         # What this node's own clients of the other nodes present (its member certificate), set by the
         # client service when the faces speak TLS (epochlog/server.py): forwarded calls authenticate by it.
@@ -109,6 +111,7 @@ class Node:
 
     def _open_views(self, name: str, directory: Path) -> ViewsStateMachine:
         sm = ViewsStateMachine(directory, self.views_config, name=name)
+        sm.format_support = lambda: self.host.feature_levels(name, views_format.FEATURE)
         self.views[name] = sm
         return sm
 
@@ -259,6 +262,9 @@ class Node:
             raise InvalidArgumentError("member records are written by member_add and member_remove only")
         if isinstance(event, ev.HistoryPruned):
             raise InvalidArgumentError("history floors are written by the node's compaction service only")
+        if isinstance(event, ev.ViewsFormatRaised):
+            raise InvalidArgumentError("the views format level is raised by a group's leader only "
+                                       "(statemachines/views_format.py)")
         check_client_request_id(event)
         if isinstance(event, ev.ClientSessionOpened):
             c = self.views_config
@@ -470,7 +476,8 @@ class Node:
                                       s.last_index, s.log_start, s.snapshot_index, peers, self.halts.info(name),
                                       sorted(views.applier.skipped) if views is not None else [],
                                       damage_info(s.repair), self.digest_check.digests(name),
-                                      list(self.digest_check.alarms.get(name, {}).values())))
+                                      list(self.digest_check.alarms.get(name, {}).values()),
+                                      views.views_format if views is not None else 0))
         return p.StatusInfo(self.cluster, self.node_id, groups, self.membership.sorted(), self.instance, os.getpid(),
                             self.storage)
 

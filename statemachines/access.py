@@ -23,7 +23,7 @@ Resources are strings:
 
 Controller decisions (broker registry and broker group events: BrokerRegistered, BrokerFenced,
 BrokerUnfenced, BrokerUnregistered, SyncStateSetChanged, MasterElected) need the CONTROLLER role and
-the node's own records (MemberAdded/Removed, HistoryPruned, LeaseExpired, KafkaGroupStored) the NODE
+the node's own records (MemberAdded/Removed, HistoryPruned, LeaseExpired, KafkaGroupStored, ViewsFormatRaised) the NODE
 role. Neither role can be granted (grants.GRANTABLE), so no client principal holds them, admin
 included: such an event from any client face is refused whoever sends it. Brokers reach the
 controller through its calls (register, heartbeats, SyncStateSet reports, shutdown), each bound to
@@ -119,7 +119,8 @@ ALLOWED = Decision(True)
 
 CONTROLLER_EVENTS = (ev.BrokerRegistered, ev.BrokerFenced, ev.BrokerUnfenced, ev.BrokerUnregistered,
                      ev.SyncStateSetChanged, ev.MasterElected)
-NODE_EVENTS = (ev.MemberAdded, ev.MemberRemoved, ev.HistoryPruned, ev.LeaseExpired, ev.KafkaGroupStored)
+NODE_EVENTS = (ev.MemberAdded, ev.MemberRemoved, ev.HistoryPruned, ev.LeaseExpired, ev.KafkaGroupStored,
+               ev.ViewsFormatRaised)
 ROUTE_KINDS = frozenset({"broker", "group", "topic", "member"})   # where things are: any granted principal reads
 READ_ONLY_LOGS = frozenset({"metadata"})                          # APPEND_LOG refused to everyone
 

@@ -9,7 +9,8 @@ proposing; on the leader, the event it decoded then, `Applier.expect`); if its r
 within the dedupe window (and at or above the history floor, below which request ids are forgotten
 too), return the first outcome and change nothing; check its conditions (epochs, expected
 versions) against the current state, including the writes of earlier records in the same batch; then
-write the new entity state, its history row in `versions`, and lease attachments. A rejected event
+write the new entity state, its history row in `versions` (at views format level 2, for most kinds, the
+row of the state it replaces: statemachines/views_format.py), and lease attachments. A rejected event
 changes nothing (savepoints, or handlers that write only once they cannot reject); every record that changed nothing
 gets a `noops` row at its offset in the same WriteBatch (statemachines/noops.py: key compaction drops
 those records).
@@ -52,7 +53,7 @@ from eventlog.errors import SKIPPED as SKIPPED_CODE   # the reason (SKIPPED belo
 from eventlog.raft.types import Entry, EntryKind
 from eventlog.records import NO_PRODUCER_ID, BatchHeader, RecordBatch, decode_records, records_payload
 from statemachines import events as ev
-from statemachines import brokers, producers, request_ids, sessions
+from statemachines import brokers, producers, request_ids, sessions, views_format
 from statemachines.kept_outcomes import KeptOutcomes
 from statemachines.noops import CF as NOOPS
 from statemachines.noops import ensure_noops_from
@@ -244,6 +245,9 @@ class Applier:
         # which client-session requests have an outcome row, in step with the pending writes: cleared
         # whenever pending writes are abandoned (statemachines/kept_outcomes.py)
         self.kept_outcomes = KeptOutcomes(self.config.client_sessions_max)
+        # the views format level (statemachines/views_format.py), in step with the pending writes: read
+        # again from what is written whenever pending writes are abandoned
+        self.level = views_format.decode_level(store.meta(views_format.META_KEY))
 
     def expect(self, records: Iterable[tuple[bytes, bytes, ev.Event]]) -> None:
         """Records this node is about to propose as the leader, each with the event `events.applicable`
@@ -312,6 +316,7 @@ class Applier:
                     producers.expire(entry_ov, self.now_ms)
             except _CannotApply as stop:   # nothing of this entry is applied: the views end before it
                 self.kept_outcomes.clear()   # it followed the entry's abandoned writes
+                self.level = views_format.decode_level(batch_ov.get(META, views_format.META_KEY))
                 halted = self.halt = stop.halt
                 del self.lease_changes[leases_before:]
                 _not_applied(outcomes, entry, halted)
@@ -334,6 +339,7 @@ class Applier:
             store.write(wb)
         except BaseException:
             self.kept_outcomes.clear()   # it followed writes that did not happen
+            self.level = views_format.decode_level(store.meta(views_format.META_KEY))
             raise
         return outcomes
 
@@ -443,23 +449,42 @@ class Applier:
         raw = ov.get(cf_for(raw_key), raw_key)
         return None if raw is None else decode_state(raw_key, raw)
 
-    @staticmethod
-    def save(ov: Overlay, key: str, state: msgspec.Struct, event: ev.Event, offset: int) -> None:
+    def save(self, ov: Overlay, key: str, state: msgspec.Struct, event: ev.Event, offset: int) -> None:
         raw_key = key.encode()
-        Applier.save_raw(ov, cf_for(raw_key), raw_key, state, event, offset)
+        self.save_raw(ov, cf_for(raw_key), raw_key, state, event, offset)
 
-    @staticmethod
-    def save_raw(ov: Overlay, cf: str, raw_key: bytes, state: msgspec.Struct, event: ev.Event, offset: int) -> None:
-        """`save` of an entity key already encoded, in its column family `cf`."""
+    def save_raw(self, ov: Overlay, cf: str, raw_key: bytes, state: msgspec.Struct, event: ev.Event,
+                 offset: int) -> None:
+        """`save` of an entity key already encoded, in its column family `cf`: the entity row and its
+        history row (at level 2, for most kinds, the previous state's instead: views_format.py)."""
         data = encode(state)
+        if self.level >= 2 and views_format.latest_in_entity(self.level, raw_key):
+            self._supersede(ov, cf, raw_key)
+        else:
+            ov.put("versions", version_key(raw_key, offset), encode(Version(_TAGS[type(event)], data)))
         ov.put(cf, raw_key, data)
-        ov.put("versions", version_key(raw_key, offset), encode(Version(_TAGS[type(event)], data)))
+
+    def remove(self, ov: Overlay, key: str, event: ev.Event, offset: int) -> None:
+        raw_key = key.encode()
+        cf = cf_for(raw_key)
+        if self.level >= 2 and views_format.latest_in_entity(self.level, raw_key):
+            self._supersede(ov, cf, raw_key)
+        ov.delete(cf, raw_key)
+        ov.put("versions", version_key(raw_key, offset), encode(Version(_tag(event), None)))
 
     @staticmethod
-    def remove(ov: Overlay, key: str, event: ev.Event, offset: int) -> None:
-        raw_key = key.encode()
-        ov.delete(cf_for(raw_key), raw_key)
-        ov.put("versions", version_key(raw_key, offset), encode(Version(_tag(event), None)))
+    def _supersede(ov: Overlay, cf: str, raw_key: bytes, previous: bytes | None = None,
+                   version: int | None = None) -> None:
+        """Level 2: the entity's current state (if any) gets its `versions` row, keyed by its own offset,
+        as it is about to be replaced (a state written at level 1 has that row already: the same bytes)."""
+        if previous is None:
+            previous = ov.get(cf, raw_key)
+            if previous is None:
+                return
+        if version is None:
+            version = decode_state(raw_key, previous).version  # type: ignore[attr-defined]
+        tag = views_format.LATEST_IN_ENTITY[raw_key.partition(b"/")[0]]
+        ov.put("versions", version_key(raw_key, version), encode(Version(tag, previous)))
 
 
 _Row = tuple[int, bytes | None, bytes | None]   # a record's offset, key, value
@@ -684,8 +709,13 @@ def _kv_put(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     if rejected:
         return rejected
     created = current.created if current is not None else offset
-    a.save_raw(ov, "kv", raw_key, KvState(name=e.name, value=e.value, lease=e.lease, version=offset,
-                                          created=created), e, offset)
+    state = KvState(name=e.name, value=e.value, lease=e.lease, version=offset, created=created)
+    if a.level >= 2:   # the latest state in the kv row only; the one it replaces moves to `versions`
+        if raw is not None:   # `_supersede`, inlined: a kv state's history rows are KvPut's
+            ov.put("versions", version_key(raw_key, current.version), encode(Version("KvPut", raw)))  # type: ignore[union-attr]
+        ov.put("kv", raw_key, encode(state))
+    else:
+        a.save_raw(ov, "kv", raw_key, state, e, offset)
     return _ok(offset)
 
 
@@ -809,6 +839,17 @@ def _history_pruned(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcom
     return _ok(offset)
 
 
+def _views_format_raised(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
+    """Raise the views format level (statemachines/views_format.py; never lower it): a meta key, so the
+    digest chains it. A level this code does not know never gets here (a newer schema version: halted)."""
+    assert isinstance(e, ev.ViewsFormatRaised)
+    if e.level <= a.level:
+        return _reject(offset, CONDITION_FAILED, f"the views format is at level {a.level} already")
+    ov.put(META, views_format.META_KEY, views_format.encode_level(e.level))
+    a.level = e.level
+    return _ok(offset)
+
+
 def _client_session_opened(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     assert isinstance(e, ev.ClientSessionOpened)
     return sessions.open_session(ov, a.kept_outcomes, e, offset, a.now_ms)
@@ -903,4 +944,5 @@ _HANDLERS: dict[type, Handler] = {
     ev.UserRemoved: _user_removed,
     ev.AclGranted: _acl_granted,
     ev.AclRevoked: _acl_revoked,
+    ev.ViewsFormatRaised: _views_format_raised,
 }

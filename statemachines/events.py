@@ -26,6 +26,7 @@ from typing import ClassVar
 import msgspec
 
 from eventlog.errors import InvalidArgumentError, SchemaVersionError
+from statemachines import views_format
 from statemachines.credentials import BearerToken, ScramCredential, check_credential
 from statemachines.grants import GrantSyntaxError, check_principal, parse_grant
 
@@ -504,6 +505,27 @@ class HistoryPruned(Event, frozen=True, kw_only=True, tag="HistoryPruned"):
             raise EventError(f"a history floor is an offset >= 0, got {self.floor}")
 
 
+class ViewsFormatRaised(Event, frozen=True, kw_only=True, tag="ViewsFormatRaised"):
+    """The group's views are written at format `level` from the next offset on (statemachines/
+    views_format.py). Proposed by the group's leader once every member can apply it, never by clients.
+
+    A raise to level L is written with schema version v = L, so a node whose code knows fewer levels
+    refuses it as a newer schema and halts there (statemachines/apply.py) instead of going on at the
+    old level."""
+
+    VERSION: ClassVar[int] = views_format.LATEST
+    level: int
+
+    def key(self) -> str:
+        return "views/format"
+
+    def validate(self) -> None:
+        super().validate()
+        if self.level <= views_format.BASE or self.v != self.level:
+            raise EventError(f"a views format raise goes to a level above {views_format.BASE}, written with "
+                             f"schema version v equal to it (level {self.level}, v {self.v})")
+
+
 # --- users and ACLs (statemachines/credentials.py, statemachines/grants.py, statemachines/access.py) ------
 
 class UserAdded(Event, frozen=True, kw_only=True, tag="UserAdded"):
@@ -621,7 +643,7 @@ AnyEvent = (BrokerRegistered | BrokerFenced | BrokerUnfenced | BrokerUnregistere
             | MasterElected | TopicCreated | TopicUpdated | TopicDeleted | OffsetCommitted | KvPut | KvDeleted
             | LeaseGranted | LeaseRevoked | LeaseExpired | SessionOpened | SessionClosed | ConfigChanged | Txn
             | MemberAdded | MemberRemoved | KafkaGroupStored | HistoryPruned | ClientSessionOpened
-            | ClientSessionClosed | UserAdded | UserRemoved | AclGranted | AclRevoked)
+            | ClientSessionClosed | UserAdded | UserRemoved | AclGranted | AclRevoked | ViewsFormatRaised)
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__struct_config__.tag: cls for cls in AnyEvent.__args__  # type: ignore[attr-defined]
 }

@@ -5,7 +5,8 @@ replica agrees on it at every offset; the reads (statemachines/query.py) already
 hides. This module only reclaims their space, on each replica at its own pace, outside the apply
 path: its deletions are not in the digest and change no answer. For each entity the rows hidden by F
 are every row older than its newest row at or below F, and that newest row too when it is a deletion
-below F (the entity did not exist at F). Rows at or above F are never touched (so whether an event
+below F (the entity did not exist at F); at views format level 2, that newest row too when the entity
+row holds a newer state at or below F (views_format.py: the latest state has no row). Rows at or above F are never touched (so whether an event
 at or above F changed the views can still be told from its row), and rows written after the pass
 started are above F (a floor is never beyond its own offset).
 
@@ -34,8 +35,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from statemachines.state import decode_version
-from statemachines.store import ViewStore, decode_offset
+from statemachines import views_format
+from statemachines.state import decode_state, decode_version
+from statemachines.store import ViewStore, cf_for, decode_offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +101,8 @@ class HistoryPruner:
         examined = 0
         done = False
         it = store.cfs["versions"].iter()
+        # At views format level 2 an entity's newest state may be its entity row alone (views_format.py).
+        level2 = views_format.decode_level(store.meta(views_format.META_KEY)) >= 2
         cursor = self._cursor
         at_cursor = False   # the iterator already stands where `it.seek(cursor)` would put it
         entities = 0
@@ -119,15 +123,16 @@ class HistoryPruner:
             newest: bytes | None = None   # key of the newest row at or below F seen
             newest_value: bytes | None = None   # its value, when read on the way (the entity's first row)
             complete = False
+            all_below = False   # every row of the entity is at or below F
             while True:
                 if not it.valid():
-                    complete = at_cursor = True   # the end: seeking past the entity finds nothing either
+                    complete = at_cursor = all_below = True   # the end: seeking past the entity finds nothing either
                     break
                 key = it.key()
                 if key[:-9] != entity:
                     # The next entity's first row: the first key >= entity + b"\x01" (entity keys hold
                     # no NUL), where the next visit would seek to.
-                    complete = at_cursor = True
+                    complete = at_cursor = all_below = True
                     break
                 if decode_offset(key[-8:]) > floor:
                     complete = True
@@ -150,6 +155,8 @@ class HistoryPruner:
                     at_cursor = False
                 if decode_version(newest_value).state is None:
                     doomed.append(newest)      # the entity's state at F is "deleted": nothing to keep
+                elif level2 and all_below and _superseded_at(store, entity, decode_offset(newest[-8:]), floor):
+                    doomed.append(newest)      # its state at F is the entity row's, newer than this row
             if not complete:
                 # Out of budget inside the entity: the newest row seen may not be its newest at or
                 # below F, so it stays for now and the next step reads the entity on from it.
@@ -176,6 +183,16 @@ class HistoryPruner:
             c.last_pass_seconds = time.perf_counter() - self._pass_started
             c.last_pass_at = time.time()
         return PruneStep(examined, deleted, done, seconds)
+
+
+def _superseded_at(store: ViewStore, entity: bytes, offset: int, floor: int) -> bool:
+    """Whether the entity's current state (its entity row) is newer than `offset` and at or below the
+    floor: then it, not the row at `offset`, is the entity's state at the floor."""
+    raw = store.get(cf_for(entity), entity)
+    if raw is None:
+        return False
+    version: int = decode_state(entity, raw).version  # type: ignore[attr-defined]
+    return offset < version <= floor
 
 
 RECLAIMED_CFS = ("versions", "dedupe", "dedupe_expiry")

@@ -1,7 +1,10 @@
 """Reads of a group's views: get, list by prefix, range, point-in-time (`as_of`) and history.
 
 Point in time is an MVCC keyspace (etcd-style): every change writes a row `entity key + offset`
-to the `versions` column family, so `get(key, as_of=N)` is one seek to the last row at or before N
+to the `versions` column family (at views format level 2, for most kinds, once the state it holds is
+superseded: the latest state is then in the entity row alone, statemachines/views_format.py; every read
+here takes an entity's history as its `versions` rows plus its entity row, so it answers alike at either
+level), so `get(key, as_of=N)` is one seek to the last row at or before N
 and `history(key)` a prefix scan; `list(prefix, as_of=N)` scans the versions under the prefix and
 keeps, per entity, the last row at or before N (its cost grows with the number of versions under
 the prefix, not with the whole store). The chosen cost: one extra row per event, written in the
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 import msgspec
 
 from eventlog.raft.errors import CompactedError
+from statemachines import views_format
 from statemachines.events import ENTITY_KINDS, EventError
 from statemachines.state import decode_state, decode_version
 from statemachines.store import ViewStore, cf_for, decode_offset, prefix_upper_bound, version_key
@@ -102,6 +106,9 @@ class Query:
             self._check_as_of(as_of)
             return None  # before the first offset; and -1 would pack as the largest offset
         self._check_as_of(as_of)
+        current = self._current_state(raw_key)
+        if current is not None and current.version <= as_of:  # type: ignore[attr-defined]
+            return Item(key, current, current.version)  # type: ignore[attr-defined]
         row = self.store.last_at_or_before("versions", version_key(raw_key, as_of), raw_key + b"\x00")
         if row is None:
             return None
@@ -124,18 +131,26 @@ class Query:
 
     def history(self, key: str, *, limit: int = 1000, after_offset: int = -1) -> list[HistoryRow]:
         """Every event that changed `key`, oldest first (from `after_offset` on), as far back as the
-        history floor goes (`history_start`)."""
-        _kind_of(key)
+        history floor goes (`_history_start`): its `versions` rows, then its current state when no row
+        holds it (views format level 2: statemachines/views_format.py)."""
+        kind = _kind_of(key)
         raw_key = key.encode()
+        current = self._current_state(raw_key)
+        first = max(after_offset + 1, self._history_start(raw_key, current))
         rows = []
-        start = version_key(raw_key, after_offset + 1) if after_offset >= 0 else raw_key + b"\x00"
-        start = max(start, self._history_start_key(raw_key))
-        for k, v in self.store.scan("versions", start, raw_key + b"\x01"):
+        last = -1
+        for k, v in self.store.scan("versions", version_key(raw_key, first), raw_key + b"\x01"):
             version = decode_version(v)
             state = None if version.state is None else decode_state(raw_key, version.state)
-            rows.append(HistoryRow(decode_offset(k[-8:]), version.event, state))
+            last = decode_offset(k[-8:])
+            rows.append(HistoryRow(last, version.event, state))
             if len(rows) >= _limit(limit):
-                break
+                return rows
+        if current is not None:
+            offset = current.version  # type: ignore[attr-defined]
+            event = views_format.LATEST_IN_ENTITY.get(kind.encode())
+            if offset > last and offset >= first and event is not None:
+                rows.append(HistoryRow(offset, event, current))
         return rows
 
     @property
@@ -145,16 +160,22 @@ class Query:
 
     # --- helpers -------------------------------------------------------------------------------
 
-    def _history_start_key(self, raw_key: bytes) -> bytes:
-        """The first `versions` key of `raw_key` that history shows: its newest row at or below the
-        floor when that row holds a state, else its first row above the floor."""
+    def _current_state(self, raw_key: bytes) -> msgspec.Struct | None:
+        raw = self.store.get(cf_for(raw_key), raw_key)
+        return None if raw is None else decode_state(raw_key, raw)
+
+    def _history_start(self, raw_key: bytes, current: msgspec.Struct | None) -> int:
+        """The first offset of `raw_key`'s history that history shows: its newest state at or below the
+        floor (the current one, or a `versions` row) when it holds a state, else the floor + 1."""
         floor = self.store.history_floor
         if floor <= 0:
-            return raw_key + b"\x00"
+            return 0
+        if current is not None and current.version <= floor:  # type: ignore[attr-defined]
+            return current.version  # type: ignore[attr-defined, no-any-return]
         base = self.store.last_at_or_before("versions", version_key(raw_key, floor), raw_key + b"\x00")
         if base is not None and decode_version(base[1]).state is not None:
-            return base[0]
-        return version_key(raw_key, floor + 1)
+            return decode_offset(base[0][-8:])
+        return floor + 1
 
     def _check_as_of(self, as_of: int) -> None:
         applied = self.store.applied
@@ -186,16 +207,58 @@ class Query:
             yield Item(k.decode(), state, state.version)  # type: ignore[attr-defined]
 
     def _as_of(self, start: bytes, end: bytes | None, as_of: int) -> Iterator[Item]:
+        """Per entity in [start, end): its newest state at or before `as_of`, from its `versions` rows
+        and, at views format level 2, its entity row (which alone holds a latest state there)."""
         self._check_as_of(as_of)
+        rows = self._newest_rows(start, end, as_of)
+        if views_format.decode_level(self.store.meta(views_format.META_KEY)) < 2:
+            for entity, offset, state in rows:
+                if state is not None:
+                    yield Item(entity.decode(), decode_state(entity, state), offset)
+            return
+        # Merge with the entity rows: an entity row at or before `as_of` is the entity's newest state then.
+        currents = self.store.scan(cf_for(start), start, end)
+        current = next(currents, None)
+        for entity, offset, state in rows:
+            while current is not None and current[0] < entity:
+                item = _current_item(current, as_of)
+                if item is not None:
+                    yield item
+                current = next(currents, None)
+            if current is not None and current[0] == entity:
+                item = _current_item(current, as_of)
+                current = next(currents, None)
+                if item is not None:
+                    yield item
+                    continue
+            if state is not None:
+                yield Item(entity.decode(), decode_state(entity, state), offset)
+        while current is not None:
+            item = _current_item(current, as_of)
+            if item is not None:
+                yield item
+            current = next(currents, None)
+
+    def _newest_rows(self, start: bytes, end: bytes | None, as_of: int
+                     ) -> Iterator[tuple[bytes, int, bytes | None]]:
+        """(entity, offset, state or None) of the newest `versions` row at or before `as_of` of each
+        entity with rows in [start, end) (None as the state: deleted then, or no row that old)."""
         current: bytes | None = None
-        best: tuple[int, bytes | None] | None = None
+        best: tuple[int, bytes | None] = (-1, None)
         for k, v in self.store.scan("versions", start, end):
             entity, offset = k[:-9], decode_offset(k[-8:])
             if entity != current:
-                if current is not None and best is not None and best[1] is not None:
-                    yield Item(current.decode(), decode_state(current, best[1]), best[0])
-                current, best = entity, None
+                if current is not None:
+                    yield current, *best
+                current, best = entity, (-1, None)
             if offset <= as_of:
                 best = (offset, decode_version(v).state)
-        if current is not None and best is not None and best[1] is not None:
-            yield Item(current.decode(), decode_state(current, best[1]), best[0])
+        if current is not None:
+            yield current, *best
+
+
+def _current_item(row: tuple[bytes, bytes], as_of: int) -> Item | None:
+    """An entity row as the answer of an `as_of` read, when its state is at or before `as_of`."""
+    state = decode_state(row[0], row[1])
+    version: int = state.version  # type: ignore[attr-defined]
+    return Item(row[0].decode(), state, version) if version <= as_of else None

@@ -6,6 +6,8 @@ Column families:
                   current state of each entity, key = entity key (e.g. b"kv/a/b")
     versions      MVCC history: entity key + b"\\0" + 8-byte big-endian offset -> the event type and
                   the entity's state after it (or a tombstone); serves `as_of` reads and `history`
+                  (at views format level 2, most kinds' latest state is in the entity row only:
+                  statemachines/views_format.py)
     lease_keys    lease id (20 digits) + b"/" + attached entity key -> b""
     dedupe        actor + b"\\0" + request id -> the offset and outcome of the first application
     dedupe_expiry 8-byte offset + dedupe key -> b"" (evicts request ids past the dedupe window)
@@ -22,7 +24,8 @@ Column families:
     default       meta: b"applied" (8-byte offset), b"digest" (running SHA-256 over applied mutations),
                   b"history_floor" (8-byte offset: history below it is pruned, see statemachines/prune.py),
                   b"noops_from" (8-byte offset: `noops` rows exist from there on), b"committed_ms" (the
-                  committed clock), b"client_sessions_live" (how many sessions are live)
+                  committed clock), b"client_sessions_live" (how many sessions are live),
+                  b"views_format" (8-byte level, statemachines/views_format.py; absent: level 1)
 
 Memory: one LRU block cache (`block_cache_bytes`) holds data, index and filter blocks, and the
 memtables of every column family are charged to it through a write buffer manager

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import math
 import os
 import shutil
 import threading
@@ -34,13 +35,18 @@ from eventlog.errors import EpochlogError
 from eventlog.fileutil import fsync_dir
 from eventlog.raft.types import Entry, SnapshotMeta
 from statemachines.apply import Applier, Halt
-from statemachines.events import Event, LeaseExpired, event_record
+from statemachines import views_format
+from statemachines.events import Event, LeaseExpired, ViewsFormatRaised, event_record
 from statemachines.leases import LeaseClock
 from statemachines.prune import HistoryPruner, PruneStep, reclaim
 from statemachines.state import LeaseState, Outcome, decode_state
 from statemachines.store import DIGEST, ViewsConfig, ViewStore
 
 logger = logging.getLogger(__name__)
+
+FORMAT_CHECK_S = 1.0
+"""A raise of the views format level proposed and not yet applied is proposed again at most this often (a
+second one applied is rejected, changing nothing)."""
 
 
 class ViewsStateMachine:
@@ -59,6 +65,10 @@ class ViewsStateMachine:
         self._reclaimer: concurrent.futures.ThreadPoolExecutor | None = None
         self._reclaiming: concurrent.futures.Future[None] | None = None
         self._flushing = threading.Lock()   # held by a snapshot thread while it flushes the store
+        # Set by the node: the views format level each member of the group's configuration advertises
+        # (None: not heard), for the leader's raise (statemachines/views_format.py). None: never raise.
+        self.format_support: Callable[[], Iterable[int | None]] | None = None
+        self._format_proposed_at = -math.inf
 
     def _finish_swap(self) -> None:
         restore, old = self.base / "views.restore", self.base / "views.old"
@@ -103,15 +113,31 @@ class ViewsStateMachine:
         """Records this node proposes as the leader, with their checked events (`Applier.expect`)."""
         self.applier.expect(records)
 
+    @property
+    def views_format(self) -> int:
+        """The format level the views are written at (statemachines/views_format.py)."""
+        return self.applier.level
+
     def on_tick(self, leader: bool) -> list[tuple[bytes, bytes]]:
-        """Called by the group every tick: on the leader, the LeaseExpired events to propose."""
+        """Called by the group every tick: on the leader, the LeaseExpired events to propose, and a raise
+        of the views format level as soon as every member can apply it (checked every tick below the newest
+        level; proposed again at most every FORMAT_CHECK_S while it is not applied)."""
         if not leader or self.applier.halt is not None:
             self.lease_clock = None
             return []
         now = time.monotonic()
-        return [event_record(LeaseExpired(lease_id=lease_id, actor="epochlog/leader",
-                                          request_id=f"expire/{lease_id}/{version}"))
-                for lease_id, version in self._leader_clock(now).expired(now)]
+        records = [event_record(LeaseExpired(lease_id=lease_id, actor="epochlog/leader",
+                                             request_id=f"expire/{lease_id}/{version}"))
+                   for lease_id, version in self._leader_clock(now).expired(now)]
+        if (self.format_support is not None and self.applier.level < views_format.LATEST
+                and now - self._format_proposed_at >= FORMAT_CHECK_S):
+            level = views_format.level_to_propose(self.applier.level, self.format_support())
+            if level is not None:
+                self._format_proposed_at = now
+                logger.info("group %s: every member applies views format level %s: raising it from %s",
+                            self.name, level, self.applier.level)
+                records.append(event_record(ViewsFormatRaised(level=level, v=level, actor="epochlog/leader")))
+        return records
 
     def keepalive(self, lease_id: int) -> int | None:
         """Restart a lease's clock (call on the leader); its TTL in ms, or None if there is no such lease."""

@@ -462,6 +462,7 @@ class GroupInfo(msgspec.Struct):
     damage: DamageInfo | None = None      # not nil: a damaged batch in this node's log, or its repair
     digests: list[DigestAt] = []          # the latest digests this node's views noted, oldest first
     digest_alarms: list[DigestAlarm] = [] # on the leader: members whose views digest differs from its own
+    views_format: int = 0                 # the views format level this node writes the group's views at (0: unknown)
 
 
 class MemberInfo(msgspec.Struct, array_like=True):

@@ -62,6 +62,7 @@ EVENTS: dict[str, ev.Event] = {
     "MemberAdded": ev.MemberAdded(node_id=9, peer_address="6.6.6.6:1"),
     "MemberRemoved": ev.MemberRemoved(node_id=1),
     "HistoryPruned": ev.HistoryPruned(floor=10),
+    "ViewsFormatRaised": ev.ViewsFormatRaised(level=2, v=2),
     "ClientSessionOpened": ev.ClientSessionOpened(group="kv", client="c-1"),
     "ClientSessionClosed": ev.ClientSessionClosed(group="kv", client="c-1", session_id=3, seq=1, v=2),
     "UserAdded": ev.UserAdded(name="mallory"),
@@ -75,6 +76,7 @@ MAY_WRITE: dict[str, set[str]] = {
     "BrokerRegistered": set(), "BrokerFenced": set(), "BrokerUnfenced": set(), "BrokerUnregistered": set(),
     "SyncStateSetChanged": set(), "MasterElected": set(),
     "MemberAdded": set(), "MemberRemoved": set(), "HistoryPruned": set(), "LeaseExpired": set(),
+    "ViewsFormatRaised": set(),
     "KafkaGroupStored": set(),
     "TopicCreated": {"admin"}, "TopicUpdated": {"admin"}, "TopicDeleted": {"admin"}, "ConfigChanged": {"admin"},
     "UserAdded": {"admin"}, "UserRemoved": {"admin"}, "AclGranted": {"admin"}, "AclRevoked": {"admin"},
@@ -111,7 +113,8 @@ def test_who_may_write_each_event(kind: str) -> None:
 
 CONTROLLER_KINDS = ("BrokerRegistered", "BrokerFenced", "BrokerUnfenced", "BrokerUnregistered",
                     "SyncStateSetChanged", "MasterElected")
-NODE_KINDS = ("MemberAdded", "MemberRemoved", "HistoryPruned", "LeaseExpired", "KafkaGroupStored")
+NODE_KINDS = ("MemberAdded", "MemberRemoved", "HistoryPruned", "LeaseExpired", "KafkaGroupStored",
+              "ViewsFormatRaised")
 
 
 def test_controller_decisions_only_from_the_controller() -> None:

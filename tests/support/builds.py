@@ -5,7 +5,11 @@
 - `unchecked`: a node from before the leader's check: it proposes any event that decodes, a newer
   schema version included (what wrote the poison record of issue 11);
 - `kvput-newer`: a newer Epochlog that knows the next KvPut schema version (same fields: it applies a
-  put of that version as it applies one of this tree's).
+  put of that version as it applies one of this tree's);
+- `views-format-1`: an Epochlog that knows views format level 1 only (statemachines/views_format.py): its
+  peer hello says so, and it halts on a raise to level 2 as on any newer schema;
+- `views-format-1-stale`: the same node whose hello still says level 2 (a node downgraded while its
+  peers remember it, or one that lies): the leader raises the level and this node halts there.
 
 Everything else is the code of this tree; the build is changed before the CLI starts.
 """
@@ -16,7 +20,7 @@ import sys
 
 from statemachines import events as ev
 
-BUILDS = ("unchecked", "kvput-newer")
+BUILDS = ("unchecked", "kvput-newer", "views-format-1", "views-format-1-stale")
 
 
 def _unchecked_record(event: ev.Event) -> tuple[bytes, bytes]:
@@ -41,6 +45,12 @@ def main(argv: list[str]) -> None:
         ViewsStateMachine.expect = _expect_nothing  # type: ignore[method-assign]
     elif build == "kvput-newer":
         ev.KvPut.VERSION += 1
+    elif build in ("views-format-1", "views-format-1-stale"):
+        from statemachines import views_format
+
+        ev.ViewsFormatRaised.VERSION = 1   # a raise to level 2 (v=2) is a newer schema: it halts there
+        if build == "views-format-1":
+            views_format.LATEST = 1        # what its hello advertises, and the most it would raise to
     else:
         raise SystemExit(f"unknown build {build!r} (builds: {', '.join(BUILDS)})")
     from epochlog.cli import main as cli_main

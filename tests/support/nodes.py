@@ -293,12 +293,32 @@ class NodeCluster:
                 raise   # it exited: the message has its stderr already
             raise AssertionError(f"{exc}:\n{node.stderr()[-3000:]}") from None
 
-    def start_joiner(self, node_id: int) -> ServeNode:
+    def wait_views_format(self, level: int | None = None, nodes: Iterable[int] | None = None,
+                          timeout: float = 30.0) -> None:
+        """Wait until every group of `nodes` (default: all) is at views format `level` (default: the newest):
+        a new cluster's leaders raise it as soon as every member said it applies it, an entry of their own
+        in each group's log (statemachines/views_format.py)."""
+        from statemachines import views_format
+
+        want = views_format.LATEST if level is None else level
+        ids = list(self.nodes) if nodes is None else list(nodes)
+
+        def raised() -> bool:
+            for i in ids:
+                status = self.status(i)
+                if status is None or any(g.views_format != want for g in status.groups):
+                    return False
+            return True
+        wait_until(raised, timeout, f"every group at views format level {want} on nodes {ids}")
+
+    def start_joiner(self, node_id: int, build: str | None = None) -> ServeNode:
         """Start `node_id`, which is not in the cluster's config, with its addresses on the command line
         (it serves once an operator adds it: `member add`); `close()` kills it too, and a restart starts
-        it without the flags (it remembers its addresses in its data directory)."""
+        it without the flags (it remembers its addresses in its data directory). `build`: another build of
+        Epochlog to run (tests/support/builds.py)."""
         peer, client, admin = (f"127.0.0.1:{port}" for port in free_ports(3))
         self.nodes[node_id] = ServeNode(node_id, peer, client, admin, self.root / f"node-{node_id}")
+        self.nodes[node_id].build = build   # another build of Epochlog (tests/support/builds.py), or this tree
         self._spawn(node_id, {}, ("--peer-address", peer, "--client-address", client, "--admin-address", admin))
         self.wait_ready(node_id)
         return self.nodes[node_id]

@@ -47,8 +47,10 @@ class NodeHost:
                  member: MemberConfig | None = None,
                  retention_floor: Callable[[str], int | None] | None = None,
                  space_guard: Callable[[], str | None] | None = None,
-                 ships_log_prefix: Callable[[str], bool] | None = None) -> None:
+                 ships_log_prefix: Callable[[str], bool] | None = None,
+                 features: dict[str, int] | None = None) -> None:
         self.node_id = node_id
+        self.features = dict(features or {})   # advertised in this node's peer hello (transport.py)
         self._retention_floor = retention_floor   # group name -> RaftGroup.retention_floor
         self._ships_log_prefix = ships_log_prefix  # group name -> LogStorage.ships_log_prefix (default: no)
         self._space_guard = space_guard           # RaftGroup.space_guard of every group
@@ -74,7 +76,7 @@ class NodeHost:
                  for m in (*cluster.members, self.member)}
         self.transport = PeerTransport(self.node_id, cluster.name, peers, peers[self.node_id], self._deliver,
                                        tls=tls, limits=cluster.peer_limits,
-                                       dial_lower_ms=0 if self.configured else 1000)
+                                       dial_lower_ms=0 if self.configured else 1000, features=self.features)
         conf = initial_conf([m.id for m in cluster.members])
         entry_check = functools.partial(check_entry, max_batch_bytes=self.configs.log.batch_limit_bytes)
         for rank, name in enumerate(cluster.groups):
@@ -173,6 +175,22 @@ class NodeHost:
 
     def leader_of(self, group: str) -> int:
         return self.groups[group].node.leader
+
+    def feature_levels(self, group: str, feature: str) -> list[int | None]:
+        """What each member of `group`'s configuration (the latest one and the committed one: voters and
+        learners, this node included) advertises for `feature` in its peer hello: the level (0: its hello
+        has none, an older version), or None when it is not connected now (not known)."""
+        n = self.groups[group].node
+        conf, committed = n.conf, n.conf_at(n.log.committed)
+        members = {*conf.voters, *conf.learners, *committed.voters, *committed.learners}
+        levels: list[int | None] = []
+        for member in sorted(members):
+            if member == self.node_id:
+                levels.append(self.features.get(feature, 0))
+                continue
+            features = None if self.transport is None else self.transport.peer_features(member)
+            levels.append(None if features is None else features.get(feature, 0))
+        return levels
 
     async def stop(self) -> None:
         if self.scrubber is not None:

@@ -3,10 +3,14 @@
 Wire format: frames of a 4-byte big-endian length followed by a msgpack payload (msgspec), inside
 TLS (see below) unless `[cluster.tls] insecure`:
 
-- `Hello(cluster, node, read_index)`: the first frame in each direction. `read_index` says the sender
-  takes a follower's ReadIndex (eventlog/raft/types.py): a node of an older version does not (its hello
-  lacks the field), and would close a connection carrying one (a message it cannot decode is `bad_frame`),
-  so during a rolling upgrade a follower asks only a leader that said so (`reads_index`).
+- `Hello(cluster, node, read_index, features)`: the first frame in each direction. `read_index` says the
+  sender takes a follower's ReadIndex (eventlog/raft/types.py): a node of an older version does not (its
+  hello lacks the field), and would close a connection carrying one (a message it cannot decode is
+  `bad_frame`), so during a rolling upgrade a follower asks only a leader that said so (`reads_index`).
+  `features` (name -> the newest level the sender supports, as Kafka's ApiVersions lists supported
+  features) is opaque here: the node's owner reads it (`peer_features`; e.g. the views format level a
+  group's leader may raise to, statemachines/views_format.py). An older node's hello has none, and an
+  older node ignores the field.
 - `Batch(msgs=[(group, message), ...])`: every message queued for that peer during one turn of the
   event loop (`send` only queues; the flush is scheduled once per turn), or up to a `flush` the Ready
   loop asks for where latency matters more (a leader's appends, a follower's acknowledgements), in
@@ -85,6 +89,7 @@ class Hello(msgspec.Struct, tag="hello"):
     cluster: str
     node: int
     read_index: bool = False   # takes ReadIndex messages (absent from an older node's hello)
+    features: dict[str, int] = {}   # feature -> the newest level the sender supports (absent: none)
 
 
 class Batch(msgspec.Struct, tag="batch"):
@@ -208,6 +213,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.closed: asyncio.Future[None] = owner.loop.create_future()
         self.ready = False                 # the hello was accepted
         self.peer_reads_index = False      # its hello said it takes ReadIndex messages
+        self.peer_features: dict[str, int] = {}   # its hello's features
         self.certified: int | None = None  # the node id of the peer's certificate (TLS)
         self.counted = 0                   # this connection's part of owner.partial_bytes
         self.frame_since: float | None = None   # when the incomplete frame's first byte came (after the hello)
@@ -238,7 +244,7 @@ class _Connection(asyncio.BufferedProtocol):
             if problem:
                 self.refuse("identity", problem)
                 return
-        transport.write(encode_frame(Hello(owner.cluster, owner.node_id, read_index=True)))
+        transport.write(encode_frame(Hello(owner.cluster, owner.node_id, read_index=True, features=owner.features)))
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._received
@@ -326,6 +332,7 @@ class _Connection(asyncio.BufferedProtocol):
             return False
         self.peer = claimed
         self.peer_reads_index = hello.read_index
+        self.peer_features = hello.features
         self.ready = True
         self.release_slot()
         self.reader.max_frame_bytes = MAX_FRAME_BYTES
@@ -395,8 +402,10 @@ class PeerTransport:
 
     def __init__(self, node_id: int, cluster: str, peers: dict[int, tuple[str, int]], listen: tuple[str, int],
                  deliver: Deliver, *, tls: PeerTls | None, limits: PeerLimitsConfig | None = None,
-                 backoff_ms: tuple[int, int] = (50, 2000), dial_lower_ms: int = 0) -> None:
+                 backoff_ms: tuple[int, int] = (50, 2000), dial_lower_ms: int = 0,
+                 features: dict[str, int] | None = None) -> None:
         self.node_id = node_id
+        self.features = dict(features or {})   # what this node's hello advertises
         self.cluster = cluster
         self.peers = {p: a for p, a in peers.items() if p != node_id}
         self.removed: set[int] = set()   # refused until added again
@@ -550,6 +559,12 @@ class PeerTransport:
         (the message would be dropped: the read waits for its deadline, as for any lost message)."""
         conn = self._conns.get(peer)
         return conn is None or conn.peer_reads_index
+
+    def peer_features(self, peer: int) -> dict[str, int] | None:
+        """The features `peer`'s hello advertised on its current connection ({}: none, an older version),
+        or None when it is not connected (not known now)."""
+        conn = self._conns.get(peer)
+        return None if conn is None else conn.peer_features
 
     def send(self, peer: int, group: str, msg: Message) -> None:
         """Queue `msg` for `peer`; everything queued in this loop turn goes out in one flush."""

@@ -73,6 +73,7 @@ def test_a_write_of_a_newer_schema_version_is_refused_by_the_leader_and_appends_
         node_cluster_factory: Callable[..., NodeCluster]) -> None:
     cluster = node_cluster_factory()
     cluster.start()
+    cluster.wait_views_format()   # the leaders' own raise is in the log before `before` is taken
     leader = cluster.leader("kv")
     with Client(cluster.endpoints, timeout=15) as client:
         client.put("app/before", b"1")

@@ -94,11 +94,12 @@ class Peer:
 
 
 async def start_peer(pki: Pki, node: int, *, insecure: bool = False, limits: PeerLimitsConfig | None = None,
-                     tls_dir: Path | None = None) -> Peer:
+                     tls_dir: Path | None = None, features: dict[str, int] | None = None) -> Peer:
     tls = load_peer_tls(PeerTlsConfig(insecure=insecure), tls_dir or pki.node_dir(node), CLUSTER, node)
     delivered: list[tuple[int, str, Any]] = []
     transport = PeerTransport(node, CLUSTER, {}, ("127.0.0.1", 0),
-                              lambda src, group, msg: delivered.append((src, group, msg)), tls=tls, limits=limits)
+                              lambda src, group, msg: delivered.append((src, group, msg)), tls=tls, limits=limits,
+                              features=features)
     await transport.start()
     return Peer(transport, delivered)
 
@@ -563,3 +564,30 @@ def test_a_plaintext_cluster_runs_only_when_asked_and_says_so(node_cluster_facto
         assert "peer TLS is OFF" in node.stderr(), (i, node.stderr()[-2000:])
         assert not (node.data_dir / "tls").exists()
     assert cluster.stop_all() == {1: 0, 2: 0, 3: 0}
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_peers_features_are_what_its_hello_on_the_current_connection_says(pki: Pki, loop: str) -> None:
+    """`features` in a hello (e.g. the views format level a node applies) is what `peer_features` gives
+    while that connection lasts: {} for an older version's hello without the field, None once the peer is
+    gone (not known now); and a transport's own hello carries its features."""
+    async def main() -> None:
+        two = await start_peer(pki, 2, insecure=True, features={"views_format": 2})
+        try:
+            assert two.transport.peer_features(1) is None
+            for hello, features in ((Hello(CLUSTER, 1), {}), (Hello(CLUSTER, 1, features={"views_format": 7}),
+                                                               {"views_format": 7})):
+                reader, writer = await raw(two.port, tls=False)
+                writer.write(encode_frame(hello) + encode_frame(Batch([("kv", vote(1, 2))])))
+                await eventually(lambda: two.transport.connected(1), WAIT_S, "the peer's hello")
+                assert two.transport.peer_features(1) == features
+                got = await reader.readexactly(4)
+                got += await reader.readexactly(int.from_bytes(got, "big"))
+                assert FrameReader().frames(got) == [Hello(CLUSTER, 2, read_index=True,
+                                                           features={"views_format": 2})]
+                writer.close()
+                await eventually(lambda: not two.transport.connected(1), WAIT_S, "the peer's close")
+                assert two.transport.peer_features(1) is None
+        finally:
+            await two.transport.close()
+    run(loop, main)
