@@ -457,8 +457,7 @@ class RaftNode:
             return False
         return bool(self._msgs or self._unsent_entries() or self._snapshot_chunks or self._read_states
                     or self._dropped_reads or self._needs_broadcast or self._reads_unassigned
-                    or self.log.pending_snapshot is not None
-                    or self._hard_state() != self._prev_hard or self._soft_state() != self._prev_soft
+                    or self.log.pending_snapshot is not None or self._states_changed()
                     or self.log.applicable())
 
     def ready(self) -> Ready:
@@ -1112,6 +1111,15 @@ class RaftNode:
 
     def _send(self, m: Message) -> None:
         self._msgs.append(m)
+
+    def _states_changed(self) -> bool:
+        """`_hard_state() != _prev_hard or _soft_state() != _prev_soft`, field by field: has_ready runs
+        a few times per loop turn, and building the two states only to compare them was most of its cost."""
+        hard, soft = self._prev_hard, self._prev_soft
+        floor_term, floor_index = self._floor if self._floor is not None else (0, -1)
+        return (self.term != hard.term or self.vote != hard.vote or self.log.committed != hard.commit
+                or floor_index != hard.floor_index or floor_term != hard.floor_term
+                or self.leader != soft.leader or self.role is not soft.role or self.term != soft.term)
 
     def _hard_state(self) -> HardState:
         floor_term, floor_index = self._floor if self._floor is not None else (0, -1)

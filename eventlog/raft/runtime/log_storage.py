@@ -68,6 +68,11 @@ READ_AHEAD = 4
 """Image chunks read ahead at most (one per transfer under way, up to this many transfers)."""
 IMAGE_IDLE_S = 60.0
 """An image whose snapshot was replaced stays while a transfer read from it this recently."""
+RECENT_ENTRIES_BYTES = 2 << 20
+"""The latest appended entries kept in memory (at least the last one), as stored: what `entries` serves
+without reading the log back. Every write is applied (and, on a leader, sent) right after its commit,
+a few entries behind the end of the log; reading it back cost a read, a batch parse and a copy on
+every node per write (issue-20-put-latency in bench/RESULTS.md)."""
 
 
 class QuorumState(msgspec.Struct):
@@ -102,6 +107,10 @@ class LogStorage:
         # nearly every message names (a follower's prev_index, an acknowledged index), known without
         # reading it back from the log (see entry_bounds).
         self._last_entry: tuple[int, int] | None = None
+        # The latest entries appended, contiguous and ending at the log's end (RECENT_ENTRIES_BYTES),
+        # each as `entries` reads it back (a NORMAL entry's data stamped with its index and term).
+        self._recent: list[Entry] = []
+        self._recent_bytes = 0
 
     @classmethod
     def open(cls, directory: str | Path, log_config: LogConfig, initial_conf: ConfState, *,
@@ -209,7 +218,17 @@ class LogStorage:
     def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
         if lo < self.first_index():
             raise CompactedError(f"index {lo} is compacted (log starts at {self.first_index()})")
-        out: list[Entry] = []
+        recent = self._recent_from(lo)
+        if recent is not None:
+            out = []
+            size = 0
+            for e in recent:
+                if e.index >= hi or (out and size + e.size > max_bytes):
+                    break
+                out.append(e)
+                size += e.size
+            return out
+        out = []
         size = 0
         offset = lo
         while offset < hi:
@@ -235,6 +254,39 @@ class LogStorage:
         if not out and lo <= self.last_index():
             raise UnavailableError(f"no entry starts at {lo}")
         return out
+
+    def _recent_from(self, lo: int) -> list[Entry] | None:
+        """The recent entries from the one at `lo` on, if it is one of them (and they still end the log)."""
+        recent = self._recent
+        if not recent or lo < recent[0].index or recent[-1].last_index != self.log.end_offset - 1:
+            return None
+        if lo < self._written_from():
+            return None   # a cleaner may have rewritten it: `entries` refuses it as when read
+        for i in range(len(recent) - 1, -1, -1):   # the wanted one is nearly always among the last few
+            if recent[i].index == lo:
+                return recent[i:]
+            if recent[i].index < lo:
+                return None   # inside an entry: not where one starts (the log read says so)
+        return None
+
+    def _forget_recent(self) -> None:
+        self._recent = []
+        self._recent_bytes = 0
+
+    def _remember(self, stored: list[Entry]) -> None:
+        """Keep `stored`, just appended after the recent entries, and drop the oldest past the budget."""
+        recent = self._recent
+        if recent and recent[-1].last_index + 1 != stored[0].index:
+            recent.clear()
+            self._recent_bytes = 0
+        recent.extend(stored)
+        self._recent_bytes += sum(e.size for e in stored)
+        drop = 0
+        while len(recent) - drop > 1 and self._recent_bytes > RECENT_ENTRIES_BYTES:
+            self._recent_bytes -= recent[drop].size
+            drop += 1
+        if drop:
+            del recent[:drop]
 
     def entry_bounds(self, index: int) -> tuple[int, int]:
         if index == self._snapshot.index and not self._written_from() <= index < self.log.end_offset:
@@ -386,15 +438,22 @@ class LogStorage:
         """
         first = entries[0].index
         if first <= self.log.end_offset - 1:
+            self._forget_recent()
             self.log.truncate_suffix(first)
             self._conf_offsets = [o for o in self._conf_offsets if o < first]
             if self._state.conf_scanned_to > first:
                 self._state.conf_scanned_to = first
                 self._write_state()  # before any entry can land below the old scanned-to mark
-        data = b"".join(bytes(entry_to_batch(e)) for e in entries)
+        batches = [bytes(entry_to_batch(e)) for e in entries]
         self._last_entry = None
-        self.log.append_replica(data, sync=sync)
+        try:
+            self.log.append_replica(b"".join(batches), sync=sync)
+        except BaseException:
+            self._forget_recent()   # written or not, in part or whole: read back from the log from now on
+            raise
         self._last_entry = (entries[-1].index, entries[-1].last_index)
+        self._remember([Entry(e.index, e.term, e.count, e.kind, b) if e.kind is EntryKind.NORMAL else e
+                        for e, b in zip(entries, batches)])
         for e in entries:
             if e.kind is EntryKind.CONF_CHANGE:
                 self._conf_offsets.append(e.index)
@@ -408,6 +467,7 @@ class LogStorage:
         key-compacted history below the snapshot: readers there are told `compacted`.)"""
         snap = self._snapshot.index
         self._last_entry = None
+        self._forget_recent()
         if index <= snap:
             self.log.reset(snap + 1)
         else:
@@ -488,6 +548,7 @@ class LogStorage:
         fsync_dir(target.parent)
         self._snapshot = stored
         self._last_entry = None
+        self._forget_recent()
         # The whole log goes: the core asks for an install only when its log does not hold the
         # snapshot's last entry (it keeps a matching suffix itself, §5.6), so anything stored past it
         # would be a suffix the core no longer knows about.

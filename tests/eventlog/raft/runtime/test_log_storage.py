@@ -194,3 +194,53 @@ def test_memory_storage_keeps_catch_up_entries_below_its_snapshot_as_the_log_doe
     mem.stage_snapshot_chunk(meta, 0, b"u")
     mem.install_snapshot(meta)
     assert (mem.first_index(), mem.last_index(), mem.term(40)) == (41, 40, 3)
+
+
+def test_recent_entries_are_served_as_the_log_reads_them_back_and_never_once_replaced(tmp_path: Path,
+                                                                                        monkeypatch: pytest.MonkeyPatch):
+    """`entries` serves the latest appended entries from memory (no read back per applied write): each
+    exactly as read from the log (a NORMAL entry's batch stamped with its index and term), and never an
+    entry a newer leader replaced, a drop removed, or that the budget let go."""
+    monkeypatch.setattr(log_storage, "RECENT_ENTRIES_BYTES", 1000)
+    st = LogStorage.open(tmp_path, CFG, CONF)
+
+    def from_log(lo: int, hi: int) -> list[Entry]:
+        out, offset = [], lo
+        while offset < hi:
+            e = batch_to_entry(next(st.log.read(offset, 1).batches()))
+            out.append(e)
+            offset = e.last_index + 1
+        return out
+
+    reads = 0
+    real_read = st.log.read
+
+    def counting_read(*args: object, **kwargs: object) -> object:
+        nonlocal reads
+        reads += 1
+        return real_read(*args, **kwargs)
+
+    monkeypatch.setattr(st.log, "read", counting_read)
+    entries = chain(0, 1, 4) + [Entry(8, 1, 1, EntryKind.NOOP, b""), conf_entry(9, 1, 4)] + chain(10, 1, 3)
+    st.append(entries[:3])
+    st.append(entries[3:])
+    served = st.entries(6, 16, 1 << 20)
+    assert reads == 0, "the latest entries come from memory"
+    assert served == from_log(6, 16)
+    assert served[0].data != entries[3].data, "stamped with index and term, as stored"
+    assert [e.index for e in st.entries(10, 16, 1)] == [10], "max_bytes still gives one entry"
+    assert [e.index for e in st.entries(8, 10, 1 << 20)] == [8, 9], "up to hi"
+    reads = 0
+    assert st.entries(0, 16, 1 << 20) == from_log(0, 16), "older than the budget kept: read back"
+    assert reads > 0
+    # A newer leader replaces the suffix from 9 on: the replaced entries are never served again.
+    st.append(chain(9, 2, 2))
+    assert st.entries(8, 13, 1 << 20) == from_log(8, 13)
+    assert [e.term for e in st.entries(9, 13, 1 << 20)] == [2, 2]
+    assert st.entries(13, 16, 1 << 20) == [], "gone with the replaced suffix"
+    # A drop cuts the log: what follows is appended again, and served as stored.
+    st.drop_from(11)
+    assert st.last_index() == 10
+    st.append([normal(11, 3)])
+    assert st.entries(9, 13, 1 << 20) == from_log(9, 13)
+    st.close()

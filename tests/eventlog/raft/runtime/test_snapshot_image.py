@@ -30,6 +30,7 @@ from eventlog.errors import LogCorruptionError
 from eventlog.offline import Verdict, verify_log_dir
 from eventlog.raft.errors import CompactedError
 from eventlog.raft.runtime.group import full_history_start
+from eventlog.raft.runtime import log_storage
 from eventlog.raft.runtime.log_storage import LogStorage
 from eventlog.raft.runtime.snapshot_image import ImageHeader
 from eventlog.raft.types import ConfState, Entry, EntryKind, SnapshotMeta
@@ -228,11 +229,15 @@ def test_an_image_never_ships_a_damaged_batch_of_the_leaders_prefix(tmp_path: Pa
     assert verify_log_dir(tmp_path / "follower" / "log").verdict is Verdict.CLEAN
 
 
-def test_dropping_damage_in_the_cleaned_prefix_or_above_the_snapshot(tmp_path: Path) -> None:
+def test_dropping_damage_in_the_cleaned_prefix_or_above_the_snapshot(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """`LogStorage.drop_from` (eventlog/raft/runtime/repair.py): damage in a cleaned segment below the
     snapshot can only go with the whole log below the snapshot (the log restarts after it); damage
     above the snapshot is cut at the damaged batch, keeping everything before it."""
     from eventlog.errors import CorruptBatchError
+    # Only the last entry kept in memory: the damaged ones are read from the log, as after a restart
+    # (the latest appended are served as written, log_storage.RECENT_ENTRIES_BYTES).
+    monkeypatch.setattr(log_storage, "RECENT_ENTRIES_BYTES", 0)
 
     st = leader_with_cleaned_log(tmp_path / "a")
     st.append(entries(600, 3, 100))
