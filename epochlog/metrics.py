@@ -62,6 +62,9 @@ Families (counters get the `_total` suffix on the wire):
     epochlog_loop_stall_seconds              histogram   how late the node's event loop ran a timer, measured
                                                          every tick (epochlog/loop_monitor.py): a leader's
                                                          heartbeats are that late too
+    epochlog_loop_stall_own_seconds          histogram   of each such stall, the node's own part: the stall less
+                                                         the time the loop's thread was runnable but waited for a
+                                                         CPU (the kernel's schedstat), which is the machine's
     epochlog_loop_stall_max_seconds          gauge       the longest such stall since the node started
     epochlog_loop_stalls_total               counter     stalls longer than [cluster] loop_stall_warning_ms
                                                          (each logged at WARNING, at a bounded rate)
@@ -137,6 +140,10 @@ class Metrics:
         self.loop_stall_seconds = Histogram("epochlog_loop_stall_seconds", "How much later than due the node's "
                                             "event loop ran a timer (measured every tick): every group's "
                                             "heartbeats were that late.", registry=r, buckets=_STALL_BUCKETS)
+        self.loop_stall_own_seconds = Histogram(
+            "epochlog_loop_stall_own_seconds", "Of each epochlog_loop_stall_seconds stall, the node's own part: "
+            "the stall less the time the loop's thread was runnable but waited for a CPU.", registry=r,
+            buckets=_STALL_BUCKETS)
         self.registry.register(_GroupCollector(node))
         self.registry.register(_PeerCollector(node))
         self.registry.register(_ControllerCollector(node))

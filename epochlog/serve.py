@@ -105,7 +105,7 @@ class RunningNode:
         metrics = Metrics(node)
         cluster = configs.cluster
         loop = LoopMonitor(cluster.tick_interval_ms / 1000, cluster.loop_stall_warning_ms / 1000,
-                           metrics.loop_stall_seconds.observe)
+                           metrics.loop_stall_seconds.observe, metrics.loop_stall_own_seconds.observe)
         metrics.track_loop(loop)
         loop.start()
         clients = ClientService(node, metrics, client_config)

@@ -12,9 +12,11 @@ Each of those is sent here to the node that leads every group, again and again f
 seconds (the 100,000 gets also as one frame of 10 get_many calls of 10,000 keys), and afterwards:
 
 - no group changed its leader or term on any node (no election at all);
-- the node's loop never ran a timer more than STALL_LIMIT_S late (epochlog_loop_stall_seconds, the
-  node's own measure): a leader's heartbeats are one tick plus that apart, below half the election
-  timeout;
+- the node itself never held its loop more than STALL_LIMIT_S (epochlog_loop_stall_own_seconds: how
+  late the loop ran a timer, less the time its thread waited for a CPU, which on a loaded machine
+  other processes take); and counting that wait, it never ran a timer more than WAIT_LIMIT_S late
+  (epochlog_loop_stall_seconds): a leader's heartbeats were at most one tick plus that apart, below
+  the 2-4 s a follower waits before it campaigns;
 - the node's RSS (sampled from /proc during the attack) grew by less than the attack's bound;
 - the node answered as its limits say (MESSAGE_TOO_LARGE, GROUP_MAX_SIZE_REACHED, connection_limit,
   a closed connection) and went on serving.
@@ -22,7 +24,8 @@ seconds (the 100,000 gets also as one frame of 10 get_many calls of 10,000 keys)
 Robust on a loaded machine: the election timeout is 2 s (40 ticks of 50 ms), so a process that is
 not scheduled for a few hundred ms does not lose its leaderships, and the stall bound (0.5 s) is a
 quarter of it; with the limits, the longest stall measured here on a loaded 2-core machine (load
-average 4) was 0.1 s, and 0.25 s at worst in the runs made while writing it. Checked against the
+average 4) was 0.1 s, and 0.25 s at worst in the runs made while writing it. At load 5-17 one run saw
+a stall of 0.5-1.0 s: the node's process waiting for a core, which the node's own part leaves out. Checked against the
 code before the limits (with the loop monitor added, and the limits' keys left out of the config),
 each case fails: Metadata and the gzip bomb stall the loop up to 2.5 s (the bomb: RSS +400 MiB), the
 pipelined gets up to 10 s and every leadership moves (RSS +527 MiB); 26,800 JoinGroups were all
@@ -59,8 +62,11 @@ ATTACK_S = 5.0      # one request of each kind stalled the loop 2.5-20 s before 
                     # at load 4: 278 Metadata, 706 bombs, 20,600 refused JoinGroups, 1,500 refused connections)
 TICK_MS = 50
 ELECTION_TICKS = 40                      # a 2 s election timeout
-STALL_LIMIT_S = 0.5                      # a bucket bound of epochlog_loop_stall_seconds
+STALL_LIMIT_S = 0.5                      # a bucket bound of epochlog_loop_stall_own_seconds
+WAIT_LIMIT_S = 1.0                       # a bucket bound of epochlog_loop_stall_seconds
+OWN = "epochlog_loop_stall_own_seconds"
 assert TICK_MS / 1000 + STALL_LIMIT_S < ELECTION_TICKS * TICK_MS / 1000 / 2
+assert TICK_MS / 1000 + WAIT_LIMIT_S < ELECTION_TICKS * TICK_MS / 1000
 ATTACKED = 1
 MAX_CONNECTIONS = 300                    # [clients] max_connections
 MAX_GROUPS = 500                         # [kafka] max_groups
@@ -107,12 +113,12 @@ class Stalls:
     count: float
 
     @classmethod
-    def read(cls, cluster: NodeCluster, node: int) -> Stalls:
+    def read(cls, cluster: NodeCluster, node: int, histogram: str = "epochlog_loop_stall_seconds") -> Stalls:
         metrics = cluster.metrics(node, timeout=10)
         buckets = {float(dict(labels)["le"]): value for (name, labels), value in metrics.items()
-                   if name == "epochlog_loop_stall_seconds_bucket"}
-        count = metrics.get(("epochlog_loop_stall_seconds_count", ()))
-        assert buckets and count is not None, "no epochlog_loop_stall_seconds on the node"
+                   if name == f"{histogram}_bucket"}
+        count = metrics.get((f"{histogram}_count", ()))
+        assert buckets and count is not None, f"no {histogram} on the node"
         return cls(buckets, count)
 
     def since(self, before: Stalls) -> tuple[float, float]:
@@ -394,6 +400,7 @@ def test_a_request_repeated_for_5_s_moves_no_leader_and_stalls_no_heartbeat(
         assert cluster.leader(group) == ATTACKED, f"node {ATTACKED} no longer leads {group}"
     terms = _terms(cluster)
     stalls = Stalls.read(cluster, ATTACKED)
+    own_stalls = Stalls.read(cluster, ATTACKED, OWN)
     pid = cluster.nodes[ATTACKED].pid
     assert pid is not None
     rss = RssSampler(pid)
@@ -419,13 +426,17 @@ def test_a_request_repeated_for_5_s_moves_no_leader_and_stalls_no_heartbeat(
     elapsed = time.monotonic() - started
     growth = rss.stop()
     after = Stalls.read(cluster, ATTACKED)
+    own_after = Stalls.read(cluster, ATTACKED, OWN)
     measured, longest = after.since(stalls)
+    _, longest_own = own_after.since(own_stalls)
     print(f"{name}: {elapsed:.1f} s, outcome {out.counts} {out.notes}, RSS +{growth:.0f} MiB, {measured:.0f} "
-          f"loop measurements, every stall <= {longest} s ({after.histogram(stalls)})")
+          f"loop measurements, every stall <= {longest} s ({after.histogram(stalls)}), its own part <= "
+          f"{longest_own} s ({own_after.histogram(own_stalls)})")
     assert not errors, f"the attack failed: {errors[0]!r} (outcome: {out.counts})"
 
     assert _terms(cluster) == terms, "a leader or a term changed during the attack"
-    assert longest <= STALL_LIMIT_S, f"the loop stalled up to {longest} s (limit {STALL_LIMIT_S} s)"
+    assert longest_own <= STALL_LIMIT_S, f"the node held its loop up to {longest_own} s (limit {STALL_LIMIT_S} s)"
+    assert longest <= WAIT_LIMIT_S, f"the loop ran timers up to {longest} s late (limit {WAIT_LIMIT_S} s)"
     # The measurements cover the attack: one a tick, each at most `longest` late, so at least one per
     # tick + longest (a loop that stopped running its timers would have few, not a long stall only).
     # Not one per tick: on a loaded machine the process is not scheduled for every tick (load 24: 9 a s).
