@@ -85,9 +85,9 @@ class _Link(asyncio.Protocol):
                 if not hello.done():
                     hello.set_result(frames)
             return
-        conn.heard = conn.loop_time()
+        conn._heard = conn._loop_time()
         for frame in frames:
-            conn.dispatch(frame)
+            conn._dispatch(frame)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost(UnavailableError(f"connection to {self.conn.address} (node {self.conn.node_id}) closed"))
@@ -98,7 +98,8 @@ class _Link(asyncio.Protocol):
             self.hello = None
             if not hello.done():
                 hello.set_exception(ConnectionError("closed during hello"))
-        self.conn.fail_all(error)
+                hello.exception()   # retrieved: `connect` raises it if it still waits
+        self.conn._fail_all(error)
 
 
 class Connection:
@@ -121,8 +122,8 @@ class Connection:
         self._queue: list[p.Request] = []
         self._flush_scheduled = False
         self._closed_error: ClientError | None = None
-        self.loop_time = time.monotonic       # the loop's clock, once connected
-        self.heard = 0.0                        # loop time of the last bytes from the node (or of becoming busy)
+        self._loop_time = time.monotonic       # the loop's clock, once connected
+        self._heard = 0.0                        # loop time of the last bytes from the node (or of becoming busy)
         self._ping_sent: float | None = None    # loop time of the ping not yet followed by any bytes
         self._watchdog: asyncio.TimerHandle | None = None
         self._status: asyncio.Task[p.Result] | None = None   # the latest status request (shared, see `status`)
@@ -137,7 +138,7 @@ class Connection:
         TCP connections in its kernel but never says hello)."""
         host, _, port = self.address.rpartition(":")
         loop = asyncio.get_running_loop()
-        self.loop_time = loop.time
+        self._loop_time = loop.time
         hello_frames: asyncio.Future[list[Any]] = loop.create_future()
         try:
             async with asyncio.timeout(timeout):
@@ -170,7 +171,7 @@ class Connection:
         self.timing = Timing.from_hello(hello.election_timeout_ms)
         self._closed_error = None
         for frame in frames[1:]:
-            self.dispatch(frame)
+            self._dispatch(frame)
 
     async def call(self, call: p.Call, timeout: float) -> p.Result:
         """Send one request; its result, or raise the error it was answered with.
@@ -208,7 +209,7 @@ class Connection:
         sent = Sent(next(self._ids))
         loop = asyncio.get_running_loop()
         if self._watchdog is None:   # busy from now on: silence counts from here
-            self.heard = loop.time()
+            self._heard = loop.time()
             self._watchdog = loop.call_later(self.timing.ping_after_s, self._check_alive)
         self._pending[sent.id] = sent
         self._enqueue(p.Request(sent.id, call, max(1, int(timeout * 1000))))
@@ -271,17 +272,17 @@ class Connection:
         loop = asyncio.get_running_loop()
         now = loop.time()
         timing = self.timing
-        if self._ping_sent is not None and self.heard < self._ping_sent:
+        if self._ping_sent is not None and self._heard < self._ping_sent:
             left = self._ping_sent + timing.ping_timeout_s - now
             if left <= 0:
-                self.fail_all(NoAnswerError(
-                    f"{self.address} (node {self.node_id}) sent nothing for {now - self.heard:.2f} s and did not "
+                self._fail_all(NoAnswerError(
+                    f"{self.address} (node {self.node_id}) sent nothing for {now - self._heard:.2f} s and did not "
                     f"answer a ping within {timing.ping_timeout_s:.2f} s (no answer): connection closed"))
                 return
             self._watchdog = loop.call_later(left, self._check_alive)
             return
         self._ping_sent = None
-        silent = now - self.heard
+        silent = now - self._heard
         if silent >= timing.ping_after_s:
             self._ping_sent = now
             self.pings_sent += 1
@@ -323,7 +324,7 @@ class Connection:
             stream.put_nowait(p.Reply(request.id, error=error))
         return []
 
-    def dispatch(self, frame: Any) -> None:
+    def _dispatch(self, frame: Any) -> None:
         """Hand a frame's replies to their calls (from `_Link.data_received`)."""
         if not isinstance(frame, p.Replies):
             return
@@ -336,7 +337,7 @@ class Connection:
             if sent is not None:
                 sent.settle(reply)
 
-    def fail_all(self, error: ClientError) -> None:
+    def _fail_all(self, error: ClientError) -> None:
         """Fail everything pending with `error` and close; the first reason stays the connection's."""
         if self._closed_error is None:
             self._closed_error = error
@@ -359,4 +360,4 @@ class Connection:
         self._transport = None
 
     async def close(self) -> None:
-        self.fail_all(UnavailableError(f"connection to {self.address} closed by the client"))
+        self._fail_all(UnavailableError(f"connection to {self.address} closed by the client"))
