@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 import ssl
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,8 +122,8 @@ class Connection:
         self._queue: list[p.Request] = []
         self._flush_scheduled = False
         self._closed_error: ClientError | None = None
-        self._loop_time = time.monotonic       # the loop's clock, once connected
-        self._heard = 0.0                        # loop time of the last bytes from the node (or of becoming busy)
+        self._loop_time = time.monotonic        # the loop's clock (set by `connect`)
+        self._heard = 0.0                       # loop time of the last bytes from the node (or of becoming busy)
         self._ping_sent: float | None = None    # loop time of the ping not yet followed by any bytes
         self._watchdog: asyncio.TimerHandle | None = None
         self._status: asyncio.Task[p.Result] | None = None   # the latest status request (shared, see `status`)
