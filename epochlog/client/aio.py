@@ -263,7 +263,7 @@ class AsyncClient:
             return result.results
         deadline = time.monotonic() + self.timeout
         while True:
-            session = await self._sessions.get(group)
+            session = self._sessions.current(group) or await self._sessions.get(group)
             seqs = session.take(len(events))
             below = session.answered_below
             requests = [e if own else msgspec.structs.replace(e, session_id=session.id, seq=seq, answered_below=below,
@@ -564,7 +564,9 @@ class AsyncClient:
             address = self._pick(group if leader else None, tried)
             sent: Sent | None = None
             try:
-                conn = await self._connection(address, min(remaining, limit))
+                conn = self._connections.get(address)   # the usual case: open, no coroutine to run
+                if conn is None or not conn.open:
+                    conn = await self._connection(address, min(remaining, limit))
                 sent = conn.send(call, remaining)   # raises, nothing sent, if the connection closed
                 record.sent += 1
                 try:

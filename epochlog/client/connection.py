@@ -4,6 +4,12 @@ Every call made while the previous frame is being written joins the next frame: 
 and the queue is flushed once per turn of the event loop, so 100 concurrent calls cost one frame and
 one write, not 100. Replies are matched to calls by request id.
 
+Replies are decoded and handed over in the transport's `data_received` (an asyncio.Protocol, no
+reader task), straight to the waiting call's own future: a reply wakes its caller in the next turn
+of the loop, not three turns later (reader task, then a done-callback, then the caller). What a
+call is answered with is kept on its `Sent`, not in the future it waits on, so a wait that times
+out or is cancelled loses nothing: the call may be waited for again.
+
 Liveness: while requests are pending, a watchdog timer checks that the node keeps talking. After
 `Timing.ping_after_s` without a byte from the node it sends a `ping`; after `ping_timeout_s` more
 without one, the connection is declared dead and its pending calls fail with `NoAnswerError`
@@ -17,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import ssl
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,12 +38,68 @@ from eventlog.errors import ProtocolError, from_code
 GRACE_S = 0.25   # how much longer than the node's deadline a call waits for its answer
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Sent:
-    """A request queued on a connection: its id and the future of its reply (see `Connection.send`)."""
+    """A request queued on a connection (see `Connection.send`): its id, then what it was answered
+    with: the node's reply, or the connection's failure. `waiter` is the future of the call waiting
+    for it now, if any (woken by the answer or by the wait's timer; see `Connection.wait`)."""
 
     id: int
-    reply: asyncio.Future[p.Reply]
+    reply: p.Reply | None = None
+    error: ClientError | None = None
+    waiter: asyncio.Future[None] | None = None
+
+    @property
+    def settled(self) -> bool:
+        return self.reply is not None or self.error is not None
+
+    def settle(self, reply: p.Reply | None, error: ClientError | None = None) -> None:
+        self.reply, self.error = reply, error
+        _wake(self.waiter)
+
+
+def _wake(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
+
+
+class _Link(asyncio.Protocol):
+    """The transport's side of a `Connection`: bytes in, frames out to it (on the loop's read turn)."""
+
+    def __init__(self, conn: Connection, decoder: FrameDecoder, hello: asyncio.Future[list[Any]]) -> None:
+        self.conn = conn
+        self.decoder = decoder
+        self.hello: asyncio.Future[list[Any]] | None = hello   # the frames up to and with the hello
+
+    def data_received(self, data: bytes) -> None:
+        conn = self.conn
+        try:
+            frames = self.decoder.feed(data)
+        except FrameError as exc:
+            self._lost(UnavailableError(f"connection to {conn.address} (node {conn.node_id}) closed: {exc}"))
+            return
+        hello = self.hello
+        if hello is not None:
+            if frames:
+                self.hello = None
+                if not hello.done():
+                    hello.set_result(frames)
+            return
+        conn._heard = conn._loop_time()
+        for frame in frames:
+            conn._dispatch(frame)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost(UnavailableError(f"connection to {self.conn.address} (node {self.conn.node_id}) closed"))
+
+    def _lost(self, error: ClientError) -> None:
+        hello = self.hello
+        if hello is not None:
+            self.hello = None
+            if not hello.done():
+                hello.set_exception(ConnectionError("closed during hello"))
+                hello.exception()   # retrieved: `connect` raises it if it still waits
+        self.conn._fail_all(error)
 
 
 class Connection:
@@ -52,15 +115,14 @@ class Connection:
         self.cluster = ""
         self.timing = Timing.from_hello(0)      # the node's, once its hello arrived
         self.pings_sent = 0
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._transport: asyncio.Transport | None = None
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._pending: dict[int, Sent] = {}
         self._streams: dict[int, asyncio.Queue[p.Reply]] = {}
         self._queue: list[p.Request] = []
         self._flush_scheduled = False
-        self._read_task: asyncio.Task[None] | None = None
         self._closed_error: ClientError | None = None
+        self._loop_time = time.monotonic        # the loop's clock (set by `connect`)
         self._heard = 0.0                       # loop time of the last bytes from the node (or of becoming busy)
         self._ping_sent: float | None = None    # loop time of the ping not yet followed by any bytes
         self._watchdog: asyncio.TimerHandle | None = None
@@ -69,26 +131,24 @@ class Connection:
 
     @property
     def open(self) -> bool:
-        return self._writer is not None and self._closed_error is None
+        return self._transport is not None and self._closed_error is None
 
     async def connect(self, timeout: float) -> None:
         """Open the connection and exchange hellos, within `timeout` for both (a stopped node accepts
         TCP connections in its kernel but never says hello)."""
         host, _, port = self.address.rpartition(":")
+        loop = asyncio.get_running_loop()
+        self._loop_time = loop.time
+        hello_frames: asyncio.Future[list[Any]] = loop.create_future()
         try:
             async with asyncio.timeout(timeout):
-                self._reader, self._writer = await asyncio.open_connection(
-                    host, int(port), ssl=self.tls, server_hostname=host if self.tls is not None else None)
+                self._transport, _ = await loop.create_connection(
+                    lambda: _Link(self, FrameDecoder(ServerFrame), hello_frames), host, int(port), ssl=self.tls,
+                    server_hostname=host if self.tls is not None else None)
                 if self.tls is not None:
-                    check_server(self.address, self._writer.get_extra_info("peercert"))
-                self._writer.write(encode_frame(p.ClientHello(p.PROTOCOL_VERSION, self.client_name, self.token)))
-                decoder = FrameDecoder(ServerFrame)
-                frames: list[Any] = []
-                while not frames:
-                    data = await self._reader.read(65536)
-                    if not data:
-                        raise ConnectionError("closed during hello")
-                    frames = decoder.feed(data)
+                    check_server(self.address, self._transport.get_extra_info("peercert"))
+                self._transport.write(encode_frame(p.ClientHello(p.PROTOCOL_VERSION, self.client_name, self.token)))
+                frames = await hello_frames
         except TimeoutError:
             self._abort()
             raise UnavailableError(f"cannot connect to {self.address}: no hello within {timeout:.2f} s") from None
@@ -110,7 +170,8 @@ class Connection:
         self.node_id, self.cluster = hello.node, hello.cluster
         self.timing = Timing.from_hello(hello.election_timeout_ms)
         self._closed_error = None
-        self._read_task = asyncio.get_running_loop().create_task(self._read_loop(decoder, frames[1:]))
+        for frame in frames[1:]:
+            self._dispatch(frame)
 
     async def call(self, call: p.Call, timeout: float) -> p.Result:
         """Send one request; its result, or raise the error it was answered with.
@@ -144,18 +205,37 @@ class Connection:
     def send(self, call: p.Call, timeout: float) -> Sent:
         """Queue one request, telling the node `timeout` as its deadline; `wait` for its answer, then
         `forget` it. Raises at once, nothing sent, when the connection is closed."""
-        rid, future = self._send(call, timeout)
-        return Sent(rid, future)
+        self._check()
+        sent = Sent(next(self._ids))
+        loop = asyncio.get_running_loop()
+        if self._watchdog is None:   # busy from now on: silence counts from here
+            self._heard = loop.time()
+            self._watchdog = loop.call_later(self.timing.ping_after_s, self._check_alive)
+        self._pending[sent.id] = sent
+        self._enqueue(p.Request(sent.id, call, max(1, int(timeout * 1000))))
+        return sent
 
     async def wait(self, sent: Sent, timeout: float) -> p.Result:
         """The result of `sent`, or raise the error it was answered with (or the connection's, when it
         closed); NoAnswerError when nothing came within `timeout`: the request stays pending, so it may
-        be waited for again."""
-        done, _ = await asyncio.wait((sent.reply,), timeout=timeout)
-        if not done:
-            raise NoAnswerError(f"{self.address} (node {self.node_id}) did not answer within {timeout:.3f} s "
-                                f"(no answer)")
-        reply = sent.reply.result()
+        be waited for again (a cancelled wait too: the answer is kept on `sent`, not in the future
+        waited on)."""
+        if not sent.settled:
+            loop = asyncio.get_running_loop()
+            waiter = sent.waiter = loop.create_future()
+            timer = loop.call_later(timeout, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                sent.waiter = None
+            if not sent.settled:
+                raise NoAnswerError(f"{self.address} (node {self.node_id}) did not answer within {timeout:.3f} s "
+                                    f"(no answer)")
+        if sent.error is not None:
+            raise sent.error
+        reply = sent.reply
+        assert reply is not None
         if reply.error is not None:
             raise from_wire(reply.error)
         assert reply.result is not None
@@ -164,8 +244,6 @@ class Connection:
     def forget(self, sent: Sent) -> None:
         """Stop waiting for `sent` (answered or abandoned): a late reply is dropped."""
         self._pending.pop(sent.id, None)
-        if sent.reply.done() and not sent.reply.cancelled():
-            sent.reply.exception()   # retrieved: the connection's failure is reported by whoever waits next
 
     def open_stream(self, call: p.Call) -> tuple[int, asyncio.Queue[p.Reply]]:
         """Send a request whose replies keep coming (watch): a queue receives every reply for it."""
@@ -183,18 +261,6 @@ class Connection:
         """Send a request and ignore its reply (acks, cancels)."""
         if self.open:
             self._enqueue(p.Request(next(self._ids), call))
-
-    def _send(self, call: p.Call, timeout: float) -> tuple[int, asyncio.Future[p.Reply]]:
-        self._check()
-        rid = next(self._ids)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[p.Reply] = loop.create_future()
-        if self._watchdog is None:   # busy from now on: silence counts from here
-            self._heard = loop.time()
-            self._watchdog = loop.call_later(self.timing.ping_after_s, self._check_alive)
-        self._pending[rid] = future
-        self._enqueue(p.Request(rid, call, max(1, int(timeout * 1000))))
-        return rid, future
 
     def _check_alive(self) -> None:
         """The watchdog (runs only while requests are pending): ping a silent node, and declare the
@@ -228,7 +294,7 @@ class Connection:
     def _check(self) -> None:
         if self._closed_error is not None:
             raise self._closed_error
-        if self._writer is None:
+        if self._transport is None:
             raise UnavailableError(f"not connected to {self.address}")
 
     def _enqueue(self, request: p.Request) -> None:
@@ -239,43 +305,27 @@ class Connection:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if not self._queue or self._writer is None:
+        transport = self._transport
+        if not self._queue or transport is None:
             return
         requests, self._queue = self._queue, []
         for frame in encode_frames(requests, p.Requests, oversize=self._too_large):
-            self._writer.write(frame)
+            transport.write(frame)
 
     def _too_large(self, request: p.Request, size: int) -> list[p.Request]:
         """A request that fits in no frame is not sent: its caller gets invalid_argument."""
         error = p.WireError(InvalidArgumentError.code, f"the request of {size} bytes exceeds the frame limit of "
                             f"{MAX_FRAME_BYTES} bytes: split it")
-        future = self._pending.pop(request.id, None)
-        if future is not None and not future.done():
-            future.set_result(p.Reply(request.id, error=error))
+        sent = self._pending.pop(request.id, None)
+        if sent is not None:
+            sent.settle(p.Reply(request.id, error=error))
         stream = self._streams.pop(request.id, None)
         if stream is not None:
             stream.put_nowait(p.Reply(request.id, error=error))
         return []
 
-    async def _read_loop(self, decoder: FrameDecoder, early: list[Any]) -> None:
-        assert self._reader is not None
-        loop = asyncio.get_running_loop()
-        try:
-            for frame in early:
-                self._dispatch(frame)
-            while True:
-                data = await self._reader.read(1 << 18)
-                if not data:
-                    break
-                self._heard = loop.time()
-                for frame in decoder.feed(data):
-                    self._dispatch(frame)
-        except (OSError, FrameError):
-            pass
-        finally:
-            self._fail_all(UnavailableError(f"connection to {self.address} (node {self.node_id}) closed"))
-
     def _dispatch(self, frame: Any) -> None:
+        """Hand a frame's replies to their calls (from `_Link.data_received`)."""
         if not isinstance(frame, p.Replies):
             return
         for reply in frame.replies:
@@ -283,9 +333,9 @@ class Connection:
             if stream is not None:
                 stream.put_nowait(reply)
                 continue
-            future = self._pending.pop(reply.id, None)
-            if future is not None and not future.done():
-                future.set_result(reply)
+            sent = self._pending.pop(reply.id, None)
+            if sent is not None:
+                sent.settle(reply)
 
     def _fail_all(self, error: ClientError) -> None:
         """Fail everything pending with `error` and close; the first reason stays the connection's."""
@@ -297,24 +347,17 @@ class Connection:
             self._watchdog.cancel()
             self._watchdog = None
         pending, self._pending = self._pending, {}
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(error)
+        for sent in pending.values():
+            sent.settle(None, error)
         for rid, queue in self._streams.items():
             queue.put_nowait(p.Reply(rid, error=p.WireError(error.code, str(error), True)))   # resumed elsewhere
         self._streams.clear()
         self._abort()
 
     def _abort(self) -> None:
-        if self._writer is not None:
-            self._writer.transport.abort()
-        self._writer = None
+        if self._transport is not None:
+            self._transport.abort()
+        self._transport = None
 
     async def close(self) -> None:
-        if self._read_task is not None:
-            self._read_task.cancel()
-            try:
-                await self._read_task
-            except asyncio.CancelledError:
-                pass
         self._fail_all(UnavailableError(f"connection to {self.address} closed by the client"))

@@ -70,6 +70,10 @@ class ClientSessions:
         self._sessions: dict[str, GroupSession] = {}
         self._opening: dict[str, asyncio.Future[GroupSession]] = {}
 
+    def current(self, group: str) -> GroupSession | None:
+        """The group's open session, if any (`get` opens one)."""
+        return self._sessions.get(group)
+
     async def get(self, group: str) -> GroupSession:
         """The group's session, opening one (once, whoever asks meanwhile) when there is none."""
         session = self._sessions.get(group)

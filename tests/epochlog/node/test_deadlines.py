@@ -45,12 +45,12 @@ def test_a_read_waiting_past_its_deadline_answers_deadline_exceeded(tmp_path: Pa
             await eventually(serves_linearizable_reads, 10, "the single node to lead its groups")
             # A local read waiting for an offset that will never be applied: the server must give
             # up at the request's deadline (0.3 s), not at its 10 s default.
-            rid, reply = conn._send(p.Get("kv/x", "local", min_offset=10**9), 0.3)
+            sent = conn.send(p.Get("kv/x", "local", min_offset=10**9), 0.3)
             started = time.monotonic()
-            answer = await asyncio.wait_for(reply, 5)
+            with pytest.raises(DeadlineExceededError) as answered:
+                await conn.wait(sent, 5)
             elapsed = time.monotonic() - started
-            assert answer.error is not None and answer.error.code == "deadline_exceeded", answer
-            assert answer.error.retriable
+            assert answered.value.retriable
             assert 0.25 <= elapsed < 2.0, elapsed
             # The connection and the node still serve.
             with pytest.raises(DeadlineExceededError):
