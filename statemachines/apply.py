@@ -139,7 +139,8 @@ class Overlay:
 
     Reads of the store are remembered in the root overlay (`reads`, shared by its children): the store
     does not change while overlays over it live (the applier writes it once, after its last use of
-    them), and a client session's rows are read for every request of it."""
+    them), and a client session's rows are read for every request of it. The meta rows' reads outlive
+    the call: the applier hands every call's root overlay the ones it kept (`Applier._overlay`)."""
 
     def __init__(self, store: ViewStore, parent: Overlay | None = None) -> None:
         self.store = store
