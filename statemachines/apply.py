@@ -139,7 +139,8 @@ class Overlay:
 
     Reads of the store are remembered in the root overlay (`reads`, shared by its children): the store
     does not change while overlays over it live (the applier writes it once, after its last use of
-    them), and a client session's rows are read for every request of it."""
+    them), and a client session's rows are read for every request of it. The meta rows' reads outlive
+    the call: the applier hands every call's root overlay the ones it kept (`Applier._overlay`)."""
 
     def __init__(self, store: ViewStore, parent: Overlay | None = None) -> None:
         self.store = store
@@ -248,6 +249,11 @@ class Applier:
         # the views format level (statemachines/views_format.py), in step with the pending writes: read
         # again from what is written whenever pending writes are abandoned
         self.level = views_format.decode_level(store.meta(views_format.META_KEY))
+        # The meta rows (a small fixed set: applied offset, digest, clocks, counts, deadline checks) as
+        # stored, kept from one apply call to the next while nothing else writes the store (store.writes
+        # is `_meta_at`): an entry reads about ten of them, each a RocksDB read per call otherwise.
+        self._meta_rows: dict[bytes, bytes | None] = {}
+        self._meta_at = -1
 
     def expect(self, records: Iterable[tuple[bytes, bytes, ev.Event]]) -> None:
         """Records this node is about to propose as the leader, each with the event `events.applicable`
@@ -287,10 +293,11 @@ class Applier:
         on another record it cannot apply."""
         store = self.store
         self.lease_changes = []
-        batch_ov = Overlay(store)
+        batch_ov = self._overlay()
         outcomes: dict[int, Outcome] = {}
-        digest = store.meta(DIGEST) or b""
-        applied = store.applied
+        digest = batch_ov.get(META, DIGEST) or b""
+        raw_applied = batch_ov.get(META, APPLIED)
+        applied = applied_before = -1 if raw_applied is None else decode_offset(raw_applied)
         halted = None if resume else self.halt
         for entry in entries:
             if entry.last_index <= applied:
@@ -328,20 +335,42 @@ class Applier:
                 self.digest_checkpoints.append((entry.last_index, digest))
             entry_ov.commit_to_parent()
             applied = entry.last_index
-        if not entries or applied == store.applied:
+        if not entries or applied == applied_before:
             return outcomes
         wb = store.new_batch()
         for cf, pending in batch_ov.writes.items():
             store.put_all(wb, cf, pending)
         store.put_meta(wb, APPLIED, encode_offset(applied))
         store.put_meta(wb, DIGEST, digest)
+        self._meta_at = -1   # until written: a failed write leaves the stored rows unknown
         try:
             store.write(wb)
         except BaseException:
             self.kept_outcomes.clear()   # it followed writes that did not happen
             self.level = views_format.decode_level(store.meta(views_format.META_KEY))
             raise
+        self._meta_written(batch_ov.writes.get(META, _NONE), applied, digest)
         return outcomes
+
+    def _overlay(self) -> Overlay:
+        """The root overlay of an apply call, its reads of meta rows taken from `_meta_rows` while those
+        are current (the store was written by nothing but this applier since they were read)."""
+        ov = Overlay(self.store)
+        if self._meta_at != self.store.writes:
+            self._meta_rows = {}
+            self._meta_at = self.store.writes
+        ov.reads[META] = self._meta_rows   # reads of the store, the only thing an Overlay keeps there
+        return ov
+
+    def _meta_written(self, pending: dict[bytes, bytes | None], applied: int, digest: bytes) -> None:
+        """The batch that wrote `pending` (meta rows), the applied offset and the digest is written: the
+        kept meta rows are as stored again (`ViewStore.put_all` stores b"" for a meta row's None)."""
+        rows = self._meta_rows
+        for key, value in pending.items():
+            rows[key] = b"" if value is None else value
+        rows[APPLIED] = encode_offset(applied)
+        rows[DIGEST] = digest
+        self._meta_at = self.store.writes
 
     # --- one record ----------------------------------------------------------------------------
 

@@ -134,6 +134,7 @@ class ViewStore:
         self.db = db
         self.cfs = {name: db.get_column_family(name) for name in ALL_CFS}
         self.handles = {name: db.get_column_family_handle(name) for name in ALL_CFS}
+        self.writes = 0   # write batches written: a copy of some of its rows is current while this stands
 
     @classmethod
     def open(cls, path: str | Path, config: ViewsConfig | None = None) -> ViewStore:
@@ -228,6 +229,7 @@ class ViewStore:
 
     def write(self, batch: WriteBatch) -> None:
         """Atomic across column families (checked with kill -9, see LIBRARY-FACTS)."""
+        self.writes += 1   # before: a failed write may have written it all the same
         self.db.write(batch)
 
     # --- snapshots -----------------------------------------------------------------------------

@@ -111,6 +111,11 @@ class LogStorage:
         # each as `entries` reads it back (a NORMAL entry's data stamped with its index and term).
         self._recent: list[Entry] = []
         self._recent_bytes = 0
+        # (log.files_generation, snapshot index) -> `_written_from()` and `first_index()` as of then: the
+        # core asks for them ~10 times per entry, and the log's start and cleaned range change only with
+        # its files generation (each computation takes the log's lock, which its flusher thread shares).
+        self._written: tuple[int, int] = (-1, 0)
+        self._first: tuple[tuple[int, int], int] = ((-1, -2), 0)
 
     @classmethod
     def open(cls, directory: str | Path, log_config: LogConfig, initial_conf: ConfState, *,
@@ -171,14 +176,22 @@ class LogStorage:
         Below `clean_end_offset` key compaction may have rewritten entries: never served (a follower
         that needs them gets the snapshot), so the cleaner must stay at or below snapshot + 1. The core
         checks the term of the offset before the first entry it sends, so the first entry served is
-        one whose predecessor's term is known (`_anchored`)."""
+        one whose predecessor's term is known (`_anchored`). Cached per files generation and snapshot
+        (what it is computed from changes with one of them: the leader epoch cache below the log start
+        only with a truncation or reset, which bump the generation)."""
+        key = (self.log.files_generation, self._snapshot.index)   # read before computing: see _written_from
+        cached = self._first
+        if cached[0] == key:
+            return cached[1]
         snapshot_next = self._snapshot.index + 1
         held = self._written_from()
+        first = max(held, snapshot_next)
         if held < snapshot_next:
-            first = self._anchored(held)
-            if first is not None and first < snapshot_next:
-                return first
-        return max(held, snapshot_next)
+            anchored = self._anchored(held)
+            if anchored is not None and anchored < snapshot_next:
+                first = anchored
+        self._first = (key, first)
+        return first
 
     def _anchored(self, held: int) -> int | None:
         """`held` when the term of the offset before it is known (offset -1: term 0; the end of a
@@ -196,8 +209,18 @@ class LogStorage:
 
     def _written_from(self) -> int:
         """The first offset from which the log holds every entry as written (past the log start and
-        the key-compacted range)."""
-        return max(self.log.start_offset, self.log.clean_end_offset)
+        the key-compacted range). Cached per files generation: the log bumps it, under its lock, with
+        every change of its first segment or cleaned range (a deletion, swap, truncation or reset, from
+        whichever thread). The generation is read before the offsets, so a change that lands between
+        the two is seen again at the next call, never missed."""
+        log = self.log
+        generation = log.files_generation
+        cached = self._written
+        if cached[0] == generation:
+            return cached[1]
+        held = log.clean_end_offset   # the larger of the log start and the end of the cleaned range
+        self._written = (generation, held)
+        return held
 
     def last_index(self) -> int:
         return max(self.log.end_offset - 1, self._snapshot.index)
@@ -210,6 +233,11 @@ class LogStorage:
             raise CompactedError(f"index {index} is compacted (log starts at {first})")
         if index == -1:
             return 0   # the empty prefix every log shares
+        recent = self._recent
+        if recent:
+            last = recent[-1]   # the entry nearly every term asked for is in (an acknowledged index, prev_index)
+            if last.index <= index <= last.last_index and last.last_index == self.log.end_offset - 1:
+                return last.term   # its batch's epoch, as the log would say
         term = self._log_term(index)
         if term is None:
             raise UnavailableError(f"index {index} is beyond the last index {self.last_index()}")
