@@ -191,6 +191,13 @@ class RunSet:
         starts, ends, offsets = self.starts, self.ends, self.offsets
         if lo >= hi or not starts or hi <= starts[0] or lo >= ends[-1]:
             return [], []
+        s0, e0 = starts[0], ends[0]
+        if lo <= s0 and hi < e0:   # the common case: the oldest requests of the oldest run were answered
+            o = offsets[0]
+            assert o >= 0, "only a run row spans several sequences"
+            starts[0] = hi
+            offsets[0] = o + hi - s0
+            return [s0], [(hi, o + hi - s0, e0 - hi)]
         first = max(bisect_right(starts, lo) - 1, 0)
         i = first
         deleted: list[int] = []
