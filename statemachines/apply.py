@@ -400,7 +400,7 @@ class Applier:
         dedupe_key = None
         request_time = None
         if event.session_id and invalid is None:   # a request of a client session (statemachines/sessions.py)
-            admitted = sessions.admit(ov, self.kept_outcomes, event, offset, self.now_ms)
+            admitted = sessions.admit(ov, self.kept_outcomes, event, offset, self.now_ms, self.level)
             if admitted.outcome is not None:
                 return admitted.outcome
         elif event.request_id:
@@ -876,6 +876,7 @@ def _views_format_raised(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> O
         return _reject(offset, CONDITION_FAILED, f"the views format is at level {a.level} already")
     ov.put(META, views_format.META_KEY, views_format.encode_level(e.level))
     a.level = e.level
+    a.kept_outcomes.clear()   # it holds sessions' outcome rows as the level before wrote them
     return _ok(offset)
 
 

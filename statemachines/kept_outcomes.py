@@ -5,16 +5,21 @@ says requests were answered, which kept outcomes to forget. Asked of RocksDB, th
 an absent key per request and a scan per forget (about half of a session's bookkeeping, which was over
 a quarter of applying a batched write: bench/RESULTS.md issue-20-apply2). The applier
 keeps the answer in memory instead: per session, the sequences whose outcome row exists, as sorted
-disjoint intervals (a session's requests are numbered consecutively, so a few intervals each).
+disjoint intervals (a session's requests are numbered consecutively, so a few intervals each). From views
+format level 3 a row may hold a run of requests (statemachines/sessions.py `OkRun`), and which run a
+request extends is decided from the rows: the mirror then holds the rows themselves (`RunSet`: each
+row's sequences and a run's first offset), read from the views like the sequences.
 
 The mirror decides no write on its own: every row it stands for is written or deleted by
 statemachines/sessions.py in the same step as the mirror changes, so the views (and the digest) are
-the bytes the lookups and scans gave. Its invariant: for a session it holds, its sequences are exactly
-those with an outcome row as the apply in progress sees the views (store and pending writes). What
+the bytes the lookups and scans gave. Its invariant: for a session it holds, its sequences (its rows,
+at level 3) are exactly those of its outcome rows as the apply in progress sees the views (store and
+pending writes). What
 could break that is handled by forgetting, never by repairing: a session it does not hold is read
 from the views again (sessions.py scans its rows into `hold`), a session dropped or evicted is let go,
 and an apply that abandons pending writes (a halt mid-entry, a failed write) clears it all (`clear`);
-a snapshot installed comes with a new applier, hence an empty mirror. Outcome rows are written by
+a snapshot installed comes with a new applier, hence an empty mirror; a raise of the views format
+level clears it too (what it holds is of the level before). Outcome rows are written by
 sessions.py only.
 
 Memory: at most `max_sessions` sessions (least recently used let go first; the applier gives it
@@ -108,14 +113,128 @@ class SeqSet:
         return removed
 
 
+class RunSet:
+    """The outcome rows of a session at views format level 3 (statemachines/sessions.py): sorted disjoint
+    sequence ranges [starts[i], ends[i]), each one row keyed by its start. `offsets[i]` >= 0: a run row,
+    the requests starts[i].. ends[i] - 1 ok at offsets offsets[i].. in order; -1: a row holding the one
+    `Outcome` of request starts[i] (a failed one, or any outcome written before level 3). Rows may touch
+    (a run never absorbs the next row): the mirror holds rows, not merely sequences, because which row
+    a request extends is decided from them and must be what every replica's views say."""
+
+    __slots__ = ("starts", "ends", "offsets")
+
+    def __init__(self, rows: Iterable[tuple[int, int, int]] = ()) -> None:
+        """`rows`: (start, count, offset or -1) in start order, as read from the views."""
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.offsets: list[int] = []
+        for start, count, offset in rows:
+            assert not self.ends or self.ends[-1] <= start, f"outcome rows overlap at sequence {start}"
+            self.starts.append(start)
+            self.ends.append(start + count)
+            self.offsets.append(offset)
+
+    def __contains__(self, seq: int) -> bool:
+        ends = self.ends
+        if ends and ends[-1] <= seq:   # the common case: a new request above every kept one
+            return False
+        i = bisect_right(self.starts, seq) - 1
+        return i >= 0 and seq < ends[i]
+
+    def __iter__(self) -> Iterator[int]:
+        for lo, hi in zip(self.starts, self.ends, strict=True):
+            yield from range(lo, hi)
+
+    def __len__(self) -> int:
+        return sum(hi - lo for lo, hi in zip(self.starts, self.ends, strict=True))
+
+    def rows(self) -> list[tuple[int, int, int]]:
+        """(start, count, offset or -1) of every row, in order (what `__init__` takes)."""
+        return [(s, e - s, o) for s, e, o in zip(self.starts, self.ends, self.offsets, strict=True)]
+
+    def row_start(self, seq: int) -> int:
+        """The start (the row's key) of the row holding `seq`, which must be kept."""
+        i = bisect_right(self.starts, seq) - 1
+        assert i >= 0 and seq < self.ends[i], f"sequence {seq} has no outcome row"
+        return self.starts[i]
+
+    def add_ok(self, seq: int, offset: int) -> tuple[int, int, int]:
+        """Keep request `seq`, ok at `offset`: it extends the run ending at seq - 1 when that run's
+        next offset is `offset`, else starts a run. Returns the run row to write: (start, offset, count)."""
+        starts, ends, offsets = self.starts, self.ends, self.offsets
+        if ends and ends[-1] <= seq:   # the common case: above every kept request
+            i = len(ends) - 1
+        else:
+            i = bisect_right(starts, seq) - 1
+            assert i < 0 or seq >= ends[i], f"sequence {seq} is kept already"
+        if i >= 0 and ends[i] == seq and offsets[i] >= 0 and offsets[i] + (seq - starts[i]) == offset:
+            ends[i] = seq + 1
+            return starts[i], offsets[i], seq + 1 - starts[i]
+        starts.insert(i + 1, seq)
+        ends.insert(i + 1, seq + 1)
+        offsets.insert(i + 1, offset)
+        return seq, offset, 1
+
+    def add_outcome(self, seq: int) -> None:
+        """Keep request `seq` in a row of its own (its `Outcome`)."""
+        starts, ends = self.starts, self.ends
+        i = len(ends) - 1 if ends and ends[-1] <= seq else bisect_right(starts, seq) - 1
+        assert i < 0 or seq >= ends[i], f"sequence {seq} is kept already"
+        starts.insert(i + 1, seq)
+        ends.insert(i + 1, seq + 1)
+        self.offsets.insert(i + 1, -1)
+
+    def remove_range(self, lo: int, hi: int) -> tuple[list[int], list[tuple[int, int, int]]]:
+        """Forget the sequences in [lo, hi). Returns the rows to delete (their starts) and the run rows
+        to write, (start, offset, count): what is left of a run the range cuts (its part from `hi` on,
+        keyed at `hi`; its part below `lo`, keyed where it was)."""
+        starts, ends, offsets = self.starts, self.ends, self.offsets
+        if lo >= hi or not starts or hi <= starts[0] or lo >= ends[-1]:
+            return [], []
+        s0, e0 = starts[0], ends[0]
+        if lo <= s0 and hi < e0:   # the common case: the oldest requests of the oldest run were answered
+            o = offsets[0]
+            assert o >= 0, "only a run row spans several sequences"
+            starts[0] = hi
+            offsets[0] = o + hi - s0
+            return [s0], [(hi, o + hi - s0, e0 - hi)]
+        first = max(bisect_right(starts, lo) - 1, 0)
+        i = first
+        deleted: list[int] = []
+        written: list[tuple[int, int, int]] = []
+        keep: list[tuple[int, int, int]] = []   # (start, end, offset)
+        while i < len(starts) and starts[i] < hi:
+            s, e, o = starts[i], ends[i], offsets[i]
+            if e <= lo:
+                keep.append((s, e, o))
+            else:
+                if s < lo:   # its part below the range stays, shorter
+                    assert o >= 0, "only a run row spans several sequences"
+                    keep.append((s, lo, o))
+                    written.append((s, o, lo - s))
+                else:
+                    deleted.append(s)
+                if e > hi:   # its part from hi on: a row keyed at hi
+                    assert o >= 0, "only a run row spans several sequences"
+                    keep.append((hi, e, o + hi - s))
+                    written.append((hi, o + hi - s, e - hi))
+            i += 1
+        starts[first:i] = [s for s, _, _ in keep]
+        ends[first:i] = [e for _, e, _ in keep]
+        offsets[first:i] = [o for _, _, o in keep]
+        return deleted, written
+
+
 class KeptOutcomes:
-    """The mirror of every session's kept outcome sequences (see the module docstring)."""
+    """The mirror of every session's kept outcome sequences (see the module docstring): a `SeqSet` per
+    session at views format levels 1 and 2 (one row per sequence), a `RunSet` from level 3 on. Cleared
+    when the level is raised, so what it holds is always of the level the views are at."""
 
     def __init__(self, max_sessions: int) -> None:
-        self._sessions: OrderedDict[int, SeqSet] = OrderedDict()
+        self._sessions: OrderedDict[int, SeqSet | RunSet] = OrderedDict()
         self._max_sessions = max_sessions
 
-    def held(self, sid: int) -> SeqSet | None:
+    def held(self, sid: int) -> SeqSet | RunSet | None:
         """The session's kept sequences if this mirror holds them (else `hold` what the views say)."""
         got = self._sessions.get(sid)
         if got is not None and len(self._sessions) > 1:
@@ -123,11 +242,20 @@ class KeptOutcomes:
         return got
 
     def hold(self, sid: int, seqs: Iterable[int]) -> SeqSet:
-        """Hold the session's kept sequences, as read from the views."""
+        """Hold the session's kept sequences, as read from the views (levels 1 and 2)."""
         got = self._sessions[sid] = SeqSet(seqs)
+        self._bound()
+        return got
+
+    def hold_rows(self, sid: int, rows: Iterable[tuple[int, int, int]]) -> RunSet:
+        """Hold the session's outcome rows, as read from the views (level 3 on; see `RunSet`)."""
+        got = self._sessions[sid] = RunSet(rows)
+        self._bound()
+        return got
+
+    def _bound(self) -> None:
         if len(self._sessions) > self._max_sessions:
             self._sessions.popitem(last=False)
-        return got
 
     def let_go(self, sid: int) -> None:
         """Forget a session (dropped, evicted, or its rows changed some other way)."""

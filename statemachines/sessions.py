@@ -26,7 +26,9 @@ burst of expiries drains over several entries instead of stalling one apply.
 Rows (column families of statemachines/store.py):
 
     client_sessions    8-byte session id -> ClientSession
-    session_outcomes   8-byte session id + 8-byte seq -> the request's Outcome
+    session_outcomes   8-byte session id + 8-byte seq -> the request's Outcome; from views format level 3
+                       (statemachines/views_format.py) an ok request extends its session's run row instead:
+                       8-byte session id + the run's first seq -> OkRun(first offset, count)
     session_deadlines  8-byte deadline (ms) + 8-byte session id -> b"" (expiry and eviction order)
     meta               b"client_sessions_live": 8-byte count of live sessions;
                        b"client_sessions_checked_ms": when entries last found no more expired sessions;
@@ -46,8 +48,9 @@ import msgspec
 
 from eventlog.errors import SESSION_EXPIRED
 from statemachines import events as ev
+from statemachines import views_format
 from statemachines.deadlines import Deadlines
-from statemachines.kept_outcomes import KeptOutcomes, SeqSet
+from statemachines.kept_outcomes import KeptOutcomes, RunSet, SeqSet
 from statemachines.state import Outcome, decode_outcome, encode
 from statemachines.store_keys import META, decode_offset, encode_offset, prefix_upper_bound
 
@@ -78,6 +81,34 @@ class ClientSession(msgspec.Struct, frozen=True, array_like=True):
 
 
 _session_decoder = msgspec.msgpack.Decoder(ClientSession)
+
+
+class OkRun(msgspec.Struct, frozen=True, array_like=True):
+    """At level 3: the outcome row of a run of a session's requests, keyed by its first sequence: the
+    `count` requests from that sequence on were ok at offsets `offset`, `offset` + 1, ... in order.
+
+    Its value is a msgpack array of 2; an `Outcome` row's is an array of 5 (`_is_run` tells them apart)."""
+
+    offset: int
+    count: int
+
+
+_run_decoder = msgspec.msgpack.Decoder(OkRun)
+_RUN_HEAD: Final = 0x92   # msgpack fixarray of 2 (an Outcome is a fixarray of 5: 0x95)
+
+
+def _is_run(raw: bytes) -> bool:
+    return raw[0] == _RUN_HEAD
+
+
+def decode_outcome_row(raw: bytes) -> OkRun | Outcome:
+    """The value of a `session_outcomes` row: a run (level 3) or one request's outcome."""
+    return _run_decoder.decode(raw) if _is_run(raw) else decode_outcome(raw)
+
+
+def _plain_ok(outcome: Outcome) -> bool:
+    """An outcome a run row can stand for: ok, nothing said, at its own offset (what a retry rebuilds)."""
+    return outcome.ok and not outcome.code and not outcome.message and not outcome.duplicate
 
 
 class Clock:
@@ -148,11 +179,12 @@ class Admission(msgspec.Struct, frozen=True):
 
     outcome: Outcome | None
     session: ClientSession | None
-    seqs: SeqSet | None = None
+    seqs: SeqSet | RunSet | None = None
 
 
-def admit(ov: Overlay, kept: KeptOutcomes, e: ev.Event, offset: int, now_ms: int) -> Admission:
-    """Decide whether the request `e` of a session (at `offset`) is applied (see the module docstring)."""
+def admit(ov: Overlay, kept: KeptOutcomes, e: ev.Event, offset: int, now_ms: int, level: int) -> Admission:
+    """Decide whether the request `e` of a session (at `offset`) is applied (see the module docstring);
+    `level`: the views format level (statemachines/views_format.py), which says how outcomes are kept."""
     sid = e.session_id
     raw = ov.get(SESSIONS, _id(sid))
     if raw is None:
@@ -164,7 +196,7 @@ def admit(ov: Overlay, kept: KeptOutcomes, e: ev.Event, offset: int, now_ms: int
         return Admission(_refused(offset, f"session {sid} expired (no request for {session.timeout_ms} ms): the "
                                           f"request may have been applied before, and is not applied again"), None)
     kept_from = session.kept_from
-    seqs = _kept_seqs(ov, kept, sid)
+    seqs = _kept_seqs(ov, kept, sid, level)
     if e.answered_below > kept_from:
         _forget(ov, seqs, sid, kept_from, e.answered_below)
         kept_from = e.answered_below
@@ -174,9 +206,13 @@ def admit(ov: Overlay, kept: KeptOutcomes, e: ev.Event, offset: int, now_ms: int
                                           f"session keeps requests from {kept_from} on): not applied again"), None)
     if e.seq not in seqs:   # no outcome row (the mirror says so without a lookup of the absent key)
         return Admission(None, session, seqs)
-    first = ov.get(OUTCOMES, _outcome_key(sid, e.seq))
+    start = seqs.row_start(e.seq) if isinstance(seqs, RunSet) else e.seq
+    first = ov.get(OUTCOMES, _outcome_key(sid, start))
     assert first is not None, f"the kept outcomes of session {sid} lost sequence {e.seq}"
-    o = decode_outcome(first)
+    o = decode_outcome_row(first)
+    if isinstance(o, OkRun):   # a run row: request `start` + i was ok at the run's offset + i
+        assert start <= e.seq < start + o.count, f"session {sid}'s run at {start} does not hold {e.seq}"
+        return Admission(Outcome(True, o.offset + e.seq - start, duplicate=True), None)
     return Admission(Outcome(o.ok, o.offset, o.code, o.message, duplicate=True), None)
 
 
@@ -187,8 +223,15 @@ def record(ov: Overlay, admitted: Admission, e: ev.Event, outcome: Outcome) -> N
         return
     session, seqs = admitted.session, admitted.seqs
     assert session is not None and seqs is not None, "record only what admit let through"
-    ov.put(OUTCOMES, _outcome_key(sid, e.seq), encode(outcome))
-    seqs.add(e.seq)
+    if isinstance(seqs, SeqSet):   # levels 1 and 2: a row per request
+        ov.put(OUTCOMES, _outcome_key(sid, e.seq), encode(outcome))
+        seqs.add(e.seq)
+    elif _plain_ok(outcome):   # level 3: the run this request extends, or a new one
+        start, first_offset, count = seqs.add_ok(e.seq, outcome.offset)
+        ov.put(OUTCOMES, _outcome_key(sid, start), encode(OkRun(first_offset, count)))
+    else:
+        ov.put(OUTCOMES, _outcome_key(sid, e.seq), encode(outcome))
+        seqs.add_outcome(e.seq)
     if e.seq >= session.kept_from + session.max_outcomes:   # keep at most max_outcomes: forget the oldest
         kept_from = e.seq - session.max_outcomes + 1
         _forget(ov, seqs, sid, session.kept_from, kept_from)
@@ -214,19 +257,41 @@ def _touch(ov: Overlay, sid: int, s: ClientSession, kept_from: int, now_ms: int)
     return s
 
 
-def _kept_seqs(ov: Overlay, kept: KeptOutcomes, sid: int) -> SeqSet:
-    """The sequences of `sid` with an outcome row: from the mirror, or read from the views into it."""
+def _kept_seqs(ov: Overlay, kept: KeptOutcomes, sid: int, level: int) -> SeqSet | RunSet:
+    """The sequences of `sid` with an outcome row (from level 3, the rows): from the mirror, or read
+    from the views into it. The mirror holds what is of the views' level (it is cleared at a raise)."""
     seqs = kept.held(sid)
     if seqs is None:
         prefix = _id(sid)
-        seqs = kept.hold(sid, [decode_offset(key[8:]) for key, _ in ov.scan(OUTCOMES, prefix,
-                                                                              prefix_upper_bound(prefix))])
+        rows = ov.scan(OUTCOMES, prefix, prefix_upper_bound(prefix))
+        if level < views_format.OUTCOME_RUNS:
+            return kept.hold(sid, [decode_offset(key[8:]) for key, _ in rows])
+        return kept.hold_rows(sid, [_row_bounds(key, value) for key, value in rows])
+    assert isinstance(seqs, RunSet) == (level >= views_format.OUTCOME_RUNS), f"the mirror holds session {sid} of another level"
     return seqs
 
 
-def _forget(ov: Overlay, seqs: SeqSet, sid: int, lo: int, hi: int) -> None:
-    """Delete the kept outcomes of sequences [lo, hi): one by one when few (a tombstone for each,
-    kept or not: the writes, hence the digest, views written before the mirror have), else those kept."""
+def _row_bounds(key: bytes, value: bytes) -> tuple[int, int, int]:
+    """(first sequence, count, offset of a run or -1) of an outcome row at level 3."""
+    start = decode_offset(key[8:])
+    if _is_run(value):
+        run = _run_decoder.decode(value)
+        return start, run.count, run.offset
+    return start, 1, -1
+
+
+def _forget(ov: Overlay, seqs: SeqSet | RunSet, sid: int, lo: int, hi: int) -> None:
+    """Delete the kept outcomes of sequences [lo, hi). Levels 1 and 2: one by one when few (a tombstone
+    for each, kept or not: the writes, hence the digest, views written before the mirror have), else
+    those kept. Level 3: each row wholly in the range, and a run it cuts rewritten (what is left of it
+    from `hi` on is keyed at `hi`)."""
+    if isinstance(seqs, RunSet):
+        deleted, written = seqs.remove_range(lo, hi)
+        for start in deleted:
+            ov.delete(OUTCOMES, _outcome_key(sid, start))
+        for start, offset, count in written:
+            ov.put(OUTCOMES, _outcome_key(sid, start), encode(OkRun(offset, count)))
+        return
     forgotten = seqs.remove_range(lo, hi)
     for seq in range(lo, hi) if hi - lo <= _FORGET_ONE_BY_ONE else forgotten:
         ov.delete(OUTCOMES, _outcome_key(sid, seq))

@@ -18,6 +18,15 @@ Levels:
    tombstone row too). A first write of a key is one row instead of two. The reads (statemachines/
    query.py) and the history pruner (prune.py) read an entity's history as its `versions` rows plus its
    entity row, so they answer alike at both levels (tests/statemachines/test_views_format.py).
+3. As 2, and a client session's consecutive ok requests share one outcome row (statemachines/
+   sessions.py `OkRun`): requests seq.. seq + n - 1 ok at offsets o.. o + n - 1 are one row keyed by
+   the session and seq, holding (o, n). A request ok at offset o + n extends the run ending at its
+   seq - 1; any other starts a run; a failed request keeps a row of its own `Outcome`, as before.
+   Which row a request extends is read from the rows (the applier's mirror of them, read again from the
+   views when it does not hold the session), so every replica writes the same rows. An entry of 100
+   puts of one session writes one outcome row instead of 100, and forgetting answered requests deletes
+   a row per run (and rewrites the run it cuts). Rows written at level 2 stay as they are and answer
+   retries as before.
 
 The rule for raising (`level_to_propose`): the leader of a group proposes the newest level every member
 of the group's configuration can apply, once each has said so (the `views_format` feature of its peer
@@ -40,8 +49,10 @@ FEATURE = "views_format"
 META_KEY = b"views_format"
 """Meta key of the views: the level, 8-byte big-endian (absent: BASE)."""
 BASE = 1
-LATEST = 2
+LATEST = 3
 """The newest level this code applies (and advertises)."""
+OUTCOME_RUNS = 3
+"""The level from which a session's consecutive ok requests share one outcome row (statemachines/sessions.py)."""
 
 LATEST_IN_ENTITY: dict[bytes, str] = {
     b"kv": "KvPut", b"offset": "OffsetCommitted", b"lease": "LeaseGranted", b"session": "SessionOpened",
@@ -61,7 +72,8 @@ def encode_level(level: int) -> bytes:
 
 
 def latest_in_entity(level: int, entity_key: bytes) -> bool:
-    """Whether a state of `entity_key` written at `level` leaves its `versions` row until it is superseded."""
+    """Whether a state of `entity_key` written at `level` leaves its `versions` row until it is superseded
+    (from level 2 on)."""
     return level >= 2 and entity_key.partition(b"/")[0] in LATEST_IN_ENTITY
 
 

@@ -226,16 +226,68 @@ class _Gen:
         return key, value
 
 
-def build_stream(seed: int, entries: int = 1500, *, history_floors: bool = False) -> Stream:
+class _ClientSessions:
+    """Entries of client-session requests (statemachines/sessions.py), as SDKs send them: a session's
+    requests batched in one entry (consecutive offsets: one outcome run at views format level 3), the
+    client saying some were answered (forgetting whole runs or cutting one), retries of kept and
+    forgotten requests, rejected requests, out-of-order commits, the `max_outcomes` bound."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.sessions: dict[int, list[int]] = {}   # session id -> [next seq, answered below]
+
+    def records(self, index: int) -> list[tuple[bytes, bytes]]:
+        rng = self.rng
+        if not self.sessions or rng.random() < 0.05:
+            self.sessions[index + 1] = [1, 1]   # the id: the opening record's offset + 1
+            return [ev.event_record(ev.ClientSessionOpened(group="kv", client=f"sdk-{index}", timeout_ms=3_600_000,
+                                                           max_outcomes=rng.choice((5, 50, 1000)), max_sessions=6))]
+        sid = rng.choice(list(self.sessions))
+        state = self.sessions[sid]
+        if rng.random() < 0.4:
+            state[1] = rng.randrange(state[1], state[0] + 1)
+        out: list[tuple[bytes, bytes]] = []
+
+        def put(seq: int, below: int, **kw: int) -> tuple[bytes, bytes]:
+            return ev.event_record(ev.KvPut(name=f"sdk/{rng.randrange(20)}", value=b"%d/%d" % (sid, seq), session_id=sid,
+                                            seq=seq, answered_below=below, v=ev.SESSIONS_SCHEMA, **kw))
+        for _ in range(rng.choice((1, 2, 5, 20, 60))):
+            r = rng.random()
+            if r < 0.08:
+                seq = rng.randrange(max(1, state[0] - 70), state[0] + 1)
+                out.append(put(seq, min(seq, state[1])))   # a retry (of a request kept, forgotten or never sent)
+            elif r < 0.11:
+                out.append(put(state[0], state[1], expected_version=999_999))   # rejected: a row of its own
+                state[0] += 1
+            else:
+                out.append(put(state[0], state[1]))
+                state[0] += 1
+        if rng.random() < 0.15:
+            rng.shuffle(out)
+        return out
+
+
+def build_stream(seed: int, entries: int = 1500, *, history_floors: bool = False,
+                 client_sessions: bool = False) -> Stream:
     """The deterministic stream of `seed`: Raft entries (record batches of 1-6 events, now and
     then a leader's NOOP) from offset 0, grouped into apply() batches of 1-12 entries. With
     `history_floors`, now and then an entry of one `HistoryPruned` event raises the history floor to
-    an offset 0-300 below its own (as the leader's compaction service does)."""
+    an offset 0-300 below its own (as the leader's compaction service does). With `client_sessions`,
+    now and then an entry of client-session requests (`_ClientSessions`; drawn from a random source of
+    its own, so the other entries are those of the stream without them)."""
     rng = random.Random(f"views-stream:{seed}")
     gen = _Gen(random.Random(rng.getrandbits(64)))
+    sessions_rng = random.Random(f"client-sessions:{seed}")
+    requests = _ClientSessions(sessions_rng)
     out: list[Entry] = []
     index, term = 0, 1
     for _ in range(entries):
+        if client_sessions and sessions_rng.random() < 0.25:
+            records = requests.records(index)
+            data = bytearray(encode_batch(records, timestamp_ms=BASE_TIMESTAMP_MS + index))
+            stamp(data, index, term)
+            out.append(Entry(index, term, len(records), EntryKind.NORMAL, bytes(data)))
+            index += len(records)
         if history_floors and rng.random() < 0.03:
             floor = max(0, index - rng.randrange(0, 300))
             data = bytearray(encode_batch([ev.event_record(ev.HistoryPruned(floor=floor, actor="epochlog/compaction"))],

@@ -10,15 +10,18 @@ batches hold the same views; snapshots carry the sessions.
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from eventlog.raft.types import Entry, EntryKind, SnapshotMeta, ConfState
 from eventlog.records import encode_batch, stamp
 from statemachines import events as ev
-from statemachines import request_ids, sessions
+from statemachines import request_ids, sessions, views_format
+from statemachines.state import Outcome
 from statemachines.store import ViewsConfig
 from statemachines.views import ViewsStateMachine
 
@@ -26,13 +29,20 @@ T0 = 1_700_000_000_000
 HOUR = 3_600_000
 
 
-class Log:
-    """One group's log: a NORMAL entry per `add`, stamped with the committed time `at` (ms)."""
+LEVELS = (1, views_format.OUTCOME_RUNS)
+"""Views format levels the session tests run at: a row per request, and a row per run of ok requests."""
 
-    def __init__(self) -> None:
+
+class Log:
+    """One group's log: a NORMAL entry per `add`, stamped with the committed time `at` (ms). At a views
+    format `level` above 1 its first entry raises the group to it (as a new cluster's first leader does)."""
+
+    def __init__(self, level: int = 1) -> None:
         self.entries: list[Entry] = []
         self.next = 0
         self.now = T0
+        if level > 1:
+            self.add(ev.ViewsFormatRaised(level=level, v=level, actor="epochlog/leader"), at=T0 - 1)
 
     def add(self, *events: ev.Event, at: int | None = None) -> Entry:
         self.now = self.now + 1 if at is None else at
@@ -62,11 +72,13 @@ def value_of(sm: ViewsStateMachine, name: str) -> bytes | None:
     return decode_state(f"kv/{name}".encode(), raw).value  # type: ignore[attr-defined, no-any-return]
 
 
-def test_a_retry_gets_the_first_outcome_whatever_the_history_floor_and_the_dedupe_window(views_dir: Any) -> None:
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_retry_gets_the_first_outcome_whatever_the_history_floor_and_the_dedupe_window(level: int,
+                                                                                       views_dir: Any) -> None:
     """The issue-17 mechanism: a retry arrives after more than the dedupe window and the history floor
     moved past its first application. With a session it is answered, never applied again."""
     sm = views_dir("a", ViewsConfig(dedupe_window_offsets=3))
-    log = Log()
+    log = Log(level)
     sid = log.open()
     first = log.add(put(sid, 1, "x", b"old", below=1))
     for i in range(2, 12):   # request 1 is still in flight (stuck on a deposed leader): below stays 1
@@ -80,9 +92,10 @@ def test_a_retry_gets_the_first_outcome_whatever_the_history_floor_and_the_dedup
     assert value_of(sm, "x") == b"v11", "the retry changed nothing"
 
 
-def test_a_request_below_what_the_session_keeps_is_refused_not_applied(views_dir: Any) -> None:
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_request_below_what_the_session_keeps_is_refused_not_applied(level: int, views_dir: Any) -> None:
     sm = views_dir("a")
-    log = Log()
+    log = Log(level)
     sid = log.open()
     log.add(put(sid, 1, "x", b"one", below=1))
     log.add(put(sid, 2, "x", b"two", below=2))      # the client saw 1 answered: the node may forget it
@@ -93,18 +106,20 @@ def test_a_request_below_what_the_session_keeps_is_refused_not_applied(views_dir
     assert value_of(sm, "x") == b"two"
 
 
-def test_an_unknown_session_is_refused(views_dir: Any) -> None:
+@pytest.mark.parametrize("level", LEVELS)
+def test_an_unknown_session_is_refused(level: int, views_dir: Any) -> None:
     sm = views_dir("a")
-    log = Log()
+    log = Log(level)
     sid = log.open()
     stray = log.add(put(sid + 1_000, 1, "x", b"1"))
     outcomes = sm.apply(log.entries)
     assert outcomes[stray.index].code == sessions.SESSION_EXPIRED and value_of(sm, "x") is None
 
 
-def test_a_session_expires_by_committed_time_and_its_retries_are_refused(views_dir: Any) -> None:
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_session_expires_by_committed_time_and_its_retries_are_refused(level: int, views_dir: Any) -> None:
     sm = views_dir("a")
-    log = Log()
+    log = Log(level)
     sid = log.open(timeout_ms=10_000, at=T0)
     applied = log.add(put(sid, 1, "x", b"1"), at=T0 + 1_000)
     log.add(ev.KvPut(name="other", value=b"-"), at=T0 + 12_000)   # time passes (another client's write)
@@ -116,9 +131,10 @@ def test_a_session_expires_by_committed_time_and_its_retries_are_refused(views_d
     assert list(sm.store.scan(sessions.OUTCOMES, b"")) == []
 
 
-def test_activity_keeps_a_session_alive(views_dir: Any) -> None:
+@pytest.mark.parametrize("level", LEVELS)
+def test_activity_keeps_a_session_alive(level: int, views_dir: Any) -> None:
     sm = views_dir("a")
-    log = Log()
+    log = Log(level)
     sid = log.open(timeout_ms=10_000, at=T0)
     for i in range(1, 8):   # a request every 6 s for 42 s: never 10 s idle
         log.add(put(sid, i, "x", f"{i}".encode()), at=T0 + 6_000 * i)
@@ -128,9 +144,11 @@ def test_activity_keeps_a_session_alive(views_dir: Any) -> None:
     assert outcomes[retry.index].duplicate
 
 
-def test_expired_sessions_are_dropped_by_later_entries_and_the_count_stays_right(views_dir: Any) -> None:
+@pytest.mark.parametrize("level", LEVELS)
+def test_expired_sessions_are_dropped_by_later_entries_and_the_count_stays_right(level: int,
+                                                                                 views_dir: Any) -> None:
     sm = views_dir("a")
-    log = Log()
+    log = Log(level)
     ids = [log.open(f"c{i}", timeout_ms=5_000, at=T0 + i) for i in range(9)]
     for i, sid in enumerate(ids):
         log.add(put(sid, 1, f"k{i}", b"v"), at=T0 + 100 + i)
@@ -143,9 +161,10 @@ def test_expired_sessions_are_dropped_by_later_entries_and_the_count_stays_right
     assert sm.store.meta(sessions.DEADLINES.live) == b"\x00" * 8
 
 
-def test_a_session_keeps_at_most_max_outcomes(views_dir: Any) -> None:
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_session_keeps_at_most_max_outcomes(level: int, views_dir: Any) -> None:
     sm = views_dir("a")
-    log = Log()
+    log = Log(level)
     sid = log.open(max_outcomes=3)
     for seq in range(1, 7):   # nothing answered: the client never raises answered_below
         log.add(put(sid, seq, f"k{seq}", b"v", below=1))
@@ -155,12 +174,14 @@ def test_a_session_keeps_at_most_max_outcomes(views_dir: Any) -> None:
     assert outcomes[kept.index].duplicate
     assert outcomes[forgotten.index].code == sessions.SESSION_EXPIRED
     assert value_of(sm, "k2") == b"v"
-    assert len(list(sm.store.scan(sessions.OUTCOMES, b""))) == 3
+    rows = list(sm.store.scan(sessions.OUTCOMES, b""))
+    assert len(rows) == (3 if level == 1 else 1), rows   # at level 3 requests 4-6 are one run (consecutive)
 
 
-def test_opening_past_max_sessions_evicts_the_one_closest_to_expiry(views_dir: Any) -> None:
+@pytest.mark.parametrize("level", LEVELS)
+def test_opening_past_max_sessions_evicts_the_one_closest_to_expiry(level: int, views_dir: Any) -> None:
     sm = views_dir("a")
-    log = Log()
+    log = Log(level)
     old = log.open("old", max_sessions=2, at=T0)
     busy = log.open("busy", max_sessions=2, at=T0 + 1)
     log.add(put(busy, 1, "b", b"1"), at=T0 + HOUR // 2)          # pushes busy's deadline on
@@ -173,9 +194,10 @@ def test_opening_past_max_sessions_evicts_the_one_closest_to_expiry(views_dir: A
     assert len(list(sm.store.scan(sessions.SESSIONS, b""))) == 2
 
 
-def test_a_closed_session_forgets_everything_and_refuses_its_retries(views_dir: Any) -> None:
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_closed_session_forgets_everything_and_refuses_its_retries(level: int, views_dir: Any) -> None:
     sm = views_dir("a")
-    log = Log()
+    log = Log(level)
     sid = log.open()
     log.add(put(sid, 1, "x", b"1"))
     log.add(ev.ClientSessionClosed(group="kv", client="c", session_id=sid, seq=2, answered_below=2,
@@ -186,9 +208,10 @@ def test_a_closed_session_forgets_everything_and_refuses_its_retries(views_dir: 
     assert list(sm.store.scan(sessions.SESSIONS, b"")) == [] and list(sm.store.scan(sessions.OUTCOMES, b"")) == []
 
 
-def test_sessions_are_equal_on_replicas_whatever_their_batches_and_survive_a_snapshot(views_dir: Any,
+@pytest.mark.parametrize("level", LEVELS)
+def test_sessions_are_equal_on_replicas_whatever_their_batches_and_survive_a_snapshot(level: int, views_dir: Any,
                                                                                         tmp_path: Path) -> None:
-    log = Log()
+    log = Log(level)
     a = log.open("a", timeout_ms=20_000, max_outcomes=4, at=T0)
     b = log.open("b", timeout_ms=20_000, max_outcomes=4, at=T0 + 1)
     for i in range(1, 30):
@@ -211,11 +234,12 @@ def test_sessions_are_equal_on_replicas_whatever_their_batches_and_survive_a_sna
     assert list(restored.store.scan(sessions.SESSIONS, b"")) == list(one_call.store.scan(sessions.SESSIONS, b""))
 
 
-def test_a_time_ordered_request_id_is_remembered_for_its_window_then_refused(views_dir: Any) -> None:
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_time_ordered_request_id_is_remembered_for_its_window_then_refused(level: int, views_dir: Any) -> None:
     """Without a session: a UUIDv7 request id's retry is a duplicate for RETENTION_MS past its time,
     whatever the dedupe window and the history floor; after it, refused, never applied again."""
     sm = views_dir("a", ViewsConfig(dedupe_window_offsets=2))
-    log = Log()
+    log = Log(level)
     rid = request_ids.uuid7(T0)
     first = log.add(ev.KvPut(name="x", value=b"1", request_id=rid), at=T0)
     for i in range(5):
@@ -243,3 +267,102 @@ def test_client_faces_refuse_request_ids_that_carry_no_time() -> None:
 def test_session_fields_are_validated(fields: dict[str, int]) -> None:
     with pytest.raises(ev.EventError):
         ev.KvPut(name="x", value=b"1", **fields).validate()
+
+
+# --- views format level 3: one outcome row per run of a session's consecutive ok requests -------------------
+
+def _rows(sm: ViewsStateMachine) -> list[tuple[int, int, sessions.OkRun | Outcome]]:
+    """(session, first sequence, value) of every outcome row, in key order."""
+    return [(*struct.unpack(">qq", k), sessions.decode_outcome_row(v)) for k, v in sm.store.scan(sessions.OUTCOMES, b"")]
+
+
+def test_ok_requests_at_consecutive_offsets_are_one_row_and_a_retry_answers_its_own_offset(views_dir: Any) -> None:
+    sm = views_dir("a")
+    log = Log(views_format.OUTCOME_RUNS)
+    sid = log.open(max_outcomes=1_000)
+    batch = log.add(*[put(sid, seq, f"k{seq}", b"v", below=1) for seq in range(1, 101)])
+    sm.apply(log.entries)
+    assert _rows(sm) == [(sid, 1, sessions.OkRun(batch.index, 100))], "an entry of 100 puts: one row"
+    more = log.add(put(sid, 101, "k101", b"v", below=1), put(sid, 102, "k102", b"v", below=1))
+    log.add(ev.KvPut(name="other", value=b"-"))   # another writer's record: the next request is not consecutive
+    after = log.add(put(sid, 103, "k103", b"v", below=1))
+    retries = log.add(*[put(sid, seq, f"k{seq}", b"again", below=1) for seq in (1, 50, 100, 101, 102, 103)])
+    outcomes = sm.apply(log.entries[-4:])
+    assert outcomes[more.index].ok and outcomes[more.index + 1].ok
+    assert _rows(sm) == [(sid, 1, sessions.OkRun(batch.index, 102)), (sid, 103, sessions.OkRun(after.index, 1))]
+    first_offset = {**{seq: batch.index + seq - 1 for seq in range(1, 103)}, 103: after.index}
+    for i, seq in enumerate((1, 50, 100, 101, 102, 103)):
+        assert outcomes[retries.index + i] == Outcome(True, first_offset[seq], duplicate=True), seq
+    assert value_of(sm, "k1") == b"v" and value_of(sm, "k103") == b"v", "no retry was applied"
+
+
+def test_a_failed_request_keeps_its_own_row_between_runs(views_dir: Any) -> None:
+    sm = views_dir("a")
+    log = Log(views_format.OUTCOME_RUNS)
+    sid = log.open()
+    one = log.add(put(sid, 1, "x", b"1", below=1), put(sid, 2, "x", b"2", below=1))
+    failed = log.add(put(sid, 3, "x", b"3", below=1, expected_version=999_999))
+    two = log.add(put(sid, 4, "x", b"4", below=1), put(sid, 5, "x", b"5", below=1))
+    retry = log.add(put(sid, 3, "x", b"3", below=1, expected_version=999_999))
+    outcomes = sm.apply(log.entries)
+    rejected = outcomes[failed.index]
+    assert not rejected.ok
+    assert _rows(sm) == [(sid, 1, sessions.OkRun(one.index, 2)), (sid, 3, rejected),
+                         (sid, 4, sessions.OkRun(two.index, 2))]
+    assert outcomes[retry.index] == msgspec.structs.replace(rejected, duplicate=True)
+
+
+def test_requests_committed_out_of_order_extend_the_run_that_ends_just_below_them(views_dir: Any) -> None:
+    sm = views_dir("a")
+    log = Log(views_format.OUTCOME_RUNS)
+    sid = log.open()
+    e = log.add(put(sid, 3, "x", b"3", below=1), put(sid, 1, "x", b"1", below=1), put(sid, 2, "x", b"2", below=1),
+                put(sid, 4, "x", b"4", below=1))
+    outcomes = sm.apply(log.entries)
+    assert [outcomes[e.index + i].offset for i in range(4)] == [e.index + i for i in range(4)]
+    # 1 and 2 are a run (offsets e+1, e+2); 3 (offset e) and 4 (e+3) are not consecutive: two rows of their own
+    assert _rows(sm) == [(sid, 1, sessions.OkRun(e.index + 1, 2)), (sid, 3, sessions.OkRun(e.index, 1)),
+                         (sid, 4, sessions.OkRun(e.index + 3, 1))]
+
+
+def test_forgetting_answered_requests_deletes_whole_runs_and_rewrites_the_one_it_cuts(views_dir: Any) -> None:
+    sm = views_dir("a")
+    log = Log(views_format.OUTCOME_RUNS)
+    sid = log.open()
+    run = log.add(*[put(sid, seq, f"k{seq}", b"v", below=1) for seq in range(1, 11)])
+    nxt = log.add(put(sid, 11, "k11", b"v", below=4))   # 1-3 answered: the run is cut at 4; 11 extends it
+    sm.apply(log.entries)
+    assert _rows(sm) == [(sid, 4, sessions.OkRun(run.index + 3, 8))]
+    assert nxt.index == run.index + 10
+    late = log.add(put(sid, 3, "k3", b"again", below=1))
+    kept = log.add(put(sid, 4, "k4", b"again", below=4), put(sid, 10, "k10", b"again", below=4))
+    outcomes = sm.apply(log.entries[-2:])
+    assert outcomes[late.index].code == sessions.SESSION_EXPIRED
+    assert outcomes[kept.index] == Outcome(True, run.index + 3, duplicate=True)
+    assert outcomes[kept.index + 1] == Outcome(True, run.index + 9, duplicate=True)
+    log.add(ev.KvPut(name="other", value=b"-"))
+    new = log.add(put(sid, 12, "k12", b"v", below=12))   # everything below 12 answered: the run goes whole
+    sm.apply(log.entries[-2:])
+    assert _rows(sm) == [(sid, 12, sessions.OkRun(new.index, 1))]
+
+
+def test_a_session_whose_outcomes_were_kept_a_row_per_request_goes_on_in_runs_after_the_raise(
+        views_dir: Any) -> None:
+    sm = views_dir("a")
+    log = Log(1)
+    sid = log.open()
+    old = log.add(put(sid, 1, "x", b"1"), put(sid, 2, "x", b"2", below=1))
+    sm.apply(log.entries)
+    assert [seq for _, seq, _ in _rows(sm)] == [1, 2]
+    log.add(ev.ViewsFormatRaised(level=views_format.OUTCOME_RUNS, v=views_format.OUTCOME_RUNS))
+    new = log.add(put(sid, 3, "x", b"3", below=1), put(sid, 4, "x", b"4", below=1))
+    retry = log.add(put(sid, 2, "x", b"2", below=1), put(sid, 4, "x", b"4", below=1))
+    outcomes = sm.apply(log.entries[-3:])
+    assert sm.applier.level == views_format.OUTCOME_RUNS
+    assert _rows(sm) == [(sid, 1, Outcome(True, old.index)), (sid, 2, Outcome(True, old.index + 1)),
+                         (sid, 3, sessions.OkRun(new.index, 2))]
+    assert outcomes[retry.index] == Outcome(True, old.index + 1, duplicate=True)
+    assert outcomes[retry.index + 1] == Outcome(True, new.index + 1, duplicate=True)
+    cut = log.add(put(sid, 5, "x", b"5", below=4))
+    sm.apply(log.entries[-1:])
+    assert _rows(sm) == [(sid, 4, sessions.OkRun(new.index + 1, 1)), (sid, 5, sessions.OkRun(cut.index, 1))]

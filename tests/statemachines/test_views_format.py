@@ -1,13 +1,15 @@
 """The views format level (statemachines/views_format.py): raised by a committed event, kept by restarts
-and snapshots, refused (halted on) when this code does not know it, and level 2 answering every read as
-level 1 does.
+and snapshots, refused (halted on) when this code does not know it, and levels 2 and 3 answering every
+read as level 1 does.
 
 Two replicas apply the same seeded stream (tests/statemachines/crash_child.build_stream: every family of
-events, rejections, retries, history floors), except for one entry: `level2` raises its format to 2 there
-(`ViewsFormatRaised`), `level1` applies a record that changes nothing in its place. Both are pruned at
-random moments. At sampled apply boundaries they must give the same outcomes and the same answer to every
-read: get and list at the head and `as_of` from the floor to the applied offset, and the history of every
-entity; after a full pruning pass, and after a restart and a snapshot restore of `level2`, too.
+events, rejections, retries, history floors, client sessions' batched requests), except for one entry:
+`raised` raises its format to 2 or 3 there (`ViewsFormatRaised`), `level1` applies a record that changes
+nothing in its place. Both are pruned at random moments. At sampled apply boundaries they must give the
+same outcomes, keep the same session outcomes (at level 3 a run row read request by request), and give the
+same answer to every read: get and list at the head and `as_of` from the floor to the applied offset, and
+the history of every entity; after a full pruning pass, and after a restart and a snapshot restore of
+`raised`, too.
 
 Seeds are printed; replay with EPOCHLOG_VIEWS_FORMAT_SEED=<seed>.
 """
@@ -29,13 +31,14 @@ from statemachines.state import decode_version
 from statemachines.store import DIGEST, cf_for, decode_offset
 from statemachines.views import ViewsStateMachine
 from tests.statemachines.crash_child import CONFIG, build_stream
+from tests.statemachines.test_kept_outcomes import _kept_per_request
 from tests.statemachines.test_prune import _entities, _offsets, _reads
 from tests.support.seeds import collection_seeds
 
 
 def _seeds() -> list[int]:
     env = os.environ.get("EPOCHLOG_VIEWS_FORMAT_SEED")
-    return [int(env)] if env else collection_seeds("test_level_2_answers_every_read_as_level_1", 3)
+    return [int(env)] if env else collection_seeds("test_a_raised_level_answers_every_read_as_level_1", 3)
 
 
 def _entry(index: int, term: int, *events: ev.Event, timestamp_ms: int = 0) -> Entry:
@@ -46,6 +49,10 @@ def _entry(index: int, term: int, *events: ev.Event, timestamp_ms: int = 0) -> E
 
 
 RAISE = ev.ViewsFormatRaised(level=2, v=2, actor="epochlog/leader")
+
+
+def _raise(level: int) -> ev.ViewsFormatRaised:
+    return ev.ViewsFormatRaised(level=level, v=level, actor="epochlog/leader")
 NOTHING = ev.HistoryPruned(floor=0, actor="epochlog/compaction")   # never lowers a floor: changes no read
 
 
@@ -68,75 +75,77 @@ def _hidden_at_level_2(sm: ViewsStateMachine, floor: int) -> list[bytes]:
     return hidden
 
 
+@pytest.mark.parametrize("level", [2, views_format.OUTCOME_RUNS])
 @pytest.mark.parametrize("seed", _seeds())
-def test_level_2_answers_every_read_as_level_1(tmp_path: Path, seed: int) -> None:
+def test_a_raised_level_answers_every_read_as_level_1(tmp_path: Path, seed: int, level: int) -> None:
     print(f"seed={seed} (EPOCHLOG_VIEWS_FORMAT_SEED={seed} replays)")
     rng = random.Random(seed)
-    stream = build_stream(seed, 700, history_floors=True)
+    stream = build_stream(seed, 700, history_floors=True, client_sessions=True)
     noops = [i for i, e in enumerate(stream.entries) if e.kind is EntryKind.NOOP]
     at = rng.choice(noops[:1] + noops)   # the first leader's noop (a new cluster) or a later one (an upgrade)
     where = stream.entries[at]
     entries1 = list(stream.entries)
     entries2 = list(stream.entries)
     entries1[at] = _entry(where.index, where.term, NOTHING)
-    entries2[at] = _entry(where.index, where.term, RAISE)
+    entries2[at] = _entry(where.index, where.term, _raise(level))
     level1 = ViewsStateMachine(tmp_path / "level1", CONFIG)
-    level2 = ViewsStateMachine(tmp_path / "level2", CONFIG)
+    raised = ViewsStateMachine(tmp_path / "raised", CONFIG)
     compared = 0
     try:
         for i, (lo, hi) in enumerate(stream.batches):
-            got1, got2 = level1.apply(entries1[lo:hi]), level2.apply(entries2[lo:hi])
+            got1, got2 = level1.apply(entries1[lo:hi]), raised.apply(entries2[lo:hi])
             got1.pop(where.index, None)
-            raised = got2.pop(where.index, None)
-            assert raised is None or raised.ok, raised
+            raise_outcome = got2.pop(where.index, None)
+            assert raise_outcome is None or raise_outcome.ok, raise_outcome
             assert got1 == got2
-            for sm in (level1, level2):
+            assert _kept_per_request(raised) == _kept_per_request(level1)
+            for sm in (level1, raised):
                 while rng.random() < 0.4:
                     sm.prune_step(rng.choice((1, 3, 10, 50, 400)), eager=rng.random() < 0.5)
             if rng.random() < 0.06 or i == len(stream.batches) - 1:
                 applied = level1.applied_index
-                assert level2.applied_index == applied
+                assert raised.applied_index == applied
                 floor = level1.store.history_floor
                 entities = _entities(level1)
                 offsets = _offsets(rng, floor, applied)
-                assert _reads(Query(level2.store, "g"), entities, offsets) == _reads(Query(level1.store, "g"),
+                assert _reads(Query(raised.store, "g"), entities, offsets) == _reads(Query(level1.store, "g"),
                                                                                       entities, offsets)
                 compared += 1
-        assert level2.applier.level == 2 and level1.applier.level == 1
+        assert raised.applier.level == level and level1.applier.level == 1
         floor = level1.store.history_floor
         assert floor > 0, "the stream raised the floor"
-        for sm in (level1, level2):
+        for sm in (level1, raised):
             while sm.pruner.busy or sm.pruner.counters.pruned_floor < floor:
                 sm.prune_step(100, eager=True)
-        assert not _hidden_at_level_2(level2, floor)
+        assert not _hidden_at_level_2(raised, floor)
         rows1 = sum(1 for _ in level1.store.scan("versions", b""))
-        rows2 = sum(1 for _ in level2.store.scan("versions", b""))
+        rows2 = sum(1 for _ in raised.store.scan("versions", b""))
         entities = _entities(level1)
         offsets = _offsets(rng, floor, level1.applied_index)
         want = _reads(Query(level1.store), entities, offsets)
-        assert _reads(Query(level2.store), entities, offsets) == want
+        assert _reads(Query(raised.store), entities, offsets) == want
 
         # A restart and a snapshot keep the level and the answers.
-        level2.close()
-        level2 = ViewsStateMachine(tmp_path / "level2", CONFIG)
-        assert level2.applier.level == 2
-        assert _reads(Query(level2.store), entities, offsets) == want
+        raised.close()
+        raised = ViewsStateMachine(tmp_path / "raised", CONFIG)
+        assert raised.applier.level == level
+        assert _reads(Query(raised.store), entities, offsets) == want
         snapshot = tmp_path / "snap.tar"
-        level2.write_snapshot(snapshot)
+        raised.write_snapshot(snapshot)
         restored = ViewsStateMachine(tmp_path / "restored", CONFIG)
         try:
-            restored.restore(snapshot, SnapshotMeta(level2.applied_index, 1, ()))  # type: ignore[call-arg]
-            assert restored.applier.level == 2 and restored.digest == level2.digest
+            restored.restore(snapshot, SnapshotMeta(raised.applied_index, 1, ()))  # type: ignore[call-arg]
+            assert restored.applier.level == level and restored.digest == raised.digest
             assert _reads(Query(restored.store), entities, offsets) == want
         finally:
             restored.close()
         print(f"raised at offset {where.index}, floor {floor}, applied {level1.applied_index}: versions rows "
-              f"{rows1} at level 1, {rows2} at level 2 (pruned to the floor); reads compared at {compared} "
+              f"{rows1} at level 1, {rows2} at level {level} (pruned to the floor); reads compared at {compared} "
               f"boundaries")
         assert rows2 < rows1
     finally:
         level1.close()
-        level2.close()
+        raised.close()
 
 
 def test_a_raise_is_kept_once_chained_into_the_digest_and_never_lowered(tmp_path: Path) -> None:

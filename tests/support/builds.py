@@ -8,8 +8,10 @@
   put of that version as it applies one of this tree's);
 - `views-format-1`: an Epochlog that knows views format level 1 only (statemachines/views_format.py): its
   peer hello says so, and it halts on a raise to level 2 as on any newer schema;
-- `views-format-1-stale`: the same node whose hello still says level 2 (a node downgraded while its
-  peers remember it, or one that lies): the leader raises the level and this node halts there.
+- `views-format-1-stale`: the same node whose hello still says the newest level (a node downgraded while
+  its peers remember it, or one that lies): the leader raises the level and this node halts there;
+- `views-format-2`: an Epochlog that knows views format levels 1 and 2 only (before a session's ok
+  requests shared outcome rows): its hello says 2, and it halts on a raise to level 3.
 
 Everything else is the code of this tree; the build is changed before the CLI starts.
 """
@@ -20,7 +22,7 @@ import sys
 
 from statemachines import events as ev
 
-BUILDS = ("unchecked", "kvput-newer", "views-format-1", "views-format-1-stale")
+BUILDS = ("unchecked", "kvput-newer", "views-format-1", "views-format-1-stale", "views-format-2")
 
 
 def _unchecked_record(event: ev.Event) -> tuple[bytes, bytes]:
@@ -45,12 +47,13 @@ def main(argv: list[str]) -> None:
         ViewsStateMachine.expect = _expect_nothing  # type: ignore[method-assign]
     elif build == "kvput-newer":
         ev.KvPut.VERSION += 1
-    elif build in ("views-format-1", "views-format-1-stale"):
+    elif build in ("views-format-1", "views-format-1-stale", "views-format-2"):
         from statemachines import views_format
 
-        ev.ViewsFormatRaised.VERSION = 1   # a raise to level 2 (v=2) is a newer schema: it halts there
-        if build == "views-format-1":
-            views_format.LATEST = 1        # what its hello advertises, and the most it would raise to
+        known = 2 if build == "views-format-2" else 1
+        ev.ViewsFormatRaised.VERSION = known   # a raise to a higher level (v = level) is a newer schema: halts
+        if build != "views-format-1-stale":
+            views_format.LATEST = known        # what its hello advertises, and the most it would raise to
     else:
         raise SystemExit(f"unknown build {build!r} (builds: {', '.join(BUILDS)})")
     from epochlog.cli import main as cli_main

@@ -27,6 +27,7 @@ import pytest
 
 from epochlog.client import Client, OutcomeUnknownError
 from statemachines import events as ev
+from statemachines import views_format
 from statemachines.request_ids import uuid7
 from statemachines.sessions import SESSION_EXPIRED
 from tests.support.nodes import NodeCluster
@@ -130,6 +131,46 @@ def test_a_session_retry_across_a_leader_change_and_a_snapshot_install_gets_the_
         assert retry[0] == first[0] and retry[5] and retry[2], f"not the first outcome: {retry} (first {first})"
         got = client.get("eo/session")
         assert got is not None and got.value == last
+
+
+def test_a_batch_of_session_requests_retried_after_the_leader_is_killed_gets_each_first_outcome(
+        node_cluster_factory: Callable[..., NodeCluster]) -> None:
+    """At views format level 3 a write of consecutive requests of a session is kept as one outcome row
+    (a run, statemachines/sessions.py): after the leader is killed, the new leader answers each retried
+    request, the whole batch, a request from its middle and one out of order, with its own first offset,
+    and applies none of them again; the requests after them go on extending and forgetting runs."""
+    cluster = node_cluster_factory()
+    cluster.start()
+    cluster.wait_views_format(views_format.LATEST)
+    assert views_format.LATEST >= views_format.OUTCOME_RUNS
+    leader = cluster.leader("kv")
+    (opened,) = raw_write(cluster.endpoint(leader), [as_dict(ev.ClientSessionOpened(group="kv", client="qa/run"))])
+    session = opened[0] + 1
+
+    def batch(seqs: list[int], value: bytes, below: int) -> list[dict[str, Any]]:
+        return [as_dict(ev.KvPut(name=f"eo/run/{seq}", value=value, session_id=session, seq=seq,
+                                 answered_below=below, v=ev.SESSIONS_SCHEMA)) for seq in seqs]
+
+    first = raw_write(cluster.endpoint(leader), batch(list(range(1, 31)), b"first", 1))
+    assert all(r[2] and not r[5] for r in first), first
+    offsets = [r[0] for r in first]
+    assert offsets == list(range(offsets[0], offsets[0] + 30)), "one entry: consecutive offsets, one run"
+    cluster.kill9(leader)                            # the answers are lost with it, say
+    new_leader = cluster.leader("kv", among=[n for n in cluster.nodes if n != leader], timeout=30.0)
+    retried = raw_write(cluster.endpoint(new_leader), batch(list(range(1, 31)), b"again", 1))
+    assert [(r[0], r[2], r[5]) for r in retried] == [(o, True, True) for o in offsets], retried
+    (middle, late) = raw_write(cluster.endpoint(new_leader), batch([17, 3], b"again", 1))
+    assert (middle[0], middle[5]) == (offsets[16], True) and (late[0], late[5]) == (offsets[2], True)
+    # Requests 1-10 answered: the run is cut; the next requests go on; 12 retried answers its own offset.
+    more = raw_write(cluster.endpoint(new_leader), batch(list(range(31, 41)), b"more", 11))
+    assert all(r[2] and not r[5] for r in more), more
+    (twelve,) = raw_write(cluster.endpoint(new_leader), batch([12], b"again", 11))
+    (five,) = raw_write(cluster.endpoint(new_leader), batch([5], b"again", 5))
+    assert (twelve[0], twelve[5]) == (offsets[11], True), twelve
+    assert not five[2] and five[3] == SESSION_EXPIRED, five
+    with Client([cluster.endpoint(new_leader)], timeout=20.0) as client:
+        assert [client.get(f"eo/run/{seq}").value for seq in (1, 12, 17, 30)] == [b"first"] * 4  # type: ignore[union-attr]
+        assert client.get("eo/run/40").value == b"more"   # type: ignore[union-attr]
 
 
 def _transfer_to(client: Client, cluster: NodeCluster, target: int) -> bool:

@@ -4,9 +4,11 @@
    peer hello says it applies it; every node says so in its status, and the replicas' digests agree.
 2. A rolling upgrade: with one member that knows level 1 only (tests/support/builds.py `views-format-1`)
    every group stays at level 1 while writes go on; once that member runs this tree the leader raises
-   the level. A member that said it applies level 2 but cannot (`views-format-1-stale`) halts the group at
-   the raise (the poison path: no exit, status says where); upgraded, it applies it and catches up with
-   equal views.
+   the level. A member that said it applies the newest level but cannot (`views-format-1-stale`) halts the
+   group at the raise (the poison path: no exit, status says where); upgraded, it applies it and catches up
+   with equal views. With a member that knows levels 1-2 only (`views-format-2`) the groups stop at level
+   2; upgraded, they rise to 3 while an SDK client's session goes on writing batches: its outcomes kept a
+   row per request before the raise and a row per run after it, and the replicas' views stay equal.
 3. `member add` refuses a node whose hello says it applies a lower level than the groups are at (it would
    read a snapshot of level-2 views as level 1), and adds the same node once it runs this tree.
 """
@@ -19,6 +21,7 @@ from collections.abc import Callable
 import pytest
 
 from epochlog.client import Client, ClientError
+from statemachines import events as ev
 from statemachines import views_format
 from tests.support.nodes import NodeCluster
 from tests.support.wait import wait_until
@@ -64,15 +67,15 @@ def test_an_older_member_keeps_level_1_until_it_runs_code_that_applies_level_2(
         for group in GROUPS:
             assert _levels(cluster, group) == [1, 1, 1], group
 
-        # The member comes back with a hello that says level 2 but code that cannot apply it: the leader
-        # raises the level and that member halts there, no exit; the others go on at level 2.
+        # The member comes back with a hello that says the newest level but code that cannot apply it: the
+        # leader raises the level and that member halts there, no exit; the others go on at that level.
         cluster.nodes[3].build = "views-format-1-stale"
         cluster.restart(3)
-        _wait_level(cluster, 2, (1, 2))
+        _wait_level(cluster, views_format.LATEST, (1, 2))
         wait_until(lambda: all((g := cluster.group_status(3, group)) is not None and g.halted is not None
                                for group in GROUPS), 30, "node 3 halted at the raise in every group")
         halt = cluster.group_status(3, "kv").halted   # type: ignore[union-attr]
-        assert halt is not None and "ViewsFormatRaised version 2 is newer" in halt.reason, halt
+        assert halt is not None and f"ViewsFormatRaised version {views_format.LATEST} is newer" in halt.reason, halt
         assert cluster.nodes[3].running
         after = client.put("app/after", b"2").offset
         assert client.get("app/before", as_of=before).value == b"1"
@@ -81,7 +84,31 @@ def test_an_older_member_keeps_level_1_until_it_runs_code_that_applies_level_2(
     cluster.nodes[3].build = None
     cluster.restart(3)
     assert cluster.wait_applied(3, "kv", after, timeout=30).halted is None
+    _wait_level(cluster, views_format.LATEST)
+    views = cluster.stop_converged(["kv"])["kv"]
+    assert len(set(views.values())) == 1, f"applied offsets and digests differ: {views}"
+
+
+def test_a_member_that_knows_level_2_holds_the_groups_there_until_upgraded_and_sessions_go_on(
+        node_cluster_factory: Callable[..., NodeCluster]) -> None:
+    assert views_format.LATEST == views_format.OUTCOME_RUNS == 3
+    cluster = node_cluster_factory()
+    cluster.nodes[3].build = "views-format-2"
+    cluster.start()
     _wait_level(cluster, 2)
+    with Client(cluster.endpoints, timeout=20) as client:
+        first = client.commands([ev.KvPut(name=f"app/s/{i}", value=b"2") for i in range(50)])
+        time.sleep(2.0)   # a leader checks at every tick: it had every chance to raise past 2
+        for group in GROUPS:
+            assert _levels(cluster, group) == [2, 2, 2], group
+        cluster.nodes[3].build = None
+        cluster.restart(3)
+        _wait_level(cluster, views_format.LATEST)
+        last = client.commands([ev.KvPut(name=f"app/s/{i}", value=b"3") for i in range(50)])   # the same session
+        assert all(r.ok for r in first + last)
+        assert client.get("app/s/7").value == b"3"   # type: ignore[union-attr]
+    for n in (1, 2, 3):
+        cluster.wait_applied(n, "kv", last[-1].offset)
     views = cluster.stop_converged(["kv"])["kv"]
     assert len(set(views.values())) == 1, f"applied offsets and digests differ: {views}"
 
