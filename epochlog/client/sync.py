@@ -62,7 +62,9 @@ class Client:
             self._run(self.aio.close())
         except DeadlineExceededError:
             pass   # a stuck loop: its connections go with it
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        # Not a bare loop.stop: a call the stuck loop has not started yet (close's own, above) would be
+        # left a task never stepped, and its coroutine "never awaited".
+        asyncio.run_coroutine_threadsafe(_cancel_tasks_then_stop(), self._loop)
         self._thread.join()
         self._loop.close()
 
@@ -173,3 +175,13 @@ class Client:
         finally:
             stop.set()
             future.cancel()
+
+
+async def _cancel_tasks_then_stop() -> None:
+    """Cancel every other task of the running loop, wait for them to end, then stop the loop."""
+    loop = asyncio.get_running_loop()
+    tasks = [t for t in asyncio.all_tasks(loop) if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    loop.stop()
