@@ -35,16 +35,13 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 
 
-class SeqSet:
-    """A set of sequences as sorted disjoint half-open intervals [starts[i], ends[i]), none adjacent."""
+class _Ranges:
+    """Sequences as sorted disjoint half-open ranges [starts[i], ends[i]): membership, iteration, size."""
 
     __slots__ = ("starts", "ends")
 
-    def __init__(self, seqs: Iterable[int] = ()) -> None:
-        self.starts: list[int] = []
-        self.ends: list[int] = []
-        for s in sorted(seqs):
-            self.add(s)
+    starts: list[int]
+    ends: list[int]
 
     def __contains__(self, seq: int) -> bool:
         ends = self.ends
@@ -59,6 +56,18 @@ class SeqSet:
 
     def __len__(self) -> int:
         return sum(hi - lo for lo, hi in zip(self.starts, self.ends, strict=True))
+
+
+class SeqSet(_Ranges):
+    """A set of sequences as sorted disjoint half-open intervals [starts[i], ends[i]), none adjacent."""
+
+    __slots__ = ()
+
+    def __init__(self, seqs: Iterable[int] = ()) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        for s in sorted(seqs):
+            self.add(s)
 
     def add(self, seq: int) -> None:
         starts, ends = self.starts, self.ends
@@ -113,7 +122,7 @@ class SeqSet:
         return removed
 
 
-class RunSet:
+class RunSet(_Ranges):
     """The outcome rows of a session at views format level 3 (statemachines/sessions.py): sorted disjoint
     sequence ranges [starts[i], ends[i]), each one row keyed by its start. `offsets[i]` >= 0: a run row,
     the requests starts[i].. ends[i] - 1 ok at offsets offsets[i].. in order; -1: a row holding the one
@@ -121,7 +130,7 @@ class RunSet:
     (a run never absorbs the next row): the mirror holds rows, not merely sequences, because which row
     a request extends is decided from them and must be what every replica's views say."""
 
-    __slots__ = ("starts", "ends", "offsets")
+    __slots__ = ("offsets",)
 
     def __init__(self, rows: Iterable[tuple[int, int, int]] = ()) -> None:
         """`rows`: (start, count, offset or -1) in start order, as read from the views."""
@@ -133,20 +142,6 @@ class RunSet:
             self.starts.append(start)
             self.ends.append(start + count)
             self.offsets.append(offset)
-
-    def __contains__(self, seq: int) -> bool:
-        ends = self.ends
-        if ends and ends[-1] <= seq:   # the common case: a new request above every kept one
-            return False
-        i = bisect_right(self.starts, seq) - 1
-        return i >= 0 and seq < ends[i]
-
-    def __iter__(self) -> Iterator[int]:
-        for lo, hi in zip(self.starts, self.ends, strict=True):
-            yield from range(lo, hi)
-
-    def __len__(self) -> int:
-        return sum(hi - lo for lo, hi in zip(self.starts, self.ends, strict=True))
 
     def rows(self) -> list[tuple[int, int, int]]:
         """(start, count, offset or -1) of every row, in order (what `__init__` takes)."""
