@@ -18,7 +18,7 @@ Each stall is observed into a histogram (`epochlog_loop_stall_seconds`, epochlog
 its own part into `epochlog_loop_stall_own_seconds`; a stall longer than `[cluster]
 loop_stall_warning_ms` is counted and logged at WARNING with its wait for a CPU, at most one line per
 `WARNING_EVERY_S` (the line says how many more there were, and the longest). Cost: one timer
-wake-up and one 100-byte `pread` per tick. Without schedstat (another kernel) the wait is unknown
+wake-up and one short `pread` per tick. Without schedstat (another kernel) the wait is unknown
 and the whole stall counts as the node's own.
 
 Call from the node's loop.

@@ -157,11 +157,7 @@ class RunSet(_Ranges):
         """Keep request `seq`, ok at `offset`: it extends the run ending at seq - 1 when that run's
         next offset is `offset`, else starts a run. Returns the run row to write: (start, offset, count)."""
         starts, ends, offsets = self.starts, self.ends, self.offsets
-        if ends and ends[-1] <= seq:   # the common case: above every kept request
-            i = len(ends) - 1
-        else:
-            i = bisect_right(starts, seq) - 1
-            assert i < 0 or seq >= ends[i], f"sequence {seq} is kept already"
+        i = self._below(seq)
         if i >= 0 and ends[i] == seq and offsets[i] >= 0 and offsets[i] + (seq - starts[i]) == offset:
             ends[i] = seq + 1
             return starts[i], offsets[i], seq + 1 - starts[i]
@@ -172,12 +168,19 @@ class RunSet(_Ranges):
 
     def add_outcome(self, seq: int) -> None:
         """Keep request `seq` in a row of its own (its `Outcome`)."""
-        starts, ends = self.starts, self.ends
-        i = len(ends) - 1 if ends and ends[-1] <= seq else bisect_right(starts, seq) - 1
-        assert i < 0 or seq >= ends[i], f"sequence {seq} is kept already"
-        starts.insert(i + 1, seq)
-        ends.insert(i + 1, seq + 1)
+        i = self._below(seq)
+        self.starts.insert(i + 1, seq)
+        self.ends.insert(i + 1, seq + 1)
         self.offsets.insert(i + 1, -1)
+
+    def _below(self, seq: int) -> int:
+        """The index of the last row below `seq`, which must not be kept (-1: none)."""
+        ends = self.ends
+        if ends and ends[-1] <= seq:   # the common case: above every kept request
+            return len(ends) - 1
+        i = bisect_right(self.starts, seq) - 1
+        assert i < 0 or seq >= ends[i], f"sequence {seq} is kept already"
+        return i
 
     def remove_range(self, lo: int, hi: int) -> tuple[list[int], list[tuple[int, int, int]]]:
         """Forget the sequences in [lo, hi). Returns the rows to delete (their starts) and the run rows
