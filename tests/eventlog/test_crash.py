@@ -46,7 +46,7 @@ from eventlog.records import check_batch
 from tests.eventlog import crash_child as child
 
 ROOT = Path(__file__).resolve().parents[2]
-ROUNDS = int(os.environ.get("EPOCHLOG_CRASH_ROUNDS", "48"))
+ROUNDS = int(os.environ.get("EPOCHLOG_CRASH_ROUNDS", "32"))
 START_TIMEOUT_S = 20.0
 
 

@@ -1,6 +1,6 @@
 """The deterministic cluster simulator under pytest.
 
-- the swarm campaign: 600 consecutive seeds from a random start, so that each run covers seeds the
+- the swarm campaign: 400 consecutive seeds from a random start, so that each run covers seeds the
   last did not (printed; EPOCHLOG_SIM_SEEDS / EPOCHLOG_SIM_START / EPOCHLOG_SIM_JOBS to change), two
   worker processes; any failing seed is listed with its replay command;
 - replay is exact: a seed gives the same run in-process, in another process, under another hash
@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_swarm_campaign() -> None:
-    seeds = int(os.environ.get("EPOCHLOG_SIM_SEEDS", "600"))
+    seeds = int(os.environ.get("EPOCHLOG_SIM_SEEDS", "400"))
     env_start = os.environ.get("EPOCHLOG_SIM_START")
     start = int(env_start) if env_start else random.SystemRandom().randrange(1_000_000)
     jobs = int(os.environ.get("EPOCHLOG_SIM_JOBS", "2"))

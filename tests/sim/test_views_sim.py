@@ -1,6 +1,6 @@
 """The simulator with the views shadow (views_shadow.py): real RocksDB views on every replica.
 
-- the swarm campaign with views: EPOCHLOG_SIM_VIEWS_SEEDS seeds (default 30) from
+- the swarm campaign with views: EPOCHLOG_SIM_VIEWS_SEEDS seeds (default 20) from
   EPOCHLOG_SIM_VIEWS_START (default 0) on EPOCHLOG_SIM_VIEWS_JOBS (default 2) worker processes;
   every invariant of the simulator holds, and views-digest too: replicas at the same offset hold
   the same views digest whatever batches they applied, through crashes, torn writes, partitions,
@@ -25,7 +25,7 @@ from tests.sim.views_shadow import ViewsShadow
 
 
 def test_views_swarm_campaign() -> None:
-    seeds = int(os.environ.get("EPOCHLOG_SIM_VIEWS_SEEDS", "30"))
+    seeds = int(os.environ.get("EPOCHLOG_SIM_VIEWS_SEEDS", "20"))
     start = int(os.environ.get("EPOCHLOG_SIM_VIEWS_START", "0"))
     jobs = int(os.environ.get("EPOCHLOG_SIM_VIEWS_JOBS", "2"))
     rs = list(results(start, seeds, jobs=jobs, views=True))

@@ -166,7 +166,7 @@ def _apply(sm: ViewsStateMachine, entries: list[Entry], log: list[Entry]) -> dic
     return outcomes
 
 
-@pytest.mark.parametrize("seed", _seeds("test_views_with_the_mirror_are_the_views_without_it", 6))
+@pytest.mark.parametrize("seed", _seeds("test_views_with_the_mirror_are_the_views_without_it", 4))
 def test_views_with_the_mirror_are_the_views_without_it(tmp_path: Path, seed: int) -> None:
     print(f"seed={seed}")
     rng = random.Random(seed)
@@ -321,7 +321,7 @@ def _unextended_runs(sm: ViewsStateMachine) -> list[bytes]:
     return wrong
 
 
-@pytest.mark.parametrize("seed", _seeds("test_outcome_runs_keep_what_a_row_per_request_keeps", 6))
+@pytest.mark.parametrize("seed", _seeds("test_outcome_runs_keep_what_a_row_per_request_keeps", 3))
 def test_outcome_runs_keep_what_a_row_per_request_keeps(tmp_path: Path, seed: int) -> None:
     """One random session history applied by three replicas: `rows` at level 1 (a row per request, every
     answer read from RocksDB: the reference), and at level 3 `runs` with the mirror (holding fewer sessions

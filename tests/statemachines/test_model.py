@@ -58,7 +58,7 @@ from tests.statemachines.harness import (
 from tests.statemachines.model import Model
 
 WINDOW = 6
-EXAMPLES = int(os.environ.get("VIEWS_MODEL_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("VIEWS_MODEL_EXAMPLES", "40"))
 
 
 class ViewsVersusModel(RuleBasedStateMachine):

@@ -38,7 +38,7 @@ from tests.support.seeds import collection_seeds
 
 def _seeds() -> list[int]:
     env = os.environ.get("EPOCHLOG_VIEWS_FORMAT_SEED")
-    return [int(env)] if env else collection_seeds("test_a_raised_level_answers_every_read_as_level_1", 3)
+    return [int(env)] if env else collection_seeds("test_a_raised_level_answers_every_read_as_level_1", 2)
 
 
 def _entry(index: int, term: int, *events: ev.Event, timestamp_ms: int = 0) -> Entry:
