@@ -15,16 +15,53 @@ suite's JVMs compile with C1 only and collect with the serial collector (SPARK_S
 spark-submit for the driver JVM; outside the suite the product's defaults stay). Measured on the shared
 2-core machine, runs interleaved: the JVM's own CPU time (/proc) for a local session's start 14.2, 13.4 s
 -> 8.6, 7.5 s and for its first two queries 7.1, 7.0 s -> 4.2, 3.7 s (load 21-23); wall time of
-test_export_cli_output (one `epochlog export` process) 159, 196 s -> 151, 130 s (load 9-22). Nothing a
-test asserts depends on the JIT; set SPARK_SUBMIT_OPTS yourself (even empty) to run the suite with your
-own JVM options.
+test_export_cli_output (one `epochlog export` process) 159, 196 s -> 151, 130 s (load 9-22). They also
+map a class-data-sharing archive of Spark's classes once one is made (tests/support/spark_cds.py: the
+suite makes it beside its first tests, once per machine). Nothing a test asserts depends on the JIT
+or the archive; set SPARK_SUBMIT_OPTS yourself (even empty) to run the suite with your own JVM options.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import spark_cds
 
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
+JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+CDS_ARCHIVE_ENV = "EPOCHLOG_TEST_SPARK_CDS"
+"""The archive's path, when the suite sets the JVMs' options (xdist's workers inherit it)."""
+
+if "SPARK_SUBMIT_OPTS" not in os.environ:
+    os.environ[CDS_ARCHIVE_ENV] = str(spark_cds.archive_path(JVM_OPTIONS))
+    os.environ["SPARK_SUBMIT_OPTS"] = JVM_OPTIONS
+
+_MAKER = pytest.StashKey[spark_cds.ArchiveMaker]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    archive = os.environ.get(CDS_ARCHIVE_ENV)
+    if archive and not hasattr(config, "workerinput") and not Path(archive).exists():
+        maker = spark_cds.ArchiveMaker(Path(archive), JVM_OPTIONS)
+        maker.start()
+        config.stash[_MAKER] = maker
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    maker = config.stash.get(_MAKER, None)
+    if maker is not None:
+        maker.stop()
+
+
+@pytest.hookimpl(tryfirst=True)   # before the test's fixtures start a SparkSession
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    archive = os.environ.get(CDS_ARCHIVE_ENV)
+    if archive:   # the archive may have been made since the last test
+        os.environ["SPARK_SUBMIT_OPTS"] = spark_cds.java_options(JVM_OPTIONS, Path(archive))
+
