@@ -45,9 +45,21 @@ if "SPARK_SUBMIT_OPTS" not in os.environ:
 _MAKER = pytest.StashKey[spark_cds.ArchiveMaker]()
 
 
+def _runs_spark_tests(config: pytest.Config) -> bool:
+    """Whether the run covers tests/spark (the whole suite does): a run of a few other files does not
+    start the archive's JVM for nothing."""
+    spark_tests = Path(__file__).parent / "spark"
+    for arg in config.args:
+        path = Path(arg.split("::")[0]).resolve()
+        if path == spark_tests or path in spark_tests.parents or spark_tests in path.parents:
+            return True
+    return False
+
+
 def pytest_configure(config: pytest.Config) -> None:
     archive = os.environ.get(CDS_ARCHIVE_ENV)
-    if archive and not hasattr(config, "workerinput") and not Path(archive).exists():
+    if (archive and not hasattr(config, "workerinput") and not Path(archive).exists()
+            and _runs_spark_tests(config)):
         maker = spark_cds.ArchiveMaker(Path(archive), JVM_OPTIONS)
         maker.start()
         config.stash[_MAKER] = maker
