@@ -224,7 +224,8 @@ class Node:
                 await asyncio.sleep(0)   # thousands of events are checked in slices, the loop running between
             event = client_event(event)
             key, value, decoded = checked_record(event)
-            # The route of the decoded event (equal to `event`): a record's key is its (first) entity key.
+            # The route of the decoded event (equal to `event`): a record's key is its event's entity key,
+            # but a Txn's is `txn/<first key>`, routed by all its operations and conditions.
             group = group_of_event(decoded) if isinstance(decoded, ev.Txn) else group_of_key(key.decode())
             part = parts.get(group)
             if part is None:
