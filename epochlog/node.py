@@ -17,11 +17,11 @@ log truncation, the history floor, pruning, the free-space guard) is compaction/
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
 import secrets
-from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +33,7 @@ from eventlog.errors import BatchTooLargeError, ConfigError, OffsetOutOfRangeErr
 from eventlog.raft.errors import CompactedError, NotLeaderError
 from eventlog.raft.runtime.config import MemberConfig, NodeConfigs
 from eventlog.raft.runtime.group import RaftGroup, full_history_start
+from eventlog.raft.runtime.proposals import Committed
 from eventlog.raft.runtime.host import NodeHost
 from compaction.config import compaction_configs
 from compaction.service import CompactionService, allocated_bytes
@@ -208,47 +209,48 @@ class Node:
     # --- writes -----------------------------------------------------------------------------------
 
     async def write(self, events: Sequence[ev.Event]) -> list[p.WriteResult]:
-        """Validate every event first (nothing is appended if one is invalid), then commit per group."""
+        """Validate every event first (nothing is appended if one is invalid), then commit per group.
+
+        Per event the leader's work is this loop (a write of a transaction's hundred events is a hundred
+        turns of it), so it does each thing once: the group's part (`_WritePart`) and batch limit are
+        looked up once per group, the route is read from the key `checked_record` already made."""
         if not events:
             raise InvalidArgumentError("a write carries at least one event")
-        by_group: dict[str, list[int]] = defaultdict(list)
-        records: dict[str, list[tuple[bytes | None, bytes | None]]] = defaultdict(list)
-        checked: dict[str, list[tuple[bytes, bytes, ev.Event]]] = defaultdict(list)
-        sizes: dict[str, int] = defaultdict(int)
+        parts: dict[str, _WritePart] = {}
+        client_event = self.client_event
+        checked_record = ev.checked_record
         for i, event in enumerate(events):
             if i and i % EVENTS_PER_TURN == 0:
                 await asyncio.sleep(0)   # thousands of events are checked in slices, the loop running between
-            event = self.client_event(event)
-            key, value, decoded = ev.checked_record(event)
-            record = (key, value)
-            group = group_of_event(event)
-            by_group[group].append(i)
-            records[group].append(record)
-            checked[group].append((key, value, decoded))
-            sizes[group] += len(record[0] or b"") + len(record[1] or b"") + 16   # RaftGroup.submit's estimate
-            limit = self.group(group).max_batch_bytes
-            if sizes[group] > limit:   # refused before the rest is checked: the work is bounded by the batch
-                raise BatchTooLargeError(f"the events of group {group} take more than its batch limit ({limit} "
+            event = client_event(event)
+            key, value, decoded = checked_record(event)
+            # The route of the decoded event (equal to `event`): a record's key is its event's entity key,
+            # but a Txn's is `txn/<first key>`, routed by all its operations and conditions.
+            group = group_of_event(decoded) if isinstance(decoded, ev.Txn) else group_of_key(key.decode())
+            part = parts.get(group)
+            if part is None:
+                part = parts[group] = _WritePart(self.group(group).max_batch_bytes)
+            part.indexes.append(i)
+            part.records.append((key, value))
+            part.checked.append((key, value, decoded))
+            part.size += len(key) + len(value) + 16   # RaftGroup.submit's estimate
+            if part.size > part.limit:   # refused before the rest is checked: the work is bounded by the batch
+                raise BatchTooLargeError(f"the events of group {group} take more than its batch limit ({part.limit} "
                                          f"bytes) from event {i} on: split the write")
-        for group in by_group:
+        for group in parts:
             self.serving(group)
-        for group in by_group:   # the leader's applier takes the events decoded here (propose once)
-            self.views[group].expect(checked[group])
-        names = list(by_group)
-        if len(names) == 1:   # the usual write: no task to gather (two turns of the loop fewer per call)
-            committed = [await self.group(names[0]).submit(records[names[0]])]
-        else:
-            committed = await asyncio.gather(*(self.group(g).submit(records[g]) for g in names))
+        for group, part in parts.items():   # the leader's applier takes the events decoded here (propose once)
+            self.views[group].expect(part.checked)
+        if len(parts) == 1:   # the usual write: no task to gather (two turns of the loop fewer per call)
+            ((group, part),) = parts.items()
+            done = await self.group(group).submit(part.records)
+            return _results(group, done, len(events))
+        names = list(parts)
+        committed = await asyncio.gather(*(self.group(g).submit(parts[g].records) for g in names))
         results: list[p.WriteResult | None] = [None] * len(events)
         for group, done in zip(names, committed):
-            for j, i in enumerate(by_group[group]):
-                outcome = done.outcomes[j] if j < len(done.outcomes) else None
-                if isinstance(outcome, Outcome) and outcome.code == HALTED:
-                    # Committed, but this node (its leader then) halted before applying it: the outcome is
-                    # another member's to give. A retry with the same request ids gets it there.
-                    raise GroupHaltedError(f"group {group}: offset {done.offset + j} was {outcome.message}; "
-                                           f"retry (request ids make it safe) on a member that applies it")
-                results[i] = _result(group, done.offset + j, outcome)
+            for i, result in zip(parts[group].indexes, _results(group, done, len(parts[group].indexes))):
+                results[i] = result
         return [r for r in results if r is not None]
 
     def client_event(self, event: ev.Event) -> ev.Event:
@@ -258,14 +260,11 @@ class Node:
         request id without a session must be time-ordered (statemachines/request_ids.py); a session
         opens with the bounds of this node's `[views]` config, stamped here so that every replica applies
         the leader's (statemachines/sessions.py)."""
-        if isinstance(event, ev.MemberAdded | ev.MemberRemoved):
-            raise InvalidArgumentError("member records are written by member_add and member_remove only")
-        if isinstance(event, ev.HistoryPruned):
-            raise InvalidArgumentError("history floors are written by the node's compaction service only")
-        if isinstance(event, ev.ViewsFormatRaised):
-            raise InvalidArgumentError("the views format level is raised by a group's leader only "
-                                       "(statemachines/views_format.py)")
-        check_client_request_id(event)
+        refusal = _node_only(type(event))
+        if refusal:
+            raise InvalidArgumentError(refusal)
+        if event.request_id:
+            check_client_request_id(event)
         if isinstance(event, ev.ClientSessionOpened):
             c = self.views_config
             event = msgspec.structs.replace(event, timeout_ms=c.client_session_timeout_ms,
@@ -580,6 +579,51 @@ class Node:
 
     async def group_skip(self, call: p.GroupSkip) -> p.Done:
         return await self.halts.skip(call)
+
+
+class _WritePart:
+    """One group's events of a write, as `Node.write` gathers them."""
+
+    __slots__ = ("limit", "indexes", "records", "checked", "size")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit                                            # the group's max_batch_bytes
+        self.indexes: list[int] = []                                  # their places in the write
+        self.records: list[tuple[bytes | None, bytes | None]] = []    # what is proposed
+        self.checked: list[tuple[bytes, bytes, ev.Event]] = []        # what the leader's applier is handed
+        self.size = 0                                                 # RaftGroup.submit's estimate of them
+
+
+@functools.cache
+def _node_only(kind: type) -> str:
+    """Why a client may not write events of type `kind` ("" when it may): the node writes them itself."""
+    if issubclass(kind, ev.MemberAdded | ev.MemberRemoved):
+        return "member records are written by member_add and member_remove only"
+    if issubclass(kind, ev.HistoryPruned):
+        return "history floors are written by the node's compaction service only"
+    if issubclass(kind, ev.ViewsFormatRaised):
+        return "the views format level is raised by a group's leader only (statemachines/views_format.py)"
+    return ""
+
+
+def _results(group: str, done: Committed, count: int) -> list[p.WriteResult]:
+    """The results of `count` events of `group` committed together (`done`), in order; GroupHaltedError
+    when this node (their leader then) halted before applying them."""
+    results = []
+    outcomes = done.outcomes
+    offset = done.offset
+    for j in range(count):
+        outcome = outcomes[j] if j < len(outcomes) else None
+        if outcome is None:
+            results.append(p.WriteResult(offset + j, group, True))
+            continue
+        if isinstance(outcome, Outcome) and outcome.code == HALTED:
+            # Committed, but this node (its leader then) halted before applying it: the outcome is
+            # another member's to give. A retry with the same request ids gets it there.
+            raise GroupHaltedError(f"group {group}: offset {offset + j} was {outcome.message}; "
+                                   f"retry (request ids make it safe) on a member that applies it")
+        results.append(_result(group, offset + j, outcome))
+    return results
 
 
 def _result(group: str, offset: int, outcome: object | None) -> p.WriteResult:

@@ -233,26 +233,31 @@ def encode_batch(
     parts: list[bytes] = []
     append = parts.append
     for delta, (key, value) in enumerate(entries):
-        # attributes (0) and timestampDelta (0), offsetDelta, key, value, header count (0)
+        # attributes (0) and timestampDelta (0), offsetDelta, key, value, header count (0). Lengths and
+        # bytes are appended apart: a key or value is copied once (by the join), not first into `len + key`.
         if key is None:
             k = b"\x01"
             klen = 0
         else:
             klen = len(key)
-            k = small[klen + 1] + key if klen < _SMALL_LIMIT else encode_varint(klen) + key
+            k = small[klen + 1] if klen < _SMALL_LIMIT else encode_varint(klen)
         if value is None:
             v = b"\x01"
             vlen = 0
         else:
             vlen = len(value)
-            v = small[vlen + 1] + value if vlen < _SMALL_LIMIT else encode_varint(vlen) + value
+            v = small[vlen + 1] if vlen < _SMALL_LIMIT else encode_varint(vlen)
         d = small[delta + 1] if delta < _SMALL_LIMIT else encode_varint(delta)
-        body_len = 3 + len(d) + len(k) + len(v)
+        body_len = 3 + len(d) + len(k) + klen + len(v) + vlen
         append(small[body_len + 1] if body_len < _SMALL_LIMIT else encode_varint(body_len))
         append(b"\x00\x00")
         append(d)
         append(k)
+        if klen:
+            append(key)
         append(v)
+        if vlen:
+            append(value)
         append(b"\x00")
     attributes = TRANSACTIONAL_MASK if transactional else 0
     count = len(entries)

@@ -42,7 +42,7 @@ REQUIRED_GROUPS = ("metadata", "offsets", "kv")
 CLIENT_SESSION_KIND = "client-session"
 KV_PREFIX = "kv/"
 # The first segments a kv name cannot have: they name other entities (or the kv kind itself).
-RESERVED_KINDS = (*GROUP_OF_KIND, CLIENT_SESSION_KIND)
+RESERVED_KINDS = frozenset((*GROUP_OF_KIND, CLIENT_SESSION_KIND))
 
 
 def _refuse_wrong_space(name: str, what: str) -> None:
@@ -97,17 +97,18 @@ def user_key(key: str) -> str:
 
 def group_of_key(key: str) -> str:
     """The group that owns the entity key (or entity key prefix) `key`; a kv key that cannot exist under the
-    one key space (`kv/kv/...`, `kv/topic/...`) is refused here, on every face, rather than waited for."""
-    kind = key.split("/", 1)[0]
+    one key space (`kv/kv/...`, `kv/topic/...`) is refused here, on every face, rather than waited for.
+    (Once per event a leader proposes: one partition of the key, no list.)"""
+    kind, sep, rest = key.partition("/")
     if kind == CLIENT_SESSION_KIND:
-        parts = key.split("/", 2)
-        if len(parts) == 3 and parts[1]:
-            return parts[1]
+        named, has_rest, _ = rest.partition("/")
+        if has_rest and named:
+            return named
     group = GROUP_OF_KIND.get(kind)
-    if group is None or "/" not in key:
+    if group is None or not sep:
         raise EventError(f"{key!r} is not an entity key (one of {', '.join(k + '/...' for k in GROUP_OF_KIND)})")
     if kind == "kv":
-        _refuse_wrong_space(key[len(KV_PREFIX):], "kv name")
+        _refuse_wrong_space(rest, "kv name")
     return group
 
 
