@@ -396,22 +396,27 @@ class Applier:
         RunExtension: the decisions and the bytes those would make), a KvPut's handler alone. Anything
         else ends the extension (its run row written) before it is applied."""
         run: sessions.RunExtension | None = None
+        last: tuple[sessions.Admission, ev.Event, Outcome] | None = None   # a session's KvPut, just recorded
         for offset, key, value in records:
             decoded = self._decode(key, value, offset)
-            if run is not None:
-                if type(decoded) is tuple and decoded[1] is None and type(decoded[0]) is ev.KvPut \
-                        and run.admits(decoded[0], offset):
-                    event = decoded[0]
+            if (last is not None or run is not None) and type(decoded) is tuple and decoded[1] is None \
+                    and type(decoded[0]) is ev.KvPut:
+                event = decoded[0]
+                if run is None:
+                    run = sessions.RunExtension.start(ov, *last, self.level, event, offset)  # type: ignore[misc]
+                if run is not None and run.admits(event, offset):
                     outcome = outcomes[offset] = self._handle(ov, event, offset)
                     if outcome.ok and not outcome.code and not outcome.message and not outcome.duplicate:
                         run.extend()
                         continue
                     run.close(ov)
                     sessions.record(ov, run.admission(), event, outcome)
-                    run = None
+                    run = last = None
                     continue
+            if run is not None:
                 run.close(ov)
                 run = None
+            last = None
             if type(decoded) is not tuple:
                 outcomes[offset] = decoded   # type: ignore[assignment]
                 continue
@@ -419,7 +424,7 @@ class Applier:
             outcome, admitted = self._apply_event(ov, event, invalid, offset)
             outcomes[offset] = outcome
             if admitted is not None and type(event) is ev.KvPut:
-                run = sessions.RunExtension.after(ov, admitted, event, outcome, self.level)
+                last = (admitted, event, outcome)
         if run is not None:
             run.close(ov)
 

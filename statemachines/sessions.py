@@ -265,13 +265,18 @@ class RunExtension:
         self.extended = False
 
     @staticmethod
-    def after(ov: Overlay, admitted: Admission, e: ev.Event, outcome: Outcome, level: int) -> RunExtension | None:
-        """The extension after request `e` was admitted and `record`ed with `outcome`: None unless it is
-        a plain ok request now ending an ok run row of its live session, at level 3, which `record` left
-        the session row alone for (below `max_outcomes`)."""
+    def start(ov: Overlay, admitted: Admission, e: ev.Event, outcome: Outcome, level: int,
+              following: ev.Event, offset: int) -> RunExtension | None:
+        """The extension that admits `following` (at `offset`), the record after request `e`, which was
+        admitted and `record`ed with `outcome`: None unless `e` is a plain ok request now ending an ok run
+        row of its live session, at level 3, which `record` left the session row alone for (below
+        `max_outcomes`), and `following` is the run's next (`admits`)."""
         session, seqs = admitted.session, admitted.seqs
-        if (level < views_format.OUTCOME_RUNS or session is None or not isinstance(seqs, RunSet)
-                or not _plain_ok(outcome) or e.seq + 1 >= session.kept_from + session.max_outcomes):
+        if (following.session_id != e.session_id or following.seq != e.seq + 1 or offset != outcome.offset + 1
+                or session is None or following.answered_below > session.kept_from):
+            return None   # first what the records say (single puts: each request answers the one before)
+        if (level < views_format.OUTCOME_RUNS or not isinstance(seqs, RunSet) or not _plain_ok(outcome)
+                or e.seq + 1 >= session.kept_from + session.max_outcomes):
             return None
         if not seqs.ends or seqs.ends[-1] != e.seq + 1 or seqs.offsets[-1] < 0 \
                 or seqs.offsets[-1] + (e.seq - seqs.starts[-1]) != outcome.offset:

@@ -440,7 +440,7 @@ def test_requests_extending_a_run_in_an_entry_apply_as_one_by_one(seed: int, vie
         fast.update(extended.apply(log.entries[i:i + 7]))
     print(f"{calls} requests extended a run; outcomes: {collections.Counter(o.code or 'ok' for o in fast.values())}")
     assert calls > 100, "the entries hold requests that extend a run"
-    monkeypatch.setattr(sessions.RunExtension, "after", staticmethod(lambda *args: None))
+    monkeypatch.setattr(sessions.RunExtension, "start", staticmethod(lambda *args: None))
     one_by_one = views_dir("one_by_one")
     slow = one_by_one.apply(log.entries)
     assert fast == slow
