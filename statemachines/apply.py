@@ -15,6 +15,11 @@ changes nothing (savepoints, or handlers that write only once they cannot reject
 gets a `noops` row at its offset in the same WriteBatch (statemachines/noops.py: key compaction drops
 those records).
 
+Per entry, what can be: the kv rows its records name are read in one RocksDB multi-get before its
+records are applied (`Overlay.prefetch`), and a client session's write of n requests (n consecutive
+records) is admitted and recorded as a whole once its first request is (`sessions.RunExtension`: the
+decisions and bytes that admitting and recording each request would make).
+
 A record this code cannot apply, two cases:
 
 - No version applies it (not msgpack, a field of the wrong type, invalid fields): it is REJECTED,
