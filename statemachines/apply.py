@@ -15,6 +15,11 @@ changes nothing (savepoints, or handlers that write only once they cannot reject
 gets a `noops` row at its offset in the same WriteBatch (statemachines/noops.py: key compaction drops
 those records).
 
+Per entry, what can be: the kv rows its records name are read in one RocksDB multi-get before its
+records are applied (`Overlay.prefetch`), and a client session's write of n requests (n consecutive
+records) is admitted and recorded as a whole once its first request is (`sessions.RunExtension`: the
+decisions and bytes that admitting and recording each request would make).
+
 A record this code cannot apply, two cases:
 
 - No version applies it (not msgpack, a field of the wrong type, invalid fields): it is REJECTED,
@@ -167,6 +172,16 @@ class Overlay:
         value = reads[key] = self.store.get(cf, key)
         return value
 
+    def prefetch(self, cf: str, keys: list[bytes]) -> None:
+        """Read the rows of `keys` in `cf` that no read has yet, in one call to the store, for the `get`s
+        that follow: the answers are the store's either way (it does not change while overlays over it live)."""
+        reads = self.reads.get(cf)
+        if reads is None:
+            reads = self.reads[cf] = {}
+        missing = [key for key in keys if key not in reads]
+        if missing:
+            reads.update(zip(missing, self.store.get_many(cf, missing)))
+
     def put(self, cf: str, key: bytes, value: bytes) -> None:
         pending = self.writes.get(cf)
         if pending is None:
@@ -311,12 +326,16 @@ class Applier:
             try:
                 if entry.kind is EntryKind.NORMAL:
                     header, records = _records(entry, self.skipped)
+                    kv_rows = [key for _, key, _ in records if key is not None and key[:3] == b"kv/"]
+                    if kv_rows:   # the rows the KvPuts read, in one call (a new key's is absent: a read per key)
+                        entry_ov.prefetch("kv", kv_rows)
                     self.now_ms = sessions.Clock.advance(entry_ov, header.max_timestamp if header else 0)
                     instead = _producer_batch(entry_ov, entry, header, records, self.now_ms)
-                    for i, (offset, key, value) in enumerate(records):
-                        outcomes[offset] = (
-                            self._apply_record(entry_ov, key, value, offset) if instead is None
-                            else msgspec.structs.replace(instead, offset=instead.offset + i))
+                    if instead is None:
+                        self._apply_records(entry_ov, records, outcomes)
+                    else:
+                        for i, (offset, _, _) in enumerate(records):
+                            outcomes[offset] = msgspec.structs.replace(instead, offset=instead.offset + i)
                     _record_noops(entry_ov, entry, outcomes)
                     sessions.expire(entry_ov, self.kept_outcomes, self.now_ms)
                     request_ids.forget(entry_ov, self.now_ms)
@@ -372,9 +391,52 @@ class Applier:
         rows[DIGEST] = digest
         self._meta_at = self.store.writes
 
-    # --- one record ----------------------------------------------------------------------------
+    # --- records ------------------------------------------------------------------------------
 
-    def _apply_record(self, ov: Overlay, key: bytes | None, value: bytes | None, offset: int) -> Outcome:
+    def _apply_records(self, ov: Overlay, records: list[_Row], outcomes: dict[int, Outcome]) -> None:
+        """Apply the records of a NORMAL entry in offset order, each one's outcome into `outcomes`.
+
+        A client session's write of n requests is n consecutive records; once the first is applied, the
+        next ones that extend its outcome run skip the session's `admit` and `record` (sessions.
+        RunExtension: the decisions and the bytes those would make), a KvPut's handler alone. Anything
+        else ends the extension (its run row written) before it is applied."""
+        run: sessions.RunExtension | None = None
+        last: tuple[sessions.Admission, ev.Event, Outcome] | None = None   # a session's KvPut, just recorded
+        for offset, key, value in records:
+            decoded = self._decode(key, value, offset)
+            if (last is not None or run is not None) and type(decoded) is tuple and decoded[1] is None \
+                    and type(decoded[0]) is ev.KvPut:
+                event = decoded[0]
+                if run is None:
+                    run = sessions.RunExtension.start(ov, *last, self.level, event, offset)  # type: ignore[misc]
+                if run is not None and run.admits(event, offset):
+                    outcome = outcomes[offset] = self._handle(ov, event, offset)
+                    if outcome.ok and not outcome.code and not outcome.message and not outcome.duplicate:
+                        run.extend()
+                        continue
+                    run.close(ov)
+                    sessions.record(ov, run.admission(), event, outcome)
+                    run = last = None
+                    continue
+            if run is not None:
+                run.close(ov)
+                run = None
+            last = None
+            if type(decoded) is not tuple:
+                outcomes[offset] = decoded   # type: ignore[assignment]
+                continue
+            event, invalid = decoded
+            outcome, admitted = self._apply_event(ov, event, invalid, offset)
+            outcomes[offset] = outcome
+            if admitted is not None and type(event) is ev.KvPut:
+                last = (admitted, event, outcome)
+        if run is not None:
+            run.close(ov)
+
+    def _decode(self, key: bytes | None, value: bytes | None,
+                offset: int) -> tuple[ev.Event, ev.InvalidEventError | None] | Outcome:
+        """The record's event (and, for one that decodes with invalid fields, why it is invalid), or its
+        outcome when it has no event to apply (skipped, not an event, a key not the event's)."""
         if offset in self.skipped:
             return Outcome(False, offset, SKIPPED_CODE, "skipped by the operator: no node could apply it")
         invalid: ev.InvalidEventError | None = None
@@ -396,40 +458,39 @@ class Applier:
                 raise _CannotApply(offset, f"{exc} in this process", "a node with a deeper stack may apply it") from None
             if key != event.key().encode():
                 return Outcome(False, offset, INVALID_ARGUMENT, f"record key {key!r} is not the event's key")
+        return event, invalid
+
+    def _apply_event(self, ov: Overlay, event: ev.Event, invalid: ev.InvalidEventError | None,
+                     offset: int) -> tuple[Outcome, sessions.Admission | None]:
+        """Apply a record's event: its outcome, and the admission of a client session's request the
+        outcome was recorded with (else None)."""
         admitted: sessions.Admission | None = None
         dedupe_key = None
         request_time = None
         if event.session_id and invalid is None:   # a request of a client session (statemachines/sessions.py)
             admitted = sessions.admit(ov, self.kept_outcomes, event, offset, self.now_ms, self.level)
             if admitted.outcome is not None:
-                return admitted.outcome
+                return admitted.outcome, None
         elif event.request_id:
             dedupe_key = event.actor.encode() + b"\x00" + event.request_id.encode()
             request_time = request_ids.time_of(event.request_id) if not event.session_id else None
             if request_time is not None:   # time-ordered: remembered by committed time (request_ids.py)
                 refused = request_ids.admit(ov, request_time, offset, self.now_ms)
                 if refused is not None:
-                    return refused
+                    return refused, None
             first = ov.get("dedupe", dedupe_key)
             if first is not None:
                 o = decode_outcome(first)
                 floor = ov.get(META, HISTORY_FLOOR)
                 if request_time is not None or (offset - o.offset <= self.config.dedupe_window_offsets and (
                         floor is None or o.offset >= decode_offset(floor))):   # not yet evicted: still forgotten
-                    return Outcome(o.ok, o.offset, o.code, o.message, duplicate=True)
+                    return Outcome(o.ok, o.offset, o.code, o.message, duplicate=True), None
         # A handler that rejects only before its first write needs no savepoint (_WRITES_LAST).
         savepoint = ov if type(event) in _WRITES_LAST else Overlay(self.store, ov)
-        try:
-            if invalid is not None:
-                raise invalid
-            outcome = _HANDLERS[type(event)](self, savepoint, event, offset)
-        except ev.EventError as exc:
-            outcome = Outcome(False, offset, exc.code, str(exc))
-        except AssertionError:
-            raise   # a broken invariant is never hidden
-        except Exception as exc:   # a handler bug: halting keeps the replicas from diverging
-            raise _CannotApply(offset, f"applying {type(event).__name__} failed: {exc!r}",
-                               "a bug: report it with this log line") from exc
+        if invalid is not None:
+            outcome = Outcome(False, offset, invalid.code, str(invalid))
+        else:
+            outcome = self._handle(savepoint, event, offset)
         if outcome.ok:
             if savepoint is not ov:
                 savepoint.commit_to_parent()
@@ -445,7 +506,20 @@ class Applier:
                 request_ids.remember(ov, request_time, dedupe_key)
             else:
                 ov.put("dedupe_expiry", encode_offset(offset) + dedupe_key, b"")
-        return outcome
+        return outcome, admitted
+
+    def _handle(self, savepoint: Overlay, event: ev.Event, offset: int) -> Outcome:
+        """The event's handler on `savepoint` (the entry's overlay, or one over it): a rejection for an
+        EventError; a halt for anything else it raises but a broken invariant."""
+        try:
+            return _HANDLERS[type(event)](self, savepoint, event, offset)
+        except ev.EventError as exc:
+            return Outcome(False, offset, exc.code, str(exc))
+        except AssertionError:
+            raise   # a broken invariant is never hidden
+        except Exception as exc:   # a handler bug: halting keeps the replicas from diverging
+            raise _CannotApply(offset, f"applying {type(event).__name__} failed: {exc!r}",
+                               "a bug: report it with this log line") from exc
 
     def _evict_dedupe(self, ov: Overlay, last_offset: int, limit: int) -> None:
         """Forget request ids older than the window or below the history floor, whichever is later

@@ -238,6 +238,79 @@ def record(ov: Overlay, admitted: Admission, e: ev.Event, outcome: Outcome) -> N
         ov.put(SESSIONS, _id(sid), encode(msgspec.structs.replace(session, kept_from=kept_from)))
 
 
+class RunExtension:
+    """The next requests of a session that extend its run row, admitted and kept without `admit` and
+    `record` (level 3): what those two would decide and write, for the requests an entry holds in a row.
+
+    A write of n requests of one session commits as n consecutive records: request seq + i at offset
+    o + i, each saying the same `answered_below`. After the first is admitted and recorded (an ok run
+    ending at it), the next one's admission decides the same as the first's and changes nothing (same
+    committed time, so the deadline stays where the first moved it; the same or a lower `answered_below`,
+    so nothing is forgotten; a sequence above every kept one, so no retry), and its record extends the
+    same run (the next sequence, ok at the next offset): `admits` checks exactly these conditions, and
+    `extend` keeps the mirror in step. The run row, which `record` would rewrite per request, is written
+    once, by `close`, with the bytes the last `record` would have written; the caller closes the
+    extension before anything else of the entry runs (another record, the entry's expiries), so nothing
+    reads the row meanwhile. Holds state of one entry's apply only; from the applier's loop."""
+
+    __slots__ = ("sid", "session", "seqs", "next_seq", "next_offset", "seq_limit", "extended")
+
+    def __init__(self, sid: int, session: ClientSession, seqs: RunSet, next_seq: int, next_offset: int) -> None:
+        self.sid = sid
+        self.session = session
+        self.seqs = seqs
+        self.next_seq = next_seq
+        self.next_offset = next_offset
+        self.seq_limit = session.kept_from + session.max_outcomes   # `record` forgets from there on
+        self.extended = False
+
+    @staticmethod
+    def start(ov: Overlay, admitted: Admission, e: ev.Event, outcome: Outcome, level: int,
+              following: ev.Event, offset: int) -> RunExtension | None:
+        """The extension that admits `following` (at `offset`), the record after request `e`, which was
+        admitted and `record`ed with `outcome`: None unless `e` is a plain ok request now ending an ok run
+        row of its live session, at level 3, which `record` left the session row alone for (below
+        `max_outcomes`), and `following` is the run's next (`admits`)."""
+        session, seqs = admitted.session, admitted.seqs
+        if (following.session_id != e.session_id or following.seq != e.seq + 1 or offset != outcome.offset + 1
+                or session is None or following.answered_below > session.kept_from):
+            return None   # first what the records say (single puts: each request answers the one before)
+        if (level < views_format.OUTCOME_RUNS or not isinstance(seqs, RunSet) or not _plain_ok(outcome)
+                or e.seq + 1 >= session.kept_from + session.max_outcomes):
+            return None
+        if not seqs.ends or seqs.ends[-1] != e.seq + 1 or seqs.offsets[-1] < 0 \
+                or seqs.offsets[-1] + (e.seq - seqs.starts[-1]) != outcome.offset:
+            return None
+        if ov.get(SESSIONS, _id(e.session_id)) is None:
+            return None
+        return RunExtension(e.session_id, session, seqs, e.seq + 1, outcome.offset + 1)
+
+    def admits(self, e: ev.Event, offset: int) -> bool:
+        """Whether request `e` at `offset` is the run's next: `admit` would let it through with this
+        session and mirror (the admission of the one before, unchanged)."""
+        return (e.session_id == self.sid and e.seq == self.next_seq and offset == self.next_offset
+                and e.seq < self.seq_limit and e.answered_below <= self.session.kept_from)
+
+    def admission(self) -> Admission:
+        """What `admit` gives the next request (for `record` when it did not end plain ok)."""
+        return Admission(None, self.session, self.seqs)
+
+    def extend(self) -> None:
+        """The next request was ok at the next offset (a plain ok outcome): the run holds it."""
+        self.seqs.ends[-1] = self.next_seq + 1
+        self.next_seq += 1
+        self.next_offset += 1
+        self.extended = True
+
+    def close(self, ov: Overlay) -> None:
+        """Write the run row as the last `record` would have (if any request extended it)."""
+        if self.extended:
+            seqs = self.seqs
+            start = seqs.starts[-1]
+            ov.put(OUTCOMES, _outcome_key(self.sid, start), encode(OkRun(seqs.offsets[-1], seqs.ends[-1] - start)))
+            self.extended = False
+
+
 def expire(ov: Overlay, kept: KeptOutcomes, now_ms: int) -> None:
     """Drop sessions whose deadline passed (a few per entry: statemachines/deadlines.py); call once per entry."""
     for deadline, key in DEADLINES.due(ov, now_ms):

@@ -366,3 +366,85 @@ def test_a_session_whose_outcomes_were_kept_a_row_per_request_goes_on_in_runs_af
     cut = log.add(put(sid, 5, "x", b"5", below=4))
     sm.apply(log.entries[-1:])
     assert _rows(sm) == [(sid, 4, sessions.OkRun(new.index + 1, 1)), (sid, 5, sessions.OkRun(cut.index, 1))]
+
+
+def _entry_of_requests(log: Log, rng: Any, sids: list[int], next_seq: dict[int, int], below: dict[int, int]) -> None:
+    """One entry of a session's write of several requests (what `RunExtension` shortcuts), broken the
+    ways a log can break it: another session's or writer's records, a rejected put, a retry, a raised
+    `answered_below`, a gap in sequences, a lease that does not exist, a delete, the session closed."""
+    events: list[ev.Event] = []
+    sid = rng.choice(sids)
+    if rng.random() < 0.6:   # the client heard answers: most requests below its window's tail
+        below[sid] = max(below[sid], next_seq[sid] - rng.randint(0, 15))
+    for _ in range(rng.randint(1, 12)):
+        roll = rng.random()
+        if roll < 0.06:
+            sid = rng.choice(sids)
+        if roll < 0.03:
+            events.append(ev.KvPut(name=f"k{rng.randint(0, 9)}", value=b"plain"))
+            continue
+        seq = next_seq[sid]
+        kw: dict[str, Any] = {}
+        if 0.03 <= roll < 0.06 and seq > 1:
+            seq = rng.randint(max(1, seq - 8), seq - 1)   # a retry (kept, forgotten or refused)
+        elif roll < 0.09:
+            kw["expected_version"] = 999_999                 # rejected: an Outcome row of its own
+        elif roll < 0.11:
+            kw["lease"] = 77                                 # no such lease: rejected
+        elif roll < 0.14:
+            next_seq[sid] += 1                               # a gap: the next request starts a run
+            seq += 1
+        elif roll < 0.18:
+            below[sid] = rng.randint(below[sid], seq)        # answered: the oldest are forgotten
+        answered = min(below[sid], seq)
+        if 0.18 <= roll < 0.20:
+            events.append(ev.KvDeleted(name=f"k{rng.randint(0, 9)}", session_id=sid, seq=seq,
+                                       answered_below=answered, v=ev.SESSIONS_SCHEMA))
+        elif 0.20 <= roll < 0.2015:
+            events.append(ev.ClientSessionClosed(group="kv", client="c", session_id=sid, seq=seq,
+                                                 answered_below=answered, v=ev.SESSIONS_SCHEMA))
+        else:
+            events.append(put(sid, seq, f"k{rng.randint(0, 9)}", b"v%d" % seq, below=answered, **kw))
+        next_seq[sid] = max(next_seq[sid], seq + 1)
+    log.add(*events)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_requests_extending_a_run_in_an_entry_apply_as_one_by_one(seed: int, views_dir: Any,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """statemachines/apply.py lets the requests that extend their session's outcome run skip `admit`
+    and `record` (sessions.RunExtension): random entries of such writes, broken in every way the log
+    can break them, give the same outcomes, rows and digest as applying every request one by one."""
+    import collections
+    import random
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    log = Log(views_format.OUTCOME_RUNS)
+    sids = [log.open(f"c{i}", max_outcomes=rng.choice((8, 30, 1_000))) for i in range(3)]
+    next_seq = dict.fromkeys(sids, 1)
+    below = dict.fromkeys(sids, 1)
+    for _ in range(150):
+        _entry_of_requests(log, rng, sids, next_seq, below)
+    extended = views_dir("extended")
+    calls = 0
+    real_extend = sessions.RunExtension.extend
+
+    def counted(self: sessions.RunExtension) -> None:
+        nonlocal calls
+        calls += 1
+        real_extend(self)
+
+    monkeypatch.setattr(sessions.RunExtension, "extend", counted)
+    fast = {}
+    for i in range(0, len(log.entries), 7):
+        fast.update(extended.apply(log.entries[i:i + 7]))
+    print(f"{calls} requests extended a run; outcomes: {collections.Counter(o.code or 'ok' for o in fast.values())}")
+    assert calls > 100, "the entries hold requests that extend a run"
+    monkeypatch.setattr(sessions.RunExtension, "start", staticmethod(lambda *args: None))
+    one_by_one = views_dir("one_by_one")
+    slow = one_by_one.apply(log.entries)
+    assert fast == slow
+    assert extended.digest == one_by_one.digest
+    assert _rows(extended) == _rows(one_by_one)
+    for cf in (sessions.SESSIONS, "kv", "noops"):
+        assert list(extended.store.scan(cf, b"")) == list(one_by_one.store.scan(cf, b"")), cf
