@@ -125,6 +125,12 @@ class ReadyLoop:
         self._seen_term = node.term
         self._seen_leadership = (node.term, node.leader)
         self._loop_thread: int | None = None   # the thread `run` runs on (durability reported there)
+        self._turning = False   # `run` is in a turn: durability reported on the loop meanwhile needs no wake-up
+        # Whether the flusher thread's next report of durability wakes `run` (read from that thread; set at
+        # the end of each turn, see _end_turn): on a leader whose own sync cannot commit anything and holds
+        # no message back, the report can wait for the next turn (the next acknowledgement, at the latest
+        # the next tick), which releases it first thing.
+        self._wake_on_durable = True
 
     def deliver(self, peer: int, msg: Message) -> None:
         self._inbox.append((peer, msg))
@@ -148,6 +154,7 @@ class ReadyLoop:
             while not self._stopped:
                 await self._wake.wait()
                 self._wake.clear()
+                self._turning = True
                 self._release_persisted()
                 backlog = False   # applying committed entries in slices, the loop running between them
                 while True:
@@ -166,15 +173,42 @@ class ReadyLoop:
                     self._release_persisted()
                     backlog = bool(rd.committed) and self.node.log.applicable()
                     if backlog:
+                        self._turning = False
                         await asyncio.sleep(0)   # see APPLY_BYTES_PER_TURN
+                        self._turning = True
                 self.persist_commit(force=False)
+                self._turning = False
+                self._end_turn()
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # a failed fsync or a broken invariant: this node must stop
             self.owner._loop_failed(exc)
             raise
 
+    def _end_turn(self) -> None:
+        """Before waiting: decide whether the flusher thread's next report of durability wakes this task.
+
+        It must when that report lets something leave, commit or apply: a held acknowledgement or vote
+        (any held Ready with `send_after`, every non-leader), or the leader's own copy completing a
+        majority or holding committed entries durably (`RaftNode.awaits_own_sync`). Otherwise (a leader
+        whose followers have acknowledged nothing past the commit index yet: one write in flight, its
+        sync done before their acks) the report waits for the next turn, whose first step releases it;
+        that turn is the acknowledgement it would have waited for anyway. The flag is set before the
+        durable offset is read again here, and the thread advances the offset before it reads the flag,
+        so a report this turn skipped (made while the flag was still clear) is seen below: never a Ready
+        left waiting for a wake-up that does not come.
+        """
+        node = self.node
+        wake = node.role is not Role.LEADER or self._held.holds_messages() or node.awaits_own_sync()
+        self._wake_on_durable = wake
+        if wake:
+            waits = self._held.oldest_wait()
+            if waits is not None and waits < self.storage.log.durable_offset:
+                self._wake.set()   # durable already, reported while the flag was clear or during the turn
+
     def _step_inbox(self) -> None:
+        if not self._inbox:
+            return
         msgs, self._inbox = self._inbox, []
         full = self.owner._check_space()
         node = self.node
@@ -310,9 +344,16 @@ class ReadyLoop:
             self._flush()
 
     def on_durable_threadsafe(self, durable_offset: int) -> None:
-        """Durability listener (the log's flusher thread, or the loop's own sync): wake the loop's task."""
+        """Durability listener (the log's flusher thread, or the loop's own sync): wake the loop's task
+        when something waits for it (see _end_turn). A failed sync always wakes it (it must stop)."""
         if threading.get_ident() == self._loop_thread:
-            self._wake.set()   # a sync on the loop (an inline sync, the fsync policy): no self-pipe write
+            # A sync on the loop (an inline sync, the fsync policy). In a turn it was the turn's own
+            # append: the turn releases what it made durable before it takes the next Ready, and
+            # _end_turn checks again, so waking the task would only run an empty turn.
+            if not self._turning:
+                self._wake.set()   # no self-pipe write
+            return
+        if not self._wake_on_durable and self.storage.log.failure is None:
             return
         try:
             self.loop.call_soon_threadsafe(self._wake.set)
