@@ -2,8 +2,8 @@
 
 Each turn (woken by a message, a proposal, a tick that left the core something to do, or the log's
 flusher when something waits for its sync): send what earlier Readys held back, as far as the log is
-now durable (written at once: a leader waits for them); step the messages that pass the peer checks (eventlog/raft/peer_check.py; a snapshot chunk only once the
-previous one is staged), hand the queued proposals to the core, and while the core has a Ready carry
+now durable (written at once: a leader waits for them); step the messages that pass the peer checks
+(eventlog/raft/peer_check.py; a snapshot chunk only once the previous one is staged), hand the queued proposals to the core, and while the core has a Ready carry
 it out with pipelined persistence (see `RaftNode.accept`): send `send_now` of a Ready with entries (a
 leader's appends are written at once, before its own write); stage snapshot chunks, install a
 snapshot; write the entries (group commit: the segmented log's flusher thread syncs them while this
