@@ -468,29 +468,40 @@ class RaftNode:
         self._needs_broadcast = False
         if self._reads_unassigned and self.role is Role.LEADER:
             self._broadcast_heartbeat()
-        hard = self._hard_state()
-        soft = self._soft_state()
-        durable_changed = hard.term != self._prev_hard.term or hard.vote != self._prev_hard.vote
-        send_now: list[Message] = []
-        send_after: list[Message] = []
-        for m in self._msgs:
-            if (not durable_changed and self.role is Role.LEADER and isinstance(m, _LEADER_MESSAGES)):
-                send_now.append(m)
+        # The states are compared field by field and built only when they changed (most Readys: neither).
+        prev_hard, prev_soft = self._prev_hard, self._prev_soft
+        durable_changed = self.term != prev_hard.term or self.vote != prev_hard.vote
+        floor_term, floor_index = self._floor if self._floor is not None else (0, -1)
+        hard = None
+        if (durable_changed or self.log.committed != prev_hard.commit or floor_index != prev_hard.floor_index
+                or floor_term != prev_hard.floor_term):
+            hard = self._hard_state()
+        soft = None
+        if self.leader != prev_soft.leader or self.role is not prev_soft.role or self.term != prev_soft.term:
+            soft = self._soft_state()
+        msgs = self._msgs
+        send_now: tuple[Message, ...] = ()
+        send_after: tuple[Message, ...] = ()
+        if msgs:
+            if durable_changed or self.role is not Role.LEADER:
+                send_after = tuple(msgs)
             else:
-                send_after.append(m)
+                send_now = tuple(m for m in msgs if isinstance(m, _LEADER_MESSAGES))
+                if len(send_now) != len(msgs):
+                    send_after = tuple(m for m in msgs if not isinstance(m, _LEADER_MESSAGES))
         pending = self.log.pending_snapshot
         entries = self._unsent_entries()
         rd = Ready(
-            hard_state=hard if hard != self._prev_hard else None,
+            hard_state=hard,
             entries=entries,
             snapshot_chunks=tuple(self._snapshot_chunks),
             snapshot=pending,
-            send_now=tuple(send_now),
-            send_after=tuple(send_after),
+            send_now=send_now,
+            send_after=send_after,
             committed=tuple(self.log.next_committed(self._max_apply_bytes)),
             read_states=tuple(self._read_states),
             dropped_reads=tuple(self._dropped_reads),
-            soft_state=soft if soft != self._prev_soft else None,
+            soft_state=soft,
             must_sync=durable_changed or bool(entries or self._snapshot_chunks or pending),
         )
         self._msgs = []
@@ -499,6 +510,26 @@ class RaftNode:
         self._snapshot_chunks = []
         self._outstanding = rd
         return rd
+
+    def awaits_own_sync(self) -> bool:
+        """As leader: whether its own copy of its entries, once durable (`persisted`), lets anything
+        proceed: the commit index advance (a majority of voters would then hold more than is
+        committed), or committed entries be applied (a node applies only what its own log holds
+        durably, `RaftLog.next_committed`, even when its followers committed them). While neither,
+        a pipelining runtime may report the leader's durability lazily, at its next turn. False outside
+        the leader role: there every held acknowledgement or vote waits for durability (report it at once)."""
+        if self.role is not Role.LEADER:
+            return False
+        log = self.log
+        stable = log.stable_last_index()
+        if log.committed > stable:
+            return True
+        last = log.last_index()
+        if stable >= last:
+            return False
+        matches = {node: pr.match for node, pr in self.progress.items()}
+        matches[self.id] = last
+        return committed_index(self.conf, matches) > log.committed
 
     def advance(self) -> None:
         """The last Ready was fully handled: persisted, sent and applied. (`accept` + `persisted`.)"""

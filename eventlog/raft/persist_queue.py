@@ -85,8 +85,12 @@ class PersistQueue:
             self._max_wait = -1
         return out
 
+    def holds_messages(self) -> bool:
+        """Whether a held Ready has messages to send once durable (acknowledgements, votes)."""
+        return any(item.ready.send_after for item in self._held)
+
     def oldest_wait(self) -> int | None:
-        """The index the oldest held Ready waits for (None when nothing is held): for diagnostics."""
+        """The index the oldest held Ready waits for (None when nothing is held)."""
         return self._held[0].wait if self._held else None
 
     def clear(self) -> None:

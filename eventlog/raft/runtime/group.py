@@ -570,11 +570,11 @@ class RaftGroup:
             self._check_term_limit()
             self._observe_lag()
             self._balance_leadership()
-            self._ready.wake()
             self._state_machine_tick()
             if self._check_space():
                 self._while_disk_full()
             self.repair.tick()
+            self._ready.wake_if_needed()
 
     def _observe_lag(self) -> None:
         """On the leader: measure each member's lag; warn about a member that stays behind."""
@@ -651,6 +651,9 @@ class RaftGroup:
             await self.submit(records)
         except EpochlogError as exc:  # retried by the state machine's own schedule
             logger.info("group %s: proposal from the state machine failed: %s", self.name, exc)
+
+    def _proposals_queued(self) -> bool:
+        return bool(self._proposals.queued)
 
     def _submit_proposals(self) -> None:
         if not self._proposals.queued:

@@ -1,9 +1,9 @@
 """The task that drives a group's `RaftNode`: step what arrives, carry out each Ready, in the order it requires.
 
-Each turn (woken by a message, a proposal, a tick or the log's flusher): send what earlier Readys
-held back, as far as the log is now durable (written at once: a leader waits for them); step the
-messages that pass the peer checks (eventlog/raft/peer_check.py; a snapshot chunk only once the
-previous one is staged), hand the queued proposals to the core, and while the core has a Ready carry
+Each turn (woken by a message, a proposal, a tick that left the core something to do, or the log's
+flusher when something waits for its sync): send what earlier Readys held back, as far as the log is
+now durable (written at once: a leader waits for them); step the messages that pass the peer checks
+(eventlog/raft/peer_check.py; a snapshot chunk only once the previous one is staged), hand the queued proposals to the core, and while the core has a Ready carry
 it out with pipelined persistence (see `RaftNode.accept`): send `send_now` of a Ready with entries (a
 leader's appends are written at once, before its own write); stage snapshot chunks, install a
 snapshot; write the entries (group commit: the segmented log's flusher thread syncs them while this
@@ -81,6 +81,10 @@ class ReadyOwner(Protocol):
         """Hand the queued proposals to the core (or refuse them)."""
         ...
 
+    def _proposals_queued(self) -> bool:
+        """Whether proposals wait for `_submit_proposals`."""
+        ...
+
     def _check_space(self) -> bool:
         """Whether writes must be refused for lack of disk space."""
         ...
@@ -125,6 +129,12 @@ class ReadyLoop:
         self._seen_term = node.term
         self._seen_leadership = (node.term, node.leader)
         self._loop_thread: int | None = None   # the thread `run` runs on (durability reported there)
+        self._turning = False   # `run` is in a turn: durability reported on the loop meanwhile needs no wake-up
+        # Whether the flusher thread's next report of durability wakes `run` (read from that thread; set at
+        # the end of each turn, see _end_turn): on a leader whose own sync cannot commit anything and holds
+        # no message back, the report can wait for the next turn (the next acknowledgement, at the latest
+        # the next tick), which releases it first thing.
+        self._wake_on_durable = True
 
     def deliver(self, peer: int, msg: Message) -> None:
         self._inbox.append((peer, msg))
@@ -132,6 +142,14 @@ class ReadyLoop:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def wake_if_needed(self) -> None:
+        """Wake `run` if it has something to do (after a tick): a Ready (the core's heartbeats, a campaign,
+        entries the tick unblocked), messages, proposals or held Readys. Most ticks of a follower change
+        nothing a turn would act on; an empty turn costs a task switch and the turn's checks, ~20 a
+        second per group a node follows."""
+        if self._inbox or self._held or self.owner._proposals_queued() or self.node.has_ready():
+            self._wake.set()
 
     def stop(self) -> None:
         """End `run` after its current turn."""
@@ -148,6 +166,7 @@ class ReadyLoop:
             while not self._stopped:
                 await self._wake.wait()
                 self._wake.clear()
+                self._turning = True
                 self._release_persisted()
                 backlog = False   # applying committed entries in slices, the loop running between them
                 while True:
@@ -166,15 +185,42 @@ class ReadyLoop:
                     self._release_persisted()
                     backlog = bool(rd.committed) and self.node.log.applicable()
                     if backlog:
+                        self._turning = False
                         await asyncio.sleep(0)   # see APPLY_BYTES_PER_TURN
+                        self._turning = True
                 self.persist_commit(force=False)
+                self._turning = False
+                self._end_turn()
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # a failed fsync or a broken invariant: this node must stop
             self.owner._loop_failed(exc)
             raise
 
+    def _end_turn(self) -> None:
+        """Before waiting: decide whether the flusher thread's next report of durability wakes this task.
+
+        It must when that report lets something leave, commit or apply: a held acknowledgement or vote
+        (any held Ready with `send_after`, every non-leader), or the leader's own copy completing a
+        majority or holding committed entries durably (`RaftNode.awaits_own_sync`). Otherwise (a leader
+        whose followers have acknowledged nothing past the commit index yet: one write in flight, its
+        sync done before their acks) the report waits for the next turn, whose first step releases it;
+        that turn is the acknowledgement it would have waited for anyway. The flag is set before the
+        durable offset is read again here, and the thread advances the offset before it reads the flag,
+        so a report this turn skipped (made while the flag was still clear) is seen below: never a Ready
+        left waiting for a wake-up that does not come.
+        """
+        node = self.node
+        wake = node.role is not Role.LEADER or self._held.holds_messages() or node.awaits_own_sync()
+        self._wake_on_durable = wake
+        if wake:
+            waits = self._held.oldest_wait()
+            if waits is not None and waits < self.storage.log.durable_offset:
+                self._wake.set()   # durable already, reported while the flag was clear or during the turn
+
     def _step_inbox(self) -> None:
+        if not self._inbox:
+            return
         msgs, self._inbox = self._inbox, []
         full = self.owner._check_space()
         node = self.node
@@ -310,9 +356,16 @@ class ReadyLoop:
             self._flush()
 
     def on_durable_threadsafe(self, durable_offset: int) -> None:
-        """Durability listener (the log's flusher thread, or the loop's own sync): wake the loop's task."""
+        """Durability listener (the log's flusher thread, or the loop's own sync): wake the loop's task
+        when something waits for it (see _end_turn). A failed sync always wakes it (it must stop)."""
         if threading.get_ident() == self._loop_thread:
-            self._wake.set()   # a sync on the loop (an inline sync, the fsync policy): no self-pipe write
+            # A sync on the loop (an inline sync, the fsync policy). In a turn it was the turn's own
+            # append: the turn releases what it made durable before it takes the next Ready, and
+            # _end_turn checks again, so waking the task would only run an empty turn.
+            if not self._turning:
+                self._wake.set()   # no self-pipe write
+            return
+        if not self._wake_on_durable and self.storage.log.failure is None:
             return
         try:
             self.loop.call_soon_threadsafe(self._wake.set)
