@@ -1,9 +1,9 @@
 """A class-data-sharing (CDS) archive of the classes a Spark driver JVM loads, for the suite's JVMs.
 
-Starting a local SparkSession costs its JVM about 20 s of CPU on the suite's 2-core machine, half of
-it loading and verifying the same ten thousand classes from Spark's jars every time. A dynamic CDS
-archive (JDK 13+: `-XX:ArchiveClassesAtExit` writes it when a JVM exits, `-XX:SharedArchiveFile` maps
-it) holds them parsed and verified. Measured at load 5-10, runs interleaved: a session's start and
+Starting a local SparkSession and running its first queries costs its JVM about 20 s of CPU on the
+suite's 2-core machine, much of it loading and verifying the same classes from Spark's jars every
+time. A dynamic CDS archive (JDK 13+: `-XX:ArchiveClassesAtExit` writes it when a JVM exits,
+`-XX:SharedArchiveFile` maps it) holds them parsed and verified. Measured at load 5-10, runs interleaved: a session's start and
 its first two queries took 21.4, 21.3 s of JVM CPU without it and 11.0, 11.3 s with it (wall 49, 41 s
 -> 25, 28 s).
 
@@ -33,7 +33,6 @@ QUIET = "-Xlog:disable -Xlog:all=warning:stderr"
 MAKE_TIMEOUT_S = 600.0
 
 _DUMP_SCRIPT = """
-import sys
 from spark.session import get_session
 s = get_session("local[1]", "epochlog-cds", conf={"spark.sql.shuffle.partitions": "2"})
 s.range(1000).selectExpr("id % 7 AS k").groupBy("k").count().collect()
