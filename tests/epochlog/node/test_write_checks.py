@@ -10,7 +10,6 @@ several); the raw `Write` is sent with the SDK's `_call_on` (the SDK's `commands
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Iterator
 
 import pytest
@@ -18,27 +17,16 @@ import pytest
 from epochlog.api import messages as p
 from epochlog.client import AsyncClient, ClientError
 from statemachines import events as ev
+from tests.support.fixtures import shared_cluster_of
 from tests.support.nodes import NodeCluster
 
 WAIT_S = 30.0
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
-    seed = random.SystemRandom().getrandbits(32)
-    print(f"seed={seed}")
-    c = NodeCluster(tmp_path_factory.mktemp("write-checks"), size=1, seed=seed)
-    try:
-        c.start()
-        for group in c.groups:
-            c.leader(group, timeout=WAIT_S)
-        yield c
-    finally:
-        try:
-            c.stop_all()
-        finally:
-            c.close()
-            print(c.describe())
+def single(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[NodeCluster]:
+    """One member, so it leads every group and one Write may name several."""
+    yield from shared_cluster_of(request, tmp_path_factory.mktemp("write-checks"), size=1)
 
 
 async def _write(cluster: NodeCluster, events: list[ev.Event]) -> list[p.WriteResult]:
