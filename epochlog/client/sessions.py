@@ -19,7 +19,6 @@ Use on the client's asyncio loop.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -27,34 +26,32 @@ from dataclasses import dataclass, field
 
 @dataclass(slots=True)
 class GroupSession:
-    """This client's session in one group: its id, the next sequence, and the sequences in flight."""
+    """This client's session in one group: its id, the next sequence, and the writes in flight."""
 
     group: str
     id: int
     next_seq: int = 1
-    _in_flight: list[int] = field(default_factory=list)   # a heap, with lazy removal
-    _done: set[int] = field(default_factory=set)
+    # The sequences of each write in flight, by its first one. A write takes the next sequences, so
+    # insertion order is sequence order and the first key is the lowest sequence not answered.
+    _in_flight: dict[int, range] = field(default_factory=dict)
 
     def take(self, n: int) -> range:
         """`n` new sequences for one write, in flight until `answered`."""
         seqs = range(self.next_seq, self.next_seq + n)
         self.next_seq += n
-        for s in seqs:
-            heapq.heappush(self._in_flight, s)
+        if n:
+            self._in_flight[seqs.start] = seqs
         return seqs
 
     def answered(self, seqs: range) -> None:
-        """The write with these sequences got its answer (or was given up: its fate no longer matters to
-        the session, and a late copy of it is refused once `answered_below` passes it)."""
-        self._done.update(seqs)
-        heap = self._in_flight
-        while heap and heap[0] in self._done:
-            self._done.discard(heapq.heappop(heap))
+        """The write with these sequences (as `take` gave them) got its answer, or was given up: its fate
+        no longer matters to the session, and a late copy of it is refused once `answered_below` passes it."""
+        self._in_flight.pop(seqs.start, None)
 
     @property
     def answered_below(self) -> int:
         """Every sequence below this was answered: the node may forget their outcomes."""
-        return self._in_flight[0] if self._in_flight else self.next_seq
+        return next(iter(self._in_flight), self.next_seq)
 
 
 Opener = Callable[[str, str], Awaitable[int]]
