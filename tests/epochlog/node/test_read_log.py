@@ -29,7 +29,7 @@ from spark.sources import ClusterSource
 from statemachines import events as ev
 from statemachines.request_ids import uuid7
 from tests.epochlog.kafka.test_corruption import _damage, _sealed_middle_segment
-from tests.support.fixtures import seed_for
+from tests.support.fixtures import shared_cluster_of
 from tests.support.nodes import NodeCluster
 from tests.support.wait import wait_until
 
@@ -37,21 +37,11 @@ WAIT_S = 60.0
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
-    c = NodeCluster(tmp_path_factory.mktemp("read-log"), seed=seed_for(__name__),
-                    grpc=True, log={"segment_bytes": 64 << 10, "scrub_bytes_per_second": 0},
-                    raft={"election_timeout_ticks": 20},
-                    compaction={"retain_offsets": 0, "compact_groups": ["metadata"]})
-    try:
-        c.start()
-        c.leader("kv", timeout=WAIT_S)
-        yield c
-    finally:
-        try:
-            c.stop_all()
-        finally:
-            c.close()
-            print(c.describe())
+def cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[NodeCluster]:
+    yield from shared_cluster_of(request, tmp_path_factory.mktemp("read-log"),
+                                 grpc=True, log={"segment_bytes": 64 << 10, "scrub_bytes_per_second": 0},
+                                 raft={"election_timeout_ticks": 20},
+                                 compaction={"retain_offsets": 0, "compact_groups": ["metadata"]})
 
 
 def _fill(cluster: NodeCluster, prefix: str, count: int) -> dict[int, tuple[str, bytes]]:

@@ -27,6 +27,7 @@ from epochlog.grpc.v1 import epochlog_pb2 as pb
 from epochlog.grpc.v1 import epochlog_pb2_grpc as pb_grpc
 from statemachines import events as ev
 from statemachines.request_ids import uuid7
+from tests.support.fixtures import shared_cluster_of
 from tests.support.nodes import NodeCluster
 from tests.epochlog.cli.test_cli import run
 
@@ -35,19 +36,9 @@ SEED_ENV = "EPOCHLOG_NODE_SEED"
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeCluster]:
-    c = NodeCluster(tmp_path_factory.mktemp("watch-applied"), seed=random.SystemRandom().getrandbits(32),
-                    grpc=True, raft={"election_timeout_ticks": 20})
-    try:
-        c.start()
-        c.leader("kv", timeout=WAIT_S)
-        yield c
-    finally:
-        try:
-            c.stop_all()
-        finally:
-            c.close()
-            print(c.describe())
+def cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[NodeCluster]:
+    yield from shared_cluster_of(request, tmp_path_factory.mktemp("watch-applied"),
+                                 grpc=True, raft={"election_timeout_ticks": 20})
 
 
 @pytest.fixture(scope="module")
