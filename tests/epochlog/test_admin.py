@@ -121,7 +121,7 @@ def test_metrics_health_and_readiness_of_a_single_node(tmp_path: Path, seed: int
             assert await http_get(admin, "/healthz") == (200, "ok\n")
             assert (await http_get(admin, "/nope"))[0] == 404
             # A group whose task died makes no progress: the node is no longer ready.
-            running.node.host.groups["offsets"]._tasks[0].cancel()
+            running.node.host.groups["offsets"]._tasks[1].cancel()
             await asyncio.sleep(0.05)
             assert await http_get(admin, "/readyz") == (503, "group offsets is stopped\n")
         finally:

@@ -9,8 +9,7 @@ carry the rest, each owning one thing:
   their callers until the entries commit.
 - `Reads` (reads.py): read barriers (ReadIndex, the leader lease) and applied-offset waiters.
 
-`tick` ticks the core every `tick_interval_ms`, driven by the node's `Ticker` (ticker.py: every group of
-a node in one loop turn) or by a task of the group's own; on the leader it also measures how far
+A second task ticks the core every `tick_interval_ms`; on the leader it also measures how far
 behind each member is (`LagMonitor`: /metrics, and a warning about a member that stays behind).
 
 A membership change (`change_membership`) is one CONF_CHANGE entry: the state machine applies it like
@@ -78,7 +77,6 @@ from eventlog.raft.runtime.proposals import Committed as Committed  # re-exporte
 from eventlog.raft.runtime.proposals import ProducerStamp as ProducerStamp  # re-exported
 from eventlog.raft.runtime.proposals import Proposal, Proposals
 from eventlog.raft.runtime.reads import Reads
-from eventlog.raft.runtime.ticker import Ticker
 from eventlog.raft.runtime.ready_loop import APPLY_BYTES_PER_TURN, Flush, ReadyLoop, Send
 from eventlog.raft.runtime.repair import LogRepair, RepairStatus
 from eventlog.raft.types import (
@@ -225,10 +223,6 @@ class RaftGroup:
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
         self._failure: BaseException | None = None
-        self._tick_failure: BaseException | None = None
-        self._ticker: Ticker | None = None
-        self._context = contextvars.copy_context()
-        self._context.run(CURRENT_GROUP.set, self)
         self._last_snapshot_index = storage.snapshot().index
         # Set by the node: the lowest offset the log must keep whatever the snapshot covers (the
         # retention horizon: policy and export watermarks), None: only the snapshot bounds it.
@@ -265,23 +259,14 @@ class RaftGroup:
 
     # --- lifecycle -----------------------------------------------------------------------------
 
-    def start(self, ticker: Ticker | None = None) -> None:
-        """Run the group: its Ready loop task, and its ticks by `ticker` (the node's, shared by its groups)
-        or, without one, by a ticker task of its own."""
-        self._tasks = [self.loop.create_task(self._ready.run(), name=f"raft-{self.name}", context=self._context)]
-        if ticker is None:
-            own = Ticker(self.loop, self.tick_interval)
-            own.add(self.tick)
-            # Not in the group's context: `tick` enters it (a context cannot be entered twice).
-            self._tasks.append(self.loop.create_task(own.run(), name=f"tick-{self.name}"))
-        else:
-            ticker.add(self.tick)
-            self._ticker = ticker
+    def start(self) -> None:
+        context = contextvars.copy_context()
+        context.run(CURRENT_GROUP.set, self)
+        self._tasks = [self.loop.create_task(self._ready.run(), name=f"raft-{self.name}", context=context),
+                       self.loop.create_task(self._ticker(), name=f"tick-{self.name}", context=context)]
 
     async def close(self) -> None:
         self._closed = True
-        if self._ticker is not None:
-            self._ticker.remove(self.tick)
         self._ready.stop()
         for task in self._tasks:
             task.cancel()
@@ -310,8 +295,8 @@ class RaftGroup:
 
     @property
     def stopped(self) -> bool:
-        """Closed, its tick failed or one of its tasks ended: the group makes no more progress on this node."""
-        return self._closed or self._tick_failure is not None or any(task.done() for task in self._tasks)
+        """Closed, or one of its tasks ended: the group makes no more progress on this node."""
+        return self._closed or any(task.done() for task in self._tasks)
 
     # --- inputs --------------------------------------------------------------------------------
 
@@ -572,32 +557,24 @@ class RaftGroup:
 
     # --- the loop ------------------------------------------------------------------------------
 
-    def tick(self) -> None:
-        """One tick of the core and of what runs by time (a Ticker calls it every `tick_interval_ms`), in
-        the group's context (its log lines and the tasks it starts name the group). A tick that raises
-        stops this group's ticks only (logged; `stopped` says so), as a ticker task of its own that
-        ended would."""
-        if self._closed or self._tick_failure is not None:
-            return
-        try:
-            self._context.run(self._tick)
-        except Exception as exc:   # noqa: BLE001 - recorded and logged: the group is stopped
-            self._tick_failure = exc
-            logger.critical("group %s on node %s: a tick failed, the group stops ticking: %r", self.name,
-                            self.node_id, exc, exc_info=exc)
-
-    def _tick(self) -> None:
-        self._reads.check_clock()
-        self.node.tick()
-        self._reads.ticked()
-        self._check_term_limit()
-        self._observe_lag()
-        self._balance_leadership()
-        self._state_machine_tick()
-        if self._check_space():
-            self._while_disk_full()
-        self.repair.tick()
-        self._ready.wake_if_needed()
+    async def _ticker(self) -> None:
+        next_tick = self.loop.time() + self.tick_interval
+        while not self._closed:
+            await asyncio.sleep(max(0.0, next_tick - self.loop.time()))
+            next_tick += self.tick_interval
+            self._reads.check_clock()
+            if self.loop.time() > next_tick + 10 * self.tick_interval:
+                next_tick = self.loop.time() + self.tick_interval  # we were stalled: do not burst
+            self.node.tick()
+            self._reads.ticked()
+            self._check_term_limit()
+            self._observe_lag()
+            self._balance_leadership()
+            self._state_machine_tick()
+            if self._check_space():
+                self._while_disk_full()
+            self.repair.tick()
+            self._ready.wake_if_needed()
 
     def _observe_lag(self) -> None:
         """On the leader: measure each member's lag; warn about a member that stays behind."""

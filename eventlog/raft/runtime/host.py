@@ -1,9 +1,7 @@
 """A node hosting several Raft groups (multi-raft) over one peer transport.
 
 Each group (`metadata`, `offsets`, `kv`, ...) has its own directory `<data_dir>/groups/<name>/`,
-its own log, leader and state machine, and its own task; all share the node's connections and one
-`Ticker` (ticker.py), which ticks every group in the same loop turn: one timer wake-up per tick, and
-what the ticks send to a peer in one write.
+its own log, leader and state machine, and its own task; all share the node's connections.
 `<data_dir>/cluster-id` records the cluster name: a node refuses a data directory of another cluster.
 One scrub thread checks the sealed segments of every group's log (`[log] scrub_bytes_per_second`,
 eventlog/scrub.py).
@@ -16,7 +14,6 @@ leaders to add it as a learner, and learns everything else (membership included)
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import random
@@ -32,7 +29,6 @@ from eventlog.raft.runtime.lag import LagMonitor
 from eventlog.raft.runtime.leader_balance import LeaderBalance
 from eventlog.raft.runtime.log_storage import LogStorage
 from eventlog.raft.runtime.peer_drops import PeerDrops
-from eventlog.raft.runtime.ticker import Ticker
 from eventlog.raft.runtime.tls import PeerTls, load_peer_tls
 from eventlog.raft.runtime.transport import MAX_FRAME_BYTES, PeerTransport, largest_frame_bytes
 from eventlog.raft.types import Message
@@ -70,8 +66,6 @@ class NodeHost:
         self.transport: PeerTransport | None = None
         self.peer_drops = PeerDrops(node_id)
         self.scrubber: Scrubber | None = None
-        self.ticker: Ticker | None = None
-        self._ticking: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         cluster = self.configs.cluster
@@ -120,11 +114,8 @@ class NodeHost:
         if firsts:
             logger.info("leader balance: each group's leader hands leadership to its first choice once settled: %s",
                         ", ".join(f"{name} -> node {node}" for name, node in firsts.items()))
-        loop = asyncio.get_running_loop()
-        self.ticker = Ticker(loop, cluster.tick_interval_ms / 1000)
         for group in self.groups.values():
-            group.start(self.ticker)
-        self._ticking = loop.create_task(self.ticker.run(), name=f"tick-node-{self.node_id}")
+            group.start()
         if self.configs.log.scrub_bytes_per_second:
             logs = {name: group.storage.log for name, group in self.groups.items()}
             self.scrubber = Scrubber(lambda: logs, self.configs.log.scrub_bytes_per_second,
@@ -202,12 +193,6 @@ class NodeHost:
         return levels
 
     async def stop(self) -> None:
-        if self._ticking is not None:
-            self._ticking.cancel()
-            try:
-                await self._ticking
-            except asyncio.CancelledError:
-                pass
         if self.scrubber is not None:
             self.scrubber.close()
         if self.transport is not None:
