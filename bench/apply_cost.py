@@ -9,7 +9,8 @@ writes coalesced into entries of up to `--entry-bytes` (the leader's coalescing)
 entry (the Ready loop's slices). `--leader` adds what the kv leader spends on the same events before
 proposing them (`events.event_record`'s check, or `checked_record` + `Applier.expect` in builds that
 have it) and its batch encoding to the CPU measured, and hands each entry's records to the applier as the
-leader's group does (`ViewsStateMachine.proposed`) in builds that have it. A build with views format
+leader's group does (`ViewsStateMachine.proposed`) in builds that have it; each entry is applied as soon as it
+is built (the leader holds only what is in flight: the memos stay within their bounds). A build with views format
 levels (statemachines/views_format.py) applies at its newest level, as a new cluster does.
 
     .venv/bin/python -m bench.apply_cost --base-rev main            # this checkout against main
@@ -87,24 +88,34 @@ def proposed(call):
 
 
 hands_off = bool(leader) and hasattr(sm, "proposed")
+bad = 0
+entries = []
+
+
+def built(e):   # as the leader: each entry applied once built (what it proposed is held until then)
+    global bad
+    entries.append(e)
+    if leader:
+        bad += sum(1 for o in sm.apply([e]).values() if not o.ok)
+
+
 t0 = time.process_time()
-entries, pending, size = [], [], 0
+pending, size = [], 0
 for call in calls:
     records = proposed(call)
     call_bytes = sum(len(k) + len(v) + 16 for k, v in records)
     if pending and size + call_bytes > entry_bytes:
-        entries.append(entry(offset, pending))
+        built(entry(offset, pending))
         offset += len(pending)
         pending, size = [], 0
     pending += records
     size += call_bytes
 if pending:
-    entries.append(entry(offset, pending))
+    built(entry(offset, pending))
 if not leader:
     t0 = time.process_time()
-bad = 0
-for e in entries:
-    bad += sum(1 for o in sm.apply([e]).values() if not o.ok)
+    for e in entries:
+        bad += sum(1 for o in sm.apply([e]).values() if not o.ok)
 cpu = time.process_time() - t0
 events = sum(e.count for e in entries)
 print(json.dumps({"events": events, "entries": len(entries), "rejected": bad, "cpu_s": cpu,
