@@ -8,8 +8,10 @@ client session as bench/node_load.py's SDK client opens it: `--concurrency` writ
 writes coalesced into entries of up to `--entry-bytes` (the leader's coalescing), one apply call per
 entry (the Ready loop's slices). `--leader` adds what the kv leader spends on the same events before
 proposing them (`events.event_record`'s check, or `checked_record` + `Applier.expect` in builds that
-have it) and its batch encoding to the CPU measured. A build with views format levels (statemachines/
-views_format.py) applies at its newest level, as a new cluster does.
+have it) and its batch encoding to the CPU measured, and hands each entry's records to the applier as the
+leader's group does (`ViewsStateMachine.proposed`) in builds that have it; each entry is applied as soon as it
+is built (the leader holds only what is in flight: the memos stay within their bounds). A build with views format
+levels (statemachines/views_format.py) applies at its newest level, as a new cluster does.
 
     .venv/bin/python -m bench.apply_cost --base-rev main            # this checkout against main
     .venv/bin/python -m bench.apply_cost --base-rev main --batch 1 --concurrency 16
@@ -48,10 +50,14 @@ now = [1_700_000_000_000]
 
 def entry(offset, records):
     now[0] += 1
-    data = bytearray(encode_batch(records, timestamp_ms=now[0]))
+    proposal = encode_batch(records, timestamp_ms=now[0])
+    if hands_off:
+        sm.proposed(offset, proposal, records)
+    data = bytearray(proposal)
     stamp(data, offset, 1)
     return Entry(offset, 1, len(records), EntryKind.NORMAL, bytes(data))
 
+hands_off = False   # set below, for the measured entries: `--leader` in builds whose applier takes them
 opened = ev.ClientSessionOpened(group="kv", client="bench-client")
 sm.apply([entry(0, [(opened.key().encode(), ev.encode_event(opened))])])
 sid, offset, seq = 1, 1, 1
@@ -81,24 +87,35 @@ def proposed(call):
     return [ev.event_record(e) for e in call]
 
 
+hands_off = bool(leader) and hasattr(sm, "proposed")
+bad = 0
+entries = []
+
+
+def built(e):   # as the leader: each entry applied once built (what it proposed is held until then)
+    global bad
+    entries.append(e)
+    if leader:
+        bad += sum(1 for o in sm.apply([e]).values() if not o.ok)
+
+
 t0 = time.process_time()
-entries, pending, size = [], [], 0
+pending, size = [], 0
 for call in calls:
     records = proposed(call)
     call_bytes = sum(len(k) + len(v) + 16 for k, v in records)
     if pending and size + call_bytes > entry_bytes:
-        entries.append(entry(offset, pending))
+        built(entry(offset, pending))
         offset += len(pending)
         pending, size = [], 0
     pending += records
     size += call_bytes
 if pending:
-    entries.append(entry(offset, pending))
+    built(entry(offset, pending))
 if not leader:
     t0 = time.process_time()
-bad = 0
-for e in entries:
-    bad += sum(1 for o in sm.apply([e]).values() if not o.ok)
+    for e in entries:
+        bad += sum(1 for o in sm.apply([e]).values() if not o.ok)
 cpu = time.process_time() - t0
 events = sum(e.count for e in entries)
 print(json.dumps({"events": events, "entries": len(entries), "rejected": bad, "cpu_s": cpu,

@@ -57,6 +57,7 @@ from eventlog.errors import (ALREADY_EXISTS, CONDITION_FAILED, HALTED, INVALID_A
 from eventlog.errors import SKIPPED as SKIPPED_CODE   # the reason (SKIPPED below is a meta key)
 from eventlog.raft.types import Entry, EntryKind
 from eventlog.records import NO_PRODUCER_ID, BatchHeader, RecordBatch, decode_records, records_payload
+from eventlog.records import read_header   # the leader's own batches (`Applier.proposed`)
 from statemachines import events as ev
 from statemachines import brokers, producers, request_ids, sessions, views_format
 from statemachines.kept_outcomes import KeptOutcomes
@@ -106,6 +107,9 @@ DIGEST_CHECKPOINTS_KEPT = 16   # (offset, digest) notes an applier keeps for the
 EXPECTED_BYTES = 16 << 20
 """Record values a leader's applier holds decoded at most (`Applier.expect`): past it they are dropped,
 and those records are decoded when applied, as any other."""
+PROPOSED_BYTES = 16 << 20
+"""Batches a leader's applier holds with their records (`Applier.proposed`) at most: past it they are
+dropped, and those entries are parsed when applied, as any other."""
 UPGRADE = "upgrade this node: a restart of a newer Epochlog applies it"
 _SKIP_HINT = ("if no Epochlog version can apply it (e.g. a node before the leader check accepted it), "
               "skip it on every node: epochlog group skip --group {group} --offset {offset}")
@@ -258,6 +262,11 @@ class Applier:
         # record value -> (record key, the event `applicable` decodes from the value): see `expect`
         self._expected: dict[bytes, tuple[bytes, ev.Event]] = {}
         self._expected_bytes = 0
+        # entry index -> (its batch as proposed, its records): see `proposed`
+        self._proposed: dict[int, tuple[bytes, list[tuple[bytes | None, bytes | None]]]] = {}
+        self._proposed_bytes = 0
+        self.records_handed = 0           # records applied from `proposed` (not parsed)
+        self.records_parsed_instead = 0   # entries proposed here whose bytes differed when applied
         # which client-session requests have an outcome row, in step with the pending writes: cleared
         # whenever pending writes are abandoned (statemachines/kept_outcomes.py)
         self.kept_outcomes = KeptOutcomes(self.config.client_sessions_max)
@@ -285,6 +294,48 @@ class Applier:
                 self._expected_bytes = 0
             expected[value] = (key, event)
             self._expected_bytes += len(value)
+
+    def proposed(self, index: int, data: bytes, records: list[tuple[bytes | None, bytes | None]]) -> None:
+        """An entry this node just proposed as the leader: the batch it encoded (`data`, before the log
+        stamped its base offset and term) and the records in it. Applying entry `index` takes its records
+        from here instead of parsing its batch, but only if its bytes are these (the stamped fields
+        aside): then parsing would give these very records (`encode_batch` and `decode_records` are exact
+        inverses; tests/statemachines/test_proposed_records.py). Any other entry (another leader's at
+        that index, one read back from disk that differs, any entry after a restart or on a follower) is
+        parsed as always. Held until that index is applied, at most PROPOSED_BYTES."""
+        if any(type(k) is not bytes and k is not None or type(v) is not bytes and v is not None
+               for k, v in records):
+            return   # only what parsing makes (bytes or None) stands in for parsing
+        if self._proposed_bytes > PROPOSED_BYTES:
+            self._proposed.clear()
+            self._proposed_bytes = 0
+        self._proposed[index] = (data, records)
+        self._proposed_bytes += len(data)
+
+    def _proposed_records(self, entry: Entry) -> tuple[BatchHeader, list[tuple[int, bytes | None, bytes | None]]] | None:
+        """The header and records of NORMAL `entry` from `proposed`, when this node built exactly its bytes
+        (None: parse it). Forgets what was proposed at or below its index (applied or replaced)."""
+        memo = self._proposed
+        held = memo.pop(entry.index, None)
+        if held is not None:
+            self._proposed_bytes -= len(held[0])
+        if memo and min(memo) < entry.index:
+            for index in [i for i in memo if i < entry.index]:
+                self._proposed_bytes -= len(memo.pop(index)[0])
+        if held is None:
+            return None
+        data, records = held
+        applied = entry.data
+        # Equal but for baseOffset (0:8) and partitionLeaderEpoch (12:16), which the log stamps; the CRC
+        # does not cover them (eventlog/records.py).
+        if (len(applied) != len(data) or applied[8:12] != data[8:12] or applied[16:] != data[16:]
+                or len(records) != entry.count):
+            self.records_parsed_instead += 1
+            return None
+        header = read_header(applied)
+        base = header.base_offset
+        self.records_handed += len(records)
+        return header, [(base + i, key, value) for i, (key, value) in enumerate(records)]
 
     def skip(self, offset: int) -> None:
         """Record, durably, that the record at `offset` (where this applier halted) is skipped: applied
@@ -325,7 +376,8 @@ class Applier:
             leases_before = len(self.lease_changes)
             try:
                 if entry.kind is EntryKind.NORMAL:
-                    header, records = _records(entry, self.skipped)
+                    handed = self._proposed_records(entry) if self._proposed else None
+                    header, records = _records(entry, self.skipped) if handed is None else handed
                     kv_rows = [key for _, key, _ in records if key is not None and key[:3] == b"kv/"]
                     if kv_rows:   # the rows the KvPuts read, in one call (a new key's is absent: a read per key)
                         entry_ov.prefetch("kv", kv_rows)

@@ -113,6 +113,10 @@ class ViewsStateMachine:
         """Records this node proposes as the leader, with their checked events (`Applier.expect`)."""
         self.applier.expect(records)
 
+    def proposed(self, index: int, data: bytes, records: list[tuple[bytes | None, bytes | None]]) -> None:
+        """An entry this node proposes as the leader, its batch and records (`Applier.proposed`)."""
+        self.applier.proposed(index, data, records)
+
     @property
     def views_format(self) -> int:
         """The format level the views are written at (statemachines/views_format.py)."""

@@ -64,6 +64,30 @@ def test_writes_reads_at_every_consistency_level_and_dedupe(tmp_path: Path) -> N
     run(scenario, tmp_path)
 
 
+def test_the_leader_applies_its_own_batches_from_what_it_proposed_with_the_followers_digest(tmp_path: Path) -> None:
+    """The leader's applier takes the records of the entries it built from the proposal (`Applier.proposed`),
+    the followers parse the same entries from the log: the same views and digest at the same offset."""
+    async def scenario(hosts: HostCluster) -> None:
+        leader = await hosts.leader()
+        last = 0
+        for i in range(5):
+            outcomes = await write(leader, *(ev.KvPut(name=f"own/{j % 7}", value=bytes([i, j]) * 50, actor="a",
+                                                      request_id=f"own-{i}-{j}") for j in range(20)))
+            assert all(o.ok for o in outcomes)
+            last = outcomes[-1].offset
+        await asyncio.gather(*(hosts.group(n).wait_applied(last, 5) for n in hosts.hosts))
+        groups = [hosts.group(n) for n in hosts.hosts]
+        assert views(leader).applier.records_handed >= 100
+        assert views(leader).applier.records_parsed_instead == 0
+        assert all(views(g).applier.records_handed == 0 for g in groups if g is not leader)
+        at = {views(g).applied_index for g in groups}
+        assert len(at) == 1, at
+        assert len({views(g).digest for g in groups}) == 1
+        rows = [Query(views(g).store).get("kv/own/3") for g in groups]
+        assert all(r is not None and r == rows[0] for r in rows)
+    run(scenario, tmp_path)
+
+
 def test_watch_streams_from_an_offset_and_reports_compaction(tmp_path: Path) -> None:
     async def scenario(hosts: HostCluster) -> None:
         leader = await hosts.leader()

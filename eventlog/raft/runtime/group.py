@@ -125,6 +125,8 @@ class StateMachine(Protocol):
     # running while the group awaits it), and must cope with `restore` and `close` meanwhile (a job
     # whose state a snapshot from the leader replaced may raise: superseded, not counted as failed).
     # Without it the group calls `write_snapshot` on its loop.
+    # Optional: `proposed(index, data, records)`: each entry this node proposes as the leader, when it is
+    # proposed (eventlog/raft/runtime/proposals.py `OnProposed`).
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +234,7 @@ class RaftGroup:
         self.counters = GroupCounters()
         self._ready = ReadyLoop(self, name, self.node, storage, send, loop=self.loop, peer_check=self.peer_check,
                                 peer_drops=self.peer_drops, counters=self.counters, flush=flush)
-        self._proposals = Proposals(self.loop, self.counters)
+        self._proposals = Proposals(self.loop, self.counters, getattr(state_machine, "proposed", None))
         # Set by the host: whether a ReadIndex may be sent to a node (its hello said so: transport.py).
         self.peer_reads_index: Callable[[int], bool] = lambda _: True
         self._reads = Reads(name, self.node, state_machine, loop=self.loop, wake=self._ready.wake,

@@ -8,6 +8,11 @@ with its offsets and apply outcomes once that entry is applied in the same term,
 ProposalDroppedError when another leader's entry (or a later one) takes the index. Membership
 changes wait the same way for their CONF_CHANGE entry.
 
+The state machine may be told what each entry holds as it is proposed (`on_proposed(index, data,
+records)`: the bytes of the batch and the (key, value) pairs encoded in it), so the leader's applier
+can take the records from there instead of parsing the batch again (statemachines/apply.py,
+`Applier.proposed`: it uses them only for an entry whose bytes are the ones built here).
+
 Concurrency contract: call only from the group's loop task (its `RaftGroup` owns one `Proposals`).
 """
 
@@ -26,6 +31,11 @@ from eventlog.records import encode_batch
 
 if TYPE_CHECKING:
     from eventlog.raft.runtime.group import GroupCounters
+
+
+OnProposed = Callable[[int, bytes, list[tuple[bytes | None, bytes | None]]], None]
+"""Told of each entry proposed: its index, its batch's bytes as proposed (before the log stamps its
+base offset and term) and the records encoded in them, in order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +76,11 @@ class Proposal:
 class Proposals:
     """The queued proposals and the callers waiting for their entries (see the module docstring)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, counters: GroupCounters) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, counters: GroupCounters,
+                 on_proposed: OnProposed | None = None) -> None:
         self.loop = loop
         self.counters = counters
+        self.on_proposed = on_proposed
         self.queued: list[Proposal] = []
         # entry index -> (term proposed in, [(future, first offset, record count)])
         self._waiters: dict[int, tuple[int, list[tuple[asyncio.Future[Committed], int, int]]]] = {}
@@ -112,6 +124,8 @@ class Proposals:
                         p.future.set_exception(exc)
                 return
             start = end
+            if self.on_proposed is not None:
+                self.on_proposed(index, data, records)
             waiters = []
             offset = index
             for p in batch:
