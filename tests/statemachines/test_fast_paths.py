@@ -1,12 +1,11 @@
 """The applier's fast paths apply every log exactly as the paths they shortcut.
 
 A follower parses each committed batch with `records.record_rows` (one pass over the common record shape,
-`decode_records` for anything else), checks a KvPut's fields with `KvPut.plainly_valid` before the checks
-one by one, and a record's schema version against a table before `events.check_versions`. Random entries
-of valid puts, puts with a field at or past a bound, values that are no event, records whose key is not
-their event's, other event types, transactions, records with headers or long deltas (which the fast parse
-hands over), and client sessions' writes are applied with the fast paths and with each turned off: the
-outcomes, every row of every column family and the digest are the same.
+`decode_records` for anything else) and checks a KvPut's fields with `KvPut.plainly_valid` before the
+checks one by one. Random entries of valid puts, puts with a field at or past a bound, values that are no
+event, records whose key is not their event's, other event types, transactions, records with headers or
+long deltas (which the fast parse hands over), and client sessions' writes are applied with the fast paths
+and with both turned off: the outcomes, every row of every column family and the digest are the same.
 """
 
 from __future__ import annotations
@@ -112,7 +111,6 @@ def test_the_fast_paths_apply_every_log_as_the_paths_they_shortcut(seed: int, vi
 
     monkeypatch.setattr(apply, "record_rows", rows_one_by_one)
     monkeypatch.setattr(ev.KvPut, "plainly_valid", lambda self: False)
-    monkeypatch.setattr(ev, "_KNOWN_VERSION", dict.fromkeys(ev._KNOWN_VERSION, -1))
     slow_sm = views_dir("slow")
     slow: dict[int, Any] = {}
     for i in range(0, len(entries), 3):
