@@ -678,6 +678,93 @@ def decode_records(h: BatchHeader, payload: bytes | memoryview,
         raise InvalidBatchError(f"{end - pos} bytes left over after {h.records_count} records")
 
 
+class _NotCommon(Exception):
+    """A record `record_rows` leaves to `decode_records` (a shape outside the common one, or an error)."""
+
+
+Row = tuple[int, bytes | None, bytes | None]
+"""A record's offset, key and value: what an applier reads of it."""
+
+
+def _row(offset: int, timestamp: int, key: bytes | None, value: bytes | None, headers: object) -> Row:
+    return offset, key, value
+
+
+def record_rows(h: BatchHeader, payload: bytes | memoryview) -> list[Row]:
+    """(offset, key, value) of every record of a batch's records part: exactly what
+    `list(decode_records(h, payload, make))` gives with `make` keeping those three, and its
+    InvalidBatchError with the same message, but about twice as fast on the batches a leader encodes.
+
+    The applier's hot loop (a follower parses every committed batch): one pass, no generator, no call
+    per record, for the common shape (no timestamp delta past one byte, keys under 64 bytes, lengths and
+    offset deltas under two bytes, no headers). Anything else, a damaged record included, hands the whole
+    batch to `decode_records`, so this never accepts what it refuses nor reads a record differently."""
+    data = payload.tobytes() if isinstance(payload, memoryview) else payload
+    rows: list[Row] = []
+    append = rows.append
+    base = h.base_offset
+    pos = 0
+    end = len(data)
+    try:
+        for _ in range(h.records_count):
+            b = data[pos]
+            if b < 0x80:
+                length, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                c = data[pos + 1]
+                if c >= 0x80:
+                    raise _NotCommon
+                z = (b & 0x7F) | c << 7
+                length, pos = (z >> 1) ^ -(z & 1), pos + 2
+            record_end = pos + length
+            if data[pos + 1] >= 0x80:   # after the attributes: a timestamp delta of one byte
+                raise _NotCommon
+            b = data[pos + 2]
+            if b < 0x80:
+                delta, pos = (b >> 1) ^ -(b & 1), pos + 3
+            else:
+                c = data[pos + 3]
+                if c >= 0x80:
+                    raise _NotCommon
+                z = (b & 0x7F) | c << 7
+                delta, pos = (z >> 1) ^ -(z & 1), pos + 4
+            b = data[pos]
+            if b >= 0x80:
+                raise _NotCommon
+            klen = (b >> 1) ^ -(b & 1)
+            if klen >= 0:
+                key: bytes | None = data[pos + 1:pos + 1 + klen]
+                pos += 1 + klen
+            else:
+                key = None
+                pos += 1
+            b = data[pos]
+            if b < 0x80:
+                vlen, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                c = data[pos + 1]
+                if c >= 0x80:
+                    raise _NotCommon
+                z = (b & 0x7F) | c << 7
+                vlen, pos = (z >> 1) ^ -(z & 1), pos + 2
+            if vlen >= 0:
+                value: bytes | None = data[pos:pos + vlen]
+                pos += vlen
+            else:
+                value = None
+            # No headers, and the record ends there (so its length was neither negative nor past the end:
+            # this is the test of both)
+            if pos + 1 != record_end or data[pos]:
+                raise _NotCommon
+            pos = record_end
+            append((base + delta, key, value))
+        if pos != end:
+            raise _NotCommon
+    except (_NotCommon, IndexError):
+        return list(decode_records(h, data, _row))
+    return rows
+
+
 def iter_batches(data: bytes | bytearray | memoryview, *, verify_crc: bool = True) -> Iterator[RecordBatch]:
     """Iterate the batches laid end to end in `data` (for example the result of a log read)."""
     view = memoryview(data)

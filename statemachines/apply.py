@@ -56,7 +56,7 @@ from eventlog.errors import (ALREADY_EXISTS, CONDITION_FAILED, HALTED, INVALID_A
                              VERSION_MISMATCH, InvalidBatchError)
 from eventlog.errors import SKIPPED as SKIPPED_CODE   # the reason (SKIPPED below is a meta key)
 from eventlog.raft.types import Entry, EntryKind
-from eventlog.records import NO_PRODUCER_ID, BatchHeader, RecordBatch, decode_records, records_payload
+from eventlog.records import NO_PRODUCER_ID, BatchHeader, RecordBatch, Row, record_rows, records_payload
 from eventlog.records import read_header   # the leader's own batches (`Applier.proposed`)
 from statemachines import events as ev
 from statemachines import brokers, producers, request_ids, sessions, views_format
@@ -312,7 +312,7 @@ class Applier:
         self._proposed[index] = (data, records)
         self._proposed_bytes += len(data)
 
-    def _proposed_records(self, entry: Entry) -> tuple[BatchHeader, list[tuple[int, bytes | None, bytes | None]]] | None:
+    def _proposed_records(self, entry: Entry) -> tuple[BatchHeader, list[Row]] | None:
         """The header and records of NORMAL `entry` from `proposed`, when this node built exactly its bytes
         (None: parse it). Forgets what was proposed at or below its index (applied or replaced)."""
         memo = self._proposed
@@ -445,7 +445,7 @@ class Applier:
 
     # --- records ------------------------------------------------------------------------------
 
-    def _apply_records(self, ov: Overlay, records: list[_Row], outcomes: dict[int, Outcome]) -> None:
+    def _apply_records(self, ov: Overlay, records: list[Row], outcomes: dict[int, Outcome]) -> None:
         """Apply the records of a NORMAL entry in offset order, each one's outcome into `outcomes`.
 
         A client session's write of n requests is n consecutive records; once the first is applied, the
@@ -491,25 +491,25 @@ class Applier:
         outcome when it has no event to apply (skipped, not an event, a key not the event's)."""
         if offset in self.skipped:
             return Outcome(False, offset, SKIPPED_CODE, "skipped by the operator: no node could apply it")
+        if self._expected and value is not None:
+            expected = self._expected.pop(value, None)
+            if expected is not None:
+                self._expected_bytes -= len(value)
+                if expected[0] == key:
+                    return expected[1], None   # what `applicable(value)` gives, decoded by this node's leader (`expect`)
         invalid: ev.InvalidEventError | None = None
-        expected = self._expected.pop(value, None) if self._expected and value is not None else None
-        if expected is not None:
-            self._expected_bytes -= len(value)  # type: ignore[arg-type]
-        if expected is not None and expected[0] == key:
-            event = expected[1]   # what `applicable(value)` gives, decoded by this node's leader (`expect`)
-        else:
-            try:
-                event = ev.applicable(value or b"")
-            except ev.InvalidEventError as exc:   # decoded: its key and request id still count, as they always did
-                event, invalid = exc.event, exc
-            except ev.EventError as exc:
-                return Outcome(False, offset, exc.code, str(exc))
-            except ev.SchemaVersionError as exc:
-                raise _CannotApply(offset, str(exc), UPGRADE) from None
-            except RecursionError as exc:
-                raise _CannotApply(offset, f"{exc} in this process", "a node with a deeper stack may apply it") from None
-            if key != event.key().encode():
-                return Outcome(False, offset, INVALID_ARGUMENT, f"record key {key!r} is not the event's key")
+        try:
+            event = ev.applicable(value or b"")
+        except ev.InvalidEventError as exc:   # decoded: its key and request id still count, as they always did
+            event, invalid = exc.event, exc
+        except ev.EventError as exc:
+            return Outcome(False, offset, exc.code, str(exc))
+        except ev.SchemaVersionError as exc:
+            raise _CannotApply(offset, str(exc), UPGRADE) from None
+        except RecursionError as exc:
+            raise _CannotApply(offset, f"{exc} in this process", "a node with a deeper stack may apply it") from None
+        if key != event.key().encode():
+            return Outcome(False, offset, INVALID_ARGUMENT, f"record key {key!r} is not the event's key")
         return event, invalid
 
     def _apply_event(self, ov: Overlay, event: ev.Event, invalid: ev.InvalidEventError | None,
@@ -642,20 +642,13 @@ class Applier:
         ov.put("versions", version_key(raw_key, version), encode(Version(tag, previous)))
 
 
-_Row = tuple[int, bytes | None, bytes | None]   # a record's offset, key, value
-
-
-def _row(offset: int, timestamp: int, key: bytes | None, value: bytes | None, headers: object) -> _Row:
-    return offset, key, value
-
-
-def _records(entry: Entry, skipped: frozenset[int]) -> tuple[BatchHeader | None, list[_Row]]:
+def _records(entry: Entry, skipped: frozenset[int]) -> tuple[BatchHeader | None, list[Row]]:
     """The batch header and records of a NORMAL entry. Its CRC was checked when it was stored; a batch
     that still does not parse (a writer's bug) halts the group like any entry this code cannot apply (at
     its first offset: skipping that offset skips the whole entry)."""
     try:
         batch = RecordBatch.parse(entry.data, verify_crc=False)
-        return batch.header, list(decode_records(batch.header, records_payload(batch.header, batch.raw), _row))
+        return batch.header, record_rows(batch.header, records_payload(batch.header, batch.raw))
     except InvalidBatchError as exc:
         if entry.index in skipped:
             return None, []
@@ -663,7 +656,7 @@ def _records(entry: Entry, skipped: frozenset[int]) -> tuple[BatchHeader | None,
                            "a bug or a damaged log: report it with this log line") from None
 
 
-def _producer_batch(ov: Overlay, entry: Entry, header: BatchHeader | None, records: list[_Row],
+def _producer_batch(ov: Overlay, entry: Entry, header: BatchHeader | None, records: list[Row],
                     now_ms: int) -> Outcome | None:
     """For the batch of a Kafka idempotent producer (statemachines/producers.py): None to apply its
     records, or what its first record gets instead (a retry's outcome at the original offset, or a
@@ -705,26 +698,27 @@ _TAGS: dict[type, str] = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
 def _chain(digest: bytes, offset: int, writes: dict[str, dict[bytes, bytes | None]]) -> bytes:
     """The digest after an entry whose writes are `writes`: its mutations in (family, key) order."""
     parts = [digest, encode_offset(offset)]   # hashed in one call: the bytes of one update per piece
-    add = parts.append
-    length = _LENGTH.pack
+    add = parts.extend
+    lengths = _LENGTHS
+    pack = _LENGTH.pack
     for cf in sorted(writes):
         pending = writes[cf]
         prefix = cf.encode() + b"\x00"
         for key in sorted(pending):
             value = pending[key]
-            add(prefix)
-            add(length(len(key)))
-            add(key)
+            n = len(key)
+            key_length = lengths[n] if n < _LENGTHS_KEPT else pack(n)
             if value is None:
-                add(b"\x00")
+                add((prefix, key_length, key, b"\x00"))
             else:
-                add(b"\x01")
-                add(length(len(value)))
-                add(value)
+                n = len(value)
+                add((prefix, key_length, key, b"\x01", lengths[n] if n < _LENGTHS_KEPT else pack(n), value))
     return hashlib.sha256(b"".join(parts)).digest()
 
 
 _LENGTH = struct.Struct(">I")
+_LENGTHS_KEPT = 4096
+_LENGTHS = [_LENGTH.pack(n) for n in range(_LENGTHS_KEPT)]   # a row's lengths, mostly short: a lookup, not a call
 
 
 def _ok(offset: int) -> Outcome:
@@ -856,25 +850,27 @@ def _kv_put(a: Applier, ov: Overlay, e: ev.Event, offset: int) -> Outcome:
     raw_key = key.encode()
     raw = ov.get("kv", raw_key)
     current = None if raw is None else _KV_STATE.decode(raw)
-    mismatch = _version_mismatch(offset, key, e.expected_version, current)
-    if mismatch:
-        return mismatch
+    if e.expected_version is not None:
+        mismatch = _version_mismatch(offset, key, e.expected_version, current)
+        if mismatch:
+            return mismatch
     old_lease = current.lease if current is not None else 0
     rejected = _attach(a, ov, old_lease, e.lease, key, offset) if old_lease or e.lease else None
     if rejected:
         return rejected
-    created = current.created if current is not None else offset
-    state = KvState(name=e.name, value=e.value, lease=e.lease, version=offset, created=created)
+    state = KvState(name=e.name, value=e.value, lease=e.lease, version=offset,
+                    created=offset if current is None else current.created)
     if a.level >= 2:   # the latest state in the kv row only; the one it replaces moves to `versions`
         if raw is not None:   # `_supersede`, inlined: a kv state's history rows are KvPut's
-            ov.put("versions", version_key(raw_key, current.version), encode(Version("KvPut", raw)))  # type: ignore[union-attr]
-        ov.put("kv", raw_key, encode(state))
+            ov.put("versions", version_key(raw_key, current.version), _encode(Version("KvPut", raw)))  # type: ignore[union-attr]
+        ov.put("kv", raw_key, _encode(state))
     else:
         a.save_raw(ov, "kv", raw_key, state, e, offset)
-    return _ok(offset)
+    return Outcome(True, offset)
 
 
 _KV_STATE = msgspec.msgpack.Decoder(KvState)
+_encode = msgspec.msgpack.Encoder().encode   # `state.encode` without its call (the same bytes)
 _WRITES_LAST = frozenset({ev.KvPut})
 """Events whose handler writes only once it can no longer reject (nor raise): applied without a savepoint."""
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gzip
 import itertools
+import random
 import struct
 import tracemalloc
 import zlib
@@ -56,6 +57,7 @@ from eventlog.records import (
     batch_size_at,
     check_batch,
     crc32c,
+    decode_records,
     decode_varint,
     encode_batch,
     encode_records,
@@ -63,6 +65,8 @@ from eventlog.records import (
     gunzip,
     iter_batches,
     read_header,
+    record_rows,
+    records_payload,
     stamp,
 )
 from tests.eventlog import strategies as s
@@ -795,3 +799,60 @@ def test_a_gzip_bomb_is_refused_having_inflated_no_more_than_the_bound() -> None
                            for r in RecordBatch.parse(small).records(max_bytes=inflated)]
     with pytest.raises(BatchTooLargeError):
         RecordBatch.parse(small).records(max_bytes=inflated - 1)
+
+
+def _random_records(rng: random.Random) -> list[Record]:
+    """Records of every shape a batch can hold: null, short and long keys and values (one- to
+    three-byte lengths), offset and timestamp deltas past one byte, headers now and then."""
+    records = []
+    offset = rng.randint(0, 1 << 40)
+    ts = rng.randint(0, 1 << 41)
+    for _ in range(rng.randint(1, 60)):
+        offset += rng.choice((1, 1, 1, 2, 70, 9_000))
+        key = rng.choice((None, b"", b"kv/a", b"k" * 63, b"k" * 64, b"k" * 200))
+        value = rng.choice((None, b"", b"v" * 40, b"v" * 63, b"v" * 64, b"v" * 300, b"v" * 8_191, b"v" * 8_192))
+        headers = rng.choice(((),) * 8 + ((("h", b"x"),), (("h", None), ("", b""))))
+        records.append(Record(offset, ts + rng.choice((0, 0, 1, 63, 64, 100_000)), key, value, headers))
+    return records
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_record_rows_reads_every_batch_as_decode_records_does(seed: int) -> None:
+    """`record_rows` (the applier's one-pass parse) gives what `decode_records` gives, or raises its
+    InvalidBatchError with the same message: on random batches of every record shape, whole and with a
+    byte changed, bytes cut or added, or a record count that does not hold."""
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    fast = slow_only = refused = 0
+    for _ in range(600):
+        if rng.random() < 0.5:
+            entries = [(rng.choice((b"kv/a", b"k" * 40, None)), rng.choice((b"v" * 200, b"", None))) for _ in range(rng.randint(1, 80))]
+            raw = bytearray(encode_batch(entries, timestamp_ms=rng.randint(0, 1 << 41)))
+        else:
+            raw = bytearray(encode_records(_random_records(rng)))
+        damage = rng.choice(("none", "none", "byte", "cut", "grow", "count"))
+        if damage == "byte":
+            raw[rng.randrange(HEADER_SIZE, len(raw))] = rng.randrange(256)
+        elif damage == "cut":
+            del raw[rng.randrange(HEADER_SIZE, len(raw)):]
+        elif damage == "grow":
+            raw += bytes(rng.randrange(256) for _ in range(rng.randint(1, 5)))
+        elif damage == "count":
+            struct.pack_into(">i", raw, HEADER_SIZE - 4, max(0, read_header(raw).records_count + rng.choice((-1, 1))))
+        header = read_header(raw)._replace(batch_length=len(raw) - LOG_OVERHEAD)
+        payload = records_payload(header, raw)
+        try:
+            want: object = [(o, k, v) for o, _, k, v, _ in
+                            decode_records(header, payload, lambda *fields: fields)]   # type: ignore[misc]
+        except InvalidBatchError as exc:
+            want = ("InvalidBatchError", str(exc))
+        try:
+            got: object = record_rows(header, payload)
+        except InvalidBatchError as exc:
+            got = ("InvalidBatchError", str(exc))
+        assert got == want, (damage, bytes(raw).hex())
+        refused += isinstance(want, tuple)
+        fast += damage == "none"
+        slow_only += damage != "none" and not isinstance(want, tuple)
+    print(f"{fast} whole batches, {refused} refused, {slow_only} damaged ones that still parse")
+    assert refused > 100 and slow_only > 20

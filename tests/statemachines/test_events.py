@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import random
+import re
 import tempfile
+from typing import Any
 
 import msgspec
 import pytest
@@ -155,3 +158,51 @@ def test_written_keys_are_a_transactions_operations_and_nothing_for_other_record
     for garbage in (b"\xc1", msgspec.msgpack.encode({"type": "Txn", "ops": 5}), b""):
         assert ev.written_keys(b"txn/kv/app/x", garbage) == ()
     assert ev.written_keys(None, None) == ()
+
+
+def _random_put(rng: random.Random) -> ev.KvPut:
+    """A valid KvPut with a few fields (or none) drawn around the bounds `KvPut.check_each` tests (msgspec
+    builds it without checking anything, as the applier's decoder does)."""
+    session = rng.random() < 0.5
+    fields: dict[str, Any] = {"name": "app/x", "value": b"v", "lease": 0, "expected_version": None, "actor": "",
+                              "request_id": "", "session_id": 7 if session else 0, "seq": 5 if session else 0,
+                              "answered_below": 2 if session else 0, "v": 2}
+    bounds: dict[str, tuple[Any, ...]] = {
+        "name": ("k" * 63, "k" * 64, "k" * 1024, "k" * 1025, "", "a\x00b", "\x00", "é" * 200, "é" * 512, "é" * 513,
+                 "\u00e9x", "a" * 257),
+        "value": (b"", b"v" * ev.MAX_VALUE_BYTES, b"v" * (ev.MAX_VALUE_BYTES + 1)),
+        "lease": (-1, 1, 3), "expected_version": (0, 9), "actor": ("a" * 256, "a" * 257),
+        "request_id": ("r" * 128, "r" * 129), "session_id": (0, 1, -1, -7), "seq": (0, 1, 2, ev.MAX_SEQ, ev.MAX_SEQ + 1, -1),
+        "answered_below": (0, 1, 5, 6, -1), "v": (0, 1, 3)}
+    for field in rng.sample(sorted(bounds), rng.choice((0, 1, 1, 1, 2))):
+        fields[field] = rng.choice(bounds[field])
+    return ev.KvPut(**fields)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_a_plainly_valid_put_passes_every_check(seed: int) -> None:
+    """`KvPut.validate` skips the checks one by one for a put `plainly_valid` vouches for: random puts
+    around every bound (key bytes, NUL, non-ASCII keys, value size, lease, actor, request id, the session
+    fields, the schema version) that it vouches for pass `check_each`, and the common ones are vouched for."""
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    vouched = refused = 0
+    for _ in range(4_000):
+        put = _random_put(rng)
+        if put.plainly_valid():
+            vouched += 1
+            put.check_each()   # raises for a put it should not have vouched for
+        else:
+            try:
+                put.check_each()
+            except ev.EventError as exc:
+                refused += 1
+                with pytest.raises(ev.EventError, match=re.escape(str(exc))):
+                    put.validate()   # the same message as the checks one by one
+            else:
+                put.validate()
+    print(f"{vouched} vouched for, {refused} refused")
+    assert vouched > 1_000 and refused > 1_000
+    for put in (ev.KvPut(name="brokers/12", value=b"{}" * 70, session_id=3, seq=9, answered_below=4, v=2),
+                ev.KvPut(name="app/x", value=b"1"), ev.KvPut(name="a", value=b"", lease=5, expected_version=0)):
+        assert put.plainly_valid(), put
