@@ -10,6 +10,8 @@ voters, so it never campaigns: it waits to be added.
 
 Membership calls are served by the metadata leader, one node and one group at a time:
 
+- list: the leader's address book and the metadata group's voters and learners (not_leader on any
+  other node: its book can lag, and a node not yet added would list itself);
 - add: refuse a node whose peer hello says it cannot apply the views format level of this node's groups
   (statemachines/views_format.py: it would read a snapshot of them as another level; one that has not
   connected within JOINER_HELLO_S is let in, with a WARNING, as before levels: it halts on the raise
@@ -92,6 +94,15 @@ class Membership:
         """The address book, and the voters and learners of the metadata group as this node sees them."""
         conf = self.local.group("metadata").node.conf
         return p.Members(self.sorted(), list(conf.voters), list(conf.learners))
+
+    def leader_list(self) -> p.Members:
+        """What `member_list` answers: the metadata leader's `list`, NotLeaderError on any other node.
+
+        Another node's book can lag a change, and a node not yet added lists itself (it knows its own
+        addresses): asked there, a client would take that for the cluster's membership.
+        """
+        self._require_leader("metadata")
+        return self.list()
 
     def sorted(self) -> list[p.MemberInfo]:
         return [self.members[i] for i in sorted(self.members)]

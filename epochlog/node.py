@@ -528,7 +528,7 @@ class Node:
                 last.tombstones_dropped, last.noops_dropped, c.last_finished_at, last.aborted or "")
 
     def member_list(self) -> p.Members:
-        return self.membership.list()
+        return self.membership.leader_list()
 
     async def member_add(self, call: p.MemberAdd) -> p.Members:
         return await self.membership.add(call)

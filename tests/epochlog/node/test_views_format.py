@@ -10,7 +10,8 @@
    2; upgraded, they rise to 3 while an SDK client's session goes on writing batches: its outcomes kept a
    row per request before the raise and a row per run after it, and the replicas' views stay equal.
 3. `member add` refuses a node whose hello says it applies a lower level than the groups are at (it would
-   read a snapshot of level-2 views as level 1), and adds the same node once it runs this tree.
+   read a snapshot of level-2 views as level 1), and adds the same node once it runs this tree. The
+   refused node answers `members` not_leader (it once answered with its own book, which lists itself).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable
 
 import pytest
 
-from epochlog.client import Client, ClientError
+from epochlog.client import Client, ClientError, NotLeaderError
 from statemachines import events as ev
 from statemachines import views_format
 from tests.support.nodes import NodeCluster
@@ -125,6 +126,10 @@ def test_member_add_refuses_a_node_that_cannot_apply_the_groups_level(
             client.member_add(4, joiner.peer_address, joiner.client_address)
         assert info.value.code == "conf_change"
         assert 4 not in {m.id for m in client.members().members}
+        # Asked on its own, the refused node does not answer with its own book (where it lists itself): it
+        # is not in the metadata group, so it names no leader.
+        with Client([joiner.client_address], timeout=2) as alone, pytest.raises(NotLeaderError):
+            alone.members()
         cluster.nodes[4].build = None
         cluster.stop(4)
         cluster.start([4])
