@@ -26,6 +26,9 @@ segment preparation, the free-space guard) goes through the wrappers below.
   preallocation of the next one, a roll) and when it reactivates the last segment on open, so this
   is a disk that fills up after N segment files: appends into the active segment still succeed, the
   next segment cannot be prepared (`DiskFullError`).
+- `disk-full-slow-ms=N` (with `disk-full-after-segments`): each failing `posix_fallocate` call takes N ms
+  before it raises, a disk slow to find out it is full: the background preparation of the next segment
+  is still under way when the active segment fills up, and the roll would wait for it and fail.
 - `statvfs-free-bytes=N`: `os.statvfs` reports at most N bytes available (`f_bavail`): a file system
   that is nearly full, for the free-space guard (`[compaction] min_free_disk_bytes`).
 
@@ -56,7 +59,7 @@ HEAL_ENV_VAR = "EPOCHLOG_FAULTS_HEAL_FILE"
 P = ParamSpec("P")
 R = TypeVar("R")
 
-_KNOWN = ("fdatasync-eio-after", "disk-full-after-segments", "statvfs-free-bytes")
+_KNOWN = ("fdatasync-eio-after", "disk-full-after-segments", "disk-full-slow-ms", "statvfs-free-bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +68,7 @@ class FaultSpec:
 
     fdatasync_eio_after: int | None = None
     disk_full_after_segments: int | None = None
+    disk_full_slow_ms: int | None = None
     statvfs_free_bytes: int | None = None
 
 
@@ -79,6 +83,8 @@ def parse(text: str) -> FaultSpec:
         if not sep or name not in _KNOWN or not value.isdigit():
             raise ValueError(f"{ENV_VAR}: bad item {item!r} (known: {', '.join(n + '=N' for n in _KNOWN)})")
         values[name.replace("-", "_")] = int(value)
+    if "disk_full_slow_ms" in values and "disk_full_after_segments" not in values:
+        raise ValueError(f"{ENV_VAR}: disk-full-slow-ms=N needs disk-full-after-segments=N")
     return FaultSpec(**values)
 
 
@@ -93,9 +99,9 @@ def _healed(heal_file: str | None, what: str, state: dict[str, bool]) -> bool:
 
 
 def _fail_after(func: Callable[P, R], allowed: int, code: int, what: str,
-                heal_file: str | None = None) -> Callable[P, R]:
-    """`func`, except that every call after the first `allowed` raises OSError(code) instead (until
-    `heal_file` exists, if one is given)."""
+                heal_file: str | None = None, slow_s: float = 0.0) -> Callable[P, R]:
+    """`func`, except that every call after the first `allowed` raises OSError(code) instead, `slow_s`
+    seconds after it was made (until `heal_file` exists, if one is given)."""
     lock = threading.Lock()   # called from the loop, the flusher and the preallocator threads
     calls = 0
     healing: dict[str, bool] = {}
@@ -110,6 +116,8 @@ def _fail_after(func: Callable[P, R], allowed: int, code: int, what: str,
         if n == allowed + 1:  # CLOCK_MONOTONIC is system-wide: a test can compare it with its own clock
             print(f"epochlog-faults: {what} call #{n} fails with {errno.errorcode[code]} (injected) "
                   f"at monotonic={time.monotonic():.6f}", file=sys.stderr, flush=True)
+        if slow_s:
+            time.sleep(slow_s)
         raise OSError(code, os.strerror(code))
 
     return wrapper
@@ -145,9 +153,11 @@ def install(spec: FaultSpec, heal_file: str | None = None) -> list[str]:
         os.fdatasync = _fail_after(os.fdatasync, spec.fdatasync_eio_after, errno.EIO, "fdatasync")
         installed.append(f"fdatasync-eio-after={spec.fdatasync_eio_after}")
     if spec.disk_full_after_segments is not None:
+        slow_s = (spec.disk_full_slow_ms or 0) / 1000
         os.posix_fallocate = _fail_after(os.posix_fallocate, spec.disk_full_after_segments, errno.ENOSPC,
-                                         "posix_fallocate", heal_file)
-        installed.append(f"disk-full-after-segments={spec.disk_full_after_segments}")
+                                         "posix_fallocate", heal_file, slow_s)
+        installed.append(f"disk-full-after-segments={spec.disk_full_after_segments}"
+                         + (f" (failing after {spec.disk_full_slow_ms} ms)" if slow_s else ""))
     if spec.statvfs_free_bytes is not None:
         os.statvfs = _low_free_space(os.statvfs, spec.statvfs_free_bytes, heal_file)
         installed.append(f"statvfs-free-bytes={spec.statvfs_free_bytes}")

@@ -331,6 +331,23 @@ class Log:
             self._preallocator = SegmentPreallocator(self.directory, self.config.segment_bytes)
         self._preallocator.request()
 
+    def room(self, size: int) -> bool | EpochlogError:
+        """Without waiting: whether `size` more bytes of batches can be stored now. True when they fit in
+        the active segment or the next segment's file is prepared; False while it is being prepared
+        (a roll would wait for it); the error of its preparation when that failed (e.g. DiskFullError).
+
+        A Raft group asks before it takes entries it must store (raft/runtime/group.py): `space_error`
+        alone misses a preparation still under way that then fails, and a roll failing under the group
+        stops it; and a roll waiting for a slow preparation would hold the loop every group shares.
+        """
+        with self._lock:
+            seg = self._segments.active
+            if seg.size + size <= seg.capacity:
+                return True
+        if self._preallocator is None:
+            self._preallocator = SegmentPreallocator(self.directory, self.config.segment_bytes)
+        return self._preallocator.ready()
+
     # --- appending -----------------------------------------------------------------------------
 
     def append(self, batch: bytes | bytearray | memoryview, *, epoch: int) -> AppendInfo:

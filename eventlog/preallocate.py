@@ -81,6 +81,19 @@ class SegmentPreallocator:
         with self._cond:
             return self._last_error
 
+    def ready(self) -> bool | EpochlogError:
+        """Without waiting: True if a prepared file is ready, False while one is being prepared (or none
+        was asked for: then its preparation starts), the error of the last preparation if it failed."""
+        with self._cond:
+            if self._ready is not None:
+                return True
+            if self._busy:
+                return False
+            if self._last_error is not None:
+                return self._last_error
+        self.request()
+        return False
+
     def take(self) -> PreparedFile | None:
         """The prepared file, waiting for one in progress; None if none was requested.
 

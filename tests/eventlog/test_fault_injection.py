@@ -10,6 +10,7 @@ import errno
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,10 @@ pytestmark = pytest.mark.timeout(60)
 def test_fault_spec_parses_and_rejects() -> None:
     assert faults.parse("") == faults.FaultSpec()
     assert faults.parse("fdatasync-eio-after=3, disk-full-after-segments=0") == faults.FaultSpec(3, 0)
-    for bad in ("fdatasync-eio-after", "fdatasync-eio-after=-1", "disk-full=2", "fdatasync-eio-after=x"):
+    assert faults.parse("disk-full-after-segments=2,disk-full-slow-ms=500") == faults.FaultSpec(
+        disk_full_after_segments=2, disk_full_slow_ms=500)
+    for bad in ("fdatasync-eio-after", "fdatasync-eio-after=-1", "disk-full=2", "fdatasync-eio-after=x",
+                "disk-full-slow-ms=500"):
         with pytest.raises(ValueError, match="EPOCHLOG_FAULTS"):
             faults.parse(bad)
 
@@ -38,6 +42,14 @@ def test_fail_after_lets_n_calls_through_then_fails_for_good() -> None:
             wrapped(i)
         assert info.value.errno == errno.EIO
     assert calls == [1, 2], "a failed call must not reach the real function"
+
+
+def test_a_slow_failure_fails_only_after_its_delay() -> None:
+    wrapped = faults._fail_after(lambda: None, 0, errno.ENOSPC, "nothing", slow_s=0.2)
+    started = time.monotonic()
+    with pytest.raises(OSError):
+        wrapped()
+    assert time.monotonic() - started >= 0.2
 
 
 def test_node_refuses_to_start_with_a_bad_fault_spec(tmp_path: Path) -> None:

@@ -37,6 +37,14 @@ def entry_to_batch(entry: Entry) -> bytes | bytearray:
     return encode_records([record], leader_epoch=entry.term, control=True)
 
 
+def stored_bytes_at_most(entries: tuple[Entry, ...] | list[Entry]) -> int:
+    """An upper bound of the bytes `entries` take in the log (what `entry_to_batch` makes of them)."""
+    return sum(len(e.data) if e.kind is EntryKind.NORMAL else len(e.data) + _CONTROL_BATCH_BYTES for e in entries)
+
+
+_CONTROL_BATCH_BYTES = 128   # a control batch's header (61 bytes) and its one record's framing and key
+
+
 def check_entry(entry: Entry, max_batch_bytes: int) -> str | None:
     """Why a peer's `entry` cannot be stored as it is (None: it can). A NORMAL entry's data must be
     one valid record batch (CRC included) of `count` records, not a control batch, within the log's

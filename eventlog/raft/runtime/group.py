@@ -26,7 +26,10 @@ A full disk stops writes, not the node: when the next log segment cannot be prep
 (`Log.space_error`) or the node's `space_guard` reports too little free space, the leader refuses
 proposals with the retriable DiskFullError (and hands leadership to a caught-up voter), a follower
 drops the appends that carry new entries (so it never acknowledges them; the leader sends them
-again), and the preparation is retried every second until it succeeds. Nothing is half-written:
+again), and the preparation is retried every second until it succeeds. Before it takes entries that need
+the next segment, the group checks its file is ready (`Log.room`): while it is still being prepared
+the follower drops the append and the leader keeps its proposals queued, so a preparation that fails
+late fails no roll under the group, and a slow one never holds the loop. Nothing is half-written:
 what is refused never reaches the log, and the views only apply what the log holds. Reads go on.
 (Entries the core makes itself, a new leader's NOOP or a membership change, are still appended:
 a few dozen bytes, they fit in the active segment unless it is full to its last bytes, and then the
@@ -663,9 +666,10 @@ class RaftGroup:
         if self.node.role is not Role.LEADER:
             self._proposals.refuse_queued(NotLeaderError(self.node_id, self.node.leader, self.node.term))
             return
-        if self._check_space():
-            self.counters.proposals_refused += self._proposals.refuse_queued(self._disk_full_error())
-            return
+        if self._check_space() or not self._can_store(self._proposals.queued_bytes_at_most()):
+            if self._disk_full:
+                self.counters.proposals_refused += self._proposals.refuse_queued(self._disk_full_error())
+            return   # else the next segment is still being prepared: the proposals wait for it
         # Entries of up to APPLY_BYTES_PER_TURN (one proposal alone up to max_batch_bytes): an entry is
         # applied whole, so its size bounds how long applying it holds the loop.
         self._proposals.propose_queued(self.node, min(self.max_batch_bytes, APPLY_BYTES_PER_TURN))
@@ -811,6 +815,19 @@ class RaftGroup:
                 logger.warning("group %s: disk space is available again: writes resume", self.name)
             self._disk_full = reason
         return bool(reason)
+
+    def _can_store(self, incoming: int) -> bool:
+        """Whether `incoming` more bytes can go into the log now, without a roll that waits for the next
+        segment's preparation or fails with it (`Log.room`). A failed preparation is a full disk
+        (`_check_space` reports it from now on); one still under way means not yet: a follower drops the
+        append (the leader sends it again), a leader keeps its proposals queued (each tick retries).
+        The loop never waits for the preparation."""
+        room = self.storage.log.room(incoming)
+        if room is True:
+            return True
+        if room is not False:
+            self._check_space()
+        return False
 
     def _disk_full_error(self) -> DiskFullError:
         return DiskFullError(f"group {self.name} on node {self.node_id} refuses writes: {self._disk_full}; "

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from eventlog.raft.errors import ProposalDroppedError, RaftError
 from eventlog.raft.node import RaftNode
 from eventlog.raft.types import ConfState, Entry, EntryKind
-from eventlog.records import encode_batch
+from eventlog.records import HEADER_SIZE, encode_batch
 
 if TYPE_CHECKING:
     from eventlog.raft.runtime.group import GroupCounters
@@ -88,6 +88,10 @@ class Proposals:
 
     def queue(self, proposal: Proposal) -> None:
         self.queued.append(proposal)
+
+    def queued_bytes_at_most(self) -> int:
+        """An upper bound of the log bytes the queued proposals take (each one a batch at worst)."""
+        return sum(p.size for p in self.queued) + HEADER_SIZE * len(self.queued)
 
     def refuse_queued(self, error: BaseException) -> int:
         """Fail every queued proposal with `error`; how many there were."""

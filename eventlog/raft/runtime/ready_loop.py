@@ -37,6 +37,7 @@ from typing import Protocol
 from eventlog.raft.node import RaftNode, Ready, ReadState, Role, SoftState
 from eventlog.raft.peer_check import PeerCheck
 from eventlog.raft.persist_queue import PersistQueue
+from eventlog.raft.runtime.entries import stored_bytes_at_most
 from eventlog.raft.runtime.log_storage import LogStorage
 from eventlog.raft.runtime.peer_drops import PeerDrops
 from eventlog.raft.types import Append, Entry, InstallSnapshot, Message, SnapshotMeta
@@ -87,6 +88,10 @@ class ReadyOwner(Protocol):
 
     def _check_space(self) -> bool:
         """Whether writes must be refused for lack of disk space."""
+        ...
+
+    def _can_store(self, incoming: int) -> bool:
+        """Whether `incoming` more bytes can go into the log now (else the append waits: it is dropped)."""
         ...
 
     def _install_snapshot(self, meta: SnapshotMeta) -> None:
@@ -229,8 +234,10 @@ class ReadyLoop:
             if drop is not None:   # as if the network lost it (eventlog/raft/peer_check.py)
                 self.peer_drops.dropped(self.name, peer, drop, m)
                 continue
-            if full and isinstance(m, Append) and m.entries and m.entries[-1].last_index > self.node.log.last_index():
-                # Never acknowledged, so the leader sends it again; by then the disk may have room.
+            if (isinstance(m, Append) and m.entries and m.entries[-1].last_index > node.log.last_index()
+                    and (full or not self.owner._can_store(stored_bytes_at_most(m.entries)))):
+                # Never acknowledged, so the leader sends it again; by then the disk may have room, or
+                # the next segment be prepared.
                 self.counters.appends_dropped += 1
                 continue
             self.node.step(m)

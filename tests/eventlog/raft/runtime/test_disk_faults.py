@@ -22,6 +22,8 @@ always campaigns first.
   prepares its segment again within seconds, the report clears, and it catches up by log; alone (a
   one-node group) it refuses every write with `disk_full` while full, keeps answering status, and
   commits again once healed.
+- the disk is found full only while the follower already needs its next segment (`disk-full-slow-ms`: the
+  failing preparation is still under way when an append needs the roll): the same, never a stopped group.
 - after the rejoin or recovery, the committed range is byte-identical on all nodes, every
   acknowledged write is present (nodes stopped, logs read offline), the views have the same applied
   offset and digest on every node, and the node's log verifies and opens without repair.
@@ -61,6 +63,9 @@ FSYNC_MESSAGE = r"group \w+ failed: .*fdatasync.*Input/output error"
 # Two segment files per group (3 groups) at start-up, one more at kv's first roll; the next preparation
 # fails (16 KiB segments: a few hundred writes in), and every retry fails until the heal file exists.
 DISK_FULL_FAULT = "disk-full-after-segments=7"
+# The same, but the failing preparation takes 5 s to fail: the follower's active segment fills up
+# before then, so the append that needs a roll arrives while the preparation is still under way.
+SLOW_DISK_FULL_FAULT = DISK_FULL_FAULT + ",disk-full-slow-ms=5000"
 HEAL_BOUND_S = 10.0   # from the heal file to the node taking writes again (it retries every second)
 
 
@@ -199,11 +204,11 @@ def _fsync_exit(cluster: NodeCluster) -> None:
     _expect_exit(cluster, FSYNC_MESSAGE)
 
 
-def _disk_full_then_heal(cluster: NodeCluster, role: str) -> None:
+def _disk_full_then_heal(cluster: NodeCluster, role: str, faults: str = DISK_FULL_FAULT) -> None:
     heal = cluster.root / "heal-node-3"
-    stream = _start_with_faulty_node(cluster, DISK_FULL_FAULT, role, heal)
-    fired = _wait_fault(cluster, DISK_FULL_FAULT)
-    wait_until(lambda: _disk_full(cluster), 10.0, f"node {FAULTY} to report disk_full")
+    stream = _start_with_faulty_node(cluster, faults, role, heal)
+    fired = _wait_fault(cluster, faults)
+    wait_until(lambda: _disk_full(cluster), 15.0, f"node {FAULTY} to report disk_full")
     _others_go_on(cluster, stream, fired)
     # Full, it stays up, takes no more than its last segment holds, and falls behind the others.
     time.sleep(1.5)
@@ -279,6 +284,14 @@ def test_failed_fsync_exits_the_node(node_cluster_factory: Callable[..., NodeClu
 def test_disk_full_refuses_then_resumes_when_space_is_freed(node_cluster_factory: Callable[..., NodeCluster],
                                                             role: str) -> None:
     _disk_full_then_heal(_make(node_cluster_factory, role, log={"segment_bytes": 16 << 10}), role)
+
+
+def test_disk_full_found_while_the_follower_needs_the_next_segment_stops_no_group(
+        node_cluster_factory: Callable[..., NodeCluster]) -> None:
+    """The follower's next segment is still being prepared (and will fail) when an append needs it: the
+    follower drops that append as full instead of rolling into the failure, which stopped its group."""
+    _disk_full_then_heal(_make(node_cluster_factory, "follower", log={"segment_bytes": 16 << 10}), "follower",
+                         SLOW_DISK_FULL_FAULT)
 
 
 def test_disk_full_alone_refuses_writes_with_disk_full_and_resumes(
