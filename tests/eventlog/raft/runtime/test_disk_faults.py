@@ -22,8 +22,8 @@ always campaigns first.
   prepares its segment again within seconds, the report clears, and it catches up by log; alone (a
   one-node group) it refuses every write with `disk_full` while full, keeps answering status, and
   commits again once healed.
-- the disk is found full only while the follower already needs its next segment (`disk-full-slow-ms`: the
-  failing preparation is still under way when an append needs the roll): the same, never a stopped group.
+- the disk is found full only while the node already needs its next segment (`disk-full-slow-ms`: the
+  failing preparation is still under way when entries need the roll): the same, never a stopped group.
 - after the rejoin or recovery, the committed range is byte-identical on all nodes, every
   acknowledged write is present (nodes stopped, logs read offline), the views have the same applied
   offset and digest on every node, and the node's log verifies and opens without repair.
@@ -286,11 +286,13 @@ def test_disk_full_refuses_then_resumes_when_space_is_freed(node_cluster_factory
     _disk_full_then_heal(_make(node_cluster_factory, role, log={"segment_bytes": 16 << 10}), role)
 
 
-def test_disk_full_found_while_the_follower_needs_the_next_segment_stops_no_group(
-        node_cluster_factory: Callable[..., NodeCluster]) -> None:
-    """The follower's next segment is still being prepared (and will fail) when an append needs it: the
-    follower drops that append as full instead of rolling into the failure, which stopped its group."""
-    _disk_full_then_heal(_make(node_cluster_factory, "follower", log={"segment_bytes": 16 << 10}), "follower",
+@pytest.mark.parametrize("role", ["follower", "leader"])
+def test_disk_full_found_while_the_next_segment_is_needed_stops_no_group(
+        node_cluster_factory: Callable[..., NodeCluster], role: str) -> None:
+    """The next segment is still being prepared (and will fail) when entries need it: the follower drops
+    the append, the leader holds its proposals, instead of rolling into the failure (it held the node's
+    loop, then stopped the group); once the preparation fails, the node is full as above."""
+    _disk_full_then_heal(_make(node_cluster_factory, role, log={"segment_bytes": 16 << 10}), role,
                          SLOW_DISK_FULL_FAULT)
 
 
