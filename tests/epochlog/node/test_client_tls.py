@@ -49,7 +49,9 @@ def test_plaintext_and_another_ca_are_refused(tls_cluster: NodeCluster, tmp_path
         with pytest.raises(ClientError):
             c.get("tls/a")
     other = ClusterCA.create(tmp_path / "other-ca", "node-test")   # same cluster name, another key
-    with Client(tls_cluster.endpoints, timeout=2.0, tls=ClientTls(str(tmp_path / "other-ca" / "ca.crt"))) as c:
+    # The call retries until its deadline and raises the last failure seen: 5 s lets at least one handshake
+    # fail verification on a loaded machine (with 2 s the call could end before any did).
+    with Client(tls_cluster.endpoints, timeout=5.0, tls=ClientTls(str(tmp_path / "other-ca" / "ca.crt"))) as c:
         with pytest.raises(ClientError, match="certificate verify failed"):
             c.get("tls/a")
     assert other.cluster == "node-test"
