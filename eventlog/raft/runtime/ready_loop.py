@@ -7,8 +7,8 @@ now durable (written at once: a leader waits for them); step the messages that p
 it out with pipelined persistence (see `RaftNode.accept`): send `send_now` of a Ready with entries (a
 leader's appends are written at once, before its own write); stage snapshot chunks, install a
 snapshot; write the entries (group commit: the segmented log's flusher thread syncs them while this
-task goes on; a follower with nothing else in flight syncs them itself and acknowledges at once, see
-`ReadyLoop._syncs_inline`); persist term and vote when they changed; apply committed entries and answer waiters;
+task goes on; with nothing else in flight the task syncs them itself: a follower then acknowledges at
+once, a leader counts its own copy at once, see `ReadyLoop._syncs_inline`); persist term and vote when they changed; apply committed entries and answer waiters;
 queue `send_now` of a Ready without entries (the commit broadcast, heartbeats: the waiters' replies
 leave first, in the next turn, then the peer flush); `accept()`, and take the next
 Ready at once (while a backlog of committed entries is applied in slices, after letting the loop run:
@@ -58,7 +58,7 @@ heartbeats with it, so followers elected (issue 20). About 250 small events, 5-1
 an idle machine."""
 
 INLINE_SYNC_MAX_BYTES = 64 << 10
-"""A follower syncs a Ready's entries on the loop only up to this many entry bytes (Entry.size)."""
+"""A node syncs a Ready's entries on the loop only up to this many entry bytes (Entry.size)."""
 
 INLINE_SYNC_MAX_SECONDS = 0.002
 """... and only while the latest sync of its log took at most this long: a slow disk (a sync of tens of
@@ -299,24 +299,32 @@ class ReadyLoop:
         return synced
 
     def _syncs_inline(self, rd: Ready) -> bool:
-        """Whether this follower syncs `rd`'s entries on the loop rather than through the flusher thread.
+        """Whether this node syncs `rd`'s entries on the loop rather than through the flusher thread.
 
         A follower acknowledges an append only once it is durable, and the leader commits on that
-        acknowledgement, so the follower's sync is on every write's path; its own (a leader's) runs
-        beside replication. Through the thread, that path has two wake-ups: the thread's to start
-        the sync, the loop's when it is done (0.1-0.2 ms each on a busy 2-core machine, issue-20-latency
-        in bench/RESULTS.md). When nothing else is in flight for the log (no earlier Ready waits for
-        a sync, nothing appended is unsynced: the thread is idle), the thread buys no group commit,
-        so the loop syncs itself and the acknowledgement leaves in this turn. Appends that arrive
-        meanwhile wait in the socket and are stepped, written and synced together in the next turn;
-        while the thread does have a sync in flight, new appends go to it as before (group commit).
+        acknowledgement, so the follower's sync is on every write's path. Through the thread, that
+        path has two wake-ups: the thread's to start the sync, the loop's when it is done (0.1-0.2 ms
+        each on a busy 2-core machine, issue-20-latency in bench/RESULTS.md). When nothing else is in
+        flight for the log (no earlier Ready waits for a sync, nothing appended is unsynced: the thread
+        is idle), the thread buys no group commit, so the loop syncs itself and the acknowledgement
+        leaves in this turn. Appends that arrive meanwhile wait in the socket and are stepped, written
+        and synced together in the next turn; while the thread does have a sync in flight, new appends
+        go to it as before (group commit).
+
+        A leader's own sync runs beside replication (its appends left before it writes, `_handle`),
+        and with one write in flight it usually ends before the first acknowledgement arrives
+        (issue-20-latency): there the thread's hand-off (a notify, the thread taking the GIL twice, its
+        report) is CPU spent for nothing, so an idle leader syncs on the loop too, and the turn of
+        the acknowledgement that commits finds its own copy durable. The price: an acknowledgement
+        that arrives during the sync waits for it (two followers' acknowledgements could have
+        committed without the leader's copy), which the bound on the last sync's time keeps short.
+
         Only small writes, and only while syncs are quick (INLINE_SYNC_MAX_*): an inline sync holds
         the loop. Only the `group` policy: `fsync` syncs every append anyway, and `interval`
         promises the thread's period, not a sync per append.
         """
         log = self.storage.log
-        return (self.node.role is not Role.LEADER
-                and rd.snapshot is None
+        return (rd.snapshot is None
                 and not self._held
                 and log.config.flush_policy == "group"
                 and log.durable_offset >= log.end_offset
