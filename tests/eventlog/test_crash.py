@@ -33,7 +33,6 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,7 @@ from eventlog.errors import LogCorruptionError
 from eventlog.log import Log
 from eventlog.records import check_batch
 from tests.eventlog import crash_child as child
+from tests.support import forked
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = int(os.environ.get("EPOCHLOG_CRASH_ROUNDS", "32"))
@@ -75,58 +75,34 @@ class _ChildRun:
 
 
 def _run_and_kill(directory: Path, policy: str, child_seed: int, rng: random.Random, ctx: str) -> _ChildRun:
-    """Start the child, kill it with SIGKILL at a random moment, return what it acknowledged."""
+    """Start the child (forked: tests/support/forked.py), kill it with SIGKILL at a random moment,
+    return what it acknowledged (the lines of its stdout file)."""
     err_path = directory.parent / f"{directory.name}.stderr"
-    lines: list[str] = []
-    ready = threading.Event()
-    with open(err_path, "w+b") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.eventlog.crash_child", str(directory), policy, str(child_seed)],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-        )
-        reader: threading.Thread | None = None
-        try:
-            assert proc.stdout is not None
-            stdout = proc.stdout
-
-            def read() -> None:
-                for raw in stdout:
-                    if not raw.endswith(b"\n"):
-                        break  # cannot happen with one write per line, but a partial line is no ack
-                    line = raw.decode("ascii").strip()
-                    lines.append(line)
-                    if line.startswith("READY"):
-                        ready.set()
-
-            reader = threading.Thread(target=read, daemon=True)
-            reader.start()
-            if rng.random() < 0.2:
-                # Early: during interpreter start-up, the open (recovery) or the first appends.
-                time.sleep(rng.uniform(0.0, 0.3))
-            else:
-                deadline = time.monotonic() + START_TIMEOUT_S
-                while not ready.wait(0.05):
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        break
-                time.sleep(rng.uniform(0.0, 0.35))
-            alive = proc.poll() is None
-            if alive:
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-            reader.join(timeout=10)
-            err.seek(0)
-            stderr = err.read().decode(errors="replace")
-            assert alive, f"{ctx}: the child died by itself (rc={proc.returncode}):\n{stderr}"
-            assert proc.returncode == -signal.SIGKILL, f"{ctx}: rc={proc.returncode}\n{stderr}"
-            return _ChildRun(list(lines), stderr, proc.returncode)
-        finally:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)  # only the pid this test started
-                proc.wait(timeout=10)
-            if proc.stdout is not None:
-                proc.stdout.close()
-            if reader is not None:
-                reader.join(timeout=10)
+    out_path = directory.parent / f"{directory.name}.stdout"
+    proc = forked.start(child.main, [str(directory), policy, str(child_seed)], out_path, err_path)
+    try:
+        if rng.random() < 0.2:
+            # Early: during the child's start, the open (recovery) or the first appends.
+            time.sleep(rng.uniform(0.0, 0.3))
+        else:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while not any(line.startswith("READY") for line in forked.complete_lines(out_path)):
+                proc.join(0.05)
+                if proc.exitcode is not None or time.monotonic() > deadline:
+                    break
+            time.sleep(rng.uniform(0.0, 0.35))
+        alive = proc.exitcode is None
+        if alive:
+            proc.kill()
+        proc.join(10)
+        stderr = err_path.read_text(errors="replace")
+        assert alive, f"{ctx}: the child died by itself (rc={proc.exitcode}):\n{stderr}"
+        assert proc.exitcode == -signal.SIGKILL, f"{ctx}: rc={proc.exitcode}\n{stderr}"
+        return _ChildRun(forked.complete_lines(out_path), stderr, proc.exitcode)
+    finally:
+        if proc.exitcode is None:
+            proc.kill()  # only the process this test started
+            proc.join(10)
 
 
 def _absorb(run: _ChildRun, model: _Model, ctx: str) -> None:
