@@ -1,6 +1,7 @@
 """Real-process crash test: SIGKILL a child appending to the log, reopen, check every acknowledgement.
 
-The child (`tests/eventlog/crash_child.py`) appends batches whose content is a function of their
+The child (`tests/eventlog/crash_child.py`, forked from a forkserver that imported it once:
+tests/support/forked.py) appends batches whose content is a function of their
 offsets and prints each batch's offset range once it is durable. The parent kills it with SIGKILL at
 a seeded random moment (during start-up and recovery, between appends, in the middle of a roll or a
 retention deletion), then reopens the log and checks:
@@ -31,8 +32,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +44,6 @@ from eventlog.records import check_batch
 from tests.eventlog import crash_child as child
 from tests.support import forked
 
-ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = int(os.environ.get("EPOCHLOG_CRASH_ROUNDS", "32"))
 START_TIMEOUT_S = 20.0
 
@@ -248,16 +246,14 @@ def test_sigkill_inside_a_roll(tmp_path: Path, full: bool, point: str) -> None:
     model = _Model()
     _fill_and_close(directory, policy, model, full=full)
     ctx = f"roll killed at {point} ({'full segment' if full else 'after appends'})"
-    env = {**os.environ, "EPOCHLOG_CRASH_AT": f"log.roll:{point}"}
-    proc = subprocess.run([sys.executable, "-m", "tests.eventlog.crash_child", str(directory), policy, "1"],
-                          check=False, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                          timeout=START_TIMEOUT_S + child.MAX_SECONDS)
-    stderr = proc.stderr.decode(errors="replace")
-    assert proc.returncode == -signal.SIGKILL, f"{ctx}: rc={proc.returncode}\n{stderr}"
+    code, stdout, stderr = forked.run(child.main, [str(directory), policy, "1"], tmp_path / "child.out",
+                                      tmp_path / "child.err", START_TIMEOUT_S + child.MAX_SECONDS,
+                                      env={"EPOCHLOG_CRASH_AT": f"log.roll:{point}"})
+    assert code == -signal.SIGKILL, f"{ctx}: rc={code}\n{stderr}"
     assert "epochlog-crash: SIGKILL at log.roll" in stderr, f"{ctx}: killed elsewhere\n{stderr}"
-    lines = proc.stdout.decode("ascii").splitlines()
+    lines = stdout.splitlines()
     if full:
         assert not any(line.startswith("ACK") for line in lines), f"{ctx}: the first append did not roll"
-    _absorb(_ChildRun(lines, stderr, proc.returncode), model, ctx)
+    _absorb(_ChildRun(lines, stderr, code), model, ctx)
     _verify_and_append(directory, policy, model, random.Random(point), ctx)
     _check_clean_reopen(directory, policy, model)

@@ -1,9 +1,10 @@
 """Real-process crash tests of the views: SIGKILL in the middle of apply and of a snapshot restore.
 
 1. `test_sigkill_during_apply_loses_repeats_and_tears_nothing`: a child process
-   (`tests/statemachines/crash_child.py`) applies a deterministic, seeded stream of events (KV puts and
-   deletes with compare-and-set, transactions, leases and sessions, brokers and broker groups,
-   topics, offsets, config, retries of request ids, malformed records, leader NOOPs) batch by batch
+   (`tests/statemachines/crash_child.py`, forked from a forkserver that imported it once:
+   tests/support/forked.py) applies a deterministic, seeded stream of events (KV puts and deletes
+   with compare-and-set, transactions, leases and sessions, brokers and broker groups, topics,
+   offsets, config, retries of request ids, malformed records, leader NOOPs) batch by batch
    into a ViewsStateMachine on a real RocksDB directory, and now and then snapshots its views and
    restores them a few batches later. The parent kills it with SIGKILL at a seeded random moment --
    during start-up and recovery, between and inside batches, in a memtable flush, in a snapshot or

@@ -6,9 +6,8 @@ child is killed in). `start` forks the child instead from a multiprocessing fork
 every crash child of the suite (`PRELOAD`): the same code in a process of its own (its own pid and
 memory, killed with SIGKILL through its `Process` object, by its pid), stdout and stderr in files. The
 forkserver itself only imports (no RocksDB, no threads), so a child starts as clean as a new interpreter.
-
-Children that must start with environment variables of their own (crash points read at import:
-`EPOCHLOG_CRASH_AT`) still run as `python -m`; a forked child has the test process's environment.
+`env` adds environment variables before the child's `main` runs (e.g. a crash point, `EPOCHLOG_CRASH_AT`,
+which eventlog/fault_injection.py reads when it is installed, not at import).
 """
 
 from __future__ import annotations
@@ -31,18 +30,20 @@ def context() -> multiprocessing.context.ForkServerContext:
     return context
 
 
-def start(main: Callable[[list[str]], int], argv: list[str], stdout: Path, stderr: Path | None = None) -> BaseProcess:
-    """Fork `main(argv)` (a module-level function of a crash child) with its stdout in `stdout` and its
-    stderr in `stderr` (default: `stdout` too); started, not waited for."""
-    proc = context().Process(target=_run, args=(main, argv, str(stdout), str(stderr or stdout)), daemon=False)
+def start(main: Callable[[list[str]], int], argv: list[str], stdout: Path, stderr: Path | None = None,
+          env: dict[str, str] | None = None) -> BaseProcess:
+    """Fork `main(argv)` (a module-level function of a crash child) with its stdout in `stdout`, its
+    stderr in `stderr` (default: `stdout` too) and `env` added to its environment; started, not waited for."""
+    proc = context().Process(target=_run, args=(main, argv, str(stdout), str(stderr or stdout), dict(env or {})),
+                             daemon=False)
     proc.start()
     return proc
 
 
 def run(main: Callable[[list[str]], int], argv: list[str], stdout: Path, stderr: Path,
-        timeout: float) -> tuple[int | None, str, str]:
+        timeout: float, env: dict[str, str] | None = None) -> tuple[int | None, str, str]:
     """`start` and wait up to `timeout` (then SIGKILL it): (exit code, its stdout, its stderr)."""
-    proc = start(main, argv, stdout, stderr)
+    proc = start(main, argv, stdout, stderr, env)
     try:
         proc.join(timeout)
     finally:
@@ -62,7 +63,8 @@ def complete_lines(path: Path) -> list[str]:
     return [raw.decode("ascii").strip() for raw in data.split(b"\n")[:-1]]
 
 
-def _run(main: Callable[[list[str]], int], argv: list[str], stdout: str, stderr: str) -> None:
+def _run(main: Callable[[list[str]], int], argv: list[str], stdout: str, stderr: str, env: dict[str, str]) -> None:
+    os.environ.update(env)
     out = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     err = out if stderr == stdout else os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(out, 1)
