@@ -34,6 +34,8 @@ def start(main: Callable[[list[str]], int], argv: list[str], stdout: Path, stder
           env: dict[str, str] | None = None) -> BaseProcess:
     """Fork `main(argv)` (a module-level function of a crash child) with its stdout in `stdout`, its
     stderr in `stderr` (default: `stdout` too) and `env` added to its environment; started, not waited for."""
+    for path in {stdout, stderr or stdout}:
+        path.write_bytes(b"")   # here, not in the child: one killed before it opened them still has them
     proc = context().Process(target=_run, args=(main, argv, str(stdout), str(stderr or stdout), dict(env or {})),
                              daemon=False)
     proc.start()
@@ -56,17 +58,13 @@ def run(main: Callable[[list[str]], int], argv: list[str], stdout: Path, stderr:
 def complete_lines(path: Path) -> list[str]:
     """The lines of `path` that have their newline (a child writes each line with one `os.write`: a line
     without one is a write not yet read whole, and no report)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    return [raw.decode("ascii").strip() for raw in data.split(b"\n")[:-1]]
+    return [raw.decode("ascii").strip() for raw in path.read_bytes().split(b"\n")[:-1]]
 
 
 def _run(main: Callable[[list[str]], int], argv: list[str], stdout: str, stderr: str, env: dict[str, str]) -> None:
     os.environ.update(env)
-    out = os.open(stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    err = out if stderr == stdout else os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    out = os.open(stdout, os.O_WRONLY | os.O_APPEND)
+    err = out if stderr == stdout else os.open(stderr, os.O_WRONLY | os.O_APPEND)
     os.dup2(out, 1)
     os.dup2(err, 2)
     for fd in {out, err}:
