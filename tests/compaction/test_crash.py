@@ -23,7 +23,6 @@ Replay: EPOCHLOG_CLEANER_CRASH_SEED=<seed printed>.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import random
 import shutil
@@ -40,6 +39,7 @@ from eventlog.cleaned import CLEANED_SUFFIX, DELETED_SUFFIX, SWAP_SUFFIX
 from eventlog.config import LogConfig
 from eventlog.log import Log
 from eventlog.offline import Verdict, verify_log_dir
+from tests.support import forked
 from tests.compaction.logs import expected, records, triples, write_random
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,8 +62,7 @@ def child(directory: Path, below: int, point: int) -> subprocess.CompletedProces
 def forked_child(directory: Path, below: int, point: int) -> tuple[int | None, str]:
     """`child` forked from a server that imported crash_child once (a fork instead of an interpreter
     start for each of the ~120 kill points; the same code, in a process of its own): (exit code, output)."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["tests.compaction.crash_child"])
+    context = forked.context()   # its forkserver preloads every crash child of the suite
     output = directory.parent / f"{directory.name}.out"
     from tests.compaction import crash_child
     proc = context.Process(target=crash_child.forked,

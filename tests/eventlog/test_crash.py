@@ -1,6 +1,7 @@
 """Real-process crash test: SIGKILL a child appending to the log, reopen, check every acknowledgement.
 
-The child (`tests/eventlog/crash_child.py`) appends batches whose content is a function of their
+The child (`tests/eventlog/crash_child.py`, forked from a forkserver that imported it once:
+tests/support/forked.py) appends batches whose content is a function of their
 offsets and prints each batch's offset range once it is durable. The parent kills it with SIGKILL at
 a seeded random moment (during start-up and recovery, between appends, in the middle of a roll or a
 retention deletion), then reopens the log and checks:
@@ -31,9 +32,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,8 +42,8 @@ from eventlog.errors import LogCorruptionError
 from eventlog.log import Log
 from eventlog.records import check_batch
 from tests.eventlog import crash_child as child
+from tests.support import forked
 
-ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = int(os.environ.get("EPOCHLOG_CRASH_ROUNDS", "32"))
 START_TIMEOUT_S = 20.0
 
@@ -75,58 +73,34 @@ class _ChildRun:
 
 
 def _run_and_kill(directory: Path, policy: str, child_seed: int, rng: random.Random, ctx: str) -> _ChildRun:
-    """Start the child, kill it with SIGKILL at a random moment, return what it acknowledged."""
+    """Start the child (forked: tests/support/forked.py), kill it with SIGKILL at a random moment,
+    return what it acknowledged (the lines of its stdout file)."""
     err_path = directory.parent / f"{directory.name}.stderr"
-    lines: list[str] = []
-    ready = threading.Event()
-    with open(err_path, "w+b") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.eventlog.crash_child", str(directory), policy, str(child_seed)],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-        )
-        reader: threading.Thread | None = None
-        try:
-            assert proc.stdout is not None
-            stdout = proc.stdout
-
-            def read() -> None:
-                for raw in stdout:
-                    if not raw.endswith(b"\n"):
-                        break  # cannot happen with one write per line, but a partial line is no ack
-                    line = raw.decode("ascii").strip()
-                    lines.append(line)
-                    if line.startswith("READY"):
-                        ready.set()
-
-            reader = threading.Thread(target=read, daemon=True)
-            reader.start()
-            if rng.random() < 0.2:
-                # Early: during interpreter start-up, the open (recovery) or the first appends.
-                time.sleep(rng.uniform(0.0, 0.3))
-            else:
-                deadline = time.monotonic() + START_TIMEOUT_S
-                while not ready.wait(0.05):
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        break
-                time.sleep(rng.uniform(0.0, 0.35))
-            alive = proc.poll() is None
-            if alive:
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-            reader.join(timeout=10)
-            err.seek(0)
-            stderr = err.read().decode(errors="replace")
-            assert alive, f"{ctx}: the child died by itself (rc={proc.returncode}):\n{stderr}"
-            assert proc.returncode == -signal.SIGKILL, f"{ctx}: rc={proc.returncode}\n{stderr}"
-            return _ChildRun(list(lines), stderr, proc.returncode)
-        finally:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)  # only the pid this test started
-                proc.wait(timeout=10)
-            if proc.stdout is not None:
-                proc.stdout.close()
-            if reader is not None:
-                reader.join(timeout=10)
+    out_path = directory.parent / f"{directory.name}.stdout"
+    proc = forked.start(child.main, [str(directory), policy, str(child_seed)], out_path, err_path)
+    try:
+        if rng.random() < 0.2:
+            # Early: during the child's start, the open (recovery) or the first appends.
+            time.sleep(rng.uniform(0.0, 0.3))
+        else:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while not any(line.startswith("READY") for line in forked.complete_lines(out_path)):
+                proc.join(0.05)
+                if proc.exitcode is not None or time.monotonic() > deadline:
+                    break
+            time.sleep(rng.uniform(0.0, 0.35))
+        alive = proc.exitcode is None
+        if alive:
+            proc.kill()
+        proc.join(10)
+        stderr = err_path.read_text(errors="replace")
+        assert alive, f"{ctx}: the child died by itself (rc={proc.exitcode}):\n{stderr}"
+        assert proc.exitcode == -signal.SIGKILL, f"{ctx}: rc={proc.exitcode}\n{stderr}"
+        return _ChildRun(forked.complete_lines(out_path), stderr, proc.exitcode)
+    finally:
+        if proc.exitcode is None:
+            proc.kill()  # only the process this test started
+            proc.join(10)
 
 
 def _absorb(run: _ChildRun, model: _Model, ctx: str) -> None:
@@ -272,16 +246,14 @@ def test_sigkill_inside_a_roll(tmp_path: Path, full: bool, point: str) -> None:
     model = _Model()
     _fill_and_close(directory, policy, model, full=full)
     ctx = f"roll killed at {point} ({'full segment' if full else 'after appends'})"
-    env = {**os.environ, "EPOCHLOG_CRASH_AT": f"log.roll:{point}"}
-    proc = subprocess.run([sys.executable, "-m", "tests.eventlog.crash_child", str(directory), policy, "1"],
-                          check=False, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                          timeout=START_TIMEOUT_S + child.MAX_SECONDS)
-    stderr = proc.stderr.decode(errors="replace")
-    assert proc.returncode == -signal.SIGKILL, f"{ctx}: rc={proc.returncode}\n{stderr}"
+    code, stdout, stderr = forked.run(child.main, [str(directory), policy, "1"], tmp_path / "child.out",
+                                      tmp_path / "child.err", START_TIMEOUT_S + child.MAX_SECONDS,
+                                      env={"EPOCHLOG_CRASH_AT": f"log.roll:{point}"})
+    assert code == -signal.SIGKILL, f"{ctx}: rc={code}\n{stderr}"
     assert "epochlog-crash: SIGKILL at log.roll" in stderr, f"{ctx}: killed elsewhere\n{stderr}"
-    lines = proc.stdout.decode("ascii").splitlines()
+    lines = stdout.splitlines()
     if full:
         assert not any(line.startswith("ACK") for line in lines), f"{ctx}: the first append did not roll"
-    _absorb(_ChildRun(lines, stderr, proc.returncode), model, ctx)
+    _absorb(_ChildRun(lines, stderr, code), model, ctx)
     _verify_and_append(directory, policy, model, random.Random(point), ctx)
     _check_clean_reopen(directory, policy, model)

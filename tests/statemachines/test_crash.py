@@ -1,9 +1,10 @@
 """Real-process crash tests of the views: SIGKILL in the middle of apply and of a snapshot restore.
 
 1. `test_sigkill_during_apply_loses_repeats_and_tears_nothing`: a child process
-   (`tests/statemachines/crash_child.py`) applies a deterministic, seeded stream of events (KV puts and
-   deletes with compare-and-set, transactions, leases and sessions, brokers and broker groups,
-   topics, offsets, config, retries of request ids, malformed records, leader NOOPs) batch by batch
+   (`tests/statemachines/crash_child.py`, forked from a forkserver that imported it once:
+   tests/support/forked.py) applies a deterministic, seeded stream of events (KV puts and deletes
+   with compare-and-set, transactions, leases and sessions, brokers and broker groups, topics,
+   offsets, config, retries of request ids, malformed records, leader NOOPs) batch by batch
    into a ViewsStateMachine on a real RocksDB directory, and now and then snapshots its views and
    restores them a few batches later. The parent kills it with SIGKILL at a seeded random moment --
    during start-up and recovery, between and inside batches, in a memtable flush, in a snapshot or
@@ -41,9 +42,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,8 +51,8 @@ import pytest
 from statemachines.store import ALL_CFS
 from statemachines.views import ViewsStateMachine
 from tests.statemachines import crash_child as child
+from tests.support import forked
 
-ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = int(os.environ.get("EPOCHLOG_VIEWS_CRASH_ROUNDS", "24"))
 START_TIMEOUT_S = 20.0
 
@@ -149,55 +147,35 @@ class ChildRun:
 
 
 def run_child(args: list[str], rng: random.Random | None, log: Path, ctx: str) -> ChildRun:
-    """Run the child; with `rng`, SIGKILL it at a random moment (early, or some time after READY)."""
-    lines: list[str] = []
-    ready = threading.Event()
-    with open(log, "w+b") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "tests.statemachines.crash_child", *args], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL)
-        reader: threading.Thread | None = None
-        killed = False
-        try:
-            assert proc.stdout is not None
-            stdout = proc.stdout
-
-            def read() -> None:
-                for raw in stdout:
-                    if not raw.endswith(b"\n"):
-                        break   # one write per line: a partial line cannot happen, and is no report
-                    line = raw.decode("ascii").strip()
-                    lines.append(line)
-                    if line.startswith("READY"):
-                        ready.set()
-
-            reader = threading.Thread(target=read, daemon=True)
-            reader.start()
-            if rng is not None:
-                if rng.random() < 0.15:
-                    time.sleep(rng.uniform(0.0, 0.5))   # start-up, recovery, the first batches
-                else:
-                    deadline = time.monotonic() + START_TIMEOUT_S
-                    while not ready.wait(0.02):
-                        if proc.poll() is not None or time.monotonic() > deadline:
-                            break
-                    time.sleep(rng.uniform(0.0, 0.4))
-                if proc.poll() is None:
-                    os.kill(proc.pid, signal.SIGKILL)
-                    # A child that exited between poll() and the kill (a zombie not yet reaped) was not
-                    # killed: its own exit status says so.
-                    killed = proc.wait(timeout=30) == -signal.SIGKILL
-            proc.wait(timeout=30)
-            reader.join(timeout=10)
-            err.seek(0)
-            return ChildRun(list(lines), err.read().decode(errors="replace"), killed, proc.returncode)
-        finally:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)   # only the pid this test started
-                proc.wait(timeout=10)
-            if proc.stdout is not None:
-                proc.stdout.close()
-            if reader is not None:
-                reader.join(timeout=10)
+    """Run the child (forked: tests/support/forked.py); with `rng`, SIGKILL it at a random moment
+    (early, or some time after READY). Its report lines are read from its stdout file."""
+    out = log.with_suffix(".out")
+    proc = forked.start(child.main, args, out, log)
+    killed = False
+    try:
+        if rng is not None:
+            if rng.random() < 0.15:
+                time.sleep(rng.uniform(0.0, 0.5))   # start-up, recovery, the first batches
+            else:
+                deadline = time.monotonic() + START_TIMEOUT_S
+                while not any(line.startswith("READY") for line in forked.complete_lines(out)):
+                    proc.join(0.02)
+                    if proc.exitcode is not None or time.monotonic() > deadline:
+                        break
+                time.sleep(rng.uniform(0.0, 0.4))
+            if proc.exitcode is None:
+                proc.kill()
+                proc.join(30)
+                # A child that exited between the check and the kill (not yet reaped) was not killed:
+                # its own exit status says so.
+                killed = proc.exitcode == -signal.SIGKILL
+        proc.join(30)
+        assert proc.exitcode is not None, f"{ctx}: the child still runs 30 s on"
+        return ChildRun(forked.complete_lines(out), log.read_text(errors="replace"), killed, proc.exitcode)
+    finally:
+        if proc.exitcode is None:
+            proc.kill()   # only the process this test started
+            proc.join(10)
 
 
 def allowed_offsets(lines: list[str], before: int, bounds: list[int], ctx: str) -> tuple[set[int], int]:

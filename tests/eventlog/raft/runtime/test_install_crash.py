@@ -26,7 +26,6 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,10 +36,11 @@ from compaction.cleaner import clean_log
 from eventlog.offline import Verdict, verify_log_dir
 from eventlog.prefix import JOURNAL_NAME, PREFIX_SUFFIX
 from eventlog.raft.runtime.log_storage import LogStorage
+from tests.eventlog.raft.runtime import install_crash_child
 from tests.eventlog.raft.runtime.install_crash_child import CONF, CONFIG
+from tests.support import forked
 from tests.eventlog.raft.runtime.test_snapshot_image import CFG, CLEANER, batches, entries
 
-ROOT = Path(__file__).resolve().parents[4]
 LEADER_CONFIG = replace(CFG, segment_bytes=12 << 10)   # a few prefix segments: a few dozen kill points
 
 
@@ -67,8 +67,11 @@ def _points(events: list[list[str]]) -> list[int]:
 
 
 def child(group: Path, image: Path, meta: Path, point: int) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tests.eventlog.raft.runtime.install_crash_child", str(group), str(image), str(meta),
-                           str(point)], cwd=ROOT, check=False, capture_output=True, text=True, timeout=60)
+    """install_crash_child.py on `group`, forked (tests/support/forked.py): a fork, not an interpreter
+    start, per kill point."""
+    code, out, err = forked.run(install_crash_child.main, [str(group), str(image), str(meta), str(point)],
+                                group.parent / f"{group.name}.out", group.parent / f"{group.name}.err", timeout=60)
+    return subprocess.CompletedProcess([], code if code is not None else -9, out, err)
 
 
 @pytest.mark.slow
