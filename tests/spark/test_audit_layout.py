@@ -1,5 +1,8 @@
 """Tables shaped for audit questions: typed payload columns, files clustered by key, state checkpoints.
 
+The tables of 2. and 3. are written by tests/spark/plain_export.py (the Spark writer's files and commit
+without a Spark job; the exporter has tests of its own); 1. exports through Spark.
+
 1. Typed columns: each event's value, lease, expected version, broker name and epoch; a table made
    before they existed gets them on the next export (older rows: null) and stays readable by deltalake
    and polars.
@@ -8,8 +11,9 @@
    same as before (and as with every file read), and they read a fraction of the files (counted).
 3. State checkpoints: a history of puts, deletes, transactions, leases granted, attached and revoked,
    config changes; checkpoints every K offsets; `state` at offsets below, at, between and above the
-   checkpoints (with and without a prefix) equals the full replay and starts from the nearest
-   checkpoint; a table version whose watermark is below a checkpoint does not use it.
+   checkpoints (with and without a prefix) equals the full replay (the in-process engine's; Spark's
+   own at the time-travel point) and starts from the nearest checkpoint; a table version whose
+   watermark is below a checkpoint does not use it.
 
 Replay: EPOCHLOG_LAYOUT_SEED=<seed printed>.
 """
@@ -22,12 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from spark.audit import Audit, Point
+from spark.audit_local import LocalAudit
 from spark.checkpoints import checkpoints, make_checkpoints, plan_checkpoints
 from spark.export import export_once
 from spark.maintenance import optimize_table, table_files
 from spark.records import SourceRecord, to_batch
 from spark.sources import OfflineSource
 from spark.storage import TableLocation
+from tests.spark.plain_export import plain_export
 from tests.spark.synthetic import BASE_TIMESTAMP_MS, write_events, write_group
 from spark.table import FILE_SCHEMA, PARTITION_COLUMN, TYPED_COLUMNS, open_or_create, open_table, resolve
 from statemachines import events as ev
@@ -82,7 +88,7 @@ def test_clustering_by_key_reads_a_fraction_of_the_files_same_answers(tmp_path: 
     for run in range(4):   # four runs: four files in the one day partition, each spanning every key
         write_group(data, "kv", 15_000, batch_records=500, keys=3000, seed=seed + run, segment_bytes=4 << 20,
                     timestamp_ms=BASE_TIMESTAMP_MS + run * 60_000, ms_per_event=1)
-        export_once(spark_session, table, source, range_offsets=10**9)
+        plain_export(table, source)
     key, prefix, mid = "kv/k/00000042", "kv/k/000001", 30_000
 
     def ask(audit: Audit) -> tuple[list[Any], int, list[Any], int]:
@@ -147,10 +153,10 @@ def test_state_from_checkpoints_equals_the_full_replay(tmp_path: Path, spark_ses
     data, table = tmp_path / "node", tmp_path / "events"
     loc = TableLocation.parse(table)
     offsets = write_events(data, "kv", _history(rng, 400))
-    export_once(spark_session, table, OfflineSource.discover(data))
+    plain_export(table, OfflineSource.discover(data))
     first_version = open_table(table).version()
     more = write_events(data, "kv", _history(rng, 200))
-    export_once(spark_session, table, OfflineSource.discover(data))
+    plain_export(table, OfflineSource.discover(data))
     assert plan_checkpoints({}, {"kv": more[-1]}, 150) == [("kv", c) for c in range(150, more[-1] + 1, 150)]
 
     made = make_checkpoints(spark_session, loc, 150)
@@ -159,19 +165,23 @@ def test_state_from_checkpoints_equals_the_full_replay(tmp_path: Path, spark_ses
     assert make_checkpoints(spark_session, loc, 150) == []   # nothing missing
     assert open_or_create(table).version() == open_table(table).version()   # the side table is apart
 
+    # The full replay to compare with: the in-process engine (it never uses checkpoints, and
+    # tests/spark/test_audit_local.py holds its answers to Spark's), one Spark job per question fewer;
+    # Spark's own replay (use_checkpoints=False) is compared at the time-travel point below.
     latest = resolve(table)
-    fast, slow = Audit(spark_session, latest), Audit(spark_session, latest, use_checkpoints=False)
+    fast, full = Audit(spark_session, latest), LocalAudit(latest)
     points = sorted({149, 150, 151, 300 + rng.randrange(150), more[-1], more[-1] + 50, rng.randrange(more[-1])})
     for prefix in ("", "kv/k1"):
         for n in points:
             got = fast.state(Point(group="kv", offset=n), prefix)
-            assert got == slow.state(Point(group="kv", offset=n), prefix), f"seed {seed}, offset {n}, prefix {prefix!r}"
+            assert got == full.state(Point(group="kv", offset=n), prefix), f"seed {seed}, offset {n}, prefix {prefix!r}"
             want_ckpt = max((c for _, c, _ in made if c <= n), default=None)
             assert fast.checkpoint_used == want_ckpt, (n, fast.checkpoint_used)
-            assert slow.checkpoint_used is None
     # Time travel: the first version's watermark is below the later checkpoints; they are not used.
     old = resolve(table, version=first_version)
-    audit = Audit(spark_session, old)
+    audit, slow = Audit(spark_session, old), Audit(spark_session, old, use_checkpoints=False)
     got = audit.state(Point(group="kv", offset=more[-1]), "")
     assert audit.checkpoint_used is not None and audit.checkpoint_used <= offsets[-1]
-    assert got == Audit(spark_session, old, use_checkpoints=False).state(Point(group="kv", offset=more[-1]), "")
+    assert got == slow.state(Point(group="kv", offset=more[-1]), "") == LocalAudit(old).state(
+        Point(group="kv", offset=more[-1]), ""), f"seed {seed}"
+    assert slow.checkpoint_used is None

@@ -1,10 +1,12 @@
 """Delta maintenance of an exported table (spark/maintenance.py): optimize and vacuum, on real tables.
 
-1. Many small export runs (through Spark), then optimize: the file count drops; ONE commit
-   (OPTIMIZE, every add/remove with dataChange=false); every row identical (the full table, sorted)
-   and the audit answers identical; the export watermarks unchanged; time travel to a version before
-   the optimize still reads exactly what it read; the next export continues without gap or
-   duplicate; the CLI (`epochlog table info|optimize`) reports the same.
+1. Many small export runs (tests/spark/plain_export.py: the Spark writer's files and commit, without a
+   Spark job each), then optimize: the file count drops; ONE commit (OPTIMIZE, every add/remove with
+   dataChange=false); every row identical (the full table, sorted) and the audit answers identical
+   (Spark's after the optimize, the in-process engine's before it); the export watermarks unchanged;
+   time travel to a version before the optimize still reads exactly what it read; the next export
+   (through Spark) continues without gap or duplicate; the CLI (`epochlog table info|optimize`)
+   reports the same.
 2. Vacuum: refuses a retention below the table's minimum unless forced; removes the files of a
    killed run (never committed) once older than the retention and keeps a run still writing, every
    referenced file, and the files an optimize removed within the retention (time travel still works);
@@ -31,15 +33,16 @@ from typing import Any
 import pytest
 
 from spark.audit import Audit, Point
-from spark.commit import DayFiles, commit_run
+from spark.audit_local import LocalAudit
+from spark.commit import DayFiles
 from spark.errors import MaintenanceError
 from spark.export import export_once
 from spark.maintenance import optimize_table, table_files, vacuum_table
-from spark.plan import ExportPlan
 from spark.records import to_batch
 from spark.sources import OfflineSource
+from tests.spark.plain_export import plain_export
 from tests.spark.synthetic import BASE_TIMESTAMP_MS, write_group
-from spark.table import exported_through, open_or_create, resolve
+from spark.table import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 DAY_MS = 86_400_000
@@ -58,27 +61,15 @@ def rows(root: Path, version: int | None = None) -> list[dict[str, Any]]:
     return sorted(table.to_pylist(), key=lambda r: (r["group"], r["offset"]))
 
 
-def plain_export(table: Path, source: OfflineSource) -> int:
-    """One export run without Spark (the same files and commit as the Spark writer): its table version."""
-    dt = open_or_create(table)
-    plan = ExportPlan.make(exported_through(dt, [g.group for g in source.groups]), source.bounds(),
-                           range_offsets=10**9)
-    files = []
-    for r in plan.ranges():
-        out = DayFiles(table)
-        for chunk in source.read(r.group, r.lo, r.hi):
-            out.write(to_batch(r.group, chunk))
-        files += out.close()
-    return commit_run(table, files, plan)
-
-
 def epochlog(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "epochlog", *args], capture_output=True, text=True, timeout=120,
                           cwd=ROOT, check=False)
 
 
 def audits(spark: Any, table: Path, version: int | None = None) -> list[Any]:
-    audit = Audit(spark, resolve(table, version=version))
+    """The same questions at a few points; `spark` None: asked of the in-process engine."""
+    snapshot = resolve(table, version=version)
+    audit = Audit(spark, snapshot) if spark is not None else LocalAudit(snapshot)
     return [audit.state(Point(group="kv", offset=o), "kv/") for o in (150, 700, 10**9)] + [audit.history("kv/k/00000003")]
 
 
@@ -91,11 +82,13 @@ def test_optimize_keeps_rows_audits_watermarks_and_time_travel(tmp_path: Path, s
     for run in range(6):   # six small runs, each spanning two days: two files per run
         write_group(data, "kv", 200, batch_records=20, keys=40, seed=seed + run, segment_bytes=64 << 10,
                     timestamp_ms=BASE_TIMESTAMP_MS + run * 3_600_000, ms_per_event=DAY_MS / 100)
-        assert export_once(spark_session, table, source, range_offsets=10**9).table_version == run + 1
+        assert plain_export(table, source) == run + 1
     before = table_files(table)
     assert before.version == 6 and before.files >= 12 and before.small_files == before.files
     v3_rows, all_rows = rows(table, 3), rows(table)
-    v3_audits, all_audits = audits(spark_session, table, 3), audits(spark_session, table)
+    # The answers before: the in-process engine's (tests/spark/test_audit_local.py holds it to Spark's),
+    # those after the optimize: Spark's, reading the rewritten files.
+    v3_audits, all_audits = audits(None, table, 3), audits(None, table)
 
     result = optimize_table(table, target_file_bytes=16 << 20)
     after = table_files(table)

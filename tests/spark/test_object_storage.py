@@ -4,7 +4,8 @@ conditional puts; everything checked with deltalake reading the store directly.
 
 1. Concurrent commits on the store: two runs of different groups both land (the conditional put makes
    the loser retry on the next version), two runs of one group: one wins, the other is refused.
-2. Export, incremental export, audit (every answer equal to the same export into a local directory),
+2. Export, incremental export, audit (every answer equal to that of the same runs into a local directory,
+   written without Spark by tests/spark/plain_export.py and asked with the in-process engine),
    time travel, optimize, vacuum, and the CLI reading credentials from the AWS_* variables.
 3. `epochlog export --to s3://...` SIGKILLed once its first Parquet file is on the store, then run
    again: every event exactly once, and the killed run's files deleted by the rerun.
@@ -29,6 +30,7 @@ import pytest
 
 from spark import table
 from spark.audit import Audit, Point
+from spark.audit_local import LocalAudit
 from spark.commit import DayFiles, commit_run
 from spark.errors import ExportConflictError
 from spark.export import export_once
@@ -37,6 +39,7 @@ from spark.plan import ExportPlan
 from spark.records import to_batch
 from spark.sources import OfflineSource
 from spark.storage import TableLocation
+from tests.spark.plain_export import plain_export
 from tests.spark.synthetic import BASE_TIMESTAMP_MS, write_group
 from tests.support.wait import wait_until
 from tests.spark.s3_server import S3Server
@@ -133,12 +136,12 @@ def test_export_audit_time_travel_and_maintenance_on_s3(tmp_path: Path, s3: S3Se
     _write(data, 1500, seed, 0)
     first = export_once(spark_session, remote, source, range_offsets=400)
     assert first.table_version == 1 and first.rows == 1500
-    export_once(spark_session, local, source, range_offsets=10**9)
+    assert plain_export(local, source) == 1
     _write(data, 700, seed + 1, 20)
     second = export_once(spark_session, remote, source, range_offsets=400)
     assert second.table_version == 2 and second.rows == 700
     assert export_once(spark_session, remote, source).table_version is None   # nothing new: no commit
-    export_once(spark_session, local, source, range_offsets=10**9)
+    assert plain_export(local, source) == 2
 
     # Exactly once, read from the store by deltalake; the same rows as the local table.
     rows = _rows(remote)
@@ -147,13 +150,15 @@ def test_export_audit_time_travel_and_maintenance_on_s3(tmp_path: Path, s3: S3Se
     assert rows == _rows(local)
     assert all(f.path.startswith("date=") for f in remote.list_files())
 
-    # Audit and time travel: the same answers as the local table, version by version.
-    def answers(loc: TableLocation, version: int | None) -> list[Any]:
-        audit = Audit(spark_session, table.resolve(loc, version=version))
+    # Audit and time travel: Spark reading the store gives the answers of the local table, version by
+    # version (those from the in-process engine, which tests/spark/test_audit_local.py holds to Spark's).
+    def answers(loc: TableLocation, version: int | None, engine: Any = None) -> list[Any]:
+        snapshot = table.resolve(loc, version=version)
+        audit = engine(snapshot) if engine is not None else Audit(spark_session, snapshot)
         return [audit.state(Point(group="kv", offset=o), "kv/") for o in (300, 1200, 10**9)] + [
             audit.history("kv/k/00000007"), audit.actions("bench", limit=20)]
 
-    want_v1, want_v2 = answers(local, 1), answers(local, 2)
+    want_v1, want_v2 = answers(local, 1, LocalAudit), answers(local, 2, LocalAudit)
     assert answers(remote, 1) == want_v1 and answers(remote, 2) == want_v2
     assert want_v1[2] and want_v2[2] != want_v1[2]   # the second run changed the latest state
 

@@ -8,7 +8,8 @@
    after them: every event exactly once.
 3. `epochlog export --follow` against a running node while a writer keeps writing: micro-batches of at
    most maxOffsetsPerTrigger offsets, SIGKILLed, restarted from its checkpoint (batch ids go on), and
-   the table ends with every committed event exactly once.
+   the table ends with every committed event exactly once. The restart is `spark.export.follow` (what
+   `--follow` runs) in this process's session: one JVM start fewer than a second `epochlog export`.
 
 Replay: EPOCHLOG_SOURCE_SEED=<seed printed>.
 """
@@ -163,18 +164,23 @@ def test_progress_names_the_member_serving_each_range() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)   # two JVM starts: minutes each at load 20+
-def test_follow_restarts_from_its_checkpoint_exactly_once(tmp_path: Path) -> None:
+@pytest.mark.timeout(600)   # a JVM start: minutes at load 20+
+def test_follow_restarts_from_its_checkpoint_exactly_once(tmp_path: Path, spark_session: Any) -> None:
     from epochlog.client import Client
+    from spark.export import BatchReport, follow
+    from spark.session import activate
+    from spark.sources import ClusterSource
 
     seed = _seed()
     print(f"EPOCHLOG_SOURCE_SEED={seed}")
     rng = random.Random(seed)
     cluster = NodeCluster(tmp_path / "cluster", size=1, seed=seed)
     table, checkpoint = tmp_path / "events", tmp_path / "checkpoint"
-    procs: list[subprocess.Popen[bytes]] = []
-    stop = threading.Event()
+    first: subprocess.Popen[bytes] | None = None
+    stop, halt = threading.Event(), threading.Event()
     failures: list[BaseException] = []
+    resumed: list[BatchReport] = []
+    second: threading.Thread | None = None
     try:
         cluster.start()
         cluster.leader("kv")
@@ -194,31 +200,39 @@ def test_follow_restarts_from_its_checkpoint_exactly_once(tmp_path: Path) -> Non
         writer = threading.Thread(target=write, daemon=True)
         writer.start()
 
-        def start(n: int) -> subprocess.Popen[bytes]:
-            with open(tmp_path / f"follow-{n}.log", "wb") as log:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "epochlog", "export", "--to", str(table), "--endpoints", endpoints,
-                     "--follow", "--interval", "1", "--checkpoint", str(checkpoint), "--max-offsets-per-run",
-                     str(FOLLOW_CAP), "--range-offsets", "150", "--master", "local[1]", "--json"],
-                    cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            procs.append(proc)
-            return proc
-
-        def batches(n: int) -> list[dict[str, Any]]:
-            text = (tmp_path / f"follow-{n}.log").read_text(errors="replace")
+        def batches() -> list[dict[str, Any]]:
+            text = (tmp_path / "follow-1.log").read_text(errors="replace")
             return [json.loads(line) for line in text.splitlines() if line.startswith('{"table"')]
 
-        first = start(1)
-        wait_until(lambda: len(batches(1)) >= 3 or first.poll() is not None, 240, "three micro-batches")
+        # 1. `epochlog export --follow` in a process of its own, SIGKILLed (with its JVM: the whole
+        #    process group) after three micro-batches.
+        with open(tmp_path / "follow-1.log", "wb") as log:
+            first = subprocess.Popen(
+                [sys.executable, "-m", "epochlog", "export", "--to", str(table), "--endpoints", endpoints,
+                 "--follow", "--interval", "1", "--checkpoint", str(checkpoint), "--max-offsets-per-run",
+                 str(FOLLOW_CAP), "--range-offsets", "150", "--master", "local[1]", "--json"],
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_until(lambda: len(batches()) >= 3 or first.poll() is not None, 240, "three micro-batches")
         assert first.poll() is None, (tmp_path / "follow-1.log").read_text()
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(10)
-        done_before = max(b["batch"] for b in batches(1))
-        assert all(b["rows"] <= FOLLOW_CAP for b in batches(1))
+        done_before = max(b["batch"] for b in batches())
+        assert all(b["rows"] <= FOLLOW_CAP for b in batches())
 
-        second = start(2)
-        wait_until(lambda: batches(2) or second.poll() is not None, 240, "a micro-batch after the restart")
-        assert second.poll() is None, (tmp_path / "follow-2.log").read_text()
+        # 2. The same query restarted from that checkpoint (here, in this process's session).
+        def restart() -> None:
+            try:
+                activate(spark_session)
+                follow(spark_session, table, ClusterSource(tuple(cluster.endpoints)), checkpoint=str(checkpoint),
+                       interval_s=1.0, max_offsets=FOLLOW_CAP, range_offsets=150, on_batch=resumed.append,
+                       stop=halt)
+            except BaseException as exc:  # noqa: BLE001 - reported by the test
+                failures.append(exc)
+
+        second = threading.Thread(target=restart, daemon=True)
+        second.start()
+        wait_until(lambda: resumed or not second.is_alive(), 240, "a micro-batch after the restart")
+        assert second.is_alive(), failures
         stop.set()
         writer.join(60)
         assert not failures, failures
@@ -226,26 +240,30 @@ def test_follow_restarts_from_its_checkpoint_exactly_once(tmp_path: Path) -> Non
             want = {g: _committed_events(client, g) for g in ("kv", "metadata")}
 
         def caught_up() -> bool:
+            assert second.is_alive(), failures
             return all(set(want[g]) <= set(_table_offsets(table, g)) for g in want)
 
         stopped = time.monotonic()
-        wait_until(caught_up, 240, "the stream to export every committed event", interval=1.0)
-        print(f"{sum(len(v) for v in want.values())} events committed; {len(batches(1))} micro-batches before the "
-              f"kill, {len(batches(2))} after it; caught up {time.monotonic() - stopped:.1f} s after the writes")
-        os.killpg(second.pid, signal.SIGKILL)
-        second.wait(10)
+        wait_until(caught_up, 240, "the stream to export every committed event", interval=0.5)
+        print(f"{sum(len(v) for v in want.values())} events committed; {len(batches())} micro-batches before the "
+              f"kill, {len(resumed)} after it; caught up {time.monotonic() - stopped:.1f} s after the writes")
+        halt.set()
+        second.join(60)
+        assert not second.is_alive() and not failures, failures
         for g, offsets in want.items():
             got = _table_offsets(table, g)
             assert len(got) == len(set(got)), f"{g}: duplicates"
             assert got[:len(offsets)] == offsets, g
-        resumed = [b["batch"] for b in batches(2)]
-        assert min(resumed) >= done_before, (done_before, resumed)   # from the checkpoint, not batch 0
-        assert all(b["rows"] <= FOLLOW_CAP for b in batches(2))
+        batch_ids = [b.batch_id for b in resumed]
+        assert min(batch_ids) >= done_before, (done_before, batch_ids)   # from the checkpoint, not batch 0
+        assert all(b.rows <= FOLLOW_CAP for b in resumed)
         assert (checkpoint / "commits").is_dir()
     finally:
         stop.set()
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        halt.set()
+        if first is not None and first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait(10)
+        if second is not None:
+            second.join(60)
         cluster.close()
