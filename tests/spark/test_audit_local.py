@@ -178,7 +178,6 @@ def test_the_cli_answers_a_small_table_in_process_with_user_keys(tmp_path: Path)
     assert [(r["offset"], r["value"]) for r in json.loads(history.stdout)] == [(0, "1"), (2, "3")]
     assert [(r["key"], r["value"]) for r in json.loads(state.stdout)] == [("app/x", "3"), ("app/y", "2")]
     assert "asking Spark" not in history.stderr + state.stderr
-    print(f"two audit answers from the CLI in {took:.1f} s")
-    assert took < 60   # two Python start-ups; Spark's JVM alone takes about that on a loaded machine
+    print(f"two audit answers from the CLI in {took:.1f} s")   # no bound: "asking Spark" above says in process
     refused = _epochlog("audit", "history", "kv/app/x", "--table", str(table))
     assert refused.returncode == 3 and "'app/x'" in refused.stderr
