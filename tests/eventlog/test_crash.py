@@ -83,11 +83,7 @@ def _run_and_kill(directory: Path, policy: str, child_seed: int, rng: random.Ran
             # Early: during the child's start, the open (recovery) or the first appends.
             time.sleep(rng.uniform(0.0, 0.3))
         else:
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while not any(line.startswith("READY") for line in forked.complete_lines(out_path)):
-                proc.join(0.05)
-                if proc.exitcode is not None or time.monotonic() > deadline:
-                    break
+            forked.wait_ready(proc, out_path, START_TIMEOUT_S)
             time.sleep(rng.uniform(0.0, 0.35))
         alive = proc.exitcode is None
         if alive:

@@ -157,11 +157,7 @@ def run_child(args: list[str], rng: random.Random | None, log: Path, ctx: str) -
             if rng.random() < 0.15:
                 time.sleep(rng.uniform(0.0, 0.5))   # start-up, recovery, the first batches
             else:
-                deadline = time.monotonic() + START_TIMEOUT_S
-                while not any(line.startswith("READY") for line in forked.complete_lines(out)):
-                    proc.join(0.02)
-                    if proc.exitcode is not None or time.monotonic() > deadline:
-                        break
+                forked.wait_ready(proc, out, START_TIMEOUT_S, poll=0.02)
                 time.sleep(rng.uniform(0.0, 0.4))
             if proc.exitcode is None:
                 proc.kill()

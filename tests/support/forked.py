@@ -15,6 +15,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -59,6 +60,16 @@ def complete_lines(path: Path) -> list[str]:
     """The lines of `path` that have their newline (a child writes each line with one `os.write`: a line
     without one is a write not yet read whole, and no report)."""
     return [raw.decode("ascii").strip() for raw in path.read_bytes().split(b"\n")[:-1]]
+
+
+def wait_ready(proc: BaseProcess, stdout: Path, timeout: float, poll: float = 0.05) -> bool:
+    """Wait until the child's `stdout` has its READY line (True), or it exits, or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while not any(line.startswith("READY") for line in complete_lines(stdout)):
+        proc.join(poll)
+        if proc.exitcode is not None or time.monotonic() > deadline:
+            return False
+    return True
 
 
 def _run(main: Callable[[list[str]], int], argv: list[str], stdout: str, stderr: str, env: dict[str, str]) -> None:
