@@ -11,10 +11,12 @@
 
 from __future__ import annotations
 
+import struct
+
 from eventlog.errors import InvalidBatchError
 from eventlog.raft.types import Entry, EntryKind
 from eventlog.records import Record as LogRecord
-from eventlog.records import RecordBatch, check_batch, encode_records, read_header, stamp
+from eventlog.records import RecordBatch, check_batch, encode_records, stamp
 
 NOOP_KEY = b"__raft/noop"
 CONF_KEY = b"__raft/conf"
@@ -23,18 +25,26 @@ _KEY_BY_KIND = {EntryKind.NOOP: NOOP_KEY, EntryKind.CONF_CHANGE: CONF_KEY}
 NO_TIMESTAMP = -1
 
 
-def entry_to_batch(entry: Entry) -> bytes | bytearray:
-    """The exact bytes stored for `entry`."""
+def entry_to_batch(entry: Entry) -> bytes:
+    """The exact bytes stored for `entry`. A NORMAL entry's data itself when it is already stamped with
+    the entry's index and term: a follower's entries, which the leader sends as it stored them (no copy)."""
     if entry.kind is EntryKind.NORMAL:
-        header = read_header(entry.data)
-        if header.last_offset_delta + 1 != entry.count:
+        data = entry.data
+        base_offset, epoch, last_offset_delta = _STAMPED.unpack_from(data)
+        if last_offset_delta + 1 != entry.count:
             raise InvalidBatchError(f"entry {entry.index} covers {entry.count} indexes but its batch holds "
-                                    f"{header.last_offset_delta + 1}")
-        data = bytearray(entry.data)
-        stamp(data, entry.index, entry.term)
-        return data
+                                    f"{last_offset_delta + 1}")
+        if base_offset == entry.index and epoch == entry.term and type(data) is bytes:
+            return data
+        stamped = bytearray(data)
+        stamp(stamped, entry.index, entry.term)
+        return bytes(stamped)
     record = LogRecord(entry.index, NO_TIMESTAMP, _KEY_BY_KIND[entry.kind], entry.data)
     return encode_records([record], leader_epoch=entry.term, control=True)
+
+
+_STAMPED = struct.Struct(">q4xi7xi")
+"""baseOffset, partitionLeaderEpoch and lastOffsetDelta of a batch header (eventlog.records.HEADER)."""
 
 
 def stored_bytes_at_most(entries: tuple[Entry, ...] | list[Entry]) -> int:

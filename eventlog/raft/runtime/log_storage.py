@@ -307,8 +307,11 @@ class LogStorage:
         if recent and recent[-1].last_index + 1 != stored[0].index:
             recent.clear()
             self._recent_bytes = 0
-        recent.extend(stored)
-        self._recent_bytes += sum(e.size for e in stored)
+        added = 0
+        for e in stored:
+            recent.append(e)
+            added += e.size
+        self._recent_bytes += added
         drop = 0
         while len(recent) - drop > 1 and self._recent_bytes > RECENT_ENTRIES_BYTES:
             self._recent_bytes -= recent[drop].size
@@ -472,20 +475,22 @@ class LogStorage:
             if self._state.conf_scanned_to > first:
                 self._state.conf_scanned_to = first
                 self._write_state()  # before any entry can land below the old scanned-to mark
-        batches = [bytes(entry_to_batch(e)) for e in entries]
+        batches = [entry_to_batch(e) for e in entries]
         self._last_entry = None
         try:
-            self.log.append_replica(b"".join(batches), sync=sync)
+            self.log.append_replica(batches[0] if len(batches) == 1 else b"".join(batches), sync=sync)
         except BaseException:
             self._forget_recent()   # written or not, in part or whole: read back from the log from now on
             raise
-        self._last_entry = (entries[-1].index, entries[-1].last_index)
-        self._remember([Entry(e.index, e.term, e.count, e.kind, b) if e.kind is EntryKind.NORMAL else e
+        last = entries[-1]
+        last_index = last.index + last.count - 1
+        self._last_entry = (last.index, last_index)
+        self._remember([e if e.kind is not EntryKind.NORMAL or e.data is b else Entry(e.index, e.term, e.count, e.kind, b)
                         for e, b in zip(entries, batches)])
         for e in entries:
             if e.kind is EntryKind.CONF_CHANGE:
                 self._conf_offsets.append(e.index)
-        return entries[-1].last_index
+        return last_index
 
     def drop_from(self, index: int) -> None:
         """Remove the entries from `index` on, found damaged (after the vote floor of

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from eventlog.config import LogConfig
+from eventlog.errors import InvalidBatchError
 from eventlog.raft.confchange import encode_conf_change
 from eventlog.raft.errors import CompactedError
 from eventlog.raft.raft_log import RaftLog
@@ -47,6 +48,27 @@ def test_entries_round_trip_through_batches_byte_for_byte():
         back = batch_to_entry(RecordBatch.parse(raw))
         assert (back.index, back.term, back.count, back.kind) == (e.index, e.term, e.count, e.kind)
         assert entry_to_batch(back) == raw, "the stored bytes are a pure function of the entry"
+
+
+def test_a_stamped_entry_is_stored_as_sent_and_a_damaged_one_is_refused_stamped_or_not(tmp_path: Path):
+    """A follower stores the leader's stamped bytes without copying them; whether copied or not, a damaged
+    batch (a byte flipped inside its CRC) is refused by the log and leaves storage and log unchanged."""
+    st = LogStorage.open(tmp_path, CFG, CONF)
+    sent = Entry(0, 1, 2, EntryKind.NORMAL, entry_to_batch(normal(0, 1)))   # as the leader sends it
+    assert entry_to_batch(sent) is sent.data
+    st.append([sent])
+    assert st.entries(0, 2, 1 << 20)[0].data == sent.data
+    good = normal(2, 1)
+    for damaged in (good, Entry(2, 1, 2, EntryKind.NORMAL, entry_to_batch(good))):   # unstamped, stamped
+        raw = bytearray(damaged.data)
+        raw[-1] ^= 0x01
+        with pytest.raises(InvalidBatchError, match="CRC"):
+            st.append([Entry(2, 1, 2, EntryKind.NORMAL, bytes(raw))])
+        assert st.last_index() == 1 and st.log.end_offset == 2
+        assert [e.index for e in st.entries(0, 2, 1 << 20)] == [0]
+    st.append([good])
+    assert [e.data for e in st.entries(0, 4, 1 << 20)] == [sent.data, entry_to_batch(good)]
+    st.close()
 
 
 def test_append_truncate_and_reopen(tmp_path: Path):
