@@ -45,6 +45,7 @@ from compaction.policy import GroupFacts, Horizon, SegmentSpan, horizon
 from eventlog.errors import EpochlogError
 from eventlog.raft.node import Role
 from eventlog.raft.runtime.group import RaftGroup
+from eventlog.cancellation import cancel_and_wait
 from statemachines import events as ev
 from statemachines.views import ViewsStateMachine
 
@@ -106,13 +107,7 @@ class CompactionService:
 
     async def stop(self) -> None:
         await self.cleaning.stop()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._tasks)
         self._tasks = []
 
     async def _prune_loop(self) -> None:

@@ -56,6 +56,7 @@ from eventlog.errors import EpochlogError, InvalidArgumentError, error_class, fr
 from eventlog.raft.errors import NotFoundError, NotLeaderError
 from eventlog.raft.node import Role
 from eventlog.raft.runtime.group import RaftGroup
+from eventlog.cancellation import cancel_and_wait
 from statemachines import events as ev
 from statemachines.state import BrokerState, GroupState, Outcome, TopicState, decode_state
 from statemachines.store import ViewStore, cf_for, prefix_upper_bound
@@ -120,8 +121,7 @@ class ControllerRuntime:
 
     async def stop(self) -> None:
         if self._supervisor is not None:
-            self._supervisor.cancel()
-            await asyncio.gather(self._supervisor, return_exceptions=True)
+            await cancel_and_wait([self._supervisor])
             self._supervisor = None
         await self._deactivate(NotLeaderError(self.node_id, 0, self.term))
 
@@ -186,9 +186,7 @@ class ControllerRuntime:
 
     async def _deactivate(self, error: EpochlogError) -> None:
         tasks, self._active_tasks = self._active_tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
         pending = self._inbox + self._inflight
         self._inbox, self._inflight = [], []
         for item in pending:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from eventlog.errors import EpochlogError
 from eventlog.raft.node import Role
+from eventlog.cancellation import cancel_and_wait
 from epochlog.api import messages as p
 from epochlog.errors import GroupHaltedError, InvalidArgumentError
 from epochlog.local_groups import LocalGroups
@@ -63,8 +64,7 @@ class Halts:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait([self._task])
             self._task = None
 
     def info(self, group: str) -> p.HaltInfo | None:

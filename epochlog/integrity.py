@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 from eventlog.errors import EpochlogError
 from eventlog.raft.node import Role
 from eventlog.raft.runtime.repair import RepairStatus
+from eventlog.cancellation import cancel_and_wait
 from epochlog.api import messages as p
 from epochlog.local_groups import LocalGroups
 
@@ -77,8 +78,7 @@ class DigestCheck:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait([self._task])
             self._task = None
         if self._client is not None:
             await self._client.close()

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
+from eventlog.cancellation import cancel_and_wait
+
 
 class FramedConnection(Protocol):
     """What the listener needs of a face's connection."""
@@ -68,8 +70,7 @@ class Listener(Generic[C]):
     async def close(self) -> None:
         """Stop listening and abort every connection."""
         if self._sweeper is not None:
-            self._sweeper.cancel()
-            await asyncio.gather(self._sweeper, return_exceptions=True)
+            await cancel_and_wait([self._sweeper])
             self._sweeper = None
         if self._server is not None:
             self._server.close()

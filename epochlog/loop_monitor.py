@@ -30,6 +30,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
+from eventlog.cancellation import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +61,7 @@ class LoopMonitor:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait([self._task])
             self._task = None
 
     async def _run(self) -> None:

@@ -45,6 +45,7 @@ from eventlog.raft.runtime.config import MemberConfig, parse_address
 from eventlog.raft.runtime.group import RaftGroup
 from eventlog.raft.runtime.transport import PeerTransport
 from eventlog.raft.types import ConfChange, ConfChangeKind, ConfState
+from eventlog.cancellation import cancel_and_wait
 from epochlog.api import messages as p
 from epochlog.errors import InvalidArgumentError, RejectedError
 from epochlog.local_groups import LocalGroups
@@ -84,11 +85,7 @@ class Membership:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, EpochlogError):
-                pass
+            await cancel_and_wait([self._task])
 
     def list(self) -> p.Members:
         """The address book, and the voters and learners of the metadata group as this node sees them."""

@@ -47,6 +47,7 @@ from epochlog.halts import Halts
 from epochlog.identity import storage_id
 from epochlog.integrity import DigestCheck, damage_info
 from epochlog.local_groups import LocalGroups
+from epochlog.stop_watch import StopWatch
 from epochlog.membership import Membership
 from statemachines import events as ev
 from statemachines import views_format
@@ -144,13 +145,20 @@ class Node:
         self.halts.start()
         self.digest_check.start()
 
-    async def stop(self) -> None:
-        await self.digest_check.stop()
-        await self.halts.stop()
-        await self.membership.stop()
-        await self.controller.stop()
-        await self.compaction.stop()
-        await self.host.stop()
+    async def stop(self, watch: StopWatch | None = None) -> None:
+        """Its background work first, then the groups; `watch` times each step (epochlog/stop_watch.py)."""
+        watch = watch or StopWatch(f"node {self.node_id}")
+        with watch.step("the digest check"):
+            await self.digest_check.stop()
+        with watch.step("the halts"):
+            await self.halts.stop()
+        with watch.step("membership"):
+            await self.membership.stop()
+        with watch.step("the controller"):
+            await self.controller.stop()
+        with watch.step("compaction"):
+            await self.compaction.stop()
+        await self.host.stop(watch.step)
 
     @property
     def cluster(self) -> str:

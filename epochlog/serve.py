@@ -36,6 +36,7 @@ from epochlog.metrics import Metrics
 from epochlog.ports import taken_addresses
 from epochlog.node import Node
 from epochlog.server import ClientService, ClientServiceConfig
+from epochlog.stop_watch import StopWatch
 
 if TYPE_CHECKING:
     from epochlog.grpc_server import GrpcService
@@ -142,16 +143,23 @@ class RunningNode:
             raise
         return running
 
-    async def stop(self) -> None:
-        await self.loop.close()
-        await self.clients.close()
+    async def stop(self, watch: StopWatch | None = None) -> None:
+        """Clients first, then the groups; `watch` times each step (epochlog/stop_watch.py)."""
+        watch = watch or StopWatch(f"node {self.node.node_id}")
+        with watch.step("the loop monitor"):
+            await self.loop.close()
+        with watch.step("the client service"):
+            await self.clients.close()
         if self.kafka is not None:
-            await self.kafka.close()
+            with watch.step("the Kafka face"):
+                await self.kafka.close()
         if self.grpc is not None:
-            await self.grpc.close()
+            with watch.step("the gRPC face"):
+                await self.grpc.close()
         if self.admin is not None:
-            await self.admin.close()
-        await self.node.stop()
+            with watch.step("the admin endpoint"):
+                await self.admin.close()
+        await self.node.stop(watch)
 
 
 async def serve(configs: NodeConfigs, node_id: int, data_dir: str | Path, *, seed: int | None = None,
@@ -187,5 +195,13 @@ async def serve(configs: NodeConfigs, node_id: int, data_dir: str | Path, *, see
             await asyncio.wait_for(stop.wait(), 0.1)
         except TimeoutError:
             pass
-    await running.stop()
+    if code == 0:
+        logger.info("node %s stopping (asked to)", node_id)
+    watch = StopWatch(f"node {node_id}")
+    watch.start()
+    try:
+        await running.stop(watch)
+    finally:
+        watch.close()
+    logger.info("node %s stopped in %.2f s", node_id, watch.elapsed_s)
     return code

@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from eventlog.cancellation import cancel_and_wait
 from eventlog.errors import BatchTooLargeError, DiskFullError, EpochlogError
 from eventlog.log import Log
 from eventlog.raft.config import RaftConfig
@@ -273,13 +274,7 @@ class RaftGroup:
     async def close(self) -> None:
         self._closed = True
         self._ready.stop()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - shutting down
-                pass
+        await cancel_and_wait(self._tasks)
         self._fail_waiters(ProposalDroppedError(f"group {self.name} on node {self.node_id} stopped"))
         await self._wait_snapshot_work()
         if self._failure is None:

@@ -69,6 +69,7 @@ from typing import Any
 
 import msgspec
 
+from eventlog.cancellation import cancel_and_wait
 from eventlog.config import LogConfig
 from eventlog.raft.config import RaftConfig
 from eventlog.raft.runtime.config import PeerLimitsConfig
@@ -654,5 +655,5 @@ class PeerTransport:
             task.cancel()
         for conn in list(self._live):
             conn.abort()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
         self._close_listeners()
