@@ -114,7 +114,8 @@ def _fail_after(func: Callable[P, R], allowed: int, code: int, what: str,
         if n <= allowed or (n > allowed + 1 and _healed(heal_file, what, healing)):
             return func(*args, **kwargs)
         if n == allowed + 1:  # CLOCK_MONOTONIC is system-wide: a test can compare it with its own clock
-            print(f"epochlog-faults: {what} call #{n} fails with {errno.errorcode[code]} (injected) "
+            late = f", {slow_s * 1000:.0f} ms after this line" if slow_s else ""
+            print(f"epochlog-faults: {what} call #{n} fails with {errno.errorcode[code]} (injected{late}) "
                   f"at monotonic={time.monotonic():.6f}", file=sys.stderr, flush=True)
         if slow_s:
             time.sleep(slow_s)

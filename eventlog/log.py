@@ -244,8 +244,7 @@ class Log:
 
     def _start_background(self) -> None:
         if self.config.preallocate_next_segment:
-            self._preallocator = SegmentPreallocator(self.directory, self.config.segment_bytes)
-            self._preallocator.request()
+            self._next_segment().request()
         self._flusher.start()
 
     # --- properties ----------------------------------------------------------------------------
@@ -327,9 +326,13 @@ class Log:
     def prepare_next_segment(self) -> None:
         """Prepare the next segment in the background unless one is ready or under way (retries a failed
         preparation: a full disk that was cleaned up gets its segment back)."""
+        self._next_segment().request()
+
+    def _next_segment(self) -> SegmentPreallocator:
+        """The preparer of the next segment's file, made on first use."""
         if self._preallocator is None:
             self._preallocator = SegmentPreallocator(self.directory, self.config.segment_bytes)
-        self._preallocator.request()
+        return self._preallocator
 
     def room(self, size: int) -> bool | EpochlogError:
         """Without waiting: whether `size` more bytes of batches can be stored now. True when they fit in
@@ -344,9 +347,7 @@ class Log:
             seg = self._segments.active
             if seg.size + size <= seg.capacity:
                 return True
-        if self._preallocator is None:
-            self._preallocator = SegmentPreallocator(self.directory, self.config.segment_bytes)
-        return self._preallocator.ready()
+        return self._next_segment().ready()
 
     # --- appending -----------------------------------------------------------------------------
 
