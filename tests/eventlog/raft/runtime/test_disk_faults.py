@@ -93,6 +93,10 @@ def _start_with_faulty_node(cluster: NodeCluster, faults: str, role: str, heal_f
         cluster.start([FAULTY], env=_faults_env(faults, heal_file), wait=False)
         for n in cluster.nodes:
             cluster.wait_ready(n)
+    # The election timeouts make the wanted role likely, not certain: on a loaded machine the nodes start
+    # late and unevenly (the faulty follower once won term 1 before the others were up). Then move it.
+    if (cluster.wait_leader(G).node == FAULTY) != (role == "leader"):
+        cluster.move_leader(G, FAULTY if role == "leader" else HEALTHY[0])
     leader = cluster.wait_leader(G)
     assert (leader.node == FAULTY) == (role == "leader"), f"wanted node {FAULTY} as {role}; got {leader}"
     stream = WriteStream(cluster, G, proposers=4)
