@@ -858,6 +858,8 @@ class RaftNode:
         return self._restarted and self.ticks < self.cfg.election_timeout_ticks
 
     def _lease_refusal(self) -> str:
+        if self.leader == self.id:
+            return f"it leads term {self.term} (check-quorum: a leader ignores vote requests)"
         if self.leader != 0:
             return (f"heard from leader {self.leader} {self._election_elapsed} ticks ago, "
                     f"within the election timeout (leader lease)")
