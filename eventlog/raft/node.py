@@ -160,7 +160,8 @@ class StepDownReason(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class SteppedDown:
     """This node stopped leading in `term`. CHECK_QUORUM: only `heard_from` (itself included) of the
-    voters answered within `timeout_ticks`; HIGHER_TERM: node `src` sent a `message` of `new_term`."""
+    voters answered within `timeout_ticks`; `last_heard` has (voter, ticks since its latest answer, -1:
+    none in this term) for the others. HIGHER_TERM: node `src` sent a `message` of `new_term`."""
 
     term: int
     reason: StepDownReason
@@ -170,6 +171,7 @@ class SteppedDown:
     src: int = 0
     message: str = ""
     new_term: int = 0
+    last_heard: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -722,6 +724,8 @@ class RaftNode:
         self._reads_awaiting_commit = []
 
     def _become_follower(self, term: int, leader: int) -> None:
+        if self.role is Role.LEADER:   # its own leadership is the latest it heard of (Ready.elections)
+            self._heard_leader, self._heard_leader_tick, self._campaigns_unheard = self.id, self.ticks, 0
         self._reset(term)
         self.leader = leader
         self.role = Role.FOLLOWER
@@ -992,8 +996,12 @@ class RaftNode:
                 active = [v for v in self.conf.voters if v == self.id
                           or (v in self.progress and self.progress[v].recent_active)]
                 if len(active) < majority(self.conf.voters):
-                    self._elections.append(SteppedDown(self.term, StepDownReason.CHECK_QUORUM, tuple(active),
-                                                       self.conf.voters, self.cfg.election_timeout_ticks))
+                    self._elections.append(SteppedDown(
+                        self.term, StepDownReason.CHECK_QUORUM, tuple(active), self.conf.voters,
+                        self.cfg.election_timeout_ticks, last_heard=tuple(
+                            (v, self.ticks - self.progress[v].active_tick if v in self.progress
+                             and self.progress[v].active_tick >= 0 else -1)
+                            for v in self.conf.voters if v not in active)))
                     self._become_follower(self.term, 0)  # cut off from a majority (§6.2)
                     return
                 for node, pr in self.progress.items():
@@ -1013,11 +1021,12 @@ class RaftNode:
         pr = self.progress.get(m.src)
         if pr is None:
             return  # not (or no longer) a member
-        if isinstance(m, AppendResp):
+        if isinstance(m, AppendResp | HeartbeatResp | InstallSnapshotResp):
             pr.recent_active = True
+            pr.active_tick = self.ticks
+        if isinstance(m, AppendResp):
             self._handle_append_resp(m, pr)
         elif isinstance(m, HeartbeatResp):
-            pr.recent_active = True
             pr.probe_sent = False
             if m.ctx > pr.heartbeat_round:
                 pr.heartbeat_round = m.ctx
@@ -1028,7 +1037,6 @@ class RaftNode:
                     pr.become_probe(self.ticks)  # appends in flight were lost: resend from the match
                 self._send_append(m.src)
         elif isinstance(m, InstallSnapshotResp):
-            pr.recent_active = True
             self._handle_snapshot_resp(m, pr)
         elif isinstance(m, ReadIndex):
             self._handle_follower_read(_FollowerRead(m.src, m.ctx))

@@ -53,12 +53,14 @@ class ElectionLog:
     """Logs one group's election events on this node (see the module docstring)."""
 
     def __init__(self, name: str, node_id: int, tick_interval: float, heard_at: Mapping[int, float],
-                 now: Callable[[], float]) -> None:
+                 ticked_at: Callable[[], float]) -> None:
         self.name = name
         self.node_id = node_id
         self.tick_interval = tick_interval
         self._heard_at = heard_at    # peer -> loop time of its latest message
-        self._now = now
+        # The loop time of the latest tick: a timeout or a check-quorum happened then (a stalled loop
+        # may hand the Ready to this log much later, after messages that came meanwhile).
+        self._ticked_at = ticked_at
         self._refusal_said_term = 0   # refusals: one line per term (a vote is granted once per term)
         self._campaign_said = True   # the latest campaign's start was logged (so is its outcome)
 
@@ -81,9 +83,12 @@ class ElectionLog:
     def _ms(self, ticks: int) -> str:
         return f"{ticks * self.tick_interval * 1000:.0f} ms ({ticks} ticks)"
 
-    def _since(self, peer: int) -> str:
+    def _before_tick(self, peer: int) -> str:
         at = self._heard_at.get(peer)
-        return "never" if at is None else f"{(self._now() - at) * 1000:.0f} ms ago"
+        if at is None:
+            return "never"
+        ms = (self._ticked_at() - at) * 1000
+        return f"{ms:.0f} ms before that tick" if ms >= 0 else f"{-ms:.0f} ms after that tick"
 
     def _started(self, e: CampaignStarted) -> None:
         self._campaign_said = bool(e.pre_vote_granted) or _logged_attempt(e.attempt) or \
@@ -94,9 +99,12 @@ class ElectionLog:
             why = f"leadership transfer (TimeoutNow from node {e.transfer_from})"
         elif e.reason is CampaignReason.REQUESTED:
             why = "requested"
+        elif e.leader == self.node_id:
+            why = f"election timeout: it stopped leading {self._ms(e.silent_ticks)} ago, timeout {self._ms(e.timeout_ticks)}"
         elif e.leader:
             why = (f"election timeout: no message from leader {e.leader} for {self._ms(e.silent_ticks)}, "
-                   f"timeout {self._ms(e.timeout_ticks)}; its latest message of any kind {self._since(e.leader)}")
+                   f"timeout {self._ms(e.timeout_ticks)}; wall clock: its latest message of any kind arrived "
+                   f"{self._before_tick(e.leader)}")
         else:
             why = f"election timeout: no leader heard from since this node started, timeout {self._ms(e.timeout_ticks)}"
         if e.attempt > 1:
@@ -111,11 +119,13 @@ class ElectionLog:
 
     def _stepped_down(self, e: SteppedDown) -> None:
         if e.reason is StepDownReason.CHECK_QUORUM:
-            silent = [v for v in e.voters if v not in e.heard_from]
+            silent = "; ".join(
+                f"node {v} {'none in this term' if ticks < 0 else self._ms(ticks) + ' ago'} (wall clock: its latest "
+                f"message of any kind arrived {self._before_tick(v)})" for v, ticks in e.last_heard)
             logger.warning("group %s: node %s steps down as leader in term %s: heard from only %s of voters %s "
-                           "within the election timeout, %s (check-quorum); latest messages: %s", self.name,
+                           "within the election timeout, %s (check-quorum); latest answers: %s", self.name,
                            self.node_id, e.term, _ids(e.heard_from), _ids(e.voters), self._ms(e.timeout_ticks),
-                           "; ".join(f"node {v} {self._since(v)}" for v in silent))
+                           silent)
         elif e.reason is StepDownReason.HIGHER_TERM:
             logger.info("group %s: node %s steps down as leader in term %s: %s of term %s from node %s", self.name,
                         self.node_id, e.term, e.message, e.new_term, e.src)

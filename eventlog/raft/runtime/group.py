@@ -237,7 +237,8 @@ class RaftGroup:
         self.space_guard: Callable[[], str | None] | None = None
         self.counters = GroupCounters()
         self.heard_at: dict[int, float] = {}    # peer -> loop time of its latest message (status: heard_ms)
-        elections = ElectionLog(name, node_id, self.tick_interval, self.heard_at, self.loop.time)
+        self.ticked_at = self.loop.time()   # loop time of the latest tick
+        elections = ElectionLog(name, node_id, self.tick_interval, self.heard_at, lambda: self.ticked_at)
         self._ready = ReadyLoop(self, name, self.node, storage, send, loop=self.loop, peer_check=self.peer_check,
                                 peer_drops=self.peer_drops, counters=self.counters, elections=elections, flush=flush)
         self._proposals = Proposals(self.loop, self.counters, getattr(state_machine, "proposed", None))
@@ -572,6 +573,7 @@ class RaftGroup:
             self._reads.check_clock()
             if self.loop.time() > next_tick + 10 * self.tick_interval:
                 next_tick = self.loop.time() + self.tick_interval  # we were stalled: do not burst
+            self.ticked_at = self.loop.time()
             self.node.tick()
             self._reads.ticked()
             self._check_term_limit()

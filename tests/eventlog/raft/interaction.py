@@ -137,7 +137,8 @@ def fmt_election(e: ElectionEvent) -> str:
     if isinstance(e, SteppedDown):
         out = f"stepped-down term={e.term} reason={e.reason.name.lower()}"
         if e.reason is StepDownReason.CHECK_QUORUM:
-            out += f" heard={fmt_ids(e.heard_from)} voters={fmt_ids(e.voters)}"
+            out += f" heard={fmt_ids(e.heard_from)} voters={fmt_ids(e.voters)} last-heard=" + ",".join(
+                f"{v}:{ticks}" for v, ticks in e.last_heard)
         elif e.reason is StepDownReason.HIGHER_TERM:
             out += f" {e.message} term={e.new_term} from={e.src}"
         return out
