@@ -25,6 +25,10 @@ and produces one output, `ready()`, the `Ready` contract (enforced: a second `re
 4. apply `committed` entries in order and answer `read_states` once applied through their index;
 5. call `advance()`.
 
+`elections` asks for nothing: it reports what happened in elections since the last Ready (who
+campaigned and why, a lost campaign, a leader stepping down, a vote for a later term), for the
+runtime to log (`CampaignStarted`, `CampaignLost`, `SteppedDown`, `VoteCast`).
+
 A runtime that pipelines persistence does steps 1, 2 (all but waiting for the entries to be durable)
 and 4, calls `accept()`, and later, in order, sends each accepted Ready's `send_after` and calls
 `persisted(ready)` as its entries become durable; the leader counts its own copy, and a follower
