@@ -600,13 +600,14 @@ class RaftNode:
             dropped_reads=tuple(self._dropped_reads),
             soft_state=soft,
             must_sync=durable_changed or bool(entries or self._snapshot_chunks or pending),
-            elections=tuple(self._elections),
+            elections=tuple(self._elections) if self._elections else (),
         )
         self._msgs = []
         self._read_states = []
         self._dropped_reads = []
         self._snapshot_chunks = []
-        self._elections = []
+        if self._elections:
+            self._elections = []
         self._outstanding = rd
         return rd
 
