@@ -233,3 +233,5 @@ def test_one_way_partitions_and_delay(node_cluster_factory: Callable[..., NodeCl
         _one_way(cluster)
     finally:
         print(f"proxy frames (passed, dropped) per direction: {cluster.net.counters() if cluster.net else {}}")
+        if cluster.net is not None:   # since the start, or phase 3's start (a starved test process delays every link)
+            print(f"the proxy loop's longest stall: {cluster.net.longest_stall_s * 1000:.0f} ms")
