@@ -9,7 +9,21 @@ from eventlog.raft.errors import (
     RaftError,
     UnavailableError,
 )
-from eventlog.raft.node import RaftNode, Ready, ReadState, Role, SnapshotChunk, SoftState
+from eventlog.raft.node import (
+    CampaignLost,
+    CampaignReason,
+    CampaignStarted,
+    ElectionEvent,
+    RaftNode,
+    Ready,
+    ReadState,
+    Role,
+    SnapshotChunk,
+    SoftState,
+    StepDownReason,
+    SteppedDown,
+    VoteCast,
+)
 from eventlog.raft.storage import MemoryStorage, Storage
 from eventlog.raft.types import (
     ConfChange,
@@ -23,6 +37,7 @@ from eventlog.raft.types import (
 )
 
 __all__ = [
+    "CampaignLost", "CampaignReason", "CampaignStarted", "ElectionEvent", "StepDownReason", "SteppedDown", "VoteCast",
     "CompactedError", "ConfChange", "ConfChangeError", "ConfChangeKind", "ConfState", "Entry", "EntryKind",
     "HardState", "MemoryStorage", "Message", "NotLeaderError", "ProposalDroppedError", "RaftConfig", "RaftError",
     "RaftNode", "ReadState", "Ready", "Role", "SnapshotChunk", "SnapshotMeta", "SoftState", "Storage",

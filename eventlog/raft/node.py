@@ -25,6 +25,10 @@ and produces one output, `ready()`, the `Ready` contract (enforced: a second `re
 4. apply `committed` entries in order and answer `read_states` once applied through their index;
 5. call `advance()`.
 
+`elections` asks for nothing: it reports what happened in elections since the last Ready (who
+campaigned and why, a lost campaign, a leader stepping down, a vote for a later term), for the
+runtime to log (`CampaignStarted`, `CampaignLost`, `SteppedDown`, `VoteCast`).
+
 A runtime that pipelines persistence does steps 1, 2 (all but waiting for the entries to be durable)
 and 4, calls `accept()`, and later, in order, sends each accepted Ready's `send_after` and calls
 `persisted(ready)` as its entries become durable; the leader counts its own copy, and a follower
@@ -113,6 +117,82 @@ class SoftState:
     term: int
 
 
+class CampaignReason(enum.Enum):
+    """Why a node campaigns."""
+
+    TIMEOUT = "election timeout"          # it heard from no leader for its randomized election timeout
+    TRANSFER = "leadership transfer"      # its leader sent TimeoutNow (thesis §3.10)
+    REQUESTED = "requested"               # `RaftNode.campaign()` (tests, tools)
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignStarted:
+    """This node started a pre-vote (`pre_vote`: for `term`, its own term unchanged, thesis §9.6) or an
+    election in `term`. `leader` is the leader it last heard from (0: none since it started) and
+    `silent_ticks` the ticks since then (since it started, without one); `timeout_ticks` the randomized
+    timeout that fired (TIMEOUT); `transfer_from` the leader that sent TimeoutNow (TRANSFER); `attempt`
+    counts campaigns since it last heard from a leader (1: the first); `pre_vote_granted` the voters that
+    granted the pre-vote this election follows (empty: none held)."""
+
+    term: int
+    pre_vote: bool
+    reason: CampaignReason
+    leader: int
+    silent_ticks: int
+    timeout_ticks: int
+    transfer_from: int
+    attempt: int
+    pre_vote_granted: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignLost:
+    """A majority refused this node's pre-vote or election in `term` (refusals from `refused`)."""
+
+    term: int
+    pre_vote: bool
+    granted: tuple[int, ...]
+    refused: tuple[int, ...]
+
+
+class StepDownReason(enum.Enum):
+    CHECK_QUORUM = "check-quorum"     # no word from a majority within an election timeout (§6.2)
+    HIGHER_TERM = "higher term"       # a message of a later term arrived
+    REMOVED = "removed"               # its own removal committed (thesis §4.2.2)
+
+
+@dataclass(frozen=True, slots=True)
+class SteppedDown:
+    """This node stopped leading in `term`. CHECK_QUORUM: only `heard_from` (itself included) of the
+    voters answered within `timeout_ticks`; `last_heard` has (voter, ticks since its latest answer, -1:
+    none in this term) for the others. HIGHER_TERM: node `src` sent a `message` of `new_term`."""
+
+    term: int
+    reason: StepDownReason
+    heard_from: tuple[int, ...] = ()
+    voters: tuple[int, ...] = ()
+    timeout_ticks: int = 0
+    src: int = 0
+    message: str = ""
+    new_term: int = 0
+    last_heard: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class VoteCast:
+    """This node answered (or ignored: `refusal` says so) node `candidate`'s vote request for `term`,
+    a term above its own when the request arrived. `refusal` is empty when granted."""
+
+    term: int
+    candidate: int
+    granted: bool
+    refusal: str = ""
+
+
+ElectionEvent = CampaignStarted | CampaignLost | SteppedDown | VoteCast
+"""What the core reports about elections through `Ready.elections` (the runtime logs them)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ReadState:
     """A linearizable read `request` may be answered once the state machine applied `index`."""
@@ -153,12 +233,13 @@ class Ready:
     dropped_reads: tuple[int, ...]
     soft_state: SoftState | None
     must_sync: bool
+    elections: tuple[ElectionEvent, ...] = ()   # to report (log), nothing to do
 
     @property
     def empty(self) -> bool:
         return not (self.hard_state or self.entries or self.snapshot_chunks or self.snapshot or self.send_now
                     or self.send_after or self.committed or self.read_states or self.dropped_reads
-                    or self.soft_state)
+                    or self.soft_state or self.elections)
 
 
 _LEADER_MESSAGES = (Append, Heartbeat, InstallSnapshot, TimeoutNow, ReadIndexResp)
@@ -210,6 +291,13 @@ class RaftNode:
         # election after a timeout: a deliberate placement (the runtime's leader balance leaves it).
         self.won_by_transfer = False
         self._transfer_campaign = False
+        # What the Readys report about elections (Ready.elections), and the facts they report.
+        self._elections: list[ElectionEvent] = []
+        self._heard_leader = 0              # the leader this node last heard from (0: none since start)
+        self._heard_leader_tick = 0         # ... at this tick
+        self._campaigns_unheard = 0         # campaigns since then
+        self._campaign_reason = CampaignReason.TIMEOUT   # of the pre-vote under way
+        self._campaign_transfer_from = 0
         self._uncommitted: deque[tuple[int, int]] = deque()        # (last index, bytes) not yet committed
         self._uncommitted_bytes = 0
         # heartbeat rounds confirm leadership for ReadIndex and leases
@@ -284,13 +372,19 @@ class RaftNode:
         assert m.dst == self.id, f"message for {m.dst} stepped into node {self.id}"
         if m.term > MAX_TERM:
             return  # a term no node can write (types.MAX_TERM): never adopted, granted or answered
+        term_before = self.term
         if m.term > self.term:
             if isinstance(m, Vote | PreVote) and self._in_lease() and not (isinstance(m, Vote) and m.transfer):
+                if isinstance(m, Vote):   # pre-votes come every election timeout from a cut-off node: not said
+                    self._elections.append(VoteCast(m.term, m.src, False, self._lease_refusal()))
                 return  # we heard from a live leader recently: ignore the disruption (§4.2.3)
             if isinstance(m, PreVote) or (isinstance(m, PreVoteResp) and m.granted):
                 pass  # pre-votes never change terms
             else:
                 leader = m.src if isinstance(m, _LEADER_MESSAGES) and not isinstance(m, TimeoutNow) else 0
+                if self.role is Role.LEADER:
+                    self._elections.append(SteppedDown(self.term, StepDownReason.HIGHER_TERM, src=m.src,
+                                                       message=type(m).__name__, new_term=m.term))
                 self._become_follower(m.term, leader)
         elif m.term < self.term:
             if isinstance(m, Append | Heartbeat) and (self.cfg.check_quorum or self.cfg.pre_vote
@@ -304,7 +398,7 @@ class RaftNode:
                 self._send(PreVoteResp(term=self.term, src=self.id, dst=m.src, granted=False))
             return
         if isinstance(m, Vote | PreVote):
-            self._handle_vote_request(m)
+            self._handle_vote_request(m, raised=isinstance(m, Vote) and m.term > term_before)
             return
         self._step(m)
 
@@ -384,7 +478,7 @@ class RaftNode:
 
     def campaign(self) -> None:
         """Start an election now (tests and tools; normally elections start on timeout)."""
-        self._campaign(transfer=False)
+        self._campaign(CampaignReason.REQUESTED)
 
     @property
     def hard_state(self) -> HardState:
@@ -453,6 +547,9 @@ class RaftNode:
     # --- Ready / advance -----------------------------------------------------------------------
 
     def has_ready(self) -> bool:
+        """Whether `ready()` has something to do. Election events alone never make a Ready: every one
+        comes with a change of role or term, or a message, except a vote request ignored within the
+        leader lease, which the next Ready reports (so reporting changes no Ready the runtime sees)."""
         if self._outstanding is not None:
             return False
         return bool(self._msgs or self._unsent_entries() or self._snapshot_chunks or self._read_states
@@ -503,11 +600,14 @@ class RaftNode:
             dropped_reads=tuple(self._dropped_reads),
             soft_state=soft,
             must_sync=durable_changed or bool(entries or self._snapshot_chunks or pending),
+            elections=tuple(self._elections) if self._elections else (),
         )
         self._msgs = []
         self._read_states = []
         self._dropped_reads = []
         self._snapshot_chunks = []
+        if self._elections:
+            self._elections = []
         self._outstanding = rd
         return rd
 
@@ -629,6 +729,8 @@ class RaftNode:
         self._reads_awaiting_commit = []
 
     def _become_follower(self, term: int, leader: int) -> None:
+        if self.role is Role.LEADER:   # its own leadership is the latest it heard of (Ready.elections)
+            self._heard_leader, self._heard_leader_tick, self._campaigns_unheard = self.id, self.ticks, 0
         self._reset(term)
         self.leader = leader
         self.role = Role.FOLLOWER
@@ -693,23 +795,35 @@ class RaftNode:
         self._election_elapsed += 1
         if self._promotable() and self._election_elapsed >= self._randomized_timeout:
             self._election_elapsed = 0
-            self._campaign(transfer=False)
+            self._campaign(CampaignReason.TIMEOUT)
 
-    def _campaign(self, *, transfer: bool, pre_voted: bool = False) -> None:
-        """Start an election: a pre-vote first unless `pre_voted` (won) or `transfer` (TimeoutNow).
+    def _campaign(self, reason: CampaignReason, *, transfer_from: int = 0, pre_voted: bool = False) -> None:
+        """Start an election: a pre-vote first unless `pre_voted` (won) or a transfer (TimeoutNow from
+        `transfer_from`).
 
         Only a transfer marks its Vote requests `transfer`, which makes followers ignore their
         leader lease; an election after a won pre-vote must still respect it.
         """
         if not self._promotable() or self.term_exhausted:
             return
+        transfer = reason is CampaignReason.TRANSFER
+        timeout = self._randomized_timeout
+        granted: tuple[int, ...] = ()
+        if pre_voted:
+            granted = tuple(sorted(n for n, g in self._votes.items() if g and n != self.id))
+        else:
+            self._campaigns_unheard += 1
         if self.cfg.pre_vote and not (transfer or pre_voted):
             self._become_pre_candidate()
+            self._campaign_reason, self._campaign_transfer_from = reason, transfer_from
             term = self.term + 1
         else:
             self._become_candidate()
             self._transfer_campaign = transfer
             term = self.term
+        self._elections.append(CampaignStarted(
+            term, self.role is Role.PRE_CANDIDATE, reason, self._heard_leader,
+            self.ticks - self._heard_leader_tick, timeout, transfer_from, self._campaigns_unheard, granted))
         self._votes[self.id] = True
         if self._tally():
             return
@@ -729,9 +843,15 @@ class RaftNode:
         if result is None:
             return False
         if not result:
+            pre = self.role is Role.PRE_CANDIDATE
+            self._elections.append(CampaignLost(
+                self.term + 1 if pre else self.term, pre,
+                tuple(sorted(n for n, g in self._votes.items() if g and n != self.id)),
+                tuple(sorted(n for n, g in self._votes.items() if not g))))
             self._become_follower(self.term, 0)
         elif self.role is Role.PRE_CANDIDATE:
-            self._campaign(transfer=False, pre_voted=True)  # the real election
+            self._campaign(self._campaign_reason, transfer_from=self._campaign_transfer_from,
+                           pre_voted=True)  # the real election
         else:
             self._become_leader()
         return True
@@ -746,18 +866,40 @@ class RaftNode:
             return True
         return self._restarted and self.ticks < self.cfg.election_timeout_ticks
 
-    def _handle_vote_request(self, m: Vote | PreVote) -> None:
+    def _lease_refusal(self) -> str:
+        if self.leader == self.id:
+            return f"it leads term {self.term} (check-quorum: a leader ignores vote requests)"
+        if self.leader != 0:
+            return (f"heard from leader {self.leader} {self._election_elapsed} ticks ago, "
+                    f"within the election timeout (leader lease)")
+        return "restarted within an election timeout (a leader lease may count on it)"
+
+    def _handle_vote_request(self, m: Vote | PreVote, *, raised: bool = False) -> None:
+        """Answer a vote or pre-vote request of our term or a later one. `raised`: a Vote whose term
+        this node just took: its answer is reported (Ready.elections; at most once per term)."""
         pre = isinstance(m, PreVote)
         can_vote = (self.vote == m.src or (self.vote == 0 and self.leader == 0)
                     or (pre and m.term > self.term))
-        granted = (can_vote and self.log.is_up_to_date(m.last_index, m.last_term)
-                   and self._meets_floor(m.last_index, m.last_term))
+        up_to_date = self.log.is_up_to_date(m.last_index, m.last_term)
+        floor = self._meets_floor(m.last_index, m.last_term)
+        granted = can_vote and up_to_date and floor
         if pre:
             self._send(PreVoteResp(term=m.term if granted else self.term, src=self.id, dst=m.src, granted=granted))
             return
         if granted:
             self.vote = m.src
             self._election_elapsed = 0
+        if raised:
+            if granted:
+                refusal = ""
+            elif not can_vote:
+                refusal = f"voted for node {self.vote} in this term" if self.vote else f"follows node {self.leader}"
+            elif not up_to_date:
+                refusal = (f"its log (last {m.last_term}/{m.last_index}) is behind ours "
+                           f"({self.log.last_term()}/{self.log.last_index()})")
+            else:
+                refusal = "its log is behind our vote floor"
+            self._elections.append(VoteCast(m.term, m.src, granted, refusal))
         self._send(VoteResp(term=self.term, src=self.id, dst=m.src, granted=granted))
 
     def _step_candidate(self, m: Message) -> None:
@@ -775,22 +917,24 @@ class RaftNode:
 
     # --- follower ------------------------------------------------------------------------------
 
+    def _heard_from(self, leader: int) -> None:
+        self._election_elapsed = 0
+        self.leader = leader
+        self._heard_leader, self._heard_leader_tick, self._campaigns_unheard = leader, self.ticks, 0
+
     def _step_follower(self, m: Message) -> None:
         if isinstance(m, Append):
-            self._election_elapsed = 0
-            self.leader = m.src
+            self._heard_from(m.src)
             self._handle_append(m)
         elif isinstance(m, Heartbeat):
-            self._election_elapsed = 0
-            self.leader = m.src
+            self._heard_from(m.src)
             self.log.commit_to(min(m.commit, self.log.last_index()))
             self._send(HeartbeatResp(term=self.term, src=self.id, dst=m.src, ctx=m.ctx))
         elif isinstance(m, InstallSnapshot):
-            self._election_elapsed = 0
-            self.leader = m.src
+            self._heard_from(m.src)
             self._handle_snapshot_chunk(m)
         elif isinstance(m, TimeoutNow):
-            self._campaign(transfer=True)
+            self._campaign(CampaignReason.TRANSFER, transfer_from=m.src)
         elif isinstance(m, ReadIndexResp):
             if m.ctx in self._reads_forwarded:
                 self._reads_forwarded.remove(m.ctx)
@@ -857,6 +1001,12 @@ class RaftNode:
                 active = [v for v in self.conf.voters if v == self.id
                           or (v in self.progress and self.progress[v].recent_active)]
                 if len(active) < majority(self.conf.voters):
+                    self._elections.append(SteppedDown(
+                        self.term, StepDownReason.CHECK_QUORUM, tuple(active), self.conf.voters,
+                        self.cfg.election_timeout_ticks, last_heard=tuple(
+                            (v, self.ticks - self.progress[v].active_tick if v in self.progress
+                             and self.progress[v].active_tick >= 0 else -1)
+                            for v in self.conf.voters if v not in active)))
                     self._become_follower(self.term, 0)  # cut off from a majority (§6.2)
                     return
                 for node, pr in self.progress.items():
@@ -876,11 +1026,12 @@ class RaftNode:
         pr = self.progress.get(m.src)
         if pr is None:
             return  # not (or no longer) a member
-        if isinstance(m, AppendResp):
+        if isinstance(m, AppendResp | HeartbeatResp | InstallSnapshotResp):
             pr.recent_active = True
+            pr.active_tick = self.ticks
+        if isinstance(m, AppendResp):
             self._handle_append_resp(m, pr)
         elif isinstance(m, HeartbeatResp):
-            pr.recent_active = True
             pr.probe_sent = False
             if m.ctx > pr.heartbeat_round:
                 pr.heartbeat_round = m.ctx
@@ -891,7 +1042,6 @@ class RaftNode:
                     pr.become_probe(self.ticks)  # appends in flight were lost: resend from the match
                 self._send_append(m.src)
         elif isinstance(m, InstallSnapshotResp):
-            pr.recent_active = True
             self._handle_snapshot_resp(m, pr)
         elif isinstance(m, ReadIndex):
             self._handle_follower_read(_FollowerRead(m.src, m.ctx))
@@ -967,6 +1117,7 @@ class RaftNode:
             self._reads_awaiting_commit = []
         if self.id not in self.conf.voters and self._pending_conf_index() <= index:
             # Our own removal is committed: step down (thesis §4.2.2).
+            self._elections.append(SteppedDown(self.term, StepDownReason.REMOVED))
             self._become_follower(self.term, 0)
         return True
 

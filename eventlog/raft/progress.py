@@ -29,7 +29,7 @@ class ProgressState(enum.Enum):
 
 class Progress:
     __slots__ = ("match", "next", "state", "probe_sent", "inflight", "inflight_bytes", "snapshot",
-                 "snapshot_offset", "snapshot_sent_tick", "recent_active", "last_progress_tick",
+                 "snapshot_offset", "snapshot_sent_tick", "recent_active", "active_tick", "last_progress_tick",
                  "heartbeat_round")
 
     def __init__(self, next_index: int, tick: int) -> None:
@@ -43,6 +43,7 @@ class Progress:
         self.snapshot_offset = 0
         self.snapshot_sent_tick = 0
         self.recent_active = False      # heard from it since the last check-quorum round
+        self.active_tick = -1           # when the leader last heard from it (-1: not in this term)
         self.last_progress_tick = tick  # when `match` last advanced (or replication (re)started)
         self.heartbeat_round = 0        # latest heartbeat round it acknowledged (leases, ReadIndex)
 

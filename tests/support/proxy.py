@@ -24,7 +24,8 @@ and a decision is taken per whole frame, so a receiver never sees a frame cut in
 
 A `ProxyNetwork` runs every link on one asyncio loop in a daemon thread of the test process, so the
 network keeps moving while the test's own loop is busy or blocked. Its control methods may be
-called from any thread; each returns once the change is in effect on the proxy loop.
+called from any thread; each returns once the change is in effect on the proxy loop. It measures its
+own loop's stalls (`longest_stall_s`): a starved test process delays every frame by that much more.
 
 Faults this does not model: reordering, duplication and byte corruption (TCP does not produce them
 to the transport; the deterministic simulator in tests/sim covers message-level faults).
@@ -43,6 +44,7 @@ T = TypeVar("T")
 
 _LEN = 4
 _CONTROL_TIMEOUT_S = 5.0
+_STALL_PROBE_S = 0.01   # the proxy loop's stall probe: a timer this often
 
 
 @dataclass(slots=True)
@@ -195,6 +197,18 @@ class ProxyNetwork:
         self._thread.start()
         self.links: dict[tuple[int, int], Link] = {}
         self._closed = False
+        self.longest_stall_s = 0.0   # how much later than due the proxy loop ran a timer, since reset_stall()
+        asyncio.run_coroutine_threadsafe(self._watch_stalls(), self._loop)
+
+    async def _watch_stalls(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + _STALL_PROBE_S
+            await asyncio.sleep(_STALL_PROBE_S)
+            self.longest_stall_s = max(self.longest_stall_s, loop.time() - due)
+
+    def reset_stall(self) -> None:
+        self.longest_stall_s = 0.0
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(_CONTROL_TIMEOUT_S)

@@ -73,6 +73,7 @@ from eventlog.raft.errors import (
 )
 from eventlog.raft.node import RaftNode, ReadState, Role
 from eventlog.raft.peer_check import PeerCheck
+from eventlog.raft.runtime.election_log import ElectionLog
 from eventlog.raft.runtime.lag import Behind, LagMonitor
 from eventlog.raft.runtime.leader_balance import LeaderBalance, LeaderView
 from eventlog.raft.runtime.log_storage import LogStorage, seal_snapshot_data
@@ -236,8 +237,11 @@ class RaftGroup:
         # Set by the node: why the disk is too full to take writes (free space below the reserve), or None.
         self.space_guard: Callable[[], str | None] | None = None
         self.counters = GroupCounters()
+        self.heard_at: dict[int, float] = {}    # peer -> loop time of its latest message (status: heard_ms)
+        self.ticked_at = self.loop.time()   # loop time of the latest tick
+        elections = ElectionLog(name, node_id, self.tick_interval, self.heard_at, lambda: self.ticked_at)
         self._ready = ReadyLoop(self, name, self.node, storage, send, loop=self.loop, peer_check=self.peer_check,
-                                peer_drops=self.peer_drops, counters=self.counters, flush=flush)
+                                peer_drops=self.peer_drops, counters=self.counters, elections=elections, flush=flush)
         self._proposals = Proposals(self.loop, self.counters, getattr(state_machine, "proposed", None))
         # Set by the host: whether a ReadIndex may be sent to a node (its hello said so: transport.py).
         self.peer_reads_index: Callable[[int], bool] = lambda _: True
@@ -253,7 +257,6 @@ class RaftGroup:
                                          if next_offset > self._last_snapshot_index + 1)
         self._disk_full = ""
         self._last_transfer_tick = -math.inf
-        self.heard_at: dict[int, float] = {}    # peer -> loop time of its latest message (status: heard_ms)
         self._term_limit_said_at = -math.inf
         # The leader's view of how far behind each member is (logged, and read by metrics).
         self.lag = lag if lag is not None else LagMonitor(warn_after_s=10.0)
@@ -565,6 +568,7 @@ class RaftGroup:
             self._reads.check_clock()
             if self.loop.time() > next_tick + 10 * self.tick_interval:
                 next_tick = self.loop.time() + self.tick_interval  # we were stalled: do not burst
+            self.ticked_at = self.loop.time()
             self.node.tick()
             self._reads.ticked()
             self._check_term_limit()

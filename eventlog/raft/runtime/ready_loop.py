@@ -37,6 +37,7 @@ from typing import Protocol
 from eventlog.raft.node import RaftNode, Ready, ReadState, Role, SoftState
 from eventlog.raft.peer_check import PeerCheck
 from eventlog.raft.persist_queue import PersistQueue
+from eventlog.raft.runtime.election_log import ElectionLog
 from eventlog.raft.runtime.entries import stored_bytes_at_most
 from eventlog.raft.runtime.log_storage import LogStorage
 from eventlog.raft.runtime.peer_drops import PeerDrops
@@ -115,7 +116,7 @@ class ReadyLoop:
 
     def __init__(self, owner: ReadyOwner, name: str, node: RaftNode, storage: LogStorage, send: Send, *,
                  loop: asyncio.AbstractEventLoop, peer_check: PeerCheck, peer_drops: PeerDrops,
-                 counters: Counters, flush: Flush | None = None) -> None:
+                 counters: Counters, elections: ElectionLog, flush: Flush | None = None) -> None:
         self.owner = owner
         self.name = name
         self.node = node
@@ -126,6 +127,7 @@ class ReadyLoop:
         self.peer_check = peer_check
         self.peer_drops = peer_drops
         self.counters = counters
+        self.elections = elections
         self._inbox: list[tuple[int, Message]] = []   # (the peer it came from, the message)
         self._wake = asyncio.Event()
         self._held = PersistQueue()   # accepted Readys whose send_after waits for their entries' fsync
@@ -250,6 +252,8 @@ class ReadyLoop:
     def _handle(self, rd: Ready) -> bool:
         """Carry out `rd`; True if its entries were synced here and its `send_after` went out (then
         `advance`, else `accept` and hold it until the log is durable)."""
+        if rd.elections:
+            self.elections.report(rd.elections)
         if rd.soft_state is not None:
             self._count_soft_state(rd.soft_state)
         if rd.entries:

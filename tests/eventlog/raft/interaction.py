@@ -37,9 +37,13 @@ from pathlib import Path
 
 from eventlog.errors import EpochlogError
 from eventlog.raft import (
+    CampaignLost,
+    CampaignReason,
+    CampaignStarted,
     ConfChange,
     ConfChangeKind,
     ConfState,
+    ElectionEvent,
     Entry,
     EntryKind,
     HardState,
@@ -48,6 +52,8 @@ from eventlog.raft import (
     RaftNode,
     Ready,
     SnapshotMeta,
+    StepDownReason,
+    SteppedDown,
 )
 from eventlog.raft.confchange import apply_conf_change, decode_conf_change
 from eventlog.raft.persist_queue import PersistQueue
@@ -113,6 +119,31 @@ def fmt_snap(meta: SnapshotMeta) -> str:
 def fmt_hard(hs: HardState) -> str:
     floor = f" floor={hs.floor_term}/{hs.floor_index}" if hs.floor_index >= 0 else ""
     return f"term={hs.term} vote={hs.vote} commit={hs.commit}{floor}"
+
+
+def fmt_election(e: ElectionEvent) -> str:
+    """An election event (Ready.elections), every field that is set."""
+    if isinstance(e, CampaignStarted):
+        out = f"{'pre-vote' if e.pre_vote else 'campaign'} term={e.term} reason={e.reason.name.lower()}"
+        if e.reason is CampaignReason.TRANSFER:
+            out += f" from={e.transfer_from}"
+        elif e.reason is CampaignReason.TIMEOUT:
+            out += f" leader={e.leader} silent={e.silent_ticks} timeout={e.timeout_ticks}"
+        out += f" attempt={e.attempt}"
+        return out + (f" pre-vote-granted={fmt_ids(e.pre_vote_granted)}" if e.pre_vote_granted else "")
+    if isinstance(e, CampaignLost):
+        return (f"lost {'pre-vote' if e.pre_vote else 'campaign'} term={e.term} granted={fmt_ids(e.granted)} "
+                f"refused={fmt_ids(e.refused)}")
+    if isinstance(e, SteppedDown):
+        out = f"stepped-down term={e.term} reason={e.reason.name.lower()}"
+        if e.reason is StepDownReason.CHECK_QUORUM:
+            out += f" heard={fmt_ids(e.heard_from)} voters={fmt_ids(e.voters)} last-heard=" + ",".join(
+                f"{v}:{ticks}" for v, ticks in e.last_heard)
+        elif e.reason is StepDownReason.HIGHER_TERM:
+            out += f" {e.message} term={e.new_term} from={e.src}"
+        return out
+    return (f"vote term={e.term} candidate={e.candidate} "
+            + ("granted" if e.granted else f"refused ({e.refusal})"))
 
 
 def fmt_msg(m: Message) -> str:
@@ -388,6 +419,8 @@ class Env:
             self.say(f"  soft-state: {s.role.value} term={s.term} leader={s.leader}")
         if rd.hard_state is not None:
             self.say(f"  hard-state: {fmt_hard(rd.hard_state)}")
+        for e in rd.elections:
+            self.say(f"  election: {fmt_election(e)}")
         if rd.entries:
             self.say("  entries:")
             for e in rd.entries:

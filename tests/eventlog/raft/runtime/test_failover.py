@@ -5,7 +5,8 @@ host their groups (multi-raft: all share each node's connections). Writers strea
 `kv` and `offsets`; the leader of `kv` is killed with SIGKILL. Checked:
 
 - a new leader of kv is elected and commits a write within 2 s of the kill (thesis §3.6: the
-  election timeout bounds unavailability; 2 s leaves room for a loaded machine);
+  election timeout bounds unavailability; 2 s leaves room for a loaded machine); its log says it
+  campaigned on an election timeout;
 - no acknowledged write is lost: after every node is stopped, each acknowledged offset holds exactly
   the acknowledged records in every node's log (read offline with eventlog.log.Log), the committed
   range is byte-identical on the three nodes, and every node's views hold every acknowledged entity
@@ -91,6 +92,10 @@ def _failover(cluster: NodeCluster, *, by_snapshot: bool, snapshots_ahead: bool 
           f"kv leader now node {new_leader.node} in term {new_leader.term}")
     late = [a for a in kv.acks if a.node == victim and a.sent > t_kill]
     assert not late, late
+    # The new leader's log says why it campaigned (eventlog/raft/runtime/election_log.py).
+    campaign = f"group {G}: node {new_leader.node} campaigns in term {new_leader.term}"
+    said = [line for line in cluster.nodes[new_leader.node].stderr().splitlines() if campaign in line]
+    assert said and "election timeout: no message from leader" in said[-1], said
     assert took < FAILOVER_BOUND_S, f"first commit {took:.3f}s after the kill (bound {FAILOVER_BOUND_S}s)"
 
     old_end = _old_log_end(cluster, victim, G)
