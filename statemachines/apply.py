@@ -148,8 +148,9 @@ class Overlay:
 
     Reads of the store are remembered in the root overlay (`reads`, shared by its children): the store
     does not change while overlays over it live (the applier writes it once, after its last use of
-    them), and a client session's rows are read for every request of it. The meta rows' reads outlive
-    the call: the applier hands every call's root overlay the ones it kept (`Applier._overlay`)."""
+    them), and a client session's rows are read for every request of it. The reads of meta and client
+    session rows outlive the call: the applier hands every call's root overlay the ones it kept
+    (`Applier._overlay`)."""
 
     def __init__(self, store: ViewStore, parent: Overlay | None = None) -> None:
         self.store = store
@@ -234,6 +235,9 @@ class Overlay:
 
 _NONE: dict[bytes, bytes | None] = {}
 _MISSING = object()
+SESSIONS = sessions.SESSIONS
+_KEPT_FAMILIES = (META, SESSIONS)
+"""Column families whose rows an applier keeps read from one apply call to the next (`Applier._overlay`)."""
 
 
 Handler = Callable[["Applier", Overlay, ev.Event, int], Outcome]
@@ -273,10 +277,11 @@ class Applier:
         # the views format level (statemachines/views_format.py), in step with the pending writes: read
         # again from what is written whenever pending writes are abandoned
         self.level = views_format.decode_level(store.meta(views_format.META_KEY))
-        # The meta rows (a small fixed set: applied offset, digest, clocks, counts, deadline checks) as
-        # stored, kept from one apply call to the next while nothing else writes the store (store.writes
-        # is `_meta_at`): an entry reads about ten of them, each a RocksDB read per call otherwise.
-        self._meta_rows: dict[bytes, bytes | None] = {}
+        # The meta rows (a small fixed set: applied offset, digest, clocks, counts, deadline checks) and
+        # the client sessions' rows (at most `client_sessions_max` live) as stored, kept from one apply
+        # call to the next while nothing else writes the store (store.writes is `_meta_at`): an entry reads
+        # about ten meta rows and its session's row, each a RocksDB read per call otherwise.
+        self._kept_rows: dict[str, dict[bytes, bytes | None]] = {cf: {} for cf in _KEPT_FAMILIES}
         self._meta_at = -1
 
     def expect(self, records: Iterable[tuple[bytes, bytes, ev.Event]]) -> None:
@@ -378,9 +383,10 @@ class Applier:
                 if entry.kind is EntryKind.NORMAL:
                     handed = self._proposed_records(entry) if self._proposed else None
                     header, records = _records(entry, self.skipped) if handed is None else handed
-                    kv_rows = [key for _, key, _ in records if key is not None and key[:3] == b"kv/"]
-                    if kv_rows:   # the rows the KvPuts read, in one call (a new key's is absent: a read per key)
-                        entry_ov.prefetch("kv", kv_rows)
+                    if len(records) > 1:   # the rows the KvPuts read, in one call (a new key's is absent: a read per key)
+                        kv_rows = [key for _, key, _ in records if key is not None and key[:3] == b"kv/"]
+                        if len(kv_rows) > 1:   # one row: its handler's own read (a multi-get of one costs more)
+                            entry_ov.prefetch("kv", kv_rows)
                     self.now_ms = sessions.Clock.advance(entry_ov, header.max_timestamp if header else 0)
                     instead = _producer_batch(entry_ov, entry, header, records, self.now_ms)
                     if instead is None:
@@ -420,27 +426,33 @@ class Applier:
             self.kept_outcomes.clear()   # it followed writes that did not happen
             self.level = views_format.decode_level(store.meta(views_format.META_KEY))
             raise
-        self._meta_written(batch_ov.writes.get(META, _NONE), applied, digest)
+        self._rows_written(batch_ov.writes, applied, digest)
         return outcomes
 
     def _overlay(self) -> Overlay:
-        """The root overlay of an apply call, its reads of meta rows taken from `_meta_rows` while those
-        are current (the store was written by nothing but this applier since they were read)."""
+        """The root overlay of an apply call, its reads of meta and client-session rows taken from
+        `_kept_rows` while those are current (the store was written by nothing but this applier since they
+        were read)."""
         ov = Overlay(self.store)
-        if self._meta_at != self.store.writes:
-            self._meta_rows = {}
+        kept = self._kept_rows
+        if self._meta_at != self.store.writes or len(kept[SESSIONS]) > 2 * self.config.client_sessions_max:
+            # the second: absent rows (requests naming unknown sessions) are kept too, so they are bounded
+            kept = self._kept_rows = {cf: {} for cf in _KEPT_FAMILIES}
             self._meta_at = self.store.writes
-        ov.reads[META] = self._meta_rows   # reads of the store, the only thing an Overlay keeps there
+        ov.reads.update(kept)   # reads of the store, the only thing an Overlay keeps there
         return ov
 
-    def _meta_written(self, pending: dict[bytes, bytes | None], applied: int, digest: bytes) -> None:
-        """The batch that wrote `pending` (meta rows), the applied offset and the digest is written: the
-        kept meta rows are as stored again (`ViewStore.put_all` stores b"" for a meta row's None)."""
-        rows = self._meta_rows
-        for key, value in pending.items():
+    def _rows_written(self, pending: dict[str, dict[bytes, bytes | None]], applied: int, digest: bytes) -> None:
+        """The batch of `pending` writes, the applied offset and the digest is written: the kept rows are
+        as stored again (`ViewStore.put_all` stores b"" for a meta row's None, deletes for another's)."""
+        rows = self._kept_rows[META]
+        for key, value in pending.get(META, _NONE).items():
             rows[key] = b"" if value is None else value
         rows[APPLIED] = encode_offset(applied)
         rows[DIGEST] = digest
+        written = pending.get(SESSIONS)
+        if written:
+            self._kept_rows[SESSIONS].update(written)
         self._meta_at = self.store.writes
 
     # --- records ------------------------------------------------------------------------------
