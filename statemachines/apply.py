@@ -60,6 +60,7 @@ from eventlog.records import NO_PRODUCER_ID, BatchHeader, RecordBatch, Row, reco
 from eventlog.records import read_header   # the leader's own batches (`Applier.proposed`)
 from statemachines import events as ev
 from statemachines import brokers, producers, request_ids, sessions, views_format
+from statemachines.deadlines import Deadlines
 from statemachines.kept_outcomes import KeptOutcomes
 from statemachines.noops import CF as NOOPS
 from statemachines.noops import ensure_noops_from
@@ -236,6 +237,12 @@ class Overlay:
 _NONE: dict[bytes, bytes | None] = {}
 _MISSING = object()
 SESSIONS = sessions.SESSIONS
+_EXPIRIES: tuple[tuple[Deadlines, Callable[[Applier, Overlay], None]], ...] = (
+    (sessions.DEADLINES, lambda a, ov: sessions.expire(ov, a.kept_outcomes, a.now_ms)),
+    (request_ids.TIMES, lambda a, ov: request_ids.forget(ov, a.now_ms)),
+    (producers.DEADLINES, lambda a, ov: producers.expire(ov, a.now_ms)),
+)
+"""What an entry expires, in this order, after its records: each deadline index with its expiry."""
 _KEPT_FAMILIES = (META, SESSIONS)
 """Column families whose rows an applier keeps read from one apply call to the next (`Applier._overlay`)."""
 
@@ -283,6 +290,10 @@ class Applier:
         # about ten meta rows and its session's row, each a RocksDB read per call otherwise.
         self._kept_rows: dict[str, dict[bytes, bytes | None]] = {cf: {} for cf in _KEPT_FAMILIES}
         self._meta_at = -1
+        # Per deadline index of `_EXPIRIES`: the committed time before which its `due` finds nothing and
+        # writes nothing (its `checked` row, which `due` alone writes, is under `check_ms` old), as the kept
+        # rows say: dropped with them (another writer, a failed write). 0: look.
+        self._quiet_until = [0] * len(_EXPIRIES)
 
     def expect(self, records: Iterable[tuple[bytes, bytes, ev.Event]]) -> None:
         """Records this node is about to propose as the leader, each with the event `events.applicable`
@@ -395,9 +406,7 @@ class Applier:
                         for i, (offset, _, _) in enumerate(records):
                             outcomes[offset] = msgspec.structs.replace(instead, offset=instead.offset + i)
                     _record_noops(entry_ov, entry, outcomes)
-                    sessions.expire(entry_ov, self.kept_outcomes, self.now_ms)
-                    request_ids.forget(entry_ov, self.now_ms)
-                    producers.expire(entry_ov, self.now_ms)
+                    self._expire(entry_ov)
             except _CannotApply as stop:   # nothing of this entry is applied: the views end before it
                 self.kept_outcomes.clear()   # it followed the entry's abandoned writes
                 self.level = views_format.decode_level(batch_ov.get(META, views_format.META_KEY))
@@ -439,6 +448,7 @@ class Applier:
             # the second: absent rows (requests naming unknown sessions) are kept too, so they are bounded
             kept = self._kept_rows = {cf: {} for cf in _KEPT_FAMILIES}
             self._meta_at = self.store.writes
+            self._quiet_until = [0] * len(_EXPIRIES)
         ov.reads.update(kept)   # reads of the store, the only thing an Overlay keeps there
         return ov
 
@@ -454,6 +464,20 @@ class Applier:
         if written:
             self._kept_rows[SESSIONS].update(written)
         self._meta_at = self.store.writes
+
+    def _expire(self, ov: Overlay) -> None:
+        """The entry's expiries (sessions, time-ordered request ids, producers: statemachines/deadlines.py),
+        each skipped while its `due` is known to do nothing: before `checked` + `check_ms` it returns no
+        items and writes nothing, and `checked` changes only when it runs (or another writer writes the
+        store, which drops `_quiet_until`), so skipping it is the same writes."""
+        now = self.now_ms
+        quiet = self._quiet_until
+        for i, (deadlines, expire) in enumerate(_EXPIRIES):
+            if now < quiet[i]:
+                continue
+            expire(self, ov)
+            raw = ov.get(META, deadlines.checked)
+            quiet[i] = 0 if raw is None else decode_offset(raw) + deadlines.check_ms
 
     # --- records ------------------------------------------------------------------------------
 

@@ -8,11 +8,11 @@ import os
 import random
 from pathlib import Path
 
-from eventlog.errors import SESSION_EXPIRED
+from eventlog.errors import REQUEST_EXPIRED, SESSION_EXPIRED
 from eventlog.raft.types import Entry, EntryKind
 from eventlog.records import encode_batch, stamp
 from statemachines import events as ev
-from statemachines import sessions
+from statemachines import request_ids, sessions
 from statemachines.sessions import COMMITTED_MS
 from statemachines.store import META, ViewsConfig, decode_offset, encode_offset
 from statemachines.views import ViewsStateMachine
@@ -82,13 +82,21 @@ def test_a_session_row_written_by_another_writer_between_apply_calls_is_read_afr
 
 def _session_history(rng: random.Random, n: int) -> list[tuple[ev.Event, int]]:
     """(event, timestamp ms) of a random history of client sessions: opens (short timeouts, few outcomes
-    kept, at most three live), puts of live, expired, closed and unknown sessions, retries, closes."""
+    kept, at most three live), puts of live, expired, closed and unknown sessions, retries, closes; and puts
+    outside a session with time-ordered request ids (some retried, some remembered until they expire)."""
     history: list[tuple[ev.Event, int]] = []
     now = 1_000_000
     next_seq: dict[int, int] = {}
+    request_id_times: list[str] = []
     for offset in range(n):
-        now += rng.choice((0, 1, 5, 300, 1_500))
+        now += rng.choice((0, 1, 5, 300, 999, 1_000, 1_500, 1_000_000))
         roll = rng.random()
+        if roll > 0.85:
+            made = now - rng.choice((0, 10, request_ids.RETENTION_MS - 1_000))
+            rid = rng.choice([*request_id_times, request_ids.uuid7(made)]) if request_id_times else request_ids.uuid7(made)
+            request_id_times.append(rid)
+            history.append((ev.KvPut(name="r", value=b"", actor="a", request_id=rid), now))
+            continue
         if roll < 0.12 or not next_seq:
             history.append((ev.ClientSessionOpened(group="kv", client=f"c{offset}", timeout_ms=1_000,
                                                    max_outcomes=rng.choice((1, 3, 50)), max_sessions=3), now))
@@ -112,10 +120,12 @@ def _session_history(rng: random.Random, n: int) -> list[tuple[ev.Event, int]]:
 
 
 def test_kept_session_rows_give_what_the_store_gives_over_random_session_histories(tmp_path: Path) -> None:
-    """A replica applying one entry per call (its session and meta rows kept from call to call) and one
-    whose kept rows are dropped before every entry (an empty write by another writer: every row read from
-    the store) give the same outcomes and digests, over histories with session expiry, eviction by
-    `max_sessions`, closes, retries and unknown sessions; a bound of one kept session row makes the kept rows
+    """A replica applying one entry per call (its session and meta rows kept from call to call, expiries
+    skipped while they are known to find nothing: `Applier._expire`) and one whose kept rows are dropped
+    before every entry (an empty write by another writer: every row read from the store, every expiry
+    looked at) give the same outcomes and digests, over histories with session expiry (at the check
+    interval's edges too: steps of 999 and 1,000 ms), eviction by `max_sessions`, closes, retries, unknown
+    sessions and time-ordered request ids expiring; a bound of one kept session row makes the kept rows
     drop often, with the same answers."""
     seed = int(os.environ.get("KEPT_ROWS_SEED", random.randrange(1 << 30)))
     print(f"seed {seed} (replay: KEPT_ROWS_SEED={seed})")
@@ -139,4 +149,4 @@ def test_kept_session_rows_give_what_the_store_gives_over_random_session_histori
             kept.close()
             tiny.close()
             fresh.close()
-    assert {"ok", "duplicate", SESSION_EXPIRED} <= seen, seen
+    assert {"ok", "duplicate", SESSION_EXPIRED, REQUEST_EXPIRED} <= seen, seen
