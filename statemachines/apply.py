@@ -84,6 +84,7 @@ from statemachines.state import (
     encode,
 )
 from statemachines.store import (
+    ALL_CFS,
     APPLIED,
     DIGEST,
     HISTORY_FLOOR,
@@ -382,7 +383,8 @@ class Applier:
         applied = applied_before = -1 if raw_applied is None else decode_offset(raw_applied)
         halted = None if resume else self.halt
         for entry in entries:
-            if entry.last_index <= applied:
+            last = entry.last_index
+            if last <= applied:
                 continue  # already in the views (a restart replays from the persisted commit)
             if halted is not None:
                 _not_applied(outcomes, entry, halted)
@@ -414,13 +416,13 @@ class Applier:
                 del self.lease_changes[leases_before:]
                 _not_applied(outcomes, entry, halted)
                 continue
-            self._evict_dedupe(entry_ov, entry.last_index, EVICT_PER_ENTRY + entry.count)
-            digest = _chain(digest, entry.last_index, entry_ov.writes)
+            self._evict_dedupe(entry_ov, last, EVICT_PER_ENTRY + entry.count)
+            digest = _chain(digest, last, entry_ov.writes)
             every = self.config.digest_checkpoint_offsets
-            if (entry.last_index + 1) // every > entry.index // every:
-                self.digest_checkpoints.append((entry.last_index, digest))
+            if (last + 1) // every > entry.index // every:
+                self.digest_checkpoints.append((last, digest))
             entry_ov.commit_to_parent()
-            applied = entry.last_index
+            applied = last
         if not entries or applied == applied_before:
             return outcomes
         wb = store.new_batch()
@@ -739,7 +741,7 @@ def _chain(digest: bytes, offset: int, writes: dict[str, dict[bytes, bytes | Non
     pack = _LENGTH.pack
     for cf in sorted(writes):
         pending = writes[cf]
-        prefix = cf.encode() + b"\x00"
+        prefix = _CF_PREFIXES.get(cf) or cf.encode() + b"\x00"
         for key in sorted(pending):
             value = pending[key]
             n = len(key)
@@ -753,6 +755,7 @@ def _chain(digest: bytes, offset: int, writes: dict[str, dict[bytes, bytes | Non
 
 
 _LENGTH = struct.Struct(">I")
+_CF_PREFIXES = {cf: cf.encode() + b"\x00" for cf in (META, *ALL_CFS)}   # what `_chain` hashes before a family's rows
 _LENGTHS_KEPT = 4096
 _LENGTHS = [_LENGTH.pack(n) for n in range(_LENGTHS_KEPT)]   # a row's lengths, mostly short: a lookup, not a call
 
