@@ -56,7 +56,8 @@ from eventlog.errors import (ALREADY_EXISTS, CONDITION_FAILED, HALTED, INVALID_A
                              VERSION_MISMATCH, InvalidBatchError)
 from eventlog.errors import SKIPPED as SKIPPED_CODE   # the reason (SKIPPED below is a meta key)
 from eventlog.raft.types import Entry, EntryKind
-from eventlog.records import NO_PRODUCER_ID, BatchHeader, RecordBatch, Row, record_rows, records_payload
+from eventlog.records import (COMPRESSION_MASK, HEADER_SIZE, LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH, NO_PRODUCER_ID,
+                              BatchHeader, RecordBatch, Row, record_rows, records_payload)
 from eventlog.records import read_header   # the leader's own batches (`Applier.proposed`)
 from statemachines import events as ev
 from statemachines import brokers, producers, request_ids, sessions, views_format
@@ -683,7 +684,26 @@ class Applier:
 def _records(entry: Entry, skipped: frozenset[int]) -> tuple[BatchHeader | None, list[Row]]:
     """The batch header and records of a NORMAL entry. Its CRC was checked when it was stored; a batch
     that still does not parse (a writer's bug) halts the group like any entry this code cannot apply (at
-    its first offset: skipping that offset skips the whole entry)."""
+    its first offset: skipping that offset skips the whole entry).
+
+    An uncompressed batch whose framing checks pass (those of `RecordBatch.parse` without the CRC) is read
+    straight from the entry's bytes, without the batch object and its two memoryviews: the same header and
+    rows (`record_rows` takes bytes or a view alike); anything else, or a record that does not decode, takes
+    `_parsed_records`, so its errors are that path's."""
+    data = entry.data
+    if len(data) >= HEADER_SIZE:
+        header = read_header(data)
+        if (header.magic == MAGIC and not header.attributes & COMPRESSION_MASK
+                and MIN_BATCH_LENGTH <= header.batch_length <= len(data) - LOG_OVERHEAD):
+            try:
+                return header, record_rows(header, data[HEADER_SIZE:header.batch_length + LOG_OVERHEAD])
+            except InvalidBatchError:
+                pass
+    return _parsed_records(entry, skipped)
+
+
+def _parsed_records(entry: Entry, skipped: frozenset[int]) -> tuple[BatchHeader | None, list[Row]]:
+    """`_records` through `RecordBatch.parse` (any batch: compressed, damaged)."""
     try:
         batch = RecordBatch.parse(entry.data, verify_crc=False)
         return batch.header, record_rows(batch.header, records_payload(batch.header, batch.raw))
