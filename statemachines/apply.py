@@ -56,10 +56,12 @@ from eventlog.errors import (ALREADY_EXISTS, CONDITION_FAILED, HALTED, INVALID_A
                              VERSION_MISMATCH, InvalidBatchError)
 from eventlog.errors import SKIPPED as SKIPPED_CODE   # the reason (SKIPPED below is a meta key)
 from eventlog.raft.types import Entry, EntryKind
-from eventlog.records import NO_PRODUCER_ID, BatchHeader, RecordBatch, Row, record_rows, records_payload
+from eventlog.records import (COMPRESSION_MASK, HEADER_SIZE, LOG_OVERHEAD, MAGIC, MIN_BATCH_LENGTH, NO_PRODUCER_ID,
+                              BatchHeader, RecordBatch, Row, record_rows, records_payload)
 from eventlog.records import read_header   # the leader's own batches (`Applier.proposed`)
 from statemachines import events as ev
 from statemachines import brokers, producers, request_ids, sessions, views_format
+from statemachines.deadlines import Deadlines
 from statemachines.kept_outcomes import KeptOutcomes
 from statemachines.noops import CF as NOOPS
 from statemachines.noops import ensure_noops_from
@@ -83,6 +85,7 @@ from statemachines.state import (
     encode,
 )
 from statemachines.store import (
+    ALL_CFS,
     APPLIED,
     DIGEST,
     HISTORY_FLOOR,
@@ -148,8 +151,9 @@ class Overlay:
 
     Reads of the store are remembered in the root overlay (`reads`, shared by its children): the store
     does not change while overlays over it live (the applier writes it once, after its last use of
-    them), and a client session's rows are read for every request of it. The meta rows' reads outlive
-    the call: the applier hands every call's root overlay the ones it kept (`Applier._overlay`)."""
+    them), and a client session's rows are read for every request of it. The reads of meta and client
+    session rows outlive the call: the applier hands every call's root overlay the ones it kept
+    (`Applier._overlay`)."""
 
     def __init__(self, store: ViewStore, parent: Overlay | None = None) -> None:
         self.store = store
@@ -234,6 +238,15 @@ class Overlay:
 
 _NONE: dict[bytes, bytes | None] = {}
 _MISSING = object()
+SESSIONS = sessions.SESSIONS
+_EXPIRIES: tuple[tuple[Deadlines, Callable[[Applier, Overlay], None]], ...] = (
+    (sessions.DEADLINES, lambda a, ov: sessions.expire(ov, a.kept_outcomes, a.now_ms)),
+    (request_ids.TIMES, lambda a, ov: request_ids.forget(ov, a.now_ms)),
+    (producers.DEADLINES, lambda a, ov: producers.expire(ov, a.now_ms)),
+)
+"""What an entry expires, in this order, after its records: each deadline index with its expiry."""
+_KEPT_FAMILIES = (META, SESSIONS)
+"""Column families whose rows an applier keeps read from one apply call to the next (`Applier._overlay`)."""
 
 
 Handler = Callable[["Applier", Overlay, ev.Event, int], Outcome]
@@ -273,11 +286,16 @@ class Applier:
         # the views format level (statemachines/views_format.py), in step with the pending writes: read
         # again from what is written whenever pending writes are abandoned
         self.level = views_format.decode_level(store.meta(views_format.META_KEY))
-        # The meta rows (a small fixed set: applied offset, digest, clocks, counts, deadline checks) as
-        # stored, kept from one apply call to the next while nothing else writes the store (store.writes
-        # is `_meta_at`): an entry reads about ten of them, each a RocksDB read per call otherwise.
-        self._meta_rows: dict[bytes, bytes | None] = {}
+        # The meta rows (a small fixed set: applied offset, digest, clocks, counts, deadline checks) and
+        # the client sessions' rows (at most `client_sessions_max` live) as stored, kept from one apply
+        # call to the next while nothing else writes the store (store.writes is `_meta_at`): an entry reads
+        # about ten meta rows and its session's row, each a RocksDB read per call otherwise.
+        self._kept_rows: dict[str, dict[bytes, bytes | None]] = {cf: {} for cf in _KEPT_FAMILIES}
         self._meta_at = -1
+        # Per deadline index of `_EXPIRIES`: the committed time before which its `due` finds nothing and
+        # writes nothing (its `checked` row, which `due` alone writes, is under `check_ms` old), as the kept
+        # rows say: dropped with them (another writer, a failed write). 0: look.
+        self._quiet_until = [0] * len(_EXPIRIES)
 
     def expect(self, records: Iterable[tuple[bytes, bytes, ev.Event]]) -> None:
         """Records this node is about to propose as the leader, each with the event `events.applicable`
@@ -366,7 +384,8 @@ class Applier:
         applied = applied_before = -1 if raw_applied is None else decode_offset(raw_applied)
         halted = None if resume else self.halt
         for entry in entries:
-            if entry.last_index <= applied:
+            last = entry.last_index
+            if last <= applied:
                 continue  # already in the views (a restart replays from the persisted commit)
             if halted is not None:
                 _not_applied(outcomes, entry, halted)
@@ -378,9 +397,10 @@ class Applier:
                 if entry.kind is EntryKind.NORMAL:
                     handed = self._proposed_records(entry) if self._proposed else None
                     header, records = _records(entry, self.skipped) if handed is None else handed
-                    kv_rows = [key for _, key, _ in records if key is not None and key[:3] == b"kv/"]
-                    if kv_rows:   # the rows the KvPuts read, in one call (a new key's is absent: a read per key)
-                        entry_ov.prefetch("kv", kv_rows)
+                    if len(records) > 1:   # the rows the KvPuts read, in one call (a new key's is absent: a read per key)
+                        kv_rows = [key for _, key, _ in records if key is not None and key[:3] == b"kv/"]
+                        if len(kv_rows) > 1:   # one row: its handler's own read (a multi-get of one costs more)
+                            entry_ov.prefetch("kv", kv_rows)
                     self.now_ms = sessions.Clock.advance(entry_ov, header.max_timestamp if header else 0)
                     instead = _producer_batch(entry_ov, entry, header, records, self.now_ms)
                     if instead is None:
@@ -389,9 +409,7 @@ class Applier:
                         for i, (offset, _, _) in enumerate(records):
                             outcomes[offset] = msgspec.structs.replace(instead, offset=instead.offset + i)
                     _record_noops(entry_ov, entry, outcomes)
-                    sessions.expire(entry_ov, self.kept_outcomes, self.now_ms)
-                    request_ids.forget(entry_ov, self.now_ms)
-                    producers.expire(entry_ov, self.now_ms)
+                    self._expire(entry_ov)
             except _CannotApply as stop:   # nothing of this entry is applied: the views end before it
                 self.kept_outcomes.clear()   # it followed the entry's abandoned writes
                 self.level = views_format.decode_level(batch_ov.get(META, views_format.META_KEY))
@@ -399,13 +417,13 @@ class Applier:
                 del self.lease_changes[leases_before:]
                 _not_applied(outcomes, entry, halted)
                 continue
-            self._evict_dedupe(entry_ov, entry.last_index, EVICT_PER_ENTRY + entry.count)
-            digest = _chain(digest, entry.last_index, entry_ov.writes)
+            self._evict_dedupe(entry_ov, last, EVICT_PER_ENTRY + entry.count)
+            digest = _chain(digest, last, entry_ov.writes)
             every = self.config.digest_checkpoint_offsets
-            if (entry.last_index + 1) // every > entry.index // every:
-                self.digest_checkpoints.append((entry.last_index, digest))
+            if (last + 1) // every > entry.index // every:
+                self.digest_checkpoints.append((last, digest))
             entry_ov.commit_to_parent()
-            applied = entry.last_index
+            applied = last
         if not entries or applied == applied_before:
             return outcomes
         wb = store.new_batch()
@@ -420,28 +438,49 @@ class Applier:
             self.kept_outcomes.clear()   # it followed writes that did not happen
             self.level = views_format.decode_level(store.meta(views_format.META_KEY))
             raise
-        self._meta_written(batch_ov.writes.get(META, _NONE), applied, digest)
+        self._rows_written(batch_ov.writes, applied, digest)
         return outcomes
 
     def _overlay(self) -> Overlay:
-        """The root overlay of an apply call, its reads of meta rows taken from `_meta_rows` while those
-        are current (the store was written by nothing but this applier since they were read)."""
+        """The root overlay of an apply call, its reads of meta and client-session rows taken from
+        `_kept_rows` while those are current (the store was written by nothing but this applier since they
+        were read)."""
         ov = Overlay(self.store)
-        if self._meta_at != self.store.writes:
-            self._meta_rows = {}
+        kept = self._kept_rows
+        if self._meta_at != self.store.writes or len(kept[SESSIONS]) > 2 * self.config.client_sessions_max:
+            # the second: absent rows (requests naming unknown sessions) are kept too, so they are bounded
+            kept = self._kept_rows = {cf: {} for cf in _KEPT_FAMILIES}
             self._meta_at = self.store.writes
-        ov.reads[META] = self._meta_rows   # reads of the store, the only thing an Overlay keeps there
+            self._quiet_until = [0] * len(_EXPIRIES)
+        ov.reads.update(kept)   # reads of the store, the only thing an Overlay keeps there
         return ov
 
-    def _meta_written(self, pending: dict[bytes, bytes | None], applied: int, digest: bytes) -> None:
-        """The batch that wrote `pending` (meta rows), the applied offset and the digest is written: the
-        kept meta rows are as stored again (`ViewStore.put_all` stores b"" for a meta row's None)."""
-        rows = self._meta_rows
-        for key, value in pending.items():
+    def _rows_written(self, pending: dict[str, dict[bytes, bytes | None]], applied: int, digest: bytes) -> None:
+        """The batch of `pending` writes, the applied offset and the digest is written: the kept rows are
+        as stored again (`ViewStore.put_all` stores b"" for a meta row's None, deletes for another's)."""
+        rows = self._kept_rows[META]
+        for key, value in pending.get(META, _NONE).items():
             rows[key] = b"" if value is None else value
         rows[APPLIED] = encode_offset(applied)
         rows[DIGEST] = digest
+        written = pending.get(SESSIONS)
+        if written:
+            self._kept_rows[SESSIONS].update(written)
         self._meta_at = self.store.writes
+
+    def _expire(self, ov: Overlay) -> None:
+        """The entry's expiries (sessions, time-ordered request ids, producers: statemachines/deadlines.py),
+        each skipped while its `due` is known to do nothing: before `checked` + `check_ms` it returns no
+        items and writes nothing, and `checked` changes only when it runs (or another writer writes the
+        store, which drops `_quiet_until`), so skipping it is the same writes."""
+        now = self.now_ms
+        quiet = self._quiet_until
+        for i, (deadlines, expire) in enumerate(_EXPIRIES):
+            if now < quiet[i]:
+                continue
+            expire(self, ov)
+            raw = ov.get(META, deadlines.checked)
+            quiet[i] = 0 if raw is None else decode_offset(raw) + deadlines.check_ms
 
     # --- records ------------------------------------------------------------------------------
 
@@ -645,7 +684,26 @@ class Applier:
 def _records(entry: Entry, skipped: frozenset[int]) -> tuple[BatchHeader | None, list[Row]]:
     """The batch header and records of a NORMAL entry. Its CRC was checked when it was stored; a batch
     that still does not parse (a writer's bug) halts the group like any entry this code cannot apply (at
-    its first offset: skipping that offset skips the whole entry)."""
+    its first offset: skipping that offset skips the whole entry).
+
+    An uncompressed batch whose framing checks pass (those of `RecordBatch.parse` without the CRC) is read
+    straight from the entry's bytes, without the batch object and its two memoryviews: the same header and
+    rows (`record_rows` takes bytes or a view alike); anything else, or a record that does not decode, takes
+    `_parsed_records`, so its errors are that path's."""
+    data = entry.data
+    if len(data) >= HEADER_SIZE:
+        header = read_header(data)
+        if (header.magic == MAGIC and not header.attributes & COMPRESSION_MASK
+                and MIN_BATCH_LENGTH <= header.batch_length <= len(data) - LOG_OVERHEAD):
+            try:
+                return header, record_rows(header, data[HEADER_SIZE:header.batch_length + LOG_OVERHEAD])
+            except InvalidBatchError:
+                pass
+    return _parsed_records(entry, skipped)
+
+
+def _parsed_records(entry: Entry, skipped: frozenset[int]) -> tuple[BatchHeader | None, list[Row]]:
+    """`_records` through `RecordBatch.parse` (any batch: compressed, damaged)."""
     try:
         batch = RecordBatch.parse(entry.data, verify_crc=False)
         return batch.header, record_rows(batch.header, records_payload(batch.header, batch.raw))
@@ -703,7 +761,7 @@ def _chain(digest: bytes, offset: int, writes: dict[str, dict[bytes, bytes | Non
     pack = _LENGTH.pack
     for cf in sorted(writes):
         pending = writes[cf]
-        prefix = cf.encode() + b"\x00"
+        prefix = _CF_PREFIXES.get(cf) or cf.encode() + b"\x00"
         for key in sorted(pending):
             value = pending[key]
             n = len(key)
@@ -717,6 +775,7 @@ def _chain(digest: bytes, offset: int, writes: dict[str, dict[bytes, bytes | Non
 
 
 _LENGTH = struct.Struct(">I")
+_CF_PREFIXES = {cf: cf.encode() + b"\x00" for cf in (META, *ALL_CFS)}   # what `_chain` hashes before a family's rows
 _LENGTHS_KEPT = 4096
 _LENGTHS = [_LENGTH.pack(n) for n in range(_LENGTHS_KEPT)]   # a row's lengths, mostly short: a lookup, not a call
 

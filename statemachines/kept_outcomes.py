@@ -196,6 +196,9 @@ class RunSet(_Ranges):
             starts[0] = hi
             offsets[0] = o + hi - s0
             return [s0], [(hi, o + hi - s0, e0 - hi)]
+        if lo <= s0 and e0 <= hi and (len(starts) == 1 or hi <= starts[1]):   # the oldest row, whole (single puts)
+            del starts[0], ends[0], offsets[0]
+            return [s0], []
         first = max(bisect_right(starts, lo) - 1, 0)
         i = first
         deleted: list[int] = []
