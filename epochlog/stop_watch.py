@@ -5,8 +5,10 @@ that is left is a log that ends at "serving". `StopWatch` makes that case readab
 stop that takes longer than `slow_step_s` is logged at WARNING with its name and duration, and when the
 whole stop runs past `dump_after_s` the stacks are written to stderr twice over:
 
-- every thread's Python stack, by `faulthandler` from its own thread, so the dump happens even when
-  the event loop itself is blocked (a join, a lock, a blocking call on the loop);
+- every thread's Python stack, from a timer thread of its own, so the dump happens even when the event
+  loop is blocked (a join, a lock, a blocking call on the loop). It takes the GIL like any thread
+  (`sys._current_frames`), never reading other threads' frames without it as `faulthandler`'s timer
+  does, which is not safe while threads come and go;
 - every pending asyncio task's stack, from a task on the loop, for a stop that waits on a future
   nobody completes (the loop turns, but the step never ends).
 
@@ -16,11 +18,11 @@ Call from the node's loop; `close()` cancels both dumps once the stop has ended.
 from __future__ import annotations
 
 import asyncio
-import faulthandler
-import io
 import logging
 import sys
+import threading
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TextIO
@@ -43,16 +45,17 @@ class StopWatch:
         self._started = time.monotonic()
         self._step = "starting to stop"
         self._dump_task: asyncio.Task[None] | None = None
+        self._dump_timer: threading.Timer | None = None
+        self._lock = threading.Lock()   # the two dumps write to one stream
 
     def start(self) -> None:
         """Arm the dumps: call when the stop begins."""
         self._started = time.monotonic()
-        try:
-            faulthandler.dump_traceback_later(self.dump_after_s, repeat=False, file=self._out)
-        except (io.UnsupportedOperation, ValueError):   # stderr without a file descriptor (tests' capture)
-            pass
-        self._dump_task = asyncio.get_running_loop().create_task(self._dump_tasks_later(),
-                                                                 name="stop-watch")
+        self._dump_timer = threading.Timer(self.dump_after_s, self._dump_threads)
+        self._dump_timer.name = "stop-watch"
+        self._dump_timer.daemon = True
+        self._dump_timer.start()
+        self._dump_task = asyncio.get_running_loop().create_task(self._dump_tasks_later(), name="stop-watch")
 
     @contextmanager
     def step(self, name: str) -> Iterator[None]:
@@ -72,9 +75,22 @@ class StopWatch:
 
     def close(self) -> None:
         """The stop has ended: no dump."""
-        faulthandler.cancel_dump_traceback_later()
+        if self._dump_timer is not None:
+            self._dump_timer.cancel()
         if self._dump_task is not None:
             self._dump_task.cancel()
+
+    def _dump_threads(self) -> None:
+        frames = sys._current_frames()
+        names = {t.ident: t.name for t in threading.enumerate()}
+        with self._lock:
+            print(f"--- {self.what}: still stopping after {self.elapsed_s:.1f} s, at {self._step}; "
+                  f"the stacks of its {len(frames) - 1} other threads:", file=self._out)
+            for ident, frame in frames.items():
+                if ident != threading.get_ident():
+                    print(f"--- thread {names.get(ident, ident)}", file=self._out)
+                    traceback.print_stack(frame, limit=20, file=self._out)
+            self._out.flush()
 
     async def _dump_tasks_later(self) -> None:
         await asyncio.sleep(self.dump_after_s)
@@ -82,7 +98,8 @@ class StopWatch:
         tasks = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
         logger.warning("%s: still stopping after %.1f s, at %s; the stacks of its %d tasks follow on stderr",
                        self.what, self.elapsed_s, self._step, len(tasks))
-        for task in tasks:
-            print(f"--- task {task.get_name()}", file=self._out)
-            task.print_stack(limit=12, file=self._out)
-        self._out.flush()
+        with self._lock:
+            for task in tasks:
+                print(f"--- task {task.get_name()}", file=self._out)
+                task.print_stack(limit=12, file=self._out)
+            self._out.flush()
