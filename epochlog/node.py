@@ -47,8 +47,8 @@ from epochlog.halts import Halts
 from epochlog.identity import storage_id
 from epochlog.integrity import DigestCheck, damage_info
 from epochlog.local_groups import LocalGroups
-from epochlog.stop_watch import StopWatch
 from epochlog.membership import Membership
+from epochlog.stop_watch import StopWatch
 from statemachines import events as ev
 from statemachines import views_format
 from statemachines.apply import HALTED
