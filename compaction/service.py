@@ -42,10 +42,10 @@ from pathlib import Path
 from compaction.cleaning import NodeCleaner
 from compaction.config import CleanerConfig, CompactionConfig
 from compaction.policy import GroupFacts, Horizon, SegmentSpan, horizon
+from eventlog.cancellation import cancel_and_wait
 from eventlog.errors import EpochlogError
 from eventlog.raft.node import Role
 from eventlog.raft.runtime.group import RaftGroup
-from eventlog.cancellation import cancel_and_wait
 from statemachines import events as ev
 from statemachines.views import ViewsStateMachine
 

@@ -52,11 +52,11 @@ from controller.core import (
 from controller.errors import ControllerError, ControllerStartingError, FencedError
 from controller.registry import Registry, broker_key, group_key
 from epochlog.api import messages as p
+from eventlog.cancellation import cancel_and_wait
 from eventlog.errors import EpochlogError, InvalidArgumentError, error_class, from_code
 from eventlog.raft.errors import NotFoundError, NotLeaderError
 from eventlog.raft.node import Role
 from eventlog.raft.runtime.group import RaftGroup
-from eventlog.cancellation import cancel_and_wait
 from statemachines import events as ev
 from statemachines.state import BrokerState, GroupState, Outcome, TopicState, decode_state
 from statemachines.store import ViewStore, cf_for, prefix_upper_bound

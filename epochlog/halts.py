@@ -29,9 +29,9 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from eventlog.cancellation import cancel_and_wait
 from eventlog.errors import EpochlogError
 from eventlog.raft.node import Role
-from eventlog.cancellation import cancel_and_wait
 from epochlog.api import messages as p
 from epochlog.errors import GroupHaltedError, InvalidArgumentError
 from epochlog.local_groups import LocalGroups

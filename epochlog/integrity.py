@@ -34,10 +34,10 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from eventlog.cancellation import cancel_and_wait
 from eventlog.errors import EpochlogError
 from eventlog.raft.node import Role
 from eventlog.raft.runtime.repair import RepairStatus
-from eventlog.cancellation import cancel_and_wait
 from epochlog.api import messages as p
 from epochlog.local_groups import LocalGroups
 

@@ -30,6 +30,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
+
 from eventlog.cancellation import cancel_and_wait
 
 logger = logging.getLogger(__name__)

@@ -38,6 +38,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from eventlog.cancellation import cancel_and_wait
 from eventlog.errors import ConfigError, EpochlogError
 from eventlog.raft.errors import ConfChangeError, NotFoundError, NotLeaderError
 from eventlog.raft.node import Role
@@ -45,7 +46,6 @@ from eventlog.raft.runtime.config import MemberConfig, parse_address
 from eventlog.raft.runtime.group import RaftGroup
 from eventlog.raft.runtime.transport import PeerTransport
 from eventlog.raft.types import ConfChange, ConfChangeKind, ConfState
-from eventlog.cancellation import cancel_and_wait
 from epochlog.api import messages as p
 from epochlog.errors import InvalidArgumentError, RejectedError
 from epochlog.local_groups import LocalGroups
