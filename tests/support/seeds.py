@@ -31,3 +31,8 @@ def soak(n: int) -> int:
     longer soak run (`EPOCHLOG_SOAK=4 python -m pytest tests/sim`)."""
     scale = float(os.environ.get(SOAK_ENV) or 1)
     return max(1, round(n * scale))
+
+
+def soak_seconds(seconds: float) -> float:
+    """A time-bounded randomized test's duration (a fuzzer's): `seconds` times EPOCHLOG_SOAK."""
+    return seconds * float(os.environ.get(SOAK_ENV) or 1)
