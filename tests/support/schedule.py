@@ -73,7 +73,15 @@ class SlowestFirst(LoadFileScheduling):
     need it: xdist gives a worker its next unit once at most 2 of its tests are left, which for a
     file of two one-minute tests is when it starts, binding the next unit to a worker busy for two
     minutes while the other may run out of work. Here a worker gets it at its last test (which a
-    worker only starts once it knows the next one, or that there is none)."""
+    worker only starts once it knows the next one, or that there is none).
+
+    It also ends a run in which a worker died, which xdist 3.8's `loadfile` may not (pytest-xdist
+    issues 1323 and 1327, fixed after that release): its `remove_node` put back every unit the dead
+    worker had ever run, and a unit of finished tests, handed out again, is a run command with no
+    test, after which nothing asks for more; and a replacement given one unit of one test waits for
+    a second before it runs the first. Here only what the dead worker had not run goes back (the
+    test it died in is reported failed by xdist, not run again), and a worker is always given units
+    until it has two tests to run or there is no more work (then it is told to stop)."""
 
     def __init__(self, config: Any, log: Any = None, *, archive_ready: bool = True) -> None:
         super().__init__(config, log)
@@ -93,11 +101,25 @@ class SlowestFirst(LoadFileScheduling):
     def _reschedule(self, node: Any) -> None:
         if node.shutting_down:
             return
-        if not self.workqueue:
-            node.shutdown()
-            return
-        if self._pending_of(self.assigned_work[node]) <= 1:
+        while self._pending_of(self.assigned_work[node]) <= 1:
+            if not self.workqueue:
+                node.shutdown()
+                return
             self._assign_work_unit(node)
+
+    def remove_node(self, node: Any) -> str | None:
+        workload = self.assigned_work.pop(node)
+        unfinished = {unit: tests for unit, tests in workload.items() if not all(tests.values())}
+        if not unfinished:
+            return None
+        crashed = next(nodeid for tests in unfinished.values() for nodeid, done in tests.items() if not done)
+        for unit, tests in unfinished.items():
+            tests = {nodeid: done or nodeid == crashed for nodeid, done in tests.items()}
+            if not all(tests.values()):
+                self.workqueue[unit] = tests
+        for other in self.assigned_work:
+            self._reschedule(other)
+        return crashed
 
 
 def durations_from_junit(report: Path) -> dict[str, float]:
