@@ -551,6 +551,16 @@ class Applier:
         KvPut = ev.KvPut
         newest = KvPut.VERSION
         get, put = ov.get, ov.put
+        # `get` and `put` of kv rows inlined: this overlay's pending kv writes, and (when no layer below
+        # has any: the entry's overlay right over a call's first entry) the store's rows read already
+        kv_written = ov.writes.get("kv")
+        if kv_written is None:
+            kv_written = ov.writes["kv"] = {}
+        layer, kv_read = ov.parent, ov.reads.get("kv")
+        while layer is not None and kv_read is not None:
+            if layer.writes.get("kv"):
+                kv_read = None
+            layer = layer.parent
         sid, kept_from, seq_limit = run.sid, run.session.kept_from, run.seq_limit
         next_seq, next_offset = run.next_seq, run.next_offset
         ends = run.seqs.ends
@@ -579,7 +589,11 @@ class Applier:
             raw_key = b"kv/" + name.encode()
             if key != raw_key:
                 break
-            raw = get("kv", raw_key)
+            raw = kv_written.get(raw_key, _MISSING)
+            if raw is _MISSING:
+                raw = _MISSING if kv_read is None else kv_read.get(raw_key, _MISSING)
+                if raw is _MISSING:
+                    raw = get("kv", raw_key)
             if raw is None:
                 created = offset
             else:
@@ -591,8 +605,8 @@ class Applier:
                     break
                 created = current.created
                 put("versions", version_key(raw_key, current.version), _encode(Version("KvPut", raw)))
-            put("kv", raw_key, _encode(KvState(name=name, value=event.value, lease=0, version=offset,
-                                               created=created)))
+            kv_written[raw_key] = _encode(KvState(name=name, value=event.value, lease=0, version=offset,
+                                                  created=created))
             outcomes[offset] = Outcome(True, offset)
             next_seq += 1
             next_offset += 1
