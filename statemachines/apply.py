@@ -18,7 +18,8 @@ those records).
 Per entry, what can be: the kv rows its records name are read in one RocksDB multi-get before its
 records are applied (`Overlay.prefetch`), and a client session's write of n requests (n consecutive
 records) is admitted and recorded as a whole once its first request is (`sessions.RunExtension`: the
-decisions and bytes that admitting and recording each request would make).
+decisions and bytes that admitting and recording each request would make); its plain puts are then
+applied in one loop (`Applier._extend_run`), which hands anything else back to the generic path.
 
 A record this code cannot apply, two cases:
 
@@ -575,15 +576,18 @@ class Applier:
                 if held is not None:
                     self._expected_bytes -= len(value)
                     if held[0] == key:
-                        event = held[1]
+                        event = held[1]   # `applicable` passed it: valid, of a version this code knows
             if event is None:
                 try:
                     event = decode(value)
                 except Exception:   # the generic path decodes it again, and words or halts on it
                     break
-            if (type(event) is not KvPut or event.v > newest or event.session_id != sid or event.seq != next_seq
-                    or next_seq >= seq_limit or event.answered_below > kept_from or event.lease
-                    or event.expected_version is not None or not event.plainly_valid()):
+                if type(event) is not KvPut or event.v > newest or not event.plainly_valid():
+                    break
+            elif type(event) is not KvPut:
+                break
+            if (event.session_id != sid or event.seq != next_seq or next_seq >= seq_limit
+                    or event.answered_below > kept_from or event.lease or event.expected_version is not None):
                 break
             name = event.name
             raw_key = b"kv/" + name.encode()
