@@ -7,7 +7,8 @@ record keys that are not the event's, non-ASCII names, retries, sequence gaps, a
 small `max_outcomes`, other sessions and writers between, overwrites), some records handed over by a
 leader's memo (`expect`, one of them under another key), are applied side by side by views with the fast
 paths and by views with them turned off, in the same random apply calls: after every call the outcomes,
-every row of every column family and the digest are the same.
+every row of every column family and the digest are the same; the last entries halt both at the same record
+(a put of a newer schema ending a run).
 """
 
 from __future__ import annotations
