@@ -671,6 +671,11 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(AnyEvent)
 
 
+decode_any = _decoder.decode
+"""The event of a record value, unchecked: `decode_event` without its error wording and version check
+(msgspec's exceptions as they are), for a fast path that hands any error back to `decode_event`."""
+
+
 def encode_event(event: Event) -> bytes:
     return _encoder.encode(event)
 
