@@ -543,7 +543,7 @@ class Applier:
         a lease or a compare-and-set: no lease on the put nor on the row it replaces, no expected version.
         Anything else, checked before its first write, goes to the generic path, which decides it from
         scratch (a memo popped here is decoded there: the same event). tests/statemachines/
-        test_fast_paths.py applies random logs with and without it."""
+        test_put_runs.py applies random logs with and without it."""
         if self.skipped or self.level < 2:
             return i
         n = len(records)
