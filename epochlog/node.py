@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import secrets
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -226,22 +226,31 @@ class Node:
             raise InvalidArgumentError("a write carries at least one event")
         parts: dict[str, _WritePart] = {}
         client_event = self.client_event
-        checked_record = ev.checked_record
         for start in range(0, len(events), EVENTS_PER_TURN):
             if start:
                 await asyncio.sleep(0)   # thousands of events are checked in slices, the loop running between
             chunk = events[start:start + EVENTS_PER_TURN]
             try:
-                checked = ev.checked_records([client_event(event) for event in chunk])
-            except InvalidArgumentError:   # EventError included: the loop below raises it at its event
+                checked: Iterable[tuple[bytes, bytes, ev.Event]] | None = ev.checked_records(
+                    [client_event(event) for event in chunk])
+            except InvalidArgumentError:   # EventError included
                 checked = None
-            if checked is not None:   # every event of the slice passes: one decode call for all
-                for i, (key, value, decoded) in enumerate(checked, start):
-                    self._add_event(parts, i, key, value, decoded)
-                continue
-            for i, event in enumerate(chunk, start):   # one by one, so the first refusal is the one raised
-                key, value, decoded = checked_record(client_event(event))
-                self._add_event(parts, i, key, value, decoded)
+            if checked is None:   # one refused: checked one by one, as they are added, so the first refusal
+                checked = _checked_one_by_one(client_event, chunk)   # in the caller's order is the one raised
+            for i, (key, value, decoded) in enumerate(checked, start):
+                # The route of the decoded event (equal to the client's): a record's key is its event's entity
+                # key, but a Txn's is `txn/<first key>`, routed by all its operations and conditions.
+                group = group_of_event(decoded) if isinstance(decoded, ev.Txn) else group_of_key(key.decode())
+                part = parts.get(group)
+                if part is None:
+                    part = parts[group] = _WritePart(self.group(group).max_batch_bytes)
+                part.indexes.append(i)
+                part.records.append((key, value))
+                part.checked.append((key, value, decoded))
+                part.size += len(key) + len(value) + 16   # RaftGroup.submit's estimate
+                if part.size > part.limit:   # refused before the rest is checked: the work is bounded by the batch
+                    raise BatchTooLargeError(f"the events of group {group} take more than its batch limit "
+                                             f"({part.limit} bytes) from event {i} on: split the write")
         for group in parts:
             self.serving(group)
         for group, part in parts.items():   # the leader's applier takes the events decoded here (propose once)
@@ -257,23 +266,6 @@ class Node:
             for i, result in zip(parts[group].indexes, _results(group, done, len(parts[group].indexes))):
                 results[i] = result
         return [r for r in results if r is not None]
-
-    def _add_event(self, parts: dict[str, _WritePart], i: int, key: bytes, value: bytes, decoded: ev.Event) -> None:
-        """Add event `i` of a write, checked, to its group's part; BatchTooLargeError when the part outgrows
-        its group's batch limit (refused before the events after it are checked: the work is bounded)."""
-        # The route of the decoded event (equal to the client's): a record's key is its event's entity key,
-        # but a Txn's is `txn/<first key>`, routed by all its operations and conditions.
-        group = group_of_event(decoded) if isinstance(decoded, ev.Txn) else group_of_key(key.decode())
-        part = parts.get(group)
-        if part is None:
-            part = parts[group] = _WritePart(self.group(group).max_batch_bytes)
-        part.indexes.append(i)
-        part.records.append((key, value))
-        part.checked.append((key, value, decoded))
-        part.size += len(key) + len(value) + 16   # RaftGroup.submit's estimate
-        if part.size > part.limit:
-            raise BatchTooLargeError(f"the events of group {group} take more than its batch limit ({part.limit} "
-                                     f"bytes) from event {i} on: split the write")
 
     def client_event(self, event: ev.Event) -> ev.Event:
         """A client's event as the node proposes it, or InvalidArgumentError/EventError (nothing is appended).
@@ -614,6 +606,13 @@ class _WritePart:
         self.records: list[tuple[bytes | None, bytes | None]] = []    # what is proposed
         self.checked: list[tuple[bytes, bytes, ev.Event]] = []        # what the leader's applier is handed
         self.size = 0                                                 # RaftGroup.submit's estimate of them
+
+
+def _checked_one_by_one(client_event: Callable[[ev.Event], ev.Event],
+                        events: Sequence[ev.Event]) -> Iterator[tuple[bytes, bytes, ev.Event]]:
+    """`checked_record` of each event, made as the caller takes them (it stops at the first refusal)."""
+    for event in events:
+        yield ev.checked_record(client_event(event))
 
 
 @functools.cache
