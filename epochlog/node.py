@@ -630,11 +630,17 @@ def _node_only(kind: type) -> str:
 def _results(group: str, done: Committed, count: int) -> list[p.WriteResult]:
     """The results of `count` events of `group` committed together (`done`), in order; GroupHaltedError
     when this node (their leader then) halted before applying them."""
-    results = []
+    results: list[p.WriteResult] = []
+    append = results.append
+    write_result = p.WriteResult
     outcomes = done.outcomes
     offset = done.offset
+    known = len(outcomes)
     for j in range(count):
-        outcome = outcomes[j] if j < len(outcomes) else None
+        outcome = outcomes[j] if j < known else None
+        if type(outcome) is Outcome and not outcome.duplicate and outcome.code != HALTED:   # the usual event
+            append(write_result(offset + j, group, outcome.ok, outcome.code, outcome.message))
+            continue
         if outcome is None:
             results.append(p.WriteResult(offset + j, group, True))
             continue
