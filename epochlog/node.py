@@ -40,7 +40,7 @@ from compaction.service import CompactionService, allocated_bytes
 from controller.config import controller_config
 from controller.runtime import GROUP as CONTROLLER_GROUP, ControllerRuntime
 from epochlog.api import messages as p
-from epochlog.api.routing import REQUIRED_GROUPS, group_of_event, group_of_key
+from epochlog.api.routing import REQUIRED_GROUPS, group_of_event, group_of_key, group_of_record_key
 from epochlog.errors import GroupHaltedError, InvalidArgumentError, RejectedError
 from epochlog.group_log import GroupLog
 from epochlog.halts import Halts
@@ -240,7 +240,7 @@ class Node:
             for i, (key, value, decoded) in enumerate(checked, start):
                 # The route of the decoded event (equal to the client's): a record's key is its event's entity
                 # key, but a Txn's is `txn/<first key>`, routed by all its operations and conditions.
-                group = group_of_event(decoded) if isinstance(decoded, ev.Txn) else group_of_key(key.decode())
+                group = group_of_event(decoded) if isinstance(decoded, ev.Txn) else group_of_record_key(key)
                 part = parts.get(group)
                 if part is None:
                     part = parts[group] = _WritePart(self.group(group).max_batch_bytes)
