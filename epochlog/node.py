@@ -230,13 +230,14 @@ class Node:
             if start:
                 await asyncio.sleep(0)   # thousands of events are checked in slices, the loop running between
             chunk = events[start:start + EVENTS_PER_TURN]
-            try:
-                checked: Iterable[tuple[bytes, bytes, ev.Event]] | None = ev.checked_records(
-                    [client_event(event) for event in chunk])
-            except InvalidArgumentError:   # EventError included
-                checked = None
-            if checked is None:   # one refused: checked one by one, as they are added, so the first refusal
-                checked = _checked_one_by_one(client_event, chunk)   # in the caller's order is the one raised
+            checked: Iterable[tuple[bytes, bytes, ev.Event]] | None = None
+            if len(chunk) > 1:   # one event is checked faster alone (no array to build and decode)
+                try:
+                    checked = ev.checked_records([client_event(event) for event in chunk])
+                except InvalidArgumentError:   # EventError included
+                    pass
+            if checked is None:   # one event, or one refused: checked one by one as they are added, so the
+                checked = _checked_one_by_one(client_event, chunk)   # first refusal in the caller's order is raised
             for i, (key, value, decoded) in enumerate(checked, start):
                 # The route of the decoded event (equal to the client's): a record's key is its event's entity
                 # key, but a Txn's is `txn/<first key>`, routed by all its operations and conditions.
