@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import secrets
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,7 +40,7 @@ from compaction.service import CompactionService, allocated_bytes
 from controller.config import controller_config
 from controller.runtime import GROUP as CONTROLLER_GROUP, ControllerRuntime
 from epochlog.api import messages as p
-from epochlog.api.routing import REQUIRED_GROUPS, group_of_event, group_of_key
+from epochlog.api.routing import REQUIRED_GROUPS, group_of_event, group_of_key, group_of_record_key
 from epochlog.errors import GroupHaltedError, InvalidArgumentError, RejectedError
 from epochlog.group_log import GroupLog
 from epochlog.halts import Halts
@@ -226,25 +226,32 @@ class Node:
             raise InvalidArgumentError("a write carries at least one event")
         parts: dict[str, _WritePart] = {}
         client_event = self.client_event
-        checked_record = ev.checked_record
-        for i, event in enumerate(events):
-            if i and i % EVENTS_PER_TURN == 0:
+        for start in range(0, len(events), EVENTS_PER_TURN):
+            if start:
                 await asyncio.sleep(0)   # thousands of events are checked in slices, the loop running between
-            event = client_event(event)
-            key, value, decoded = checked_record(event)
-            # The route of the decoded event (equal to `event`): a record's key is its event's entity key,
-            # but a Txn's is `txn/<first key>`, routed by all its operations and conditions.
-            group = group_of_event(decoded) if isinstance(decoded, ev.Txn) else group_of_key(key.decode())
-            part = parts.get(group)
-            if part is None:
-                part = parts[group] = _WritePart(self.group(group).max_batch_bytes)
-            part.indexes.append(i)
-            part.records.append((key, value))
-            part.checked.append((key, value, decoded))
-            part.size += len(key) + len(value) + 16   # RaftGroup.submit's estimate
-            if part.size > part.limit:   # refused before the rest is checked: the work is bounded by the batch
-                raise BatchTooLargeError(f"the events of group {group} take more than its batch limit ({part.limit} "
-                                         f"bytes) from event {i} on: split the write")
+            chunk = events[start:start + EVENTS_PER_TURN]
+            checked: Iterable[tuple[bytes, bytes, ev.Event]] | None = None
+            if len(chunk) > 1:   # one event is checked faster alone (no array to build and decode)
+                try:
+                    checked = ev.checked_records([client_event(event) for event in chunk])
+                except InvalidArgumentError:   # EventError included
+                    pass
+            if checked is None:   # one event, or one refused: checked one by one as they are added, so the
+                checked = _checked_one_by_one(client_event, chunk)   # first refusal in the caller's order is raised
+            for i, (key, value, decoded) in enumerate(checked, start):
+                # The route of the decoded event (equal to the client's): a record's key is its event's entity
+                # key, but a Txn's is `txn/<first key>`, routed by all its operations and conditions.
+                group = group_of_event(decoded) if isinstance(decoded, ev.Txn) else group_of_record_key(key)
+                part = parts.get(group)
+                if part is None:
+                    part = parts[group] = _WritePart(self.group(group).max_batch_bytes)
+                part.indexes.append(i)
+                part.records.append((key, value))
+                part.checked.append((key, value, decoded))
+                part.size += len(key) + len(value) + 16   # RaftGroup.submit's estimate
+                if part.size > part.limit:   # refused before the rest is checked: the work is bounded by the batch
+                    raise BatchTooLargeError(f"the events of group {group} take more than its batch limit "
+                                             f"({part.limit} bytes) from event {i} on: split the write")
         for group in parts:
             self.serving(group)
         for group, part in parts.items():   # the leader's applier takes the events decoded here (propose once)
@@ -602,6 +609,13 @@ class _WritePart:
         self.size = 0                                                 # RaftGroup.submit's estimate of them
 
 
+def _checked_one_by_one(client_event: Callable[[ev.Event], ev.Event],
+                        events: Sequence[ev.Event]) -> Iterator[tuple[bytes, bytes, ev.Event]]:
+    """`checked_record` of each event, made as the caller takes them (it stops at the first refusal)."""
+    for event in events:
+        yield ev.checked_record(client_event(event))
+
+
 @functools.cache
 def _node_only(kind: type) -> str:
     """Why a client may not write events of type `kind` ("" when it may): the node writes them itself."""
@@ -617,11 +631,17 @@ def _node_only(kind: type) -> str:
 def _results(group: str, done: Committed, count: int) -> list[p.WriteResult]:
     """The results of `count` events of `group` committed together (`done`), in order; GroupHaltedError
     when this node (their leader then) halted before applying them."""
-    results = []
+    results: list[p.WriteResult] = []
+    append = results.append
+    write_result = p.WriteResult
     outcomes = done.outcomes
     offset = done.offset
+    known = len(outcomes)
     for j in range(count):
-        outcome = outcomes[j] if j < len(outcomes) else None
+        outcome = outcomes[j] if j < known else None
+        if type(outcome) is Outcome and not outcome.duplicate and outcome.code != HALTED:   # the usual event
+            append(write_result(offset + j, group, outcome.ok, outcome.code, outcome.message))
+            continue
         if outcome is None:
             results.append(p.WriteResult(offset + j, group, True))
             continue

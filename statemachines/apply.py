@@ -18,7 +18,8 @@ those records).
 Per entry, what can be: the kv rows its records name are read in one RocksDB multi-get before its
 records are applied (`Overlay.prefetch`), and a client session's write of n requests (n consecutive
 records) is admitted and recorded as a whole once its first request is (`sessions.RunExtension`: the
-decisions and bytes that admitting and recording each request would make).
+decisions and bytes that admitting and recording each request would make); its plain puts are then
+applied in one loop (`Applier._extend_run`), which hands anything else back to the generic path.
 
 A record this code cannot apply, two cases:
 
@@ -493,7 +494,10 @@ class Applier:
         else ends the extension (its run row written) before it is applied."""
         run: sessions.RunExtension | None = None
         last: tuple[sessions.Admission, ev.Event, Outcome] | None = None   # a session's KvPut, just recorded
-        for offset, key, value in records:
+        i, n = 0, len(records)
+        while i < n:
+            offset, key, value = records[i]
+            i += 1
             decoded = self._decode(key, value, offset)
             if (last is not None or run is not None) and type(decoded) is tuple and decoded[1] is None \
                     and type(decoded[0]) is ev.KvPut:
@@ -504,6 +508,7 @@ class Applier:
                     outcome = outcomes[offset] = self._handle(ov, event, offset)
                     if outcome.ok and not outcome.code and not outcome.message and not outcome.duplicate:
                         run.extend()
+                        i = self._extend_run(ov, run, records, i, outcomes)
                         continue
                     run.close(ov)
                     sessions.record(ov, run.admission(), event, outcome)
@@ -523,6 +528,98 @@ class Applier:
                 last = (admitted, event, outcome)
         if run is not None:
             run.close(ov)
+
+    def _extend_run(self, ov: Overlay, run: sessions.RunExtension, records: list[Row], i: int,
+                    outcomes: dict[int, Outcome]) -> int:
+        """Apply `records[i:]` while each is a plain put extending `run`; the index of the first one it did
+        not apply (the generic path's, from `_decode` on).
+
+        The fast path of batched writes: one frame per record instead of about ten (`_decode`, `applicable`,
+        `decode_event`, `validate`, `admits`, `_handle`, `_kv_put`, `extend`), the same decisions and writes.
+        It takes a record only when the generic path would (1) decode it to a valid KvPut of this code's
+        version whose key is its record key (the leader's memo, `expect`, or `events.decode_event` without
+        its error wording: any error hands the record over, to be decoded and worded there), (2) admit it
+        as the run's next (`RunExtension.admits`), and (3) have `_kv_put` end it plain ok without touching
+        a lease or a compare-and-set: no lease on the put nor on the row it replaces, no expected version.
+        Anything else, checked before its first write, goes to the generic path, which decides it from
+        scratch (a memo popped here is decoded there: the same event). tests/statemachines/
+        test_put_runs.py applies random logs with and without it."""
+        if self.skipped or self.level < 2:
+            return i
+        n = len(records)
+        expected = self._expected
+        decode = ev.decode_any
+        KvPut = ev.KvPut
+        newest = KvPut.VERSION
+        get, put = ov.get, ov.put
+        # `get` and `put` of kv rows inlined: this overlay's pending kv writes, and (when no layer below
+        # has any: the entry's overlay right over a call's first entry) the store's rows read already
+        kv_written = ov.writes.get("kv")
+        if kv_written is None:
+            kv_written = ov.writes["kv"] = {}
+        layer, kv_read = ov.parent, ov.reads.get("kv")
+        while layer is not None and kv_read is not None:
+            if layer.writes.get("kv"):
+                kv_read = None
+            layer = layer.parent
+        sid, kept_from, seq_limit = run.sid, run.session.kept_from, run.seq_limit
+        next_seq, next_offset = run.next_seq, run.next_offset
+        ends = run.seqs.ends
+        start = i
+        while i < n:
+            offset, key, value = records[i]
+            if offset != next_offset or value is None:
+                break
+            event = None
+            if expected:
+                held = expected.pop(value, None)
+                if held is not None:
+                    self._expected_bytes -= len(value)
+                    if held[0] == key:
+                        event = held[1]   # `applicable` passed it: valid, of a version this code knows
+            if event is None:
+                try:
+                    event = decode(value)
+                except Exception:   # the generic path decodes it again, and words or halts on it
+                    break
+                if type(event) is not KvPut or event.v > newest or not event.plainly_valid():
+                    break
+            elif type(event) is not KvPut:
+                break
+            if (event.session_id != sid or event.seq != next_seq or next_seq >= seq_limit
+                    or event.answered_below > kept_from or event.lease or event.expected_version is not None):
+                break
+            name = event.name
+            raw_key = b"kv/" + name.encode()
+            if key != raw_key:
+                break
+            raw = kv_written.get(raw_key, _MISSING)
+            if raw is _MISSING:
+                raw = _MISSING if kv_read is None else kv_read.get(raw_key, _MISSING)
+                if raw is _MISSING:
+                    raw = get("kv", raw_key)
+            if raw is None:
+                created = offset
+            else:
+                try:
+                    current = _KV_STATE.decode(raw)
+                except Exception:   # the handler raises it too, and halts
+                    break
+                if current.lease:
+                    break
+                created = current.created
+                put("versions", version_key(raw_key, current.version), _encode(Version("KvPut", raw)))
+            kv_written[raw_key] = _encode(KvState(name=name, value=event.value, lease=0, version=offset,
+                                                  created=created))
+            outcomes[offset] = Outcome(True, offset)
+            next_seq += 1
+            next_offset += 1
+            i += 1
+        if i > start:   # what `extend` did per request
+            ends[-1] = next_seq
+            run.next_seq, run.next_offset = next_seq, next_offset
+            run.extended = True
+        return i
 
     def _decode(self, key: bytes | None, value: bytes | None,
                 offset: int) -> tuple[ev.Event, ev.InvalidEventError | None] | Outcome:

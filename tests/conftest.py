@@ -77,3 +77,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if archive:   # the archive may have been made since the last test
         os.environ["SPARK_SUBMIT_OPTS"] = spark_cds.java_options(JVM_OPTIONS, Path(archive))
 
+
+
+@pytest.hookimpl(optionalhook=True)   # a hook of pytest-xdist (a dev dependency)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`--dist loadfile` (`make test`): the files slowest first, tests/spark as one unit
+    (tests/support/schedule.py)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from tests.support.schedule import SlowestFirst
+
+    archive = os.environ.get(CDS_ARCHIVE_ENV)
+    return SlowestFirst(config, log, archive_ready=not archive or Path(archive).exists())

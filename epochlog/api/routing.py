@@ -112,6 +112,21 @@ def group_of_key(key: str) -> str:
     return group
 
 
+_KV_KEY = KV_PREFIX.encode()
+_RESERVED_KIND_BYTES = frozenset(kind.encode() for kind in RESERVED_KINDS)
+
+
+def group_of_record_key(key: bytes) -> str:
+    """`group_of_key` of a record key (the entity key, UTF-8): a kv key whose name does not start with a
+    reserved kind is routed without decoding it (the leader routes every put of a write this way); any
+    other key, and every refusal, is `group_of_key`'s."""
+    if key.startswith(_KV_KEY):
+        first, sep, _ = key[3:].partition(b"/")
+        if not sep or first not in _RESERVED_KIND_BYTES:
+            return "kv"
+    return group_of_key(key.decode())
+
+
 def group_of_event(event: Event) -> str:
     if isinstance(event, Txn):
         groups = {group_of_key(op.key()) for op in event.ops} | {group_of_key(c.key) for c in event.conditions}

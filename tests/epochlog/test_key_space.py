@@ -76,6 +76,26 @@ def test_a_kv_name_cannot_start_with_an_entity_kind(wrong: str) -> None:
         group_of_key("kv/" + wrong)
 
 
+def test_a_record_key_routes_as_its_entity_key() -> None:
+    """`group_of_record_key` (the leader's route of a record key, kv keys without decoding) answers, or
+    refuses with the same words, as `group_of_key` of the decoded key, for keys of every kind and shape."""
+    from epochlog.api.routing import GROUP_OF_KIND, RESERVED_KINDS, group_of_record_key
+    names = ["", "x", "app/x", "é/x", "/", "x/", "kv", "kv/", "a/b/c"]
+    names += [f"{kind}{tail}" for kind in RESERVED_KINDS for tail in ("", "/", "/x", "x/y")]
+    keys = [f"{kind}/{name}" for kind in [*GROUP_OF_KIND, "client-session", "txn", "other", ""] for name in names]
+    keys += ["kv", "", "/", "client-session/kv/x", "client-session/", "kvx/y"]
+    for key in keys:
+        try:
+            expected: str | Exception = group_of_key(key)
+        except EventError as exc:
+            expected = exc
+        try:
+            got: str | Exception = group_of_record_key(key.encode())
+        except EventError as exc:
+            got = exc
+        assert type(got) is type(expected) and str(got) == str(expected), key
+
+
 def test_a_kind_without_a_name_is_not_a_key() -> None:
     with pytest.raises(EventError, match="names no entity"):
         entity_key("topic/")

@@ -104,12 +104,17 @@ _decoder = msgspec.msgpack.Decoder(Frame)
 Deliver = Callable[[int, str, Message], None]
 
 
-def encode_frame(frame: Frame) -> bytes:
-    payload = _encoder.encode(frame)
-    return _LENGTH.pack(len(payload)) + payload
+def encode_frame(frame: Frame) -> bytearray:
+    """The frame's length and payload, encoded in place after a 4-byte gap for the length: no second copy
+    of the payload to prepend it (an Append's frame holds every entry's bytes; a copy of a frame of a few
+    hundred KiB into fresh memory costs its page faults, ~0.4 ms for 450 KiB on the bench machine)."""
+    buf = bytearray(4)
+    _encoder.encode_into(frame, buf, 4)
+    _LENGTH.pack_into(buf, 0, len(buf) - 4)
+    return buf
 
 
-def encode_batches(msgs: list[tuple[str, Message]], split_bytes: int = FRAME_SPLIT_BYTES) -> list[bytes]:
+def encode_batches(msgs: list[tuple[str, Message]], split_bytes: int = FRAME_SPLIT_BYTES) -> list[bytearray]:
     """`msgs` as Batch frames of at most `split_bytes` each, in order (a message bigger than that alone)."""
     frame = encode_frame(Batch(msgs))
     if len(frame) <= split_bytes or len(msgs) == 1:
@@ -386,7 +391,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._release_partial()
         self.abort()
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 

@@ -78,3 +78,26 @@ def test_one_bad_event_anywhere_and_nothing_is_appended(single: NodeCluster, bad
         asyncio.run(_write(single, events))
     assert info.value.code == code and says in str(info.value), info.value
     assert asyncio.run(_value(single, f"{name}/0")) is None
+
+
+@pytest.mark.parametrize("bad_at, code", [(50, "invalid_argument"), (200, "batch_too_large"), (270, "batch_too_large")])
+def test_the_first_refusal_in_the_callers_order_is_the_one_raised(single: NodeCluster, bad_at: int, code: str) -> None:
+    """300 puts of 8 KiB outgrow the kv batch limit (1 MiB) near event 127, and one put is invalid: the write is
+    refused for whichever comes first, also when the invalid one is in the first slice the leader checks in
+    one call (256 events) or past it, and nothing is appended."""
+    name = f"first-refusal/{bad_at}"
+    events: list[ev.Event] = [ev.KvPut(name=f"{name}/{i}", value=bytes(8 << 10)) for i in range(300)]
+    events[bad_at] = ev.KvPut(name="", value=b"x")
+    with pytest.raises(ClientError) as info:
+        asyncio.run(_write(single, events))
+    assert info.value.code == code, info.value
+    assert asyncio.run(_value(single, f"{name}/0")) is None
+
+
+def test_a_bad_event_past_the_first_slice_refuses_the_write(single: NodeCluster) -> None:
+    events: list[ev.Event] = [ev.KvPut(name=f"second-slice/{i}", value=b"v") for i in range(300)]
+    events[270] = ev.KvPut(name="second-slice/x", value=b"x", request_id="not-a-uuid7")
+    with pytest.raises(ClientError) as info:
+        asyncio.run(_write(single, events))
+    assert info.value.code == "invalid_argument" and "no UUIDv7" in str(info.value), info.value
+    assert asyncio.run(_value(single, "second-slice/0")) is None

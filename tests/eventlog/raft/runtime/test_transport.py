@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import ssl
 import struct
 from collections.abc import Awaitable, Callable
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import uvloop
 
@@ -38,7 +40,7 @@ from eventlog.raft.runtime.transport import (
     encode_frame,
     largest_frame_bytes,
 )
-from eventlog.raft.types import Heartbeat, Vote
+from eventlog.raft.types import Append, Entry, Heartbeat, Vote
 from tests.support.nodes import NodeCluster
 from tests.support.wait import eventually
 
@@ -591,3 +593,20 @@ def test_a_peers_features_are_what_its_hello_on_the_current_connection_says(pki:
         finally:
             await two.transport.close()
     run(loop, main)
+
+
+def test_a_frame_is_its_payloads_length_then_the_payload() -> None:
+    """The wire format (a 4-byte big-endian length, then the msgpack payload), however large the frame:
+    `encode_frame` writes the payload after a gap it fills with the length, and a reader takes it back."""
+    encoder = msgspec.msgpack.Encoder()
+    rng = random.Random(7)
+    print("seed 7")
+    for count in (0, 1, 3, 40):
+        entries = tuple(Entry(index=10 + i, term=2, count=1, data=rng.randbytes(rng.choice([0, 9, 300, 70_000])))
+                        for i in range(count))
+        batch = Batch([("kv", Append(term=2, src=1, dst=3, prev_index=9, prev_term=2, entries=entries, commit=9)),
+                       ("metadata", Heartbeat(term=1, src=1, dst=3, commit=4))])
+        payload = encoder.encode(batch)
+        frame = encode_frame(batch)
+        assert bytes(frame) == len(payload).to_bytes(4, "big") + payload
+        assert FrameReader().frames(bytes(frame)) == [batch]
