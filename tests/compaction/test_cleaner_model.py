@@ -14,7 +14,8 @@ log (and once with the leader-epoch checkpoint deleted, so it is rebuilt from th
 - every kept record's epoch is the one that wrote it, and `end_offset_for_epoch` answers as before;
 - `verify_log_dir` finds the directory clean.
 
-Replay: EPOCHLOG_CLEANER_SEED=<seed> (the failing seed is printed); more seeds: EPOCHLOG_CLEANER_SEEDS=<n>.
+Replay: EPOCHLOG_CLEANER_SEED=<seed> (the failing seed is printed); more seeds: EPOCHLOG_CLEANER_SEEDS=<n>
+(6 by default) or EPOCHLOG_SOAK=<k> (k times as many).
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ from eventlog.config import LogConfig
 from eventlog.epoch_cache import CHECKPOINT_NAME as EPOCH_CHECKPOINT
 from eventlog.log import Log
 from eventlog.offline import Verdict, verify_log_dir
-from tests.support.seeds import collection_seeds
+from tests.support.seeds import collection_seeds, soak
 from tests.compaction.logs import Written, expected, records, triples, write_random
 
-SEEDS = int(os.environ.get("EPOCHLOG_CLEANER_SEEDS", "10"))
+SEEDS = int(os.environ.get("EPOCHLOG_CLEANER_SEEDS") or soak(6))   # 10 before the suite's time bound
 _FIXED = os.environ.get("EPOCHLOG_CLEANER_SEED")
 SEED_LIST = [int(_FIXED)] if _FIXED else collection_seeds("test_cleaned_log_matches_model", SEEDS)
 

@@ -19,7 +19,8 @@ The rounds run on one directory, so each child recovers from the previous crash.
 not model: power loss (unsynced pages are lost), which needs the fake disk of the torn-write tests.
 
 Replay: EPOCHLOG_CRASH_SEED=<seed printed by the failing test> (the kill moments are real time, so a
-replay is likely but not certain to hit the same state). More rounds: EPOCHLOG_CRASH_ROUNDS=<n>.
+replay is likely but not certain to hit the same state). More rounds: EPOCHLOG_CRASH_ROUNDS=<n> (20 by
+default) or EPOCHLOG_SOAK=<k> (k times as many).
 
 A roll is a short window that random kills rarely hit, so `test_sigkill_inside_a_roll` kills the child
 deterministically at every point of one (a crash point, `EPOCHLOG_CRASH_AT=log.roll:<point>`), both
@@ -43,8 +44,10 @@ from eventlog.log import Log
 from eventlog.records import check_batch
 from tests.eventlog import crash_child as child
 from tests.support import forked
+from tests.support.seeds import soak
 
-ROUNDS = int(os.environ.get("EPOCHLOG_CRASH_ROUNDS", "32"))
+# Each round kills the same step (an append, at a random moment): 32 rounds before the suite's time bound.
+ROUNDS = int(os.environ.get("EPOCHLOG_CRASH_ROUNDS") or soak(20))
 START_TIMEOUT_S = 20.0
 
 

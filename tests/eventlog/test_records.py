@@ -70,12 +70,15 @@ from eventlog.records import (
     stamp,
 )
 from tests.eventlog import strategies as s
+from tests.support.seeds import soak
 
 # Large values make single examples slow-ish (tens of kB through two codecs); the counts below
-# keep the whole file well under 30 s while every test still sees dozens of distinct batches.
-FEW = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-SOME = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-MANY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# keep the whole file near 25 s of the suite while every test still sees a score or more of distinct
+# batches (hypothesis draws new ones each run). EPOCHLOG_SOAK=<k> runs k times as many
+# (tests/support/seeds.py): the counts before the suite's time bound were those of EPOCHLOG_SOAK=2.
+FEW = settings(max_examples=soak(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SOME = settings(max_examples=soak(50), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+MANY = settings(max_examples=soak(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 GZIP = 1
 RecordTuple = tuple[int, int, bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...]]
@@ -642,7 +645,7 @@ _edits = st.lists(
 )
 
 
-@settings(MANY, max_examples=1000)
+@settings(MANY, max_examples=soak(500))
 @given(records=_seven_bit_records, edits=_edits)
 # Regression: a header count of -1 (the single byte 0x01) was read as "no headers".
 @example(records=[Record(0, 1000, None, None, ())], edits=[("set", 6, 0x01)])

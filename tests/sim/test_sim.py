@@ -1,8 +1,8 @@
 """The deterministic cluster simulator under pytest.
 
-- the swarm campaign: 400 consecutive seeds from a random start, so that each run covers seeds the
-  last did not (printed; EPOCHLOG_SIM_SEEDS / EPOCHLOG_SIM_START / EPOCHLOG_SIM_JOBS to change), two
-  worker processes; any failing seed is listed with its replay command;
+- the swarm campaign: 250 consecutive seeds from a random start, so that each run covers seeds the
+  last did not (printed; EPOCHLOG_SIM_SEEDS / EPOCHLOG_SIM_START / EPOCHLOG_SIM_JOBS to change, or
+  EPOCHLOG_SOAK=<k> for k times as many), two worker processes; any failing seed is listed with its replay command;
 - replay is exact: a seed gives the same run in-process, in another process, under another hash
   seed;
 - the linearizability checker on hand-written histories;
@@ -41,12 +41,13 @@ from tests.sim.history import History
 from tests.sim.linearizability import check_history
 from tests.sim.replica import Replica
 from tests.sim.swarm import SimParams, Simulation, run_seed
+from tests.support.seeds import soak
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_swarm_campaign() -> None:
-    seeds = int(os.environ.get("EPOCHLOG_SIM_SEEDS", "400"))
+    seeds = int(os.environ.get("EPOCHLOG_SIM_SEEDS") or soak(250))
     env_start = os.environ.get("EPOCHLOG_SIM_START")
     start = int(env_start) if env_start else random.SystemRandom().randrange(1_000_000)
     jobs = int(os.environ.get("EPOCHLOG_SIM_JOBS", "2"))

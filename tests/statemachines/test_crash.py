@@ -31,7 +31,8 @@
    from old to new once, never back; and the reopened views apply on like the reference.
 
 Replay: EPOCHLOG_VIEWS_CRASH_SEED=<seed printed by the test> (kill moments are real time, so a replay
-is likely but not certain to hit the same states). More rounds: EPOCHLOG_VIEWS_CRASH_ROUNDS=<n>.
+is likely but not certain to hit the same states). More rounds: EPOCHLOG_VIEWS_CRASH_ROUNDS=<n> (16 by
+default) or EPOCHLOG_SOAK=<k> (k times as many).
 Faults not modelled: power loss (RocksDB's WAL is not fsynced per write; the Raft log is the
 durable record and the group replays it).
 """
@@ -52,8 +53,10 @@ from statemachines.store import ALL_CFS
 from statemachines.views import ViewsStateMachine
 from tests.statemachines import crash_child as child
 from tests.support import forked
+from tests.support.seeds import soak
 
-ROUNDS = int(os.environ.get("EPOCHLOG_VIEWS_CRASH_ROUNDS", "24"))
+# Each round kills the same step (an apply, at a random moment): 24 rounds before the suite's time bound.
+ROUNDS = int(os.environ.get("EPOCHLOG_VIEWS_CRASH_ROUNDS") or soak(16))
 START_TIMEOUT_S = 20.0
 
 Dump = dict[str, list[tuple[bytes, bytes]]]

@@ -35,10 +35,12 @@ from tests.statemachines.harness import (
     read_everything,
 )
 from tests.statemachines.model import Model
+from tests.support.seeds import soak
 
 WINDOW = 6
 CONFIG = ViewsConfig(dedupe_window_offsets=WINDOW)
-SETTINGS = settings(max_examples=25, deadline=None, database=None, derandomize=True, print_blob=True)
+# A fixed set of examples (derandomize); EPOCHLOG_SOAK=<k> runs k times as many (tests/support/seeds.py).
+SETTINGS = settings(max_examples=soak(15), deadline=None, database=None, derandomize=True, print_blob=True)
 
 
 class Replica:

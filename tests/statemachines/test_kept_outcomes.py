@@ -7,7 +7,7 @@ mirror): the same outcome for every record and the same digest after every apply
 retries, out-of-order requests, forgets one by one and by range, the `max_outcomes` bound, closes,
 expiries, evictions, restarts, a mirror that holds fewer sessions than are live, and a halt mid-entry
 (whose abandoned writes the mirror had followed). Randomized: each test prints its seed; replay one
-with EPOCHLOG_TEST_SEED=<seed>.
+with EPOCHLOG_TEST_SEED=<seed>; EPOCHLOG_SOAK=<k> draws k times as many seeds (tests/support/seeds.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from statemachines import sessions, views_format
 from statemachines.kept_outcomes import KeptOutcomes, RunSet, SeqSet
 from statemachines.state import Outcome
 from statemachines.views import ViewsStateMachine
-from tests.support.seeds import collection_seeds
+from tests.support.seeds import collection_seeds, soak
 
 T0 = 1_700_000_000_000
 TIMEOUT_MS = 60_000
@@ -38,7 +38,7 @@ NOTHING = ev.HistoryPruned(floor=0, actor="epochlog/compaction")   # never lower
 
 def _seeds(test: str, n: int) -> list[int]:
     fixed = os.environ.get("EPOCHLOG_TEST_SEED")
-    return [int(fixed)] if fixed else collection_seeds(test, n, bits=30)
+    return [int(fixed)] if fixed else collection_seeds(test, soak(n), bits=30)
 
 
 class ReadEveryTime(KeptOutcomes):
@@ -166,7 +166,7 @@ def _apply(sm: ViewsStateMachine, entries: list[Entry], log: list[Entry]) -> dic
     return outcomes
 
 
-@pytest.mark.parametrize("seed", _seeds("test_views_with_the_mirror_are_the_views_without_it", 4))
+@pytest.mark.parametrize("seed", _seeds("test_views_with_the_mirror_are_the_views_without_it", 2))
 def test_views_with_the_mirror_are_the_views_without_it(tmp_path: Path, seed: int) -> None:
     print(f"seed={seed}")
     rng = random.Random(seed)
@@ -238,7 +238,7 @@ def test_views_written_without_the_mirror_go_on_with_it(tmp_path: Path, seed: in
 
 # --- views format level 3: a row per run of a session's consecutive ok requests ------------------------------
 
-@pytest.mark.parametrize("seed", _seeds("test_a_run_set_is_the_rows_it_stands_for", 20))
+@pytest.mark.parametrize("seed", _seeds("test_a_run_set_is_the_rows_it_stands_for", 10))
 def test_a_run_set_is_the_rows_it_stands_for(seed: int) -> None:
     """`RunSet` against a model: a dict of rows (start -> [count, offset or -1]) changed as sessions.py
     changes the views, every operation's answer the rows to write or delete."""
@@ -326,7 +326,7 @@ def _unextended_runs(sm: ViewsStateMachine) -> list[bytes]:
     return wrong
 
 
-@pytest.mark.parametrize("seed", _seeds("test_outcome_runs_keep_what_a_row_per_request_keeps", 3))
+@pytest.mark.parametrize("seed", _seeds("test_outcome_runs_keep_what_a_row_per_request_keeps", 2))
 def test_outcome_runs_keep_what_a_row_per_request_keeps(tmp_path: Path, seed: int) -> None:
     """One random session history applied by three replicas: `rows` at level 1 (a row per request, every
     answer read from RocksDB: the reference), and at level 3 `runs` with the mirror (holding fewer sessions

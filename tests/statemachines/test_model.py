@@ -16,8 +16,8 @@ so cascades, re-leases, fencing and compare-and-set succeed as well as fail.
 Two bugs this test found in `statemachines/query.py` keep a plain regression test each at the end.
 
 CI runs a fixed set of examples (`derandomize`); a failure prints the steps, which replay as they
-are, and a blob for `@reproduce_failure`. Explore more with VIEWS_MODEL_EXAMPLES=500 (and
-VIEWS_MODEL_RANDOM=1 for fresh random examples on every run).
+are, and a blob for `@reproduce_failure`. Explore more with VIEWS_MODEL_EXAMPLES=500 or EPOCHLOG_SOAK=<k>
+(k times the suite's 25 examples), and VIEWS_MODEL_RANDOM=1 for fresh random examples on every run.
 """
 
 from __future__ import annotations
@@ -56,9 +56,10 @@ from tests.statemachines.harness import (
     check_reads,
 )
 from tests.statemachines.model import Model
+from tests.support.seeds import soak
 
 WINDOW = 6
-EXAMPLES = int(os.environ.get("VIEWS_MODEL_EXAMPLES", "40"))
+EXAMPLES = int(os.environ.get("VIEWS_MODEL_EXAMPLES") or soak(25))
 
 
 class ViewsVersusModel(RuleBasedStateMachine):

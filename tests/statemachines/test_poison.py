@@ -20,6 +20,7 @@ from eventlog.records import encode_batch, stamp
 from statemachines import apply
 from statemachines import events as ev
 from statemachines.views import ViewsStateMachine
+from tests.support.seeds import soak
 
 NEWER = ev.KvPut.VERSION + 1   # a schema version only a newer Epochlog knows
 
@@ -261,8 +262,8 @@ def shared_views(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Vie
     sm.close()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                    HealthCheck.function_scoped_fixture])
+@settings(max_examples=soak(150), deadline=None,   # 300 before the suite's time bound; EPOCHLOG_SOAK=<k>: k times
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_what_the_leader_accepts_the_applier_applies_or_rejects_never_halts(
         shared_views: tuple[ViewsStateMachine, LogBuilder], data: st.DataObject) -> None:

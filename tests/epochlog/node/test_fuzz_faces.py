@@ -1,7 +1,8 @@
 """Fuzzing the native and gRPC faces of three real `epochlog serve` processes (tests/epochlog/node/fuzz.py).
 
 Bounded: at most FUZZ_NATIVE_CASES native frames and FUZZ_GRPC_CASES gRPC calls, and FUZZ_SECONDS of
-fuzzing. Seeded: the seed is printed; `EPOCHLOG_FUZZ_SEED=<seed>` replays the same inputs.
+fuzzing (EPOCHLOG_SOAK=<k>: k times each). Seeded: the seed is printed; `EPOCHLOG_FUZZ_SEED=<seed>` replays the
+same inputs.
 
 Afterwards: every process is up and healthy, no group failed or halted, valid traffic works on
 both faces, no entity changed except those of the writes a node accepted, and the replicas hold
@@ -25,11 +26,14 @@ from tests.support.nodes import NodeCluster
 from epochlog.api.routing import entity_key
 from tests.epochlog.node.fuzz import GrpcFuzzer, NativeFuzzer, Tally, known_codes
 from tests.epochlog.node.raw import http_get
+from tests.support.seeds import soak, soak_seconds
 
 SEED_ENV = "EPOCHLOG_FUZZ_SEED"
-FUZZ_SECONDS = 20.0
-FUZZ_NATIVE_CASES = 1500
-FUZZ_GRPC_CASES = 600
+# The suite's bounds (halved for its time bound: 20 s, 1,500 and 600 before); EPOCHLOG_SOAK=<k> fuzzes k times
+# as long and as many (tests/support/seeds.py).
+FUZZ_SECONDS = soak_seconds(10.0)
+FUZZ_NATIVE_CASES = soak(750)
+FUZZ_GRPC_CASES = soak(300)
 KINDS = {"metadata": ("broker/", "group/", "topic/", "config/", "member/"), "offsets": ("offset/",),
          "kv": ("", "lease/", "session/")}   # "": every kv entry
 
