@@ -31,8 +31,8 @@ log-demo: $(STAMP)
 	$(PY) -m epochlog demo --data-dir data/demo
 
 # Two workers, each test file on one of them: alone, the suite kept the 2 cores of the machine it was
-# made for only half busy (it waits on real processes, disks and timeouts). The files go slowest first
-# (tests/support/schedule.py, by tests/durations.txt), tests/spark as one unit.
+# made for only half busy (it waits on real processes, disks and timeouts). A run in which a worker
+# dies still ends (tests/support/schedule.py).
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile
 

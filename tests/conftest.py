@@ -78,14 +78,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         os.environ["SPARK_SUBMIT_OPTS"] = spark_cds.java_options(JVM_OPTIONS, Path(archive))
 
 
-
 @pytest.hookimpl(optionalhook=True)   # a hook of pytest-xdist (a dev dependency)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """`--dist loadfile` (`make test`): the files slowest first, tests/spark as one unit
-    (tests/support/schedule.py)."""
+    """`--dist loadfile` (`make test`) that ends a run in which a worker died (tests/support/schedule.py)."""
     if config.getvalue("dist") != "loadfile":
         return None
-    from tests.support.schedule import SlowestFirst
+    from tests.support.schedule import EndsAfterACrash
 
-    archive = os.environ.get(CDS_ARCHIVE_ENV)
-    return SlowestFirst(config, log, archive_ready=not archive or Path(archive).exists())
+    return EndsAfterACrash(config, log)

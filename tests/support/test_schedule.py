@@ -1,5 +1,4 @@
-"""`make test`'s order of test files (tests/support/schedule.py): slowest first, tests/spark as one unit,
-the JVM units after a few others while the machine has no Spark CDS archive."""
+"""`make test`'s scheduler (tests/support/schedule.py): a run in which a worker dies ends."""
 
 from __future__ import annotations
 
@@ -11,35 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.schedule import DURATIONS, JVMS_AFTER, order_units, read_durations, unit_of
-
 REPO = Path(__file__).resolve().parents[2]
-DURATIONS_OF = {"tests/a/test_few.py": 90.0, "tests/a/test_many.py": 20.0, "tests/spark/test_x.py": 50.0,
-                "tests/spark/test_y.py": 45.0, "tests/epochlog/test_tour.py": 60.0}
-
-
-def test_units_go_slowest_first_and_spark_is_one_unit() -> None:
-    units = ["tests/a/test_many.py", "tests/new/test_unlisted.py", "tests/a/test_few.py", "tests/spark/",
-             "tests/epochlog/test_tour.py"]
-    assert unit_of("tests/spark/test_x.py") == "tests/spark/" and unit_of("tests/a/test_few.py") == "tests/a/test_few.py"
-    assert order_units(units, DURATIONS_OF) == ["tests/spark/", "tests/a/test_few.py", "tests/epochlog/test_tour.py",
-                                                "tests/a/test_many.py", "tests/new/test_unlisted.py"]
-
-
-def test_without_the_archive_the_jvm_units_wait_for_a_few_others() -> None:
-    others = [f"tests/o/test_{i}.py" for i in range(JVMS_AFTER + 2)]
-    durations = {**DURATIONS_OF, **{name: 10.0 - i for i, name in enumerate(others)}}
-    units = [*others, "tests/spark/", "tests/epochlog/test_tour.py"]
-    assert order_units(units, durations, archive_ready=False) == [
-        *others[:JVMS_AFTER], "tests/spark/", "tests/epochlog/test_tour.py", *others[JVMS_AFTER:]]
-
-
-def test_the_kept_list_names_test_files_that_exist() -> None:
-    root = DURATIONS.parents[1]
-    listed = read_durations()
-    assert len(listed) > 50 and all(seconds > 0 for seconds in listed.values())
-    assert [name for name in listed if not (root / name).is_file()] == []
-    assert read_durations(Path("/nonexistent")) == {}
 
 
 CRASHING_RUN = {
@@ -61,12 +32,12 @@ def test_a_run_whose_worker_dies_ends_with_the_rest_run_once(tmp_path: Path, wor
         (tmp_path / name).write_text(text)
     (tmp_path / "conftest.py").write_text(
         f"import sys\nsys.path.insert(0, {str(REPO)!r})\n"
-        "from tests.support.schedule import SlowestFirst\n\n\n"
-        "def pytest_xdist_make_scheduler(config, log):\n    return SlowestFirst(config, log)\n")
+        "from tests.support.schedule import EndsAfterACrash\n\n\n"
+        "def pytest_xdist_make_scheduler(config, log):\n    return EndsAfterACrash(config, log)\n")
     run = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-n", str(workers),
          "--dist", "loadfile", "-rf"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        cwd=tmp_path, env=_without_pytest_settings(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = run.communicate(timeout=180)
     except subprocess.TimeoutExpired:
@@ -76,3 +47,8 @@ def test_a_run_whose_worker_dies_ends_with_the_rest_run_once(tmp_path: Path, wor
     assert run.returncode == 1, out
     assert "1 failed, 8 passed" in out, out
     assert "crashed while running 'test_b.py::test_2'" in out, out
+
+
+def _without_pytest_settings() -> dict[str, str]:
+    """This process's environment without what would change the inner run (PYTEST_ADDOPTS, xdist's)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "EPOCHLOG_TEST"))}
