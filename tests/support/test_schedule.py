@@ -50,5 +50,6 @@ def test_a_run_whose_worker_dies_ends_with_the_rest_run_once(tmp_path: Path, wor
 
 
 def _without_pytest_settings() -> dict[str, str]:
-    """This process's environment without what would change the inner run (PYTEST_ADDOPTS, xdist's)."""
+    """This process's environment without what would change the inner run: pytest's and xdist's settings
+    (PYTEST_ADDOPTS, PYTEST_XDIST_*) and the suite's own (EPOCHLOG_TEST_*)."""
     return {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "EPOCHLOG_TEST"))}
