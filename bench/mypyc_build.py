@@ -49,7 +49,8 @@ follow_imports = silent
 
 def built(root: Path = ROOT) -> list[Path]:
     """The mypyc outputs in the tree: one .so per compiled module and the group's shared library."""
-    found = [p for m in MODULES for p in (root / m).parent.glob((root / m).stem + ".cpython-*.so")]
+    found = [p for m in MODULES for suffix in (".cpython-*.so", "__mypyc.cpython-*.so")
+             for p in (root / m).parent.glob((root / m).stem + suffix)]
     return found + sorted(root.glob("*__mypyc.cpython-*.so"))
 
 
