@@ -254,10 +254,10 @@ def encode_batch(
         append(d)
         append(k)
         if klen:
-            append(key)
+            append(key)   # type: ignore[arg-type]
         append(v)
         if vlen:
-            append(value)
+            append(value)   # type: ignore[arg-type]
         append(b"\x00")
     attributes = TRANSACTIONAL_MASK if transactional else 0
     count = len(entries)

@@ -268,7 +268,7 @@ class Applier:
         raw = store.meta(SKIPPED)
         self.skipped: frozenset[int] = frozenset(msgspec.msgpack.decode(raw, type=list[int]) if raw else ())
         self.noops_from = ensure_noops_from(store)
-        self.now_ms = 0   # the committed clock at the entry being applied (statemachines/sessions.py)
+        self.now_ms: int = 0   # the committed clock at the entry being applied (statemachines/sessions.py)
         # (offset, digest) after each entry holding an offset k * digest_checkpoint_offsets - 1: the same
         # offsets on every member (entries have the same bounds everywhere), compared by the leader
         # (epochlog/integrity.py). In memory: after a restart the next ones are noted.
@@ -283,7 +283,7 @@ class Applier:
         self.records_parsed_instead = 0   # entries proposed here whose bytes differed when applied
         # which client-session requests have an outcome row, in step with the pending writes: cleared
         # whenever pending writes are abandoned (statemachines/kept_outcomes.py)
-        self.kept_outcomes = KeptOutcomes(self.config.client_sessions_max)
+        self.kept_outcomes: KeptOutcomes = KeptOutcomes(self.config.client_sessions_max)
         # the views format level (statemachines/views_format.py), in step with the pending writes: read
         # again from what is written whenever pending writes are abandoned
         self.level = views_format.decode_level(store.meta(views_format.META_KEY))
@@ -494,6 +494,7 @@ class Applier:
         else ends the extension (its run row written) before it is applied."""
         run: sessions.RunExtension | None = None
         last: tuple[sessions.Admission, ev.Event, Outcome] | None = None   # a session's KvPut, just recorded
+        event: ev.Event
         i, n = 0, len(records)
         while i < n:
             offset, key, value = records[i]
@@ -503,7 +504,7 @@ class Applier:
                     and type(decoded[0]) is ev.KvPut:
                 event = decoded[0]
                 if run is None:
-                    run = sessions.RunExtension.start(ov, *last, self.level, event, offset)  # type: ignore[misc]
+                    run = sessions.RunExtension.start(ov, *last, self.level, event, offset)  # type: ignore[misc, call-arg]
                 if run is not None and run.admits(event, offset):
                     outcome = outcomes[offset] = self._handle(ov, event, offset)
                     if outcome.ok and not outcome.code and not outcome.message and not outcome.duplicate:
@@ -602,13 +603,13 @@ class Applier:
                 created = offset
             else:
                 try:
-                    current = _KV_STATE.decode(raw)
+                    current = _KV_STATE.decode(raw)   # type: ignore[arg-type]
                 except Exception:   # the handler raises it too, and halts
                     break
                 if current.lease:
                     break
                 created = current.created
-                put("versions", version_key(raw_key, current.version), _encode(Version("KvPut", raw)))
+                put("versions", version_key(raw_key, current.version), _encode(Version("KvPut", raw)))  # type: ignore[arg-type]
             kv_written[raw_key] = _encode(KvState(name=name, value=event.value, lease=0, version=offset,
                                                   created=created))
             outcomes[offset] = Outcome(True, offset)
