@@ -2,11 +2,12 @@
 kernel's process accounting, so every process below it that exits is counted exactly (all its threads,
 also one killed with SIGKILL), however short it lived.
 
-The accounting record names a process only by its 16-character comm; a poller of /proc (every 50 ms)
+The accounting record names a process only by its 16-character comm; a poller of /proc (every 50 ms; it reads each new process once)
 reads the command line of each new process below the command, which is how `epochlog serve`, an xdist
 worker and a CLI call are told apart. This process is made the subreaper of the tree, so an orphan stays
 counted. Needs root (acct(2)); the record file is in a scratch directory and accounting is switched off
-on exit.
+on exit. Accounting is one switch for the whole machine: run one of these at a time (a second one
+redirects the records of the first, then switches accounting off).
 
     sudo python -m bench.suite_cpu [--by-command N] -- python -m pytest -q -n 2 tests/epochlog/node
 """
@@ -73,6 +74,7 @@ def main() -> None:
         sys.exit(f"acct(2) failed: errno {ctypes.get_errno()} (needs root)")
     argv_of: dict[int, list[str]] = {}
     parent_of: dict[int, int] = {}
+    others: set[int] = set()   # processes seen that are not below the command (pids are not reused soon)
     start = time.monotonic()
     try:
         root = subprocess.Popen(command)
@@ -82,7 +84,7 @@ def main() -> None:
         while status is None:
             mine = {os.getpid(), *argv_of}
             for entry in os.scandir("/proc"):
-                if not entry.name.isdigit() or int(entry.name) in argv_of:
+                if not entry.name.isdigit() or int(entry.name) in argv_of or int(entry.name) in others:
                     continue
                 pid = int(entry.name)
                 try:
@@ -94,6 +96,8 @@ def main() -> None:
                 if ppid in mine and cmdline:
                     argv_of[pid] = [a.decode(errors="replace") for a in cmdline.rstrip(b"\0").split(b"\0")]
                     parent_of[pid] = ppid
+                elif ppid not in mine:
+                    others.add(pid)   # read once: a process's parent is set when it forks
             while True:  # reap orphans given to us; the command's own status ends the loop
                 try:
                     pid, code = os.waitpid(-1, os.WNOHANG)
@@ -111,7 +115,7 @@ def main() -> None:
         libc.acct(None)
     wall = time.monotonic() - start
     data = record.read_bytes()
-    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0, 0.0])   # CPU s, processes, alive s
     by_command: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     tree = {os.getpid()}
     records = [_ACCT_V3.unpack_from(data, off) for off in range(0, len(data) - _ACCT_V3.size + 1, _ACCT_V3.size)]
@@ -134,16 +138,17 @@ def main() -> None:
         argv = argv_of.get(pid, [])
         totals[kind(comm, argv)][0] += cpu
         totals[kind(comm, argv)][1] += 1
+        totals[kind(comm, argv)][2] += rec[9] / _AHZ   # elapsed, from start to exit
         short = " ".join(a if len(a) < 50 else "..." + a[-30:] for a in argv)[:110] or f"({comm})"
         by_command[short][0] += cpu
         by_command[short][1] += 1
     tree.clear()
-    everything = sum(t[0] for t in totals.values())
+    everything = sum(t[0] for t in totals.values()) or 1e-9
     print(f"\nwall {wall:.1f} s, CPU {everything:.1f} s of exited processes below the command "
-          f"(exit status {status}); load now {os.getloadavg()[0]:.2f}")
-    print(f"{'kind':<60} {'procs':>6} {'CPU s':>8} {'share':>6}")
-    for name, (cpu, count) in sorted(totals.items(), key=lambda kv: -kv[1][0]):
-        print(f"{name:<60} {count:>6} {cpu:>8.1f} {cpu / everything:>6.1%}")
+          f"(exit status {status}); alive s: summed lifetimes; load now {os.getloadavg()[0]:.2f}")
+    print(f"{'kind':<60} {'procs':>6} {'CPU s':>8} {'share':>6} {'alive s':>8} {'CPU/proc':>8}")
+    for name, (cpu, count, alive) in sorted(totals.items(), key=lambda kv: -kv[1][0]):
+        print(f"{name:<60} {count:>6} {cpu:>8.1f} {cpu / everything:>6.1%} {alive:>8.0f} {cpu / count:>8.2f}")
     if args.by_command:
         print(f"\n{'command line':<110} {'procs':>6} {'CPU s':>8}")
         for line, (cpu, count) in sorted(by_command.items(), key=lambda kv: -kv[1][0])[: args.by_command]:
