@@ -25,6 +25,7 @@ from typing import Any
 import click
 
 from eventlog.errors import EXIT_ERROR, EpochlogError
+from epochlog import startup_gc
 
 EXIT_USAGE = 64
 
@@ -114,8 +115,11 @@ _dir_argument = click.argument(
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="epochlog")
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
-def cli(verbose: bool) -> None:
+@click.pass_context
+def cli(ctx: click.Context, verbose: bool) -> None:
     """Epochlog: a log-structured, event-sourced metadata store for message-queue clusters."""
+    if ctx.invoked_subcommand != "serve":   # serve resumes it once its node serves (epochlog/serve.py)
+        startup_gc.resume()
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 

@@ -36,6 +36,7 @@ from epochlog.metrics import Metrics
 from epochlog.ports import taken_addresses
 from epochlog.node import Node
 from epochlog.server import ClientService, ClientServiceConfig
+from epochlog import startup_gc
 from epochlog.stop_watch import StopWatch
 
 if TYPE_CHECKING:
@@ -178,6 +179,7 @@ async def serve(configs: NodeConfigs, node_id: int, data_dir: str | Path, *, see
     # under the pipelined-gets attack of tests/epochlog/node/test_loop_bounds.py on a loaded machine, the
     # longest went from 100 to 63 ms with this (64 passes over 20 ms in 20 s, then 27).
     gc.freeze()
+    startup_gc.resume()   # paused by `python -m epochlog` while it started (epochlog/startup_gc.py)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

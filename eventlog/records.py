@@ -32,13 +32,14 @@ because it is the append hot path; it is byte-identical to kafka-python's builde
 from __future__ import annotations
 
 import gzip
+import importlib.machinery
+import importlib.util
 import struct
+import sys
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple, TypeVar
-
-import crc32c as _crc32c
 
 from eventlog.errors import BatchTooLargeError, InvalidBatchError, UnsupportedCompressionError
 
@@ -67,7 +68,30 @@ _TAIL = struct.Struct(">hiqqqhii")  # attributes .. recordsCount (40 bytes, insi
 _OFFSET_AND_LENGTH = struct.Struct(">qi")
 _INT32 = struct.Struct(">i")
 _INT64 = struct.Struct(">q")
-_crc = _crc32c.crc32c
+
+
+def _crc32c_function() -> Callable[[bytes | bytearray | memoryview, int], int]:
+    """The crc32c package's C function, loaded without the package's `__init__`: that one imports
+    importlib.metadata (for `__version__`), argparse and email, about 35 ms of CPU in every process that
+    reads or writes a record (each `epochlog serve` start). The module is registered under its own
+    name, so a later `import crc32c` reuses it; anything unexpected falls back to the plain import."""
+    name = "crc32c._crc32c"
+    module = sys.modules.get(name)
+    if module is None:
+        package = importlib.util.find_spec("crc32c")
+        locations = package.submodule_search_locations if package is not None else None
+        spec = importlib.machinery.PathFinder.find_spec(name, list(locations)) if locations else None
+        if spec is None or spec.loader is None or not isinstance(spec.loader, importlib.machinery.ExtensionFileLoader):
+            import crc32c
+
+            return crc32c.crc32c  # type: ignore[no-any-return]
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return module.crc32c  # type: ignore[no-any-return]
+
+
+_crc = _crc32c_function()
 
 
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
@@ -90,7 +114,12 @@ def _encode_zigzag(n: int) -> bytes:
 # Pre-encoded zigzag varints for -1..16383: record lengths, deltas and key/value lengths of
 # metadata events almost always fall here, so encoding is a list lookup.
 _SMALL_LIMIT = 16384
-_SMALL: Final = [_encode_zigzag(n) for n in range(-1, _SMALL_LIMIT)]
+# Built from the encodings' shape (zigzag of n >= 0 is 2n: one byte below 64, two below 8192, three
+# up to the limit), which costs a tenth of encoding each one at every start; test_records checks it
+# against _encode_zigzag.
+_SMALL: Final = [b"\x01", *(bytes((2 * n,)) for n in range(64)),
+                 *(bytes((2 * n & 0x7F | 0x80, 2 * n >> 7)) for n in range(64, 8192)),
+                 *(bytes((2 * n & 0x7F | 0x80, 2 * n >> 7 & 0x7F | 0x80, 2 * n >> 14)) for n in range(8192, _SMALL_LIMIT))]
 
 
 def encode_varint(n: int) -> bytes:

@@ -213,6 +213,33 @@ def test_truncated_varint_is_invalid_batch(n: int) -> None:
             decode_varint(encoded[:cut], 0)
 
 
+def test_every_cached_varint_is_the_zigzag_encoding_of_its_value() -> None:
+    # The cache is built from the encodings' shape (eventlog/records.py), not by encoding each value.
+    from eventlog.records import _SMALL_LIMIT, _encode_zigzag
+
+    assert [encode_varint(n) for n in range(-1, _SMALL_LIMIT)] == [_encode_zigzag(n) for n in range(-1, _SMALL_LIMIT)]
+    assert [decode_varint(encode_varint(n), 0)[0] for n in range(-1, _SMALL_LIMIT)] == list(range(-1, _SMALL_LIMIT))
+
+
+def test_crc32c_is_the_packages_castagnoli_checksum_loaded_without_its_init() -> None:
+    # records loads the C function alone (its package's __init__ costs every process ~35 ms); the
+    # package, imported afterwards, reuses that module.
+    import crc32c as package
+
+    data = bytes(range(256)) * 9
+    assert crc32c(b"123456789") == 0xE3069283   # the CRC-32C check value
+    assert crc32c(data) == package.crc32c(data) and crc32c(data[100:], crc32c(data[:100])) == package.crc32c(data)
+
+
+def test_records_load_neither_the_crc32c_package_nor_importlib_metadata() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, eventlog.records; print(sorted({'crc32c', 'importlib.metadata'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 def test_varint_longer_than_ten_bytes_is_invalid_batch() -> None:
     with pytest.raises(InvalidBatchError, match="longer than 10 bytes"):
         decode_varint(b"\xff" * 10 + b"\x01", 0)

@@ -52,3 +52,15 @@ def test_get_loads_no_certificate_tooling_nor_rocksdb() -> None:
 def _dependencies(module: str) -> set[str]:
     """The command modules `module` itself imports (the access and controller commands reuse the client's)."""
     return {"epochlog.cli_client"} if module in ("epochlog.cli_access", "epochlog.cli_brokers") else set()
+
+
+def test_the_collector_paused_at_start_runs_again_when_a_command_runs() -> None:
+    # `python -m epochlog` pauses it (epochlog/startup_gc.py); a command other than serve runs with it on,
+    # and a collector someone else disabled stays off.
+    code = ("import gc\nfrom epochlog import startup_gc\nstartup_gc.pause()\npaused = not gc.isenabled()\n"
+            "import click\nfrom epochlog.cli import cli, main\n"
+            "@cli.command('probe')\ndef probe():\n    print(paused, gc.isenabled())\n"
+            "main(['probe'])\n"
+            "gc.disable()\nstartup_gc.resume()\nprint(gc.isenabled())\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["True", "True", "False"], out.stdout + out.stderr
