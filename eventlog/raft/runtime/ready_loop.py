@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import Protocol
@@ -289,6 +290,15 @@ class ReadyLoop:
                 self._send(m.dst, self.name, m)
             if rd.send_after and self._flush is not None:
                 self._flush()
+            if rd.send_after and rd.committed and self.node.role is not Role.LEADER:
+                # A follower about to apply (at one write in flight: the previous write, whose commit
+                # came with this append) yields its core first. The acknowledgement just woke the
+                # leader, often onto this core (loopback wakes the reader where the writer runs), and
+                # the leader's commit, apply and reply are the write's path; this apply is not. With
+                # fewer cores than busy processes it would share the core with that path (put-c1 p50
+                # -9 %, issue-20-put-hops in bench/RESULTS.md). Nothing of this node's own work moves:
+                # it acknowledges and applies as before, only maybe later; on an idle core at once.
+                os.sched_yield()
         else:
             self._held.push(rd)
         if rd.committed:

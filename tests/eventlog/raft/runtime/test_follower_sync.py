@@ -9,6 +9,7 @@ acknowledgement records the log's durable offset at the moment it was sent. A sl
 - appends that arrive while the flusher's sync is in flight go to the flusher and share its next sync
   (group commit), and nothing is acknowledged before it is durable;
 - after a slow sync, the next append goes to the flusher thread (the loop is not held by a slow disk);
+- an append that also commits: acknowledged, then the follower yields its core, then applies;
 - a failed sync stops the group whether the loop or the flusher ran it, and acknowledges nothing.
 """
 
@@ -23,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from bench.raft_node import ChecksumStateMachine
@@ -204,6 +206,32 @@ def test_after_a_slow_sync_the_next_append_goes_to_the_flusher(tmp_path: Path, d
             f.group.deliver(LEADER, append(0, entry(1)))
             await wait(lambda: f.acked() == 1, "the ack of entry 1")
             assert f.syncs.threads[0] == loop_thread and f.syncs.threads[1].startswith("log-flusher"), f.syncs.threads
+            f.check_acks_durable()
+        finally:
+            await f.group.close()
+
+    run(main)
+
+
+def test_a_follower_yields_its_core_after_the_ack_and_before_applying(tmp_path: Path, disk: Disk,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """An append that also commits the previous entry: the follower acknowledges it, then yields its core
+    (the acknowledgement woke the leader, whose commit is the write's path), then applies; an append
+    that commits nothing does not yield."""
+    async def main() -> None:
+        f = Follower(tmp_path / "f")
+        sm = f.group.sm
+        assert isinstance(sm, ChecksumStateMachine)
+        yields: list[tuple[int, int]] = []   # (highest index acknowledged, applied index) at each yield
+        monkeypatch.setattr(os, "sched_yield", lambda: yields.append((f.acked(), sm.applied_index)))
+        f.group.start()
+        try:
+            f.group.deliver(LEADER, append(-1, entry(0)))
+            await wait(lambda: f.acked() == 0, "the ack of entry 0")
+            assert yields == [], "nothing committed, nothing to apply: no yield"
+            f.group.deliver(LEADER, msgspec.structs.replace(append(0, entry(1)), commit=0))
+            await wait(lambda: sm.applied_index == 0, "entry 0 applied")
+            assert yields == [(1, -1)], f"acknowledged entry 1 before the yield, applied entry 0 after: {yields}"
             f.check_acks_durable()
         finally:
             await f.group.close()
