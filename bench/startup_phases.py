@@ -1,7 +1,7 @@
 """Where one `epochlog serve` start goes, phase by phase (CPU and wall of this process, all its threads):
 the interpreter, the imports a node makes, reading the config, the peer TLS contexts, the views stores'
 RocksDB opens, the rest of the node's start, and its stop. Run from the source tree of the build to
-measure, with a config and a data directory (bench/startup.py --phases does both):
+measure, with a config and a data directory (bench/startup.py --base-rev does both):
 
     python -m bench.startup_phases CONFIG NODE_ID DATA_DIR   (or run_path'd from another build's tree)
 

@@ -117,7 +117,6 @@ def main() -> None:
     data = record.read_bytes()
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0, 0.0])   # CPU s, processes, alive s
     by_command: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    tree = {os.getpid()}
     records = [_ACCT_V3.unpack_from(data, off) for off in range(0, len(data) - _ACCT_V3.size + 1, _ACCT_V3.size)]
     # A process is ours if the poller saw it below us, or its parent at exit is ours (records are in exit
     # order: children exit before the parent that waits on them, so one pass from the end is not enough).
@@ -142,7 +141,6 @@ def main() -> None:
         short = " ".join(a if len(a) < 50 else "..." + a[-30:] for a in argv)[:110] or f"({comm})"
         by_command[short][0] += cpu
         by_command[short][1] += 1
-    tree.clear()
     everything = sum(t[0] for t in totals.values()) or 1e-9
     print(f"\nwall {wall:.1f} s, CPU {everything:.1f} s of exited processes below the command "
           f"(exit status {status}); alive s: summed lifetimes; load now {os.getloadavg()[0]:.2f}")
