@@ -25,14 +25,18 @@ def collection_seeds(name: str, n: int, bits: int = 32) -> list[int]:
 SOAK_ENV = "EPOCHLOG_SOAK"
 
 
+def _soak_scale() -> float:
+    """EPOCHLOG_SOAK (default 1): how many times the suite's count a soak run draws."""
+    return float(os.environ.get(SOAK_ENV) or 1)
+
+
 def soak(n: int) -> int:
     """A randomized test's count of seeds or examples: `n` (the suite's default, sized so that a run of the
     whole suite fits its time bound; each run draws new ones) times EPOCHLOG_SOAK (default 1), for a
     longer soak run (`EPOCHLOG_SOAK=4 python -m pytest tests/sim`)."""
-    scale = float(os.environ.get(SOAK_ENV) or 1)
-    return max(1, round(n * scale))
+    return max(1, round(n * _soak_scale()))
 
 
 def soak_seconds(seconds: float) -> float:
     """A time-bounded randomized test's duration (a fuzzer's): `seconds` times EPOCHLOG_SOAK."""
-    return seconds * float(os.environ.get(SOAK_ENV) or 1)
+    return seconds * _soak_scale()

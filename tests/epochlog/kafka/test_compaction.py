@@ -68,8 +68,9 @@ PAD = b"." * 1024
 CLEANER = {"delete_retention_ms": 1000}
 COMPACTION = {"retain_offsets": 300, "check_interval_ms": 100, "prune_interval_ms": 20, "cleaner": CLEANER}
 HOSTED = "cmp-changelog"
-# The first test's segments and the kv log's bound on disk (1 MiB and 4 MiB, with 450 rounds of writes
-# instead of 300, before the suite's time bound: the same bound in segments, a third fewer writes).
+# The first test's segments and the kv log's bound on disk: 512 KiB and 5 segments (2.5 MiB), with 300 rounds
+# of writes (were 1 MiB, 4 MiB and 450 rounds, before the suite's time bound): still more than twice the bound
+# is written, which the test asserts.
 SEGMENT = 512 << 10
 KV_BOUND = 5 * SEGMENT
 
