@@ -7,6 +7,9 @@ asks for more; and a replacement given one file of one test waits for a second b
 first (a worker runs a test once it knows the next one, or that there is none). Here only what the dead
 worker had not run goes back (the test it died in is reported failed by xdist, not run again), and a
 worker is given files until it has two tests to run or there are no more (then it is told to stop).
+A worker may die between its last report and xdist's receiver thread marking it down; work sent to it
+then meets a broken pipe: that unit stays assigned to it, and `remove_node`, which follows, puts back
+what it had not run (the first unfinished test in the order given is the one it died in).
 The order and the moment files are handed out are otherwise loadfile's.
 """
 
@@ -24,10 +27,13 @@ class EndsAfterACrash(LoadFileScheduling):
         if node.shutting_down:
             return
         pending = self._pending_of
-        if self.workqueue and pending(self.assigned_work[node]) <= 2:   # loadfile's moment
-            self._assign_work_unit(node)
-        while self.workqueue and pending(self.assigned_work[node]) < 2:
-            self._assign_work_unit(node)
+        try:
+            if self.workqueue and pending(self.assigned_work[node]) <= 2:   # loadfile's moment
+                self._assign_work_unit(node)
+            while self.workqueue and pending(self.assigned_work[node]) < 2:
+                self._assign_work_unit(node)
+        except OSError:   # the worker died and xdist has not marked it down yet: remove_node takes its work back
+            return
         if not self.workqueue:
             node.shutdown()
 
