@@ -719,6 +719,13 @@ def _row(offset: int, timestamp: int, key: bytes | None, value: bytes | None, he
     return offset, key, value
 
 
+# The zigzag varints `record_rows` reads, by their bytes: `_ZIGZAG_1[b]` the value of a one-byte varint b
+# (None: b has the continuation bit, the varint is longer); `_ZIGZAG_2[b & 0x7F | c << 7]` that of the
+# two-byte varint b, c (c < 0x80). test_records checks both against `decode_varint`.
+_ZIGZAG_1: Final[list[int | None]] = [(b >> 1) ^ -(b & 1) if b < 0x80 else None for b in range(256)]
+_ZIGZAG_2: Final[list[int]] = [v for n in range(1 << 13) for v in (n, ~n)]   # zigzag order: 0, -1, 1, -2, ...
+
+
 def record_rows(h: BatchHeader, payload: bytes | memoryview) -> list[Row]:
     """(offset, key, value) of every record of a batch's records part: exactly what
     `list(decode_records(h, payload, make))` gives with `make` keeping those three, and its
@@ -732,53 +739,53 @@ def record_rows(h: BatchHeader, payload: bytes | memoryview) -> list[Row]:
     rows: list[Row] = []
     append = rows.append
     base = h.base_offset
+    one, two = _ZIGZAG_1, _ZIGZAG_2   # a varint's value by its byte(s): lookups instead of arithmetic
     pos = 0
     end = len(data)
     try:
         for _ in range(h.records_count):
-            b = data[pos]
-            if b < 0x80:
-                length, pos = (b >> 1) ^ -(b & 1), pos + 1
-            else:
+            length = one[data[pos]]
+            if length is None:
                 c = data[pos + 1]
                 if c >= 0x80:
                     raise _NotCommon
-                z = (b & 0x7F) | c << 7
-                length, pos = (z >> 1) ^ -(z & 1), pos + 2
+                length = two[data[pos] & 0x7F | c << 7]
+                pos += 2
+            else:
+                pos += 1
             record_end = pos + length
             if data[pos + 1] >= 0x80:   # after the attributes: a timestamp delta of one byte
                 raise _NotCommon
-            b = data[pos + 2]
-            if b < 0x80:
-                delta, pos = (b >> 1) ^ -(b & 1), pos + 3
-            else:
+            delta = one[data[pos + 2]]
+            if delta is None:
                 c = data[pos + 3]
                 if c >= 0x80:
                     raise _NotCommon
-                z = (b & 0x7F) | c << 7
-                delta, pos = (z >> 1) ^ -(z & 1), pos + 4
-            b = data[pos]
-            if b >= 0x80:
+                delta = two[data[pos + 2] & 0x7F | c << 7]
+                pos += 4
+            else:
+                pos += 3
+            klen = one[data[pos]]
+            if klen is None:
                 raise _NotCommon
-            klen = (b >> 1) ^ -(b & 1)
             if klen >= 0:
-                key: bytes | None = data[pos + 1:pos + 1 + klen]
                 pos += 1 + klen
+                key: bytes | None = data[pos - klen:pos]
             else:
                 key = None
                 pos += 1
-            b = data[pos]
-            if b < 0x80:
-                vlen, pos = (b >> 1) ^ -(b & 1), pos + 1
-            else:
+            vlen = one[data[pos]]
+            if vlen is None:
                 c = data[pos + 1]
                 if c >= 0x80:
                     raise _NotCommon
-                z = (b & 0x7F) | c << 7
-                vlen, pos = (z >> 1) ^ -(z & 1), pos + 2
+                vlen = two[data[pos] & 0x7F | c << 7]
+                pos += 2
+            else:
+                pos += 1
             if vlen >= 0:
-                value: bytes | None = data[pos:pos + vlen]
                 pos += vlen
+                value: bytes | None = data[pos - vlen:pos]
             else:
                 value = None
             # No headers, and the record ends there (so its length was neither negative nor past the end:

@@ -886,3 +886,15 @@ def test_record_rows_reads_every_batch_as_decode_records_does(seed: int) -> None
         slow_only += damage != "none" and not isinstance(want, tuple)
     print(f"{fast} whole batches, {refused} refused, {slow_only} damaged ones that still parse")
     assert refused > 100 and slow_only > 20
+
+
+def test_record_rows_varint_tables_hold_each_varints_value() -> None:
+    """`record_rows` reads one- and two-byte varints from tables: each entry is what `decode_varint` reads
+    of those bytes, and a byte with the continuation bit has no one-byte value."""
+    from eventlog.records import _ZIGZAG_1, _ZIGZAG_2
+
+    for b in range(256):
+        assert _ZIGZAG_1[b] == (None if b >= 0x80 else decode_varint(bytes((b,)), 0)[0])
+    for b in range(0x80, 0x100):
+        for c in range(0x80):
+            assert _ZIGZAG_2[b & 0x7F | c << 7] == decode_varint(bytes((b, c)), 0)[0]
