@@ -42,7 +42,7 @@ from epochlog.client.sessions import ClientSessions, GroupSession
 from epochlog.api.routing import KV_PREFIX, entity_key, entity_prefix, group_of_event, group_of_key, user_key
 from eventlog.errors import REQUEST_EXPIRED, SESSION_EXPIRED, from_code
 from statemachines import events as ev
-from statemachines.request_ids import uuid7
+from statemachines.request_ids import uuid7s
 from statemachines.sessions import session_id_at
 from statemachines.state import KvState, decode_state
 
@@ -228,9 +228,11 @@ class AsyncClient:
         Each write is applied at most once, however often it is retried (client sessions:
         epochlog/client/sessions.py); OutcomeUnknownError when a retry could not learn whether an
         earlier attempt was applied."""
-        stamped = [e if e.request_id else msgspec.structs.replace(e, request_id=uuid7()) for e in events]
-        if self.actor:
-            stamped = [e if e.actor else msgspec.structs.replace(e, actor=self.actor) for e in stamped]
+        actor = self.actor
+        fresh = iter(uuid7s(sum(1 for e in events if not e.request_id)))
+        stamped = [e if e.request_id and (e.actor or not actor) else
+                   msgspec.structs.replace(e, request_id=e.request_id or next(fresh), actor=e.actor or actor)
+                   for e in events]
         for e in stamped:
             e.validate()
         groups = {group_of_event(e) for e in stamped}
