@@ -1,0 +1,229 @@
+"""The path of one put through a 3-node cluster, hop by hop: where a single client's latency goes.
+
+A 3-node cluster (as bench/vs_etcd makes one: peer TLS, plaintext client face, leaders spread) whose
+nodes load bench/put_path_hooks/sitecustomize.py: a few methods (the client face's and the peer
+transport's reads and writes, the group task's inbox step and Ready handling, `Node.write`, the views'
+apply, the log segment's write and fdatasync) note `time.monotonic_ns()` as they run, one clock for
+every process. One SDK client in this process makes `--puts` puts one at a time, `--gap-ms` apart (so
+one put's hops do not overlap the next one's), and notes when each `put()` started and returned. Each
+put's marks are then read off the three nodes within its window: the leader's, the follower whose
+acknowledgement came first (the one that commits), and the leader again until its reply.
+
+    .venv/bin/python -m bench.put_path                 # 1,000 puts; prints the table
+    .venv/bin/python -m bench.put_path --puts 2000 --write
+
+The wrappers cost each process a few microseconds per mark (about twenty marks per put), so the
+end-to-end figure is a little above an untraced run's: read the hops' shares. The machine should be
+idle; the load average before and after is printed with the table. Not a pass/fail test: the numbers
+are for deciding what to work on (bench/RESULTS.md issue-20-where-now).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.node_load import key_for, make_values
+from bench.paired_ab import start
+from bench.results import write_section
+
+ROOT = Path(__file__).resolve().parents[1]
+HOOKS = Path(__file__).with_name("put_path_hooks")
+
+Mark = tuple[int, str]
+
+
+@dataclass
+class Marks:
+    """One process's marks, in time order (as it noted them)."""
+
+    times: list[int]
+    tags: list[str]
+
+    @classmethod
+    def read(cls, path: Path) -> Marks:
+        rows = [line.split(" ", 1) for line in path.read_text().splitlines() if line]
+        return cls([int(t) for t, _ in rows], [tag for _, tag in rows])
+
+    def first(self, tag: str, after: int, before: int, pred: Callable[[str], bool] | None = None) -> int | None:
+        """The time of the first mark `tag` (or `tag:<size>`) in [after, before], or None."""
+        i = bisect.bisect_left(self.times, after)
+        while i < len(self.times) and self.times[i] <= before:
+            t = self.tags[i]
+            if (t == tag or t.startswith(tag + ":")) and (pred is None or pred(t)):
+                return self.times[i]
+            i += 1
+        return None
+
+    def count(self, tag: str) -> int:
+        return sum(1 for t in self.tags if t == tag)
+
+
+@dataclass
+class Hops:
+    """Each hop's durations (us) over the puts whose every mark was found."""
+
+    order: list[str] = field(default_factory=list)
+    values: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, name: str, start: int, end: int) -> None:
+        if name not in self.values:
+            self.order.append(name)
+            self.values[name] = []
+        self.values[name].append((end - start) / 1000)
+
+    def table(self) -> str:
+        rows = ["| hop | puts | p50 us | p90 us |", "|---|---:|---:|---:|"]
+        for name in self.order:
+            v = sorted(self.values[name])
+            rows.append(f"| {name} | {len(v)} | {statistics.median(v):,.0f} | {v[int(len(v) * 0.9)]:,.0f} |")
+        return "\n".join(rows)
+
+
+def trace(puts: Sequence[tuple[int, int]], marks: dict[int, Marks]) -> tuple[Hops, int]:
+    """The hops of each put (client start and end times) found in the nodes' marks; and how many puts
+    could not be traced whole (a mark missing in its window, e.g. a put whose commit came with the next)."""
+    leader = max(marks, key=lambda pid: marks[pid].count("client_in"))
+    followers = [pid for pid in marks if pid != leader]
+    lead = marks[leader]
+    hops = Hops()
+    untraced = 0
+    for t0, t1 in puts:
+        found = _one_put(lead, [marks[f] for f in followers], t0, t1)
+        if found is None:
+            untraced += 1
+            continue
+        for name, a, b in found:
+            hops.add(name, a, b)
+    return hops, untraced
+
+
+def _one_put(lead: Marks, followers: list[Marks], t0: int, t1: int) -> list[tuple[str, int, int]] | None:
+    m = lead.first
+    got = m("client_in", t0, t1)
+    write = got and m("node_write", got, t1)
+    turn = write and m("step", write, t1)
+    handle = turn and m("handle", turn, t1)
+    append = handle and m("peer_out", handle, t1)
+    own_write = append and m("log_write", append, t1)
+    own_sync = own_write and m("sync", own_write, t1)
+    own_synced = own_sync and m("sync_end", own_sync, t1)
+    if not (append and own_synced):
+        return None
+    acks = []
+    for f in followers:
+        read = f.first("peer_in", append, t1)
+        f_step = read and f.first("step", read, t1)
+        f_step_end = f_step and f.first("step_end", f_step, t1)
+        f_handle = f_step_end and f.first("handle", f_step_end, t1)
+        f_write = f_handle and f.first("log_write", f_handle, t1)
+        f_sync = f_write and f.first("sync", f_write, t1)
+        f_synced = f_sync and f.first("sync_end", f_sync, t1)
+        ack = f_synced and f.first("peer_out", f_synced, t1)
+        if ack:
+            acks.append((ack, read, f_step, f_step_end, f_handle, f_write, f_sync, f_synced))
+    if not acks:
+        return None
+    ack, read, f_step, f_step_end, f_handle, f_write, f_sync, f_synced = min(acks)
+    ack_read = m("peer_in", ack, t1)
+    step = ack_read and m("step", ack_read, t1)
+    applying = step and m("apply", step, t1)
+    applied = applying and m("apply_end", applying, t1)
+    handled = applied and m("handle_end", applied, t1)
+    written = handled and m("node_write_end", handled, t1)
+    reply = written and m("reply_out", written, t1)
+    if not reply:
+        return None
+    assert (ack_read and step and applying and applied and handled and written and read and f_step and f_step_end and f_handle
+            and f_write and f_sync and f_synced)
+    return [
+        ("client: `put()` -> the leader's face reads the request", t0, got),
+        ("leader: request read -> `Node.write`", got, write),
+        ("leader: `Node.write` -> the group's turn", write, turn),
+        ("leader: turn -> its Ready (proposals, `ready()`)", turn, handle),
+        ("leader: Ready -> Append written", handle, append),
+        ("Append written -> the follower reads it", append, read),
+        ("follower: read -> its turn (wake-up, decode)", read, f_step),
+        ("follower: inbox step (peer checks, the core's step)", f_step, f_step_end),
+        ("follower: step -> its Ready (`ready()`)", f_step_end, f_handle),
+        ("follower: Ready -> its log write", f_handle, f_write),
+        ("follower: log write -> fdatasync", f_write, f_sync),
+        ("follower: fdatasync", f_sync, f_synced),
+        ("follower: synced -> acknowledgement written", f_synced, ack),
+        ("ack written -> the leader reads it", ack, ack_read),
+        ("leader: ack read -> apply (wake-up, step, commit)", ack_read, applying),
+        ("leader: apply", applying, applied),
+        ("leader: applied -> the Ready handled", applied, handled),
+        ("leader: Ready handled -> `Node.write` returns", handled, written),
+        ("leader: `Node.write` returns -> reply written", written, reply),
+        ("client: reply written -> `put()` returns", reply, t1),
+        ("(off the path) leader: Append written -> its own fdatasync", append, own_sync),
+        ("(off the path) leader: its own fdatasync", own_sync, own_synced),
+        ("end to end", t0, t1),
+    ]
+
+
+async def drive(endpoints: list[str], puts: int, gap_s: float) -> list[tuple[int, int]]:
+    from epochlog.client import AsyncClient
+
+    values = make_values()
+    client = AsyncClient(endpoints, timeout=10)
+    try:
+        for i in range(300):   # sessions opened, connections made, caches warm
+            await client.put(key_for(i), values[i % len(values)])
+        windows = []
+        for i in range(puts):
+            t0 = time.monotonic_ns()
+            await client.put(key_for(1_000_000 + i), values[i % len(values)])
+            windows.append((t0, time.monotonic_ns()))
+            await asyncio.sleep(gap_s)
+        return windows
+    finally:
+        await client.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--puts", type=int, default=1000)
+    ap.add_argument("--gap-ms", type=float, default=2.0, help="pause after each put")
+    ap.add_argument("--write", action="store_true", help="write section put-path of bench/RESULTS.md")
+    args = ap.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="put-path-"))
+    marks_dir = scratch / "marks"
+    marks_dir.mkdir()
+    os.environ["PUT_PATH_DIR"] = str(marks_dir)   # for the nodes started below, which inherit it
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HOOKS), os.environ.get("PYTHONPATH")) if p)
+    load_before = os.getloadavg()[0]
+    try:
+        cluster = start(ROOT, scratch / "data")
+        try:
+            windows = asyncio.run(drive(cluster.endpoints, args.puts, args.gap_ms / 1000))
+            time.sleep(1.2)   # the nodes' last marks reach their files
+            pids = list(cluster.pids)
+        finally:
+            cluster.stop()
+        missing = sorted({line for pid in pids for line in (marks_dir / f"{pid}.missing").read_text().splitlines()})
+        if missing:
+            raise SystemExit(f"the hooks could not wrap {', '.join(missing)}: update bench/put_path_hooks")
+        hops, untraced = trace(windows, {pid: Marks.read(marks_dir / f"{pid}.marks") for pid in pids})
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    body = (f"{hops.table()}\n\n{args.puts} puts one at a time, {args.gap_ms:g} ms apart, after 300 warm-up puts; "
+            f"{untraced} not traced whole. Load average (1 min) {load_before:.2f} before, "
+            f"{os.getloadavg()[0]:.2f} after.")
+    print(body)
+    if args.write:
+        write_section("put-path", body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""Hop marks for bench/put_path.py, loaded by the nodes it starts (this directory first on PYTHONPATH).
+
+Nothing happens unless PUT_PATH_DIR is set. Then a few methods of the node get a wrapper that notes
+`time.monotonic_ns()` and a tag as they start (and, for some, as they end); a thread writes the marks
+to PUT_PATH_DIR/<pid>.marks every half second, and the names it could not wrap to <pid>.missing (a
+renamed method: the tool says so instead of measuring less without a word). CLOCK_MONOTONIC is one
+clock for every process of the machine, so marks of several processes line up.
+"""
+
+from __future__ import annotations
+
+import os
+
+if os.environ.get("PUT_PATH_DIR"):
+    import importlib.abc
+    import importlib.util
+    import sys
+    import threading
+    import time
+    from collections.abc import Callable
+    from types import ModuleType
+    from typing import Any
+
+    _DIR = os.environ["PUT_PATH_DIR"]
+    _marks: list[tuple[int, str]] = []
+    _missing: list[str] = []
+    _now = time.monotonic_ns
+
+    def _wrap(module: ModuleType, owner: str, name: str, tag: str, *, end: bool = False,
+              sized: bool = False) -> None:
+        cls = getattr(module, owner, None)
+        inner = getattr(cls, name, None) if cls is not None else None
+        if inner is None:
+            _missing.append(f"{module.__name__}.{owner}.{name}")
+            return
+
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            _marks.append((_now(), f"{tag}:{len(args[0])}" if sized else tag))
+            result = inner(self, *args, **kwargs)
+            if end:
+                _marks.append((_now(), tag + "_end"))
+            return result
+
+        setattr(cls, name, wrapper)
+
+    def _wrap_async(module: ModuleType, owner: str, name: str, tag: str) -> None:
+        cls = getattr(module, owner, None)
+        inner = getattr(cls, name, None) if cls is not None else None
+        if inner is None:
+            _missing.append(f"{module.__name__}.{owner}.{name}")
+            return
+
+        async def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            _marks.append((_now(), tag))
+            result = await inner(self, *args, **kwargs)
+            _marks.append((_now(), tag + "_end"))
+            return result
+
+        setattr(cls, name, wrapper)
+
+    def _transport(m: ModuleType) -> None:
+        _wrap(m, "_Connection", "data_received", "peer_in")
+        _wrap(m, "_Connection", "buffer_updated", "peer_in")
+        _wrap(m, "_Connection", "write", "peer_out", sized=True)
+
+    def _segment(m: ModuleType) -> None:
+        _wrap(m, "Segment", "write", "log_write")
+        _wrap(m, "Segment", "sync", "sync", end=True)
+
+    def _server(m: ModuleType) -> None:
+        _wrap(m, "ClientConnection", "data_received", "client_in")
+        _wrap(m, "ClientConnection", "_flush", "reply_out")
+
+    def _views(m: ModuleType) -> None:
+        _wrap(m, "ViewsStateMachine", "apply", "apply", end=True)
+
+    def _ready_loop(m: ModuleType) -> None:
+        _wrap(m, "ReadyLoop", "_step_inbox", "step", end=True)
+        _wrap(m, "ReadyLoop", "_handle", "handle", end=True)
+
+    def _node(m: ModuleType) -> None:
+        _wrap_async(m, "Node", "write", "node_write")
+
+    _PATCHES: dict[str, Callable[[ModuleType], None]] = {
+        "eventlog.raft.runtime.transport": _transport, "eventlog.segment": _segment, "epochlog.server": _server,
+        "statemachines.views": _views, "eventlog.raft.runtime.ready_loop": _ready_loop, "epochlog.node": _node}
+
+    class _Finder(importlib.abc.MetaPathFinder):
+        """Wraps a module of `_PATCHES` right after it is executed, before anyone uses it."""
+
+        def __init__(self) -> None:
+            self.finding: set[str] = set()
+
+        def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+            if name not in _PATCHES or name in self.finding:
+                return None
+            self.finding.add(name)
+            try:
+                spec = importlib.util.find_spec(name)
+            finally:
+                self.finding.discard(name)
+            if spec is None or spec.loader is None:
+                return spec
+            run = spec.loader.exec_module
+
+            def exec_module(module: ModuleType) -> None:
+                run(module)
+                _PATCHES[name](module)
+
+            spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+            return spec
+
+    sys.meta_path.insert(0, _Finder())
+
+    def _dump() -> None:
+        base = os.path.join(_DIR, str(os.getpid()))
+        while True:
+            time.sleep(0.5)
+            with open(base + ".marks.tmp", "w") as f:
+                f.write("\n".join(f"{t} {tag}" for t, tag in list(_marks)))
+            os.replace(base + ".marks.tmp", base + ".marks")
+            with open(base + ".missing", "w") as f:
+                f.write("\n".join(_missing))
+
+    threading.Thread(target=_dump, name="put-path-marks", daemon=True).start()
