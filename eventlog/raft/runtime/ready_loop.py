@@ -10,9 +10,9 @@ snapshot; write the entries (group commit: the segmented log's flusher thread sy
 task goes on; with nothing else in flight the task syncs them itself: a follower then acknowledges at
 once, a leader counts its own copy at once, see `ReadyLoop._syncs_inline`); persist term and vote when they changed; apply committed entries and answer waiters;
 queue `send_now` of a Ready without entries (the commit broadcast, heartbeats: the waiters' replies
-leave first, in the next turn, then the peer flush); `accept()`, and take the next
-Ready at once (while a backlog of committed entries is applied in slices, after letting the loop run:
-APPLY_BYTES_PER_TURN). Accepted Readys wait in order (`PersistQueue`) until the log's durable offset
+leave first, in the next turn, then the peer flush); `accept()`, and take the next Ready: at once, or,
+after a Ready that applied committed entries (a slice of at most APPLY_BYTES_PER_TURN), once the loop ran
+(the callers that apply answered resume before the turn steps anything else). Accepted Readys wait in order (`PersistQueue`) until the log's durable offset
 passes their entries, or what is left of them once a later Ready replaced a suffix; then their
 `send_after` goes out through `persisted()` (the leader counts its own copy only then).
 
@@ -191,11 +191,17 @@ class ReadyLoop:
                     else:
                         self.node.accept()
                     self._release_persisted()
-                    backlog = bool(rd.committed) and self.node.log.applicable()
-                    if backlog:
+                    if rd.committed:
+                        # The tasks this apply answered (writes, reads waiting for the applied offset) run
+                        # before the turn steps anything else (a second acknowledgement of the same entry:
+                        # put-c1 p50, bench/RESULTS.md issue-20-reply-first); a backlog's next slice waits
+                        # for the loop likewise (APPLY_BYTES_PER_TURN).
+                        backlog = self.node.log.applicable()
                         self._turning = False
-                        await asyncio.sleep(0)   # see APPLY_BYTES_PER_TURN
+                        await asyncio.sleep(0)
                         self._turning = True
+                    else:
+                        backlog = False
                 self.persist_commit(force=False)
                 self._turning = False
                 self._end_turn()
