@@ -97,7 +97,7 @@ class FrameDecoder:
     def pending_bytes(self) -> int:
         return len(self._buf) - self._pos
 
-    def feed(self, data: bytes) -> list[Any]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Any]:
         self._buf += data
         frames: list[Any] = []
         buf = self._buf

@@ -63,15 +63,30 @@ def _wake(waiter: asyncio.Future[None] | None) -> None:
         waiter.set_result(None)
 
 
-class _Link(asyncio.Protocol):
-    """The transport's side of a `Connection`: bytes in, frames out to it (on the loop's read turn)."""
+READ_BUFFER_BYTES = 64 << 10
+"""Each connection's receive buffer: the transport reads into it (`_Link.get_buffer`)."""
+
+
+class _Link(asyncio.BufferedProtocol):
+    """The transport's side of a `Connection`: bytes in, frames out to it (on the loop's read turn).
+
+    A buffered protocol: the transport reads into one buffer of the connection's own. As a plain
+    protocol, asyncio's default loop allocated 256 KiB for every read (mmap, mremap and munmap per
+    reply: 50 us of system time per single put, bench/RESULTS.md issue-20-sdk-reads)."""
 
     def __init__(self, conn: Connection, decoder: FrameDecoder, hello: asyncio.Future[list[Any]]) -> None:
         self.conn = conn
         self.decoder = decoder
         self.hello: asyncio.Future[list[Any]] | None = hello   # the frames up to and with the hello
+        self._received = memoryview(bytearray(READ_BUFFER_BYTES))
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._received
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._received[:nbytes])   # the decoder copies what it keeps
+
+    def data_received(self, data: bytes | memoryview) -> None:
         conn = self.conn
         try:
             frames = self.decoder.feed(data)

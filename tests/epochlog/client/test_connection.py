@@ -3,20 +3,23 @@
 Against a scripted node on a real 127.0.0.1 socket (it says hello, then answers a request only when
 the test lets it): a wait that times out (NoAnswerError) or is cancelled leaves the request pending,
 and a later wait gets the reply that came meanwhile or afterwards; the connection's failure reaches
-a waiting call and one that waits afterwards; a reply to an abandoned (`forget`) request is dropped.
+a waiting call and one that waits afterwards; a reply to an abandoned (`forget`) request is dropped;
+replies larger than the connection's read buffer, and many in one read, reach their calls on both loops.
 No timing is asserted: the waits that time out are given no reply at all.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
 import pytest
+import uvloop
 
 from epochlog.api import messages as p
 from epochlog.api.frames import ClientFrame, FrameDecoder, encode_frame, encode_frames
-from epochlog.client.connection import Connection
+from epochlog.client.connection import READ_BUFFER_BYTES, Connection
 from epochlog.client.errors import NoAnswerError, UnavailableError
 
 
@@ -130,3 +133,38 @@ def test_the_connection_failing_reaches_a_waiting_call_and_a_later_wait() -> Non
             server.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_replies_larger_than_the_read_buffer_and_many_in_one_read_reach_their_calls(loop_kind: str) -> None:
+    """The connection reads into one buffer of its own (READ_BUFFER_BYTES): a reply several times that size
+    arrives in many reads, and several replies written at once arrive in one; every call gets its own reply,
+    byte for byte, on the default loop and on uvloop (the node's and the CLI's)."""
+    rng = random.Random(READ_BUFFER_BYTES)
+
+    async def main() -> None:
+        conn, node, requests, server = await _connected()
+        try:
+            for size in (READ_BUFFER_BYTES - 100, 3 * READ_BUFFER_BYTES + 7, 1 << 20):
+                state = rng.randbytes(size)
+                calling = asyncio.ensure_future(conn.call(p.Get("kv/big", "local"), 5))
+                await _reply_to(node, requests, p.Got(p.Item("kv/big", state, size), size))
+                got = await calling
+                assert isinstance(got, p.Got) and got.item is not None and got.item.state == state
+
+            sent = [conn.send(p.Get(f"kv/{i}", "local"), 5) for i in range(50)]
+            ids = [(await asyncio.wait_for(requests.get(), 5)).id for _ in sent]
+            node.transport.write(b"".join(frame for i, rid in enumerate(ids)
+                                          for frame in encode_frames([p.Reply(rid, result=p.Got(None, i))], p.Replies)))
+            for i, s in enumerate(sent):
+                assert await conn.wait(s, 5) == p.Got(None, ids.index(s.id)), i
+            assert conn.open
+        finally:
+            await conn.close()
+            server.close()
+
+    if loop_kind == "uvloop":
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(main())
+    else:
+        asyncio.run(main())
