@@ -71,8 +71,8 @@ class _Link(asyncio.BufferedProtocol):
     """The transport's side of a `Connection`: bytes in, frames out to it (on the loop's read turn).
 
     A buffered protocol: the transport reads into one buffer of the connection's own. As a plain
-    protocol, asyncio's default loop allocated 256 KiB for every read (mmap, mremap and munmap per
-    reply: 50 us of system time per single put, bench/RESULTS.md issue-20-sdk-reads)."""
+    protocol, asyncio's default loop allocated 256 KiB for every read (an mmap, an mremap and a munmap
+    per reply; bench/RESULTS.md issue-20-sdk-reads)."""
 
     def __init__(self, conn: Connection, decoder: FrameDecoder, hello: asyncio.Future[list[Any]]) -> None:
         self.conn = conn

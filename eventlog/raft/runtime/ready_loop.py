@@ -11,9 +11,9 @@ task goes on; with nothing else in flight the task syncs them itself: a follower
 once, a leader counts its own copy at once, see `ReadyLoop._syncs_inline`); persist term and vote when they changed; apply committed entries and answer waiters;
 queue `send_now` of a Ready without entries (the commit broadcast, heartbeats: the waiters' replies
 leave first, in the next turn, then the peer flush); `accept()`, and take the next Ready: at once, or,
-after a Ready that applied committed entries (a slice of at most APPLY_BYTES_PER_TURN), once the loop ran
-(the callers that apply answered resume before the turn steps anything else). Accepted Readys wait in order (`PersistQueue`) until the log's durable offset
-passes their entries, or what is left of them once a later Ready replaced a suffix; then their
+after a Ready that applied committed entries (a slice of at most APPLY_BYTES_PER_TURN), once the loop
+ran (the callers that apply answered resume before the turn steps anything else). Accepted Readys wait
+in order (`PersistQueue`) until the log's durable offset passes their entries, or what is left of them once a later Ready replaced a suffix; then their
 `send_after` goes out through `persisted()` (the leader counts its own copy only then).
 
 The commit index is persisted lazily (it is a hint for restarts: the state machine knows what it
