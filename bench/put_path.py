@@ -28,7 +28,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,9 +38,6 @@ from bench.results import write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 HOOKS = Path(__file__).with_name("put_path_hooks")
-
-Mark = tuple[int, str]
-
 
 @dataclass
 class Marks:
@@ -54,12 +51,12 @@ class Marks:
         rows = [line.split(" ", 1) for line in path.read_text().splitlines() if line]
         return cls([int(t) for t, _ in rows], [tag for _, tag in rows])
 
-    def first(self, tag: str, after: int, before: int, pred: Callable[[str], bool] | None = None) -> int | None:
+    def first(self, tag: str, after: int, before: int) -> int | None:
         """The time of the first mark `tag` (or `tag:<size>`) in [after, before], or None."""
         i = bisect.bisect_left(self.times, after)
         while i < len(self.times) and self.times[i] <= before:
             t = self.tags[i]
-            if (t == tag or t.startswith(tag + ":")) and (pred is None or pred(t)):
+            if t == tag or t.startswith(tag + ":"):
                 return self.times[i]
             i += 1
         return None
@@ -107,44 +104,35 @@ def trace(puts: Sequence[tuple[int, int]], marks: dict[int, Marks]) -> tuple[Hop
     return hops, untraced
 
 
+def _sequence(marks: Marks, tags: Sequence[str], after: int, before: int) -> list[int] | None:
+    """The times of `tags` in [after, before], each the first one after the one before it; None when one
+    is missing."""
+    times = []
+    for tag in tags:
+        t = marks.first(tag, after, before)
+        if t is None:
+            return None
+        times.append(t)
+        after = t
+    return times
+
+
 def _one_put(lead: Marks, followers: list[Marks], t0: int, t1: int) -> list[tuple[str, int, int]] | None:
-    m = lead.first
-    got = m("client_in", t0, t1)
-    write = got and m("node_write", got, t1)
-    turn = write and m("step", write, t1)
-    handle = turn and m("handle", turn, t1)
-    append = handle and m("peer_out", handle, t1)
-    own_write = append and m("log_write", append, t1)
-    own_sync = own_write and m("sync", own_write, t1)
-    own_synced = own_sync and m("sync_end", own_sync, t1)
-    if not (append and own_synced):
+    sent = _sequence(lead, ("client_in", "node_write", "step", "handle", "peer_out", "log_write", "sync", "sync_end"),
+                     t0, t1)
+    if sent is None:
         return None
-    acks = []
-    for f in followers:
-        read = f.first("peer_in", append, t1)
-        f_step = read and f.first("step", read, t1)
-        f_step_end = f_step and f.first("step_end", f_step, t1)
-        f_handle = f_step_end and f.first("handle", f_step_end, t1)
-        f_write = f_handle and f.first("log_write", f_handle, t1)
-        f_sync = f_write and f.first("sync", f_write, t1)
-        f_synced = f_sync and f.first("sync_end", f_sync, t1)
-        ack = f_synced and f.first("peer_out", f_synced, t1)
-        if ack:
-            acks.append((ack, read, f_step, f_step_end, f_handle, f_write, f_sync, f_synced))
-    if not acks:
+    got, write, turn, handle, append, _, own_sync, own_synced = sent
+    acked = [times for f in followers if (times := _sequence(
+        f, ("peer_in", "step", "step_end", "handle", "log_write", "sync", "sync_end", "peer_out"), append, t1))]
+    if not acked:
         return None
-    ack, read, f_step, f_step_end, f_handle, f_write, f_sync, f_synced = min(acks)
-    ack_read = m("peer_in", ack, t1)
-    step = ack_read and m("step", ack_read, t1)
-    applying = step and m("apply", step, t1)
-    applied = applying and m("apply_end", applying, t1)
-    handled = applied and m("handle_end", applied, t1)
-    written = handled and m("node_write_end", handled, t1)
-    reply = written and m("reply_out", written, t1)
-    if not reply:
+    read, f_step, f_step_end, f_handle, f_write, f_sync, f_synced, ack = min(acked, key=lambda times: times[-1])
+    answered = _sequence(lead, ("peer_in", "step", "apply", "apply_end", "handle_end", "node_write_end", "reply_out"),
+                         ack, t1)
+    if answered is None:
         return None
-    assert (ack_read and step and applying and applied and handled and written and read and f_step and f_step_end and f_handle
-            and f_write and f_sync and f_synced)
+    ack_read, _, applying, applied, handled, written, reply = answered
     return [
         ("client: `put()` -> the leader's face reads the request", t0, got),
         ("leader: request read -> `Node.write`", got, write),
