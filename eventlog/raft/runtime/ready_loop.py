@@ -238,17 +238,20 @@ class ReadyLoop:
         msgs, self._inbox = self._inbox, []
         full = self.owner._check_space()
         node = self.node
+        taken = 0   # bytes of the entries stepped so far: this turn writes them together with the next
         for i, (peer, m) in enumerate(msgs):
             drop = self.peer_check.check(node, peer, m)
             if drop is not None:   # as if the network lost it (eventlog/raft/peer_check.py)
                 self.peer_drops.dropped(self.name, peer, drop, m)
                 continue
-            if (isinstance(m, Append) and m.entries and m.entries[-1].last_index > node.log.last_index()
-                    and (full or not self.owner._can_store(stored_bytes_at_most(m.entries)))):
-                # Never acknowledged, so the leader sends it again; by then the disk may have room, or
-                # the next segment be prepared.
-                self.counters.appends_dropped += 1
-                continue
+            if isinstance(m, Append) and m.entries and m.entries[-1].last_index > node.log.last_index():
+                size = stored_bytes_at_most(m.entries)
+                if full or not self.owner._can_store(taken + size):
+                    # Never acknowledged, so the leader sends it again; by then the disk may have room, or
+                    # the next segment be prepared.
+                    self.counters.appends_dropped += 1
+                    continue
+                taken += size
             self.node.step(m)
             if isinstance(m, InstallSnapshot) and i + 1 < len(msgs):
                 # The check of the next chunk reads the storage's staged image: stage this one first
