@@ -39,6 +39,7 @@ from bench.results import write_section
 ROOT = Path(__file__).resolve().parents[1]
 HOOKS = Path(__file__).with_name("put_path_hooks")
 
+
 @dataclass
 class Marks:
     """One process's marks, in time order (as it noted them)."""

@@ -2,7 +2,7 @@
 
 Nothing happens unless PUT_PATH_DIR is set. Then a few methods of the node get a wrapper that notes
 `time.monotonic_ns()` and a tag as they start (and, for some, as they end); a thread writes the marks
-to PUT_PATH_DIR/<pid>.marks every half second, and the names it could not wrap to <pid>.missing (a
+to PUT_PATH_DIR/<pid>.marks every half second (appending), and the names it could not wrap to <pid>.missing (a
 renamed method: the tool says so instead of measuring less without a word). CLOCK_MONOTONIC is one
 clock for every process of the machine, so marks of several processes line up.
 """
@@ -13,6 +13,7 @@ import os
 
 if os.environ.get("PUT_PATH_DIR"):
     import importlib.abc
+    import inspect
     import importlib.util
     import sys
     import threading
@@ -28,6 +29,8 @@ if os.environ.get("PUT_PATH_DIR"):
 
     def _wrap(module: ModuleType, owner: str, name: str, tag: str, *, end: bool = False,
               sized: bool = False) -> None:
+        """Mark `tag` as `owner.name` starts (with the size of its first argument if `sized`) and, with
+        `end` or for a coroutine (awaited whole), `tag`_end as it returns."""
         cls = getattr(module, owner, None)
         inner = getattr(cls, name, None) if cls is not None else None
         if inner is None:
@@ -41,22 +44,13 @@ if os.environ.get("PUT_PATH_DIR"):
                 _marks.append((_now(), tag + "_end"))
             return result
 
-        setattr(cls, name, wrapper)
-
-    def _wrap_async(module: ModuleType, owner: str, name: str, tag: str) -> None:
-        cls = getattr(module, owner, None)
-        inner = getattr(cls, name, None) if cls is not None else None
-        if inner is None:
-            _missing.append(f"{module.__name__}.{owner}.{name}")
-            return
-
-        async def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        async def awaited(self: Any, *args: Any, **kwargs: Any) -> Any:
             _marks.append((_now(), tag))
             result = await inner(self, *args, **kwargs)
             _marks.append((_now(), tag + "_end"))
             return result
 
-        setattr(cls, name, wrapper)
+        setattr(cls, name, awaited if inspect.iscoroutinefunction(inner) else wrapper)
 
     def _transport(m: ModuleType) -> None:
         _wrap(m, "_Connection", "data_received", "peer_in")
@@ -79,7 +73,7 @@ if os.environ.get("PUT_PATH_DIR"):
         _wrap(m, "ReadyLoop", "_handle", "handle", end=True)
 
     def _node(m: ModuleType) -> None:
-        _wrap_async(m, "Node", "write", "node_write")
+        _wrap(m, "Node", "write", "node_write")
 
     _PATCHES: dict[str, Callable[[ModuleType], None]] = {
         "eventlog.raft.runtime.transport": _transport, "eventlog.segment": _segment, "epochlog.server": _server,
@@ -113,13 +107,16 @@ if os.environ.get("PUT_PATH_DIR"):
     sys.meta_path.insert(0, _Finder())
 
     def _dump() -> None:
+        """Append the marks noted since the last turn (the nodes are being measured: no rewriting)."""
         base = os.path.join(_DIR, str(os.getpid()))
+        written = 0
         while True:
             time.sleep(0.5)
-            with open(base + ".marks.tmp", "w") as f:
-                f.write("\n".join(f"{t} {tag}" for t, tag in list(_marks)))
-            os.replace(base + ".marks.tmp", base + ".marks")
-            with open(base + ".missing", "w") as f:
+            upto = len(_marks)
+            with open(base + ".marks", "a") as f:
+                f.writelines(f"{t} {tag}\n" for t, tag in _marks[written:upto])
+            written = upto
+            with open(base + ".missing", "w") as f:   # known once the node's modules are imported
                 f.write("\n".join(_missing))
 
     threading.Thread(target=_dump, name="put-path-marks", daemon=True).start()
