@@ -49,15 +49,18 @@ logger = logging.getLogger(__name__)
 Send = Callable[[int, str, Message], None]
 Flush = Callable[[], None]
 
-APPLY_BYTES_PER_TURN = 64 << 10
+APPLY_BYTES_PER_TURN = 256 << 10
 """Committed entries a Ready hands out for applying (at least one entry; RaftNode's max_apply_bytes),
 and the size up to which a leader coalesces proposals into one entry (an entry is applied whole).
 While more committed entries wait after a slice, the loop runs before the next one, and proposals
 queued meanwhile wait until the backlog is applied (so they still coalesce). Every group of a node
 shares one loop: applying a backlog at once (a follower catching up, a leader whose commit index
 jumped), or entries of 1 MiB, held it for up to seconds on a loaded machine, and every group's
-heartbeats with it, so followers elected (issue 20). About 250 small events, 5-10 ms of applying on
-an idle machine."""
+heartbeats with it, so followers elected (issue 20). 256 KiB is about 800 of bench/vs_etcd's batched
+puts (~330 bytes a record), 5-7 ms of applying on an idle machine (bench/apply_cost.py). At 64 KiB,
+two such writes of 100 puts did not fit one entry: every write was an entry of its own, with its own
+append, messages, acknowledgements and apply, and the cluster spent 10-20 % more CPU per event
+(bench/RESULTS.md issue-20-entry-size)."""
 
 INLINE_SYNC_MAX_BYTES = 64 << 10
 """A node syncs a Ready's entries on the loop only up to this many entry bytes (Entry.size)."""
