@@ -4,14 +4,18 @@ Against a scripted node on a real 127.0.0.1 socket (it says hello, then answers 
 the test lets it): a wait that times out (NoAnswerError) or is cancelled leaves the request pending,
 and a later wait gets the reply that came meanwhile or afterwards; the connection's failure reaches
 a waiting call and one that waits afterwards; a reply to an abandoned (`forget`) request is dropped;
-replies larger than the connection's read buffer, and many in one read, reach their calls on both loops.
-No timing is asserted: the waits that time out are given no reply at all.
+replies larger than the connection's read buffer, and many in one read, reach their calls on both loops;
+a call made with nothing else in flight is written by `send` itself, and calls made while one is in flight
+share the next write. No timing is asserted: the waits that time out are given no reply at all.
 """
 
 from __future__ import annotations
 
 import asyncio
+import queue
 import random
+import socket
+import threading
 from typing import Any
 
 import pytest
@@ -162,6 +166,66 @@ def test_replies_larger_than_the_read_buffer_and_many_in_one_read_reach_their_ca
         finally:
             await conn.close()
             server.close()
+
+    if loop_kind == "uvloop":
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(main())
+    else:
+        asyncio.run(main())
+
+
+class ThreadNode:
+    """A node on a plain socket served by a thread: says hello, then hands every chunk it reads to `chunks`,
+    so the test can see what the client wrote while the client's loop is not running."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))   # the kernel's free port
+        self.port = self.listener.getsockname()[1]
+        self.chunks: queue.Queue[bytes] = queue.Queue()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        with self.listener, self.listener.accept()[0] as sock:
+            decoder = FrameDecoder(ClientFrame)
+            hello = False
+            while not hello:
+                data = sock.recv(65536)
+                if not data:
+                    return
+                hello = any(isinstance(frame, p.ClientHello) for frame in decoder.feed(data))
+            sock.sendall(encode_frame(p.ServerHello(p.PROTOCOL_VERSION, "test", 7, election_timeout_ms=1000)))
+            while data := sock.recv(65536):
+                self.chunks.put(data)
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_a_call_with_nothing_in_flight_is_written_at_once_and_later_ones_share_a_write(loop_kind: str) -> None:
+    """With nothing else in flight, `send` writes its request itself, before the loop runs again (a caller
+    making one call at a time saves a loop turn per call): the thread node reads it while this test blocks
+    the loop. Calls made while one is in flight are queued and go out together, in one frame, once the loop
+    runs. Fails on a connection that queues every request for the next turn (the first read times out)."""
+
+    async def main() -> None:
+        node = ThreadNode()
+        conn = Connection(f"127.0.0.1:{node.port}")
+        await conn.connect(5)
+        decoder = FrameDecoder(ClientFrame)
+        try:
+            first = conn.send(p.Get("kv/a", "local"), 5)
+            frames = decoder.feed(node.chunks.get(timeout=5))   # blocks the loop: only `send` can have written it
+            assert [[r.id for r in f.requests] for f in frames] == [[first.id]]
+
+            later = [conn.send(p.Get(f"kv/{i}", "local"), 5) for i in range(2)]
+            with pytest.raises(queue.Empty):
+                node.chunks.get(timeout=0.2)   # queued behind the one in flight, for the loop's next turn
+            await asyncio.sleep(0)             # the turn's flush
+            frames = []
+            while sum(len(f.requests) for f in frames) < 2:
+                frames += decoder.feed(node.chunks.get(timeout=5))
+            assert [[r.id for r in f.requests] for f in frames] == [[s.id for s in later]]
+        finally:
+            await conn.close()
 
     if loop_kind == "uvloop":
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
