@@ -227,14 +227,7 @@ class Connection:
             self._heard = loop.time()
             self._watchdog = loop.call_later(self.timing.ping_after_s, self._check_alive)
         self._pending[sent.id] = sent
-        request = p.Request(sent.id, call, max(1, int(timeout * 1000)))
-        if len(self._pending) == 1 and not self._queue:
-            # Nothing else in flight: no other request can be waiting to share a write with it, so it goes
-            # out in this turn rather than the next (a caller making one call at a time saves a loop turn
-            # per call). Calls made later in the same turn queue behind it and share the next write.
-            self._write([request])
-        else:
-            self._enqueue(request)
+        self._enqueue(p.Request(sent.id, call, max(1, int(timeout * 1000))))
         return sent
 
     async def wait(self, sent: Sent, timeout: float) -> p.Result:
@@ -327,14 +320,10 @@ class Connection:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if self._queue:
-            requests, self._queue = self._queue, []
-            self._write(requests)
-
-    def _write(self, requests: list[p.Request]) -> None:
         transport = self._transport
-        if transport is None:
+        if not self._queue or transport is None:
             return
+        requests, self._queue = self._queue, []
         for frame in encode_frames(requests, p.Requests, oversize=self._too_large):
             transport.write(frame)
 
