@@ -59,8 +59,8 @@ jumped), or entries of 1 MiB, held it for up to seconds on a loaded machine, and
 heartbeats with it, so followers elected (issue 20). 256 KiB is about 800 of bench/vs_etcd's batched
 puts (~330 bytes a record), 5-7 ms of applying on an idle machine (bench/apply_cost.py). At 64 KiB,
 two such writes of 100 puts did not fit one entry: every write was an entry of its own, with its own
-append, messages, acknowledgements and apply, and the cluster spent 10-20 % more CPU per event
-(bench/RESULTS.md issue-20-entry-size)."""
+append, messages, acknowledgements and apply (256 KiB: 11-19 % less server CPU per event, bench/RESULTS.md
+issue-20-entry-size)."""
 
 INLINE_SYNC_MAX_BYTES = 64 << 10
 """A node syncs a Ready's entries on the loop only up to this many entry bytes (Entry.size)."""

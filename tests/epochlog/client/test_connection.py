@@ -5,7 +5,8 @@ the test lets it): a wait that times out (NoAnswerError) or is cancelled leaves 
 and a later wait gets the reply that came meanwhile or afterwards; the connection's failure reaches
 a waiting call and one that waits afterwards; a reply to an abandoned (`forget`) request is dropped;
 replies larger than the connection's read buffer, and many in one read, reach their calls on both loops;
-requests made in one turn go out together, in one write, once the loop runs. No timing is asserted: the waits that time out are given no reply at all.
+requests made in one turn go out together, in one write, once the loop runs. No timing is asserted: the
+waits that time out are given no reply at all, and nothing can be written while the test blocks the loop.
 """
 
 from __future__ import annotations
