@@ -13,8 +13,8 @@ import os
 
 if os.environ.get("PUT_PATH_DIR"):
     import importlib.abc
-    import inspect
     import importlib.util
+    import inspect
     import sys
     import threading
     import time

@@ -13,8 +13,9 @@ queue `send_now` of a Ready without entries (the commit broadcast, heartbeats: t
 leave first, in the next turn, then the peer flush); `accept()`, and take the next Ready: at once, or,
 after a Ready that applied committed entries (a slice of at most APPLY_BYTES_PER_TURN), once the loop
 ran (the callers that apply answered resume before the turn steps anything else). Accepted Readys wait
-in order (`PersistQueue`) until the log's durable offset passes their entries, or what is left of them once a later Ready replaced a suffix; then their
-`send_after` goes out through `persisted()` (the leader counts its own copy only then).
+in order (`PersistQueue`) until the log's durable offset passes their entries, or what is left of them
+once a later Ready replaced a suffix; then their `send_after` goes out through `persisted()` (the leader
+counts its own copy only then).
 
 The commit index is persisted lazily (it is a hint for restarts: the state machine knows what it
 applied); term and vote are persisted before any message that depends on them leaves.

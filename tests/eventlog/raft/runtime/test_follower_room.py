@@ -90,7 +90,7 @@ def test_appends_stepped_together_that_need_a_roll_the_log_cannot_make_yet_are_d
             assert group.counters.appends_dropped == 1
             await wait(lambda: log.space_error is not None, "the preparation failed")
             group.deliver(LEADER, append(3, entry(4, VALUE_BYTES)))   # the leader sends it again: refused
-            await asyncio.sleep(0.2)
+            await wait(lambda: group.counters.appends_dropped == 2 or group.stopped, "the resend dropped")
             assert not group.stopped and max(acks) == 3 and group.counters.appends_dropped == 2
         finally:
             fallocate.release.set()

@@ -32,8 +32,8 @@ from eventlog.config import LogConfig
 from eventlog.errors import LogError
 from eventlog.log import Log
 from eventlog.raft.config import RaftConfig
-from eventlog.raft.runtime.group import RaftGroup
 from eventlog.raft.runtime import ready_loop
+from eventlog.raft.runtime.group import RaftGroup
 from eventlog.raft.runtime.log_storage import LogStorage
 from eventlog.raft.runtime.ready_loop import INLINE_SYNC_MAX_BYTES, INLINE_SYNC_MAX_SECONDS
 from eventlog.raft.types import Append, AppendResp, ConfState, Entry, EntryKind, Message
