@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from prometheus_client import Counter, Histogram
 
@@ -37,6 +37,9 @@ from epochlog.access_control import ANONYMOUS_CALLER, AccessControl, Caller, sta
 from epochlog.api.permissions import call_actions
 from statemachines.access import Action
 from statemachines.grants import Role
+
+if TYPE_CHECKING:
+    from epochlog.metrics import LoopHistogram
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +97,7 @@ class FaceRules:
 class RpcMetrics(Protocol):
     """What the runner observes (epochlog.metrics.Metrics has them)."""
 
-    rpc_seconds: Histogram     # labels: op
+    rpc_seconds: Histogram | LoopHistogram   # labels: op
     rpc_errors: Counter        # labels: op, code
 
 

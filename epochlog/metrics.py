@@ -6,8 +6,10 @@ Three sources, each recorded where it is cheapest:
   service as requests complete;
 - per log write (append and fdatasync latency, bytes appended, by group): the log reports timings
   through its `LogObserver` hook (eventlog.log), which this module wires to histograms, so the log
-  layer knows nothing of Prometheus; syncs are observed on the log's flusher thread (prometheus
-  histograms are thread-safe);
+  layer knows nothing of Prometheus; syncs are observed on the log's flusher thread too (a
+  prometheus `Histogram`, thread-safe). What only the node's loop observes (RPC latency, appends:
+  on the path of every call and write) is counted without locks (`LoopHistogram`, `LoopCounter`)
+  and exported when scraped, on the same loop;
 - per group state (offsets, term, leadership, follower lag) and the group's own counters (elections
   started, leader changes, proposals committed, events applied; `RaftGroup.counters`): read from the
   node when scraped, so they cost nothing between scrapes.
@@ -103,12 +105,14 @@ gRPC calls are counted with the native ones (`epochlog_rpc_seconds{op="grpc_<met
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 if TYPE_CHECKING:
     from epochlog.kafka.counters import KafkaCounters
@@ -121,22 +125,107 @@ _DISK_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0
                  0.05, 0.1, 0.25, 1.0)
 
 
+class LoopHistogram(Collector):
+    """A histogram with one label, observed on the node's loop only, without a lock.
+
+    prometheus_client's `Histogram` takes a lock twice per observation (sum and bucket), which is
+    thread-safe and a few microseconds: measured on the path of every call (the RPC latency) and
+    every log append. What is observed on the loop and scraped on the loop (the admin server's) needs
+    no lock, so these are plain counts, exported as a histogram family when scraped. Observe from
+    other threads (the log flusher's syncs) with `Histogram`."""
+
+    def __init__(self, name: str, documentation: str, label: str, buckets: tuple[float, ...], *,
+                 registry: CollectorRegistry) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.label = label
+        self.buckets = buckets
+        self._les = [*(floatToGoString(b) for b in buckets), "+Inf"]
+        self._children: dict[str, LoopHistogramChild] = {}
+        registry.register(self)
+
+    def labels(self, value: str) -> LoopHistogramChild:
+        child = self._children.get(value)
+        if child is None:
+            child = self._children[value] = LoopHistogramChild(self.buckets)
+        return child
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, child in sorted(self._children.items()):
+            total = 0
+            cumulative = []
+            for le, count in zip(self._les, child.counts):
+                total += count
+                cumulative.append((le, total))
+            family.add_metric([value], cumulative, child.sum)
+        yield family
+
+
+class LoopCounter(Collector):
+    """A counter with one label, counted on the node's loop only, without a lock (see LoopHistogram)."""
+
+    def __init__(self, name: str, documentation: str, label: str, *, registry: CollectorRegistry) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.label = label
+        self._children: dict[str, LoopCounterChild] = {}
+        registry.register(self)
+
+    def labels(self, value: str) -> LoopCounterChild:
+        child = self._children.get(value)
+        if child is None:
+            child = self._children[value] = LoopCounterChild()
+        return child
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, child in sorted(self._children.items()):
+            family.add_metric([value], child.value)
+        yield family
+
+
+class LoopCounterChild:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def inc(self, amount: int = 1) -> None:
+        self.value += amount
+
+
+class LoopHistogramChild:
+    """One label value's counts: `counts[i]` observations in bucket i (the last one: above every bound)."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, amount: float) -> None:
+        self.counts[bisect_left(self.bounds, amount)] += 1   # the first bound >= amount (`le`)
+        self.sum += amount
+
+
 class Metrics:
     """The registry of one node. Create after `node.start()` (the groups' logs must be open)."""
 
     def __init__(self, node: Node) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
-        self.rpc_seconds = Histogram("epochlog_rpc_seconds", "Client request latency on this node, by operation.",
-                                     ["op"], registry=r, buckets=_LATENCY_BUCKETS)
+        self.rpc_seconds = LoopHistogram("epochlog_rpc_seconds", "Client request latency on this node, by "
+                                         "operation.", "op", _LATENCY_BUCKETS, registry=r)
         self.rpc_errors = Counter("epochlog_rpc_errors", "Client requests answered with an error, by "
                                   "operation and error code.", ["op", "code"], registry=r)
-        self.log_append_seconds = Histogram("epochlog_log_append_seconds", "Time to append one batch to a "
-                                            "group's log (lock wait included).", ["group"], registry=r,
-                                            buckets=_DISK_BUCKETS)
+        self.log_append_seconds = LoopHistogram("epochlog_log_append_seconds", "Time to append one batch to a "
+                                                "group's log (lock wait included).", "group", _DISK_BUCKETS,
+                                                registry=r)
         self.log_fsync_seconds = Histogram("epochlog_log_fsync_seconds", "Time of one fdatasync of a "
                                            "group's log segment.", ["group"], registry=r, buckets=_DISK_BUCKETS)
-        self.log_appended_bytes = Counter("epochlog_log_appended_bytes", "Bytes appended to a group's log.",
-                                          ["group"], registry=r)
+        self.log_appended_bytes = LoopCounter("epochlog_log_appended_bytes", "Bytes appended to a group's log.",
+                                              "group", registry=r)
         self.loop_stall_seconds = Histogram("epochlog_loop_stall_seconds", "How much later than due the node's "
                                             "event loop ran a timer (measured every tick): every group's "
                                             "heartbeats were that late.", registry=r, buckets=_STALL_BUCKETS)
@@ -201,7 +290,8 @@ class _LoopCollector(Collector):
 
 
 class _LogTimings:
-    """A `LogObserver` (eventlog.log) feeding one group's histograms."""
+    """A `LogObserver` (eventlog.log) feeding one group's histograms. A node's appends are made on its
+    loop (the Ready loop's `LogStorage.append`): lock-free; its syncs also on the flusher thread."""
 
     __slots__ = ("_append", "_fsync", "_bytes")
 

@@ -244,7 +244,7 @@ class Node:
                 group = group_of_event(decoded) if isinstance(decoded, ev.Txn) else group_of_record_key(key)
                 part = parts.get(group)
                 if part is None:
-                    part = parts[group] = _WritePart(self.group(group).max_batch_bytes)
+                    part = parts[group] = _WritePart(self.group(group))
                 part.indexes.append(i)
                 part.records.append((key, value))
                 part.checked.append((key, value, decoded))
@@ -253,15 +253,15 @@ class Node:
                     raise BatchTooLargeError(f"the events of group {group} take more than its batch limit "
                                              f"({part.limit} bytes) from event {i} on: split the write")
         for group in parts:
-            self.serving(group)
+            self.halts.check(group)   # each group as `serving` checks it, looked up once above
         for group, part in parts.items():   # the leader's applier takes the events decoded here (propose once)
             self.views[group].expect(part.checked)
         if len(parts) == 1:   # the usual write: no task to gather (two turns of the loop fewer per call)
             ((group, part),) = parts.items()
-            done = await self.group(group).submit(part.records)
+            done = await part.group.submit(part.records)
             return _results(group, done, len(events))
         names = list(parts)
-        committed = await asyncio.gather(*(self.group(g).submit(parts[g].records) for g in names))
+        committed = await asyncio.gather(*(parts[g].group.submit(parts[g].records) for g in names))
         results: list[p.WriteResult | None] = [None] * len(events)
         for group, done in zip(names, committed):
             for i, result in zip(parts[group].indexes, _results(group, done, len(parts[group].indexes))):
@@ -599,10 +599,11 @@ class Node:
 class _WritePart:
     """One group's events of a write, as `Node.write` gathers them."""
 
-    __slots__ = ("limit", "indexes", "records", "checked", "size")
+    __slots__ = ("group", "limit", "indexes", "records", "checked", "size")
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit                                            # the group's max_batch_bytes
+    def __init__(self, group: RaftGroup) -> None:
+        self.group = group
+        self.limit = group.max_batch_bytes
         self.indexes: list[int] = []                                  # their places in the write
         self.records: list[tuple[bytes | None, bytes | None]] = []    # what is proposed
         self.checked: list[tuple[bytes, bytes, ev.Event]] = []        # what the leader's applier is handed

@@ -77,9 +77,12 @@ class SegmentPreallocator:
 
     @property
     def error(self) -> EpochlogError | None:
-        """Why the last preparation failed (e.g. DiskFullError), until one succeeds."""
-        with self._cond:
-            return self._last_error
+        """Why the last preparation failed (e.g. DiskFullError), until one succeeds.
+
+        Read without the lock: a leader asks on every proposal and a follower on every append (the
+        disk-full check), and one attribute read sees either the old or the new reference (the
+        preparing thread sets it under the lock, so `take` and `ready` stay consistent)."""
+        return self._last_error
 
     def ready(self) -> bool | EpochlogError:
         """Without waiting: True if a prepared file is ready, False while one is being prepared (or none
