@@ -16,6 +16,11 @@ The wrappers cost each process a few microseconds per mark (about twenty marks p
 end-to-end figure is a little above an untraced run's: read the hops' shares. The machine should be
 idle; the load average before and after is printed with the table. Not a pass/fail test: the numbers
 are for deciding what to work on (bench/RESULTS.md issue-20-where-now).
+
+With `--steps` the nodes also mark the steps inside the hops (the peer checks, the core's step, ready
+and advance, proposing, the log append and its sync's bookkeeping, the apply's parts, the RocksDB
+write, the runner, ...: `_STEPS` in the hooks), and two more tables follow: for the leader and for the
+follower that acknowledged first, the time from each mark to the next, per pair of marks.
 """
 
 from __future__ import annotations
@@ -64,6 +69,69 @@ class Marks:
 
     def count(self, tag: str) -> int:
         return sum(1 for t in self.tags if t == tag)
+
+    def between(self, after: int, before: int) -> list[tuple[int, str]]:
+        """(time, tag without its size) of every mark in [after, before], in order."""
+        i = bisect.bisect_left(self.times, after)
+        out = []
+        while i < len(self.times) and self.times[i] <= before:
+            out.append((self.times[i], self.tags[i].partition(":")[0]))
+            i += 1
+        return out
+
+
+@dataclass
+class Steps:
+    """The time between consecutive marks of one process, per pair of marks (the n-th such pair of a put
+    counted apart), over the puts: `--steps`' tables."""
+
+    gaps: dict[tuple[str, int], list[float]] = field(default_factory=dict)
+    places: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+
+    def add(self, marks: list[tuple[int, str]]) -> None:
+        seen: dict[str, int] = {}
+        for place, ((t0, a), (t1, b)) in enumerate(zip(marks, marks[1:])):
+            pair = f"{a} -> {b}"
+            key = (pair, seen.get(pair, 0))
+            seen[pair] = key[1] + 1
+            self.gaps.setdefault(key, []).append((t1 - t0) / 1000)
+            self.places.setdefault(key, []).append(place)
+
+    def table(self, puts: int) -> str:
+        """The pairs seen in at least half the puts, in the order they usually come."""
+        rows = ["| step (mark -> next mark) | puts | p50 us | p90 us |", "|---|---:|---:|---:|"]
+        kept = [k for k, v in self.gaps.items() if len(v) * 2 >= puts]
+        for key in sorted(kept, key=lambda k: statistics.median(self.places[k])):
+            v = sorted(self.gaps[key])
+            rows.append(f"| {key[0]} | {len(v)} | {statistics.median(v):,.1f} | {v[int(len(v) * 0.9)]:,.1f} |")
+        return "\n".join(rows)
+
+
+def steps(puts: Sequence[tuple[int, int]], marks: dict[int, Marks]) -> tuple[str, str]:
+    """Step tables (with `--steps`' marks): the leader's, from reading the request to writing the reply;
+    the follower's whose acknowledgement came first, from reading the append to writing that acknowledgement."""
+    leader = max(marks, key=lambda pid: marks[pid].count("client_in"))
+    lead, follow = Steps(), Steps()
+    for t0, t1 in puts:
+        seq = marks[leader].between(t0, t1)
+        tags = [tag for _, tag in seq]
+        if "client_in" not in tags or "reply_out" not in tags or "peer_out" not in tags:
+            continue
+        last = len(tags) - 1 - tags[::-1].index("reply_out")
+        lead.add(seq[tags.index("client_in"):last + 1])
+        append = seq[tags.index("peer_out")][0]
+        acked: list[list[tuple[int, str]]] = []
+        for pid in marks:
+            if pid == leader:
+                continue
+            theirs = marks[pid].between(append, t1)
+            names = [tag for _, tag in theirs]
+            if "peer_in" in names and "peer_out" in names[names.index("peer_in"):]:
+                start = names.index("peer_in")
+                acked.append(theirs[start:start + names[start:].index("peer_out") + 1])
+        if acked:
+            follow.add(min(acked, key=lambda s: s[-1][0]))
+    return lead.table(len(puts)), follow.table(len(puts))
 
 
 @dataclass
@@ -184,12 +252,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--puts", type=int, default=1000)
     ap.add_argument("--gap-ms", type=float, default=2.0, help="pause after each put")
+    ap.add_argument("--steps", action="store_true",
+                    help="mark the steps inside the hops too, and print the leader's and the follower's steps")
     ap.add_argument("--write", action="store_true", help="write section put-path of bench/RESULTS.md")
     args = ap.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="put-path-"))
     marks_dir = scratch / "marks"
     marks_dir.mkdir()
     os.environ["PUT_PATH_DIR"] = str(marks_dir)   # for the nodes started below, which inherit it
+    if args.steps:
+        os.environ["PUT_PATH_STEPS"] = "1"
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HOOKS), os.environ.get("PYTHONPATH")) if p)
     load_before = os.getloadavg()[0]
     try:
@@ -203,12 +275,18 @@ def main() -> None:
         missing = sorted({line for pid in pids for line in (marks_dir / f"{pid}.missing").read_text().splitlines()})
         if missing:
             raise SystemExit(f"the hooks could not wrap {', '.join(missing)}: update bench/put_path_hooks")
-        hops, untraced = trace(windows, {pid: Marks.read(marks_dir / f"{pid}.marks") for pid in pids})
+        marks = {pid: Marks.read(marks_dir / f"{pid}.marks") for pid in pids}
+        hops, untraced = trace(windows, marks)
+        step_tables = steps(windows, marks) if args.steps else None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     body = (f"{hops.table()}\n\n{args.puts} puts one at a time, {args.gap_ms:g} ms apart, after 300 warm-up puts; "
             f"{untraced} not traced whole. Load average (1 min) {load_before:.2f} before, "
             f"{os.getloadavg()[0]:.2f} after.")
+    if step_tables is not None:
+        body += (f"\n\nThe leader's steps, from reading the request to writing the reply (with the steps' own "
+                 f"marks, ~1 us each):\n\n{step_tables[0]}\n\nThe follower's whose acknowledgement came first, "
+                 f"from reading the append to writing it:\n\n{step_tables[1]}")
     print(body)
     if args.write:
         write_section("put-path", body)

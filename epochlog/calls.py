@@ -39,7 +39,7 @@ from statemachines.access import Action
 from statemachines.grants import Role
 
 if TYPE_CHECKING:
-    from epochlog.metrics import LoopHistogram
+    from epochlog.metrics import LocklessHistogram
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class FaceRules:
 class RpcMetrics(Protocol):
     """What the runner observes (epochlog.metrics.Metrics has them)."""
 
-    rpc_seconds: Histogram | LoopHistogram   # labels: op
+    rpc_seconds: Histogram | LocklessHistogram   # labels: op
     rpc_errors: Counter        # labels: op, code
 
 
@@ -109,7 +109,6 @@ class CallRunner:
         self.rules = rules
         self.metrics = metrics
         self.access = access
-        self._latency: dict[str, Any] = {}   # op -> its histogram child (labels() costs per call)
 
     # --- the hook of issue 21 ---------------------------------------------------------------------
 
@@ -196,12 +195,8 @@ class CallRunner:
 
     def observe(self, op: str, started: float) -> None:
         """Count a call's latency under `op` (from `started`, a time.perf_counter())."""
-        if self.metrics is None:
-            return
-        child = self._latency.get(op)
-        if child is None:
-            child = self._latency[op] = self.metrics.rpc_seconds.labels(self.rules.metrics_prefix + op)
-        child.observe(time.perf_counter() - started)
+        if self.metrics is not None:
+            self.metrics.rpc_seconds.labels(self.rules.metrics_prefix + op).observe(time.perf_counter() - started)
 
 
 __all__ = ["CallRunner", "Done", "FaceRules", "Failed", "RpcMetrics", "call_error", "wire_error"]

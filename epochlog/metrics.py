@@ -6,10 +6,9 @@ Three sources, each recorded where it is cheapest:
   service as requests complete;
 - per log write (append and fdatasync latency, bytes appended, by group): the log reports timings
   through its `LogObserver` hook (eventlog.log), which this module wires to histograms, so the log
-  layer knows nothing of Prometheus; syncs are observed on the log's flusher thread too (a
-  prometheus `Histogram`, thread-safe). What only the node's loop observes (RPC latency, appends:
-  on the path of every call and write) is counted without locks (`LoopHistogram`, `LoopCounter`)
-  and exported when scraped, on the same loop;
+  layer knows nothing of Prometheus; syncs are observed on the log's flusher thread too. These and
+  the RPC latency are on the path of every call and write: counted without locks, each thread into
+  counts of its own (`LocklessHistogram`, `LocklessCounter`), summed when scraped;
 - per group state (offsets, term, leadership, follower lag) and the group's own counters (elections
   started, leader changes, proposals committed, events applied; `RaftGroup.counters`): read from the
   node when scraped, so they cost nothing between scrapes.
@@ -105,6 +104,8 @@ gRPC calls are counted with the native ones (`epochlog_rpc_seconds{op="grpc_<met
 
 from __future__ import annotations
 
+import itertools
+import threading
 from bisect import bisect_left
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -125,14 +126,15 @@ _DISK_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0
                  0.05, 0.1, 0.25, 1.0)
 
 
-class LoopHistogram(Collector):
-    """A histogram with one label, observed on the node's loop only, without a lock.
+class LocklessHistogram(Collector):
+    """A histogram with one label whose observations take no lock: each thread counts into counts of its
+    own (`labels` returns the calling thread's), which a scrape sums.
 
-    prometheus_client's `Histogram` takes a lock twice per observation (sum and bucket), which is
-    thread-safe and a few microseconds: measured on the path of every call (the RPC latency) and
-    every log append. What is observed on the loop and scraped on the loop (the admin server's) needs
-    no lock, so these are plain counts, exported as a histogram family when scraped. Observe from
-    other threads (the log flusher's syncs) with `Histogram`."""
+    prometheus_client's `Histogram` takes a lock twice per observation (its sum and a bucket): a few
+    microseconds on the path of every call (the RPC latency) and of every log append and sync
+    (bench/RESULTS.md issue-20-lockless-metrics). Here every set of counts has one writer, its thread,
+    so a plain `+=` loses nothing; a scrape reads the counts while they may move, as it reads
+    prometheus_client's own. Take `labels(...)` on the thread that observes (it is two dict lookups)."""
 
     def __init__(self, name: str, documentation: str, label: str, buckets: tuple[float, ...], *,
                  registry: CollectorRegistry) -> None:
@@ -141,62 +143,29 @@ class LoopHistogram(Collector):
         self.label = label
         self.buckets = buckets
         self._les = [*(floatToGoString(b) for b in buckets), "+Inf"]
-        self._children: dict[str, LoopHistogramChild] = {}
+        self._counts: dict[tuple[str, int], HistogramCounts] = {}   # (label value, thread id) -> its counts
         registry.register(self)
 
-    def labels(self, value: str) -> LoopHistogramChild:
-        child = self._children.get(value)
-        if child is None:
-            child = self._children[value] = LoopHistogramChild(self.buckets)
-        return child
+    def labels(self, value: str) -> HistogramCounts:
+        key = (value, threading.get_ident())
+        counts = self._counts.get(key)
+        if counts is None:
+            counts = self._counts[key] = HistogramCounts(self.buckets)
+        return counts
 
     def collect(self) -> Iterator[Metric]:
+        merged: dict[str, tuple[list[int], float]] = {}
+        for (value, _), counts in list(self._counts.items()):   # one C call: no thread adds a key meanwhile
+            buckets, total = merged.get(value, ([0] * len(self._les), 0.0))
+            merged[value] = ([a + b for a, b in zip(buckets, counts.counts)], total + counts.sum)
         family = HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
-        for value, child in sorted(self._children.items()):
-            total = 0
-            cumulative = []
-            for le, count in zip(self._les, child.counts):
-                total += count
-                cumulative.append((le, total))
-            family.add_metric([value], cumulative, child.sum)
+        for value, (buckets, total) in sorted(merged.items()):
+            family.add_metric([value], list(zip(self._les, itertools.accumulate(buckets))), total)
         yield family
 
 
-class LoopCounter(Collector):
-    """A counter with one label, counted on the node's loop only, without a lock (see LoopHistogram)."""
-
-    def __init__(self, name: str, documentation: str, label: str, *, registry: CollectorRegistry) -> None:
-        self.name = name
-        self.documentation = documentation
-        self.label = label
-        self._children: dict[str, LoopCounterChild] = {}
-        registry.register(self)
-
-    def labels(self, value: str) -> LoopCounterChild:
-        child = self._children.get(value)
-        if child is None:
-            child = self._children[value] = LoopCounterChild()
-        return child
-
-    def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(self.name, self.documentation, labels=[self.label])
-        for value, child in sorted(self._children.items()):
-            family.add_metric([value], child.value)
-        yield family
-
-
-class LoopCounterChild:
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value = 0
-
-    def inc(self, amount: int = 1) -> None:
-        self.value += amount
-
-
-class LoopHistogramChild:
-    """One label value's counts: `counts[i]` observations in bucket i (the last one: above every bound)."""
+class HistogramCounts:
+    """One thread's observations of one label value: `counts[i]` in bucket i (the last: above every bound)."""
 
     __slots__ = ("bounds", "counts", "sum")
 
@@ -210,22 +179,61 @@ class LoopHistogramChild:
         self.sum += amount
 
 
+class LocklessCounter(Collector):
+    """A counter with one label that counts without a lock, one count per thread (see LocklessHistogram)."""
+
+    def __init__(self, name: str, documentation: str, label: str, *, registry: CollectorRegistry) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.label = label
+        self._counts: dict[tuple[str, int], Count] = {}
+        registry.register(self)
+
+    def labels(self, value: str) -> Count:
+        key = (value, threading.get_ident())
+        count = self._counts.get(key)
+        if count is None:
+            count = self._counts[key] = Count()
+        return count
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, int] = {}
+        for (value, _), count in list(self._counts.items()):
+            merged[value] = merged.get(value, 0) + count.value
+        family = CounterMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, total in sorted(merged.items()):
+            family.add_metric([value], total)
+        yield family
+
+
+class Count:
+    """One thread's count of one label value."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def inc(self, amount: int = 1) -> None:
+        self.value += amount
+
+
 class Metrics:
     """The registry of one node. Create after `node.start()` (the groups' logs must be open)."""
 
     def __init__(self, node: Node) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
-        self.rpc_seconds = LoopHistogram("epochlog_rpc_seconds", "Client request latency on this node, by "
-                                         "operation.", "op", _LATENCY_BUCKETS, registry=r)
+        self.rpc_seconds = LocklessHistogram("epochlog_rpc_seconds", "Client request latency on this node, by "
+                                             "operation.", "op", _LATENCY_BUCKETS, registry=r)
         self.rpc_errors = Counter("epochlog_rpc_errors", "Client requests answered with an error, by "
                                   "operation and error code.", ["op", "code"], registry=r)
-        self.log_append_seconds = LoopHistogram("epochlog_log_append_seconds", "Time to append one batch to a "
-                                                "group's log (lock wait included).", "group", _DISK_BUCKETS,
-                                                registry=r)
-        self.log_fsync_seconds = Histogram("epochlog_log_fsync_seconds", "Time of one fdatasync of a "
-                                           "group's log segment.", ["group"], registry=r, buckets=_DISK_BUCKETS)
-        self.log_appended_bytes = LoopCounter("epochlog_log_appended_bytes", "Bytes appended to a group's log.",
-                                              "group", registry=r)
+        self.log_append_seconds = LocklessHistogram("epochlog_log_append_seconds", "Time to append one batch to "
+                                                    "a group's log (lock wait included).", "group", _DISK_BUCKETS,
+                                                    registry=r)
+        self.log_fsync_seconds = LocklessHistogram("epochlog_log_fsync_seconds", "Time of one fdatasync of a "
+                                                   "group's log segment.", "group", _DISK_BUCKETS, registry=r)
+        self.log_appended_bytes = LocklessCounter("epochlog_log_appended_bytes", "Bytes appended to a group's "
+                                                  "log.", "group", registry=r)
         self.loop_stall_seconds = Histogram("epochlog_loop_stall_seconds", "How much later than due the node's "
                                             "event loop ran a timer (measured every tick): every group's "
                                             "heartbeats were that late.", registry=r, buckets=_STALL_BUCKETS)
@@ -290,22 +298,23 @@ class _LoopCollector(Collector):
 
 
 class _LogTimings:
-    """A `LogObserver` (eventlog.log) feeding one group's histograms. A node's appends are made on its
-    loop (the Ready loop's `LogStorage.append`): lock-free; its syncs also on the flusher thread."""
+    """A `LogObserver` (eventlog.log) feeding one group's histograms, from whichever thread did the work (the
+    loop appends and syncs small writes itself; the flusher thread syncs the rest)."""
 
-    __slots__ = ("_append", "_fsync", "_bytes")
+    __slots__ = ("_group", "_append", "_fsync", "_bytes")
 
     def __init__(self, metrics: Metrics, group: str) -> None:
-        self._append = metrics.log_append_seconds.labels(group)
-        self._fsync = metrics.log_fsync_seconds.labels(group)
-        self._bytes = metrics.log_appended_bytes.labels(group)
+        self._group = group
+        self._append = metrics.log_append_seconds
+        self._fsync = metrics.log_fsync_seconds
+        self._bytes = metrics.log_appended_bytes
 
     def appended(self, seconds: float, size: int) -> None:
-        self._append.observe(seconds)
-        self._bytes.inc(size)
+        self._append.labels(self._group).observe(seconds)
+        self._bytes.labels(self._group).inc(size)
 
     def synced(self, seconds: float) -> None:
-        self._fsync.observe(seconds)
+        self._fsync.labels(self._group).observe(seconds)
 
 
 class _GroupCollector(Collector):

@@ -79,6 +79,44 @@ if os.environ.get("PUT_PATH_DIR"):
         "eventlog.raft.runtime.transport": _transport, "eventlog.segment": _segment, "epochlog.server": _server,
         "statemachines.views": _views, "eventlog.raft.runtime.ready_loop": _ready_loop, "epochlog.node": _node}
 
+    # With PUT_PATH_STEPS (put_path --steps): the steps inside those hops, each method marked as it starts
+    # and ends (~1 us per mark: the hops' own figures grow by that).
+    _STEPS: dict[str, list[tuple[str, str, str]]] = {
+        "epochlog.calls": [("CallRunner", "run", "runner")],
+        "eventlog.raft.peer_check": [("PeerCheck", "check", "peer_check")],
+        "eventlog.raft.node": [("RaftNode", "step", "core_step"), ("RaftNode", "ready", "core_ready"),
+                               ("RaftNode", "advance", "core_advance")],
+        "eventlog.raft.runtime.group": [("RaftGroup", "submit", "submit"),
+                                        ("RaftGroup", "_check_space", "check_space"),
+                                        ("RaftGroup", "_submit_proposals", "propose"),
+                                        ("RaftGroup", "_apply_committed", "apply_committed"),
+                                        ("RaftGroup", "_answer_reads", "answer_reads")],
+        "eventlog.raft.runtime.proposals": [("Proposals", "resolve", "resolve")],
+        "eventlog.raft.runtime.host": [("NodeHost", "_flush", "peer_flush")],
+        "eventlog.raft.runtime.log_storage": [("LogStorage", "append", "storage_append"),
+                                              ("LogStorage", "_remember", "remember")],
+        "eventlog.log": [("Log", "append_replica", "log_append")],
+        "eventlog.log_flush": [("LogFlusher", "sync_active", "sync_active"),
+                               ("LogFlusher", "notify_listeners", "notify_durable")],
+        "statemachines.apply": [("Applier", "apply_entries", "apply_entries"),
+                                ("Applier", "_apply_records", "apply_records"), ("Applier", "_expire", "expire")],
+        "statemachines.store": [("ViewStore", "write", "rocksdb_write")],
+    }
+    _STEPS["eventlog.raft.runtime.ready_loop"] = [("ReadyLoop", "_release_persisted", "release_persisted"),
+                                                  ("ReadyLoop", "_end_turn", "end_turn")]
+
+    def _steps(name: str, then: Callable[[ModuleType], None] | None) -> Callable[[ModuleType], None]:
+        def patch(m: ModuleType) -> None:
+            if then is not None:
+                then(m)
+            for owner, method, tag in _STEPS[name]:
+                _wrap(m, owner, method, tag, end=True)
+        return patch
+
+    if os.environ.get("PUT_PATH_STEPS"):
+        for _name in _STEPS:
+            _PATCHES[_name] = _steps(_name, _PATCHES.get(_name))
+
     class _Finder(importlib.abc.MetaPathFinder):
         """Wraps a module of `_PATCHES` right after it is executed, before anyone uses it."""
 
