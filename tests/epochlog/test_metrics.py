@@ -23,7 +23,7 @@ def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str
 def test_a_lockless_histogram_scrapes_as_a_prometheus_histogram(seed: int) -> None:
     rng = random.Random(seed)
     ours, theirs = CollectorRegistry(), CollectorRegistry()
-    loop = LocklessHistogram("x_seconds", "doc", "op", BUCKETS, registry=ours)
+    lockless = LocklessHistogram("x_seconds", "doc", "op", BUCKETS, registry=ours)
     reference = Histogram("x_seconds", "doc", ["op"], buckets=BUCKETS, registry=theirs)
     # Values on the bounds (`le`: a value equal to a bound is in its bucket), between them, above all.
     values = [*BUCKETS, 0.0, 3.0, 1e9] + [rng.choice((1e-5, 1e-3, 0.1, 2.0)) * rng.random() for _ in range(500)]
@@ -33,7 +33,7 @@ def test_a_lockless_histogram_scrapes_as_a_prometheus_histogram(seed: int) -> No
     def observe(part: int) -> None:   # each thread into counts of its own, merged when scraped
         for i, v in enumerate(values):
             if i % 3 == part:
-                loop.labels(("write", "get")[i % 2]).observe(v)
+                lockless.labels(("write", "get")[i % 2]).observe(v)
     threads = [threading.Thread(target=observe, args=(part,)) for part in range(3)]
     for t in threads:
         t.start()
@@ -49,11 +49,10 @@ def test_a_lockless_histogram_scrapes_as_a_prometheus_histogram(seed: int) -> No
 
 def test_a_lockless_counter_scrapes_as_a_prometheus_counter() -> None:
     ours, theirs = CollectorRegistry(), CollectorRegistry()
-    loop = LocklessCounter("x_bytes", "doc", "group", registry=ours)
+    lockless = LocklessCounter("x_bytes", "doc", "group", registry=ours)
     reference = Counter("x_bytes", "doc", ["group"], registry=theirs)
     for group, n in (("kv", 10), ("kv", 5), ("offsets", 7)):
-        loop.labels(group).inc(n)
+        lockless.labels(group).inc(n)
         reference.labels(group).inc(n)
     assert samples(ours) == samples(theirs) == {("x_bytes_total", (("group", "kv"),)): 15.0,
                                                 ("x_bytes_total", (("group", "offsets"),)): 7.0}
-
