@@ -101,9 +101,9 @@ if os.environ.get("PUT_PATH_DIR"):
         "statemachines.apply": [("Applier", "apply_entries", "apply_entries"),
                                 ("Applier", "_apply_records", "apply_records"), ("Applier", "_expire", "expire")],
         "statemachines.store": [("ViewStore", "write", "rocksdb_write")],
+        "eventlog.raft.runtime.ready_loop": [("ReadyLoop", "_release_persisted", "release_persisted"),
+                                             ("ReadyLoop", "_end_turn", "end_turn")],
     }
-    _STEPS["eventlog.raft.runtime.ready_loop"] = [("ReadyLoop", "_release_persisted", "release_persisted"),
-                                                  ("ReadyLoop", "_end_turn", "end_turn")]
 
     def _steps(name: str, then: Callable[[ModuleType], None] | None) -> Callable[[ModuleType], None]:
         def patch(m: ModuleType) -> None:
