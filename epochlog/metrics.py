@@ -107,8 +107,8 @@ from __future__ import annotations
 import itertools
 import threading
 from bisect import bisect_left
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -126,44 +126,6 @@ _DISK_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0
                  0.05, 0.1, 0.25, 1.0)
 
 
-class LocklessHistogram(Collector):
-    """A histogram with one label whose observations take no lock: each thread counts into counts of its
-    own (`labels` returns the calling thread's), which a scrape sums.
-
-    prometheus_client's `Histogram` takes a lock twice per observation (its sum and a bucket): a few
-    microseconds on the path of every call (the RPC latency) and of every log append and sync
-    (bench/RESULTS.md issue-20-lockless-metrics). Here every set of counts has one writer, its thread,
-    so a plain `+=` loses nothing; a scrape reads the counts while they may move, as it reads
-    prometheus_client's own. Take `labels(...)` on the thread that observes (it is two dict lookups)."""
-
-    def __init__(self, name: str, documentation: str, label: str, buckets: tuple[float, ...], *,
-                 registry: CollectorRegistry) -> None:
-        self.name = name
-        self.documentation = documentation
-        self.label = label
-        self.buckets = buckets
-        self._les = [*(floatToGoString(b) for b in buckets), "+Inf"]
-        self._counts: dict[tuple[str, int], HistogramCounts] = {}   # (label value, thread id) -> its counts
-        registry.register(self)
-
-    def labels(self, value: str) -> HistogramCounts:
-        key = (value, threading.get_ident())
-        counts = self._counts.get(key)
-        if counts is None:
-            counts = self._counts[key] = HistogramCounts(self.buckets)
-        return counts
-
-    def collect(self) -> Iterator[Metric]:
-        merged: dict[str, tuple[list[int], float]] = {}
-        for (value, _), counts in list(self._counts.items()):   # one C call: no thread adds a key meanwhile
-            buckets, total = merged.get(value, ([0] * len(self._les), 0.0))
-            merged[value] = ([a + b for a, b in zip(buckets, counts.counts)], total + counts.sum)
-        family = HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
-        for value, (buckets, total) in sorted(merged.items()):
-            family.add_metric([value], list(zip(self._les, itertools.accumulate(buckets))), total)
-        yield family
-
-
 class HistogramCounts:
     """One thread's observations of one label value: `counts[i]` in bucket i (the last: above every bound)."""
 
@@ -179,33 +141,6 @@ class HistogramCounts:
         self.sum += amount
 
 
-class LocklessCounter(Collector):
-    """A counter with one label that counts without a lock, one count per thread (see LocklessHistogram)."""
-
-    def __init__(self, name: str, documentation: str, label: str, *, registry: CollectorRegistry) -> None:
-        self.name = name
-        self.documentation = documentation
-        self.label = label
-        self._counts: dict[tuple[str, int], Count] = {}
-        registry.register(self)
-
-    def labels(self, value: str) -> Count:
-        key = (value, threading.get_ident())
-        count = self._counts.get(key)
-        if count is None:
-            count = self._counts[key] = Count()
-        return count
-
-    def collect(self) -> Iterator[Metric]:
-        merged: dict[str, int] = {}
-        for (value, _), count in list(self._counts.items()):
-            merged[value] = merged.get(value, 0) + count.value
-        family = CounterMetricFamily(self.name, self.documentation, labels=[self.label])
-        for value, total in sorted(merged.items()):
-            family.add_metric([value], total)
-        yield family
-
-
 class Count:
     """One thread's count of one label value."""
 
@@ -216,6 +151,75 @@ class Count:
 
     def inc(self, amount: int = 1) -> None:
         self.value += amount
+
+
+C = TypeVar("C")   # a family's child: HistogramCounts, Count
+
+
+class _PerThreadFamily(Collector, Generic[C]):
+    """A metric family with one label whose every thread counts into children of its own (`labels`
+    returns the calling thread's), merged when scraped: see LocklessHistogram."""
+
+    def __init__(self, name: str, documentation: str, label: str, new: Callable[[], C], *,
+                 registry: CollectorRegistry) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.label = label
+        self._new = new
+        self._children: dict[tuple[str, int], C] = {}   # (label value, thread id) -> that thread's child
+        registry.register(self)
+
+    def labels(self, value: str) -> C:
+        key = (value, threading.get_ident())
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self._new()
+        return child
+
+    def _by_value(self) -> dict[str, list[C]]:
+        """Every thread's children, by label value (the dict copied in one C call: a thread's first
+        observation may add a key meanwhile)."""
+        merged: dict[str, list[C]] = {}
+        for (value, _), child in list(self._children.items()):
+            merged.setdefault(value, []).append(child)
+        return merged
+
+
+class LocklessHistogram(_PerThreadFamily[HistogramCounts]):
+    """A histogram with one label whose observations take no lock: each thread counts into counts of its
+    own (`labels` returns the calling thread's), which a scrape sums.
+
+    prometheus_client's `Histogram` takes a lock twice per observation (its sum and a bucket): a few
+    microseconds on the path of every call (the RPC latency) and of every log append and sync
+    (bench/RESULTS.md issue-20-lockless-metrics). Here every set of counts has one writer, its thread,
+    so a plain `+=` loses nothing; a scrape reads the counts while they may move, as it reads
+    prometheus_client's own. Take `labels(...)` on the thread that observes (it is two dict lookups)."""
+
+    def __init__(self, name: str, documentation: str, label: str, buckets: tuple[float, ...], *,
+                 registry: CollectorRegistry) -> None:
+        super().__init__(name, documentation, label, lambda: HistogramCounts(buckets), registry=registry)
+        self._les = [*(floatToGoString(b) for b in buckets), "+Inf"]
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, children in sorted(self._by_value().items()):
+            buckets = [sum(counts) for counts in zip(*(c.counts for c in children))]
+            family.add_metric([value], list(zip(self._les, itertools.accumulate(buckets))),
+                              sum(c.sum for c in children))
+        yield family
+
+
+class LocklessCounter(_PerThreadFamily[Count]):
+    """A counter with one label that counts without a lock, one count per thread (see LocklessHistogram)."""
+
+    def __init__(self, name: str, documentation: str, label: str, *, registry: CollectorRegistry) -> None:
+        super().__init__(name, documentation, label, Count, registry=registry)
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, children in sorted(self._by_value().items()):
+            family.add_metric([value], sum(c.value for c in children))
+        yield family
 
 
 class Metrics:
