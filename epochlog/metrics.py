@@ -37,6 +37,9 @@ Families (counters get the `_total` suffix on the wire):
     epochlog_leader_balance_transfers_total{group} counter leaderships this node handed over for leader balance
     epochlog_proposals_committed_total{group} counter    proposals this node led to commit
     epochlog_events_applied_total{group}     counter     events applied to this node's views
+    epochlog_applies_prepared_total{group,result} counter on the leader: entries whose apply was prepared
+                                                         before their commit; result committed (the commit
+                                                         only wrote it) or abandoned (applied from scratch)
     epochlog_apply_halted{group}             gauge       1 while the group is halted on this node (a record
                                                          it cannot apply; offset and fix in status, /readyz)
     epochlog_history_floor{group}            gauge       the committed history floor (as_of below: compacted)
@@ -347,8 +350,8 @@ class _GroupCollector(Collector):
         def gauge(name: str, doc: str, labels: tuple[str, ...] = ("group",)) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, doc, labels=list(labels))
 
-        def counter(name: str, doc: str) -> CounterMetricFamily:
-            return CounterMetricFamily(name, doc, labels=["group"])
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ("group",)) -> CounterMetricFamily:
+            return CounterMetricFamily(name, doc, labels=list(labels))
 
         commit = gauge("epochlog_commit_offset", "Highest committed offset known to this node.")
         applied = gauge("epochlog_applied_offset", "Highest offset applied to this node's views.")
@@ -375,6 +378,10 @@ class _GroupCollector(Collector):
                                 "handed to the member the group prefers ([cluster] leader_balance).")
         proposals = counter("epochlog_proposals_committed", "Proposals this node, as leader, saw committed.")
         events = counter("epochlog_events_applied", "Events (records) applied to this node's views.")
+        prepared = counter("epochlog_applies_prepared", "On the leader: entries whose apply this node prepared "
+                           "while the followers stored them, by result: committed (their commit only wrote what "
+                           "was prepared) or abandoned (something else came first: applied from scratch).",
+                           ("group", "result"))
         halted = gauge("epochlog_apply_halted", "1 while the group is halted on this node at a record its code "
                        "cannot apply (status and /readyz name the offset, the reason and the fix).")
         floor = gauge("epochlog_history_floor", "The committed history floor: as_of below it answers compacted.")
@@ -436,6 +443,8 @@ class _GroupCollector(Collector):
             events.add_metric([g], c.events_applied)
             group = groups[g]
             views = self.node.views[g]
+            prepared.add_metric([g, "committed"], views.speculations.committed)
+            prepared.add_metric([g, "abandoned"], views.speculations.abandoned)
             floor.add_metric([g], views.store.history_floor)
             snapshot.add_metric([g], info.snapshot_offset)
             snapshots.add_metric([g], group.snapshots.taken)
@@ -461,9 +470,9 @@ class _GroupCollector(Collector):
         yield from self._scrub()
         yield from (damaged, damage_found, repairs, digest_checks, mismatch)
         yield from (commit, applied, last, start, term, leader, is_leader, lag, member_lag, member_lag_s,
-                    stalls, elections, changes, balance_moves, proposals, events, halted, floor, snapshot, snapshots,
-                    snapshot_failures, installed, segments, pruned, disk_full, clean_end, clean_passes, clean_failures,
-                    clean_reclaimed, clean_dropped, exhausted, peer_drops)
+                    stalls, elections, changes, balance_moves, proposals, events, prepared, halted, floor, snapshot,
+                    snapshots, snapshot_failures, installed, segments, pruned, disk_full, clean_end, clean_passes,
+                    clean_failures, clean_reclaimed, clean_dropped, exhausted, peer_drops)
 
 
 class _PeerCollector(Collector):

@@ -15,6 +15,10 @@ changes nothing (savepoints, or handlers that write only once they cannot reject
 gets a `noops` row at its offset in the same WriteBatch (statemachines/noops.py: key compaction drops
 those records).
 
+An apply call is `prepare` (every decision, the outcomes and the WriteBatch, nothing written) then `commit`
+(the write); the leader prepares its newest entry before it commits and commits it when it does, or
+`abandon`s it when something else came first (statemachines/views.py `ViewsStateMachine.speculate`).
+
 Per entry, what can be: the kv rows its records name are read in one RocksDB multi-get before its
 records are applied (`Overlay.prefetch`), and a client session's write of n requests (n consecutive
 records) is admitted and recorded as a whole once its first request is (`sessions.RunExtension`: the
@@ -93,6 +97,7 @@ from statemachines.store import (
     META,
     ViewsConfig,
     ViewStore,
+    WriteBatch,
     cf_for,
     decode_offset,
     encode_offset,
@@ -141,6 +146,24 @@ class _CannotApply(Exception):
     def __init__(self, offset: int, reason: str, fix: str) -> None:
         super().__init__(reason)
         self.halt = Halt(offset, reason, fix)
+
+
+@dataclass(slots=True)
+class Prepared:
+    """An apply call up to its write (`Applier.prepare`): what `Applier.commit` writes and hands over."""
+
+    entries: Sequence[Entry]
+    outcomes: dict[int, Outcome]
+    batch: WriteBatch | None                      # None: the applied offset does not move
+    writes: dict[str, dict[bytes, bytes | None]]  # the batch's rows by column family
+    applied: int                                  # the applied offset it writes
+    digest: bytes
+    lease_changes: list[tuple[int, int, int]]
+    checkpoints: list[tuple[int, bytes]]          # digest checkpoints it reached
+    access_changes: int                           # user and ACL events in it
+    halt_before: Halt | None
+    store: ViewStore
+    store_writes: int                             # `store.writes` it was prepared at
 
 
 class Overlay:
@@ -376,8 +399,21 @@ class Applier:
         While halted, entries are not applied (outcome `group_halted`); `resume=True` applies them
         anyway (the caller re-reads them from the log after a skip or an upgrade) and halts again only
         on another record it cannot apply."""
+        return self.commit(self.prepare(entries, resume=resume))
+
+    def prepare(self, entries: Sequence[Entry], *, resume: bool = False) -> Prepared:
+        """Everything `apply_entries` does but the write: the outcomes and the WriteBatch, held until
+        `commit` writes them or `abandon` forgets them. Nothing else may write the store meanwhile (`commit`
+        checks it), and no other call of this applier may come between (its state is the prepared call's).
+
+        Lets a leader apply an entry while its followers store it: the commit then only writes
+        (statemachines/views.py `ViewsStateMachine.speculate`). What others read of this applier changes at
+        `commit` only (the lease changes, the digest checkpoints, `access_changes`); a halt and a raised
+        views format level are this call's at once (`ViewsStateMachine.speculate` abandons such a call)."""
         store = self.store
+        halt_before, access_before = self.halt, self.access_changes
         self.lease_changes = []
+        checkpoints: list[tuple[int, bytes]] = []
         batch_ov = self._overlay()
         outcomes: dict[int, Outcome] = {}
         digest = batch_ov.get(META, DIGEST) or b""
@@ -422,25 +458,48 @@ class Applier:
             digest = _chain(digest, last, entry_ov.writes)
             every = self.config.digest_checkpoint_offsets
             if (last + 1) // every > entry.index // every:
-                self.digest_checkpoints.append((last, digest))
+                checkpoints.append((last, digest))
             entry_ov.commit_to_parent()
             applied = last
-        if not entries or applied == applied_before:
-            return outcomes
-        wb = store.new_batch()
-        for cf, pending in batch_ov.writes.items():
-            store.put_all(wb, cf, pending)
-        store.put_meta(wb, APPLIED, encode_offset(applied))
-        store.put_meta(wb, DIGEST, digest)
+        batch = None
+        if applied != applied_before:
+            batch = store.new_batch()
+            for cf, pending in batch_ov.writes.items():
+                store.put_all(batch, cf, pending)
+            store.put_meta(batch, APPLIED, encode_offset(applied))
+            store.put_meta(batch, DIGEST, digest)
+        lease_changes, self.lease_changes = self.lease_changes, []
+        access_changes, self.access_changes = self.access_changes - access_before, access_before
+        return Prepared(entries, outcomes, batch, batch_ov.writes, applied, digest, lease_changes, checkpoints,
+                        access_changes, halt_before, store, store.writes)
+
+    def commit(self, prepared: Prepared) -> dict[int, Outcome]:
+        """Write what `prepare` made (one WriteBatch) and make its changes this applier's; its outcomes."""
+        store = self.store
+        if store is not prepared.store or store.writes != prepared.store_writes:
+            raise AssertionError("the views store was written between an apply's prepare and its commit")
+        self.lease_changes = prepared.lease_changes
+        self.access_changes += prepared.access_changes
+        if prepared.batch is None:
+            return prepared.outcomes
         self._meta_at = -1   # until written: a failed write leaves the stored rows unknown
         try:
-            store.write(wb)
+            store.write(prepared.batch)
         except BaseException:
             self.kept_outcomes.clear()   # it followed writes that did not happen
             self.level = views_format.decode_level(store.meta(views_format.META_KEY))
             raise
-        self._rows_written(batch_ov.writes, applied, digest)
-        return outcomes
+        self.digest_checkpoints.extend(prepared.checkpoints)
+        self._rows_written(prepared.writes, prepared.applied, prepared.digest)
+        return prepared.outcomes
+
+    def abandon(self, prepared: Prepared) -> None:
+        """Forget a prepared call (not committed): this applier is as if it had not run (what it read
+        and decoded on the way is read and decoded again when needed)."""
+        self.kept_outcomes.clear()   # it followed the abandoned writes
+        self.level = views_format.decode_level(self.store.meta(views_format.META_KEY))
+        self.halt = prepared.halt_before
+        self._meta_at = -1   # the kept rows and the quiet expiries were read through its pending writes
 
     def _overlay(self) -> Overlay:
         """The root overlay of an apply call, its reads of meta and client-session rows taken from

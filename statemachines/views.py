@@ -29,12 +29,13 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from eventlog.errors import EpochlogError
 from eventlog.fileutil import fsync_dir
-from eventlog.raft.types import Entry, SnapshotMeta
-from statemachines.apply import Applier, Halt
+from eventlog.raft.types import Entry, EntryKind, SnapshotMeta
+from statemachines.apply import Applier, Halt, Prepared
 from statemachines import views_format
 from statemachines.events import Event, LeaseExpired, ViewsFormatRaised, event_record
 from statemachines.leases import LeaseClock
@@ -47,6 +48,19 @@ logger = logging.getLogger(__name__)
 FORMAT_CHECK_S = 1.0
 """A raise of the views format level proposed and not yet applied is proposed again at most this often (a
 second one applied is rejected, changing nothing)."""
+SPECULATE_BYTES = 256 << 10
+"""Entries a leader prepares applying before they commit (`ViewsStateMachine.speculate`) at most: what a
+turn applies (eventlog/raft/runtime/ready_loop.py APPLY_BYTES_PER_TURN), so preparing holds the loop no
+longer than applying them would."""
+
+
+@dataclass(slots=True)
+class Speculations:
+    """How often a leader prepared applying entries before their commit, and what became of it."""
+
+    prepared: int = 0
+    committed: int = 0    # their commit only wrote what was prepared
+    abandoned: int = 0    # something else came first: applied again from scratch
 
 
 class ViewsStateMachine:
@@ -69,6 +83,8 @@ class ViewsStateMachine:
         # (None: not heard), for the leader's raise (statemachines/views_format.py). None: never raise.
         self.format_support: Callable[[], Iterable[int | None]] | None = None
         self._format_proposed_at = -math.inf
+        self._speculation: Prepared | None = None   # `speculate`
+        self.speculations = Speculations()
 
     def _finish_swap(self) -> None:
         restore, old = self.base / "views.restore", self.base / "views.old"
@@ -94,11 +110,62 @@ class ViewsStateMachine:
 
     def apply(self, entries: Sequence[Entry], *, resume: bool = False) -> dict[int, Outcome]:
         before = self.applier.halt
-        outcomes = self.applier.apply_entries(entries, resume=resume)
+        outcomes: dict[int, Outcome] = {}
+        held = self._settle(entries if not resume else ())
+        if held is not None:   # the speculation was these very entries: only its write is left
+            outcomes = self.applier.commit(held)
+            self._leases_changed()
+            entries = entries[len(held.entries):]
+        if entries or held is None:
+            outcomes.update(self.applier.apply_entries(entries, resume=resume))
+            self._leases_changed()
         halt = self.applier.halt
         if halt is not None and halt is not before:
             self.lease_clock = None
             logger.critical("%s", halt.describe(self.name))
+        return outcomes
+
+    def speculate(self, entries: Sequence[Entry]) -> None:
+        """Entries this node appended as the leader and nobody acknowledged yet: prepare applying them now,
+        while the followers store them, so that their commit only writes what this prepared
+        (`Applier.prepare`; a write's path: its commit, apply and reply follow the follower's
+        acknowledgement at once). Only right after the applied offset, not halted, nothing held yet, at
+        most SPECULATE_BYTES; an entry that would halt or raise the views format level is left to its
+        apply. Whatever comes instead of their commit abandons it (`apply` of other entries, a snapshot's
+        restore, a skip, another writer of the store): the work is lost, never its outcome."""
+        applier = self.applier
+        if (self._speculation is not None or applier.halt is not None or not entries
+                or entries[0].index != self.store.applied + 1
+                or any(e.kind is not EntryKind.NORMAL for e in entries)
+                or sum(len(e.data) for e in entries) > SPECULATE_BYTES):
+            return
+        level = applier.level
+        prepared = applier.prepare(entries)
+        if applier.halt is not None or applier.level != level:
+            applier.abandon(prepared)   # applied at its commit, which logs the halt or raises the level
+            return
+        self._speculation = prepared
+        self.speculations.prepared += 1
+
+    def _settle(self, entries: Sequence[Entry]) -> Prepared | None:
+        """The speculation held, if `entries` begin with its entries and nothing wrote the store since
+        (then the caller commits it); else abandon it (None)."""
+        held, self._speculation = self._speculation, None
+        if held is None:
+            return None
+        spec = held.entries
+        if (len(entries) >= len(spec) and held.store is self.store and held.store_writes == self.store.writes
+                and all(a.index == b.index and a.term == b.term and a.count == b.count
+                        for a, b in zip(entries, spec))):
+            self.speculations.committed += 1
+            return held
+        if held.store is self.store:
+            self.applier.abandon(held)
+        self.speculations.abandoned += 1
+        return None
+
+    def _leases_changed(self) -> None:
+        """Tell the leader's lease clocks what the last commit granted and ended."""
         clock = self.lease_clock
         if clock is not None and self.applier.lease_changes:
             now = time.monotonic()
@@ -107,7 +174,6 @@ class ViewsStateMachine:
                     clock.granted(lease_id, ttl_ms, offset, now)
                 else:
                     clock.ended(lease_id)
-        return outcomes
 
     def expect(self, records: Iterable[tuple[bytes, bytes, Event]]) -> None:
         """Records this node proposes as the leader, with their checked events (`Applier.expect`)."""
@@ -159,6 +225,7 @@ class ViewsStateMachine:
 
     def skip(self, offset: int) -> None:
         """Skip the record this group halted at (durably); `resume` then applies past it."""
+        self._settle(())
         self.applier.skip(offset)
         logger.warning("group %s: the record at offset %s is skipped by the operator", self.name, offset)
 
@@ -226,6 +293,7 @@ class ViewsStateMachine:
 
     def prune_step(self, max_rows: int, max_seconds: float = 0.002, *, eager: bool = False) -> PruneStep:
         """Delete a bounded chunk of the history rows the floor hides (call from the group's loop)."""
+        self._settle(())   # it writes the store
         return self.pruner.step(self.store, max_rows, max_seconds, eager=eager)
 
     def reclaim_space(self) -> concurrent.futures.Future[None] | None:
@@ -249,6 +317,7 @@ class ViewsStateMachine:
             self._restore(path, meta)
 
     def _restore(self, path: Path, meta: SnapshotMeta) -> None:
+        self._settle(())
         restore, old = self.base / "views.restore", self.base / "views.old"
         ViewStore.unpack_snapshot(path, restore)
         fsync_dir(restore)

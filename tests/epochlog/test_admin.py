@@ -164,6 +164,7 @@ def test_readiness_needs_a_leader_and_follower_lag_is_per_peer(tmp_path: Path, s
             clients = [nodes[n].addresses["client"] for n in (1, 2)]
             async with AsyncClient(clients, timeout=10) as c:
                 await asyncio.gather(*(c.put(f"lag/k{i}", b"x") for i in range(WRITES)))
+                await c.put("lag/alone", b"y")   # its apply prepared while the follower stores it
             leader = next(n for n in (1, 2) if nodes[n].node.host.groups["kv"].node.role.value == "leader")
             follower = 3 - leader
             admin = nodes[leader].addresses["admin"]
@@ -181,6 +182,8 @@ def test_readiness_needs_a_leader_and_follower_lag_is_per_peer(tmp_path: Path, s
             assert sample(fm, "epochlog_leader", group="kv") == leader
             assert sample(fm, "epochlog_leader_changes_total", group="kv") >= 1
             assert sample(fm, "epochlog_events_applied_total", group="kv") >= WRITES
+            assert sample(m, "epochlog_applies_prepared_total", group="kv", result="committed") >= 1
+            assert sample(fm, "epochlog_applies_prepared_total", group="kv", result="committed") == 0
         finally:
             for running in nodes.values():
                 await running.stop()

@@ -135,6 +135,58 @@ def test_apply_call_grouping_does_not_change_the_views(program: tuple, cuts: lis
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _impostor(entry: Entry, other: Entry) -> Entry:
+    """`other`'s records at `entry`'s index, in a later term: what a new leader may put where `entry` was."""
+    data = bytearray(other.data)
+    stamp(data, entry.index, entry.term + 1)
+    return Entry(entry.index, entry.term + 1, other.count, EntryKind.NORMAL, bytes(data))
+
+
+@pytest.mark.timeout(SHRINK_TIMEOUT_S)
+@SETTINGS
+@given(program=programs, plan=st.lists(st.sampled_from(["no", "same", "impostor", "written"]), min_size=1,
+                                       max_size=16))
+def test_preparing_an_apply_before_the_commit_does_not_change_the_views(program: tuple, plan: list[str]) -> None:
+    """A leader prepares applying each entry before it commits (`ViewsStateMachine.speculate`): the commit
+    writes what was prepared ("same"); another entry prepared at that index ("impostor", a replaced leader's)
+    or a write of the store in between ("written") abandons it. Either way: the outcomes, the digest and
+    every row of a replica that applied the entries one by one."""
+    entries, model, expected = _entries(program)
+    root = Path(tempfile.mkdtemp(prefix="views-speculation-"))
+    singly, speculating = Replica(root, "singly"), Replica(root, "speculating")
+    try:
+        singly.apply([[e] for e in entries])
+        normal = [e for e in entries if e.kind is EntryKind.NORMAL]
+        spec = speculating.sm.speculations
+        for i, entry in enumerate(entries):
+            step = plan[i % len(plan)]
+            prepared, committed, abandoned = spec.prepared, spec.committed, spec.abandoned
+            if step == "impostor" and normal:
+                speculating.sm.speculate([_impostor(entry, normal[i % len(normal)])])
+            elif step != "no":
+                speculating.sm.speculate([entry])
+            if step == "written":
+                speculating.sm.store.write(speculating.sm.store.new_batch())
+            held = spec.prepared - prepared
+            speculating.apply([[entry]])
+            if step in ("impostor", "written"):
+                assert (spec.committed, spec.abandoned) == (committed, abandoned + held)
+            elif step == "same":
+                assert (spec.committed, spec.abandoned) == (committed + held, abandoned)
+                if entry.kind is EntryKind.NORMAL and speculating.sm.halt is None:
+                    assert held == 1
+        spec = speculating.sm.speculations
+        assert spec.prepared == spec.committed + spec.abandoned
+        check_outcomes(speculating.outcomes, expected)
+        assert speculating.outcomes == singly.outcomes
+        assert speculating.sm.digest == singly.sm.digest
+        assert dump(speculating.sm.store) == dump(singly.sm.store)
+    finally:
+        singly.sm.close()
+        speculating.sm.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.mark.timeout(SHRINK_TIMEOUT_S)
 @SETTINGS
 @given(program=programs, cut=st.integers(0, 1 << 16), behind=st.integers(0, 1 << 16),

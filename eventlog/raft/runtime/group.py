@@ -132,6 +132,9 @@ class StateMachine(Protocol):
     # Without it the group calls `write_snapshot` on its loop.
     # Optional: `proposed(index, data, records)`: each entry this node proposes as the leader, when it is
     # proposed (eventlog/raft/runtime/proposals.py `OnProposed`).
+    # Optional: `speculate(entries)`: on the leader, at the end of a turn that appended or applied, the
+    # first entry not committed yet when everything before it is applied (`_leader_turn_ended`); its
+    # `apply` must come out as if it had not been called.
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +220,7 @@ class RaftGroup:
         self.node_id = node_id
         self.storage = storage
         self.sm = state_machine
+        self._speculate: Callable[[list[Entry]], None] | None = getattr(state_machine, "speculate", None)
         self.tick_interval = tick_interval_ms / 1000
         self.snapshot_every_entries = snapshot_every_entries
         self.snapshot_every_bytes = snapshot_every_bytes
@@ -699,6 +703,17 @@ class RaftGroup:
 
     def _answer_reads(self, read_states: tuple[ReadState, ...], dropped_reads: tuple[int, ...]) -> None:
         self._reads.resolve(read_states, dropped_reads)
+
+    def _leader_turn_ended(self) -> None:
+        """Hand the state machine the first entry not committed yet, when everything before it is applied
+        (its optional `speculate(entries)`: prepare applying them before they commit)."""
+        speculate = self._speculate
+        if speculate is None:
+            return
+        applied = self.sm.applied_index
+        if self.node.log.committed != applied or self.storage.last_index() <= applied:
+            return
+        speculate(self.storage.entries(applied + 1, applied + 2, APPLY_BYTES_PER_TURN))
 
     def _loop_failed(self, exc: BaseException) -> None:
         self._failure = exc

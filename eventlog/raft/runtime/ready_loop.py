@@ -15,7 +15,9 @@ after a Ready that applied committed entries (a slice of at most APPLY_BYTES_PER
 ran (the callers that apply answered resume before the turn steps anything else). Accepted Readys wait
 in order (`PersistQueue`) until the log's durable offset passes their entries, or what is left of them
 once a later Ready replaced a suffix; then their `send_after` goes out through `persisted()` (the leader
-counts its own copy only then).
+counts its own copy only then). A leader's turn that appended or applied entries ends by telling the
+group (`_leader_turn_ended`: the loop is free until the acknowledgements come; the views prepare applying
+the entry in flight, statemachines/views.py `speculate`).
 
 The commit index is persisted lazily (it is a hint for restarts: the state machine knows what it
 applied); term and vote are persisted before any message that depends on them leaves.
@@ -111,6 +113,11 @@ class ReadyOwner(Protocol):
     def _answer_reads(self, read_states: tuple[ReadState, ...], dropped_reads: tuple[int, ...]) -> None:
         ...
 
+    def _leader_turn_ended(self) -> None:
+        """A leader's turn that appended or applied entries ended: the loop is free until the next
+        message (with one write in flight, the acknowledgement that commits it)."""
+        ...
+
     def _loop_failed(self, exc: BaseException) -> None:
         """The loop stops for good (a failed fsync, a broken invariant): fail every waiter."""
         ...
@@ -181,6 +188,7 @@ class ReadyLoop:
                 self._turning = True
                 self._release_persisted()
                 backlog = False   # applying committed entries in slices, the loop running between them
+                worked = False    # a Ready of this turn appended or applied entries
                 while True:
                     self._step_inbox()
                     if not backlog:   # proposals queued meanwhile wait for the backlog: bigger entries
@@ -190,6 +198,7 @@ class ReadyLoop:
                             continue
                         break
                     rd = self.node.ready()
+                    worked = worked or bool(rd.entries or rd.committed)
                     if self._handle(rd):
                         self.node.advance()   # persisted, sent and applied: the synchronous contract
                     else:
@@ -206,6 +215,8 @@ class ReadyLoop:
                         self._turning = True
                     else:
                         backlog = False
+                if worked and self.node.role is Role.LEADER:
+                    self.owner._leader_turn_ended()
                 self.persist_commit(force=False)
                 self._turning = False
                 self._end_turn()
