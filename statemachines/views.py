@@ -292,8 +292,8 @@ class ViewsStateMachine:
     # --- history pruning (statemachines/prune.py) ------------------------------------------------
 
     def prune_step(self, max_rows: int, max_seconds: float = 0.002, *, eager: bool = False) -> PruneStep:
-        """Delete a bounded chunk of the history rows the floor hides (call from the group's loop)."""
-        self._settle(())   # it writes the store
+        """Delete a bounded chunk of the history rows the floor hides (call from the group's loop). A chunk
+        that deletes rows abandons a held `speculate` at the next apply (the store was written)."""
         return self.pruner.step(self.store, max_rows, max_seconds, eager=eager)
 
     def reclaim_space(self) -> concurrent.futures.Future[None] | None:

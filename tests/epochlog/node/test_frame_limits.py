@@ -132,10 +132,13 @@ def test_connections_past_the_cap_are_refused_and_a_frame_runs_a_bounded_number_
             if reply[0] != 99:
                 assert reply[2][0] == "deadline_exceeded", reply
     waves = sorted(v for k, v in at.items() if k != 99)
-    second = deadline_ms / 1000
-    assert all(t >= second for t in waves[:4]) and all(t >= 2 * second for t in waves[4:8]), waves
-    assert all(t >= 3 * second for t in waves[8:]), waves
-    assert at[99] >= 2 * second, f"the ping ran before the requests ahead of it started: {at}"
+    # The node's loop (uvloop) keeps time in whole milliseconds and its timers can fire up to a millisecond
+    # before the delay has passed (libuv/libuv#4773, MagicStack/uvloop#755): once per wave, by this clock.
+    second, slack = deadline_ms / 1000, 0.005
+    assert all(t >= second - slack for t in waves[:4]), waves
+    assert all(t >= 2 * (second - slack) for t in waves[4:8]), waves
+    assert all(t >= 3 * (second - slack) for t in waves[8:]), waves
+    assert at[99] >= 2 * (second - slack), f"the ping ran before the requests ahead of it started: {at}"
 
     # A write of 100,000 events is refused once its events pass the batch limit: the node checks
     # about what fits in a batch, not all of them.
