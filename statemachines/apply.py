@@ -496,10 +496,20 @@ class Applier:
     def abandon(self, prepared: Prepared) -> None:
         """Forget a prepared call (not committed): this applier is as if it had not run (what it read
         and decoded on the way is read and decoded again when needed)."""
+        self._undo(prepared.halt_before)
+
+    def recover(self, halt_before: Halt | None, access_before: int) -> None:
+        """After a `prepare` that raised (given what `halt` and `access_changes` were before it): as if it had
+        not run."""
+        self.access_changes = access_before
+        self.lease_changes = []
+        self._undo(halt_before)
+
+    def _undo(self, halt_before: Halt | None) -> None:
         self.kept_outcomes.clear()   # it followed the abandoned writes
         self.level = views_format.decode_level(self.store.meta(views_format.META_KEY))
-        self.halt = prepared.halt_before
-        self._meta_at = -1   # the kept rows and the quiet expiries were read through its pending writes
+        self.halt = halt_before
+        self._meta_at = -1   # drops the quiet expiries, decided on its pending writes (and the kept rows)
 
     def _overlay(self) -> Overlay:
         """The root overlay of an apply call, its reads of meta and client-session rows taken from

@@ -61,6 +61,7 @@ class Speculations:
     prepared: int = 0
     committed: int = 0    # their commit only wrote what was prepared
     abandoned: int = 0    # something else came first: applied again from scratch
+    failed: int = 0       # preparing raised (a store read): left to their apply
 
 
 class ViewsStateMachine:
@@ -131,16 +132,22 @@ class ViewsStateMachine:
         (`Applier.prepare`; a write's path: its commit, apply and reply follow the follower's
         acknowledgement at once). Only right after the applied offset, not halted, nothing held yet, at
         most SPECULATE_BYTES; an entry that would halt or raise the views format level is left to its
-        apply. Whatever comes instead of their commit abandons it (`apply` of other entries, a snapshot's
-        restore, a skip, another writer of the store): the work is lost, never its outcome."""
+        apply, and so is one whose preparing raises. Whatever comes instead of their commit abandons it
+        (`apply` of other entries, a snapshot's restore, a skip, another writer of the store): the work is
+        lost, never its outcome."""
         applier = self.applier
         if (self._speculation is not None or applier.halt is not None or not entries
                 or entries[0].index != self.store.applied + 1
                 or any(e.kind is not EntryKind.NORMAL for e in entries)
                 or sum(len(e.data) for e in entries) > SPECULATE_BYTES):
             return
-        level = applier.level
-        prepared = applier.prepare(entries)
+        level, access = applier.level, applier.access_changes
+        try:
+            prepared = applier.prepare(entries)
+        except Exception:   # noqa: BLE001 - their apply meets it again, and fails the group if it must
+            applier.recover(None, access)
+            self.speculations.failed += 1
+            return
         if applier.halt is not None or applier.level != level:
             applier.abandon(prepared)   # applied at its commit, which logs the halt or raises the level
             return

@@ -20,7 +20,7 @@ from eventlog.raft.types import Entry, EntryKind
 from eventlog.records import encode_batch, stamp
 from statemachines import events as ev
 from statemachines.query import Query
-from statemachines.store import ViewsConfig, cf_for
+from statemachines.store import APPLIED, ViewsConfig, cf_for
 from statemachines.views import ViewsStateMachine
 from tests.statemachines.harness import dump
 
@@ -42,8 +42,12 @@ def _put(name: str, value: bytes, request_id: str = "") -> ev.KvPut:
 
 
 def test_the_commit_writes_what_was_prepared_and_nothing_shows_before_it(views_dir: Open) -> None:
+    """Entries prepared one at a time, each then committed: the outcomes, rows and digest of plain applies;
+    until each commit, nothing of it shows (the store, the access caches' change count, the digest
+    checkpoints, the lease changes and the leader's lease clock)."""
     sm, plain = views_dir("speculating", ViewsConfig(digest_checkpoint_offsets=2)), views_dir(
         "plain", ViewsConfig(digest_checkpoint_offsets=2))
+    assert sm.keepalive(7) is None   # no such lease yet; the leader's lease clock now runs
     entries = [_events(0, 1, _put("a", b"1")),
                _events(1, 1, ev.UserAdded(name="carol", actor="admin"), _put("a", b"2", "r-2")),
                _events(3, 1, ev.LeaseGranted(lease_id=7, ttl_ms=5_000, actor="t"))]
@@ -56,7 +60,7 @@ def test_the_commit_writes_what_was_prepared_and_nothing_shows_before_it(views_d
         # checkpoints the leader compares and the lease changes the leader's clocks take are as they were
         assert (sm.applied_index, sm.digest, dump(sm.store)) == (applied, digest, rows)
         assert sm.applier.access_changes == access and list(sm.applier.digest_checkpoints) == checkpoints
-        assert sm.applier.lease_changes == []
+        assert sm.applier.lease_changes == [] and sm.keepalive(7) is None
         got = sm.apply([entry])
         assert got == plain.apply([entry]) and all(o.ok for o in got.values()), got
         assert sm.applier.access_changes == plain.applier.access_changes
@@ -64,6 +68,7 @@ def test_the_commit_writes_what_was_prepared_and_nothing_shows_before_it(views_d
         assert list(sm.applier.digest_checkpoints) == list(plain.applier.digest_checkpoints)
     assert sm.speculations.committed == 3 and sm.speculations.abandoned == 0
     assert sm.applier.access_changes == 1 and sm.applier.lease_changes == [(7, 5_000, 3)]
+    assert sm.keepalive(7) == 5_000   # the commit granted it on the leader's clock
     assert len(sm.applier.digest_checkpoints) == 2
     assert sm.digest == plain.digest and dump(sm.store) == dump(plain.store)
     assert Query(sm.store).get("kv/a").state.value == b"2"
@@ -135,3 +140,33 @@ def test_what_cannot_be_prepared_is_left_to_its_apply(views_dir: Open, caplog: p
     assert any("halted at offset 1" in r.getMessage() for r in caplog.records)
     sm.speculate([_events(1, 1, _put("a", b"2"))])   # halted: nothing is prepared
     assert sm.speculations.prepared == 0
+
+
+def test_a_prepare_that_raises_is_left_to_the_apply(views_dir: Open, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read of the store failing while the leader prepares (injected: RocksDB's own errors cannot be
+    made on demand) leaves nothing behind: in a handler (which an apply turns into a halt) not even the
+    access caches' change count the user event bumped before its read, outside one (the applied offset's
+    row) no exception either; the apply of the entry then runs as if nothing had been prepared."""
+    sm, plain = views_dir("speculating"), views_dir("plain")
+    entry = _events(0, 1, ev.UserAdded(name="dave", actor="admin"), _put("a", b"1"))
+    real = sm.store.get
+    failing_key = b"user/dave"
+
+    def failing(cf: str, key: bytes) -> bytes | None:
+        if key == failing_key:
+            raise OSError("injected: the store could not be read")
+        return real(cf, key)
+
+    monkeypatch.setattr(sm.store, "get", failing)
+    sm.speculate([entry])   # in the handler: the prepare halts, and is abandoned
+    assert (sm.speculations.prepared, sm.speculations.failed) == (0, 0)
+    assert sm.applier.access_changes == 0 and sm.applier.lease_changes == [] and sm.halt is None
+    failing_key = APPLIED
+    sm.speculate([entry])   # before any handler: the prepare raises
+    assert (sm.speculations.prepared, sm.speculations.failed) == (0, 1)
+    assert sm.applier.access_changes == 0 and sm.applier.lease_changes == [] and sm.halt is None
+    monkeypatch.setattr(sm.store, "get", real)
+    got = sm.apply([entry])
+    assert got == plain.apply([entry]) and all(o.ok for o in got.values()), got
+    assert sm.applier.access_changes == plain.applier.access_changes == 1
+    assert sm.digest == plain.digest and dump(sm.store) == dump(plain.store)

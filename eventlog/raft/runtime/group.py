@@ -713,7 +713,11 @@ class RaftGroup:
         applied = self.sm.applied_index
         if self.node.log.committed != applied or self.storage.last_index() <= applied:
             return
-        speculate(self.storage.entries(applied + 1, applied + 2, APPLY_BYTES_PER_TURN))
+        try:
+            entries = self.storage.entries(applied + 1, applied + 2, APPLY_BYTES_PER_TURN)
+        except EpochlogError:   # unreadable (damaged): its apply meets it, not this optional step
+            return
+        speculate(entries)
 
     def _loop_failed(self, exc: BaseException) -> None:
         self._failure = exc
