@@ -39,7 +39,8 @@ Families (counters get the `_total` suffix on the wire):
     epochlog_events_applied_total{group}     counter     events applied to this node's views
     epochlog_applies_prepared_total{group,result} counter on the leader: entries whose apply was prepared
                                                          before their commit; result committed (the commit
-                                                         only wrote it) or abandoned (applied from scratch)
+                                                         only wrote it), abandoned (applied from scratch) or
+                                                         failed (preparing raised: left to the apply)
     epochlog_apply_halted{group}             gauge       1 while the group is halted on this node (a record
                                                          it cannot apply; offset and fix in status, /readyz)
     epochlog_history_floor{group}            gauge       the committed history floor (as_of below: compacted)
@@ -380,7 +381,8 @@ class _GroupCollector(Collector):
         events = counter("epochlog_events_applied", "Events (records) applied to this node's views.")
         prepared = counter("epochlog_applies_prepared", "On the leader: entries whose apply this node prepared "
                            "while the followers stored them, by result: committed (their commit only wrote what "
-                           "was prepared) or abandoned (something else came first: applied from scratch).",
+                           "was prepared), abandoned (something else came first: applied from scratch) or failed "
+                           "(preparing raised, e.g. a read of the store: left to their apply).",
                            ("group", "result"))
         halted = gauge("epochlog_apply_halted", "1 while the group is halted on this node at a record its code "
                        "cannot apply (status and /readyz name the offset, the reason and the fix).")
@@ -445,6 +447,7 @@ class _GroupCollector(Collector):
             views = self.node.views[g]
             prepared.add_metric([g, "committed"], views.speculations.committed)
             prepared.add_metric([g, "abandoned"], views.speculations.abandoned)
+            prepared.add_metric([g, "failed"], views.speculations.failed)
             floor.add_metric([g], views.store.history_floor)
             snapshot.add_metric([g], info.snapshot_offset)
             snapshots.add_metric([g], group.snapshots.taken)
