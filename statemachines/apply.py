@@ -162,7 +162,6 @@ class Prepared:
     checkpoints: list[tuple[int, bytes]]          # digest checkpoints it reached
     access_changes: int                           # user and ACL events in it
     halt_before: Halt | None
-    store: ViewStore
     store_writes: int                             # `store.writes` it was prepared at
 
 
@@ -471,12 +470,12 @@ class Applier:
         lease_changes, self.lease_changes = self.lease_changes, []
         access_changes, self.access_changes = self.access_changes - access_before, access_before
         return Prepared(entries, outcomes, batch, batch_ov.writes, applied, digest, lease_changes, checkpoints,
-                        access_changes, halt_before, store, store.writes)
+                        access_changes, halt_before, store.writes)
 
     def commit(self, prepared: Prepared) -> dict[int, Outcome]:
         """Write what `prepare` made (one WriteBatch) and make its changes this applier's; its outcomes."""
         store = self.store
-        if store is not prepared.store or store.writes != prepared.store_writes:
+        if store.writes != prepared.store_writes:
             raise AssertionError("the views store was written between an apply's prepare and its commit")
         self.lease_changes = prepared.lease_changes
         self.access_changes += prepared.access_changes

@@ -161,13 +161,12 @@ class ViewsStateMachine:
         if held is None:
             return None
         spec = held.entries
-        if (len(entries) >= len(spec) and held.store is self.store and held.store_writes == self.store.writes
+        if (len(entries) >= len(spec) and held.store_writes == self.store.writes
                 and all(a.index == b.index and a.term == b.term and a.count == b.count
                         for a, b in zip(entries, spec))):
             self.speculations.committed += 1
             return held
-        if held.store is self.store:
-            self.applier.abandon(held)
+        self.applier.abandon(held)
         self.speculations.abandoned += 1
         return None
 
@@ -324,7 +323,7 @@ class ViewsStateMachine:
             self._restore(path, meta)
 
     def _restore(self, path: Path, meta: SnapshotMeta) -> None:
-        self._settle(())
+        self._settle(())   # before the store (and applier) it was prepared on is replaced
         restore, old = self.base / "views.restore", self.base / "views.old"
         ViewStore.unpack_snapshot(path, restore)
         fsync_dir(restore)
