@@ -2,7 +2,7 @@
 
 A 3-node cluster (as bench/vs_etcd makes one: peer TLS, plaintext client face, leaders spread) whose
 nodes load bench/put_path_hooks/sitecustomize.py: a few methods (the client face's and the peer
-transport's reads and writes, the group task's inbox step and Ready handling, `Node.write`, the views'
+transport's reads and writes, the group task's inbox step and Ready handling, `Node.start_write`, the views'
 apply, the log segment's write and fdatasync) note `time.monotonic_ns()` as they run, one clock for
 every process. One SDK client in this process makes `--puts` puts one at a time, `--gap-ms` apart (so
 one put's hops do not overlap the next one's), and notes when each `put()` started and returned. Each
@@ -197,15 +197,14 @@ def _one_put(lead: Marks, followers: list[Marks], t0: int, t1: int) -> list[tupl
     if not acked:
         return None
     read, f_step, f_step_end, f_handle, f_write, f_sync, f_synced, ack = min(acked, key=lambda times: times[-1])
-    answered = _sequence(lead, ("peer_in", "step", "apply", "apply_end", "handle_end", "node_write_end", "reply_out"),
-                         ack, t1)
+    answered = _sequence(lead, ("peer_in", "step", "apply", "apply_end", "reply_out"), ack, t1)
     if answered is None:
         return None
-    ack_read, _, applying, applied, handled, written, reply = answered
+    ack_read, _, applying, applied, reply = answered
     return [
         ("client: `put()` -> the leader's face reads the request", t0, got),
-        ("leader: request read -> `Node.write`", got, write),
-        ("leader: `Node.write` -> the group's turn", write, turn),
+        ("leader: request read -> `Node.start_write`", got, write),
+        ("leader: `Node.start_write` -> the group's turn", write, turn),
         ("leader: turn -> its Ready (proposals, `ready()`)", turn, handle),
         ("leader: Ready -> Append written", handle, append),
         ("Append written -> the follower reads it", append, read),
@@ -219,9 +218,7 @@ def _one_put(lead: Marks, followers: list[Marks], t0: int, t1: int) -> list[tupl
         ("ack written -> the leader reads it", ack, ack_read),
         ("leader: ack read -> apply (wake-up, step, commit)", ack_read, applying),
         ("leader: apply", applying, applied),
-        ("leader: applied -> the Ready handled", applied, handled),
-        ("leader: Ready handled -> `Node.write` returns", handled, written),
-        ("leader: `Node.write` returns -> reply written", written, reply),
+        ("leader: applied -> reply written (the write told, its reply encoded)", applied, reply),
         ("client: reply written -> `put()` returns", reply, t1),
         ("(off the path) leader: Append written -> its own fdatasync", append, own_sync),
         ("(off the path) leader: its own fdatasync", own_sync, own_synced),

@@ -12,6 +12,8 @@ turns bytes into a call of `Node` and the outcome back into bytes. What happens 
   caller's turn of the loop; `CallRunner.run` awaits one in the caller's task under its deadline: a
   timer cancels the task when it passes (one timer per call, not `asyncio.wait_for`, which would run
   the work in a second task: a task and a loop turn per request);
+  `CallRunner.start` runs one without a task: the work tells its outcome to a callback (a write told in
+  the turn that applies it: `Node.start_write`), the face answers from there, a loop turn sooner;
 - the outcome is the result or the call's error as its row of the one error table
   (eventlog/errors.py), chosen by `call_error`; the face encodes it (`wire_error` for the native
   protocol, `convert.failure` for gRPC); a bug (`internal`) is logged with its traceback;
@@ -101,6 +103,17 @@ class RpcMetrics(Protocol):
     rpc_errors: Counter        # labels: op, code
 
 
+class Cancellable(Protocol):
+    """Work started and not awaited (a task, a proposal's `Told`, a started call): cancelled when its
+    caller no longer waits for it."""
+
+    def cancel(self) -> bool: ...
+
+
+Tell = Callable[[T | BaseException], None]
+"""How started work tells its outcome, once: what it returned, or the error it ended with."""
+
+
 class CallRunner:
     """Runs the calls of one face of a node; see the module docstring. Use on the node's loop."""
 
@@ -180,6 +193,24 @@ class CallRunner:
             if observe:
                 self.observe(op, started)
 
+    def start(self, op: str, call: object, begin: Callable[[Tell[T]], Cancellable], timeout: float,
+              caller: Caller, done: Callable[[Done[T] | Failed], None]) -> Cancellable | None:
+        """`run` without a task: `begin(tell)` starts the work, which tells its outcome to `tell`; `done`
+        gets the call's outcome once, in the turn the work told it, from the deadline's timer (`timeout`
+        + the face's grace; the work is then cancelled), or at once when the call is refused or `begin`
+        raises. The same authorization, outcomes and metrics as `run`. Returns the running call (None
+        when it ended at once): cancel it when the caller goes (its connection), and `done` is not
+        called after that."""
+        started = _StartedCall(self, op, timeout, done)
+        try:
+            self.authorize(caller, op, call)
+            work = begin(started.tell)
+        except Exception as exc:
+            started.tell(exc)
+            return None
+        started.running(work, self.rules.grace_s)
+        return None if started.over else started
+
     # --- outcomes ---------------------------------------------------------------------------------
 
     def error(self, op: str, exc: BaseException, *, timeout: float | None = None,
@@ -200,3 +231,59 @@ class CallRunner:
 
 
 __all__ = ["CallRunner", "Done", "FaceRules", "Failed", "RpcMetrics", "call_error", "wire_error"]
+
+
+class _StartedCall(Generic[T]):
+    """A call `CallRunner.start` runs: the deadline's timer, the work, and `done` told once."""
+
+    __slots__ = ("runner", "op", "timeout", "done", "started", "work", "timer", "over")
+
+    def __init__(self, runner: CallRunner, op: str, timeout: float, done: Callable[[Done[T] | Failed], None]) -> None:
+        self.runner = runner
+        self.op = op
+        self.timeout = timeout
+        self.done = done
+        self.started = time.perf_counter()
+        self.work: Cancellable | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.over = False
+
+    def running(self, work: Cancellable, grace_s: float) -> None:
+        """`begin` returned `work`: cut it at the deadline (unless it already told its outcome)."""
+        if self.over:
+            return
+        self.work = work
+        self.timer = asyncio.get_running_loop().call_later(self.timeout + grace_s, self._expire)
+
+    def tell(self, outcome: T | BaseException) -> None:
+        """The work's outcome (or the refusal): the call's, as `CallRunner.run` makes it."""
+        if self.over:
+            return
+        if isinstance(outcome, BaseException):
+            late = time.perf_counter() - self.started >= self.timeout - 0.001
+            self._end(Failed(self.runner.error(self.op, outcome, timeout=self.timeout, deadline_passed=late)))
+        else:
+            self._end(Done(outcome))
+
+    def cancel(self) -> bool:
+        """The caller went: stop the work, tell nothing (the latency is counted, as for a cancelled task)."""
+        if self.over:
+            return False
+        self._close()
+        return True
+
+    def _expire(self) -> None:
+        if not self.over:
+            self._end(Failed(self.runner.error(self.op, TimeoutError(), timeout=self.timeout)))
+
+    def _end(self, outcome: Done[T] | Failed) -> None:
+        self._close()
+        self.done(outcome)
+
+    def _close(self) -> None:
+        self.over = True
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.work is not None:
+            self.work.cancel()   # a no-op for work that told its outcome
+        self.runner.observe(self.op, self.started)

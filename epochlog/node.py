@@ -22,9 +22,9 @@ import json
 import logging
 import os
 import secrets
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -60,6 +60,7 @@ from statemachines.store import ViewsConfig
 from statemachines.views import ViewsStateMachine
 
 if TYPE_CHECKING:
+    from epochlog.calls import Cancellable
     from epochlog.client.tls import ClientTls
     from eventlog.log import LogRead
 
@@ -219,50 +220,94 @@ class Node:
     async def write(self, events: Sequence[ev.Event]) -> list[p.WriteResult]:
         """Validate every event first (nothing is appended if one is invalid), then commit per group.
 
-        Per event the leader's work is this loop (a write of a transaction's hundred events is a hundred
-        turns of it), so it does each thing once: the group's part (`_WritePart`) and batch limit are
-        looked up once per group, the route is read from the key `checked_record` already made."""
-        if not events:
-            raise InvalidArgumentError("a write carries at least one event")
+        Per event the leader's work is `_check_events` (a write of a transaction's hundred events is a
+        hundred turns of it), so it does each thing once: the group's part (`_WritePart`) and batch limit
+        are looked up once per group, the route is read from the key `checked_record` already made."""
         parts: dict[str, _WritePart] = {}
-        client_event = self.client_event
         for start in range(0, len(events), EVENTS_PER_TURN):
             if start:
                 await asyncio.sleep(0)   # thousands of events are checked in slices, the loop running between
-            chunk = events[start:start + EVENTS_PER_TURN]
-            checked: Iterable[tuple[bytes, bytes, ev.Event]] | None = None
-            if len(chunk) > 1:   # one event is checked faster alone (no array to build and decode)
-                try:
-                    checked = ev.checked_records([client_event(event) for event in chunk])
-                except InvalidArgumentError:   # EventError included
-                    pass
-            if checked is None:   # one event, or one refused: checked one by one as they are added, so the
-                checked = _checked_one_by_one(client_event, chunk)   # first refusal in the caller's order is raised
-            for i, (key, value, decoded) in enumerate(checked, start):
-                # The route of the decoded event (equal to the client's): a record's key is its event's entity
-                # key, but a Txn's is `txn/<first key>`, routed by all its operations and conditions.
-                group = group_of_event(decoded) if isinstance(decoded, ev.Txn) else group_of_record_key(key)
-                part = parts.get(group)
-                if part is None:
-                    part = parts[group] = _WritePart(self.group(group))
-                part.indexes.append(i)
-                part.records.append((key, value))
-                part.checked.append((key, value, decoded))
-                part.size += len(key) + len(value) + 16   # RaftGroup.submit's estimate
-                if part.size > part.limit:   # refused before the rest is checked: the work is bounded by the batch
-                    raise BatchTooLargeError(f"the events of group {group} take more than its batch limit "
-                                             f"({part.limit} bytes) from event {i} on: split the write")
+            self._check_events(events, start, parts)
+        return await self._commit(parts, len(events))
+
+    def start_write(self, events: Sequence[ev.Event],
+                    then: Callable[[list[p.WriteResult] | BaseException], None]) -> Cancellable:
+        """`write`, its outcome told to `then` (the results, or the error) instead of awaited; an invalid
+        write raises here. A write of one group checked in one turn (the usual one) is told in the turn
+        that applies it, so its caller answers from there, a loop turn and a task sooner than an awaiting
+        one (epochlog/calls.py `CallRunner.start`); any other runs as `write` in a task of its own. Cancel
+        the returned handle when no longer waiting (`then` is not called after that)."""
+        if len(events) > EVENTS_PER_TURN:
+            return _told_by_task(self.write(events), then)
+        parts: dict[str, _WritePart] = {}
+        self._check_events(events, 0, parts)
+        if len(parts) > 1:
+            return _told_by_task(self._commit(parts, len(events)), then)
+        self._hand_over(parts)
+        ((group, part),) = parts.items()
+        count = len(events)
+
+        def told(done: Committed | BaseException) -> None:
+            if isinstance(done, BaseException):
+                then(done)
+                return
+            try:
+                results = _results(group, done, count)
+            except Exception as exc:   # the group halted before applying them
+                then(exc)
+                return
+            then(results)
+
+        return part.group.submit_told(part.records, told)
+
+    def _check_events(self, events: Sequence[ev.Event], start: int, parts: dict[str, _WritePart]) -> None:
+        """Check the events of one turn (`EVENTS_PER_TURN` from `start`) and add them to their groups'
+        parts; InvalidArgumentError, EventError or BatchTooLargeError for the first that cannot be written."""
+        if not events:
+            raise InvalidArgumentError("a write carries at least one event")
+        client_event = self.client_event
+        chunk = events[start:start + EVENTS_PER_TURN]
+        checked: Iterable[tuple[bytes, bytes, ev.Event]] | None = None
+        if len(chunk) > 1:   # one event is checked faster alone (no array to build and decode)
+            try:
+                checked = ev.checked_records([client_event(event) for event in chunk])
+            except InvalidArgumentError:   # EventError included
+                pass
+        if checked is None:   # one event, or one refused: checked one by one as they are added, so the
+            checked = _checked_one_by_one(client_event, chunk)   # first refusal in the caller's order is raised
+        for i, (key, value, decoded) in enumerate(checked, start):
+            # The route of the decoded event (equal to the client's): a record's key is its event's entity
+            # key, but a Txn's is `txn/<first key>`, routed by all its operations and conditions.
+            group = group_of_event(decoded) if isinstance(decoded, ev.Txn) else group_of_record_key(key)
+            part = parts.get(group)
+            if part is None:
+                part = parts[group] = _WritePart(self.group(group))
+            part.indexes.append(i)
+            part.records.append((key, value))
+            part.checked.append((key, value, decoded))
+            part.size += len(key) + len(value) + 16   # RaftGroup.submit's estimate
+            if part.size > part.limit:   # refused before the rest is checked: the work is bounded by the batch
+                raise BatchTooLargeError(f"the events of group {group} take more than its batch limit "
+                                         f"({part.limit} bytes) from event {i} on: split the write")
+
+    def _hand_over(self, parts: dict[str, _WritePart]) -> None:
+        """Before proposing: every group serves here, and its leader's applier takes the events decoded
+        when they were checked (propose once)."""
         for group in parts:
             self.halts.check(group)   # each group as `serving` checks it, looked up once above
-        for group, part in parts.items():   # the leader's applier takes the events decoded here (propose once)
+        for group, part in parts.items():
             self.views[group].expect(part.checked)
+
+    async def _commit(self, parts: dict[str, _WritePart], count: int) -> list[p.WriteResult]:
+        """Propose the checked `parts` of a write of `count` events; their results in the write's order."""
+        self._hand_over(parts)
         if len(parts) == 1:   # the usual write: no task to gather (two turns of the loop fewer per call)
             ((group, part),) = parts.items()
             done = await part.group.submit(part.records)
-            return _results(group, done, len(events))
+            return _results(group, done, count)
         names = list(parts)
         committed = await asyncio.gather(*(parts[g].group.submit(parts[g].records) for g in names))
-        results: list[p.WriteResult | None] = [None] * len(events)
+        results: list[p.WriteResult | None] = [None] * count
         for group, done in zip(names, committed):
             for i, result in zip(parts[group].indexes, _results(group, done, len(parts[group].indexes))):
                 results[i] = result
@@ -615,6 +660,21 @@ def _checked_one_by_one(client_event: Callable[[ev.Event], ev.Event],
     """`checked_record` of each event, made as the caller takes them (it stops at the first refusal)."""
     for event in events:
         yield ev.checked_record(client_event(event))
+
+
+def _told_by_task(work: Coroutine[Any, Any, list[p.WriteResult]],
+                  then: Callable[[list[p.WriteResult] | BaseException], None]) -> asyncio.Task[list[p.WriteResult]]:
+    """Run `work` in a task of its own and tell `then` how it ended (not when the task is cancelled)."""
+    task = asyncio.get_running_loop().create_task(work)
+
+    def ended(task: asyncio.Task[list[p.WriteResult]]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        then(exc if exc is not None else task.result())
+
+    task.add_done_callback(ended)
+    return task
 
 
 @functools.cache

@@ -42,7 +42,7 @@ from eventlog.errors import BadFrameError, ConfigError, ConnectionLimitError, In
 from epochlog.api import messages as p
 from epochlog.api.frames import (MAX_FRAME_BYTES, BadRequest, ClientFrame, FrameDecoder, FrameError, encode_frame,
                                  encode_frames, salvage_requests)
-from epochlog.calls import CallRunner, Done, FaceRules, Failed, wire_error
+from epochlog.calls import CallRunner, Cancellable, Done, FaceRules, Failed, wire_error
 from epochlog.access_control import AccessConfig, AccessControl, AccessMetrics, Caller
 from epochlog.face_tls import (ClientTlsConfig, certificate_node, certificate_principal, internal_client_tls,
                                server_context)
@@ -152,7 +152,7 @@ class ClientConnection(asyncio.Protocol):
         self.refused = False                  # past max_connections: answered, never served
         self.pending: list[p.Reply] = []
         self.flush_scheduled = False
-        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.calls: dict[int, Cancellable] = {}    # requests started and not answered: their tasks, or writes
         self.backlog: deque[p.Request] = deque()   # requests received, not started yet (in order)
         self.in_flight = 0                    # requests started and not answered (watches apart)
         self.reading_paused = False
@@ -202,9 +202,9 @@ class ClientConnection(asyncio.Protocol):
         self.service.connections.discard(self)
         self._release_partial()
         self.backlog.clear()
-        for task in self.tasks.values():
-            task.cancel()
-        self.tasks.clear()
+        for call in self.calls.values():
+            call.cancel()
+        self.calls.clear()
         self.can_write.set()
 
     def pause_writing(self) -> None:
@@ -367,6 +367,19 @@ class ClientConnection(asyncio.Protocol):
             self._answer(request.id, self.service.runner.now(_op(call), call, functools.partial(handler, self, call),
                                                              self.caller))
             return
+        timeout = DEFAULT_TIMEOUT_S if request.timeout_ms == 0 else min(request.timeout_ms / 1000, MAX_TIMEOUT_S)
+        if isinstance(call, p.Write):
+            # No task: the write is told in the turn that applies it and answered from there (a task
+            # start and a loop turn less on every write's path: issue-20-told-writes in bench/RESULTS.md).
+            self.in_flight += 1
+            rid = request.id
+            write = call   # its events are read once authorized (authorize stamps the actor into them)
+            running = self.service.runner.start(
+                _op(call), call, lambda tell: self.node.start_write(write.events, tell), timeout, self.caller,
+                functools.partial(self._written, rid))
+            if running is not None:   # else answered already (refused, invalid)
+                self.calls[rid] = running
+            return
         # The coroutine is made when the task first runs: a task cancelled before that (a watch
         # cancelled in its own frame, a connection lost) leaves no coroutine never awaited.
         if isinstance(call, p.Watch):
@@ -375,9 +388,8 @@ class ClientConnection(asyncio.Protocol):
         else:
             work = functools.partial(_ASYNC[type(call)], self, call)
             self.in_flight += 1
-        timeout = DEFAULT_TIMEOUT_S if request.timeout_ms == 0 else min(request.timeout_ms / 1000, MAX_TIMEOUT_S)
         task = self.loop.create_task(self._run(request.id, call, work, timeout))
-        self.tasks[request.id] = task
+        self.calls[request.id] = task
 
     async def _run(self, rid: int, call: p.Call, work: Callable[[], Coroutine[Any, Any, Any]],
                    timeout: float) -> None:
@@ -389,16 +401,28 @@ class ClientConnection(asyncio.Protocol):
             if not watch or isinstance(outcome, Failed):
                 self._answer(rid, outcome)
         finally:
-            self.tasks.pop(rid, None)
+            self.calls.pop(rid, None)
             self.watch_ids.discard(rid)
             if not watch:
-                self.in_flight -= 1
-                if self.backlog:
-                    self._schedule_pump()
-                elif self.in_flight == 0 and self.pending:
-                    # No other request of this connection can join the frame: write it in this turn,
-                    # not the next (one loop turn less on a single client's path).
-                    self._flush()
+                self._ended()
+
+    def _written(self, rid: int, outcome: Done[list[p.WriteResult]] | Failed) -> None:
+        """A write's outcome (`CallRunner.start`), told in the turn that applied it, or by its deadline."""
+        self.calls.pop(rid, None)
+        if isinstance(outcome, Done):
+            outcome = Done(p.Written(outcome.result))
+        self._answer(rid, outcome)
+        self._ended()
+
+    def _ended(self) -> None:
+        """A request (not a watch) was answered: start the next, or write the replies."""
+        self.in_flight -= 1
+        if self.backlog:
+            self._schedule_pump()
+        elif self.in_flight == 0 and self.pending:
+            # No other request of this connection can join the frame: write it in this turn,
+            # not the next (one loop turn less on a single client's path).
+            self._flush()
 
     # --- replies ------------------------------------------------------------------------------
 
@@ -476,10 +500,6 @@ class _WatchState:
         self.acked = asyncio.Event()
 
 
-async def _write(c: ClientConnection, call: p.Write) -> p.Result:
-    return p.Written(await c.node.write(call.events))
-
-
 async def _get(c: ClientConnection, call: p.Get) -> p.Result:
     return await c.node.get(call)
 
@@ -538,7 +558,7 @@ def _cancel_watch(c: ClientConnection, call: p.CancelWatch) -> p.Result:
     if call.watch_id not in c.watch_ids:
         return p.Done()      # ended already (or not a watch): nothing to cancel
     c.watch_ids.discard(call.watch_id)
-    task = c.tasks.pop(call.watch_id, None)
+    task = c.calls.pop(call.watch_id, None)
     if task is not None:     # also before the watch started: its task may not have run yet
         task.cancel()
         cancelled = WatchCancelledError("the watch was cancelled by the client")
@@ -559,7 +579,7 @@ _SYNC: dict[type, Callable[[ClientConnection, Any], p.Result]] = {
     p.CancelWatch: _cancel_watch,
 }
 _ASYNC: dict[type, Callable[[ClientConnection, Any], Coroutine[Any, Any, Any]]] = {
-    p.Write: _write, p.Get: _get, p.Gets: _gets, p.List: _list, p.History: _history,
+    p.Get: _get, p.Gets: _gets, p.List: _list, p.History: _history,
     p.LeaseGrant: _lease_grant,
     p.ReadEvents: lambda c, call: c.node.read_events(call),
     p.ReadLog: lambda c, call: c.node.read_log(call),

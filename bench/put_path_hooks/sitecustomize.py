@@ -73,7 +73,7 @@ if os.environ.get("PUT_PATH_DIR"):
         _wrap(m, "ReadyLoop", "_handle", "handle", end=True)
 
     def _node(m: ModuleType) -> None:
-        _wrap(m, "Node", "write", "node_write")
+        _wrap(m, "Node", "start_write", "node_write")
 
     _PATCHES: dict[str, Callable[[ModuleType], None]] = {
         "eventlog.raft.runtime.transport": _transport, "eventlog.segment": _segment, "epochlog.server": _server,

@@ -6,6 +6,7 @@ Real asyncio timers and tasks, real prometheus metrics in a registry of the test
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -140,3 +141,104 @@ def test_every_call_passes_the_authorization_hook_before_it_runs() -> None:
 def test_the_root_error_is_the_row_of_anything_unexpected() -> None:
     outcome = CallRunner(NATIVE).now("get", object(), lambda: [][1])
     assert isinstance(outcome, Failed) and type(outcome.error) is EpochlogError
+
+
+class Work:
+    """Work a started call began: told by the test, and whether the call cancelled it."""
+
+    def __init__(self) -> None:
+        self.tell: Callable[[object], None] | None = None
+        self.cancelled = 0
+
+    def begin(self, tell: Callable[[object], None]) -> Work:
+        self.tell = tell
+        return self
+
+    def cancel(self) -> bool:
+        self.cancelled += 1
+        return True
+
+
+def test_a_started_call_is_done_once_in_the_turn_its_work_tells_it() -> None:
+    """`CallRunner.start`: no task; `done` runs in the callback that tells the outcome, once."""
+    metrics = RpcMetrics.fresh()
+    runner = CallRunner(NATIVE, metrics)
+    outcomes: list[object] = []
+
+    async def main() -> None:
+        work = Work()
+        runner.start("write", object(), work.begin, 10.0, ANONYMOUS_CALLER, outcomes.append)
+        assert outcomes == [] and work.tell is not None
+        work.tell(["result"])
+        assert outcomes == [Done(["result"])]   # at once, not a loop turn later
+        work.tell(["again"])
+        assert outcomes == [Done(["result"])]
+        failing = Work()
+        runner.start("write", object(), failing.begin, 10.0, ANONYMOUS_CALLER, outcomes.append)
+        assert failing.tell is not None
+        failing.tell(InvalidArgumentError("no such group"))
+
+    asyncio.run(main())
+    assert isinstance(outcomes[1], Failed) and outcomes[1].error.code == "invalid_argument"
+    assert metrics.calls("write") == 2 and metrics.errors("write", "invalid_argument") == 1
+
+
+def test_a_started_call_past_its_deadline_is_cut_and_its_work_cancelled() -> None:
+    metrics = RpcMetrics.fresh()
+    runner = CallRunner(FaceRules(grace_s=0.02), metrics)
+    outcomes: list[object] = []
+    work = Work()
+
+    async def main() -> None:
+        runner.start("write", object(), work.begin, 0.05, ANONYMOUS_CALLER, outcomes.append)
+        while not outcomes:
+            await asyncio.sleep(0.01)
+        assert work.tell is not None
+        work.tell(["too late"])   # the work's outcome after the cut is not told
+
+    asyncio.run(asyncio.wait_for(main(), 5))
+    assert len(outcomes) == 1 and isinstance(outcomes[0], Failed), outcomes
+    assert outcomes[0].error.code == "deadline_exceeded" and "0.05 s" in str(outcomes[0].error)
+    assert work.cancelled == 1 and metrics.calls("write") == 1 and metrics.errors("write", "deadline_exceeded") == 1
+
+
+def test_a_started_call_its_caller_cancels_tells_nothing_and_cancels_its_work() -> None:
+    """The connection went: no outcome, the work cancelled, the deadline's timer gone, the latency counted."""
+    metrics = RpcMetrics.fresh()
+    runner = CallRunner(NATIVE, metrics)
+    outcomes: list[object] = []
+    work = Work()
+
+    async def main() -> None:
+        call = runner.start("write", object(), work.begin, 0.05, ANONYMOUS_CALLER, outcomes.append)
+        assert call is not None and call.cancel() and not call.cancel()
+        await asyncio.sleep(0.1)   # past the deadline: its timer was cancelled with the call
+        assert work.tell is not None
+        work.tell(["after the caller went"])
+
+    asyncio.run(main())
+    assert outcomes == [] and work.cancelled == 1 and metrics.calls("write") == 1
+
+
+def test_a_started_call_refused_or_failing_to_begin_is_done_at_once() -> None:
+    runner = Refusing(NATIVE)
+    outcomes: list[object] = []
+    began: list[str] = []
+
+    def begin(tell: Callable[[object], None]) -> Work:
+        began.append("begun")
+        return Work()
+
+    def invalid(tell: Callable[[object], None]) -> Work:
+        raise InvalidArgumentError("a write carries at least one event")
+
+    async def main() -> None:
+        assert runner.start("write", object(), begin, 1.0, Caller(authenticated="mallory"), outcomes.append) is None
+        assert runner.start("write", object(), invalid, 1.0, ANONYMOUS_CALLER, outcomes.append) is None
+        assert len(outcomes) == 2   # at once, and nothing left running
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert began == [] and all(isinstance(o, Failed) for o in outcomes)
+    assert "mallory may not" in str(outcomes[0].error)   # type: ignore[union-attr]
+    assert outcomes[1].error.code == "invalid_argument"   # type: ignore[union-attr]

@@ -365,3 +365,47 @@ def test_a_node_on_the_wire(tmp_path: Path) -> None:
             await running.stop()
 
     asyncio.run(main())
+
+
+def test_writes_answered_at_once_or_dropped_with_their_connection_leave_nothing_running(tmp_path: Path) -> None:
+    """A write runs without a task (`CallRunner.start`): one refused before it is proposed is answered at
+    once and is not kept as running; one whose connection goes before its commit is dropped (no reply,
+    nothing left), and the node serves on."""
+    seed = int.from_bytes(os.urandom(4), "big")
+    print(f"seed={seed}")
+    configs, data_dirs = in_process(admin_cluster(tmp_path, 1, seed))
+
+    async def main() -> None:
+        running = await RunningNode.start(configs, 1, data_dirs[1], seed=seed)
+        address = running.addresses["client"]
+        try:
+            async with AsyncClient([address], timeout=10) as client:
+                await client.put("warm/up", b"1")    # waits for the kv leader
+            c = await RawConnection.open(address)
+            c.send(p.ClientHello(1))
+            assert isinstance(await c.frame(), p.ServerHello)
+            c.send(p.Requests([p.Request(1, p.Write([ev.KvPut(name="a/1", value=b"1", request_id="not-time-ordered")])),
+                               p.Request(2, p.Write([ev.HistoryPruned(floor=5)])),
+                               p.Request(3, p.Write([ev.KvPut(name="a/2", value=b"2")]))]))
+            by_id = {r.id: r for r in await c.replies(3)}
+            assert by_id[1].error is not None and by_id[1].error.code == "invalid_argument", by_id[1]
+            assert by_id[2].error is not None and by_id[2].error.code == "invalid_argument", by_id[2]
+            assert isinstance(by_id[3].result, p.Written) and by_id[3].result.results[0].ok
+            mine = c.writer.get_extra_info("sockname")
+            (conn,) = [k for k in running.clients.connections
+                       if k.transport is not None and k.transport.get_extra_info("peername") == mine]
+            assert conn.calls == {} and conn.in_flight == 0
+            c.send(p.Requests([p.Request(4, p.Write([ev.KvPut(name="a/3", value=b"3")]))]))
+            c.writer.transport.abort()   # gone before the write commits (or just after)
+            async with AsyncClient([address], timeout=10) as client:
+                assert (await client.put("a/4", b"4")).ok
+                for _ in range(500):   # until the aborted connection's loss reaches the node
+                    if conn not in running.clients.connections:
+                        break
+                    await asyncio.sleep(0.01)
+                assert conn not in running.clients.connections and conn.calls == {}
+            assert running.node.failure() is None
+        finally:
+            await running.stop()
+
+    asyncio.run(main())

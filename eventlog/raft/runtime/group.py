@@ -80,7 +80,7 @@ from eventlog.raft.runtime.log_storage import LogStorage, seal_snapshot_data
 from eventlog.raft.runtime.peer_drops import PeerDrops
 from eventlog.raft.runtime.proposals import Committed as Committed  # re-exported
 from eventlog.raft.runtime.proposals import ProducerStamp as ProducerStamp  # re-exported
-from eventlog.raft.runtime.proposals import Proposal, Proposals
+from eventlog.raft.runtime.proposals import Proposal, Proposals, Told
 from eventlog.raft.runtime.reads import Reads
 from eventlog.raft.runtime.ready_loop import APPLY_BYTES_PER_TURN, Flush, ReadyLoop, Send
 from eventlog.raft.runtime.repair import LogRepair, RepairStatus
@@ -328,20 +328,31 @@ class RaftGroup:
         (before they commit). If leadership changes before the batch commits, the future fails with
         ProposalDroppedError: the records may or may not have been committed.
         """
+        future: asyncio.Future[Committed] = self.loop.create_future()
+        self._queue(Proposal(records, future, producer, on_appended))
+        return await future
+
+    def submit_told(self, records: list[tuple[bytes | None, bytes | None]],
+                    then: Callable[[Committed | BaseException], None]) -> Told:
+        """`submit` for a caller told in the turn that applies the entry (`then(committed or the
+        error)`), not a loop turn later: the same checks, raised here, and the same outcomes. Cancel the
+        returned `Told` when no longer waiting."""
+        told = Told(then)
+        self._queue(Proposal(records, told))
+        return told
+
+    def _queue(self, proposal: Proposal) -> None:
         self._check_open()
         if self.node.role is not Role.LEADER:
             raise NotLeaderError(self.node_id, self.node.leader, self.node.term)
-        future: asyncio.Future[Committed] = self.loop.create_future()
-        proposal = Proposal(records, future, producer, on_appended)
         if proposal.size > self.max_batch_bytes:   # the log would refuse the batch, failing the group
-            raise BatchTooLargeError(f"{len(records)} records of about {proposal.size} bytes exceed the "
-                                     f"batch limit of group {self.name} ({self.max_batch_bytes} bytes)")
+            raise BatchTooLargeError(f"{len(proposal.records)} records of about {proposal.size} bytes exceed "
+                                     f"the batch limit of group {self.name} ({self.max_batch_bytes} bytes)")
         if self._check_space():
             self.counters.proposals_refused += 1
             raise self._disk_full_error()
         self._proposals.queue(proposal)
         self._ready.wake()
-        return await future
 
     async def read_barrier(self, consistency: str = "linearizable", min_offset: int = -1,
                            timeout: float = 5.0) -> int:

@@ -3,8 +3,8 @@
 Proposals from any number of coroutines wait in a queue until the group's loop next turns; then
 everything queued becomes as few entries as `max_batch_bytes` allows, one record batch each (a
 proposal with a Kafka producer stamp is an entry of its own, whose batch header carries the stamp).
-Each caller's future waits under the entry's index with the term it was proposed in: it resolves
-with its offsets and apply outcomes once that entry is applied in the same term, and fails with
+Each caller's future (or `Told` callback) waits under the entry's index with the term it was proposed
+in: it resolves with its offsets and apply outcomes once that entry is applied in the same term, and fails with
 ProposalDroppedError when another leader's entry (or a later one) takes the index. Membership
 changes wait the same way for their CONF_CHANGE entry.
 
@@ -19,6 +19,7 @@ Concurrency contract: call only from the group's loop task (its `RaftGroup` owns
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from eventlog.records import HEADER_SIZE, encode_batch
 if TYPE_CHECKING:
     from eventlog.raft.runtime.group import GroupCounters
 
+
+logger = logging.getLogger(__name__)
 
 OnProposed = Callable[[int, bytes, list[tuple[bytes | None, bytes | None]]], None]
 """Told of each entry proposed: its index, its batch's bytes as proposed (before the log stamps its
@@ -56,13 +59,55 @@ class ProducerStamp:
     base_sequence: int
 
 
+class Told:
+    """A proposal's waiter that is told at once: `then(committed or the error)` runs in the turn that
+    applies (or drops) the entry, where a future's awaiting task would run a loop turn later. For a
+    caller that answers from there (the client face's writes: epochlog/calls.py `CallRunner.start`).
+    `then` runs at most once, never after `cancel`; an exception it raises is logged, not raised into
+    the group's turn."""
+
+    __slots__ = ("_then", "_done")
+
+    def __init__(self, then: Callable[[Committed | BaseException], None]) -> None:
+        self._then = then
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancel(self) -> bool:
+        """The caller no longer waits (its deadline passed, its connection went)."""
+        was = self._done
+        self._done = True
+        return not was
+
+    def set_result(self, result: Committed) -> None:
+        self._tell(result)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._tell(exc)
+
+    def _tell(self, outcome: Committed | BaseException) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._then(outcome)
+        except Exception:   # a bug of the caller's: the group's turn goes on
+            logger.exception("a proposal's waiter failed")
+
+
+Waiter = asyncio.Future[Committed] | Told
+"""Who waits for a proposal: an awaiting caller's future, or a `Told` callback."""
+
+
 class Proposal:
-    """One `submit` call: its records and the future its caller awaits."""
+    """One `submit` call: its records and who waits for them (`future`: a future or a `Told`)."""
 
     __slots__ = ("records", "future", "size", "producer", "on_appended")
 
     def __init__(self, records: list[tuple[bytes | None, bytes | None]],
-                 future: asyncio.Future[Committed], producer: ProducerStamp | None = None,
+                 future: Waiter, producer: ProducerStamp | None = None,
                  on_appended: Callable[[int], None] | None = None) -> None:
         self.records = records
         self.future = future
@@ -82,8 +127,8 @@ class Proposals:
         self.counters = counters
         self.on_proposed = on_proposed
         self.queued: list[Proposal] = []
-        # entry index -> (term proposed in, [(future, first offset, record count)])
-        self._waiters: dict[int, tuple[int, list[tuple[asyncio.Future[Committed], int, int]]]] = {}
+        # entry index -> (term proposed in, [(waiter, first offset, record count)])
+        self._waiters: dict[int, tuple[int, list[tuple[Waiter, int, int]]]] = {}
         self._conf_waiters: dict[int, tuple[int, asyncio.Future[ConfState]]] = {}  # index -> (term, future)
 
     def queue(self, proposal: Proposal) -> None:
