@@ -99,6 +99,10 @@ def test_the_leader_prepares_applying_its_entries_before_they_commit_with_the_fo
             [first] = await write(leader, ev.KvPut(name=f"spec/{i % 4}", value=b"%d" % i, actor="a",
                                                    request_id=f"spec-{i}"))
             assert first.ok and not first.duplicate
+            # the offset the outcome names is the record's (prepared from the entry as the log stores it,
+            # stamped with its offset: not the proposal's bytes, whose batch starts at 0)
+            item = Query(views(leader).store).get(f"kv/spec/{i % 4}")
+            assert item is not None and first.offset == item.version == views(leader).applied_index, (first, item)
             [again] = await write(leader, ev.KvPut(name=f"spec/{i % 4}", value=b"x", actor="a",
                                                    request_id=f"spec-{i}"))
             assert again.duplicate and again.offset == first.offset
