@@ -223,6 +223,7 @@ class Node:
         Per event the leader's work is `_check_events` (a write of a transaction's hundred events is a
         hundred turns of it), so it does each thing once: the group's part (`_WritePart`) and batch limit
         are looked up once per group, the route is read from the key `checked_record` already made."""
+        _not_empty(events)
         parts: dict[str, _WritePart] = {}
         for start in range(0, len(events), EVENTS_PER_TURN):
             if start:
@@ -237,6 +238,7 @@ class Node:
         that applies it, so its caller answers from there, a loop turn and a task sooner than an awaiting
         one (epochlog/calls.py `CallRunner.start`); any other runs as `write` in a task of its own. Cancel
         the returned handle when no longer waiting (`then` is not called after that)."""
+        _not_empty(events)
         if len(events) > EVENTS_PER_TURN:
             return _told_by_task(self.write(events), then)
         parts: dict[str, _WritePart] = {}
@@ -263,8 +265,6 @@ class Node:
     def _check_events(self, events: Sequence[ev.Event], start: int, parts: dict[str, _WritePart]) -> None:
         """Check the events of one turn (`EVENTS_PER_TURN` from `start`) and add them to their groups'
         parts; InvalidArgumentError, EventError or BatchTooLargeError for the first that cannot be written."""
-        if not events:
-            raise InvalidArgumentError("a write carries at least one event")
         client_event = self.client_event
         chunk = events[start:start + EVENTS_PER_TURN]
         checked: Iterable[tuple[bytes, bytes, ev.Event]] | None = None
@@ -660,6 +660,11 @@ def _checked_one_by_one(client_event: Callable[[ev.Event], ev.Event],
     """`checked_record` of each event, made as the caller takes them (it stops at the first refusal)."""
     for event in events:
         yield ev.checked_record(client_event(event))
+
+
+def _not_empty(events: Sequence[ev.Event]) -> None:
+    if not events:
+        raise InvalidArgumentError("a write carries at least one event")
 
 
 def _told_by_task(work: Coroutine[Any, Any, list[p.WriteResult]],

@@ -21,6 +21,7 @@ from epochlog.api.frames import (MAX_FRAME_BYTES, BadRequest, ClientFrame, Frame
                                  encode_frame, encode_frames, problem, salvage_requests)
 from epochlog.client import AsyncClient
 from epochlog.client.errors import ClientError
+from epochlog.errors import InvalidArgumentError
 from epochlog.serve import RunningNode
 from epochlog.server import _merge_watch_events, _oversize_reply
 from statemachines import events as ev
@@ -381,6 +382,10 @@ def test_writes_answered_at_once_or_dropped_with_their_connection_leave_nothing_
         try:
             async with AsyncClient([address], timeout=10) as client:
                 await client.put("warm/up", b"1")    # waits for the kv leader
+            with pytest.raises(InvalidArgumentError):   # every face's write refuses an empty one
+                await running.node.write([])
+            with pytest.raises(InvalidArgumentError):
+                running.node.start_write([], lambda outcome: None)
             c = await RawConnection.open(address)
             c.send(p.ClientHello(1))
             assert isinstance(await c.frame(), p.ServerHello)
