@@ -272,13 +272,17 @@ class RawConnection:
         self.writer.close()
 
 
-def test_a_node_on_the_wire(tmp_path: Path) -> None:
+async def _one_node(tmp_path: Path) -> RunningNode:
+    """A one-member cluster's node in this process (its seed printed, to replay a failure)."""
     seed = int.from_bytes(os.urandom(4), "big")
     print(f"seed={seed}")
     configs, data_dirs = in_process(admin_cluster(tmp_path, 1, seed))
+    return await RunningNode.start(configs, 1, data_dirs[1], seed=seed)
 
+
+def test_a_node_on_the_wire(tmp_path: Path) -> None:
     async def main() -> None:
-        running = await RunningNode.start(configs, 1, data_dirs[1], seed=seed)
+        running = await _one_node(tmp_path)
         address = running.addresses["client"]
         try:
             # Version refused: a server hello with the reason, then the connection closes.
@@ -372,12 +376,8 @@ def test_writes_answered_at_once_or_dropped_with_their_connection_leave_nothing_
     """A write runs without a task (`CallRunner.start`): one refused before it is proposed is answered at
     once and is not kept as running; one whose connection goes before its commit is dropped (no reply,
     nothing left), and the node serves on."""
-    seed = int.from_bytes(os.urandom(4), "big")
-    print(f"seed={seed}")
-    configs, data_dirs = in_process(admin_cluster(tmp_path, 1, seed))
-
     async def main() -> None:
-        running = await RunningNode.start(configs, 1, data_dirs[1], seed=seed)
+        running = await _one_node(tmp_path)
         address = running.addresses["client"]
         try:
             async with AsyncClient([address], timeout=10) as client:

@@ -22,19 +22,26 @@ from tests.eventlog.raft.runtime.test_follower_sync import run, wait
 from tests.eventlog.raft.runtime.test_leader_sync import Leader
 
 
+def _acking_late(tmp_path: Path) -> tuple[Leader, list[int]]:
+    """A leader (not started) and the list to put an index in: node 3 acknowledges that index while the
+    leader applies the entry holding it."""
+    leader = Leader(tmp_path / "l")
+    sm = leader.group.sm
+    apply = sm.apply
+    late_ack: list[int] = []
+
+    def applying(entries: Sequence[Entry]) -> None:
+        apply(entries)
+        if late_ack and any(e.index <= late_ack[0] <= e.last_index for e in entries):
+            leader.ack(3, late_ack.pop())
+
+    sm.apply = applying  # type: ignore[method-assign]
+    return leader, late_ack
+
+
 def test_a_write_answered_by_an_apply_resumes_before_the_next_acknowledgement_is_stepped(tmp_path: Path) -> None:
     async def main() -> None:
-        leader = Leader(tmp_path / "l")
-        sm = leader.group.sm
-        apply = sm.apply
-        late_ack: list[int] = []   # the index node 3 acknowledges while the leader applies it
-
-        def applying(entries: Sequence[Entry]) -> None:
-            apply(entries)
-            if late_ack and any(e.index <= late_ack[0] <= e.last_index for e in entries):
-                leader.ack(3, late_ack.pop())
-
-        sm.apply = applying  # type: ignore[method-assign]
+        leader, late_ack = _acking_late(tmp_path)
         leader.group.start()
         try:
             await leader.elect()
@@ -69,17 +76,8 @@ def test_a_told_write_is_told_in_the_turn_that_applies_it_after_the_views_have_i
     from there is never ahead of a read). A cancelled waiter is never told; a waiter that raises is logged
     and the group goes on."""
     async def main() -> None:
-        leader = Leader(tmp_path / "l")
+        leader, late_ack = _acking_late(tmp_path)
         sm = leader.group.sm
-        apply = sm.apply
-        late_ack: list[int] = []
-
-        def applying(entries: Sequence[Entry]) -> None:
-            apply(entries)
-            if late_ack and any(e.index <= late_ack[0] <= e.last_index for e in entries):
-                leader.ack(3, late_ack.pop())
-
-        sm.apply = applying  # type: ignore[method-assign]
         leader.group.start()
         try:
             await leader.elect()
