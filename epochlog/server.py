@@ -38,7 +38,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from eventlog.configuration import doc
-from eventlog.errors import BadFrameError, ConfigError, ConnectionLimitError, InvalidArgumentError, WatchCancelledError
+from eventlog.errors import (BadFrameError, ConfigError, ConnectionLimitError, EpochlogError, InvalidArgumentError,
+                             WatchCancelledError)
 from epochlog.api import messages as p
 from epochlog.api.frames import (MAX_FRAME_BYTES, BadRequest, ClientFrame, FrameDecoder, FrameError, encode_frame,
                                  encode_frames, salvage_requests)
@@ -149,7 +150,7 @@ class ClientConnection(asyncio.Protocol):
         self.counted = 0                      # this connection's part of service.partial_bytes
         self.waiting_since: float | None = time.monotonic()   # a frame (or the hello) is due since then
         self.greeted = False
-        self.refused = False                  # past max_connections: answered, never served
+        self.refused = False                  # answered with a limit, its stream ended: nothing more is served
         self.pending: list[p.Reply] = []
         self.flush_scheduled = False
         self.calls: dict[int, Cancellable] = {}    # requests started and not answered: their tasks, or writes
@@ -182,21 +183,31 @@ class ClientConnection(asyncio.Protocol):
         service.connections.add(self)
 
     def _refuse(self, message: str) -> None:
-        """One connection_limit reply, then the end of the stream. What the client sends meanwhile (its
-        hello) is read and dropped, so that the close does not reset the connection before the client
-        read the reply; the connection is cut REFUSED_LINGER_S later if the client keeps it."""
+        """Past max_connections: one connection_limit reply, then the end of the stream (`_end_with`)."""
         assert self.transport is not None
-        self.refused = True
-        self.waiting_since = None
         self.service.limit_closes += 1
         self.service.refusals.warning("refusing client connection %s: %s", self._peer(), message)
-        error = wire_error(ConnectionLimitError(message))
-        self.transport.write(encode_frame(p.Replies([p.Reply(0, error=error)])))
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
-            self.loop.call_later(REFUSED_LINGER_S, self.transport.abort)
+        self._end_with(ConnectionLimitError(message))
+
+    def _end_with(self, error: EpochlogError) -> None:
+        """One reply (id 0) with `error`, then the end of the stream. What the client sends meanwhile is
+        read and dropped, so that the close does not reset the connection before the client read the
+        reply (a client still sending when a close left its bytes unread got a reset, and lost the
+        reply); the connection is cut REFUSED_LINGER_S later if the client keeps it."""
+        transport = self.transport
+        assert transport is not None
+        self.refused = True
+        self.waiting_since = None
+        self.backlog.clear()
+        transport.write(encode_frame(p.Replies([p.Reply(0, error=wire_error(error))])))
+        if transport.can_write_eof():
+            transport.write_eof()
+            if self.reading_paused:
+                self.reading_paused = False
+                transport.resume_reading()
+            self.loop.call_later(REFUSED_LINGER_S, transport.abort)
         else:
-            self.transport.close()
+            transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.service.connections.discard(self)
@@ -219,7 +230,7 @@ class ClientConnection(asyncio.Protocol):
         """Read while replies can be written and no request waits in the backlog. A frame is not
         overdue for the time the node did not read it."""
         transport = self.transport
-        if transport is None or transport.is_closing():
+        if transport is None or transport.is_closing() or self.refused:
             return
         paused = not self.can_write.is_set() or bool(self.backlog)
         if paused != self.reading_paused:
@@ -263,7 +274,7 @@ class ClientConnection(asyncio.Protocol):
         """Start requests from the backlog: at most REQUESTS_PER_TURN now, and while fewer than
         max_in_flight_requests run; then again next turn, or once a request completes."""
         self.pump_scheduled = False
-        if self.transport is None or self.transport.is_closing():
+        if self.transport is None or self.transport.is_closing() or self.refused:
             self.backlog.clear()
             return
         cap = self.service.config.max_in_flight_requests
@@ -317,14 +328,13 @@ class ClientConnection(asyncio.Protocol):
         return "its hello" if not self.greeted else f"a frame ({self.decoder.pending_bytes} bytes so far)"
 
     def close_for_limit(self, message: str) -> None:
-        """Close the connection for breaking a limit: one `connection_limit` reply (id 0), then close."""
+        """Close the connection for breaking a limit: one `connection_limit` reply (id 0), then the end
+        of the stream (`_end_with`)."""
         self.service.limit_closes += 1
         logger.warning("closing client connection %s: %s", self._peer(), message)
         self._release_partial()
-        if self.transport is not None and not self.transport.is_closing():
-            error = wire_error(ConnectionLimitError(message))
-            self.transport.write(encode_frame(p.Replies([p.Reply(0, error=error)])))
-            self.transport.close()
+        if self.transport is not None and not self.transport.is_closing() and not self.refused:
+            self._end_with(ConnectionLimitError(message))
 
     def _peer(self) -> str:
         if self.transport is None:
@@ -449,7 +459,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _flush(self) -> None:
         self.flush_scheduled = False
-        if not self.pending or self.transport is None or self.transport.is_closing():
+        if not self.pending or self.transport is None or self.transport.is_closing() or self.refused:
             self.pending.clear()
             return
         replies, self.pending = self.pending, []
