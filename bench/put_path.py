@@ -197,10 +197,10 @@ def _one_put(lead: Marks, followers: list[Marks], t0: int, t1: int) -> list[tupl
     if not acked:
         return None
     read, f_step, f_step_end, f_handle, f_write, f_sync, f_synced, ack = min(acked, key=lambda times: times[-1])
-    answered = _sequence(lead, ("peer_in", "step", "apply", "apply_end", "reply_out"), ack, t1)
+    answered = _sequence(lead, ("peer_in", "step", "apply", "reply_out"), ack, t1)
     if answered is None:
         return None
-    ack_read, _, applying, applied, reply = answered
+    ack_read, _, applying, reply = answered
     return [
         ("client: `put()` -> the leader's face reads the request", t0, got),
         ("leader: request read -> `Node.start_write`", got, write),
@@ -217,8 +217,8 @@ def _one_put(lead: Marks, followers: list[Marks], t0: int, t1: int) -> list[tupl
         ("follower: synced -> acknowledgement written", f_synced, ack),
         ("ack written -> the leader reads it", ack, ack_read),
         ("leader: ack read -> apply (wake-up, step, commit)", ack_read, applying),
-        ("leader: apply", applying, applied),
-        ("leader: applied -> reply written (the write told, its reply encoded)", applied, reply),
+        ("leader: apply starts -> reply written (the write told, its reply encoded; a prepared entry's batch is"
+         " written after)", applying, reply),
         ("client: reply written -> `put()` returns", reply, t1),
         ("(off the path) leader: Append written -> its own fdatasync", append, own_sync),
         ("(off the path) leader: its own fdatasync", own_sync, own_synced),

@@ -12,6 +12,7 @@ import pytest
 
 from eventlog.raft.errors import CompactedError, NotCaughtUpError, NotFoundError, NotLeaderError
 from eventlog.raft.runtime.group import RaftGroup
+from eventlog.raft.runtime.proposals import Committed
 from statemachines import events as ev
 from statemachines.query import Query
 from statemachines.state import Outcome
@@ -118,6 +119,48 @@ def test_the_leader_prepares_applying_its_entries_before_they_commit_with_the_fo
         assert len({views(g).digest for g in groups}) == 1
         rows = [Query(views(g).store).get("kv/spec/1") for g in groups]
         assert all(r is not None and r == rows[0] and r.state.value == b"29" for r in rows)
+    run(scenario, tmp_path)
+
+
+def test_a_told_write_is_answered_before_the_views_write_it_and_they_have_it_before_anything_else_runs(
+        tmp_path: Path) -> None:
+    """A write told at once (`RaftGroup.submit_told`) whose entry the leader prepared is answered from the
+    apply, before the views write it (`ViewsStateMachine.apply_answering`); the write follows in the same
+    call, so the next callback of the loop (any read) finds it applied. Outcomes and digest as a follower's."""
+    async def scenario(hosts: HostCluster) -> None:
+        leader = await hosts.leader()
+        loop = asyncio.get_running_loop()
+        seen: list[tuple[object, int, int]] = []   # (outcome, applied when told, applied at the next callback)
+        for i in range(20):
+            done = loop.create_future()
+            record = ev.event_record(ev.KvPut(name=f"told/{i % 3}", value=b"%d" % i, actor="a", request_id=f"told-{i}"))
+
+            def then(committed: object, done: asyncio.Future[None] = done) -> None:
+                told_at = views(leader).applied_index
+
+                def next_callback() -> None:
+                    seen.append((committed, told_at, views(leader).applied_index))
+                    done.set_result(None)
+
+                loop.call_soon(next_callback)
+
+            leader.submit_told([record], then)
+            await asyncio.wait_for(done, 10)
+        early = 0
+        for committed, told_at, after in seen:
+            assert isinstance(committed, Committed), committed
+            (outcome,) = committed.outcomes
+            assert isinstance(outcome, Outcome) and outcome.ok and outcome.offset == committed.offset
+            assert after >= committed.offset, (committed, told_at, after)   # written before anything else ran
+            early += told_at < committed.offset
+        assert early >= 10, seen   # most were answered before their write (a tick's entry may come between)
+        last = seen[-1][0].offset  # type: ignore[attr-defined]
+        await asyncio.gather(*(hosts.group(n).wait_applied(last, 5) for n in hosts.hosts))
+        groups = [hosts.group(n) for n in hosts.hosts]
+        assert len({views(g).applied_index for g in groups}) == 1
+        assert len({views(g).digest for g in groups}) == 1
+        rows = [Query(views(g).store).get("kv/told/1") for g in groups]
+        assert all(r is not None and r == rows[0] and r.state.value == b"19" for r in rows)
     run(scenario, tmp_path)
 
 

@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import functools
 import logging
 import math
 import random
@@ -102,6 +103,9 @@ SNAPSHOT_RETRY_S = 5.0
 TERM_LIMIT_REPEAT_S = 60.0
 """While the term is at its limit (types.MAX_TERM), the CRITICAL line saying so repeats this often."""
 
+ApplyAnswering = Callable[[Sequence[Entry], Callable[[Mapping[int, object]], None]], Mapping[int, object] | None]
+"""A state machine's optional `apply_answering` (see `StateMachine`)."""
+
 CURRENT_GROUP: contextvars.ContextVar[RaftGroup | None] = contextvars.ContextVar("raft_group", default=None)
 """The group whose task (or a task it spawned) is running: lets log records name group and term."""
 
@@ -135,6 +139,9 @@ class StateMachine(Protocol):
     # Optional: `speculate(entries)`: on the leader, at the end of a turn that appended or applied, the
     # first entry not committed yet when everything before it is applied (`_leader_turn_ended`); its
     # `apply` must come out as if it had not been called.
+    # Optional: `apply_answering(entries, answer)`: `apply`, calling `answer(outcomes)` before it writes
+    # when it already knows them (a speculation committed as prepared), so the callers are answered a
+    # write sooner; the write follows in the same call, before anything else of the loop runs.
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +228,7 @@ class RaftGroup:
         self.storage = storage
         self.sm = state_machine
         self._speculate: Callable[[list[Entry]], None] | None = getattr(state_machine, "speculate", None)
+        self._apply_answering: ApplyAnswering | None = getattr(state_machine, "apply_answering", None)
         self.tick_interval = tick_interval_ms / 1000
         self.snapshot_every_entries = snapshot_every_entries
         self.snapshot_every_bytes = snapshot_every_bytes
@@ -705,7 +713,12 @@ class RaftGroup:
         self._reads.wake_applied()
 
     def _apply_committed(self, committed: tuple[Entry, ...]) -> None:
-        outcomes = self.sm.apply(committed) or {}
+        if self._apply_answering is None:
+            outcomes = self.sm.apply(committed) or {}
+        else:
+            # The callers told at once (`Told`) answer before the views write what they already know.
+            outcomes = self._apply_answering(committed, functools.partial(self._proposals.resolve, committed,
+                                                                          conf_at=self.node.conf_at)) or {}
         self.counters.events_applied += sum(e.count for e in committed if e.kind is EntryKind.NORMAL)
         self._bytes_since_snapshot += sum(e.size for e in committed)
         self._proposals.resolve(committed, outcomes, self.node.conf_at)

@@ -193,7 +193,8 @@ class Proposals:
     def resolve(self, committed: tuple[Entry, ...], outcomes: Mapping[int, object],
                 conf_at: Callable[[int], ConfState]) -> None:
         """Answer the callers waiting for the applied entries `committed` (with `outcomes` by offset);
-        those waiting for an index at or below the last one that did not get their entry lost it."""
+        those waiting for an index at or below the last one that did not get their entry lost it. A
+        second call for the same entries finds nobody left to answer."""
         if self._conf_waiters:
             self._resolve_conf(committed, conf_at)
         for e in committed:
