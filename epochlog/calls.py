@@ -183,10 +183,9 @@ class CallRunner:
             if not expired:
                 raise
             task.uncancel()
-            return Failed(self.error(op, TimeoutError(), timeout=timeout))
+            return self.failed(op, TimeoutError(), started, timeout)
         except Exception as exc:
-            late = timeout is not None and time.perf_counter() - started >= timeout - 0.001
-            return Failed(self.error(op, exc, timeout=timeout, deadline_passed=late))
+            return self.failed(op, exc, started, timeout)
         finally:
             if timer is not None:
                 timer.cancel()
@@ -212,6 +211,12 @@ class CallRunner:
         return None if started.over else started
 
     # --- outcomes ---------------------------------------------------------------------------------
+
+    def failed(self, op: str, exc: BaseException, started: float, timeout: float | None) -> Failed:
+        """The outcome of a call started at `started` (time.perf_counter()) that ended with `exc`: whether
+        its deadline had passed decides how a retriable error is reported (`call_error`)."""
+        late = timeout is not None and time.perf_counter() - started >= timeout - 0.001
+        return Failed(self.error(op, exc, timeout=timeout, deadline_passed=late))
 
     def error(self, op: str, exc: BaseException, *, timeout: float | None = None,
               deadline_passed: bool = False) -> EpochlogError:
@@ -260,8 +265,7 @@ class _StartedCall(Generic[T]):
         if self.over:
             return
         if isinstance(outcome, BaseException):
-            late = time.perf_counter() - self.started >= self.timeout - 0.001
-            self._end(Failed(self.runner.error(self.op, outcome, timeout=self.timeout, deadline_passed=late)))
+            self._end(self.runner.failed(self.op, outcome, self.started, self.timeout))
         else:
             self._end(Done(outcome))
 
@@ -274,7 +278,7 @@ class _StartedCall(Generic[T]):
 
     def _expire(self) -> None:
         if not self.over:
-            self._end(Failed(self.runner.error(self.op, TimeoutError(), timeout=self.timeout)))
+            self._end(self.runner.failed(self.op, TimeoutError(), self.started, self.timeout))
 
     def _end(self, outcome: Done[T] | Failed) -> None:
         self._close()

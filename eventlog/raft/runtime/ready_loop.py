@@ -205,10 +205,11 @@ class ReadyLoop:
                         self.node.accept()
                     self._release_persisted()
                     if rd.committed:
-                        # The tasks this apply answered (writes, reads waiting for the applied offset) run
-                        # before the turn steps anything else (a second acknowledgement of the same entry:
-                        # put-c1 p50, bench/RESULTS.md issue-20-reply-first); a backlog's next slice waits
-                        # for the loop likewise (APPLY_BYTES_PER_TURN).
+                        # The tasks this apply answered (writes awaited by the gRPC and Kafka faces, reads
+                        # waiting for the applied offset; a native write was answered in the apply itself,
+                        # RaftGroup.submit_told) run before the turn steps anything else (a second
+                        # acknowledgement of the same entry: put-c1 p50, bench/RESULTS.md issue-20-reply-first);
+                        # a backlog's next slice waits for the loop likewise (APPLY_BYTES_PER_TURN).
                         backlog = self.node.log.applicable()
                         self._turning = False
                         await asyncio.sleep(0)
