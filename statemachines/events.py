@@ -670,6 +670,22 @@ EVENT_TYPES: dict[str, type[Event]] = {
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(AnyEvent)
 
+# What decoding untrusted msgpack or JSON may raise: msgspec's errors, RecursionError (nesting deeper
+# than this process decodes) and UnicodeDecodeError (msgspec up to 0.22 raised it for a str that is not
+# UTF-8; 0.23 raises a DecodeError instead).
+DECODE_ERRORS = (msgspec.DecodeError, RecursionError, UnicodeDecodeError)
+
+
+def decode_problem(exc: BaseException) -> str:
+    """What a decode error of DECODE_ERRORS says, in words that stay the same on every msgspec version
+    (clients and tests match on them): "nested too deeply", "a string is not UTF-8 (...)", else msgspec's."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"a string is not UTF-8 ({exc.reason} at byte {exc.start} of it)"
+    text = str(exc)
+    return "a string is not UTF-8" if text.startswith("Invalid UTF-8") else text
+
 
 decode_any = _decoder.decode
 """The event of a record value, unchecked: `decode_event` without its error wording and version check
@@ -693,10 +709,8 @@ def decode_event(data: bytes | memoryview) -> Event:
         if kind is not None and kind not in EVENT_TYPES:
             raise SchemaVersionError(f"unknown event type {kind!r}: written by a newer Epochlog?") from None
         raise EventError(f"malformed event: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise EventError(f"malformed event: {exc}") from None
-    except UnicodeDecodeError as exc:   # msgspec raises it for a str that is not UTF-8: alike everywhere
-        raise EventError(f"malformed event: a string is not UTF-8 ({exc.reason})") from None
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:   # alike on every replica
+        raise EventError(f"malformed event: {decode_problem(exc)}") from None
     except RecursionError:
         # Only an unknown field can nest without bound (every known field has a bounded shape);
         # how deep this process can decode depends on its stack, so this is not "malformed" alike
@@ -715,7 +729,7 @@ def written_keys(record_key: bytes | memoryview | None, value: bytes | memoryvie
         return ()
     try:
         event = _decoder.decode(value)
-    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+    except DECODE_ERRORS:
         return ()
     return tuple(op.key().encode() for op in event.ops) if isinstance(event, Txn) else ()
 
@@ -749,7 +763,7 @@ def applicable(value: bytes | memoryview) -> Event:
 def _peek_type(data: bytes | memoryview) -> str | None:
     try:
         raw = msgspec.msgpack.decode(data)
-    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+    except DECODE_ERRORS:
         return None
     return raw.get("type") if isinstance(raw, dict) else None
 

@@ -24,13 +24,11 @@ from typing import Any
 import msgspec
 
 from epochlog.api.messages import Call, ClientHello, Replies, Request, Requests, ServerHello
+from statemachines.events import DECODE_ERRORS, decode_problem
 
 MAX_FRAME_BYTES = 16 << 20
 _LENGTH = struct.Struct(">I")
 
-# What decoding untrusted msgpack may raise: msgspec's errors, RecursionError (nesting deeper than
-# this process decodes) and UnicodeDecodeError (msgspec raises it for a str that is not UTF-8).
-DECODE_ERRORS = (msgspec.DecodeError, RecursionError, UnicodeDecodeError)
 
 ClientFrame = ClientHello | Requests
 ServerFrame = ServerHello | Replies
@@ -114,7 +112,7 @@ class FrameDecoder:
                     frames.append(self._decoder.decode(payload))
                 except DECODE_ERRORS as exc:
                     if self._salvage is None:
-                        raise FrameError(f"malformed frame: {_reason(exc)}") from None
+                        raise FrameError(f"malformed frame: {decode_problem(exc)}") from None
                     frames.extend(self._salvage(bytes(payload), exc))   # a copy: Raw values keep their buffer
             finally:
                 payload.release()   # else the bytearray cannot be resized while a view exists
@@ -150,7 +148,7 @@ def salvage_requests(payload: bytes, error: Exception) -> list[Any]:
     try:
         raw = _raw_requests_decoder.decode(payload)
     except DECODE_ERRORS:
-        raise FrameError(f"malformed frame: {_reason(error)}") from None
+        raise FrameError(f"malformed frame: {decode_problem(error)}") from None
     good: list[Request] = []
     bad: list[Any] = []
     for item in raw.requests:
@@ -160,7 +158,7 @@ def salvage_requests(payload: bytes, error: Exception) -> list[Any]:
             try:
                 rid = _request_id_decoder.decode(item).id
             except DECODE_ERRORS:
-                raise FrameError(f"malformed request without a readable id: {_reason(exc)}") from None
+                raise FrameError(f"malformed request without a readable id: {decode_problem(exc)}") from None
             bad.append(BadRequest(rid, _describe(exc, item)))
     return ([Requests(good)] if good else []) + bad
 
@@ -178,17 +176,9 @@ def problem(call: Any) -> str | None:
 _call_decoder = msgspec.msgpack.Decoder(Call)
 
 
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, RecursionError):
-        return "nested too deeply"
-    if isinstance(exc, UnicodeDecodeError):
-        return f"a string is not UTF-8 ({exc.reason} at byte {exc.start} of it)"
-    return str(exc)
-
-
 def _describe(exc: BaseException, item: bytes | msgspec.Raw, *, request: bool = True) -> str:
     """`exc` (msgspec's "Expected `int` >= 0 - at `$[1].as_of`") as "get.as_of: expected `int` >= 0, got -5"."""
-    text = _reason(exc)
+    text = decode_problem(exc)
     m = _AT.match(text)
     if m is None:
         return f"invalid request: {text}"

@@ -156,19 +156,17 @@ def command_event(r: pb.CommandRequest) -> ev.Event:
         # Versions are not checked here: the node refuses what it could not apply (events.event_record).
         try:
             event = _msgpack_event_decoder.decode(r.event_msgpack)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        except msgspec.ValidationError as exc:
             raise RequestError(f"event_msgpack: {exc} (event types: {', '.join(ev.EVENT_TYPES)})") from None
-        except RecursionError:
-            raise RequestError("event_msgpack: nested too deeply") from None
-        except UnicodeDecodeError as exc:
-            raise RequestError(f"event_msgpack: a string is not UTF-8 ({exc.reason})") from None
+        except ev.DECODE_ERRORS as exc:
+            raise RequestError(f"event_msgpack: {ev.decode_problem(exc)}") from None
     elif kind == "event_json":
         try:
             event = _json_event_decoder.decode(r.event_json)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        except msgspec.ValidationError as exc:
             raise RequestError(f"event_json: {exc} (event types: {', '.join(ev.EVENT_TYPES)})") from None
-        except RecursionError:
-            raise RequestError("event_json: nested too deeply") from None
+        except ev.DECODE_ERRORS as exc:
+            raise RequestError(f"event_json: {ev.decode_problem(exc)}") from None
     else:
         event = typed_event(getattr(r, kind))
     tag = type(event).__struct_config__.tag
@@ -218,7 +216,7 @@ def to_json(msgpack: bytes) -> str:
     decode (a committed record no version applies may be anything)."""
     try:
         return _json_encoder.encode(msgspec.msgpack.decode(msgpack)).decode()
-    except frames.DECODE_ERRORS:
+    except ev.DECODE_ERRORS:
         return ""
 
 
@@ -227,7 +225,7 @@ def event_type(value: bytes | None) -> str:
         return ""
     try:
         return _tag_decoder.decode(value).type
-    except frames.DECODE_ERRORS:
+    except ev.DECODE_ERRORS:
         return ""
 
 

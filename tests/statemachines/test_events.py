@@ -85,6 +85,17 @@ def test_a_newer_schema_version_or_type_is_refused_clearly() -> None:
         ev.decode_event(b"\x93garbage")
 
 
+def test_a_string_that_is_not_utf8_reads_alike_on_every_msgspec_version() -> None:
+    # msgspec up to 0.22 raised UnicodeDecodeError for it, 0.23 a DecodeError: clients see one wording
+    with pytest.raises(ev.EventError, match="malformed event: a string is not UTF-8"):
+        ev.decode_event(b"\x83\xa4type\xa5KvPut\xa4name\xa2\xff\xfe\xa5value\xc4\x01c")
+    as_022 = UnicodeDecodeError("utf-8", b"\xff\xfe", 0, 1, "invalid start byte")
+    assert ev.decode_problem(as_022) == "a string is not UTF-8 (invalid start byte at byte 0 of it)"
+    assert ev.decode_problem(msgspec.DecodeError("Invalid UTF-8 encoded string")) == "a string is not UTF-8"
+    assert ev.decode_problem(RecursionError()) == "nested too deeply"
+    assert ev.decode_problem(msgspec.DecodeError("Input data was truncated")) == "Input data was truncated"
+
+
 @pytest.mark.parametrize(("event", "message"), [
     (ev.KvPut(name="", value=b"x"), "a key is 1-1024 bytes"),
     (ev.KvPut(name="k" * 1025, value=b"x"), "a key is 1-1024 bytes"),

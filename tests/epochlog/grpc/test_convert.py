@@ -82,6 +82,9 @@ def test_command_forms_agree() -> None:
         assert refused.value.code == "invalid_argument"
     with pytest.raises(cv.RequestError, match="nested too deeply"):
         cv.command_event(pb.CommandRequest(event_msgpack=b"\x82\xa4type\xa5KvPut\xa1x" + b"\x91" * 100_000 + b"\x00"))
+    with pytest.raises(cv.RequestError, match="event_msgpack: a string is not UTF-8"):
+        cv.command_event(pb.CommandRequest(event_msgpack=ev.encode_event(ev.KvPut(name="ab", value=b"c"))
+                                           .replace(b"\xa2ab", b"\xa2\xff\xfe")))
     with pytest.raises(cv.RequestError, match="does not match"):
         cv.command_event(pb.CommandRequest(type="KvPut", event_msgpack=ev.encode_event(event)))
     assert cv.event_type(ev.encode_event(event)) == "OffsetCommitted" and cv.event_type(b"\x01") == ""
