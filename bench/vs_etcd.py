@@ -14,9 +14,12 @@ leader change), each met or not in this run.
     .venv/bin/python -m bench.vs_etcd --scale 0.2     # fewer requests per case (smoke run)
     .venv/bin/python -m bench.vs_etcd --only put-c1   # one case
     .venv/bin/python -m bench.vs_etcd --peer-tls off  # Epochlog's peers in plaintext ([cluster.tls] insecure)
+    .venv/bin/python -m bench.vs_etcd --etcd-peer-tls # etcd's members speak TLS too (bench/etcd_peer_tls.sh)
 
 Epochlog's members speak mutual TLS by default (a CA and member certificates are made per cluster);
-bench/peer_tls.py compares put-c16 with and without it.
+the anchor's etcd cluster speaks plain HTTP between its members. So by default the two differ in the
+TLS record layer on every Raft message; `--peer-tls off` or `--etcd-peer-tls` compare like with like
+(bench/peer_tls.py compares put-c16 with and without Epochlog's).
 
 Needs /usr/bin/etcd and /usr/bin/etcdctl (Debian: apt-get install etcd-server etcd-client) and the etcd stubs/venv the anchor builds
 (first run: `--setup-etcd` creates /tmp/etcd-bench-venv and /tmp/etcd-bench-stubs as the anchor's
@@ -89,11 +92,15 @@ def last_json_line(text: str) -> dict[str, object]:
     raise RuntimeError(f"no JSON result in output:\n{text[-2000:]}")
 
 
-def run_etcd(case: tuple[str, str, int, int, list[str], list[str]], n: int, scratch: Path) -> dict[str, object]:
+def run_etcd(case: tuple[str, str, int, int, list[str], list[str]], n: int, scratch: Path, *,
+             peer_tls: bool = False) -> dict[str, object]:
+    """One fresh 3-member etcd cluster loaded with `case`; with `peer_tls` its members speak TLS to each
+    other (bench/etcd_peer_tls.sh), else plain HTTP (the anchor's cluster as it is)."""
     label, workload, conc, _, etcd_args, _ = case
     data = scratch / f"etcd-{label}"
     cluster = str(ANCHOR / "etcd_cluster.sh")
-    subprocess.run([cluster, "start", str(data)], check=True, stdout=subprocess.DEVNULL)
+    env = {**os.environ, "ETCD": str(ROOT / "bench" / "etcd_peer_tls.sh")} if peer_tls else None
+    subprocess.run([cluster, "start", str(data)], check=True, stdout=subprocess.DEVNULL, env=env)
     try:
         endpoints = subprocess.run([cluster, "endpoints", str(data)], check=True, capture_output=True,
                                    text=True).stdout.strip()
@@ -314,6 +321,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="also append every JSON result to this file")
     ap.add_argument("--peer-tls", choices=("on", "off"), default="on",
                     help="Epochlog's members speak mutual TLS (the default) or plaintext ([cluster.tls] insecure)")
+    ap.add_argument("--etcd-peer-tls", action="store_true",
+                    help="etcd's members speak TLS to each other too (else plain HTTP, the anchor's default)")
     ap.add_argument("--from-jsonl", type=Path, default=None,
                     help="render the results of an earlier run (its --out file) instead of running")
     args = ap.parse_args()
@@ -336,7 +345,7 @@ def main() -> None:
     try:
         for case in cases:
             n = max(200, int(case[3] * args.scale))
-            etcd = run_etcd(case, n, scratch)
+            etcd = run_etcd(case, n, scratch, peer_tls=args.etcd_peer_tls)
             log(f"{case[0]}: etcd {etcd['ops_per_s']} ops/s p50 {etcd['latency_ms']['p50']} ms")  # type: ignore[index]
             ours = run_epochlog(case, n, scratch, peer_tls=args.peer_tls == "on")
             log(f"{case[0]}: epochlog {ours['ops_per_s']} ops/s p50 {ours['latency_ms']['p50']} ms "  # type: ignore[index]
@@ -370,7 +379,8 @@ def report(rows: list[tuple[str, dict[str, object], dict[str, object]]], args: a
     write_section("vs-etcd", body + "\n\n" + "\n".join(cpu) +
                   f"\n\nFresh 3-node clusters per case and system; one client process each "
                   f"(etcd: the anchor's grpc.aio generator; Epochlog: bench/node_load.py over the SDK); "
-                  f"requests per case scaled by {args.scale}; Epochlog's peer TLS {args.peer_tls}. "
+                  f"requests per case scaled by {args.scale}; Epochlog's peer TLS {args.peer_tls}, etcd's "
+                  f"{'on (bench/etcd_peer_tls.sh)' if args.etcd_peer_tls else 'off'}. "
                   f"Server CPU is the sum over the three nodes. "
                   f"Load average when rendered: {' '.join(loadavg)}. "
                   f"Run-to-run spread on this shared machine is 10-25 %: compare ratios within one run.",
