@@ -5,19 +5,21 @@
 #                Kafka consumer, exports to Delta and checks an audit answer against the live one,
 #                then stops it cleanly (docs/local-cluster.md); the next `make run` resumes that data
 #   make test  - the whole test suite
-# The first run of either makes .venv and installs the dependencies (a few minutes; it says so).
+# The first run of either makes .venv and installs the dependencies (a few minutes; it says so), at the
+# versions in constraints.txt: the set the suite last passed with (`make lock` moves it to the newest
+# releases pyproject.toml allows; then run `make test` and commit both, scripts/lock_deps.py).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv bench clean log-demo
+.PHONY: run test venv bench clean log-demo lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@echo "installing Epochlog and its dependencies into $(VENV) (first run only: a few minutes)..."
 	@$(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --quiet --upgrade pip
-	@$(PY) -m pip install --quiet -e '.[dev]'
+	@$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 	@echo "installed into $(VENV)"
 
@@ -39,6 +41,9 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.log_bench
 	$(PY) -m bench.views_bench
+
+lock: $(STAMP)
+	$(PY) scripts/lock_deps.py
 
 clean:
 	rm -rf $(VENV) data .pytest_cache .hypothesis
