@@ -29,7 +29,6 @@ from statemachines.events import DECODE_ERRORS, decode_problem
 MAX_FRAME_BYTES = 16 << 20
 _LENGTH = struct.Struct(">I")
 
-
 ClientFrame = ClientHello | Requests
 ServerFrame = ServerHello | Replies
 
