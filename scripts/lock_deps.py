@@ -35,9 +35,8 @@ def resolve() -> dict[str, str]:
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--dry-run", "--ignore-installed",
                         "--report", str(report), ".[dev]"], cwd=ROOT, check=True)
         installs = json.loads(report.read_text())["install"]
-    own = "epochlog"
     return {item["metadata"]["name"]: item["metadata"]["version"] for item in installs
-            if item["metadata"]["name"].lower() != own}
+            if item["metadata"]["name"].lower() != "epochlog"}   # this project itself, installed editable
 
 
 def main() -> None:
