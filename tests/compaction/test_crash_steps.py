@@ -138,7 +138,7 @@ def _quiesced(cluster: NodeCluster, settle_s: float = 1.5, timeout: float = 60.0
     last: tuple[int, int] | None = None
     while True:
         leader = cluster.leader("kv")
-        now = (leader, cluster.group_status(leader, "kv").commit_offset)   # type: ignore[union-attr]
+        now = (leader, cluster.wait_group_status(leader, "kv").commit_offset)
         if now == last:
             return now
         assert time.monotonic() < deadline, f"kv kept committing: {last} -> {now}"

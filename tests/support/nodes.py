@@ -470,6 +470,16 @@ class NodeCluster:
         info = self.status(node_id)
         return None if info is None else next((g for g in info.groups if g.group == group), None)
 
+    def wait_status(self, node_id: int, timeout: float = 15.0) -> p.StatusInfo:
+        """Node `node_id`'s own status, asking again while it does not answer: on a loaded machine, or while
+        the node applies a long catch-up, one status call can miss its own deadline without anything being
+        wrong. AssertionError with the node's stderr tail once `timeout` passes."""
+        return self._answer(node_id, lambda: self.status(node_id), timeout, "its status")
+
+    def wait_group_status(self, node_id: int, group: str, timeout: float = 15.0) -> p.GroupInfo:
+        """Node `node_id`'s status of `group`, asking again while it does not answer (as `wait_status`)."""
+        return self._answer(node_id, lambda: self.group_status(node_id, group), timeout, f"its status of {group}")
+
     def leader(self, group: str, *, among: Iterable[int] | None = None, timeout: float = 15.0) -> int:
         """Wait until a node of `among` (default: running) says it leads `group`; the one with the highest
         term if several do (an old leader may not know yet)."""
@@ -554,6 +564,17 @@ class NodeCluster:
             return {}
         return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
                 for family in text_string_to_metric_families(text) for sample in family.samples}
+
+    def wait_metrics(self, node_id: int, timeout: float = 15.0) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Node `node_id`'s /metrics (as `metrics`), asking again while it does not answer (as
+        `wait_group_status`)."""
+        return self._answer(node_id, lambda: self.metrics(node_id) or None, timeout, "its /metrics")
+
+    def _answer(self, node_id: int, ask: Callable[[], T | None], timeout: float, what: str) -> T:
+        try:
+            return wait_until(ask, timeout, f"node {node_id} to answer with {what}")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; its stderr ends:\n{self.nodes[node_id].stderr()[-2000:]}") from None
 
     def describe(self) -> str:
         """Where to look after a failure: the directory, the seed and each node's stderr tail."""

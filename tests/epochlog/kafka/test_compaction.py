@@ -188,7 +188,7 @@ def _settle(cluster: NodeCluster, nodes: list[int]) -> None:
     """Wait until every node in `nodes` applied each group's commit offset (nothing is written)."""
     for group in cluster.groups:
         leader = cluster.leader(group)
-        commit = cluster.group_status(leader, group).commit_offset   # type: ignore[union-attr]
+        commit = cluster.wait_group_status(leader, group).commit_offset
         for n in nodes:
             cluster.wait_applied(n, group, commit, timeout=60)
 

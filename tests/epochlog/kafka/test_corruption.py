@@ -243,7 +243,7 @@ def test_a_follower_finds_and_repairs_a_damaged_sealed_segment(kafka_cluster_fac
     written = _fill(cluster, "f", 400)
     leader = cluster.leader("kv")
     follower = next(n for n in cluster.nodes if n != leader)
-    commit = cluster.group_status(leader, "kv").commit_offset   # type: ignore[union-attr]
+    commit = cluster.wait_group_status(leader, "kv").commit_offset
     cluster.wait_applied(follower, "kv", commit)
     cluster.stop(follower)
     segment = _sealed_middle_segment(cluster, follower, set(written))
@@ -317,7 +317,7 @@ def test_the_only_replica_of_committed_entries_never_serves_them_damaged(kafka_c
     leader = cluster.leader("kv", among=[1, 2])
     other = 2 if leader == 1 else 1
     only = _fill(cluster, "o2", 400)
-    commit = cluster.group_status(leader, "kv").commit_offset   # type: ignore[union-attr]
+    commit = cluster.wait_group_status(leader, "kv").commit_offset
     cluster.wait_applied(other, "kv", commit)
     cluster.stop(other)
     cluster.stop(leader)

@@ -130,8 +130,8 @@ def test_fuzz_native_and_grpc_faces(node_cluster_factory: Callable[..., NodeClus
     for i, n in cluster.nodes.items():
         assert n.running, f"node {i} exited: {n.stderr()[-3000:]}"
         assert http_get(n.admin_address, "/healthz") == (200, "ok\n")
-        info = cluster.status(i)
-        assert info is not None and all(g.halted is None for g in info.groups), info
+        info = cluster.wait_status(i)
+        assert all(g.halted is None for g in info.groups), info
     # What was committed meanwhile: the writes answered with their offset, and at most as many others
     # as writes of unknown outcome (a request refused with an error appended nothing). No entity
     # changed but those of these records.

@@ -95,5 +95,5 @@ def test_leaders_spread_after_start_and_after_a_member_returns(node_cluster_fact
     assert back["offsets"][1] > away["offsets"][1], "offsets moved back by a new term"
     assert balance_transfers(cluster) >= moves + 1, "the balancer's moves back are not counted"
     assert back["metadata"] == first["metadata"], "metadata moved although its first choice never left"
-    kv = cluster.group_status(3, "kv")
-    assert kv is not None and kv.applied_offset >= max(offsets), "kv's leader holds the writes"
+    kv = cluster.wait_group_status(3, "kv")
+    assert kv.applied_offset >= max(offsets), "kv's leader holds the writes"

@@ -102,9 +102,7 @@ def _terms(cluster: NodeCluster) -> dict[tuple[int, str], tuple[int, int]]:
     """(node, group) -> (term, leader) as each node says."""
     out = {}
     for node in cluster.running():
-        info = cluster.status(node, timeout=10)
-        assert info is not None, f"node {node} does not answer"
-        for g in info.groups:
+        for g in cluster.wait_status(node).groups:
             out[(node, g.group)] = (g.term, g.leader)
     return out
 

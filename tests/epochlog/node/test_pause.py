@@ -121,8 +121,8 @@ def test_sigstop_of_the_kv_leader_under_writes_every_member_converges(
         raise AssertionError(f"not converged after {CONVERGE_S}s: {state[0]}\n{cluster.describe()}") from None
     print(f"converged {time.monotonic() - started:.2f}s after the writers stopped")
     leader = cluster.leader("kv")
-    info = cluster.group_status(leader, "kv")
-    assert info is not None and info.commit_offset >= writers.last_offset
+    info = cluster.wait_group_status(leader, "kv")
+    assert info.commit_offset >= writers.last_offset
     for victim in {v for v, _ in paused}:   # each saw its clock stall, and voided any lease it held
         stalls = cluster.metrics(victim).get(("epochlog_clock_stalls_total", (("group", "kv"),)), 0)
         assert stalls >= 1, f"node {victim} was stopped for seconds and did not notice its clock stalled"

@@ -82,9 +82,7 @@ class Attack:
         assert all(s.term == self.term and s.leader == self.leader for s in self.status.values()), self.status
 
     def _kv(self, node: int) -> p.GroupInfo:
-        info = self.c.group_status(node, GROUP)
-        assert info is not None, f"node {node} does not answer:\n{self.c.describe()}"
-        return info
+        return self.c.wait_group_status(node, GROUP)
 
     def put(self, key: str) -> int:
         with Client(self.c.endpoints, timeout=10.0) as client:
@@ -273,8 +271,8 @@ def test_a_cluster_whose_term_passed_the_limit_starts_and_says_why(
     time.sleep(2.0)   # several election timeouts
     assert c.running() == list(c.nodes), c.describe()
     for n in c.nodes:
-        info = c.group_status(n, GROUP)
-        assert info is not None and info.leader == 0 and info.term == 10**12 + 1, info
+        info = c.wait_group_status(n, GROUP)
+        assert info.leader == 0 and info.term == 10**12 + 1, info
         wait_until(lambda: c.metrics(n).get(("epochlog_term_exhausted", (("group", GROUP),))) == 1, 10.0,
                    f"epochlog_term_exhausted of {GROUP} on node {n}")
         assert "CRITICAL" in c.nodes[n].stderr()

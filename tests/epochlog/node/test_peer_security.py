@@ -43,9 +43,7 @@ def terms(cluster: NodeCluster) -> dict[tuple[int, str], int]:
     out = {}
     for node in cluster.running():
         for group in GROUPS:
-            info = cluster.group_status(node, group)
-            assert info is not None, f"node {node} does not answer"
-            out[(node, group)] = info.term
+            out[(node, group)] = cluster.wait_group_status(node, group).term
     return out
 
 

@@ -77,8 +77,7 @@ def test_a_write_of_a_newer_schema_version_is_refused_by_the_leader_and_appends_
     leader = cluster.leader("kv")
     with Client(cluster.endpoints, timeout=15) as client:
         client.put("app/before", b"1")
-    before = cluster.group_status(leader, "kv")
-    assert before is not None
+    before = cluster.wait_group_status(leader, "kv")
 
     reply = _put_raw(cluster.endpoint(leader), POISON)             # exactly what QA sent
     assert reply[1] is None and reply[2][0] == "invalid_argument", reply
@@ -92,9 +91,9 @@ def test_a_write_of_a_newer_schema_version_is_refused_by_the_leader_and_appends_
 
     time.sleep(1.0)
     _all_running(cluster)
-    after = cluster.group_status(leader, "kv")
-    assert after is not None and after.last_offset == before.last_offset, "nothing was appended"
-    assert all(cluster.group_status(n, "kv").halted is None for n in cluster.nodes)   # type: ignore[union-attr]
+    after = cluster.wait_group_status(leader, "kv")
+    assert after.last_offset == before.last_offset, "nothing was appended"
+    assert all(cluster.wait_group_status(n, "kv").halted is None for n in cluster.nodes)
     with Client(cluster.endpoints, timeout=15) as client:
         assert client.put("app/after", b"2").ok
         assert client.get("poison") is None
@@ -186,8 +185,8 @@ def test_a_mixed_version_cluster_halts_the_older_nodes_the_newer_leader_goes_on_
     with Client(cluster.endpoints, timeout=15) as client:
         later = client.put("app/later", b"1").offset
         assert later > newer
-    g1 = cluster.group_status(1, "kv")
-    assert g1 is not None and g1.commit_offset >= later and g1.role == "leader"
+    g1 = cluster.wait_group_status(1, "kv")
+    assert g1.commit_offset >= later and g1.role == "leader"
 
     # Upgrade node 2: a restart of the newer build applies the record and catches up.
     cluster.nodes[2].build = "kvput-newer"
@@ -211,7 +210,7 @@ def test_a_mixed_version_cluster_halts_the_older_nodes_the_newer_leader_goes_on_
         after = client.put("app/after-failover", b"1").offset
     assert cluster.leader("kv") == 2
     time.sleep(2.0)
-    assert cluster.group_status(3, "kv").role != "leader"          # type: ignore[union-attr]
+    assert cluster.wait_group_status(3, "kv").role != "leader"
     assert _halt(cluster, 3) is not None and cluster.nodes[3].running
 
     # Upgrade the rest: everyone applies everything, with equal views.

@@ -135,8 +135,6 @@ def test_a_leader_never_serves_its_uncommitted_tail(cluster: NodeCluster) -> Non
     _fill(cluster, "tail", 20)
     leader = cluster.leader("kv", timeout=WAIT_S)
     followers = [n for n in cluster.nodes if n != leader]
-    before = cluster.group_status(leader, "kv")
-    assert before is not None
     for f in followers:
         cluster.pause(f)
     try:
@@ -159,8 +157,8 @@ def test_a_leader_never_serves_its_uncommitted_tail(cluster: NodeCluster) -> Non
                 if got.next_offset == offset:
                     break
                 offset = got.next_offset
-            after = cluster.group_status(leader, "kv")
-            assert after is not None and after.commit_offset == status.commit_offset, "committed meanwhile"
+            after = cluster.wait_group_status(leader, "kv")
+            assert after.commit_offset == status.commit_offset, "committed meanwhile"
             assert offset == status.applied_offset + 1 <= status.commit_offset + 1
             assert max(r.offset for r in seen) <= status.commit_offset < after.last_offset
             assert not [r for r in seen if r.key.startswith("kv/tail/uncommitted/")]

@@ -75,7 +75,7 @@ def test_an_older_member_keeps_level_1_until_it_runs_code_that_applies_level_2(
         _wait_level(cluster, views_format.LATEST, (1, 2))
         wait_until(lambda: all((g := cluster.group_status(3, group)) is not None and g.halted is not None
                                for group in GROUPS), 30, "node 3 halted at the raise in every group")
-        halt = cluster.group_status(3, "kv").halted   # type: ignore[union-attr]
+        halt = cluster.wait_group_status(3, "kv").halted
         assert halt is not None and f"ViewsFormatRaised version {views_format.LATEST} is newer" in halt.reason, halt
         assert cluster.nodes[3].running
         after = client.put("app/after", b"2").offset

@@ -118,8 +118,8 @@ def test_sdk_watch_marks_the_rejected_and_the_retried(client: Client, cluster: N
     assert len(events) == 7 and events[-1].offset == marked.last
     assert {e.offset for e in events if e.applied is False} == marked.not_applied
     assert all(e.applied is True for e in events if e.offset not in marked.not_applied)
-    status = cluster.group_status(cluster.leader("kv"), "kv")
-    assert status is not None and all(1 <= e.term <= status.term for e in events), [e.term for e in events]
+    status = cluster.wait_group_status(cluster.leader("kv"), "kv")
+    assert all(1 <= e.term <= status.term for e in events), [e.term for e in events]
 
 
 def test_grpc_watch_marks_them(cluster: NodeCluster, marked: Marked) -> None:

@@ -165,16 +165,12 @@ def _rejoin_and_compare(cluster: NodeCluster, stream: WriteStream) -> None:
 
 
 def _faulty_state(cluster: NodeCluster) -> p.GroupInfo:
-    state = cluster.group_status(FAULTY, G)
-    assert state is not None, f"node {FAULTY} does not answer:\n{cluster.nodes[FAULTY].stderr()[-2000:]}"
-    return state
+    return cluster.wait_group_status(FAULTY, G)
 
 
 def _disk_full(cluster: NodeCluster, node: int = FAULTY) -> bool:
     """Whether `node` says (its epochlog_disk_full gauge) that it refuses kv writes for lack of space."""
-    metrics = cluster.metrics(node)
-    assert metrics, f"node {node}'s /metrics does not answer:\n{cluster.nodes[node].stderr()[-2000:]}"
-    return metrics.get(("epochlog_disk_full", (("group", G),))) == 1
+    return cluster.wait_metrics(node).get(("epochlog_disk_full", (("group", G),))) == 1
 
 
 def _fsync_failure(cluster: NodeCluster, role: str) -> None:
@@ -256,8 +252,8 @@ def _alone_and_full(cluster: NodeCluster) -> None:
     stream = WriteStream(cluster, G, proposers=4)
     stream.start()
     wait_until(lambda: stream.refused.get(1, {}).get("disk_full", 0) >= 10, 20.0, "writes refused with disk_full")
-    status = cluster.group_status(1, G)
-    assert status is not None and status.role == "leader" and _disk_full(cluster, 1), status
+    status = cluster.wait_group_status(1, G)
+    assert status.role == "leader" and _disk_full(cluster, 1), status
     acks = len(stream.acks)
     time.sleep(1.0)
     assert len(stream.acks) == acks, "a full node acknowledged writes it could not store"

@@ -43,9 +43,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 def _state(cluster: NodeCluster, node: int) -> p.GroupInfo:
-    state = cluster.group_status(node, G)
-    assert state is not None, f"node {node} does not answer:\n{cluster.nodes[node].stderr()[-2000:]}"
-    return state
+    return cluster.wait_group_status(node, G)
 
 
 def _states(cluster: NodeCluster) -> dict[int, p.GroupInfo]:
