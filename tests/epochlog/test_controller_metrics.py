@@ -28,7 +28,7 @@ def test_the_active_controller_shows_its_brokers_and_counters(shared_cluster: No
 
     def scraped() -> tuple[int, dict] | None:   # type: ignore[type-arg]
         for node in shared_cluster.nodes:
-            m = shared_cluster.metrics(node)
+            m = shared_cluster.wait_metrics(node)
             if m.get(("epochlog_controller_active", ())) == 1 and m.get(
                     ("epochlog_controller_brokers", (("state", "active"),)), 0) >= 2:
                 return node, m
@@ -40,4 +40,4 @@ def test_the_active_controller_shows_its_brokers_and_counters(shared_cluster: No
     assert groups >= 1
     assert m[("epochlog_controller_activations_total", ())] >= 1
     for other in set(shared_cluster.nodes) - {node}:
-        assert shared_cluster.metrics(other).get(("epochlog_controller_active", ())) == 0
+        assert shared_cluster.wait_metrics(other).get(("epochlog_controller_active", ())) == 0

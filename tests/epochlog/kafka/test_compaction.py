@@ -348,7 +348,7 @@ def test_kafka_readers_see_the_latest_applied_value_of_every_key(
 
     cluster.start([follower])
     _settle(cluster, list(cluster.nodes))
-    installed = cluster.metrics(follower)
+    installed = cluster.wait_metrics(follower)
     with Client(cluster.endpoints, timeout=30.0) as client:
         for group in ("kv", "metadata"):
             assert installed[("epochlog_snapshots_installed_total", (("group", group),))] >= 1, group
@@ -409,7 +409,7 @@ def test_kafka_readers_see_the_latest_applied_value_of_every_key(
                           check=False)
     assert text.returncode == 0 and "key compaction" in text.stdout and "compact below" in text.stdout, text
     print(text.stdout)
-    metrics = cluster.metrics(leader)
+    metrics = cluster.wait_metrics(leader)
     assert metrics[("epochlog_cleaner_passes_total", (("group", "kv"),))] >= 2
     assert metrics[("epochlog_cleaner_bytes_reclaimed_total", (("group", "kv"),))] > 0
     assert cluster.stop_all() == {1: 0, 2: 0, 3: 0}

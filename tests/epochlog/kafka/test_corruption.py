@@ -103,7 +103,7 @@ def _sealed_middle_segment(cluster: NodeCluster, node: int, holding: set[int] | 
 # --- what the nodes say ------------------------------------------------------------------------------
 
 def _metric(cluster: NodeCluster, node: int, name: str, group: str = "kv") -> float:
-    return cluster.metrics(node).get((name, (("group", group),)), 0.0)
+    return cluster.wait_metrics(node).get((name, (("group", group),)), 0.0)
 
 
 def _wait_found_and_repaired(cluster: NodeCluster, node: int) -> None:
@@ -370,11 +370,11 @@ def test_views_changed_behind_a_members_back_raise_the_digest_alarm(kafka_cluste
         return info is not None and any(a.member == follower for a in info.digest_alarms)
     wait_until(alarm, WAIT_S, "the leader to raise the digest alarm")
     now = cluster.leader("kv")
-    info = cluster.group_status(now, "kv")
-    assert info is not None and [a.member for a in info.digest_alarms] == [follower], info.digest_alarms
+    info = cluster.wait_group_status(now, "kv")
+    assert [a.member for a in info.digest_alarms] == [follower], info.digest_alarms
     alarm_info = info.digest_alarms[0]
     assert alarm_info.digest != alarm_info.leader_digest
-    metrics = cluster.metrics(now)
+    metrics = cluster.wait_metrics(now)
     assert metrics[("epochlog_views_digest_mismatch", (("group", "kv"), ("member", str(follower))))] == 1
     assert ("epochlog_views_digest_mismatch", (("group", "kv"), ("member", str(other)))) not in metrics
     assert any("differ from the leader's" in line for line in _critical_lines(cluster, now))

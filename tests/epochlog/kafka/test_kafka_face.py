@@ -491,7 +491,7 @@ def test_metrics_count_what_the_face_produced_fetched_and_refused(kafka_cluster:
     follower = next(i for i in kafka_cluster.running() if i != leader)
 
     def counter(node: int, name: str, labels: tuple[tuple[str, str], ...]) -> float:
-        return kafka_cluster.metrics(node).get((f"epochlog_kafka_{name}_total", labels), 0.0)
+        return kafka_cluster.wait_metrics(node).get((f"epochlog_kafka_{name}_total", labels), 0.0)
 
     topic = (("topic", "__kv"),)
     before = {name: counter(leader, name, topic) for name in ("produced_records", "produced_bytes",

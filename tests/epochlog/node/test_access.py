@@ -202,7 +202,7 @@ def test_denials_are_counted_by_principal_operation_and_resource(secured: NodeCl
     with _client(secured) as anonymous:
         with pytest.raises(AuthenticationError):
             anonymous.get("app/x")
-    samples = secured.metrics(1)
+    samples = secured.wait_metrics(1)
     denied = {dict(labels)["principal"]: value for (name, labels), value in samples.items()
               if name == "epochlog_access_denied_total"}
     assert denied.get("alice", 0) >= 1 and denied.get("anonymous", 0) >= 1, denied

@@ -526,7 +526,7 @@ def _raw_kafka(cluster: NodeCluster, who: str, row: KafkaRow, learnt: dict[str, 
 
 
 def _denials(cluster: NodeCluster, who: str, op: str) -> float:
-    return sum(v for (name, labels), v in cluster.metrics(1).items()
+    return sum(v for (name, labels), v in cluster.wait_metrics(1).items()
                if name == "epochlog_access_denied_total" and dict(labels).get("principal") == who
                and dict(labels).get("op") == op)
 

@@ -114,7 +114,7 @@ class Stalls:
 
     @classmethod
     def read(cls, cluster: NodeCluster, node: int, histogram: str = "epochlog_loop_stall_seconds") -> Stalls:
-        metrics = cluster.metrics(node, timeout=10)
+        metrics = cluster.wait_metrics(node)
         buckets = {float(dict(labels)["le"]): value for (name, labels), value in metrics.items()
                    if name == f"{histogram}_bucket"}
         count = metrics.get((f"{histogram}_count", ()))

@@ -124,7 +124,7 @@ def test_sigstop_of_the_kv_leader_under_writes_every_member_converges(
     info = cluster.wait_group_status(leader, "kv")
     assert info.commit_offset >= writers.last_offset
     for victim in {v for v, _ in paused}:   # each saw its clock stall, and voided any lease it held
-        stalls = cluster.metrics(victim).get(("epochlog_clock_stalls_total", (("group", "kv"),)), 0)
+        stalls = cluster.wait_metrics(victim).get(("epochlog_clock_stalls_total", (("group", "kv"),)), 0)
         assert stalls >= 1, f"node {victim} was stopped for seconds and did not notice its clock stalled"
     for i in cluster.nodes:   # nobody was stuck long enough to be warned about, or it recovered
         err = cluster.nodes[i].stderr()

@@ -66,7 +66,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReq
 
 
 def dropped(c: NodeCluster, node: int, reason: str) -> float:
-    return c.metrics(node).get((DROPPED, (("reason", reason),)), 0.0)
+    return c.wait_metrics(node).get((DROPPED, (("reason", reason),)), 0.0)
 
 
 class Attack:

@@ -35,7 +35,7 @@ MIB = 1 << 20
 
 def closes(cluster: NodeCluster, node: int) -> dict[str, float]:
     """epochlog_peer_connections_closed_total by reason on `node`."""
-    return {dict(labels)["reason"]: value for (name, labels), value in cluster.metrics(node).items()
+    return {dict(labels)["reason"]: value for (name, labels), value in cluster.wait_metrics(node).items()
             if name == "epochlog_peer_connections_closed_total"}
 
 

@@ -154,7 +154,7 @@ def _one_way(cluster: NodeCluster) -> None:
 
 
 def _loop_stalls(cluster: NodeCluster) -> dict[int, float]:
-    return {n: cluster.metrics(n).get(LOOP_STALLS, 0.0) for n in cluster.nodes}
+    return {n: cluster.wait_metrics(n).get(LOOP_STALLS, 0.0) for n in cluster.nodes}
 
 
 def _delay(cluster: NodeCluster, stream: WriteStream, leader: tuple[int, int]) -> tuple[int, int]:
