@@ -8,13 +8,18 @@ Python workers through spark/worker_daemon.py (PySpark compiled from its install
 Spark's zip) and has both data sources registered. The JVM's own start-up lines (an incubator-module warning, "Setting default
 log level") would land on the user's terminal: the JVM is started with its stderr in a file instead
 (`jvm_log_path()`; its tail is printed if the start fails), so a command prints only its own output.
+The file is removed when the process exits; a process that could not remove it (killed) leaves it for
+the next one that starts Spark, which removes the files of processes no longer running: a scheduled
+`epochlog export` leaves nothing behind in $TMPDIR, and a failed start's log stays until then.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -47,8 +52,11 @@ def get_session(master: str = DEFAULT_MASTER, app_name: str = "epochlog", *,
                .config("spark.executor.extraJavaOptions", log4j))
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
-    with _stderr_to(jvm_log_path()):
+    remove_stale_jvm_logs()
+    log = jvm_log_path()
+    with _stderr_to(log):
         session = builder.getOrCreate()
+    atexit.register(_remove, log)
     session.sparkContext.setLogLevel("ERROR")
     register(session)
     return session
@@ -69,9 +77,44 @@ def activate(session: Any) -> None:
     session._jvm.org.apache.spark.sql.SparkSession.setActiveSession(session._jsparkSession)
 
 
+JVM_LOG = re.compile(r"epochlog-spark-(\d+)\.log")
+"""The name of a process's JVM log in $TMPDIR (its pid)."""
+
+
 def jvm_log_path() -> Path:
     """Where the JVM of this process writes its stderr (Spark's start-up lines, a crash's last words)."""
     return Path(tempfile.gettempdir()) / f"epochlog-spark-{os.getpid()}.log"
+
+
+def remove_stale_jvm_logs() -> list[Path]:
+    """Remove the JVM logs of processes that no longer run (killed before they could remove their own);
+    the paths removed. A log of a running process, or one this user may not remove, is left."""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob("epochlog-spark-*.log"):
+        named = JVM_LOG.fullmatch(path.name)
+        if named is None or _running(int(named.group(1))):
+            continue
+        if _remove(path):
+            removed.append(path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # another user's process
+        return True
+    return True
+
+
+def _remove(path: Path) -> bool:
+    try:
+        path.unlink()
+    except OSError:
+        return False
+    return True
 
 
 @contextlib.contextmanager
