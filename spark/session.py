@@ -5,9 +5,11 @@ PYSPARK_PYTHON; on a real cluster the epochlog package must be installed on ever
 session uses UTC (the table's partition days are UTC days), no UI, few shuffle partitions (the
 audit queries are small aggregations), logs errors only (spark/log4j2.properties), starts its
 Python workers through spark/worker_daemon.py (PySpark compiled from its installed package, not from
-Spark's zip) and has both data sources registered. The JVM's own start-up lines (an incubator-module warning, "Setting default
-log level") would land on the user's terminal: the JVM is started with its stderr in a file instead
-(`jvm_log_path()`; its tail is printed if the start fails), so a command prints only its own output.
+Spark's zip) and has both data sources registered. The JVM keeps its temporary files (Spark's scratch
+directories) where Python keeps its own, in $TMPDIR (Java alone would use /tmp). The JVM's own start-up
+lines (an incubator-module warning, "Setting default log level") would land on the user's terminal: the
+JVM is started with its stderr in a file instead (`jvm_log_path()`; its tail is printed if the start
+fails), so a command prints only its own output.
 The file is removed when the process exits; a process that could not remove it (killed) leaves it for
 the next one that starts Spark, which removes the files of processes no longer running: a scheduled
 `epochlog export` leaves nothing behind in $TMPDIR, and a failed start's log stays until then.
@@ -39,7 +41,9 @@ def get_session(master: str = DEFAULT_MASTER, app_name: str = "epochlog", *,
     logging.getLogger("py4j").setLevel(logging.WARNING)
     from pyspark.sql import SparkSession
 
-    log4j = "-Dlog4j2.configurationFile=" + (Path(__file__).with_name("log4j2.properties")).as_uri()
+    java_options = " ".join((_java_option("log4j2.configurationFile",
+                                          Path(__file__).with_name("log4j2.properties").as_uri()),
+                             _java_option("java.io.tmpdir", tempfile.gettempdir())))
 
     builder = (SparkSession.builder.master(master).appName(app_name)
                .config("spark.ui.enabled", "false")
@@ -48,8 +52,8 @@ def get_session(master: str = DEFAULT_MASTER, app_name: str = "epochlog", *,
                .config("spark.sql.shuffle.partitions", "8")
                .config("spark.python.worker.reuse", "true")
                .config("spark.python.daemon.module", "spark.worker_daemon")
-               .config("spark.driver.extraJavaOptions", log4j)
-               .config("spark.executor.extraJavaOptions", log4j))
+               .config("spark.driver.extraJavaOptions", java_options)
+               .config("spark.executor.extraJavaOptions", java_options))
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     remove_stale_jvm_logs()
@@ -60,6 +64,11 @@ def get_session(master: str = DEFAULT_MASTER, app_name: str = "epochlog", *,
     session.sparkContext.setLogLevel("ERROR")
     register(session)
     return session
+
+
+def _java_option(name: str, value: str) -> str:
+    """`-Dname=value` as one word of Spark's extraJavaOptions (which it splits at blanks outside quotes)."""
+    return '"-D' + name + "=" + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def register(session: Any) -> None:

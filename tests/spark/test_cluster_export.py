@@ -93,7 +93,8 @@ def test_killed_export_rerun_audit_and_watermark(tmp_path: Path, spark_session: 
                 export = subprocess.Popen(
                     [sys.executable, "-m", "epochlog", "export", "--to", str(table), "--endpoints",
                      ",".join(endpoints), "--range-offsets", "10", "--master", "local[2]", "--json"],
-                    cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                    cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    env={**os.environ, "TMPDIR": str(tmp_path)})   # what its kill leaves: here
             wait_until(lambda: next(table.glob("date=*/*.parquet"), None) or export.poll() is not None, 120,
                        "the export's first Parquet file")
             assert export.poll() is None, (tmp_path / "export.log").read_text()

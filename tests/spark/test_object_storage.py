@@ -198,7 +198,8 @@ def test_killed_export_to_s3_then_rerun_is_exactly_once(tmp_path: Path, s3: S3Se
         export = subprocess.Popen(
             [sys.executable, "-m", "epochlog", "export", "--to", loc.uri, "--offline", str(data), "--range-offsets",
              "50", "--master", "local[2]", "--json"],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **s3.env})
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **s3.env, "TMPDIR": str(tmp_path)})   # what its kill leaves: here
     try:
         wait_until(lambda: loc.list_files() or export.poll() is not None, 180, "the export's first Parquet file")
         assert export.poll() is None, (tmp_path / "export.log").read_text()
