@@ -1,10 +1,13 @@
-"""Fixtures of the Spark tests: ONE SparkSession for the whole session (starting one costs 5-15 s).
+"""Fixtures of the Spark tests: ONE SparkSession for the whole session (starting one costs 5-15 s), and
+the pid of a process that no longer runs.
 
 local[2]: the machine has 2 cores; the session is stopped at the end of the test session.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,3 +23,11 @@ def spark_session() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture
+def dead_pid() -> int:
+    """The pid of a process this test started and reaped (a killed command's, as its files name it)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid

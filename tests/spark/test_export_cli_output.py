@@ -19,13 +19,13 @@ JVM_NOISE = ("Using incubator modules", "Setting default log level", "setLogLeve
 
 
 @pytest.mark.timeout(600)
-def test_a_piped_export_says_its_progress_and_no_jvm_noise(tmp_path: Path) -> None:
+def test_a_piped_export_says_its_progress_and_no_jvm_noise(tmp_path: Path, dead_pid: int) -> None:
     data, table = tmp_path / "node", tmp_path / "events"
     offsets = write_events(data, "kv", [(BASE_TIMESTAMP_MS + i, ev.KvPut(name=f"k{i % 9}", value=b"%d" % i))
                                         for i in range(300)])
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    stale = tmp / f"epochlog-spark-{_dead_pid()}.log"   # a killed export's
+    stale = tmp / f"epochlog-spark-{dead_pid}.log"   # a killed export's
     stale.write_text("WARNING: Using incubator modules: jdk.incubator.vector\n")
     done = subprocess.run([sys.executable, "-m", "epochlog", "export", "--to", str(table), "--offline", str(data),
                            "--range-offsets", "100", "--master", "local[1]"],
@@ -37,9 +37,3 @@ def test_a_piped_export_says_its_progress_and_no_jvm_noise(tmp_path: Path) -> No
     assert progress[-1].startswith(f"exporting up to {len(offsets)} offsets: 3 of 3"), progress
     assert not [n for n in JVM_NOISE if n in done.stderr + done.stdout], done.stderr
     assert not list(tmp.glob("epochlog-spark-*.log")), sorted(p.name for p in tmp.iterdir())
-
-
-def _dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid

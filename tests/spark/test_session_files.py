@@ -16,15 +16,10 @@ from spark.session import jvm_log_path, remove_stale_jvm_logs
 from tests.support.nodes import ROOT
 
 
-def _dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
-
-
-def test_the_logs_of_processes_that_no_longer_run_are_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_logs_of_processes_that_no_longer_run_are_removed(tmp_path: Path, dead_pid: int,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    dead = tmp_path / f"epochlog-spark-{_dead_pid()}.log"
+    dead = tmp_path / f"epochlog-spark-{dead_pid}.log"
     mine = jvm_log_path()
     init = tmp_path / "epochlog-spark-1.log"   # pid 1 always runs
     others = [tmp_path / "epochlog-spark-notapid.log", tmp_path / "epochlog-spark-12.log.old",
