@@ -126,7 +126,8 @@ def test_bounded_runs_commit_in_steps_and_resume_after_a_kill(tmp_path: Path, sp
             [sys.executable, "-m", "epochlog", "export", "--to", str(killed), "--offline", str(data),
              "--max-offsets-per-run", "900", "--range-offsets", "300", "--master", "local[1]", "--json",
              "--driver-memory", "600m", "--conf", "spark.sql.shuffle.partitions=3"],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "TMPDIR": str(tmp_path)})   # what its kill leaves: here
     try:
         wait_until(lambda: (killed / "_delta_log" / f"{2:020d}.json").exists() or proc.poll() is not None, 240,
                    "the second bounded commit")
@@ -211,7 +212,8 @@ def test_follow_restarts_from_its_checkpoint_exactly_once(tmp_path: Path, spark_
                 [sys.executable, "-m", "epochlog", "export", "--to", str(table), "--endpoints", endpoints,
                  "--follow", "--interval", "1", "--checkpoint", str(checkpoint), "--max-offsets-per-run",
                  str(FOLLOW_CAP), "--range-offsets", "150", "--master", "local[1]", "--json"],
-                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "TMPDIR": str(tmp_path)})   # what its kill leaves: here
         wait_until(lambda: len(batches()) >= 3 or first.poll() is not None, 240, "three micro-batches")
         assert first.poll() is None, (tmp_path / "follow-1.log").read_text()
         os.killpg(first.pid, signal.SIGKILL)
