@@ -9,10 +9,10 @@ Spark's zip) and has both data sources registered. The JVM keeps its temporary f
 directories) where Python keeps its own, in $TMPDIR (Java alone would use /tmp). The JVM's own start-up
 lines (an incubator-module warning, "Setting default log level") would land on the user's terminal: the
 JVM is started with its stderr in a file instead (`jvm_log_path()`; its tail is printed if the start
-fails), so a command prints only its own output.
-The file is removed when the process exits; a process that could not remove it (killed) leaves it for
-the next one that starts Spark, which removes the files of processes no longer running: a scheduled
-`epochlog export` leaves nothing behind in $TMPDIR, and a failed start's log stays until then.
+fails), so a command prints only its own output. The file is removed when the process exits; a process
+that could not remove it (killed) leaves it to the next one that starts Spark, which removes the files of
+processes no longer running: a scheduled `epochlog export` leaves nothing behind in $TMPDIR, and a
+failed start's log stays until then.
 """
 
 from __future__ import annotations

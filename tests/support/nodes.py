@@ -566,8 +566,7 @@ class NodeCluster:
                 for family in text_string_to_metric_families(text) for sample in family.samples}
 
     def wait_metrics(self, node_id: int, timeout: float = 15.0) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        """Node `node_id`'s /metrics (as `metrics`), asking again while it does not answer (as
-        `wait_group_status`)."""
+        """Node `node_id`'s /metrics (as `metrics`), asking again while it does not answer (as `wait_status`)."""
         return self._answer(node_id, lambda: self.metrics(node_id) or None, timeout, "its /metrics")
 
     def _answer(self, node_id: int, ask: Callable[[], T | None], timeout: float, what: str) -> T:
